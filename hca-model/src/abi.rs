@@ -1,0 +1,791 @@
+//! The guest-visible ABI of the hcabench HCA, as Rust definitions.
+//!
+//! `docs/hca-abi.md` is the prose; `guest-kmod/include/hca_abi.h` is the C twin of this file.
+//! Constant names here are the C names without their `HCA_` prefix, struct names are the C
+//! `struct hca_*` names in CamelCase, and field names are identical. `tests/abi_c.rs` compiles
+//! the header and compares every entry of [`layout`] with what C computes.
+//!
+//! All multi-byte fields are little-endian (x86-64 guests), except that `imm` fields are
+//! opaque 32-bit values copied end to end (ib_core keeps immediate data big-endian).
+//! Enumerations reuse ib_core's numbering wherever ib_core has one (QP state and type, WC
+//! status and opcode, access flags, modify-QP attribute mask), so the driver maps them 1:1.
+
+use vm_memory::ByteValued;
+
+/// ABI version in [`HcaDevInfo::abi_version`]; bumped on any incompatible change.
+pub const ABI_VERSION: u32 = 1;
+/// "HCAB" read as a little-endian u32: tells an hcabench HCA from a plain ivshmem device.
+pub const SIGNATURE: u32 = 0x4241_4348;
+
+// ---- PCI identity -------------------------------------------------------------------------
+/// ivshmem-doorbell's IDs (QEMU host): the driver checks BAR2's signature before binding.
+pub const PCI_VENDOR_IVSHMEM: u32 = 0x1af4;
+pub const PCI_DEVICE_IVSHMEM: u32 = 0x1110;
+/// The VMM's own HCA function (a vendor ID from the "experimental" range used by QEMU's edu).
+pub const PCI_VENDOR_HCABENCH: u32 = 0x1234;
+pub const PCI_DEVICE_HCABENCH: u32 = 0x21a8;
+
+// ---- BAR0: ivshmem register layout --------------------------------------------------------
+pub const BAR0_INTR_MASK: u32 = 0x00;
+pub const BAR0_INTR_STATUS: u32 = 0x04;
+pub const BAR0_IV_POSITION: u32 = 0x08;
+pub const BAR0_DOORBELL: u32 = 0x0c;
+/// Doorbell value = `peer << DOORBELL_PEER_SHIFT | class`; only the low 8 bits of the class count.
+pub const DOORBELL_PEER_SHIFT: u32 = 16;
+
+// ---- Doorbell classes (guest -> device vectors) -------------------------------------------
+/// The command mailbox holds a new command (its `seq` moved).
+pub const DB_CMD: u32 = 0;
+/// Some QP's send-queue producer index moved.
+pub const DB_SQ: u32 = 1;
+/// Some QP's receive-queue producer index moved.
+pub const DB_RQ: u32 = 2;
+/// Some CQ's arm word moved.
+pub const DB_CQ_ARM: u32 = 3;
+/// Doorbell classes and MSI-X vectors share one count (ivshmem's `vectors=`).
+pub const NUM_VECTORS: u32 = 4;
+
+// ---- Interrupt vectors (device -> guest) --------------------------------------------------
+/// Vector 0 carries command completions and asynchronous events (EQ 0).
+pub const VEC_ASYNC: u32 = 0;
+/// Vectors 1..NUM_VECTORS carry CQ completion events; a CQ names its vector at creation.
+pub const VEC_COMP_FIRST: u32 = 1;
+
+// ---- BAR2: device memory layout -----------------------------------------------------------
+pub const BAR2_SIZE: u32 = 0x1_0000;
+pub const BAR2_INFO_OFFSET: u32 = 0x0000;
+pub const BAR2_MAILBOX_OFFSET: u32 = 0x1000;
+/// One u32 consumer index per EQ, 16 bytes apart.
+pub const BAR2_EQ_DB_OFFSET: u32 = 0x2000;
+pub const EQ_DB_STRIDE: u32 = 16;
+/// EQ rings, one per vector, `EQ_ENTRIES` entries each.
+pub const BAR2_EQ_OFFSET: u32 = 0x3000;
+pub const EQ_LOG_ENTRIES: u32 = 8;
+pub const EQ_ENTRIES: u32 = 1 << EQ_LOG_ENTRIES;
+/// QP doorbell records, indexed by QPN.
+pub const BAR2_QP_DB_OFFSET: u32 = 0x8000;
+/// CQ doorbell records, indexed by CQN.
+pub const BAR2_CQ_DB_OFFSET: u32 = 0xa000;
+
+// ---- Device limits ------------------------------------------------------------------------
+pub const MAX_QP: u32 = 1024;
+pub const MAX_CQ: u32 = 256;
+pub const MAX_PD: u32 = 1024;
+pub const MAX_MR: u32 = 4096;
+pub const MAX_QP_LOG_WR: u32 = 14;
+pub const MAX_CQ_LOG_CQE: u32 = 16;
+pub const MAX_SGE: u32 = 16;
+pub const MAX_INLINE: u32 = 512;
+pub const MIN_SQ_WQE_SHIFT: u32 = 6;
+pub const MAX_SQ_WQE_SHIFT: u32 = 10;
+pub const MIN_RQ_WQE_SHIFT: u32 = 4;
+pub const MAX_RQ_WQE_SHIFT: u32 = 9;
+/// Pages one MR's page list may hold, and pages all MRs together may hold.
+pub const MAX_MR_PAGES: u32 = 1 << 20;
+pub const MAX_TOTAL_MR_PAGES: u32 = 1 << 22;
+pub const MIN_MR_PAGE_SHIFT: u32 = 12;
+pub const MAX_MR_PAGE_SHIFT: u32 = 30;
+/// Largest message (IB's 2^31).
+pub const MAX_MSG_SIZE: u32 = 1 << 31;
+/// The reserved lkey valid in every PD for local access to any guest-physical address.
+pub const LOCAL_DMA_LKEY: u32 = 0x0000_0001;
+/// Bytes reserved at the start of every UD receive buffer for the GRH.
+pub const UD_GRH_BYTES: u32 = 40;
+/// The GSI QP (QP1) always has this number and Q_Key.
+pub const GSI_QPN: u32 = 1;
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+// ---- Capability bits in HcaDevInfo::caps --------------------------------------------------
+pub const CAP_RC: u32 = 1 << 0;
+pub const CAP_UD: u32 = 1 << 1;
+pub const CAP_RDMA_READ: u32 = 1 << 2;
+pub const CAP_ATOMIC: u32 = 1 << 3;
+pub const CAP_LOCAL_DMA_LKEY: u32 = 1 << 4;
+
+// ---- Port (ib_port_state numbering) -------------------------------------------------------
+pub const PORT_DOWN: u32 = 1;
+pub const PORT_ACTIVE: u32 = 4;
+/// ib_mtu numbering: 1 = 256 bytes ... 5 = 4096 bytes.
+pub const MTU_256: u32 = 1;
+pub const MTU_4096: u32 = 5;
+
+// ---- Commands -----------------------------------------------------------------------------
+pub const CMD_QUERY_DEVICE: u32 = 0x01;
+pub const CMD_QUERY_PORT: u32 = 0x02;
+pub const CMD_ALLOC_PD: u32 = 0x10;
+pub const CMD_DEALLOC_PD: u32 = 0x11;
+pub const CMD_REG_MR: u32 = 0x20;
+pub const CMD_DEREG_MR: u32 = 0x21;
+pub const CMD_CREATE_CQ: u32 = 0x30;
+pub const CMD_DESTROY_CQ: u32 = 0x31;
+pub const CMD_CREATE_QP: u32 = 0x40;
+pub const CMD_MODIFY_QP: u32 = 0x41;
+pub const CMD_QUERY_QP: u32 = 0x42;
+pub const CMD_DESTROY_QP: u32 = 0x43;
+/// Mailbox flag: post an EV_CMD_DONE event on EQ 0 and raise vector 0 when done.
+pub const CMD_FLAG_EVENT: u32 = 1 << 0;
+
+// Command status codes (HcaCmdMailbox::status).
+pub const CMD_OK: u32 = 0;
+pub const CMD_BAD_OPCODE: u32 = 1;
+pub const CMD_BAD_PARAM: u32 = 2;
+pub const CMD_BAD_HANDLE: u32 = 3;
+pub const CMD_BAD_STATE: u32 = 4;
+pub const CMD_BUSY: u32 = 5;
+pub const CMD_NO_RESOURCES: u32 = 6;
+pub const CMD_BAD_ADDRESS: u32 = 7;
+
+// REG_MR flags.
+/// Physical (DMA) MR: iova is the guest-physical address, no page list.
+pub const MR_FLAG_PHYS: u32 = 1 << 0;
+
+// Access flags (ib_access_flags numbering).
+pub const ACCESS_LOCAL_WRITE: u32 = 1 << 0;
+pub const ACCESS_REMOTE_WRITE: u32 = 1 << 1;
+pub const ACCESS_REMOTE_READ: u32 = 1 << 2;
+pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
+
+// QP types (ib_qp_type numbering).
+pub const QPT_GSI: u32 = 1;
+pub const QPT_RC: u32 = 2;
+pub const QPT_UD: u32 = 4;
+// CREATE_QP flags.
+/// Every send WR completes with a CQE (ib_qp_init_attr.sq_sig_type == IB_SIGNAL_ALL_WR).
+pub const QP_FLAG_SIG_ALL: u32 = 1 << 0;
+
+// QP states (ib_qp_state numbering).
+pub const QPS_RESET: u32 = 0;
+pub const QPS_INIT: u32 = 1;
+pub const QPS_RTR: u32 = 2;
+pub const QPS_RTS: u32 = 3;
+pub const QPS_SQD: u32 = 4;
+pub const QPS_SQE: u32 = 5;
+pub const QPS_ERR: u32 = 6;
+
+// MODIFY_QP attribute mask (ib_qp_attr_mask numbering).
+pub const QP_ATTR_STATE: u32 = 1 << 0;
+pub const QP_ATTR_CUR_STATE: u32 = 1 << 1;
+pub const QP_ATTR_ACCESS_FLAGS: u32 = 1 << 3;
+pub const QP_ATTR_PKEY_INDEX: u32 = 1 << 4;
+pub const QP_ATTR_PORT: u32 = 1 << 5;
+pub const QP_ATTR_QKEY: u32 = 1 << 6;
+pub const QP_ATTR_AV: u32 = 1 << 7;
+pub const QP_ATTR_PATH_MTU: u32 = 1 << 8;
+pub const QP_ATTR_TIMEOUT: u32 = 1 << 9;
+pub const QP_ATTR_RETRY_CNT: u32 = 1 << 10;
+pub const QP_ATTR_RNR_RETRY: u32 = 1 << 11;
+pub const QP_ATTR_RQ_PSN: u32 = 1 << 12;
+pub const QP_ATTR_MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+pub const QP_ATTR_MIN_RNR_TIMER: u32 = 1 << 15;
+pub const QP_ATTR_SQ_PSN: u32 = 1 << 16;
+pub const QP_ATTR_MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+pub const QP_ATTR_DEST_QPN: u32 = 1 << 20;
+
+// ---- Work requests ------------------------------------------------------------------------
+pub const WR_SEND: u32 = 0;
+pub const WR_SEND_IMM: u32 = 1;
+pub const WR_RDMA_WRITE: u32 = 2;
+pub const WR_RDMA_WRITE_IMM: u32 = 3;
+pub const WR_RDMA_READ: u32 = 4;
+pub const WR_ATOMIC_CMP_SWP: u32 = 5;
+pub const WR_ATOMIC_FETCH_ADD: u32 = 6;
+
+pub const WQE_SIGNALED: u32 = 1 << 0;
+pub const WQE_SOLICITED: u32 = 1 << 1;
+pub const WQE_INLINE: u32 = 1 << 2;
+pub const WQE_FENCE: u32 = 1 << 3;
+
+// ---- Completions (ib_wc_opcode / ib_wc_status numbering) ----------------------------------
+pub const CQE_OP_SEND: u32 = 0;
+pub const CQE_OP_RDMA_WRITE: u32 = 1;
+pub const CQE_OP_RDMA_READ: u32 = 2;
+pub const CQE_OP_COMP_SWAP: u32 = 3;
+pub const CQE_OP_FETCH_ADD: u32 = 4;
+pub const CQE_OP_RECV: u32 = 0x80;
+pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
+
+pub const CQE_FLAG_IMM: u32 = 1 << 0;
+/// The entry's receive buffer begins with a (zeroed) GRH slot.
+pub const CQE_FLAG_GRH: u32 = 1 << 1;
+
+pub const WC_SUCCESS: u32 = 0;
+pub const WC_LOC_LEN_ERR: u32 = 1;
+pub const WC_LOC_QP_OP_ERR: u32 = 2;
+pub const WC_LOC_PROT_ERR: u32 = 4;
+pub const WC_WR_FLUSH_ERR: u32 = 5;
+pub const WC_BAD_RESP_ERR: u32 = 7;
+pub const WC_LOC_ACCESS_ERR: u32 = 8;
+pub const WC_REM_INV_REQ_ERR: u32 = 9;
+pub const WC_REM_ACCESS_ERR: u32 = 10;
+pub const WC_REM_OP_ERR: u32 = 11;
+pub const WC_RETRY_EXC_ERR: u32 = 12;
+pub const WC_RNR_RETRY_EXC_ERR: u32 = 13;
+pub const WC_GENERAL_ERR: u32 = 21;
+
+// ---- Event queue entries ------------------------------------------------------------------
+/// A CQ that was armed got a CQE: `param` = CQN.
+pub const EV_COMPLETION: u32 = 1;
+/// A mailbox command finished: `param` = its seq, `data` = its status.
+pub const EV_CMD_DONE: u32 = 2;
+pub const EV_PORT_ACTIVE: u32 = 3;
+pub const EV_PORT_DOWN: u32 = 4;
+/// A CQ overflowed or its ring became unreachable: `param` = CQN, `data` = reason.
+pub const EV_CQ_ERR: u32 = 5;
+/// A QP hit a local catastrophic error (bad ring index, unreadable WQE): `param` = QPN.
+pub const EV_QP_FATAL: u32 = 6;
+/// A QP's responder saw an access violation (IB_EVENT_QP_ACCESS_ERR): `param` = QPN.
+pub const EV_QP_ACCESS_ERR: u32 = 7;
+
+// Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
+pub const ERR_CQ_OVERFLOW: u32 = 1;
+pub const ERR_RING_ACCESS: u32 = 2;
+pub const ERR_WQ_INDEX: u32 = 3;
+
+/// Marks a struct as a byte image of the ABI: plain integers, no padding (asserted by
+/// `abi_struct!`'s size check against the hand-computed size).
+macro_rules! abi_struct {
+    ($name:ident, $size:expr) => {
+        const _: () = assert!(std::mem::size_of::<$name>() == $size);
+        const _: () = assert!(std::mem::align_of::<$name>() <= 8);
+        // SAFETY: a repr(C) struct of integer fields whose size equals the sum of its fields
+        // (the assertion above, with every field laid out below), so it has no padding and
+        // every bit pattern is a valid value.
+        unsafe impl ByteValued for $name {}
+    };
+}
+
+/// BAR2 offset 0: identity, port and layout. Written by the device, read-only to the driver.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaDevInfo {
+    pub signature: u32,
+    pub abi_version: u32,
+    pub lid: u16,
+    pub port_state: u8,
+    pub num_vectors: u8,
+    pub caps: u32,
+    pub node_guid: u64,
+    pub mailbox_offset: u32,
+    pub eq_offset: u32,
+    pub eq_db_offset: u32,
+    pub qp_db_offset: u32,
+    pub cq_db_offset: u32,
+    pub eq_log_entries: u32,
+    pub rsvd: [u64; 4],
+}
+abi_struct!(HcaDevInfo, 80);
+
+/// The command mailbox at BAR2_MAILBOX_OFFSET. The driver fills `opcode`, `flags` and
+/// `input`, then writes `seq` (a new value) and rings DB_CMD. The device writes `output` and
+/// `status`, then sets `done_seq = seq`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HcaCmdMailbox {
+    pub opcode: u32,
+    pub flags: u32,
+    pub seq: u32,
+    pub done_seq: u32,
+    pub status: u32,
+    pub rsvd0: u32,
+    pub rsvd1: u64,
+    pub input: [u8; 96],
+    pub output: [u8; 64],
+    pub rsvd2: [u64; 8],
+}
+abi_struct!(HcaCmdMailbox, 256);
+
+impl Default for HcaCmdMailbox {
+    fn default() -> Self {
+        Self {
+            opcode: 0,
+            flags: 0,
+            seq: 0,
+            done_seq: 0,
+            status: 0,
+            rsvd0: 0,
+            rsvd1: 0,
+            input: [0; 96],
+            output: [0; 64],
+            rsvd2: [0; 8],
+        }
+    }
+}
+
+/// QUERY_DEVICE output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaDeviceAttr {
+    pub fw_ver: u64,
+    pub node_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_sge: u16,
+    pub max_inline: u16,
+    pub local_dma_lkey: u32,
+}
+abi_struct!(HcaDeviceAttr, 64);
+
+/// QUERY_PORT output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaPortAttr {
+    pub gid_prefix: u64,
+    pub port_guid: u64,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub state: u8,
+    pub max_mtu: u8,
+    pub active_mtu: u8,
+    pub rsvd0: u8,
+    pub rsvd1: u64,
+}
+abi_struct!(HcaPortAttr, 32);
+
+/// Input (ALLOC_PD output, DEALLOC_PD/DEREG_MR/DESTROY_* input, CREATE_* output): one handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdHandle {
+    pub handle: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaCmdHandle, 8);
+
+/// REG_MR input. A page-list MR maps byte `iova + k` to
+/// `page_list[(fbo + k) >> page_shift] + ((fbo + k) & (page_size - 1))`, fbo = iova & (page_size - 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdRegMr {
+    pub iova: u64,
+    pub length: u64,
+    pub page_list: u64,
+    pub pdn: u32,
+    pub access: u32,
+    pub npages: u32,
+    pub page_shift: u32,
+    pub flags: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaCmdRegMr, 48);
+
+/// CREATE_CQ input; the ring holds `1 << log_entries` HcaCqe and must be zeroed by nobody:
+/// the device zeroes it at creation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdCreateCq {
+    pub ring_addr: u64,
+    pub log_entries: u32,
+    pub vector: u32,
+}
+abi_struct!(HcaCmdCreateCq, 16);
+
+/// CREATE_QP input. Each ring holds `1 << log_entries` WQEs of `1 << wqe_shift` bytes.
+/// A GSI QP always gets QPN 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdCreateQp {
+    pub sq_addr: u64,
+    pub rq_addr: u64,
+    pub pdn: u32,
+    pub send_cqn: u32,
+    pub recv_cqn: u32,
+    pub qp_type: u32,
+    pub flags: u32,
+    pub sq_log_entries: u8,
+    pub sq_wqe_shift: u8,
+    pub rq_log_entries: u8,
+    pub rq_wqe_shift: u8,
+}
+abi_struct!(HcaCmdCreateQp, 40);
+
+/// QP attributes, as MODIFY_QP input and QUERY_QP output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaQpAttr {
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qpn: u32,
+    pub access_flags: u32,
+    pub pkey_index: u16,
+    pub dlid: u16,
+    pub state: u8,
+    pub cur_state: u8,
+    pub path_mtu: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub sl: u8,
+    pub qp_type: u8,
+    pub rsvd: u32,
+}
+abi_struct!(HcaQpAttr, 40);
+
+/// MODIFY_QP input.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdModifyQp {
+    pub qpn: u32,
+    pub attr_mask: u32,
+    pub attr: HcaQpAttr,
+}
+abi_struct!(HcaCmdModifyQp, 48);
+
+/// QP doorbell record (BAR2_QP_DB_OFFSET + 8 * QPN): free-running producer indices.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaQpDb {
+    pub sq_pi: u32,
+    pub rq_pi: u32,
+}
+abi_struct!(HcaQpDb, 8);
+
+/// CQ doorbell record (BAR2_CQ_DB_OFFSET + 8 * CQN). `ci` is the driver's free-running
+/// consumer index; `arm` = `(sn << 1) | solicited_only`, a new sn arms the CQ once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCqDb {
+    pub ci: u32,
+    pub arm: u32,
+}
+abi_struct!(HcaCqDb, 8);
+
+/// Scatter/gather element, in send and receive WQEs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+abi_struct!(HcaSge, 16);
+
+/// Send WQE header; `num_sge` HcaSge or `inline_len` bytes of inline data follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaSendWqe {
+    pub wr_id: u64,
+    pub opcode: u8,
+    pub flags: u8,
+    pub num_sge: u8,
+    pub rsvd0: u8,
+    pub imm: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub inline_len: u32,
+    pub ud_remote_qpn: u32,
+    pub ud_qkey: u32,
+    pub ud_dlid: u16,
+    pub rsvd1: u16,
+    pub rsvd2: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+}
+abi_struct!(HcaSendWqe, 64);
+
+/// Receive WQE header; `num_sge` HcaSge follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaRecvWqe {
+    pub wr_id: u64,
+    pub num_sge: u8,
+    pub rsvd: [u8; 7],
+}
+abi_struct!(HcaRecvWqe, 16);
+
+/// Completion queue entry. The device writes it whole, then `owner` last; an entry is valid
+/// when `owner == ((index >> log_entries) & 1) ^ 1` (first lap 1, second lap 0, ...).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCqe {
+    pub wr_id: u64,
+    pub byte_len: u32,
+    pub imm: u32,
+    pub qpn: u32,
+    pub src_qp: u32,
+    pub slid: u16,
+    pub opcode: u8,
+    pub status: u8,
+    pub flags: u8,
+    pub owner: u8,
+    pub pkey_index: u16,
+}
+abi_struct!(HcaCqe, 32);
+
+/// Event queue entry; same ownership rule as HcaCqe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaEqe {
+    pub event_type: u8,
+    pub owner: u8,
+    pub rsvd0: u16,
+    pub param: u32,
+    pub data: u32,
+    pub rsvd1: u32,
+}
+abi_struct!(HcaEqe, 16);
+
+/// Offsets of `owner` bytes, written last with release ordering.
+pub const CQE_OWNER_OFFSET: u32 = std::mem::offset_of!(HcaCqe, owner) as u32;
+pub const EQE_OWNER_OFFSET: u32 = std::mem::offset_of!(HcaEqe, owner) as u32;
+
+/// The owner bit a producer writes into the entry at free-running index `index`.
+pub fn owner_bit(index: u32, log_entries: u32) -> u8 {
+    (((index >> log_entries) & 1) ^ 1) as u8
+}
+
+/// Every constant, struct size and field offset of the ABI under its C name, for the
+/// C/Rust agreement test. Keys: `HCA_NAME` for constants, `struct.size` and `struct.field`.
+pub fn layout() -> Vec<(String, u64)> {
+    let mut t: Vec<(String, u64)> = Vec::new();
+    macro_rules! consts {
+        ($($c:ident),* $(,)?) => { $( t.push((concat!("HCA_", stringify!($c)).into(), $c as u64)); )* };
+    }
+    macro_rules! layout_of {
+        ($s:ident => $c:literal { $($f:ident),* $(,)? }) => {
+            t.push((concat!($c, ".size").into(), std::mem::size_of::<$s>() as u64));
+            $( t.push((concat!($c, ".", stringify!($f)).into(), std::mem::offset_of!($s, $f) as u64)); )*
+        };
+    }
+    consts!(
+        ABI_VERSION,
+        SIGNATURE,
+        PCI_VENDOR_IVSHMEM,
+        PCI_DEVICE_IVSHMEM,
+        PCI_VENDOR_HCABENCH,
+        PCI_DEVICE_HCABENCH,
+        BAR0_INTR_MASK,
+        BAR0_INTR_STATUS,
+        BAR0_IV_POSITION,
+        BAR0_DOORBELL,
+        DOORBELL_PEER_SHIFT,
+        DB_CMD,
+        DB_SQ,
+        DB_RQ,
+        DB_CQ_ARM,
+        NUM_VECTORS,
+        VEC_ASYNC,
+        VEC_COMP_FIRST,
+        BAR2_SIZE,
+        BAR2_INFO_OFFSET,
+        BAR2_MAILBOX_OFFSET,
+        BAR2_EQ_DB_OFFSET,
+        EQ_DB_STRIDE,
+        BAR2_EQ_OFFSET,
+        EQ_LOG_ENTRIES,
+        EQ_ENTRIES,
+        BAR2_QP_DB_OFFSET,
+        BAR2_CQ_DB_OFFSET,
+        MAX_QP,
+        MAX_CQ,
+        MAX_PD,
+        MAX_MR,
+        MAX_QP_LOG_WR,
+        MAX_CQ_LOG_CQE,
+        MAX_SGE,
+        MAX_INLINE,
+        MIN_SQ_WQE_SHIFT,
+        MAX_SQ_WQE_SHIFT,
+        MIN_RQ_WQE_SHIFT,
+        MAX_RQ_WQE_SHIFT,
+        MAX_MR_PAGES,
+        MAX_TOTAL_MR_PAGES,
+        MIN_MR_PAGE_SHIFT,
+        MAX_MR_PAGE_SHIFT,
+        MAX_MSG_SIZE,
+        LOCAL_DMA_LKEY,
+        UD_GRH_BYTES,
+        GSI_QPN,
+        GSI_QKEY,
+        CAP_RC,
+        CAP_UD,
+        CAP_RDMA_READ,
+        CAP_ATOMIC,
+        CAP_LOCAL_DMA_LKEY,
+        PORT_DOWN,
+        PORT_ACTIVE,
+        MTU_256,
+        MTU_4096,
+        CMD_QUERY_DEVICE,
+        CMD_QUERY_PORT,
+        CMD_ALLOC_PD,
+        CMD_DEALLOC_PD,
+        CMD_REG_MR,
+        CMD_DEREG_MR,
+        CMD_CREATE_CQ,
+        CMD_DESTROY_CQ,
+        CMD_CREATE_QP,
+        CMD_MODIFY_QP,
+        CMD_QUERY_QP,
+        CMD_DESTROY_QP,
+        CMD_FLAG_EVENT,
+        CMD_OK,
+        CMD_BAD_OPCODE,
+        CMD_BAD_PARAM,
+        CMD_BAD_HANDLE,
+        CMD_BAD_STATE,
+        CMD_BUSY,
+        CMD_NO_RESOURCES,
+        CMD_BAD_ADDRESS,
+        MR_FLAG_PHYS,
+        ACCESS_LOCAL_WRITE,
+        ACCESS_REMOTE_WRITE,
+        ACCESS_REMOTE_READ,
+        ACCESS_REMOTE_ATOMIC,
+        QPT_GSI,
+        QPT_RC,
+        QPT_UD,
+        QP_FLAG_SIG_ALL,
+        QPS_RESET,
+        QPS_INIT,
+        QPS_RTR,
+        QPS_RTS,
+        QPS_SQD,
+        QPS_SQE,
+        QPS_ERR,
+        QP_ATTR_STATE,
+        QP_ATTR_CUR_STATE,
+        QP_ATTR_ACCESS_FLAGS,
+        QP_ATTR_PKEY_INDEX,
+        QP_ATTR_PORT,
+        QP_ATTR_QKEY,
+        QP_ATTR_AV,
+        QP_ATTR_PATH_MTU,
+        QP_ATTR_TIMEOUT,
+        QP_ATTR_RETRY_CNT,
+        QP_ATTR_RNR_RETRY,
+        QP_ATTR_RQ_PSN,
+        QP_ATTR_MAX_QP_RD_ATOMIC,
+        QP_ATTR_MIN_RNR_TIMER,
+        QP_ATTR_SQ_PSN,
+        QP_ATTR_MAX_DEST_RD_ATOMIC,
+        QP_ATTR_DEST_QPN,
+        WR_SEND,
+        WR_SEND_IMM,
+        WR_RDMA_WRITE,
+        WR_RDMA_WRITE_IMM,
+        WR_RDMA_READ,
+        WR_ATOMIC_CMP_SWP,
+        WR_ATOMIC_FETCH_ADD,
+        WQE_SIGNALED,
+        WQE_SOLICITED,
+        WQE_INLINE,
+        WQE_FENCE,
+        CQE_OP_SEND,
+        CQE_OP_RDMA_WRITE,
+        CQE_OP_RDMA_READ,
+        CQE_OP_COMP_SWAP,
+        CQE_OP_FETCH_ADD,
+        CQE_OP_RECV,
+        CQE_OP_RECV_RDMA_IMM,
+        CQE_FLAG_IMM,
+        CQE_FLAG_GRH,
+        WC_SUCCESS,
+        WC_LOC_LEN_ERR,
+        WC_LOC_QP_OP_ERR,
+        WC_LOC_PROT_ERR,
+        WC_WR_FLUSH_ERR,
+        WC_BAD_RESP_ERR,
+        WC_LOC_ACCESS_ERR,
+        WC_REM_INV_REQ_ERR,
+        WC_REM_ACCESS_ERR,
+        WC_REM_OP_ERR,
+        WC_RETRY_EXC_ERR,
+        WC_RNR_RETRY_EXC_ERR,
+        WC_GENERAL_ERR,
+        EV_COMPLETION,
+        EV_CMD_DONE,
+        EV_PORT_ACTIVE,
+        EV_PORT_DOWN,
+        EV_CQ_ERR,
+        EV_QP_FATAL,
+        EV_QP_ACCESS_ERR,
+        ERR_CQ_OVERFLOW,
+        ERR_RING_ACCESS,
+        ERR_WQ_INDEX,
+        CQE_OWNER_OFFSET,
+        EQE_OWNER_OFFSET,
+    );
+    layout_of!(HcaDevInfo => "hca_dev_info" { signature, abi_version, lid, port_state,
+        num_vectors, caps, node_guid, mailbox_offset, eq_offset, eq_db_offset, qp_db_offset,
+        cq_db_offset, eq_log_entries, rsvd });
+    layout_of!(HcaCmdMailbox => "hca_cmd_mailbox" { opcode, flags, seq, done_seq, status,
+        rsvd0, rsvd1, input, output, rsvd2 });
+    layout_of!(HcaDeviceAttr => "hca_device_attr" { fw_ver, node_guid, max_mr_size,
+        page_size_cap, max_qp, max_qp_wr, max_cq, max_cqe, max_mr, max_pd, max_sge,
+        max_inline, local_dma_lkey });
+    layout_of!(HcaPortAttr => "hca_port_attr" { gid_prefix, port_guid, lid, sm_lid, state,
+        max_mtu, active_mtu, rsvd0, rsvd1 });
+    layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
+    layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
+        npages, page_shift, flags, rsvd });
+    layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector });
+    layout_of!(HcaCmdCreateQp => "hca_cmd_create_qp" { sq_addr, rq_addr, pdn, send_cqn,
+        recv_cqn, qp_type, flags, sq_log_entries, sq_wqe_shift, rq_log_entries,
+        rq_wqe_shift });
+    layout_of!(HcaQpAttr => "hca_qp_attr" { qkey, rq_psn, sq_psn, dest_qpn, access_flags,
+        pkey_index, dlid, state, cur_state, path_mtu, port_num, timeout, retry_cnt,
+        rnr_retry, min_rnr_timer, max_rd_atomic, max_dest_rd_atomic, sl, qp_type, rsvd });
+    layout_of!(HcaCmdModifyQp => "hca_cmd_modify_qp" { qpn, attr_mask, attr });
+    layout_of!(HcaQpDb => "hca_qp_db" { sq_pi, rq_pi });
+    layout_of!(HcaCqDb => "hca_cq_db" { ci, arm });
+    layout_of!(HcaSge => "hca_sge" { addr, length, lkey });
+    layout_of!(HcaSendWqe => "hca_send_wqe" { wr_id, opcode, flags, num_sge, rsvd0, imm,
+        remote_addr, rkey, inline_len, ud_remote_qpn, ud_qkey, ud_dlid, rsvd1, rsvd2,
+        compare_add, swap });
+    layout_of!(HcaRecvWqe => "hca_recv_wqe" { wr_id, num_sge, rsvd });
+    layout_of!(HcaCqe => "hca_cqe" { wr_id, byte_len, imm, qpn, src_qp, slid, opcode,
+        status, flags, owner, pkey_index });
+    layout_of!(HcaEqe => "hca_eqe" { event_type, owner, rsvd0, param, data, rsvd1 });
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_bar2_regions_fit_and_do_not_overlap() {
+        let eq_end = BAR2_EQ_OFFSET + NUM_VECTORS * EQ_ENTRIES * 16;
+        assert!(BAR2_MAILBOX_OFFSET + 256 <= BAR2_EQ_DB_OFFSET);
+        assert!(BAR2_EQ_DB_OFFSET + NUM_VECTORS * EQ_DB_STRIDE <= BAR2_EQ_OFFSET);
+        assert!(eq_end <= BAR2_QP_DB_OFFSET, "EQs end at {eq_end:#x}");
+        assert!(BAR2_QP_DB_OFFSET + MAX_QP * 8 <= BAR2_CQ_DB_OFFSET);
+        assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SIZE);
+    }
+
+    #[test]
+    fn test_owner_bit_flips_every_lap() {
+        assert_eq!(owner_bit(0, 2), 1);
+        assert_eq!(owner_bit(3, 2), 1);
+        assert_eq!(owner_bit(4, 2), 0);
+        assert_eq!(owner_bit(8, 2), 1);
+        assert_eq!(owner_bit(u32::MAX, 2), 0);
+    }
+
+    #[test]
+    fn test_layout_names_are_unique() {
+        let t = layout();
+        let mut names: Vec<_> = t.iter().map(|(n, _)| n.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), t.len());
+    }
+
+    #[test]
+    fn test_largest_wqe_stride_holds_max_sge_and_inline() {
+        let stride = 1u32 << MAX_SQ_WQE_SHIFT;
+        assert!(64 + MAX_SGE * 16 <= stride);
+        assert!(64 + MAX_INLINE <= stride);
+        assert!(16 + MAX_SGE * 16 <= 1 << MAX_RQ_WQE_SHIFT);
+    }
+}

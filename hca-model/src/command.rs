@@ -1,0 +1,110 @@
+//! The command mailbox: one command at a time, in BAR2.
+//!
+//! The device copies the whole mailbox once (so the guest cannot change a command while it
+//! runs), acts only when `seq` differs from the last one it completed, and publishes
+//! `output`, then `status`, then `done_seq = seq`. With CMD_FLAG_EVENT it also posts
+//! EV_CMD_DONE on EQ 0 and raises vector 0; otherwise the driver polls `done_seq`.
+
+use vm_memory::ByteValued;
+
+use crate::abi::*;
+use crate::hca::HcaState;
+
+/// Reads a command's input struct from the mailbox's input bytes.
+fn input<T: ByteValued + Default>(mb: &HcaCmdMailbox) -> T {
+    let mut v = T::default();
+    let n = std::mem::size_of::<T>().min(mb.input.len());
+    v.as_mut_slice()[..n].copy_from_slice(&mb.input[..n]);
+    v
+}
+
+/// Writes a command's output struct into the mailbox's output bytes.
+fn output<T: ByteValued>(out: &mut [u8; 64], v: &T) {
+    let b = v.as_slice();
+    out[..b.len()].copy_from_slice(b);
+}
+
+fn handle(v: u32) -> HcaCmdHandle {
+    HcaCmdHandle { handle: v, rsvd: 0 }
+}
+
+impl HcaState {
+    /// DB_CMD: runs the mailbox's command if it is new.
+    pub(crate) fn run_command(&mut self) {
+        let mb: HcaCmdMailbox = self.bar2.read_obj(BAR2_MAILBOX_OFFSET);
+        if mb.seq == self.last_cmd_seq {
+            return; // Already done: a coalesced or repeated doorbell.
+        }
+        self.stats.commands += 1;
+        let mut out = [0u8; 64];
+        let status = match self.execute(&mb, &mut out) {
+            Ok(()) => CMD_OK,
+            Err(s) => s,
+        };
+        let off = |f: usize| BAR2_MAILBOX_OFFSET + f as u32;
+        self.bar2
+            .write_bytes(off(std::mem::offset_of!(HcaCmdMailbox, output)), &out);
+        self.bar2
+            .write_obj(off(std::mem::offset_of!(HcaCmdMailbox, status)), &status);
+        self.bar2
+            .store_u32(off(std::mem::offset_of!(HcaCmdMailbox, done_seq)), mb.seq);
+        self.last_cmd_seq = mb.seq;
+        if mb.flags & CMD_FLAG_EVENT != 0 {
+            self.post_event(VEC_ASYNC, EV_CMD_DONE, mb.seq, status);
+        }
+    }
+
+    fn execute(&mut self, mb: &HcaCmdMailbox, out: &mut [u8; 64]) -> Result<(), u32> {
+        let h = input::<HcaCmdHandle>(mb).handle;
+        match mb.opcode {
+            CMD_QUERY_DEVICE => output(out, &self.device_attr()),
+            CMD_QUERY_PORT => output(out, &self.port_attr()),
+            CMD_ALLOC_PD => output(out, &handle(self.cmd_alloc_pd()?)),
+            CMD_DEALLOC_PD => self.cmd_dealloc_pd(h)?,
+            CMD_REG_MR => output(out, &handle(self.cmd_reg_mr(&input(mb))?)),
+            CMD_DEREG_MR => self.cmd_dereg_mr(h)?,
+            CMD_CREATE_CQ => output(out, &handle(self.cmd_create_cq(&input(mb))?)),
+            CMD_DESTROY_CQ => self.cmd_destroy_cq(h)?,
+            CMD_CREATE_QP => output(out, &handle(self.cmd_create_qp(&input(mb))?)),
+            CMD_MODIFY_QP => self.cmd_modify_qp(&input(mb))?,
+            CMD_QUERY_QP => output(out, &self.cmd_query_qp(h)?),
+            CMD_DESTROY_QP => self.cmd_destroy_qp(h)?,
+            _ => return Err(CMD_BAD_OPCODE),
+        }
+        Ok(())
+    }
+
+    fn device_attr(&self) -> HcaDeviceAttr {
+        HcaDeviceAttr {
+            fw_ver: u64::from(ABI_VERSION),
+            node_guid: self.node_guid,
+            max_mr_size: u64::MAX,
+            page_size_cap: ((1u64 << (MAX_MR_PAGE_SHIFT + 1)) - 1)
+                & !((1u64 << MIN_MR_PAGE_SHIFT) - 1),
+            max_qp: MAX_QP,
+            max_qp_wr: 1 << MAX_QP_LOG_WR,
+            max_cq: MAX_CQ,
+            max_cqe: 1 << MAX_CQ_LOG_CQE,
+            max_mr: MAX_MR,
+            max_pd: MAX_PD,
+            max_sge: MAX_SGE as u16,
+            max_inline: MAX_INLINE as u16,
+            local_dma_lkey: LOCAL_DMA_LKEY,
+        }
+    }
+
+    fn port_attr(&self) -> HcaPortAttr {
+        HcaPortAttr {
+            gid_prefix: 0xfe80_0000_0000_0000,
+            port_guid: self.node_guid,
+            lid: self.lid,
+            // The fabric is its own subnet manager; it answers as LID 1's port would.
+            sm_lid: if self.fabric.is_some() { 1 } else { 0 },
+            state: self.port_state() as u8,
+            max_mtu: MTU_4096 as u8,
+            active_mtu: MTU_4096 as u8,
+            rsvd0: 0,
+            rsvd1: 0,
+        }
+    }
+}

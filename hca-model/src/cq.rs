@@ -1,0 +1,143 @@
+//! Completion queues: rings of HcaCqe in guest RAM, shared by any number of QPs.
+//!
+//! The device owns the producer index; the driver publishes its consumer index in the CQ's
+//! doorbell record. A CQE that would overwrite an unconsumed one is an overflow: the CQ goes
+//! to error, EV_CQ_ERR is posted on EQ 0, and this and later CQEs are counted as lost, never
+//! silently dropped. Arming is one-shot: a new `arm` word arms the CQ for the next CQE (or
+//! the next solicited or error CQE), which posts EV_COMPLETION on the CQ's vector.
+
+use std::sync::atomic::{fence, Ordering};
+
+use crate::abi::*;
+use crate::dma::write_obj;
+use crate::hca::HcaState;
+
+pub(crate) struct Cq {
+    pub ring: u64,
+    pub log_entries: u32,
+    pub vector: u32,
+    pub pi: u32,
+    /// The last arm word seen; a different one arms the CQ.
+    pub arm_seen: u32,
+    /// Armed, and whether only solicited (or error) CQEs fire it.
+    pub armed: Option<bool>,
+    pub error: bool,
+    /// QPs that report to this CQ.
+    pub users: u32,
+}
+
+fn cq_db(cqn: u32) -> u32 {
+    BAR2_CQ_DB_OFFSET + cqn * 8
+}
+
+impl HcaState {
+    /// Writes `cqe` (owner byte last) to CQ `cqn`. `solicited` marks a CQE that fires a CQ
+    /// armed for solicited events only.
+    pub(crate) fn post_cqe(&mut self, cqn: u32, mut cqe: HcaCqe, solicited: bool) {
+        let mem = self.mem.clone();
+        let ci = self.bar2.load_u32(cq_db(cqn));
+        let Some(cq) = self.cqs.get_mut(cqn) else {
+            self.stats.cqes_lost += 1;
+            return;
+        };
+        if cq.error {
+            self.stats.cqes_lost += 1;
+            return;
+        }
+        let size = 1u32 << cq.log_entries;
+        // A consumer index ahead of the producer is as wrong as a full ring: both mean the
+        // driver and device disagree, and the CQ cannot be trusted any more.
+        if cq.pi.wrapping_sub(ci) >= size {
+            return self.cq_error(cqn, ERR_CQ_OVERFLOW);
+        }
+        let slot = cq.ring + u64::from(cq.pi & (size - 1)) * 32;
+        let owner = owner_bit(cq.pi, cq.log_entries);
+        cqe.owner = owner ^ 1;
+        let written = write_obj(mem.as_ref(), slot, &cqe).and_then(|()| {
+            fence(Ordering::Release);
+            mem.write(slot + u64::from(CQE_OWNER_OFFSET), &[owner])
+        });
+        if written.is_err() {
+            return self.cq_error(cqn, ERR_RING_ACCESS);
+        }
+        cq.pi = cq.pi.wrapping_add(1);
+        let fire = match cq.armed {
+            Some(sol_only) => !sol_only || solicited || u32::from(cqe.status) != WC_SUCCESS,
+            None => false,
+        };
+        let vector = cq.vector;
+        if fire {
+            cq.armed = None;
+        }
+        self.stats.cqes += 1;
+        if fire {
+            self.post_event(vector, EV_COMPLETION, cqn, 0);
+        }
+    }
+
+    fn cq_error(&mut self, cqn: u32, reason: u32) {
+        if let Some(cq) = self.cqs.get_mut(cqn) {
+            cq.error = true;
+        }
+        self.stats.cqes_lost += 1;
+        self.post_event(VEC_ASYNC, EV_CQ_ERR, cqn, reason);
+    }
+
+    /// DB_CQ_ARM: arms every CQ whose arm word changed.
+    pub(crate) fn scan_cq_arms(&mut self) {
+        for i in 0..self.live_cqs.len() {
+            let cqn = self.live_cqs[i];
+            let word = self.bar2.load_u32(cq_db(cqn) + 4);
+            if let Some(cq) = self.cqs.get_mut(cqn) {
+                if word != cq.arm_seen {
+                    cq.arm_seen = word;
+                    cq.armed = Some(word & 1 != 0);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn cmd_create_cq(&mut self, a: &HcaCmdCreateCq) -> Result<u32, u32> {
+        if a.log_entries > MAX_CQ_LOG_CQE || !(VEC_COMP_FIRST..NUM_VECTORS).contains(&a.vector) {
+            return Err(CMD_BAD_PARAM);
+        }
+        let bytes = 32u64 << a.log_entries;
+        if !self.mem.check(a.ring_addr, bytes) {
+            return Err(CMD_BAD_ADDRESS);
+        }
+        // Zero the ring so that no stale entry looks valid.
+        let zero = [0u8; 4096];
+        let mut off = 0;
+        while off < bytes {
+            let n = (bytes - off).min(4096);
+            let _ = self.mem.write(a.ring_addr + off, &zero[..n as usize]);
+            off += n;
+        }
+        let cq = Cq {
+            ring: a.ring_addr,
+            log_entries: a.log_entries,
+            vector: a.vector,
+            pi: 0,
+            arm_seen: 0,
+            armed: None,
+            error: false,
+            users: 0,
+        };
+        let cqn = self.cqs.alloc(cq).ok_or(CMD_NO_RESOURCES)?;
+        self.bar2.write_obj(cq_db(cqn), &HcaCqDb::default());
+        self.live_cqs.push(cqn);
+        Ok(cqn)
+    }
+
+    pub(crate) fn cmd_destroy_cq(&mut self, cqn: u32) -> Result<(), u32> {
+        match self.cqs.get(cqn) {
+            None => Err(CMD_BAD_HANDLE),
+            Some(cq) if cq.users > 0 => Err(CMD_BUSY),
+            Some(_) => {
+                self.cqs.remove(cqn);
+                self.live_cqs.retain(|&c| c != cqn);
+                Ok(())
+            }
+        }
+    }
+}

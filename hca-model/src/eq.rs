@@ -1,0 +1,42 @@
+//! Event queues: one ring per interrupt vector in BAR2. EQ 0 carries command completions and
+//! asynchronous events; EQ k (k >= 1) carries completion events of CQs bound to vector k.
+//! The device writes an entry (owner byte last), then asks for the vector to be raised once
+//! its lock is dropped; interrupts coalesce, so the driver drains an EQ until the owner bit
+//! says "not yet".
+
+use crate::abi::*;
+use crate::hca::HcaState;
+
+/// The device's producer index for one EQ.
+#[derive(Default)]
+pub(crate) struct Eq {
+    pub pi: u32,
+}
+
+impl HcaState {
+    /// Posts an event on EQ `vector` and requests that vector. A full EQ (the driver stopped
+    /// consuming) loses the event, counted in `events_lost`; the interrupt is still raised.
+    pub(crate) fn post_event(&mut self, vector: u32, event_type: u32, param: u32, data: u32) {
+        let v = vector.min(NUM_VECTORS - 1);
+        let ci = self.bar2.load_u32(BAR2_EQ_DB_OFFSET + v * EQ_DB_STRIDE);
+        let pi = self.eqs[v as usize].pi;
+        self.pending_irqs |= 1 << v;
+        if pi.wrapping_sub(ci) >= EQ_ENTRIES {
+            self.stats.events_lost += 1;
+            return;
+        }
+        let slot = BAR2_EQ_OFFSET + (v * EQ_ENTRIES + (pi & (EQ_ENTRIES - 1))) * 16;
+        let owner = owner_bit(pi, EQ_LOG_ENTRIES);
+        let eqe = HcaEqe {
+            event_type: event_type as u8,
+            owner: owner ^ 1,
+            param,
+            data,
+            ..Default::default()
+        };
+        self.bar2.write_obj(slot, &eqe);
+        self.bar2.store_u8(slot + EQE_OWNER_OFFSET, owner);
+        self.eqs[v as usize].pi = pi.wrapping_add(1);
+        self.stats.events += 1;
+    }
+}

@@ -1,0 +1,250 @@
+//! The fabric: an in-process switch keyed by LID, acting as subnet manager (it hands out the
+//! LIDs), with one link per port and a hook on every link.
+//!
+//! Delivery is FIFO and single-file: packets are queued in the order their senders produced
+//! them (a sender enqueues while holding its own lock), and whichever thread finds the fabric
+//! idle drains the queue, taking one HCA lock at a time. That keeps RC ordering, delivers each
+//! packet exactly once, and cannot deadlock (no thread holds two HCA locks).
+//!
+//! Every packet crosses two links: its source port's uplink and its destination port's
+//! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
+//! attach there (issue 7, ARCHITECTURE.md section 6).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use crate::packet::Packet;
+
+/// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
+pub type Lid = u16;
+
+/// Why a packet did not reach a receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// No port has the destination LID (never attached, or detached: a dead node).
+    NoRoute,
+    /// A link hook dropped it.
+    Hook,
+    /// The receiving HCA had no QP for it, or the QP could not take it.
+    Rejected,
+}
+
+/// What a port does with packets: the HCA side of a link.
+pub trait PacketSink: Send + Sync {
+    /// Takes one packet; `Err` means the receiver discarded it.
+    fn deliver(&self, pkt: Packet) -> Result<(), ()>;
+    /// Hears back about one of its own packets that reached no receiver.
+    fn undeliverable(&self, pkt: Packet, why: DropReason);
+}
+
+/// Which way a packet crosses a port's link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinkDir {
+    /// From the port's HCA into the switch.
+    Up,
+    /// From the switch to the port's HCA.
+    Down,
+}
+
+/// A link: the port at one end (the switch is at the other) and the direction of travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinkId {
+    pub lid: Lid,
+    pub dir: LinkDir,
+}
+
+/// The hook's decision for one packet on one link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Drop,
+}
+
+/// Sees (and may change or drop) every packet on every link.
+pub trait LinkHook: Send + Sync {
+    fn on_packet(&self, link: LinkId, pkt: &mut Packet) -> Verdict;
+}
+
+/// Delivery counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    pub delivered: u64,
+    pub no_route: u64,
+    pub hook_dropped: u64,
+    pub rejected: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    pkts: VecDeque<Packet>,
+    pumping: bool,
+}
+
+struct Inner {
+    ports: RwLock<Vec<Option<Weak<dyn PacketSink>>>>,
+    queue: Mutex<Queue>,
+    hook: RwLock<Option<Arc<dyn LinkHook>>>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    delivered: AtomicU64,
+    no_route: AtomicU64,
+    hook_dropped: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// A switched fabric. Cheap to clone; all clones are the same fabric.
+#[derive(Clone)]
+pub struct Fabric {
+    inner: Arc<Inner>,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fabric {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ports: RwLock::new(vec![None]),
+                queue: Mutex::new(Queue::default()),
+                hook: RwLock::new(None),
+                stats: Counters::default(),
+            }),
+        }
+    }
+
+    /// Attaches a port and assigns it the next free LID (node number k gets LID k).
+    pub fn attach(&self, sink: Weak<dyn PacketSink>) -> Lid {
+        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        let lid = ports.len() as Lid;
+        ports.push(Some(sink));
+        lid
+    }
+
+    /// Takes a port off the fabric: packets for its LID are then undeliverable.
+    pub fn detach(&self, lid: Lid) {
+        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = ports.get_mut(lid as usize) {
+            *p = None;
+        }
+    }
+
+    pub fn set_hook(&self, hook: Option<Arc<dyn LinkHook>>) {
+        *self.inner.hook.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    pub fn stats(&self) -> FabricStats {
+        let c = &self.inner.stats;
+        FabricStats {
+            delivered: c.delivered.load(Relaxed),
+            no_route: c.no_route.load(Relaxed),
+            hook_dropped: c.hook_dropped.load(Relaxed),
+            rejected: c.rejected.load(Relaxed),
+        }
+    }
+
+    /// Queues a packet. Callers hold their own HCA lock, which fixes the order of packets from
+    /// one sender; the packet moves at the next [`Fabric::pump`].
+    pub fn enqueue(&self, pkt: Packet) {
+        self.queue().pkts.push_back(pkt);
+    }
+
+    /// Delivers queued packets until the queue is empty, unless another thread (or an outer
+    /// frame of this one) is already doing so. Call it with no HCA lock held.
+    pub fn pump(&self) {
+        {
+            let mut q = self.queue();
+            if q.pumping || q.pkts.is_empty() {
+                return;
+            }
+            q.pumping = true;
+        }
+        loop {
+            let pkt = {
+                let mut q = self.queue();
+                match q.pkts.pop_front() {
+                    Some(p) => p,
+                    None => {
+                        q.pumping = false;
+                        return;
+                    }
+                }
+            };
+            self.forward(pkt);
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
+        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        ports.get(lid as usize)?.as_ref()?.upgrade()
+    }
+
+    fn forward(&self, mut pkt: Packet) {
+        let hook = self
+            .inner
+            .hook
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(h) = &hook {
+            let up = LinkId {
+                lid: pkt.slid,
+                dir: LinkDir::Up,
+            };
+            if h.on_packet(up, &mut pkt) == Verdict::Drop {
+                return self.bounce(pkt, DropReason::Hook);
+            }
+        }
+        let Some(dst) = self.port(pkt.dlid) else {
+            return self.bounce(pkt, DropReason::NoRoute);
+        };
+        if let Some(h) = &hook {
+            let down = LinkId {
+                lid: pkt.dlid,
+                dir: LinkDir::Down,
+            };
+            if h.on_packet(down, &mut pkt) == Verdict::Drop {
+                return self.bounce(pkt, DropReason::Hook);
+            }
+        }
+        // The receiver hands a rejected packet back so that the sender learns of it.
+        let slid = pkt.slid;
+        let payload = std::mem::take(&mut pkt.payload);
+        let probe = pkt.clone();
+        pkt.payload = payload;
+        match dst.deliver(pkt) {
+            Ok(()) => {
+                self.inner.stats.delivered.fetch_add(1, Relaxed);
+            }
+            Err(()) => {
+                self.inner.stats.rejected.fetch_add(1, Relaxed);
+                if let Some(src) = self.port(slid) {
+                    src.undeliverable(probe, DropReason::Rejected);
+                }
+            }
+        }
+    }
+
+    fn bounce(&self, pkt: Packet, why: DropReason) {
+        let c = &self.inner.stats;
+        match why {
+            DropReason::NoRoute => c.no_route.fetch_add(1, Relaxed),
+            DropReason::Hook => c.hook_dropped.fetch_add(1, Relaxed),
+            DropReason::Rejected => c.rejected.fetch_add(1, Relaxed),
+        };
+        if let Some(src) = self.port(pkt.slid) {
+            src.undeliverable(pkt, why);
+        }
+    }
+}

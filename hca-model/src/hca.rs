@@ -1,0 +1,325 @@
+//! The HCA: its state, its entry points (doorbell, packet delivery) and its interrupt output.
+//!
+//! Locking: one mutex per HCA guards all of its state (`HcaState`). Entry points take it,
+//! do their work, and collect what must happen outside it: interrupts to raise and fabric
+//! packets to move. Interrupts are raised and the fabric pumped after the lock is dropped, so
+//! an HCA never holds its lock while another HCA's lock is taken (see fabric.rs).
+//!
+//! Concern split, each an `impl HcaState` block in its own file: commands (command.rs),
+//! PD/MR and key checks (mr.rs), CQ rings (cq.rs), event queues (eq.rs), QP state machine (qp.rs),
+//! the send engine (requester.rs), incoming requests (responder.rs).
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use vm_memory::GuestMemory;
+
+use crate::abi::*;
+use crate::cq::Cq;
+use crate::devmem::DeviceMemory;
+use crate::dma::{DmaSpace, GuestRam};
+use crate::eq::Eq;
+use crate::fabric::{DropReason, Fabric, Lid, PacketSink};
+use crate::mr::{Mr, Pd};
+use crate::packet::Packet;
+use crate::qp::Qp;
+
+/// Raises one of the guest's MSI-X vectors. Host adapters implement it (an eventfd write
+/// under QEMU, an irqfd under the VMM).
+pub trait InterruptSink: Send + Sync {
+    fn raise(&self, vector: u32);
+}
+
+/// Discards interrupts: for a guest that only polls.
+pub struct NoInterrupts;
+
+impl InterruptSink for NoInterrupts {
+    fn raise(&self, _vector: u32) {}
+}
+
+/// Counters a user can read to see what the device did. Monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaStats {
+    pub doorbells: u64,
+    pub commands: u64,
+    pub wqes: u64,
+    pub cqes: u64,
+    pub cqes_lost: u64,
+    pub events: u64,
+    pub events_lost: u64,
+    pub interrupts: u64,
+    pub packets_out: u64,
+    pub packets_in: u64,
+    pub bytes_out: u64,
+    pub ud_dropped: u64,
+    pub rc_dropped: u64,
+    pub dma_faults: u64,
+}
+
+/// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.
+pub(crate) struct Table<T> {
+    slots: Vec<Option<T>>,
+    first: u32,
+}
+
+impl<T> Table<T> {
+    pub fn new(capacity: u32, first: u32) -> Self {
+        Self {
+            slots: (0..capacity).map(|_| None).collect(),
+            first,
+        }
+    }
+
+    pub fn alloc(&mut self, v: T) -> Option<u32> {
+        let i = (self.first as usize..self.slots.len()).find(|&i| self.slots[i].is_none())?;
+        self.slots[i] = Some(v);
+        Some(i as u32)
+    }
+
+    /// Puts `v` at a fixed index (the GSI QP); fails if taken or out of range.
+    pub fn insert_at(&mut self, i: u32, v: T) -> bool {
+        match self.slots.get_mut(i as usize) {
+            Some(s @ None) => {
+                *s = Some(v);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn get(&self, i: u32) -> Option<&T> {
+        self.slots.get(i as usize)?.as_ref()
+    }
+
+    pub fn get_mut(&mut self, i: u32) -> Option<&mut T> {
+        self.slots.get_mut(i as usize)?.as_mut()
+    }
+
+    pub fn remove(&mut self, i: u32) -> Option<T> {
+        self.slots.get_mut(i as usize)?.take()
+    }
+}
+
+/// Everything behind the HCA's lock.
+pub(crate) struct HcaState {
+    pub mem: Arc<dyn DmaSpace>,
+    pub bar2: Arc<DeviceMemory>,
+    pub fabric: Option<Fabric>,
+    pub lid: Lid,
+    pub node_guid: u64,
+    pub pds: Table<Pd>,
+    pub mrs: Table<Mr>,
+    /// Per-slot key tag, bumped on every registration so a stale key never matches.
+    pub mr_tags: Vec<u8>,
+    pub mr_pages: u64,
+    pub cqs: Table<Cq>,
+    pub qps: Table<Qp>,
+    /// QPNs and CQNs in use, so doorbells scan only live objects.
+    pub live_qps: Vec<u32>,
+    pub live_cqs: Vec<u32>,
+    pub eqs: [Eq; NUM_VECTORS as usize],
+    pub last_cmd_seq: u32,
+    /// Vectors to raise once the lock is dropped.
+    pub pending_irqs: u32,
+    pub stats: HcaStats,
+}
+
+impl HcaState {
+    fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
+        let st = Self {
+            mem,
+            bar2,
+            fabric: None,
+            lid: 0,
+            node_guid,
+            pds: Table::new(MAX_PD, 1),
+            mrs: Table::new(MAX_MR, 1),
+            mr_tags: vec![1; MAX_MR as usize],
+            mr_pages: 0,
+            cqs: Table::new(MAX_CQ, 1),
+            qps: Table::new(MAX_QP, 2),
+            live_qps: Vec::new(),
+            live_cqs: Vec::new(),
+            eqs: Default::default(),
+            last_cmd_seq: 0,
+            pending_irqs: 0,
+            stats: HcaStats::default(),
+        };
+        st.bar2.zero(0, BAR2_SIZE);
+        st.publish_info();
+        st
+    }
+
+    /// (Re)writes the BAR2 header from the device's own state.
+    pub fn publish_info(&self) {
+        let info = HcaDevInfo {
+            signature: SIGNATURE,
+            abi_version: ABI_VERSION,
+            lid: self.lid,
+            port_state: self.port_state() as u8,
+            num_vectors: NUM_VECTORS as u8,
+            caps: CAP_RC | CAP_UD | CAP_RDMA_READ | CAP_ATOMIC | CAP_LOCAL_DMA_LKEY,
+            node_guid: self.node_guid,
+            mailbox_offset: BAR2_MAILBOX_OFFSET,
+            eq_offset: BAR2_EQ_OFFSET,
+            eq_db_offset: BAR2_EQ_DB_OFFSET,
+            qp_db_offset: BAR2_QP_DB_OFFSET,
+            cq_db_offset: BAR2_CQ_DB_OFFSET,
+            eq_log_entries: EQ_LOG_ENTRIES,
+            rsvd: [0; 4],
+        };
+        self.bar2.write_obj(BAR2_INFO_OFFSET, &info);
+    }
+
+    pub fn port_state(&self) -> u32 {
+        if self.fabric.is_some() {
+            PORT_ACTIVE
+        } else {
+            PORT_DOWN
+        }
+    }
+
+    /// Hands a packet to the fabric (queued; it moves after the lock is dropped).
+    pub fn transmit(&mut self, mut pkt: Packet) {
+        let Some(f) = &self.fabric else {
+            self.stats.rc_dropped += u64::from(!pkt.is_ud());
+            self.stats.ud_dropped += u64::from(pkt.is_ud());
+            return;
+        };
+        pkt.slid = self.lid;
+        self.stats.packets_out += 1;
+        self.stats.bytes_out += u64::from(pkt.payload.len());
+        f.enqueue(pkt);
+    }
+
+    fn doorbell(&mut self, class: u32) {
+        self.stats.doorbells += 1;
+        match class {
+            DB_CMD => self.run_command(),
+            DB_SQ => self.scan_send_queues(),
+            DB_RQ => self.scan_recv_queues(),
+            DB_CQ_ARM => self.scan_cq_arms(),
+            _ => {} // Unknown classes are ignored: ivshmem lets the guest ring any vector.
+        }
+    }
+}
+
+struct Shared {
+    state: Mutex<HcaState>,
+    bar2: Arc<DeviceMemory>,
+    irq: Arc<dyn InterruptSink>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HcaState> {
+        // A panic while holding the lock is a device bug; keep serving the other QPs.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` under the lock, then raises interrupts and moves packets with it released.
+    fn with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> R {
+        let (r, irqs, fabric) = {
+            let mut st = self.lock();
+            let r = f(&mut st);
+            let irqs = std::mem::take(&mut st.pending_irqs);
+            st.stats.interrupts += u64::from(irqs.count_ones());
+            (r, irqs, st.fabric.clone())
+        };
+        for v in 0..NUM_VECTORS {
+            if irqs & (1 << v) != 0 {
+                self.irq.raise(v);
+            }
+        }
+        if let Some(f) = fabric {
+            f.pump();
+        }
+        r
+    }
+}
+
+impl PacketSink for Shared {
+    fn deliver(&self, pkt: Packet) -> Result<(), ()> {
+        self.with_state(|st| st.receive(pkt))
+    }
+
+    fn undeliverable(&self, pkt: Packet, why: DropReason) {
+        self.with_state(|st| st.bounced(pkt, why))
+    }
+}
+
+/// One emulated HCA with one port. Cheap to clone; clones are the same device.
+#[derive(Clone)]
+pub struct Hca {
+    shared: Arc<Shared>,
+}
+
+impl Hca {
+    /// An HCA doing DMA into `mem`, with `bar2` as its device memory. Its port stays DOWN
+    /// until [`Hca::attach`].
+    pub fn new<M>(mem: M, bar2: DeviceMemory, irq: Arc<dyn InterruptSink>, node_guid: u64) -> Self
+    where
+        M: GuestMemory<Bitmap = ()> + Send + Sync + 'static,
+    {
+        Self::with_dma(Arc::new(GuestRam::new(mem)), bar2, irq, node_guid)
+    }
+
+    /// Like [`Hca::new`] for a host that already has its memory as a [`DmaSpace`].
+    pub fn with_dma(
+        mem: Arc<dyn DmaSpace>,
+        bar2: DeviceMemory,
+        irq: Arc<dyn InterruptSink>,
+        node_guid: u64,
+    ) -> Self {
+        let bar2 = Arc::new(bar2);
+        let state = HcaState::new(mem, bar2.clone(), node_guid);
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                bar2,
+                irq,
+            }),
+        }
+    }
+
+    /// Connects the port to `fabric`, which assigns its LID; the port goes ACTIVE and the
+    /// guest gets an EV_PORT_ACTIVE event.
+    pub fn attach(&self, fabric: &Fabric) -> Lid {
+        let weak: Weak<dyn PacketSink> =
+            Arc::downgrade(&(self.shared.clone() as Arc<dyn PacketSink>));
+        let lid = fabric.attach(weak);
+        self.shared.with_state(|st| {
+            st.fabric = Some(fabric.clone());
+            st.lid = lid;
+            st.publish_info();
+            st.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
+        });
+        lid
+    }
+
+    /// Takes the port off its fabric (a node going away); peers' packets to it then fail.
+    pub fn detach(&self) {
+        self.shared.with_state(|st| {
+            if let Some(f) = st.fabric.take() {
+                f.detach(st.lid);
+                st.publish_info();
+                st.post_event(VEC_ASYNC, EV_PORT_DOWN, 1, 0);
+            }
+        });
+    }
+
+    /// The doorbell: the guest wrote `class` (the vector field of an ivshmem doorbell write).
+    pub fn doorbell(&self, class: u32) {
+        self.shared.with_state(|st| st.doorbell(class & 0xff));
+    }
+
+    pub fn bar2(&self) -> &DeviceMemory {
+        &self.shared.bar2
+    }
+
+    pub fn lid(&self) -> Lid {
+        self.shared.lock().lid
+    }
+
+    pub fn stats(&self) -> HcaStats {
+        self.shared.lock().stats
+    }
+}

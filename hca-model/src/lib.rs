@@ -1,0 +1,28 @@
+//! hca-model: an emulated MT21108-like InfiniBand HCA, with no VM needed to run it.
+//!
+//! The device is a state machine behind three entry points a host adapter calls:
+//! [`Hca::doorbell`] (the guest wrote BAR0's doorbell), the fabric's packet delivery, and
+//! [`Hca::bar2`] (the device memory the host maps into the guest). It does DMA through
+//! `vm_memory::GuestMemory` and raises MSI-X vectors through [`InterruptSink`]. The guest ABI
+//! is in [`abi`] and `docs/hca-abi.md`; the threat model is that every value read from guest
+//! memory or BAR2 is hostile: it is checked, and a bad one yields an error completion, an
+//! error state or an async event, never a panic or an access outside the guest's memory.
+
+pub mod abi;
+mod command;
+mod cq;
+pub mod devmem;
+pub mod dma;
+mod eq;
+pub mod fabric;
+mod hca;
+mod mr;
+pub mod packet;
+mod qp;
+mod requester;
+mod responder;
+
+pub use devmem::DeviceMemory;
+pub use dma::{DmaFault, DmaSpace, GuestRam};
+pub use fabric::{Fabric, FabricStats, Lid, LinkDir, LinkHook, LinkId, Verdict};
+pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};

@@ -1,0 +1,249 @@
+//! Packets on the fabric, shaped after IB's: LRH (LIDs), BTH (opcode, QPN, PSN, SE) and the
+//! extended headers a given opcode carries (RETH, AtomicETH, AETH, ImmDt, DETH). Opcodes use
+//! IB's BTH numbering so that a capture (issue 7) can write them unchanged.
+//!
+//! A payload can reference the sender's guest memory rather than own a copy: the receiver then
+//! copies straight from one guest to the other. Whoever needs the bytes (a capture hook, a
+//! corruption fault) materializes them with [`Payload::make_owned`].
+
+use std::sync::Arc;
+
+use crate::dma::{copy_between, DmaFault, DmaSpace};
+
+// RC opcodes (IB BTH, transport 000).
+pub const RC_SEND_FIRST: u8 = 0x00;
+pub const RC_SEND_MIDDLE: u8 = 0x01;
+pub const RC_SEND_LAST: u8 = 0x02;
+pub const RC_SEND_LAST_IMM: u8 = 0x03;
+pub const RC_SEND_ONLY: u8 = 0x04;
+pub const RC_SEND_ONLY_IMM: u8 = 0x05;
+pub const RC_WRITE_FIRST: u8 = 0x06;
+pub const RC_WRITE_MIDDLE: u8 = 0x07;
+pub const RC_WRITE_LAST: u8 = 0x08;
+pub const RC_WRITE_LAST_IMM: u8 = 0x09;
+pub const RC_WRITE_ONLY: u8 = 0x0a;
+pub const RC_WRITE_ONLY_IMM: u8 = 0x0b;
+pub const RC_READ_REQUEST: u8 = 0x0c;
+pub const RC_READ_RESP_FIRST: u8 = 0x0d;
+pub const RC_READ_RESP_MIDDLE: u8 = 0x0e;
+pub const RC_READ_RESP_LAST: u8 = 0x0f;
+pub const RC_READ_RESP_ONLY: u8 = 0x10;
+pub const RC_ACK: u8 = 0x11;
+pub const RC_ATOMIC_ACK: u8 = 0x12;
+pub const RC_CMP_SWAP: u8 = 0x13;
+pub const RC_FETCH_ADD: u8 = 0x14;
+// UD opcodes (transport 011).
+pub const UD_SEND_ONLY: u8 = 0x64;
+pub const UD_SEND_ONLY_IMM: u8 = 0x65;
+
+// AETH syndromes.
+pub const AETH_ACK: u8 = 0x00;
+pub const AETH_RNR_NAK: u8 = 0x20;
+pub const AETH_NAK_PSN_SEQ: u8 = 0x60;
+pub const AETH_NAK_INV_REQ: u8 = 0x61;
+pub const AETH_NAK_REM_ACCESS: u8 = 0x62;
+pub const AETH_NAK_REM_OP: u8 = 0x63;
+
+/// PSNs are 24-bit.
+pub const PSN_MASK: u32 = 0x00ff_ffff;
+
+/// Whether `a` comes at or before `b` in 24-bit PSN order.
+pub fn psn_le(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) & PSN_MASK) < (1 << 23)
+}
+
+pub fn psn_add(a: u32, n: u32) -> u32 {
+    a.wrapping_add(n) & PSN_MASK
+}
+
+/// Remote address, key and length (RETH), also used for the AtomicETH's address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reth {
+    pub va: u64,
+    pub rkey: u32,
+    pub len: u32,
+}
+
+/// A contiguous guest-physical range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seg {
+    pub addr: u64,
+    pub len: u32,
+}
+
+/// Packet data: none, owned bytes, or a gather list in the sender's memory.
+#[derive(Clone, Default)]
+pub enum Payload {
+    #[default]
+    Empty,
+    Bytes(Vec<u8>),
+    Dma {
+        mem: Arc<dyn DmaSpace>,
+        segs: Vec<Seg>,
+    },
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Payload::Empty => write!(f, "Empty"),
+            Payload::Bytes(b) => write!(f, "Bytes({})", b.len()),
+            Payload::Dma { segs, .. } => {
+                write!(f, "Dma({} segs, {} bytes)", segs.len(), self.len())
+            }
+        }
+    }
+}
+
+impl Payload {
+    pub fn len(&self) -> u32 {
+        match self {
+            Payload::Empty => 0,
+            Payload::Bytes(b) => b.len() as u32,
+            Payload::Dma { segs, .. } => segs.iter().map(|s| s.len).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces a memory reference by a copy of the bytes, as a wire would carry them.
+    pub fn make_owned(&mut self) -> Result<&mut Vec<u8>, DmaFault> {
+        if let Payload::Dma { mem, segs } = self {
+            let mut bytes = vec![0u8; segs.iter().map(|s| s.len as usize).sum()];
+            let mut off = 0;
+            for s in segs.iter() {
+                mem.read(s.addr, &mut bytes[off..off + s.len as usize])?;
+                off += s.len as usize;
+            }
+            *self = Payload::Bytes(bytes);
+        }
+        if let Payload::Empty = self {
+            *self = Payload::Bytes(Vec::new());
+        }
+        match self {
+            Payload::Bytes(b) => Ok(b),
+            _ => unreachable!("payload was just made owned"),
+        }
+    }
+
+    /// Copies the payload into `dst` at the concatenation of `segs` (which must hold at least
+    /// `len()` bytes).
+    pub fn scatter(&self, dst: &dyn DmaSpace, segs: &[Seg]) -> Result<(), DmaFault> {
+        match self {
+            Payload::Empty => Ok(()),
+            Payload::Bytes(b) => {
+                let mut off = 0usize;
+                for s in segs {
+                    if off == b.len() {
+                        break;
+                    }
+                    let n = (s.len as usize).min(b.len() - off);
+                    dst.write(s.addr, &b[off..off + n])?;
+                    off += n;
+                }
+                Ok(())
+            }
+            Payload::Dma { mem, segs: src } => merge_copy(mem.as_ref(), src, dst, segs),
+        }
+    }
+}
+
+/// Copies the bytes of gather list `src` into scatter list `dst`, piece by overlapping piece.
+fn merge_copy(
+    src_mem: &dyn DmaSpace,
+    src: &[Seg],
+    dst_mem: &dyn DmaSpace,
+    dst: &[Seg],
+) -> Result<(), DmaFault> {
+    let (mut si, mut so, mut di, mut d_off) = (0usize, 0u32, 0usize, 0u32);
+    while si < src.len() && di < dst.len() {
+        let (s, d) = (src[si], dst[di]);
+        let n = (s.len - so).min(d.len - d_off);
+        copy_between(
+            src_mem,
+            s.addr + u64::from(so),
+            dst_mem,
+            d.addr + u64::from(d_off),
+            u64::from(n),
+        )?;
+        so += n;
+        d_off += n;
+        if so == s.len {
+            si += 1;
+            so = 0;
+        }
+        if d_off == d.len {
+            di += 1;
+            d_off = 0;
+        }
+    }
+    Ok(())
+}
+
+/// One packet. Fields an opcode does not carry are zero/None.
+#[derive(Clone, Debug, Default)]
+pub struct Packet {
+    pub slid: u16,
+    pub dlid: u16,
+    pub sl: u8,
+    pub opcode: u8,
+    /// BTH solicited-event bit.
+    pub solicited: bool,
+    pub dest_qpn: u32,
+    /// The sending QP: DETH's source QP for UD; for RC it is implied by the connection and is
+    /// carried only so that the responder can check the packet comes from its peer.
+    pub src_qpn: u32,
+    pub psn: u32,
+    pub reth: Option<Reth>,
+    /// AtomicETH: address/key in `reth`, then swap-or-add and compare.
+    pub atomic: Option<(u64, u64)>,
+    /// AETH: syndrome and MSN.
+    pub aeth: Option<(u8, u32)>,
+    /// AtomicAckETH: the original remote value.
+    pub atomic_ack: Option<u64>,
+    pub imm: Option<u32>,
+    /// DETH Q_Key (UD).
+    pub qkey: u32,
+    pub payload: Payload,
+}
+
+impl Packet {
+    pub fn is_ud(&self) -> bool {
+        self.opcode == UD_SEND_ONLY || self.opcode == UD_SEND_ONLY_IMM
+    }
+
+    /// Whether the packet is a request (to a responder) rather than a response (to a requester).
+    pub fn is_request(&self) -> bool {
+        self.is_ud() || !matches!(self.opcode, RC_READ_RESP_FIRST..=RC_ATOMIC_ACK)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_psn_order_wraps_at_24_bits() {
+        assert!(psn_le(5, 5));
+        assert!(psn_le(PSN_MASK, 0));
+        assert!(!psn_le(0, PSN_MASK));
+        assert_eq!(psn_add(PSN_MASK, 2), 1);
+    }
+
+    #[test]
+    fn test_requests_and_responses_are_told_apart() {
+        let mut p = Packet {
+            opcode: RC_SEND_ONLY,
+            ..Default::default()
+        };
+        assert!(p.is_request());
+        p.opcode = RC_ACK;
+        assert!(!p.is_request());
+        p.opcode = RC_CMP_SWAP;
+        assert!(p.is_request());
+        p.opcode = UD_SEND_ONLY;
+        assert!(p.is_request());
+    }
+}

@@ -1,0 +1,489 @@
+//! Queue pairs: creation, the IB state machine (RESET, INIT, RTR, RTS, ERR), and flushing.
+//!
+//! Work queues are rings in guest RAM; the driver publishes free-running producer indices in
+//! the QP's doorbell record and the device keeps its consumer indices here. A producer index
+//! more than a ring's size ahead of the consumer is a broken driver: the QP gets EV_QP_FATAL
+//! and goes to ERR. Entering ERR completes every outstanding and posted WR with
+//! WC_WR_FLUSH_ERR (signaled or not), and WRs posted while in ERR are flushed the same way.
+//! Entering RESET empties both queues without completions and zeroes the doorbell record.
+
+use std::collections::VecDeque;
+
+use crate::abi::*;
+use crate::dma::read_obj;
+use crate::hca::HcaState;
+use crate::packet::{Seg, PSN_MASK};
+
+pub(crate) struct WorkQueue {
+    pub addr: u64,
+    pub log_entries: u32,
+    pub wqe_shift: u32,
+    /// Device consumer index, free-running.
+    pub ci: u32,
+}
+
+impl WorkQueue {
+    pub fn size(&self) -> u32 {
+        1 << self.log_entries
+    }
+
+    pub fn slot(&self, index: u32) -> u64 {
+        self.addr + (u64::from(index & (self.size() - 1)) << self.wqe_shift)
+    }
+
+    /// SGEs that fit in one WQE after a header of `header` bytes.
+    pub fn max_sge(&self, header: u32) -> u32 {
+        (((1u32 << self.wqe_shift) - header) / 16).min(MAX_SGE)
+    }
+}
+
+/// What a sent WR still waits for.
+pub(crate) enum PendKind {
+    /// An ACK (SEND, RDMA WRITE).
+    Ack,
+    /// Read response data, scattered into these pieces.
+    Read { dst: Vec<Seg> },
+    /// The original value of an atomic, written here.
+    Atomic { dst: Seg },
+}
+
+/// A sent WR awaiting its ACK or response; in send order.
+pub(crate) struct Pending {
+    pub wr_id: u64,
+    pub cqe_op: u32,
+    pub signaled: bool,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    pub byte_len: u32,
+    pub kind: PendKind,
+}
+
+/// A message the responder is receiving across several packets.
+pub(crate) struct Inbound {
+    /// Where the message's bytes go, in order.
+    pub segs: Vec<Seg>,
+    /// Bytes placed so far, and the room there is.
+    pub offset: u64,
+    pub cap: u64,
+    /// The receive WR a SEND consumed (None for an RDMA WRITE).
+    pub recv_wr_id: Option<u64>,
+}
+
+pub(crate) struct Qp {
+    pub qp_type: u32,
+    pub pdn: u32,
+    pub send_cqn: u32,
+    pub recv_cqn: u32,
+    pub sig_all: bool,
+    pub sq: WorkQueue,
+    pub rq: WorkQueue,
+    /// The current attributes; `attr.state` is the QP state.
+    pub attr: HcaQpAttr,
+    // Requester.
+    pub next_psn: u32,
+    pub pending: VecDeque<Pending>,
+    /// A FENCE WR waits for earlier READs/atomics to finish.
+    pub fence_wait: bool,
+    // Responder.
+    pub epsn: u32,
+    pub msn: u32,
+    pub inbound: Option<Inbound>,
+}
+
+impl Qp {
+    pub fn is_ud(&self) -> bool {
+        self.qp_type != QPT_RC
+    }
+
+    pub fn mtu(&self) -> u32 {
+        128 << self.attr.path_mtu.clamp(1, 5)
+    }
+}
+
+pub(crate) fn qp_db(qpn: u32) -> u32 {
+    BAR2_QP_DB_OFFSET + qpn * 8
+}
+
+/// Maps a WR opcode to the opcode its CQE reports.
+pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
+    Some(match wr_opcode {
+        WR_SEND | WR_SEND_IMM => CQE_OP_SEND,
+        WR_RDMA_WRITE | WR_RDMA_WRITE_IMM => CQE_OP_RDMA_WRITE,
+        WR_RDMA_READ => CQE_OP_RDMA_READ,
+        WR_ATOMIC_CMP_SWP => CQE_OP_COMP_SWAP,
+        WR_ATOMIC_FETCH_ADD => CQE_OP_FETCH_ADD,
+        _ => return None,
+    })
+}
+
+/// Required and optional attributes of a transition, as ib_core's table has them; None if
+/// the transition is not allowed.
+fn transition(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
+    let rc = qp_type == QPT_RC;
+    let gsi = qp_type == QPT_GSI;
+    let port = if gsi { 0 } else { QP_ATTR_PORT };
+    Some(match (cur, next) {
+        (_, QPS_RESET) | (_, QPS_ERR) => (0, 0),
+        (QPS_RESET, QPS_INIT) if rc => {
+            (QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS, 0)
+        }
+        (QPS_RESET, QPS_INIT) => (QP_ATTR_PKEY_INDEX | port | QP_ATTR_QKEY, 0),
+        (QPS_INIT, QPS_INIT) if rc => (0, QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS),
+        (QPS_INIT, QPS_INIT) => (0, QP_ATTR_PKEY_INDEX | port | QP_ATTR_QKEY),
+        (QPS_INIT, QPS_RTR) if rc => (
+            QP_ATTR_AV
+                | QP_ATTR_PATH_MTU
+                | QP_ATTR_DEST_QPN
+                | QP_ATTR_RQ_PSN
+                | QP_ATTR_MAX_DEST_RD_ATOMIC
+                | QP_ATTR_MIN_RNR_TIMER,
+            QP_ATTR_ACCESS_FLAGS | QP_ATTR_PKEY_INDEX,
+        ),
+        (QPS_INIT, QPS_RTR) => (0, QP_ATTR_PKEY_INDEX | QP_ATTR_QKEY),
+        (QPS_RTR, QPS_RTS) if rc => (
+            QP_ATTR_SQ_PSN
+                | QP_ATTR_TIMEOUT
+                | QP_ATTR_RETRY_CNT
+                | QP_ATTR_RNR_RETRY
+                | QP_ATTR_MAX_QP_RD_ATOMIC,
+            QP_ATTR_CUR_STATE | QP_ATTR_ACCESS_FLAGS | QP_ATTR_MIN_RNR_TIMER,
+        ),
+        (QPS_RTR, QPS_RTS) => (QP_ATTR_SQ_PSN, QP_ATTR_CUR_STATE | QP_ATTR_QKEY),
+        (QPS_RTS, QPS_RTS) if rc => (
+            0,
+            QP_ATTR_CUR_STATE | QP_ATTR_ACCESS_FLAGS | QP_ATTR_MIN_RNR_TIMER,
+        ),
+        (QPS_RTS, QPS_RTS) => (0, QP_ATTR_CUR_STATE | QP_ATTR_QKEY),
+        _ => return None,
+    })
+}
+
+/// Range checks on the attributes `mask` names.
+fn attrs_valid(mask: u32, a: &HcaQpAttr) -> bool {
+    let has = |bit| mask & bit != 0;
+    !(has(QP_ATTR_PKEY_INDEX) && a.pkey_index != 0
+        || has(QP_ATTR_PORT) && a.port_num != 1
+        || has(QP_ATTR_ACCESS_FLAGS) && a.access_flags & !0xf != 0
+        || has(QP_ATTR_PATH_MTU) && !(MTU_256..=MTU_4096).contains(&u32::from(a.path_mtu))
+        || has(QP_ATTR_AV) && (a.dlid == 0 || a.dlid >= 0xc000)
+        || has(QP_ATTR_DEST_QPN) && a.dest_qpn > PSN_MASK
+        || has(QP_ATTR_RQ_PSN) && a.rq_psn > PSN_MASK
+        || has(QP_ATTR_SQ_PSN) && a.sq_psn > PSN_MASK
+        || has(QP_ATTR_TIMEOUT) && a.timeout > 31
+        || has(QP_ATTR_RETRY_CNT) && a.retry_cnt > 7
+        || has(QP_ATTR_RNR_RETRY) && a.rnr_retry > 7
+        || has(QP_ATTR_MIN_RNR_TIMER) && a.min_rnr_timer > 31)
+}
+
+impl HcaState {
+    pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, u32> {
+        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI) || a.flags & !QP_FLAG_SIG_ALL != 0 {
+            return Err(CMD_BAD_PARAM);
+        }
+        if self.pds.get(a.pdn).is_none()
+            || self.cqs.get(a.send_cqn).is_none()
+            || self.cqs.get(a.recv_cqn).is_none()
+        {
+            return Err(CMD_BAD_HANDLE);
+        }
+        let shapes_ok = u32::from(a.sq_log_entries) <= MAX_QP_LOG_WR
+            && u32::from(a.rq_log_entries) <= MAX_QP_LOG_WR
+            && (MIN_SQ_WQE_SHIFT..=MAX_SQ_WQE_SHIFT).contains(&u32::from(a.sq_wqe_shift))
+            && (MIN_RQ_WQE_SHIFT..=MAX_RQ_WQE_SHIFT).contains(&u32::from(a.rq_wqe_shift));
+        if !shapes_ok {
+            return Err(CMD_BAD_PARAM);
+        }
+        let sq_bytes = 1u64 << (a.sq_log_entries + a.sq_wqe_shift);
+        let rq_bytes = 1u64 << (a.rq_log_entries + a.rq_wqe_shift);
+        if !self.mem.check(a.sq_addr, sq_bytes) || !self.mem.check(a.rq_addr, rq_bytes) {
+            return Err(CMD_BAD_ADDRESS);
+        }
+        let qp = Qp {
+            qp_type: a.qp_type,
+            pdn: a.pdn,
+            send_cqn: a.send_cqn,
+            recv_cqn: a.recv_cqn,
+            sig_all: a.flags & QP_FLAG_SIG_ALL != 0,
+            sq: WorkQueue {
+                addr: a.sq_addr,
+                log_entries: a.sq_log_entries.into(),
+                wqe_shift: a.sq_wqe_shift.into(),
+                ci: 0,
+            },
+            rq: WorkQueue {
+                addr: a.rq_addr,
+                log_entries: a.rq_log_entries.into(),
+                wqe_shift: a.rq_wqe_shift.into(),
+                ci: 0,
+            },
+            attr: HcaQpAttr {
+                state: QPS_RESET as u8,
+                qp_type: a.qp_type as u8,
+                qkey: if a.qp_type == QPT_GSI { GSI_QKEY } else { 0 },
+                path_mtu: MTU_4096 as u8,
+                port_num: 1,
+                ..Default::default()
+            },
+            next_psn: 0,
+            pending: VecDeque::new(),
+            fence_wait: false,
+            epsn: 0,
+            msn: 0,
+            inbound: None,
+        };
+        let qpn = if a.qp_type == QPT_GSI {
+            if !self.qps.insert_at(GSI_QPN, qp) {
+                return Err(CMD_BUSY);
+            }
+            GSI_QPN
+        } else {
+            self.qps.alloc(qp).ok_or(CMD_NO_RESOURCES)?
+        };
+        for cqn in [a.send_cqn, a.recv_cqn] {
+            if let Some(cq) = self.cqs.get_mut(cqn) {
+                cq.users += 1;
+            }
+        }
+        if let Some(pd) = self.pds.get_mut(a.pdn) {
+            pd.users += 1;
+        }
+        self.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
+        self.live_qps.push(qpn);
+        Ok(qpn)
+    }
+
+    pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), u32> {
+        let qp = self.qps.remove(qpn).ok_or(CMD_BAD_HANDLE)?;
+        self.live_qps.retain(|&q| q != qpn);
+        for cqn in [qp.send_cqn, qp.recv_cqn] {
+            if let Some(cq) = self.cqs.get_mut(cqn) {
+                cq.users -= 1;
+            }
+        }
+        if let Some(pd) = self.pds.get_mut(qp.pdn) {
+            pd.users -= 1;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cmd_query_qp(&self, qpn: u32) -> Result<HcaQpAttr, u32> {
+        let qp = self.qps.get(qpn).ok_or(CMD_BAD_HANDLE)?;
+        let mut a = qp.attr;
+        a.cur_state = a.state;
+        Ok(a)
+    }
+
+    pub(crate) fn cmd_modify_qp(&mut self, m: &HcaCmdModifyQp) -> Result<(), u32> {
+        let qp = self.qps.get(m.qpn).ok_or(CMD_BAD_HANDLE)?;
+        let cur = u32::from(qp.attr.state);
+        let mask = m.attr_mask;
+        let a = &m.attr;
+        if mask & QP_ATTR_CUR_STATE != 0 && u32::from(a.cur_state) != cur {
+            return Err(CMD_BAD_STATE);
+        }
+        let next = if mask & QP_ATTR_STATE != 0 {
+            u32::from(a.state)
+        } else {
+            cur
+        };
+        let (required, optional) = transition(qp.qp_type, cur, next).ok_or(CMD_BAD_STATE)?;
+        let allowed = required | optional | QP_ATTR_STATE | QP_ATTR_CUR_STATE;
+        if mask & required != required || mask & !allowed != 0 {
+            return Err(CMD_BAD_PARAM);
+        }
+        if !attrs_valid(mask, a) {
+            return Err(CMD_BAD_PARAM);
+        }
+        let qp = self.qps.get_mut(m.qpn).ok_or(CMD_BAD_HANDLE)?;
+        apply_attrs(qp, mask, a);
+        match next {
+            QPS_RESET => self.reset_qp(m.qpn),
+            QPS_ERR if cur != QPS_ERR => self.qp_to_error(m.qpn),
+            QPS_RTS if cur == QPS_RTR => self.process_sq(m.qpn),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn reset_qp(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.attr.state = QPS_RESET as u8;
+            qp.sq.ci = 0;
+            qp.rq.ci = 0;
+            qp.pending.clear();
+            qp.inbound = None;
+            qp.fence_wait = false;
+            qp.msn = 0;
+        }
+        self.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
+    }
+
+    /// Moves a QP to ERR and flushes everything it holds.
+    pub(crate) fn qp_to_error(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        qp.attr.state = QPS_ERR as u8;
+        qp.inbound = None;
+        qp.fence_wait = false;
+        let pending: Vec<Pending> = qp.pending.drain(..).collect();
+        let (cqn, qp_num) = (qp.send_cqn, qpn);
+        for p in pending {
+            let cqe = HcaCqe {
+                wr_id: p.wr_id,
+                qpn: qp_num,
+                opcode: p.cqe_op as u8,
+                status: WC_WR_FLUSH_ERR as u8,
+                ..Default::default()
+            };
+            self.post_cqe(cqn, cqe, false);
+        }
+        self.flush_queues(qpn);
+    }
+
+    /// A local catastrophic error (bad ring index, unreadable WQE): async event, then ERR.
+    pub(crate) fn qp_fatal(&mut self, qpn: u32, reason: u32) {
+        self.post_event(VEC_ASYNC, EV_QP_FATAL, qpn, reason);
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            // The indices cannot be trusted: drop what is posted rather than flush garbage.
+            let db: HcaQpDb = self.bar2.read_obj(qp_db(qpn));
+            qp.sq.ci = db.sq_pi;
+            qp.rq.ci = db.rq_pi;
+        }
+        self.qp_to_error(qpn);
+    }
+
+    /// Completes every WR posted to an ERR QP's queues with WC_WR_FLUSH_ERR.
+    pub(crate) fn flush_queues(&mut self, qpn: u32) {
+        let db: HcaQpDb = self.bar2.read_obj(qp_db(qpn));
+        let mem = self.mem.clone();
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let mut flushed = Vec::new();
+        for (wq, pi, cqn, is_send) in [
+            (&mut qp.sq, db.sq_pi, qp.send_cqn, true),
+            (&mut qp.rq, db.rq_pi, qp.recv_cqn, false),
+        ] {
+            if pi.wrapping_sub(wq.ci) > wq.size() {
+                wq.ci = pi; // Nonsense index: nothing sensible to flush.
+            }
+            while wq.ci != pi {
+                let slot = wq.slot(wq.ci);
+                let (wr_id, op) = if is_send {
+                    let w: HcaSendWqe = read_obj(mem.as_ref(), slot).unwrap_or_default();
+                    (w.wr_id, cqe_op_of(w.opcode.into()).unwrap_or(CQE_OP_SEND))
+                } else {
+                    let w: HcaRecvWqe = read_obj(mem.as_ref(), slot).unwrap_or_default();
+                    (w.wr_id, CQE_OP_RECV)
+                };
+                flushed.push((cqn, wr_id, op));
+                wq.ci = wq.ci.wrapping_add(1);
+            }
+        }
+        for (cqn, wr_id, op) in flushed {
+            let cqe = HcaCqe {
+                wr_id,
+                qpn,
+                opcode: op as u8,
+                status: WC_WR_FLUSH_ERR as u8,
+                ..Default::default()
+            };
+            self.post_cqe(cqn, cqe, false);
+        }
+    }
+
+    /// DB_RQ: only QPs in ERR act on receive doorbells (new receives are flushed); others
+    /// consume receive WQEs when messages arrive.
+    pub(crate) fn scan_recv_queues(&mut self) {
+        for i in 0..self.live_qps.len() {
+            let qpn = self.live_qps[i];
+            if self
+                .qps
+                .get(qpn)
+                .is_some_and(|q| u32::from(q.attr.state) == QPS_ERR)
+            {
+                self.flush_queues(qpn);
+            }
+        }
+    }
+}
+
+fn apply_attrs(qp: &mut Qp, mask: u32, a: &HcaQpAttr) {
+    let has = |bit| mask & bit != 0;
+    if has(QP_ATTR_STATE) {
+        qp.attr.state = a.state;
+    }
+    if has(QP_ATTR_ACCESS_FLAGS) {
+        qp.attr.access_flags = a.access_flags;
+    }
+    if has(QP_ATTR_QKEY) {
+        qp.attr.qkey = a.qkey;
+    }
+    if has(QP_ATTR_AV) {
+        qp.attr.dlid = a.dlid;
+        qp.attr.sl = a.sl;
+    }
+    if has(QP_ATTR_PATH_MTU) {
+        qp.attr.path_mtu = a.path_mtu;
+    }
+    if has(QP_ATTR_DEST_QPN) {
+        qp.attr.dest_qpn = a.dest_qpn;
+    }
+    if has(QP_ATTR_RQ_PSN) {
+        qp.attr.rq_psn = a.rq_psn;
+        qp.epsn = a.rq_psn;
+    }
+    if has(QP_ATTR_SQ_PSN) {
+        qp.attr.sq_psn = a.sq_psn;
+        qp.next_psn = a.sq_psn;
+    }
+    if has(QP_ATTR_TIMEOUT) {
+        qp.attr.timeout = a.timeout;
+    }
+    if has(QP_ATTR_RETRY_CNT) {
+        qp.attr.retry_cnt = a.retry_cnt;
+    }
+    if has(QP_ATTR_RNR_RETRY) {
+        qp.attr.rnr_retry = a.rnr_retry;
+    }
+    if has(QP_ATTR_MIN_RNR_TIMER) {
+        qp.attr.min_rnr_timer = a.min_rnr_timer;
+    }
+    if has(QP_ATTR_MAX_QP_RD_ATOMIC) {
+        qp.attr.max_rd_atomic = a.max_rd_atomic;
+    }
+    if has(QP_ATTR_MAX_DEST_RD_ATOMIC) {
+        qp.attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_rc_rtr_needs_the_path_and_remote_qp() {
+        let (req, _) = transition(QPT_RC, QPS_INIT, QPS_RTR).unwrap();
+        assert_ne!(req & QP_ATTR_DEST_QPN, 0);
+        assert_ne!(req & QP_ATTR_AV, 0);
+        assert!(transition(QPT_RC, QPS_RESET, QPS_RTS).is_none());
+        assert!(transition(QPT_UD, QPS_INIT, QPS_RTS).is_none());
+        assert_eq!(transition(QPT_UD, QPS_RTS, QPS_ERR), Some((0, 0)));
+    }
+
+    #[test]
+    fn test_attribute_ranges_are_checked() {
+        let a = HcaQpAttr {
+            path_mtu: 6,
+            ..Default::default()
+        };
+        assert!(!attrs_valid(QP_ATTR_PATH_MTU, &a));
+        assert!(attrs_valid(0, &a));
+        let a = HcaQpAttr {
+            dlid: 0,
+            ..Default::default()
+        };
+        assert!(!attrs_valid(QP_ATTR_AV, &a));
+    }
+}

@@ -1,0 +1,613 @@
+//! The send engine (requester side): reads send WQEs, checks them, cuts messages into
+//! path-MTU packets, and completes WRs when their ACK or response arrives.
+//!
+//! A WR fails locally (bad opcode, too many SGEs, bad lkey, oversize) with the IB status and
+//! the QP goes to ERR. Successful WRs produce a CQE only when signaled (per WR, or all WRs
+//! when the QP was created with QP_FLAG_SIG_ALL): the paper's unsignaled sends.
+//!
+//! RC payloads reference the sender's memory until delivery (the WR completes only after its
+//! ACK, so the buffer is still the consumer's to keep); UD payloads are copied at send time,
+//! because a UD WR completes as soon as it is sent.
+
+use crate::abi::*;
+use crate::dma::read_obj;
+use crate::fabric::DropReason;
+use crate::hca::HcaState;
+use crate::mr::Use;
+use crate::packet::*;
+use crate::qp::{cqe_op_of, qp_db, PendKind, Pending};
+
+/// Largest UD message: the port MTU.
+const UD_MTU: u64 = 4096;
+
+/// Cuts `[off, off + n)` out of a gather list.
+pub(crate) fn sub_segs(segs: &[Seg], off: u64, n: u64) -> Vec<Seg> {
+    let mut out = Vec::with_capacity(1);
+    let (mut skip, mut left) = (off, n);
+    for s in segs {
+        if left == 0 {
+            break;
+        }
+        let len = u64::from(s.len);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let take = (len - skip).min(left);
+        out.push(Seg {
+            addr: s.addr + skip,
+            len: take as u32,
+        });
+        left -= take;
+        skip = 0;
+    }
+    out
+}
+
+/// Where a WR's data comes from.
+enum Source {
+    Inline(Vec<u8>),
+    Gather(Vec<Seg>),
+}
+
+impl Source {
+    fn slice(&self, st: &HcaState, off: u64, n: u64) -> Payload {
+        match self {
+            Source::Inline(b) => Payload::Bytes(b[off as usize..(off + n) as usize].to_vec()),
+            Source::Gather(segs) => Payload::Dma {
+                mem: st.mem.clone(),
+                segs: sub_segs(segs, off, n),
+            },
+        }
+    }
+}
+
+impl HcaState {
+    /// DB_SQ: runs every QP's send queue.
+    pub(crate) fn scan_send_queues(&mut self) {
+        for i in 0..self.live_qps.len() {
+            let qpn = self.live_qps[i];
+            self.process_sq(qpn);
+        }
+    }
+
+    /// Executes the WQEs posted to `qpn`'s send queue, as far as its state allows.
+    pub(crate) fn process_sq(&mut self, qpn: u32) {
+        loop {
+            let Some(qp) = self.qps.get(qpn) else {
+                return;
+            };
+            match u32::from(qp.attr.state) {
+                QPS_RTS if !qp.fence_wait => {}
+                QPS_ERR => return self.flush_queues(qpn),
+                _ => return,
+            }
+            let pi = self.bar2.load_u32(qp_db(qpn));
+            let posted = pi.wrapping_sub(qp.sq.ci);
+            if posted == 0 {
+                return;
+            }
+            if posted > qp.sq.size() {
+                return self.qp_fatal(qpn, ERR_WQ_INDEX);
+            }
+            let addr = qp.sq.slot(qp.sq.ci);
+            let Ok(wqe) = read_obj::<HcaSendWqe>(self.mem.as_ref(), addr) else {
+                return self.qp_fatal(qpn, ERR_RING_ACCESS);
+            };
+            let waits_for_reads = qp.pending.iter().any(|p| !matches!(p.kind, PendKind::Ack));
+            if u32::from(wqe.flags) & WQE_FENCE != 0 && waits_for_reads {
+                if let Some(qp) = self.qps.get_mut(qpn) {
+                    qp.fence_wait = true;
+                }
+                return;
+            }
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                qp.sq.ci = qp.sq.ci.wrapping_add(1);
+            }
+            self.stats.wqes += 1;
+            if let Err(status) = self.execute_send(qpn, addr, &wqe) {
+                return self.fail_wr(qpn, &wqe, status);
+            }
+        }
+    }
+
+    /// Completes a WR that failed locally with `status` (always, signaled or not), then ERR.
+    fn fail_wr(&mut self, qpn: u32, wqe: &HcaSendWqe, status: u32) {
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let cqe = HcaCqe {
+            wr_id: wqe.wr_id,
+            qpn,
+            opcode: cqe_op_of(wqe.opcode.into()).unwrap_or(CQE_OP_SEND) as u8,
+            status: status as u8,
+            ..Default::default()
+        };
+        let cqn = qp.send_cqn;
+        // Earlier WRs still in flight complete (flushed) before this one, in order.
+        self.qp_to_error_then(qpn, cqn, cqe);
+    }
+
+    fn qp_to_error_then(&mut self, qpn: u32, cqn: u32, cqe: HcaCqe) {
+        let pending: Vec<Pending> = match self.qps.get_mut(qpn) {
+            Some(qp) => qp.pending.drain(..).collect(),
+            None => return,
+        };
+        for p in pending {
+            self.post_cqe(cqn, flush_cqe(qpn, &p), false);
+        }
+        self.post_cqe(cqn, cqe, false);
+        self.qp_to_error(qpn);
+    }
+
+    fn execute_send(&mut self, qpn: u32, addr: u64, w: &HcaSendWqe) -> Result<(), u32> {
+        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+        let op = u32::from(w.opcode);
+        let cqe_op = cqe_op_of(op).ok_or(WC_LOC_QP_OP_ERR)?;
+        let flags = u32::from(w.flags);
+        let is_read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
+        let (pdn, stride) = (qp.pdn, 1u32 << qp.sq.wqe_shift);
+        let max_sge = qp.sq.max_sge(64);
+        let src = if flags & WQE_INLINE != 0 {
+            if is_read_like || w.inline_len > MAX_INLINE || 64 + w.inline_len > stride {
+                return Err(WC_LOC_QP_OP_ERR);
+            }
+            let mut b = vec![0u8; w.inline_len as usize];
+            self.mem
+                .read(addr + 64, &mut b)
+                .map_err(|_| WC_LOC_QP_OP_ERR)?;
+            Source::Inline(b)
+        } else {
+            if u32::from(w.num_sge) > max_sge {
+                return Err(WC_LOC_QP_OP_ERR);
+            }
+            let sges = self.read_sges(addr + 64, w.num_sge.into())?;
+            let use_ = if is_read_like {
+                Use::LocalWrite
+            } else {
+                Use::LocalRead
+            };
+            let mut segs = Vec::with_capacity(sges.len());
+            self.resolve_sges(&sges, pdn, use_, &mut segs)
+                .map_err(|_| WC_LOC_PROT_ERR)?;
+            Source::Gather(segs)
+        };
+        let len = match &src {
+            Source::Inline(b) => b.len() as u64,
+            Source::Gather(segs) => segs.iter().map(|s| u64::from(s.len)).sum(),
+        };
+        if len > u64::from(MAX_MSG_SIZE) {
+            return Err(WC_LOC_LEN_ERR);
+        }
+        let signaled = flags & WQE_SIGNALED != 0 || qp.sig_all;
+        if qp.is_ud() {
+            return self.send_ud(qpn, w, &src, len, signaled);
+        }
+        let pend = Pending {
+            wr_id: w.wr_id,
+            cqe_op,
+            signaled,
+            first_psn: 0,
+            last_psn: 0,
+            byte_len: len as u32,
+            kind: PendKind::Ack,
+        };
+        match op {
+            WR_RDMA_READ => self.send_read(qpn, w, src, len, pend),
+            WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD => self.send_atomic(qpn, w, src, len, pend),
+            _ => self.send_rc_message(qpn, w, &src, len, pend),
+        }
+    }
+
+    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<Vec<HcaSge>, u32> {
+        (0..n)
+            .map(|i| read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * u64::from(i)))
+            .collect::<Result<_, _>>()
+            .map_err(|_| WC_LOC_QP_OP_ERR)
+    }
+
+    fn rc_packet(&self, qpn: u32, opcode: u8, psn: u32) -> Packet {
+        let qp = self.qps.get(qpn).expect("caller checked the QP");
+        Packet {
+            dlid: qp.attr.dlid,
+            sl: qp.attr.sl,
+            opcode,
+            dest_qpn: qp.attr.dest_qpn,
+            src_qpn: qpn,
+            psn,
+            ..Default::default()
+        }
+    }
+
+    /// SEND, SEND_IMM, RDMA WRITE, RDMA WRITE_IMM: one message of `npk` packets.
+    fn send_rc_message(
+        &mut self,
+        qpn: u32,
+        w: &HcaSendWqe,
+        src: &Source,
+        len: u64,
+        mut pend: Pending,
+    ) -> Result<(), u32> {
+        let op = u32::from(w.opcode);
+        let (mtu, first_psn) = {
+            let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+            (u64::from(qp.mtu()), qp.next_psn)
+        };
+        let npk = len.div_ceil(mtu).max(1) as u32;
+        let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
+        let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
+        for i in 0..npk {
+            let (first, last) = (i == 0, i + 1 == npk);
+            let opcode = match (write, first, last, imm) {
+                (false, true, true, false) => RC_SEND_ONLY,
+                (false, true, true, true) => RC_SEND_ONLY_IMM,
+                (false, true, false, _) => RC_SEND_FIRST,
+                (false, false, false, _) => RC_SEND_MIDDLE,
+                (false, false, true, false) => RC_SEND_LAST,
+                (false, false, true, true) => RC_SEND_LAST_IMM,
+                (true, true, true, false) => RC_WRITE_ONLY,
+                (true, true, true, true) => RC_WRITE_ONLY_IMM,
+                (true, true, false, _) => RC_WRITE_FIRST,
+                (true, false, false, _) => RC_WRITE_MIDDLE,
+                (true, false, true, false) => RC_WRITE_LAST,
+                (true, false, true, true) => RC_WRITE_LAST_IMM,
+            };
+            let mut pkt = self.rc_packet(qpn, opcode, psn_add(first_psn, i));
+            let off = u64::from(i) * mtu;
+            pkt.payload = src.slice(self, off, (len - off).min(mtu));
+            if write && first {
+                pkt.reth = Some(Reth {
+                    va: w.remote_addr,
+                    rkey: w.rkey,
+                    len: len as u32,
+                });
+            }
+            if last {
+                pkt.imm = imm.then_some(w.imm);
+                pkt.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
+            }
+            self.transmit(pkt);
+        }
+        pend.first_psn = first_psn;
+        pend.last_psn = psn_add(first_psn, npk - 1);
+        self.push_pending(qpn, pend, npk);
+        Ok(())
+    }
+
+    fn send_read(
+        &mut self,
+        qpn: u32,
+        w: &HcaSendWqe,
+        src: Source,
+        len: u64,
+        mut pend: Pending,
+    ) -> Result<(), u32> {
+        let Source::Gather(dst) = src else {
+            return Err(WC_LOC_QP_OP_ERR);
+        };
+        let (mtu, psn) = {
+            let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+            (u64::from(qp.mtu()), qp.next_psn)
+        };
+        let npk = len.div_ceil(mtu).max(1) as u32;
+        let mut pkt = self.rc_packet(qpn, RC_READ_REQUEST, psn);
+        pkt.reth = Some(Reth {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            len: len as u32,
+        });
+        self.transmit(pkt);
+        pend.first_psn = psn;
+        pend.last_psn = psn_add(psn, npk - 1);
+        pend.kind = PendKind::Read { dst };
+        self.push_pending(qpn, pend, npk);
+        Ok(())
+    }
+
+    fn send_atomic(
+        &mut self,
+        qpn: u32,
+        w: &HcaSendWqe,
+        src: Source,
+        len: u64,
+        mut pend: Pending,
+    ) -> Result<(), u32> {
+        let Source::Gather(dst) = src else {
+            return Err(WC_LOC_QP_OP_ERR);
+        };
+        // The result lands in one 8-byte local buffer.
+        if len != 8 || dst.len() != 1 {
+            return Err(WC_LOC_LEN_ERR);
+        }
+        let psn = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?.next_psn;
+        let opcode = if u32::from(w.opcode) == WR_ATOMIC_CMP_SWP {
+            RC_CMP_SWAP
+        } else {
+            RC_FETCH_ADD
+        };
+        let mut pkt = self.rc_packet(qpn, opcode, psn);
+        pkt.reth = Some(Reth {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            len: 8,
+        });
+        // CMP_SWAP: (swap, compare); FETCH_ADD: (add, unused).
+        pkt.atomic = Some(if opcode == RC_CMP_SWAP {
+            (w.swap, w.compare_add)
+        } else {
+            (w.compare_add, 0)
+        });
+        self.transmit(pkt);
+        pend.first_psn = psn;
+        pend.last_psn = psn;
+        pend.byte_len = 8;
+        pend.kind = PendKind::Atomic { dst: dst[0] };
+        self.push_pending(qpn, pend, 1);
+        Ok(())
+    }
+
+    fn push_pending(&mut self, qpn: u32, pend: Pending, npk: u32) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.next_psn = psn_add(qp.next_psn, npk);
+            qp.pending.push_back(pend);
+        }
+    }
+
+    fn send_ud(
+        &mut self,
+        qpn: u32,
+        w: &HcaSendWqe,
+        src: &Source,
+        len: u64,
+        signaled: bool,
+    ) -> Result<(), u32> {
+        let op = u32::from(w.opcode);
+        if !matches!(op, WR_SEND | WR_SEND_IMM) {
+            return Err(WC_LOC_QP_OP_ERR);
+        }
+        if len > UD_MTU {
+            return Err(WC_LOC_LEN_ERR);
+        }
+        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+        // IB: a Q_Key with its high bit set means "use the QP's own".
+        let qkey = if w.ud_qkey & 0x8000_0000 != 0 {
+            qp.attr.qkey
+        } else {
+            w.ud_qkey
+        };
+        let mut payload = src.slice(self, 0, len);
+        payload.make_owned().map_err(|_| WC_LOC_PROT_ERR)?;
+        let pkt = Packet {
+            dlid: w.ud_dlid,
+            opcode: if op == WR_SEND_IMM {
+                UD_SEND_ONLY_IMM
+            } else {
+                UD_SEND_ONLY
+            },
+            solicited: u32::from(w.flags) & WQE_SOLICITED != 0,
+            dest_qpn: w.ud_remote_qpn & PSN_MASK,
+            src_qpn: qpn,
+            psn: qp.next_psn,
+            imm: (op == WR_SEND_IMM).then_some(w.imm),
+            qkey,
+            payload,
+            ..Default::default()
+        };
+        let cqn = qp.send_cqn;
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.next_psn = psn_add(qp.next_psn, 1);
+        }
+        self.transmit(pkt);
+        if signaled {
+            let cqe = HcaCqe {
+                wr_id: w.wr_id,
+                byte_len: len as u32,
+                qpn,
+                opcode: CQE_OP_SEND as u8,
+                ..Default::default()
+            };
+            self.post_cqe(cqn, cqe, false);
+        }
+        Ok(())
+    }
+
+    /// An ACK, NAK, read response or atomic response for requester `qpn`.
+    pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), ()> {
+        let qpn = pkt.dest_qpn;
+        let qp = self.qps.get(qpn).ok_or(())?;
+        if qp.is_ud() || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
+            return Err(());
+        }
+        if u32::from(qp.attr.state) != QPS_RTS {
+            return Ok(()); // Late response to a QP that moved on: ignored, as hardware does.
+        }
+        let mtu = u64::from(qp.mtu());
+        match pkt.opcode {
+            RC_ACK => {
+                let (syndrome, _msn) = pkt.aeth.unwrap_or((AETH_ACK, 0));
+                if syndrome == AETH_ACK {
+                    self.complete_acked(qpn, pkt.psn);
+                } else {
+                    self.fail_front(qpn, nak_status(syndrome));
+                }
+            }
+            RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => self.on_read_response(qpn, pkt, mtu),
+            RC_ATOMIC_ACK => self.on_atomic_ack(qpn, pkt),
+            _ => return Err(()),
+        }
+        self.resume_after_fence(qpn);
+        Ok(())
+    }
+
+    /// Completes, in order, every ACK-awaiting WR up to and including `psn`.
+    fn complete_acked(&mut self, qpn: u32, psn: u32) {
+        loop {
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                return;
+            };
+            let done = qp
+                .pending
+                .front()
+                .is_some_and(|p| matches!(p.kind, PendKind::Ack) && psn_le(p.last_psn, psn));
+            if !done {
+                return;
+            }
+            let p = qp.pending.pop_front().expect("front checked");
+            let cqn = qp.send_cqn;
+            if p.signaled {
+                self.post_cqe(cqn, ok_cqe(qpn, &p), false);
+            }
+        }
+    }
+
+    fn on_read_response(&mut self, qpn: u32, pkt: Packet, mtu: u64) {
+        let mem = self.mem.clone();
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let Some(front) = qp.pending.front() else {
+            return;
+        };
+        let PendKind::Read { dst } = &front.kind else {
+            return; // A response nobody asked for: dropped.
+        };
+        let in_range = psn_le(front.first_psn, pkt.psn) && psn_le(pkt.psn, front.last_psn);
+        if !in_range {
+            return;
+        }
+        let off = u64::from(pkt.psn.wrapping_sub(front.first_psn) & PSN_MASK) * mtu;
+        let n = u64::from(pkt.payload.len());
+        if off + n > u64::from(front.byte_len) {
+            return self.fail_front(qpn, WC_BAD_RESP_ERR);
+        }
+        let target = sub_segs(dst, off, n);
+        if pkt.payload.scatter(mem.as_ref(), &target).is_err() {
+            self.stats.dma_faults += 1;
+            return self.fail_front(qpn, WC_LOC_PROT_ERR);
+        }
+        if matches!(pkt.opcode, RC_READ_RESP_LAST | RC_READ_RESP_ONLY) {
+            self.complete_front(qpn);
+        }
+    }
+
+    fn on_atomic_ack(&mut self, qpn: u32, pkt: Packet) {
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let Some(PendKind::Atomic { dst }) = qp.pending.front().map(|p| &p.kind) else {
+            return;
+        };
+        let orig = pkt.atomic_ack.unwrap_or(0);
+        if self.mem.write(dst.addr, &orig.to_le_bytes()).is_err() {
+            self.stats.dma_faults += 1;
+            return self.fail_front(qpn, WC_LOC_PROT_ERR);
+        }
+        self.complete_front(qpn);
+    }
+
+    fn complete_front(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let Some(p) = qp.pending.pop_front() else {
+            return;
+        };
+        let cqn = qp.send_cqn;
+        if p.signaled {
+            self.post_cqe(cqn, ok_cqe(qpn, &p), false);
+        }
+    }
+
+    /// The oldest outstanding WR failed remotely (or can never finish): it completes with
+    /// `status` and the QP goes to ERR, flushing the rest.
+    fn fail_front(&mut self, qpn: u32, status: u32) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let cqn = qp.send_cqn;
+        let Some(p) = qp.pending.pop_front() else {
+            return self.qp_to_error(qpn);
+        };
+        let mut cqe = ok_cqe(qpn, &p);
+        cqe.status = status as u8;
+        self.post_cqe(cqn, cqe, false);
+        self.qp_to_error(qpn);
+    }
+
+    fn resume_after_fence(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let reads_left = qp.pending.iter().any(|p| !matches!(p.kind, PendKind::Ack));
+        if qp.fence_wait && !reads_left {
+            qp.fence_wait = false;
+            self.process_sq(qpn);
+        }
+    }
+
+    /// One of our packets reached no receiver. UD: counted. RC request: the message can
+    /// never be acknowledged, so its WR ends as IB's would once retries run out
+    /// (WC_RETRY_EXC_ERR) and the QP goes to ERR. (Real retransmission: issue 7.)
+    pub(crate) fn bounced(&mut self, pkt: Packet, _why: DropReason) {
+        if pkt.is_ud() {
+            self.stats.ud_dropped += 1;
+            return;
+        }
+        self.stats.rc_dropped += 1;
+        if !pkt.is_request() {
+            return;
+        }
+        let qpn = pkt.src_qpn;
+        let live = self
+            .qps
+            .get(qpn)
+            .is_some_and(|q| !q.is_ud() && u32::from(q.attr.state) == QPS_RTS);
+        if live {
+            self.fail_front(qpn, WC_RETRY_EXC_ERR);
+        }
+    }
+}
+
+/// WC status for a NAK syndrome.
+fn nak_status(syndrome: u8) -> u32 {
+    match syndrome {
+        AETH_NAK_INV_REQ => WC_REM_INV_REQ_ERR,
+        AETH_NAK_REM_ACCESS => WC_REM_ACCESS_ERR,
+        AETH_NAK_REM_OP => WC_REM_OP_ERR,
+        s if s & 0xe0 == AETH_RNR_NAK => WC_RNR_RETRY_EXC_ERR,
+        _ => WC_BAD_RESP_ERR,
+    }
+}
+
+fn ok_cqe(qpn: u32, p: &Pending) -> HcaCqe {
+    HcaCqe {
+        wr_id: p.wr_id,
+        byte_len: p.byte_len,
+        qpn,
+        opcode: p.cqe_op as u8,
+        status: WC_SUCCESS as u8,
+        ..Default::default()
+    }
+}
+
+fn flush_cqe(qpn: u32, p: &Pending) -> HcaCqe {
+    let mut c = ok_cqe(qpn, p);
+    c.status = WC_WR_FLUSH_ERR as u8;
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_sub_segs_cuts_across_pieces() {
+        let segs = [Seg { addr: 100, len: 10 }, Seg { addr: 500, len: 10 }];
+        assert_eq!(
+            sub_segs(&segs, 5, 10),
+            vec![Seg { addr: 105, len: 5 }, Seg { addr: 500, len: 5 }]
+        );
+        assert_eq!(sub_segs(&segs, 10, 3), vec![Seg { addr: 500, len: 3 }]);
+        assert!(sub_segs(&segs, 20, 0).is_empty());
+    }
+}

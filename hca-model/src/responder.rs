@@ -1,0 +1,519 @@
+//! The responder: takes request packets off the fabric for our QPs.
+//!
+//! RC: a packet must come from the QP's connected peer with the expected PSN. SENDs consume a
+//! receive WQE at their first packet and complete it at their last; RDMA WRITEs are checked
+//! against the rkey (PD, REMOTE_WRITE on both MR and QP, bounds) at their first packet; READs
+//! and atomics are answered from local memory. Every accepted message is ACKed; a violation
+//! is NAKed with IB's syndrome (remote access, invalid request, remote operational), posts
+//! EV_QP_ACCESS_ERR where IB raises it, and moves this QP to ERR too. A SEND with no receive
+//! WQE posted gets an RNR NAK and leaves the QP as it was.
+//!
+//! UD: checked against the Q_Key; with no receive WQE, or a bad Q_Key, it is dropped
+//! silently and counted, as UD allows. Receive buffers start with UD_GRH_BYTES of GRH room.
+
+use crate::abi::*;
+use crate::dma::read_obj;
+use crate::hca::HcaState;
+use crate::mr::Use;
+use crate::packet::*;
+use crate::qp::{qp_db, Inbound};
+use crate::requester::sub_segs;
+
+/// A receive WQE taken off a receive queue, with its SGEs resolved.
+struct Recv {
+    wr_id: u64,
+    segs: Vec<Seg>,
+    cap: u64,
+}
+
+/// Why a receive WQE could not be used.
+enum RecvError {
+    /// None posted (RNR for RC, drop for UD).
+    Empty,
+    /// The WQE completes with this status and the QP goes to ERR.
+    Bad { wr_id: u64, status: u32 },
+    /// Broken indices or ring: the QP already went to ERR.
+    Fatal,
+}
+
+impl HcaState {
+    /// Handles one packet from the fabric. `Err` tells the fabric the packet was discarded
+    /// (so that the sender learns it never arrived).
+    pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), ()> {
+        self.stats.packets_in += 1;
+        if !pkt.is_request() {
+            return self.on_response(pkt);
+        }
+        if pkt.is_ud() {
+            self.receive_ud(pkt);
+            return Ok(());
+        }
+        let qpn = pkt.dest_qpn;
+        let qp = self.qps.get(qpn).ok_or(())?;
+        let state = u32::from(qp.attr.state);
+        let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
+        if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer || pkt.psn != qp.epsn {
+            return Err(());
+        }
+        match pkt.opcode {
+            RC_SEND_FIRST..=RC_SEND_ONLY_IMM => self.rc_send(qpn, pkt),
+            RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(qpn, pkt),
+            RC_READ_REQUEST => self.rc_read(qpn, pkt),
+            RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(qpn, pkt),
+            _ => self.nak(qpn, &pkt, AETH_NAK_INV_REQ),
+        }
+        Ok(())
+    }
+
+    fn take_recv(&mut self, qpn: u32) -> Result<Recv, RecvError> {
+        let pi = self.bar2.load_u32(qp_db(qpn) + 4);
+        let qp = self.qps.get(qpn).ok_or(RecvError::Fatal)?;
+        let posted = pi.wrapping_sub(qp.rq.ci);
+        if posted == 0 {
+            return Err(RecvError::Empty);
+        }
+        if posted > qp.rq.size() {
+            self.qp_fatal(qpn, ERR_WQ_INDEX);
+            return Err(RecvError::Fatal);
+        }
+        let addr = qp.rq.slot(qp.rq.ci);
+        let (pdn, max_sge) = (qp.pdn, qp.rq.max_sge(16));
+        let Ok(hdr) = read_obj::<HcaRecvWqe>(self.mem.as_ref(), addr) else {
+            self.qp_fatal(qpn, ERR_RING_ACCESS);
+            return Err(RecvError::Fatal);
+        };
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.rq.ci = qp.rq.ci.wrapping_add(1);
+        }
+        let bad = |status| RecvError::Bad {
+            wr_id: hdr.wr_id,
+            status,
+        };
+        if u32::from(hdr.num_sge) > max_sge {
+            return Err(bad(WC_LOC_QP_OP_ERR));
+        }
+        let sges = self
+            .read_sges(addr + 16, hdr.num_sge.into())
+            .map_err(|_| bad(WC_LOC_QP_OP_ERR))?;
+        let mut segs = Vec::with_capacity(sges.len());
+        let cap = self
+            .resolve_sges(&sges, pdn, Use::LocalWrite, &mut segs)
+            .map_err(|_| bad(WC_LOC_PROT_ERR))?;
+        Ok(Recv {
+            wr_id: hdr.wr_id,
+            segs,
+            cap,
+        })
+    }
+
+    fn transmit_ack(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        if syndrome == AETH_ACK {
+            qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
+        }
+        let pkt = Packet {
+            dlid: req.slid,
+            opcode: RC_ACK,
+            dest_qpn: req.src_qpn,
+            src_qpn: qpn,
+            psn: req.psn,
+            aeth: Some((syndrome, qp.msn)),
+            ..Default::default()
+        };
+        self.transmit(pkt);
+    }
+
+    /// NAKs `req` and, unless it is an RNR NAK, moves this QP to ERR.
+    fn nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+        self.transmit_ack(qpn, req, syndrome);
+        if syndrome & 0xe0 != AETH_RNR_NAK {
+            if syndrome == AETH_NAK_REM_ACCESS {
+                self.post_event(VEC_ASYNC, EV_QP_ACCESS_ERR, qpn, 0);
+            }
+            self.qp_to_error(qpn);
+        }
+    }
+
+    fn advance_epsn(&mut self, qpn: u32, n: u32) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.epsn = psn_add(qp.epsn, n);
+            // The first request a QP in RTR sees is IB's "communication established".
+        }
+    }
+
+    fn post_recv_cqe(&mut self, qpn: u32, cqe: HcaCqe, solicited: bool) {
+        if let Some(cqn) = self.qps.get(qpn).map(|q| q.recv_cqn) {
+            self.post_cqe(cqn, cqe, solicited);
+        }
+    }
+
+    fn fail_recv(&mut self, qpn: u32, wr_id: u64, status: u32) {
+        let cqe = HcaCqe {
+            wr_id,
+            qpn,
+            opcode: CQE_OP_RECV as u8,
+            status: status as u8,
+            ..Default::default()
+        };
+        self.post_recv_cqe(qpn, cqe, false);
+    }
+
+    /// Starts an inbound message that needs a receive WQE; on failure, answers for it.
+    fn start_recv(&mut self, qpn: u32, pkt: &Packet) -> Option<Recv> {
+        match self.take_recv(qpn) {
+            Ok(r) => Some(r),
+            Err(RecvError::Empty) => {
+                let timer = self.qps.get(qpn).map_or(0, |q| q.attr.min_rnr_timer);
+                self.transmit_ack(qpn, pkt, AETH_RNR_NAK | (timer & 0x1f));
+                None
+            }
+            Err(RecvError::Bad { wr_id, status }) => {
+                self.fail_recv(qpn, wr_id, status);
+                self.nak(qpn, pkt, AETH_NAK_REM_OP);
+                None
+            }
+            Err(RecvError::Fatal) => None,
+        }
+    }
+
+    /// Places a packet's payload at the current offset of the inbound message.
+    fn place(&mut self, qpn: u32, pkt: &Packet) -> Result<(), u8> {
+        let mem = self.mem.clone();
+        let qp = self.qps.get_mut(qpn).ok_or(AETH_NAK_INV_REQ)?;
+        let msg = qp.inbound.as_mut().ok_or(AETH_NAK_INV_REQ)?;
+        let n = u64::from(pkt.payload.len());
+        if msg.offset + n > msg.cap {
+            return Err(AETH_NAK_INV_REQ);
+        }
+        let target = sub_segs(&msg.segs, msg.offset, n);
+        msg.offset += n;
+        if pkt.payload.scatter(mem.as_ref(), &target).is_err() {
+            self.stats.dma_faults += 1;
+            return Err(AETH_NAK_REM_OP);
+        }
+        Ok(())
+    }
+
+    fn rc_send(&mut self, qpn: u32, pkt: Packet) {
+        let first = matches!(pkt.opcode, RC_SEND_FIRST | RC_SEND_ONLY | RC_SEND_ONLY_IMM);
+        let last = pkt.opcode != RC_SEND_FIRST && pkt.opcode != RC_SEND_MIDDLE;
+        let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
+        if first == in_msg {
+            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
+        }
+        if first {
+            let Some(r) = self.start_recv(qpn, &pkt) else {
+                return;
+            };
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                qp.inbound = Some(Inbound {
+                    segs: r.segs,
+                    offset: 0,
+                    cap: r.cap,
+                    recv_wr_id: Some(r.wr_id),
+                });
+            }
+        }
+        if let Err(syndrome) = self.place(qpn, &pkt) {
+            let (wr_id, status) = self.abort_inbound(qpn, syndrome);
+            if let Some(wr_id) = wr_id {
+                self.fail_recv(qpn, wr_id, status);
+            }
+            return self.nak(qpn, &pkt, syndrome);
+        }
+        self.advance_epsn(qpn, 1);
+        if last {
+            self.finish_inbound(qpn, &pkt, CQE_OP_RECV);
+        }
+        self.transmit_ack(qpn, &pkt, AETH_ACK);
+    }
+
+    /// Drops the inbound message; returns its receive WR and the status it fails with.
+    fn abort_inbound(&mut self, qpn: u32, syndrome: u8) -> (Option<u64>, u32) {
+        let msg = self.qps.get_mut(qpn).and_then(|q| q.inbound.take());
+        let status = if syndrome == AETH_NAK_INV_REQ {
+            WC_LOC_LEN_ERR
+        } else {
+            WC_LOC_PROT_ERR
+        };
+        (msg.and_then(|m| m.recv_wr_id), status)
+    }
+
+    /// Completes the inbound message: a receive CQE if it consumed a receive WQE.
+    fn finish_inbound(&mut self, qpn: u32, pkt: &Packet, opcode: u32) {
+        let Some(msg) = self.qps.get_mut(qpn).and_then(|q| q.inbound.take()) else {
+            return;
+        };
+        let Some(wr_id) = msg.recv_wr_id else {
+            return;
+        };
+        let cqe = HcaCqe {
+            wr_id,
+            byte_len: msg.offset as u32,
+            imm: pkt.imm.unwrap_or(0),
+            qpn,
+            src_qp: pkt.src_qpn,
+            slid: pkt.slid,
+            opcode: opcode as u8,
+            flags: if pkt.imm.is_some() {
+                CQE_FLAG_IMM as u8
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.post_recv_cqe(qpn, cqe, pkt.solicited);
+    }
+
+    fn rc_write(&mut self, qpn: u32, pkt: Packet) {
+        let first = matches!(
+            pkt.opcode,
+            RC_WRITE_FIRST | RC_WRITE_ONLY | RC_WRITE_ONLY_IMM
+        );
+        let last = !matches!(pkt.opcode, RC_WRITE_FIRST | RC_WRITE_MIDDLE);
+        let with_imm = matches!(pkt.opcode, RC_WRITE_LAST_IMM | RC_WRITE_ONLY_IMM);
+        let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
+        if first == in_msg {
+            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+        }
+        if first {
+            let Some(reth) = pkt.reth else {
+                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            };
+            let (pdn, access) = match self.qps.get(qpn) {
+                Some(q) => (q.pdn, q.attr.access_flags),
+                None => return,
+            };
+            let mut segs = Vec::with_capacity(1);
+            let len = u64::from(reth.len);
+            if self
+                .resolve_key(
+                    reth.rkey,
+                    pdn,
+                    reth.va,
+                    len,
+                    Use::RemoteWrite,
+                    access,
+                    &mut segs,
+                )
+                .is_err()
+            {
+                return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+            }
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                qp.inbound = Some(Inbound {
+                    segs,
+                    offset: 0,
+                    cap: len,
+                    recv_wr_id: None,
+                });
+            }
+        }
+        // WRITE_WITH_IMM consumes a receive WQE for its immediate; check before placing.
+        if with_imm {
+            let Some(r) = self.start_recv(qpn, &pkt) else {
+                if let Some(qp) = self.qps.get_mut(qpn) {
+                    qp.inbound = None; // Requester retries the whole message after RNR.
+                }
+                return;
+            };
+            if let Some(msg) = self.qps.get_mut(qpn).and_then(|q| q.inbound.as_mut()) {
+                msg.recv_wr_id = Some(r.wr_id);
+            }
+        }
+        if let Err(syndrome) = self.place(qpn, &pkt) {
+            let (wr_id, status) = self.abort_inbound(qpn, syndrome);
+            if let Some(wr_id) = wr_id {
+                self.fail_recv(qpn, wr_id, status);
+            }
+            return self.nak(qpn, &pkt, syndrome);
+        }
+        if last {
+            let complete = self
+                .qps
+                .get(qpn)
+                .and_then(|q| q.inbound.as_ref())
+                .is_some_and(|m| m.offset == m.cap);
+            if !complete {
+                self.abort_inbound(qpn, AETH_NAK_INV_REQ);
+                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            }
+            self.finish_inbound(qpn, &pkt, CQE_OP_RECV_RDMA_IMM);
+        }
+        self.advance_epsn(qpn, 1);
+        self.transmit_ack(qpn, &pkt, AETH_ACK);
+    }
+
+    fn rc_read(&mut self, qpn: u32, pkt: Packet) {
+        let Some(reth) = pkt.reth else {
+            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+        };
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let (pdn, access, mtu) = (qp.pdn, qp.attr.access_flags, u64::from(qp.mtu()));
+        let len = u64::from(reth.len);
+        let mut segs = Vec::with_capacity(1);
+        if self
+            .resolve_key(
+                reth.rkey,
+                pdn,
+                reth.va,
+                len,
+                Use::RemoteRead,
+                access,
+                &mut segs,
+            )
+            .is_err()
+        {
+            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+        }
+        let npk = len.div_ceil(mtu).max(1) as u32;
+        for i in 0..npk {
+            let opcode = match (i == 0, i + 1 == npk) {
+                (true, true) => RC_READ_RESP_ONLY,
+                (true, false) => RC_READ_RESP_FIRST,
+                (false, false) => RC_READ_RESP_MIDDLE,
+                (false, true) => RC_READ_RESP_LAST,
+            };
+            let off = u64::from(i) * mtu;
+            let resp = Packet {
+                dlid: pkt.slid,
+                opcode,
+                dest_qpn: pkt.src_qpn,
+                src_qpn: qpn,
+                psn: psn_add(pkt.psn, i),
+                aeth: (i == 0 || i + 1 == npk).then_some((AETH_ACK, 0)),
+                payload: Payload::Dma {
+                    mem: self.mem.clone(),
+                    segs: sub_segs(&segs, off, (len - off).min(mtu)),
+                },
+                ..Default::default()
+            };
+            self.transmit(resp);
+        }
+        self.advance_epsn(qpn, npk);
+    }
+
+    fn rc_atomic(&mut self, qpn: u32, pkt: Packet) {
+        let (Some(reth), Some((swap_add, compare))) = (pkt.reth, pkt.atomic) else {
+            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+        };
+        if reth.va % 8 != 0 {
+            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+        }
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let (pdn, access) = (qp.pdn, qp.attr.access_flags);
+        let mut segs = Vec::with_capacity(1);
+        if self
+            .resolve_key(
+                reth.rkey,
+                pdn,
+                reth.va,
+                8,
+                Use::RemoteAtomic,
+                access,
+                &mut segs,
+            )
+            .is_err()
+            || segs.len() != 1
+        {
+            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+        }
+        // Atomic with respect to other atomics through this HCA (IB_ATOMIC_HCA): the HCA's
+        // lock is held across the read-modify-write.
+        let at = segs[0].addr;
+        let mut b = [0u8; 8];
+        if self.mem.read(at, &mut b).is_err() {
+            return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
+        }
+        let orig = u64::from_le_bytes(b);
+        let new = if pkt.opcode == RC_CMP_SWAP {
+            if orig == compare {
+                swap_add
+            } else {
+                orig
+            }
+        } else {
+            orig.wrapping_add(swap_add)
+        };
+        if self.mem.write(at, &new.to_le_bytes()).is_err() {
+            return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
+        }
+        let resp = Packet {
+            dlid: pkt.slid,
+            opcode: RC_ATOMIC_ACK,
+            dest_qpn: pkt.src_qpn,
+            src_qpn: qpn,
+            psn: pkt.psn,
+            aeth: Some((AETH_ACK, 0)),
+            atomic_ack: Some(orig),
+            ..Default::default()
+        };
+        self.transmit(resp);
+        self.advance_epsn(qpn, 1);
+    }
+
+    fn receive_ud(&mut self, pkt: Packet) {
+        let qpn = pkt.dest_qpn;
+        let ok = self.qps.get(qpn).is_some_and(|q| {
+            q.is_ud()
+                && matches!(u32::from(q.attr.state), QPS_RTR | QPS_RTS)
+                && q.attr.qkey == pkt.qkey
+        });
+        if !ok {
+            self.stats.ud_dropped += 1;
+            return;
+        }
+        let r = match self.take_recv(qpn) {
+            Ok(r) => r,
+            Err(RecvError::Empty) | Err(RecvError::Fatal) => {
+                self.stats.ud_dropped += 1;
+                return;
+            }
+            Err(RecvError::Bad { wr_id, status }) => {
+                self.fail_recv(qpn, wr_id, status);
+                return self.qp_to_error(qpn);
+            }
+        };
+        let grh = u64::from(UD_GRH_BYTES);
+        let len = u64::from(pkt.payload.len());
+        if r.cap < grh + len {
+            self.fail_recv(qpn, r.wr_id, WC_LOC_LEN_ERR);
+            return self.qp_to_error(qpn);
+        }
+        // No GRH on this fabric: the room stays zeroed and CQE_FLAG_GRH clear.
+        let zero = [0u8; UD_GRH_BYTES as usize];
+        let placed = Payload::Bytes(zero.to_vec())
+            .scatter(self.mem.as_ref(), &sub_segs(&r.segs, 0, grh))
+            .and_then(|()| {
+                pkt.payload
+                    .scatter(self.mem.as_ref(), &sub_segs(&r.segs, grh, len))
+            });
+        if placed.is_err() {
+            self.stats.dma_faults += 1;
+            self.fail_recv(qpn, r.wr_id, WC_LOC_PROT_ERR);
+            return self.qp_to_error(qpn);
+        }
+        let cqe = HcaCqe {
+            wr_id: r.wr_id,
+            byte_len: (grh + len) as u32,
+            imm: pkt.imm.unwrap_or(0),
+            qpn,
+            src_qp: pkt.src_qpn,
+            slid: pkt.slid,
+            opcode: CQE_OP_RECV as u8,
+            flags: if pkt.imm.is_some() {
+                CQE_FLAG_IMM as u8
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.post_recv_cqe(qpn, cqe, pkt.solicited);
+    }
+}

@@ -1,0 +1,562 @@
+//! A Rust test driver that plays the guest: it owns a guest memory, writes WQEs and commands
+//! the way the C driver will, rings doorbells, and reads CQEs and EQEs back. Shared by the
+//! integration tests and the benchmark.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use hca_model::abi::*;
+use hca_model::{DeviceMemory, Fabric, Hca, InterruptSink};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+/// Counts interrupts per vector.
+#[derive(Default)]
+pub struct IrqCount(pub [AtomicU32; NUM_VECTORS as usize]);
+
+impl InterruptSink for IrqCount {
+    fn raise(&self, vector: u32) {
+        self.0[vector as usize].fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl IrqCount {
+    pub fn get(&self, v: u32) -> u32 {
+        self.0[v as usize].load(Ordering::SeqCst)
+    }
+}
+
+/// The guest's view of a CQ.
+pub struct CqH {
+    pub cqn: u32,
+    pub ring: u64,
+    pub log: u32,
+    pub ci: u32,
+    pub arm_sn: u32,
+}
+
+/// The guest's view of a QP.
+#[derive(Clone)]
+pub struct QpH {
+    pub qpn: u32,
+    pub sq: u64,
+    pub rq: u64,
+    pub sq_log: u32,
+    pub rq_log: u32,
+    pub sq_shift: u32,
+    pub rq_shift: u32,
+    pub sq_pi: u32,
+    pub rq_pi: u32,
+}
+
+pub const MIB: u64 = 1 << 20;
+
+pub struct Driver {
+    pub hca: Hca,
+    pub mem: GuestMemoryMmap,
+    pub irq: Arc<IrqCount>,
+    next_free: u64,
+    mem_end: u64,
+    seq: u32,
+    eq_ci: [u32; NUM_VECTORS as usize],
+}
+
+impl Driver {
+    /// A guest with `mib` MiB of RAM in two regions (so DMA crosses a region boundary), its
+    /// HCA attached to `fabric` if given.
+    pub fn new(fabric: Option<&Fabric>, mib: u64) -> Self {
+        let half = (mib * MIB / 2) as usize;
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), half),
+            (GuestAddress(half as u64), half),
+        ])
+        .expect("guest memory");
+        let irq = Arc::new(IrqCount::default());
+        let hca = Hca::new(
+            mem.clone(),
+            DeviceMemory::new().expect("bar2"),
+            irq.clone(),
+            0x0002_c903_0000_0000 | u64::from(rand_tag()),
+        );
+        if let Some(f) = fabric {
+            hca.attach(f);
+        }
+        Self {
+            hca,
+            mem,
+            irq,
+            next_free: 0x1000,
+            mem_end: mib * MIB,
+            seq: 0,
+            eq_ci: [0; NUM_VECTORS as usize],
+        }
+    }
+
+    pub fn lid(&self) -> u16 {
+        self.hca.lid()
+    }
+
+    /// Bump allocation of guest memory, `align`-aligned (a power of two).
+    pub fn alloc(&mut self, size: u64, align: u64) -> u64 {
+        let at = (self.next_free + align - 1) & !(align - 1);
+        assert!(at + size <= self.mem_end, "test guest out of memory");
+        self.next_free = at + size;
+        at
+    }
+
+    pub fn write(&self, addr: u64, b: &[u8]) {
+        self.mem.write_slice(b, GuestAddress(addr)).unwrap();
+    }
+
+    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        b
+    }
+
+    // ---- commands ------------------------------------------------------------------------
+
+    /// Runs one command; returns its status and output bytes.
+    pub fn cmd_raw(&mut self, opcode: u32, input: &[u8], flags: u32) -> (u32, [u8; 64]) {
+        self.seq = self.seq.wrapping_add(1);
+        let mut mb = HcaCmdMailbox {
+            opcode,
+            flags,
+            ..Default::default()
+        };
+        mb.input[..input.len()].copy_from_slice(input);
+        let bar2 = self.hca.bar2();
+        bar2.write_obj(BAR2_MAILBOX_OFFSET, &mb);
+        bar2.store_u32(BAR2_MAILBOX_OFFSET + 8, self.seq);
+        self.hca.doorbell(DB_CMD);
+        let done: HcaCmdMailbox = bar2.read_obj(BAR2_MAILBOX_OFFSET);
+        assert_eq!(
+            done.done_seq, self.seq,
+            "command did not complete synchronously"
+        );
+        (done.status, done.output)
+    }
+
+    pub fn cmd<T: ByteValued>(&mut self, opcode: u32, input: &T) -> (u32, [u8; 64]) {
+        self.cmd_raw(opcode, input.as_slice(), 0)
+    }
+
+    fn handle_out(&mut self, opcode: u32, input: &[u8]) -> Result<u32, u32> {
+        let (st, out) = self.cmd_raw(opcode, input, 0);
+        if st == CMD_OK {
+            Ok(u32::from_le_bytes(out[..4].try_into().unwrap()))
+        } else {
+            Err(st)
+        }
+    }
+
+    pub fn alloc_pd(&mut self) -> u32 {
+        self.handle_out(CMD_ALLOC_PD, &[]).expect("alloc pd")
+    }
+
+    pub fn try_reg_mr(&mut self, a: &HcaCmdRegMr) -> Result<u32, u32> {
+        self.handle_out(CMD_REG_MR, a.as_slice())
+    }
+
+    /// Registers `[addr, addr + len)` through a 4 KiB page list (iova = addr).
+    pub fn reg_mr(&mut self, pdn: u32, addr: u64, len: u64, access: u32) -> u32 {
+        let first = addr & !0xfff;
+        let npages = (addr + len - first).div_ceil(4096);
+        let list = self.alloc(npages * 8, 8);
+        for i in 0..npages {
+            self.write(list + i * 8, &(first + i * 4096).to_le_bytes());
+        }
+        self.try_reg_mr(&HcaCmdRegMr {
+            iova: addr,
+            length: len,
+            page_list: list,
+            pdn,
+            access,
+            npages: npages as u32,
+            page_shift: 12,
+            ..Default::default()
+        })
+        .expect("reg mr")
+    }
+
+    /// The global DMA MR kernel consumers get from ib_get_dma_mr: all of memory, physical.
+    pub fn reg_dma_mr(&mut self, pdn: u32, access: u32) -> u32 {
+        self.try_reg_mr(&HcaCmdRegMr {
+            iova: 0,
+            length: u64::MAX,
+            pdn,
+            access,
+            flags: MR_FLAG_PHYS,
+            ..Default::default()
+        })
+        .expect("reg dma mr")
+    }
+
+    pub fn try_create_cq(&mut self, log: u32, vector: u32) -> Result<CqH, u32> {
+        let ring = self.alloc(32 << log, 64);
+        let cqn = self.handle_out(
+            CMD_CREATE_CQ,
+            HcaCmdCreateCq {
+                ring_addr: ring,
+                log_entries: log,
+                vector,
+            }
+            .as_slice(),
+        )?;
+        Ok(CqH {
+            cqn,
+            ring,
+            log,
+            ci: 0,
+            arm_sn: 0,
+        })
+    }
+
+    pub fn create_cq(&mut self, log: u32) -> CqH {
+        self.try_create_cq(log, VEC_COMP_FIRST).expect("create cq")
+    }
+
+    pub fn try_create_qp(
+        &mut self,
+        qp_type: u32,
+        pdn: u32,
+        scq: u32,
+        rcq: u32,
+        sq_log: u32,
+        rq_log: u32,
+        flags: u32,
+    ) -> Result<QpH, u32> {
+        let (sq_shift, rq_shift) = (9u32, 8u32);
+        let sq = self.alloc(1 << (sq_log + sq_shift), 64);
+        let rq = self.alloc(1 << (rq_log + rq_shift), 64);
+        let qpn = self.handle_out(
+            CMD_CREATE_QP,
+            HcaCmdCreateQp {
+                sq_addr: sq,
+                rq_addr: rq,
+                pdn,
+                send_cqn: scq,
+                recv_cqn: rcq,
+                qp_type,
+                flags,
+                sq_log_entries: sq_log as u8,
+                sq_wqe_shift: sq_shift as u8,
+                rq_log_entries: rq_log as u8,
+                rq_wqe_shift: rq_shift as u8,
+            }
+            .as_slice(),
+        )?;
+        Ok(QpH {
+            qpn,
+            sq,
+            rq,
+            sq_log,
+            rq_log,
+            sq_shift,
+            rq_shift,
+            sq_pi: 0,
+            rq_pi: 0,
+        })
+    }
+
+    pub fn create_qp(&mut self, qp_type: u32, pdn: u32, scq: u32, rcq: u32) -> QpH {
+        self.try_create_qp(qp_type, pdn, scq, rcq, 6, 6, 0)
+            .expect("create qp")
+    }
+
+    pub fn modify_qp(&mut self, qpn: u32, mask: u32, attr: HcaQpAttr) -> u32 {
+        self.cmd(
+            CMD_MODIFY_QP,
+            &HcaCmdModifyQp {
+                qpn,
+                attr_mask: mask,
+                attr,
+            },
+        )
+        .0
+    }
+
+    pub fn query_qp(&mut self, qpn: u32) -> HcaQpAttr {
+        let (st, out) = self.cmd(
+            CMD_QUERY_QP,
+            &HcaCmdHandle {
+                handle: qpn,
+                rsvd: 0,
+            },
+        );
+        assert_eq!(st, CMD_OK);
+        decode(&out)
+    }
+
+    pub fn qp_state(&mut self, qpn: u32) -> u32 {
+        u32::from(self.query_qp(qpn).state)
+    }
+
+    /// RESET -> INIT -> RTR -> RTS for an RC QP talking to `(dlid, dqpn)`.
+    pub fn bring_up_rc(&mut self, qpn: u32, dlid: u16, dqpn: u32, access: u32, mtu: u8) {
+        let init = HcaQpAttr {
+            state: QPS_INIT as u8,
+            port_num: 1,
+            access_flags: access,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
+        assert_eq!(self.modify_qp(qpn, m, init), CMD_OK);
+        let rtr = HcaQpAttr {
+            state: QPS_RTR as u8,
+            dlid,
+            dest_qpn: dqpn,
+            path_mtu: mtu,
+            rq_psn: 100,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE
+            | QP_ATTR_AV
+            | QP_ATTR_PATH_MTU
+            | QP_ATTR_DEST_QPN
+            | QP_ATTR_RQ_PSN
+            | QP_ATTR_MAX_DEST_RD_ATOMIC
+            | QP_ATTR_MIN_RNR_TIMER;
+        assert_eq!(self.modify_qp(qpn, m, rtr), CMD_OK);
+        let rts = HcaQpAttr {
+            state: QPS_RTS as u8,
+            sq_psn: 100,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE
+            | QP_ATTR_SQ_PSN
+            | QP_ATTR_TIMEOUT
+            | QP_ATTR_RETRY_CNT
+            | QP_ATTR_RNR_RETRY
+            | QP_ATTR_MAX_QP_RD_ATOMIC;
+        assert_eq!(self.modify_qp(qpn, m, rts), CMD_OK);
+    }
+
+    /// RESET -> INIT -> RTR -> RTS for a UD (or GSI) QP.
+    pub fn bring_up_ud(&mut self, qpn: u32, qkey: u32, gsi: bool) {
+        let port = if gsi { 0 } else { QP_ATTR_PORT };
+        let init = HcaQpAttr {
+            state: QPS_INIT as u8,
+            port_num: 1,
+            qkey,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | port | QP_ATTR_QKEY;
+        assert_eq!(self.modify_qp(qpn, m, init), CMD_OK);
+        let rtr = HcaQpAttr {
+            state: QPS_RTR as u8,
+            ..Default::default()
+        };
+        assert_eq!(self.modify_qp(qpn, QP_ATTR_STATE, rtr), CMD_OK);
+        let rts = HcaQpAttr {
+            state: QPS_RTS as u8,
+            sq_psn: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            self.modify_qp(qpn, QP_ATTR_STATE | QP_ATTR_SQ_PSN, rts),
+            CMD_OK
+        );
+    }
+
+    // ---- data path ------------------------------------------------------------------------
+
+    /// Writes a send WQE (header + SGEs or inline bytes) at the SQ's producer index, without
+    /// ringing. Returns the slot address.
+    pub fn write_send(
+        &mut self,
+        qp: &mut QpH,
+        wqe: &HcaSendWqe,
+        sges: &[HcaSge],
+        inline: &[u8],
+    ) -> u64 {
+        let slot = qp.sq + (u64::from(qp.sq_pi & ((1 << qp.sq_log) - 1)) << qp.sq_shift);
+        self.mem.write_obj(*wqe, GuestAddress(slot)).unwrap();
+        for (i, s) in sges.iter().enumerate() {
+            self.mem
+                .write_obj(*s, GuestAddress(slot + 64 + 16 * i as u64))
+                .unwrap();
+        }
+        if !inline.is_empty() {
+            self.write(slot + 64, inline);
+        }
+        qp.sq_pi = qp.sq_pi.wrapping_add(1);
+        slot
+    }
+
+    /// Publishes the SQ producer index and rings DB_SQ.
+    pub fn ring_sq(&mut self, qp: &QpH) {
+        self.hca
+            .bar2()
+            .store_u32(BAR2_QP_DB_OFFSET + qp.qpn * 8, qp.sq_pi);
+        self.hca.doorbell(DB_SQ);
+    }
+
+    pub fn post_send(&mut self, qp: &mut QpH, wqe: HcaSendWqe, sges: &[HcaSge]) {
+        let mut w = wqe;
+        w.num_sge = sges.len() as u8;
+        self.write_send(qp, &w, sges, &[]);
+        self.ring_sq(qp);
+    }
+
+    pub fn post_recv(&mut self, qp: &mut QpH, wr_id: u64, sges: &[HcaSge]) {
+        let slot = qp.rq + (u64::from(qp.rq_pi & ((1 << qp.rq_log) - 1)) << qp.rq_shift);
+        let hdr = HcaRecvWqe {
+            wr_id,
+            num_sge: sges.len() as u8,
+            ..Default::default()
+        };
+        self.mem.write_obj(hdr, GuestAddress(slot)).unwrap();
+        for (i, s) in sges.iter().enumerate() {
+            self.mem
+                .write_obj(*s, GuestAddress(slot + 16 + 16 * i as u64))
+                .unwrap();
+        }
+        qp.rq_pi = qp.rq_pi.wrapping_add(1);
+        self.hca
+            .bar2()
+            .store_u32(BAR2_QP_DB_OFFSET + qp.qpn * 8 + 4, qp.rq_pi);
+        self.hca.doorbell(DB_RQ);
+    }
+
+    /// Takes the next CQE if the device wrote one, and publishes the new consumer index.
+    pub fn poll_cq(&mut self, cq: &mut CqH) -> Option<HcaCqe> {
+        let slot = cq.ring + u64::from(cq.ci & ((1 << cq.log) - 1)) * 32;
+        let cqe: HcaCqe = self.mem.read_obj(GuestAddress(slot)).unwrap();
+        if cqe.owner != owner_bit(cq.ci, cq.log) {
+            return None;
+        }
+        cq.ci = cq.ci.wrapping_add(1);
+        self.hca
+            .bar2()
+            .store_u32(BAR2_CQ_DB_OFFSET + cq.cqn * 8, cq.ci);
+        Some(cqe)
+    }
+
+    pub fn drain_cq(&mut self, cq: &mut CqH) -> Vec<HcaCqe> {
+        std::iter::from_fn(|| self.poll_cq(cq)).collect()
+    }
+
+    pub fn arm_cq(&mut self, cq: &mut CqH, solicited_only: bool) {
+        cq.arm_sn += 1;
+        let word = (cq.arm_sn << 1) | u32::from(solicited_only);
+        self.hca
+            .bar2()
+            .store_u32(BAR2_CQ_DB_OFFSET + cq.cqn * 8 + 4, word);
+        self.hca.doorbell(DB_CQ_ARM);
+    }
+
+    /// Drains EQ `v`, publishing the consumer index.
+    pub fn drain_eq(&mut self, v: u32) -> Vec<HcaEqe> {
+        let mut out = Vec::new();
+        let bar2 = self.hca.bar2();
+        loop {
+            let ci = self.eq_ci[v as usize];
+            let slot = BAR2_EQ_OFFSET + (v * EQ_ENTRIES + (ci & (EQ_ENTRIES - 1))) * 16;
+            let e: HcaEqe = bar2.read_obj(slot);
+            if e.owner != owner_bit(ci, EQ_LOG_ENTRIES) {
+                break;
+            }
+            out.push(e);
+            self.eq_ci[v as usize] = ci.wrapping_add(1);
+        }
+        bar2.store_u32(BAR2_EQ_DB_OFFSET + v * EQ_DB_STRIDE, self.eq_ci[v as usize]);
+        out
+    }
+}
+
+/// Copies a command's output bytes into its struct.
+pub fn decode<T: ByteValued + Default>(out: &[u8]) -> T {
+    let mut v = T::default();
+    let n = std::mem::size_of::<T>();
+    v.as_mut_slice().copy_from_slice(&out[..n]);
+    v
+}
+
+fn rand_tag() -> u32 {
+    use std::sync::atomic::AtomicU32;
+    static N: AtomicU32 = AtomicU32::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+pub fn sge(addr: u64, length: u32, lkey: u32) -> HcaSge {
+    HcaSge { addr, length, lkey }
+}
+
+pub fn send_wr(wr_id: u64, opcode: u32, flags: u32) -> HcaSendWqe {
+    HcaSendWqe {
+        wr_id,
+        opcode: opcode as u8,
+        flags: flags as u8,
+        ..Default::default()
+    }
+}
+
+/// Two nodes on one fabric with one RC QP each, connected; shared helpers for many tests.
+pub struct Pair {
+    pub fabric: Fabric,
+    pub a: Driver,
+    pub b: Driver,
+    pub pd_a: u32,
+    pub pd_b: u32,
+    pub cq_a: CqH,
+    pub cq_b: CqH,
+    pub qa: QpH,
+    pub qb: QpH,
+    /// DMA MRs with full access on each side.
+    pub key_a: u32,
+    pub key_b: u32,
+}
+
+pub const ALL_ACCESS: u32 =
+    ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
+
+impl Pair {
+    pub fn new(mtu: u8) -> Self {
+        Self::with_access(mtu, ALL_ACCESS)
+    }
+
+    /// `qp_access` is what both QPs allow remote peers to do.
+    pub fn with_access(mtu: u8, qp_access: u32) -> Self {
+        let fabric = Fabric::new();
+        let mut a = Driver::new(Some(&fabric), 8);
+        let mut b = Driver::new(Some(&fabric), 8);
+        let pd_a = a.alloc_pd();
+        let pd_b = b.alloc_pd();
+        let cq_a = a.create_cq(8);
+        let cq_b = b.create_cq(8);
+        let qa = a.create_qp(QPT_RC, pd_a, cq_a.cqn, cq_a.cqn);
+        let qb = b.create_qp(QPT_RC, pd_b, cq_b.cqn, cq_b.cqn);
+        let (la, lb) = (a.lid(), b.lid());
+        a.bring_up_rc(qa.qpn, lb, qb.qpn, qp_access, mtu);
+        b.bring_up_rc(qb.qpn, la, qa.qpn, qp_access, mtu);
+        let key_a = a.reg_dma_mr(pd_a, ALL_ACCESS);
+        let key_b = b.reg_dma_mr(pd_b, ALL_ACCESS);
+        Self {
+            fabric,
+            a,
+            b,
+            pd_a,
+            pd_b,
+            cq_a,
+            cq_b,
+            qa,
+            qb,
+            key_a,
+            key_b,
+        }
+    }
+}
+
+/// A deterministic byte pattern, different per `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}

@@ -1,0 +1,620 @@
+//! Every verb through the Rust test driver, on two and more HCAs sharing one fabric.
+
+mod driver;
+
+use driver::*;
+use hca_model::abi::*;
+use hca_model::Fabric;
+
+#[test]
+fn test_bar2_header_identifies_the_hca_and_its_lid() {
+    let fabric = Fabric::new();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let b = Driver::new(Some(&fabric), 4);
+    let info: HcaDevInfo = a.hca.bar2().read_obj(BAR2_INFO_OFFSET);
+    assert_eq!(info.signature, SIGNATURE);
+    assert_eq!(info.abi_version, ABI_VERSION);
+    assert_eq!((info.lid, u32::from(info.port_state)), (1, PORT_ACTIVE));
+    assert_eq!(b.lid(), 2, "the fabric hands out LIDs in attach order");
+    let ev = a.drain_eq(VEC_ASYNC);
+    assert_eq!(u32::from(ev[0].event_type), EV_PORT_ACTIVE);
+    assert!(a.irq.get(VEC_ASYNC) >= 1);
+
+    let (st, out) = a.cmd_raw(CMD_QUERY_PORT, &[], 0);
+    assert_eq!(st, CMD_OK);
+    let port: HcaPortAttr = decode(&out);
+    assert_eq!((port.lid, u32::from(port.state)), (1, PORT_ACTIVE));
+    let (st, out) = a.cmd_raw(CMD_QUERY_DEVICE, &[], 0);
+    assert_eq!(st, CMD_OK);
+    let dev: HcaDeviceAttr = decode(&out);
+    assert_eq!((dev.max_qp, dev.local_dma_lkey), (MAX_QP, LOCAL_DMA_LKEY));
+}
+
+#[test]
+fn test_port_is_down_until_attached() {
+    let a = Driver::new(None, 4);
+    let info: HcaDevInfo = a.hca.bar2().read_obj(BAR2_INFO_OFFSET);
+    assert_eq!((info.lid, u32::from(info.port_state)), (0, PORT_DOWN));
+}
+
+#[test]
+fn test_command_with_event_flag_raises_vector_0() {
+    let mut a = Driver::new(None, 4);
+    let (st, _) = a.cmd_raw(CMD_ALLOC_PD, &[], CMD_FLAG_EVENT);
+    assert_eq!(st, CMD_OK);
+    let ev = a.drain_eq(VEC_ASYNC);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(u32::from(ev[0].event_type), EV_CMD_DONE);
+    assert_eq!(ev[0].data, CMD_OK);
+    assert_eq!(a.irq.get(VEC_ASYNC), 1);
+}
+
+/// Sends `len` bytes A -> B and checks data and both CQEs.
+fn send_and_check(mtu: u8, len: usize, with_imm: bool) {
+    let mut p = Pair::new(mtu);
+    let src = p.a.alloc(len as u64 + 1, 64);
+    let dst = p.b.alloc(len as u64 + 64, 64);
+    let data = pattern(len, 3);
+    p.a.write(src, &data);
+    p.b.post_recv(&mut p.qb, 77, &[sge(dst, len as u32 + 64, p.key_b)]);
+    let mut wr = send_wr(
+        11,
+        if with_imm { WR_SEND_IMM } else { WR_SEND },
+        WQE_SIGNALED,
+    );
+    wr.imm = 0xfeed_f00d;
+    p.a.post_send(&mut p.qa, wr, &[sge(src, len as u32, p.key_a)]);
+
+    let rc = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(rc.len(), 1);
+    let r = rc[0];
+    assert_eq!(
+        (r.wr_id, u32::from(r.status), u32::from(r.opcode)),
+        (77, WC_SUCCESS, CQE_OP_RECV)
+    );
+    assert_eq!(r.byte_len as usize, len);
+    assert_eq!((r.src_qp, r.slid, r.qpn), (p.qa.qpn, p.a.lid(), p.qb.qpn));
+    assert_eq!(r.imm, if with_imm { 0xfeed_f00d } else { 0 });
+    assert_eq!(u32::from(r.flags) & CQE_FLAG_IMM != 0, with_imm);
+    assert_eq!(p.b.read(dst, len), data);
+    let sc = p.a.drain_cq(&mut p.cq_a);
+    assert_eq!(sc.len(), 1);
+    assert_eq!((sc[0].wr_id, u32::from(sc[0].status)), (11, WC_SUCCESS));
+    assert_eq!(u32::from(sc[0].opcode), CQE_OP_SEND);
+}
+
+#[test]
+fn test_send_recv_delivers_data_at_every_size_and_mtu() {
+    for (mtu, len) in [(5, 8), (5, 4096), (1, 257), (3, 10_000), (5, 0), (2, 1)] {
+        send_and_check(mtu, len, false);
+    }
+}
+
+#[test]
+fn test_send_with_immediate_carries_the_immediate() {
+    send_and_check(5, 100, true);
+    send_and_check(1, 1000, true);
+}
+
+#[test]
+fn test_send_scatters_into_several_receive_sges_and_gathers_from_several_send_sges() {
+    let mut p = Pair::new(1); // 256-byte packets, so pieces and packets cut differently
+    let s1 = p.a.alloc(300, 8);
+    let s2 = p.a.alloc(500, 8);
+    let (d1, d2, d3) = (p.b.alloc(100, 8), p.b.alloc(100, 8), p.b.alloc(1000, 8));
+    let data = pattern(800, 9);
+    p.a.write(s1, &data[..300]);
+    p.a.write(s2, &data[300..]);
+    let kb = p.key_b;
+    p.b.post_recv(
+        &mut p.qb,
+        1,
+        &[sge(d1, 100, kb), sge(d2, 100, kb), sge(d3, 1000, kb)],
+    );
+    let ka = p.key_a;
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(2, WR_SEND, WQE_SIGNALED),
+        &[sge(s1, 300, ka), sge(s2, 500, ka)],
+    );
+    assert_eq!(p.b.drain_cq(&mut p.cq_b)[0].byte_len, 800);
+    let mut got = p.b.read(d1, 100);
+    got.extend(p.b.read(d2, 100));
+    got.extend(p.b.read(d3, 600));
+    assert_eq!(got, data);
+}
+
+#[test]
+fn test_inline_send_needs_no_lkey() {
+    let mut p = Pair::new(5);
+    let dst = p.b.alloc(64, 8);
+    p.b.post_recv(&mut p.qb, 5, &[sge(dst, 64, p.key_b)]);
+    let mut wr = send_wr(6, WR_SEND, WQE_SIGNALED | WQE_INLINE);
+    wr.inline_len = 13;
+    p.a.write_send(&mut p.qa, &wr, &[], b"inline hello!");
+    p.a.ring_sq(&p.qa);
+    assert_eq!(p.b.drain_cq(&mut p.cq_b)[0].byte_len, 13);
+    assert_eq!(p.b.read(dst, 13), b"inline hello!");
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 1);
+}
+
+#[test]
+fn test_rdma_write_places_data_without_consuming_a_receive() {
+    for (mtu, len) in [(5usize, 4096usize), (5, 65536), (3, 3000), (5, 1)] {
+        let mut p = Pair::new(mtu as u8);
+        let src = p.a.alloc(len as u64, 64);
+        let dst = p.b.alloc(len as u64, 4096);
+        let rkey = p.b.reg_mr(
+            p.pd_b,
+            dst,
+            len as u64,
+            ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+        );
+        let data = pattern(len, 1);
+        p.a.write(src, &data);
+        let mut wr = send_wr(21, WR_RDMA_WRITE, WQE_SIGNALED);
+        wr.remote_addr = dst;
+        wr.rkey = rkey;
+        p.a.post_send(&mut p.qa, wr, &[sge(src, len as u32, p.key_a)]);
+        let c = p.a.drain_cq(&mut p.cq_a);
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (u32::from(c[0].status), u32::from(c[0].opcode)),
+            (WC_SUCCESS, CQE_OP_RDMA_WRITE)
+        );
+        assert_eq!(p.b.read(dst, len), data, "mtu {mtu} len {len}");
+        assert!(p.b.drain_cq(&mut p.cq_b).is_empty());
+    }
+}
+
+#[test]
+fn test_rdma_write_crosses_guest_memory_regions() {
+    // Driver memory is two regions split at the middle (4 MiB of 8): straddle both sides.
+    let mut p = Pair::new(5);
+    let len = 3 * 4096;
+    let src = 4 * MIB - 5000;
+    let dst = 4 * MIB - 7000;
+    let data = pattern(len, 42);
+    p.a.write(src, &data);
+    let mut wr = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
+    wr.remote_addr = dst;
+    wr.rkey = p.key_b;
+    p.a.post_send(&mut p.qa, wr, &[sge(src, len as u32, p.key_a)]);
+    assert_eq!(u32::from(p.a.drain_cq(&mut p.cq_a)[0].status), WC_SUCCESS);
+    assert_eq!(p.b.read(dst, len), data);
+}
+
+#[test]
+fn test_rdma_write_with_immediate_consumes_a_receive_and_reports_length() {
+    let mut p = Pair::new(2);
+    let src = p.a.alloc(2000, 64);
+    let dst = p.b.alloc(2000, 64);
+    p.a.write(src, &pattern(2000, 5));
+    p.b.post_recv(&mut p.qb, 99, &[]);
+    let mut wr = send_wr(1, WR_RDMA_WRITE_IMM, 0);
+    wr.remote_addr = dst;
+    wr.rkey = p.key_b;
+    wr.imm = 1234;
+    p.a.post_send(&mut p.qa, wr, &[sge(src, 2000, p.key_a)]);
+    let r = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(r.len(), 1);
+    assert_eq!(u32::from(r[0].opcode), CQE_OP_RECV_RDMA_IMM);
+    assert_eq!((r[0].wr_id, r[0].imm, r[0].byte_len), (99, 1234, 2000));
+    assert_eq!(p.b.read(dst, 2000), pattern(2000, 5));
+    assert!(
+        p.a.drain_cq(&mut p.cq_a).is_empty(),
+        "the WR was unsignaled"
+    );
+}
+
+#[test]
+fn test_rdma_read_fetches_remote_data() {
+    for (mtu, len) in [(5u8, 64u32), (1, 1000), (5, 100_000), (5, 0)] {
+        let mut p = Pair::new(mtu);
+        let remote = p.b.alloc(u64::from(len) + 1, 64);
+        let local = p.a.alloc(u64::from(len) + 1, 64);
+        p.b.write(remote, &pattern(len as usize, 8));
+        let mut wr = send_wr(31, WR_RDMA_READ, WQE_SIGNALED);
+        wr.remote_addr = remote;
+        wr.rkey = p.key_b;
+        p.a.post_send(&mut p.qa, wr, &[sge(local, len, p.key_a)]);
+        let c = p.a.drain_cq(&mut p.cq_a);
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (
+                u32::from(c[0].status),
+                u32::from(c[0].opcode),
+                c[0].byte_len
+            ),
+            (WC_SUCCESS, CQE_OP_RDMA_READ, len)
+        );
+        assert_eq!(p.a.read(local, len as usize), pattern(len as usize, 8));
+    }
+}
+
+#[test]
+fn test_atomics_compare_swap_and_fetch_add() {
+    let mut p = Pair::new(5);
+    let remote = p.b.alloc(8, 8);
+    let local = p.a.alloc(16, 8);
+    p.b.write(remote, &40u64.to_le_bytes());
+    let mut wr = send_wr(1, WR_ATOMIC_FETCH_ADD, WQE_SIGNALED);
+    wr.remote_addr = remote;
+    wr.rkey = p.key_b;
+    wr.compare_add = 2;
+    p.a.post_send(&mut p.qa, wr, &[sge(local, 8, p.key_a)]);
+    let mut wr = send_wr(2, WR_ATOMIC_CMP_SWP, WQE_SIGNALED);
+    wr.remote_addr = remote;
+    wr.rkey = p.key_b;
+    wr.compare_add = 42;
+    wr.swap = 7;
+    p.a.post_send(&mut p.qa, wr, &[sge(local + 8, 8, p.key_a)]);
+    let c = p.a.drain_cq(&mut p.cq_a);
+    assert_eq!(c.len(), 2);
+    assert_eq!(u32::from(c[0].opcode), CQE_OP_FETCH_ADD);
+    assert_eq!(u32::from(c[1].opcode), CQE_OP_COMP_SWAP);
+    assert_eq!(p.a.read(local, 8), 40u64.to_le_bytes());
+    assert_eq!(p.a.read(local + 8, 8), 42u64.to_le_bytes());
+    assert_eq!(p.b.read(remote, 8), 7u64.to_le_bytes());
+}
+
+#[test]
+fn test_fenced_send_waits_for_the_read_before_it() {
+    let mut p = Pair::new(5);
+    let remote = p.b.alloc(8, 8);
+    let local = p.a.alloc(8, 8);
+    let dst = p.b.alloc(8, 8);
+    p.b.write(remote, &0x1122_3344_5566_7788u64.to_le_bytes());
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
+    let mut rd = send_wr(1, WR_RDMA_READ, 0);
+    rd.remote_addr = remote;
+    rd.rkey = p.key_b;
+    rd.num_sge = 1;
+    p.a.write_send(&mut p.qa, &rd, &[sge(local, 8, p.key_a)], &[]);
+    let mut sd = send_wr(2, WR_SEND, WQE_SIGNALED | WQE_FENCE);
+    sd.num_sge = 1;
+    p.a.write_send(&mut p.qa, &sd, &[sge(local, 8, p.key_a)], &[]);
+    p.a.ring_sq(&p.qa);
+    // The send carried what the read fetched: it did not leave before the read finished.
+    assert_eq!(p.b.read(dst, 8), 0x1122_3344_5566_7788u64.to_le_bytes());
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 1);
+}
+
+#[test]
+fn test_many_qps_share_one_cq() {
+    let fabric = Fabric::new();
+    let mut a = Driver::new(Some(&fabric), 8);
+    let mut b = Driver::new(Some(&fabric), 8);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ka, kb) = (a.reg_dma_mr(pa, ALL_ACCESS), b.reg_dma_mr(pb, ALL_ACCESS));
+    let mut cqa = a.create_cq(8);
+    let mut cqb = b.create_cq(8);
+    let mut pairs = Vec::new();
+    for _ in 0..8 {
+        let qa = a.create_qp(QPT_RC, pa, cqa.cqn, cqa.cqn);
+        let qb = b.create_qp(QPT_RC, pb, cqb.cqn, cqb.cqn);
+        let (la, lb) = (a.lid(), b.lid());
+        a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
+        b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+        pairs.push((qa, qb));
+    }
+    let buf = a.alloc(8, 8);
+    for (i, (qa, qb)) in pairs.iter_mut().enumerate() {
+        let dst = b.alloc(8, 8);
+        b.post_recv(qb, i as u64, &[sge(dst, 8, kb)]);
+        a.write(buf, &(i as u64).to_le_bytes());
+        a.post_send(
+            qa,
+            send_wr(100 + i as u64, WR_SEND, WQE_SIGNALED),
+            &[sge(buf, 8, ka)],
+        );
+    }
+    let recvs = b.drain_cq(&mut cqb);
+    assert_eq!(recvs.len(), 8);
+    let mut qpns: Vec<u32> = recvs.iter().map(|c| c.qpn).collect();
+    qpns.dedup();
+    assert_eq!(qpns.len(), 8, "each CQE names its own QP");
+    assert_eq!(a.drain_cq(&mut cqa).len(), 8);
+}
+
+#[test]
+fn test_unsignaled_sends_with_an_occasional_signaled_one() {
+    // The paper's section 3.1: unsignaled sends, one signaled WR in 16 reclaims the ring.
+    let mut p = Pair::new(5);
+    let mut qa =
+        p.a.try_create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn, 4, 4, 0)
+            .unwrap();
+    let mut qb =
+        p.b.try_create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn, 4, 4, 0)
+            .unwrap();
+    let (la, lb) = (p.a.lid(), p.b.lid());
+    p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
+    p.b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+    let buf = p.a.alloc(8, 8);
+    let sink = p.b.alloc(8 * 200, 8);
+    let mut signaled_seen = 0;
+    let mut received = 0;
+    for i in 0..200u64 {
+        p.b.post_recv(&mut qb, i, &[sge(sink + 8 * i, 8, p.key_b)]);
+        p.a.write(buf, &i.to_le_bytes());
+        let flags = if i % 16 == 15 { WQE_SIGNALED } else { 0 };
+        p.a.post_send(&mut qa, send_wr(i, WR_SEND, flags), &[sge(buf, 8, p.key_a)]);
+        signaled_seen += p.a.drain_cq(&mut p.cq_a).len();
+        received += p.b.drain_cq(&mut p.cq_b).len();
+    }
+    assert_eq!(signaled_seen, 200 / 16);
+    assert_eq!(received, 200);
+    for i in 0..200u64 {
+        assert_eq!(p.b.read(sink + 8 * i, 8), i.to_le_bytes());
+    }
+}
+
+#[test]
+fn test_sig_all_qp_completes_every_wr() {
+    let mut p = Pair::new(5);
+    let mut qa =
+        p.a.try_create_qp(
+            QPT_RC,
+            p.pd_a,
+            p.cq_a.cqn,
+            p.cq_a.cqn,
+            4,
+            4,
+            QP_FLAG_SIG_ALL,
+        )
+        .unwrap();
+    let qb = p.b.create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
+    let (la, lb) = (p.a.lid(), p.b.lid());
+    p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
+    p.b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    for i in 0..3 {
+        let mut wr = send_wr(i, WR_RDMA_WRITE, 0);
+        wr.remote_addr = dst;
+        wr.rkey = p.key_b;
+        p.a.post_send(&mut qa, wr, &[sge(src, 8, p.key_a)]);
+    }
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 3);
+}
+
+#[test]
+fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
+    let fabric = Fabric::new();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let mut b = Driver::new(Some(&fabric), 4);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(6);
+    let mut cqb = b.create_cq(6);
+    let mut ga = a.create_qp(QPT_GSI, pa, cqa.cqn, cqa.cqn);
+    let mut gb = b.create_qp(QPT_GSI, pb, cqb.cqn, cqb.cqn);
+    assert_eq!((ga.qpn, gb.qpn), (GSI_QPN, GSI_QPN));
+    a.bring_up_ud(ga.qpn, GSI_QKEY, true);
+    b.bring_up_ud(gb.qpn, GSI_QKEY, true);
+    let rbuf = b.alloc(40 + 256, 64);
+    b.write(rbuf, &[0xaa; 40]);
+    b.post_recv(&mut gb, 3, &[sge(rbuf, 40 + 256, LOCAL_DMA_LKEY)]);
+    let mad = pattern(256, 77);
+    let sbuf = a.alloc(256, 64);
+    a.write(sbuf, &mad);
+    let mut wr = send_wr(4, WR_SEND, WQE_SIGNALED);
+    wr.ud_dlid = b.lid();
+    wr.ud_remote_qpn = GSI_QPN;
+    wr.ud_qkey = GSI_QKEY;
+    a.post_send(&mut ga, wr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let r = b.drain_cq(&mut cqb);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].byte_len, r[0].src_qp, r[0].slid),
+        (296, GSI_QPN, a.lid())
+    );
+    assert_eq!(b.read(rbuf, 40), vec![0u8; 40]);
+    assert_eq!(b.read(rbuf + 40, 256), mad);
+    assert_eq!(a.drain_cq(&mut cqa).len(), 1);
+}
+
+#[test]
+fn test_ud_with_wrong_qkey_is_dropped_and_counted() {
+    let fabric = Fabric::new();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let mut b = Driver::new(Some(&fabric), 4);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let cqa = a.create_cq(6);
+    let mut cqb = b.create_cq(6);
+    let mut ua = a.create_qp(QPT_UD, pa, cqa.cqn, cqa.cqn);
+    let mut ub = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
+    a.bring_up_ud(ua.qpn, 0x1111, false);
+    b.bring_up_ud(ub.qpn, 0x2222, false);
+    let rbuf = b.alloc(100, 8);
+    b.post_recv(&mut ub, 1, &[sge(rbuf, 100, LOCAL_DMA_LKEY)]);
+    let mut wr = send_wr(1, WR_SEND, 0);
+    wr.ud_dlid = b.lid();
+    wr.ud_remote_qpn = ub.qpn;
+    wr.ud_qkey = 0x8000_0000; // "use my QP's Q_Key": 0x1111, which B does not accept
+    let sbuf = a.alloc(8, 8);
+    a.post_send(&mut ua, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+    assert!(b.drain_cq(&mut cqb).is_empty());
+    assert_eq!(b.hca.stats().ud_dropped, 1);
+    wr.ud_qkey = 0x2222;
+    a.post_send(&mut ua, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+    assert_eq!(b.drain_cq(&mut cqb).len(), 1);
+}
+
+#[test]
+fn test_armed_cq_raises_its_vector_once_per_arm() {
+    let mut p = Pair::new(5);
+    let dst = p.b.alloc(64, 8);
+    let src = p.a.alloc(8, 8);
+    let v = VEC_COMP_FIRST;
+    let before = p.b.irq.get(v);
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
+    p.a.post_send(&mut p.qa, send_wr(1, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    assert_eq!(p.b.irq.get(v), before, "not armed: no interrupt");
+    p.b.drain_cq(&mut p.cq_b);
+
+    p.b.arm_cq(&mut p.cq_b, false);
+    for i in 0..3 {
+        p.b.post_recv(&mut p.qb, i, &[sge(dst, 8, p.key_b)]);
+        p.a.post_send(&mut p.qa, send_wr(i, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    }
+    assert_eq!(
+        p.b.irq.get(v),
+        before + 1,
+        "one-shot: one interrupt for three CQEs"
+    );
+    let ev = p.b.drain_eq(v);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (u32::from(ev[0].event_type), ev[0].param),
+        (EV_COMPLETION, p.cq_b.cqn)
+    );
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 3);
+}
+
+#[test]
+fn test_solicited_only_arm_ignores_unsolicited_completions() {
+    let mut p = Pair::new(5);
+    let dst = p.b.alloc(64, 8);
+    let src = p.a.alloc(8, 8);
+    p.b.arm_cq(&mut p.cq_b, true);
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
+    p.a.post_send(&mut p.qa, send_wr(1, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    assert!(p.b.drain_eq(VEC_COMP_FIRST).is_empty());
+    p.b.post_recv(&mut p.qb, 2, &[sge(dst, 8, p.key_b)]);
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(2, WR_SEND, WQE_SOLICITED),
+        &[sge(src, 8, p.key_a)],
+    );
+    assert_eq!(p.b.drain_eq(VEC_COMP_FIRST).len(), 1);
+}
+
+#[test]
+fn test_cq_on_another_vector_raises_that_vector() {
+    let mut a = Driver::new(None, 4);
+    let cq = a.try_create_cq(4, 3).unwrap();
+    let pd = a.alloc_pd();
+    // A loopback-free way to get a CQE: a QP moved to ERR flushes a posted receive.
+    let mut qp = a.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    let mut cq = cq;
+    a.arm_cq(&mut cq, false);
+    a.post_recv(&mut qp, 5, &[]);
+    let err = HcaQpAttr {
+        state: QPS_ERR as u8,
+        ..Default::default()
+    };
+    assert_eq!(a.modify_qp(qp.qpn, QP_ATTR_STATE, err), CMD_OK);
+    assert_eq!(a.irq.get(3), 1);
+    let c = a.drain_cq(&mut cq);
+    assert_eq!((c[0].wr_id, u32::from(c[0].status)), (5, WC_WR_FLUSH_ERR));
+}
+
+#[test]
+fn test_four_nodes_all_to_all_over_one_fabric() {
+    let fabric = Fabric::new();
+    let mut nodes: Vec<Driver> = (0..4).map(|_| Driver::new(Some(&fabric), 8)).collect();
+    let mut pds = Vec::new();
+    let mut keys = Vec::new();
+    let mut cqs = Vec::new();
+    for n in nodes.iter_mut() {
+        let pd = n.alloc_pd();
+        keys.push(n.reg_dma_mr(pd, ALL_ACCESS));
+        cqs.push(n.create_cq(8));
+        pds.push(pd);
+    }
+    // qps[i][j]: node i's QP to node j.
+    let mut qps: Vec<Vec<Option<QpH>>> = vec![vec![None; 4]; 4];
+    for i in 0..4 {
+        for j in 0..4 {
+            if i != j {
+                let (pd, cqn) = (pds[i], cqs[i].cqn);
+                qps[i][j] = Some(nodes[i].create_qp(QPT_RC, pd, cqn, cqn));
+            }
+        }
+    }
+    for i in 0..4 {
+        for j in 0..4 {
+            if i != j {
+                let peer = qps[j][i].as_ref().unwrap().qpn;
+                let lid = nodes[j].lid();
+                let qpn = qps[i][j].as_ref().unwrap().qpn;
+                nodes[i].bring_up_rc(qpn, lid, peer, ALL_ACCESS, 5);
+            }
+        }
+    }
+    // Every node writes its id into a slot of every other node's array by RDMA WRITE.
+    let arrays: Vec<u64> = nodes.iter_mut().map(|n| n.alloc(64, 64)).collect();
+    for i in 0..4 {
+        let src = nodes[i].alloc(8, 8);
+        nodes[i].write(src, &(0xa0 + i as u64).to_le_bytes());
+        for j in 0..4 {
+            if i == j {
+                continue;
+            }
+            let mut wr = send_wr(j as u64, WR_RDMA_WRITE, WQE_SIGNALED);
+            wr.remote_addr = arrays[j] + 8 * i as u64;
+            wr.rkey = keys[j];
+            let key = keys[i];
+            let mut q = qps[i][j].take().unwrap();
+            nodes[i].post_send(&mut q, wr, &[sge(src, 8, key)]);
+            qps[i][j] = Some(q);
+        }
+    }
+    for j in 0..4 {
+        let done = nodes[j].drain_cq(&mut cqs[j]);
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|c| u32::from(c.status) == WC_SUCCESS));
+        for i in 0..4 {
+            if i != j {
+                assert_eq!(
+                    nodes[j].read(arrays[j] + 8 * i as u64, 8),
+                    (0xa0 + i as u64).to_le_bytes()
+                );
+            }
+        }
+    }
+    assert_eq!(fabric.stats().no_route + fabric.stats().rejected, 0);
+}
+
+#[test]
+fn test_loopback_qps_on_one_hca() {
+    let fabric = Fabric::new();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let pd = a.alloc_pd();
+    let key = a.reg_dma_mr(pd, ALL_ACCESS);
+    let mut cq = a.create_cq(6);
+    let mut q1 = a.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    let mut q2 = a.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    let lid = a.lid();
+    a.bring_up_rc(q1.qpn, lid, q2.qpn, ALL_ACCESS, 5);
+    a.bring_up_rc(q2.qpn, lid, q1.qpn, ALL_ACCESS, 5);
+    let (src, dst) = (a.alloc(16, 8), a.alloc(16, 8));
+    a.write(src, b"loopback message");
+    a.post_recv(&mut q2, 1, &[sge(dst, 16, key)]);
+    a.post_send(
+        &mut q1,
+        send_wr(2, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 16, key)],
+    );
+    assert_eq!(a.drain_cq(&mut cq).len(), 2);
+    assert_eq!(a.read(dst, 16), b"loopback message");
+}
+
+#[test]
+fn test_reset_then_reconnect_works_again() {
+    let mut p = Pair::new(5);
+    let reset = HcaQpAttr::default();
+    assert_eq!(p.a.modify_qp(p.qa.qpn, QP_ATTR_STATE, reset), CMD_OK);
+    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_RESET);
+    p.qa.sq_pi = 0;
+    p.qa.rq_pi = 0;
+    let lb = p.b.lid();
+    p.a.bring_up_rc(p.qa.qpn, lb, p.qb.qpn, ALL_ACCESS, 5);
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    p.a.write(src, &5u64.to_le_bytes());
+    let mut wr = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
+    wr.remote_addr = dst;
+    wr.rkey = p.key_b;
+    p.a.post_send(&mut p.qa, wr, &[sge(src, 8, p.key_a)]);
+    assert_eq!(u32::from(p.a.drain_cq(&mut p.cq_a)[0].status), WC_SUCCESS);
+    assert_eq!(p.b.read(dst, 8), 5u64.to_le_bytes());
+}
