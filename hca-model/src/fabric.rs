@@ -75,9 +75,17 @@ pub struct FabricStats {
     pub rejected: u64,
 }
 
+/// What the fabric moves: packets, and notices to senders whose packets went nowhere. A
+/// notice waits its turn behind what was already queued, as the sender's timeout would: an
+/// ACK or NAK already on its way arrives first.
+enum Item {
+    Packet(Packet),
+    Bounce(Packet, DropReason),
+}
+
 #[derive(Default)]
 struct Queue {
-    pkts: VecDeque<Packet>,
+    items: VecDeque<Item>,
     pumping: bool,
 }
 
@@ -153,7 +161,7 @@ impl Fabric {
     /// Queues a packet. Callers hold their own HCA lock, which fixes the order of packets from
     /// one sender; the packet moves at the next [`Fabric::pump`].
     pub fn enqueue(&self, pkt: Packet) {
-        self.queue().pkts.push_back(pkt);
+        self.queue().items.push_back(Item::Packet(pkt));
     }
 
     /// Delivers queued packets until the queue is empty, unless another thread (or an outer
@@ -161,23 +169,30 @@ impl Fabric {
     pub fn pump(&self) {
         {
             let mut q = self.queue();
-            if q.pumping || q.pkts.is_empty() {
+            if q.pumping || q.items.is_empty() {
                 return;
             }
             q.pumping = true;
         }
         loop {
-            let pkt = {
+            let item = {
                 let mut q = self.queue();
-                match q.pkts.pop_front() {
-                    Some(p) => p,
+                match q.items.pop_front() {
+                    Some(i) => i,
                     None => {
                         q.pumping = false;
                         return;
                     }
                 }
             };
-            self.forward(pkt);
+            match item {
+                Item::Packet(pkt) => self.forward(pkt),
+                Item::Bounce(pkt, why) => {
+                    if let Some(src) = self.port(pkt.slid) {
+                        src.undeliverable(pkt, why);
+                    }
+                }
+            }
         }
     }
 
@@ -218,8 +233,7 @@ impl Fabric {
                 return self.bounce(pkt, DropReason::Hook);
             }
         }
-        // The receiver hands a rejected packet back so that the sender learns of it.
-        let slid = pkt.slid;
+        // A rejected packet goes back to its sender as a notice (headers only).
         let payload = std::mem::take(&mut pkt.payload);
         let probe = pkt.clone();
         pkt.payload = payload;
@@ -227,12 +241,7 @@ impl Fabric {
             Ok(()) => {
                 self.inner.stats.delivered.fetch_add(1, Relaxed);
             }
-            Err(()) => {
-                self.inner.stats.rejected.fetch_add(1, Relaxed);
-                if let Some(src) = self.port(slid) {
-                    src.undeliverable(probe, DropReason::Rejected);
-                }
-            }
+            Err(()) => self.bounce(probe, DropReason::Rejected),
         }
     }
 
@@ -243,8 +252,8 @@ impl Fabric {
             DropReason::Hook => c.hook_dropped.fetch_add(1, Relaxed),
             DropReason::Rejected => c.rejected.fetch_add(1, Relaxed),
         };
-        if let Some(src) = self.port(pkt.slid) {
-            src.undeliverable(pkt, why);
-        }
+        let mut pkt = pkt;
+        pkt.payload = Default::default();
+        self.queue().items.push_back(Item::Bounce(pkt, why));
     }
 }
