@@ -544,7 +544,8 @@ pub fn owner_bit(index: u32, log_entries: u32) -> u8 {
 }
 
 /// Every constant, struct size and field offset of the ABI under its C name, for the
-/// C/Rust agreement test. Keys: `HCA_NAME` for constants, `struct.size` and `struct.field`.
+/// C/Rust agreement test. Keys: `HCA_NAME` for constants, `struct.size`, `struct.field` (its
+/// offset) and `struct.field.width` (its size).
 pub fn layout() -> Vec<(String, u64)> {
     let mut t: Vec<(String, u64)> = Vec::new();
     macro_rules! consts {
@@ -553,7 +554,13 @@ pub fn layout() -> Vec<(String, u64)> {
     macro_rules! layout_of {
         ($s:ident => $c:literal { $($f:ident),* $(,)? }) => {
             t.push((concat!($c, ".size").into(), std::mem::size_of::<$s>() as u64));
-            $( t.push((concat!($c, ".", stringify!($f)).into(), std::mem::offset_of!($s, $f) as u64)); )*
+            $(
+                t.push((concat!($c, ".", stringify!($f)).into(), std::mem::offset_of!($s, $f) as u64));
+                t.push((
+                    concat!($c, ".", stringify!($f), ".width").into(),
+                    std::mem::size_of_val(&<$s as Default>::default().$f) as u64,
+                ));
+            )*
         };
     }
     consts!(

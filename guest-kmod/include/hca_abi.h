@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: (GPL-2.0 OR Apache-2.0) */
+/*
+ * Guest-visible ABI of the hcabench HCA.
+ *
+ * The C twin of hca-model/src/abi.rs; docs/hca-abi.md is the prose.
+ * hca-model/tests/abi_c.rs compiles this header and checks every
+ * constant, struct size, field offset and field width against Rust.
+ *
+ * All fields are little-endian. imm fields are opaque 32-bit values
+ * carried end to end (ib_core keeps immediate data big-endian).
+ * Enumerations reuse ib_core's numbering where it has one (QP state and
+ * type, WC status and opcode, access flags, modify-QP attribute mask).
+ */
+#ifndef HCA_ABI_H
+#define HCA_ABI_H
+
+#include <linux/types.h>
+
+#define HCA_ABI_VERSION			1
+#define HCA_SIGNATURE			0x42414348	/* "HCAB" */
+
+/* PCI identity */
+#define HCA_PCI_VENDOR_IVSHMEM		0x1af4
+#define HCA_PCI_DEVICE_IVSHMEM		0x1110
+#define HCA_PCI_VENDOR_HCABENCH		0x1234
+#define HCA_PCI_DEVICE_HCABENCH		0x21a8
+
+/* BAR0: ivshmem register layout */
+#define HCA_BAR0_INTR_MASK		0x00
+#define HCA_BAR0_INTR_STATUS		0x04
+#define HCA_BAR0_IV_POSITION		0x08
+#define HCA_BAR0_DOORBELL		0x0c
+#define HCA_DOORBELL_PEER_SHIFT		16
+
+/* Doorbell classes: the vector field of a BAR0 doorbell write */
+#define HCA_DB_CMD			0
+#define HCA_DB_SQ			1
+#define HCA_DB_RQ			2
+#define HCA_DB_CQ_ARM			3
+#define HCA_NUM_VECTORS			4
+
+/* MSI-X vectors */
+#define HCA_VEC_ASYNC			0
+#define HCA_VEC_COMP_FIRST		1
+
+/* BAR2 layout */
+#define HCA_BAR2_SIZE			0x10000
+#define HCA_BAR2_INFO_OFFSET		0x0000
+#define HCA_BAR2_MAILBOX_OFFSET		0x1000
+#define HCA_BAR2_EQ_DB_OFFSET		0x2000
+#define HCA_EQ_DB_STRIDE		16
+#define HCA_BAR2_EQ_OFFSET		0x3000
+#define HCA_EQ_LOG_ENTRIES		8
+#define HCA_EQ_ENTRIES			(1 << HCA_EQ_LOG_ENTRIES)
+#define HCA_BAR2_QP_DB_OFFSET		0x8000
+#define HCA_BAR2_CQ_DB_OFFSET		0xa000
+
+/* Device limits */
+#define HCA_MAX_QP			1024
+#define HCA_MAX_CQ			256
+#define HCA_MAX_PD			1024
+#define HCA_MAX_MR			4096
+#define HCA_MAX_QP_LOG_WR		14
+#define HCA_MAX_CQ_LOG_CQE		16
+#define HCA_MAX_SGE			16
+#define HCA_MAX_INLINE			512
+#define HCA_MIN_SQ_WQE_SHIFT		6
+#define HCA_MAX_SQ_WQE_SHIFT		10
+#define HCA_MIN_RQ_WQE_SHIFT		4
+#define HCA_MAX_RQ_WQE_SHIFT		9
+#define HCA_MAX_MR_PAGES		(1 << 20)
+#define HCA_MAX_TOTAL_MR_PAGES		(1 << 22)
+#define HCA_MIN_MR_PAGE_SHIFT		12
+#define HCA_MAX_MR_PAGE_SHIFT		30
+#define HCA_MAX_MSG_SIZE		(1U << 31)
+#define HCA_LOCAL_DMA_LKEY		0x00000001
+#define HCA_UD_GRH_BYTES		40
+#define HCA_GSI_QPN			1
+#define HCA_GSI_QKEY			0x80010000
+
+/* hca_dev_info.caps */
+#define HCA_CAP_RC			(1 << 0)
+#define HCA_CAP_UD			(1 << 1)
+#define HCA_CAP_RDMA_READ		(1 << 2)
+#define HCA_CAP_ATOMIC			(1 << 3)
+#define HCA_CAP_LOCAL_DMA_LKEY		(1 << 4)
+
+/* Port (ib_port_state, ib_mtu numbering) */
+#define HCA_PORT_DOWN			1
+#define HCA_PORT_ACTIVE			4
+#define HCA_MTU_256			1
+#define HCA_MTU_4096			5
+
+/* Commands */
+#define HCA_CMD_QUERY_DEVICE		0x01
+#define HCA_CMD_QUERY_PORT		0x02
+#define HCA_CMD_ALLOC_PD		0x10
+#define HCA_CMD_DEALLOC_PD		0x11
+#define HCA_CMD_REG_MR			0x20
+#define HCA_CMD_DEREG_MR		0x21
+#define HCA_CMD_CREATE_CQ		0x30
+#define HCA_CMD_DESTROY_CQ		0x31
+#define HCA_CMD_CREATE_QP		0x40
+#define HCA_CMD_MODIFY_QP		0x41
+#define HCA_CMD_QUERY_QP		0x42
+#define HCA_CMD_DESTROY_QP		0x43
+#define HCA_CMD_FLAG_EVENT		(1 << 0)
+
+/* Command status */
+#define HCA_CMD_OK			0
+#define HCA_CMD_BAD_OPCODE		1
+#define HCA_CMD_BAD_PARAM		2
+#define HCA_CMD_BAD_HANDLE		3
+#define HCA_CMD_BAD_STATE		4
+#define HCA_CMD_BUSY			5
+#define HCA_CMD_NO_RESOURCES		6
+#define HCA_CMD_BAD_ADDRESS		7
+
+#define HCA_MR_FLAG_PHYS		(1 << 0)
+
+/* Access flags (ib_access_flags) */
+#define HCA_ACCESS_LOCAL_WRITE		(1 << 0)
+#define HCA_ACCESS_REMOTE_WRITE		(1 << 1)
+#define HCA_ACCESS_REMOTE_READ		(1 << 2)
+#define HCA_ACCESS_REMOTE_ATOMIC	(1 << 3)
+
+/* QP types (ib_qp_type), create flags, states (ib_qp_state) */
+#define HCA_QPT_GSI			1
+#define HCA_QPT_RC			2
+#define HCA_QPT_UD			4
+#define HCA_QP_FLAG_SIG_ALL		(1 << 0)
+#define HCA_QPS_RESET			0
+#define HCA_QPS_INIT			1
+#define HCA_QPS_RTR			2
+#define HCA_QPS_RTS			3
+#define HCA_QPS_SQD			4
+#define HCA_QPS_SQE			5
+#define HCA_QPS_ERR			6
+
+/* MODIFY_QP attribute mask (ib_qp_attr_mask) */
+#define HCA_QP_ATTR_STATE		(1 << 0)
+#define HCA_QP_ATTR_CUR_STATE		(1 << 1)
+#define HCA_QP_ATTR_ACCESS_FLAGS	(1 << 3)
+#define HCA_QP_ATTR_PKEY_INDEX		(1 << 4)
+#define HCA_QP_ATTR_PORT		(1 << 5)
+#define HCA_QP_ATTR_QKEY		(1 << 6)
+#define HCA_QP_ATTR_AV			(1 << 7)
+#define HCA_QP_ATTR_PATH_MTU		(1 << 8)
+#define HCA_QP_ATTR_TIMEOUT		(1 << 9)
+#define HCA_QP_ATTR_RETRY_CNT		(1 << 10)
+#define HCA_QP_ATTR_RNR_RETRY		(1 << 11)
+#define HCA_QP_ATTR_RQ_PSN		(1 << 12)
+#define HCA_QP_ATTR_MAX_QP_RD_ATOMIC	(1 << 13)
+#define HCA_QP_ATTR_MIN_RNR_TIMER	(1 << 15)
+#define HCA_QP_ATTR_SQ_PSN		(1 << 16)
+#define HCA_QP_ATTR_MAX_DEST_RD_ATOMIC	(1 << 17)
+#define HCA_QP_ATTR_DEST_QPN		(1 << 20)
+
+/* Work request opcodes and flags */
+#define HCA_WR_SEND			0
+#define HCA_WR_SEND_IMM			1
+#define HCA_WR_RDMA_WRITE		2
+#define HCA_WR_RDMA_WRITE_IMM		3
+#define HCA_WR_RDMA_READ		4
+#define HCA_WR_ATOMIC_CMP_SWP		5
+#define HCA_WR_ATOMIC_FETCH_ADD		6
+#define HCA_WQE_SIGNALED		(1 << 0)
+#define HCA_WQE_SOLICITED		(1 << 1)
+#define HCA_WQE_INLINE			(1 << 2)
+#define HCA_WQE_FENCE			(1 << 3)
+
+/* CQE opcodes (ib_wc_opcode), flags and status (ib_wc_status) */
+#define HCA_CQE_OP_SEND			0
+#define HCA_CQE_OP_RDMA_WRITE		1
+#define HCA_CQE_OP_RDMA_READ		2
+#define HCA_CQE_OP_COMP_SWAP		3
+#define HCA_CQE_OP_FETCH_ADD		4
+#define HCA_CQE_OP_RECV			0x80
+#define HCA_CQE_OP_RECV_RDMA_IMM	0x81
+#define HCA_CQE_FLAG_IMM		(1 << 0)
+#define HCA_CQE_FLAG_GRH		(1 << 1)
+#define HCA_WC_SUCCESS			0
+#define HCA_WC_LOC_LEN_ERR		1
+#define HCA_WC_LOC_QP_OP_ERR		2
+#define HCA_WC_LOC_PROT_ERR		4
+#define HCA_WC_WR_FLUSH_ERR		5
+#define HCA_WC_BAD_RESP_ERR		7
+#define HCA_WC_LOC_ACCESS_ERR		8
+#define HCA_WC_REM_INV_REQ_ERR		9
+#define HCA_WC_REM_ACCESS_ERR		10
+#define HCA_WC_REM_OP_ERR		11
+#define HCA_WC_RETRY_EXC_ERR		12
+#define HCA_WC_RNR_RETRY_EXC_ERR	13
+#define HCA_WC_GENERAL_ERR		21
+
+/* Event queue entries */
+#define HCA_EV_COMPLETION		1
+#define HCA_EV_CMD_DONE			2
+#define HCA_EV_PORT_ACTIVE		3
+#define HCA_EV_PORT_DOWN		4
+#define HCA_EV_CQ_ERR			5
+#define HCA_EV_QP_FATAL			6
+#define HCA_EV_QP_ACCESS_ERR		7
+#define HCA_ERR_CQ_OVERFLOW		1
+#define HCA_ERR_RING_ACCESS		2
+#define HCA_ERR_WQ_INDEX		3
+
+/* Offsets of the owner bytes, written last by the device */
+#define HCA_CQE_OWNER_OFFSET		29
+#define HCA_EQE_OWNER_OFFSET		1
+
+/* BAR2 offset 0, written by the device */
+struct hca_dev_info {
+	__u32 signature;
+	__u32 abi_version;
+	__u16 lid;
+	__u8 port_state;
+	__u8 num_vectors;
+	__u32 caps;
+	__u64 node_guid;
+	__u32 mailbox_offset;
+	__u32 eq_offset;
+	__u32 eq_db_offset;
+	__u32 qp_db_offset;
+	__u32 cq_db_offset;
+	__u32 eq_log_entries;
+	__u64 rsvd[4];
+};
+
+/*
+ * Command mailbox. Fill opcode, flags and input; write seq (a new value)
+ * last; ring HCA_DB_CMD. Done when done_seq == seq; then read status and
+ * output.
+ */
+struct hca_cmd_mailbox {
+	__u32 opcode;
+	__u32 flags;
+	__u32 seq;
+	__u32 done_seq;
+	__u32 status;
+	__u32 rsvd0;
+	__u64 rsvd1;
+	__u8 input[96];
+	__u8 output[64];
+	__u64 rsvd2[8];
+};
+
+struct hca_device_attr {
+	__u64 fw_ver;
+	__u64 node_guid;
+	__u64 max_mr_size;
+	__u64 page_size_cap;
+	__u32 max_qp;
+	__u32 max_qp_wr;
+	__u32 max_cq;
+	__u32 max_cqe;
+	__u32 max_mr;
+	__u32 max_pd;
+	__u16 max_sge;
+	__u16 max_inline;
+	__u32 local_dma_lkey;
+};
+
+struct hca_port_attr {
+	__u64 gid_prefix;
+	__u64 port_guid;
+	__u16 lid;
+	__u16 sm_lid;
+	__u8 state;
+	__u8 max_mtu;
+	__u8 active_mtu;
+	__u8 rsvd0;
+	__u64 rsvd1;
+};
+
+/* One handle in or out: pdn, key, cqn, qpn */
+struct hca_cmd_handle {
+	__u32 handle;
+	__u32 rsvd;
+};
+
+/*
+ * Byte iova + k maps to page_list[(fbo + k) >> page_shift] +
+ * ((fbo + k) & (page_size - 1)), fbo = iova & (page_size - 1).
+ * With HCA_MR_FLAG_PHYS, iova is the guest-physical address.
+ */
+struct hca_cmd_reg_mr {
+	__u64 iova;
+	__u64 length;
+	__u64 page_list;
+	__u32 pdn;
+	__u32 access;
+	__u32 npages;
+	__u32 page_shift;
+	__u32 flags;
+	__u32 rsvd;
+};
+
+struct hca_cmd_create_cq {
+	__u64 ring_addr;
+	__u32 log_entries;
+	__u32 vector;
+};
+
+struct hca_cmd_create_qp {
+	__u64 sq_addr;
+	__u64 rq_addr;
+	__u32 pdn;
+	__u32 send_cqn;
+	__u32 recv_cqn;
+	__u32 qp_type;
+	__u32 flags;
+	__u8 sq_log_entries;
+	__u8 sq_wqe_shift;
+	__u8 rq_log_entries;
+	__u8 rq_wqe_shift;
+};
+
+struct hca_qp_attr {
+	__u32 qkey;
+	__u32 rq_psn;
+	__u32 sq_psn;
+	__u32 dest_qpn;
+	__u32 access_flags;
+	__u16 pkey_index;
+	__u16 dlid;
+	__u8 state;
+	__u8 cur_state;
+	__u8 path_mtu;
+	__u8 port_num;
+	__u8 timeout;
+	__u8 retry_cnt;
+	__u8 rnr_retry;
+	__u8 min_rnr_timer;
+	__u8 max_rd_atomic;
+	__u8 max_dest_rd_atomic;
+	__u8 sl;
+	__u8 qp_type;
+	__u32 rsvd;
+};
+
+struct hca_cmd_modify_qp {
+	__u32 qpn;
+	__u32 attr_mask;
+	struct hca_qp_attr attr;
+};
+
+/* Doorbell records in BAR2: free-running indices written by the driver */
+struct hca_qp_db {
+	__u32 sq_pi;
+	__u32 rq_pi;
+};
+
+/* arm = (sn << 1) | solicited_only; a new sn arms the CQ once */
+struct hca_cq_db {
+	__u32 ci;
+	__u32 arm;
+};
+
+struct hca_sge {
+	__u64 addr;
+	__u32 length;
+	__u32 lkey;
+};
+
+/* Followed by num_sge struct hca_sge, or inline_len bytes of data */
+struct hca_send_wqe {
+	__u64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__u8 num_sge;
+	__u8 rsvd0;
+	__u32 imm;
+	__u64 remote_addr;
+	__u32 rkey;
+	__u32 inline_len;
+	__u32 ud_remote_qpn;
+	__u32 ud_qkey;
+	__u16 ud_dlid;
+	__u16 rsvd1;
+	__u32 rsvd2;
+	__u64 compare_add;
+	__u64 swap;
+};
+
+/* Followed by num_sge struct hca_sge */
+struct hca_recv_wqe {
+	__u64 wr_id;
+	__u8 num_sge;
+	__u8 rsvd[7];
+};
+
+/* Valid when owner == ((index >> log_entries) & 1) ^ 1 */
+struct hca_cqe {
+	__u64 wr_id;
+	__u32 byte_len;
+	__u32 imm;
+	__u32 qpn;
+	__u32 src_qp;
+	__u16 slid;
+	__u8 opcode;
+	__u8 status;
+	__u8 flags;
+	__u8 owner;
+	__u16 pkey_index;
+};
+
+struct hca_eqe {
+	__u8 event_type;
+	__u8 owner;
+	__u16 rsvd0;
+	__u32 param;
+	__u32 data;
+	__u32 rsvd1;
+};
+
+_Static_assert(sizeof(struct hca_dev_info) == 80, "hca_dev_info");
+_Static_assert(sizeof(struct hca_cmd_mailbox) == 256, "hca_cmd_mailbox");
+_Static_assert(sizeof(struct hca_device_attr) == 64, "hca_device_attr");
+_Static_assert(sizeof(struct hca_port_attr) == 32, "hca_port_attr");
+_Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
+_Static_assert(sizeof(struct hca_cmd_create_qp) == 40, "hca_cmd_create_qp");
+_Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");
+_Static_assert(sizeof(struct hca_send_wqe) == 64, "hca_send_wqe");
+_Static_assert(sizeof(struct hca_recv_wqe) == 16, "hca_recv_wqe");
+_Static_assert(sizeof(struct hca_cqe) == 32, "hca_cqe");
+_Static_assert(sizeof(struct hca_eqe) == 16, "hca_eqe");
+
+/* The owner bit a producer writes at free-running index idx */
+static inline __u8 hca_owner_bit(__u32 idx, __u32 log_entries)
+{
+	return ((idx >> log_entries) & 1) ^ 1;
+}
+
+#endif /* HCA_ABI_H */
