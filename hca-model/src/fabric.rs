@@ -205,14 +205,26 @@ impl Fabric {
         ports.get(lid as usize)?.as_ref()?.upgrade()
     }
 
-    fn forward(&self, mut pkt: Packet) {
+    fn forward(&self, pkt: Packet) {
         let hook = self
             .inner
             .hook
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if let Some(h) = &hook {
+        match hook {
+            // A hook sees every MTU packet of a train, one by one.
+            Some(h) if pkt.span() > 1 => {
+                for p in pkt.split() {
+                    self.forward_one(p, Some(&h));
+                }
+            }
+            h => self.forward_one(pkt, h.as_ref()),
+        }
+    }
+
+    fn forward_one(&self, mut pkt: Packet, hook: Option<&Arc<dyn LinkHook>>) {
+        if let Some(h) = hook {
             let up = LinkId {
                 lid: pkt.slid,
                 dir: LinkDir::Up,
@@ -224,7 +236,7 @@ impl Fabric {
         let Some(dst) = self.port(pkt.dlid) else {
             return self.bounce(pkt, DropReason::NoRoute);
         };
-        if let Some(h) = &hook {
+        if let Some(h) = hook {
             let down = LinkId {
                 lid: pkt.dlid,
                 dir: LinkDir::Down,
@@ -234,9 +246,7 @@ impl Fabric {
             }
         }
         // A rejected packet goes back to its sender as a notice (headers only).
-        let payload = std::mem::take(&mut pkt.payload);
-        let probe = pkt.clone();
-        pkt.payload = payload;
+        let probe = pkt.clone_header();
         match dst.deliver(pkt) {
             Ok(()) => {
                 self.inner.stats.delivered.fetch_add(1, Relaxed);

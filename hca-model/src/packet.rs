@@ -2,6 +2,12 @@
 //! extended headers a given opcode carries (RETH, AtomicETH, AETH, ImmDt, DETH). Opcodes use
 //! IB's BTH numbering so that a capture (issue 7) can write them unchanged.
 //!
+//! A packet may stand for a *train*: all the MTU-sized packets of one message, with
+//! consecutive PSNs, moving as one queue item (`count > 1`). A link hook always sees single
+//! packets (the fabric [`Packet::split`]s a train first); with no hook attached, the receiver
+//! places the whole message at once. On a lossless, in-order fabric the two are
+//! indistinguishable, except that other traffic does not interleave inside a message.
+//!
 //! A payload can reference the sender's guest memory rather than own a copy: the receiver then
 //! copies straight from one guest to the other. Whoever needs the bytes (a capture hook, a
 //! corruption fault) materializes them with [`Payload::make_owned`].
@@ -71,6 +77,30 @@ pub struct Seg {
     pub len: u32,
 }
 
+/// Cuts `[off, off + n)` out of a gather list.
+pub fn sub_segs(segs: &[Seg], off: u64, n: u64) -> Vec<Seg> {
+    let mut out = Vec::with_capacity(1);
+    let (mut skip, mut left) = (off, n);
+    for s in segs {
+        if left == 0 {
+            break;
+        }
+        let len = u64::from(s.len);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let take = (len - skip).min(left);
+        out.push(Seg {
+            addr: s.addr + skip,
+            len: take as u32,
+        });
+        left -= take;
+        skip = 0;
+    }
+    out
+}
+
 /// Packet data: none, owned bytes, or a gather list in the sender's memory.
 #[derive(Clone, Default)]
 pub enum Payload {
@@ -125,6 +155,21 @@ impl Payload {
         match self {
             Payload::Bytes(b) => Ok(b),
             _ => unreachable!("payload was just made owned"),
+        }
+    }
+
+    /// Bytes `[off, off + n)` of the payload.
+    pub fn slice(&self, off: u64, n: u64) -> Payload {
+        match self {
+            Payload::Empty => Payload::Empty,
+            Payload::Bytes(b) => {
+                let (a, e) = (off as usize, (off + n) as usize);
+                Payload::Bytes(b.get(a..e).unwrap_or_default().to_vec())
+            }
+            Payload::Dma { mem, segs } => Payload::Dma {
+                mem: mem.clone(),
+                segs: sub_segs(segs, off, n),
+            },
         }
     }
 
@@ -207,9 +252,149 @@ pub struct Packet {
     /// DETH Q_Key (UD).
     pub qkey: u32,
     pub payload: Payload,
+    /// MTU packets this stands for: 1, or a whole message (a train; see the module docs).
+    pub count: u32,
+    /// The path MTU a train is cut at.
+    pub mtu: u32,
+}
+
+/// Messages that span packets, for deriving each packet's opcode.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Send,
+    Write,
+    ReadResp,
+}
+
+fn family(opcode: u8) -> Option<Family> {
+    match opcode {
+        RC_SEND_FIRST..=RC_SEND_ONLY_IMM => Some(Family::Send),
+        RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => Some(Family::Write),
+        RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => Some(Family::ReadResp),
+        _ => None,
+    }
+}
+
+/// The opcode of packet `i` of an `n`-packet message.
+fn message_opcode(f: Family, i: u32, n: u32, imm: bool) -> u8 {
+    let (first, last) = (i == 0, i + 1 == n);
+    match (f, first, last, imm) {
+        (Family::Send, true, true, false) => RC_SEND_ONLY,
+        (Family::Send, true, true, true) => RC_SEND_ONLY_IMM,
+        (Family::Send, true, false, _) => RC_SEND_FIRST,
+        (Family::Send, false, false, _) => RC_SEND_MIDDLE,
+        (Family::Send, false, true, false) => RC_SEND_LAST,
+        (Family::Send, false, true, true) => RC_SEND_LAST_IMM,
+        (Family::Write, true, true, false) => RC_WRITE_ONLY,
+        (Family::Write, true, true, true) => RC_WRITE_ONLY_IMM,
+        (Family::Write, true, false, _) => RC_WRITE_FIRST,
+        (Family::Write, false, false, _) => RC_WRITE_MIDDLE,
+        (Family::Write, false, true, false) => RC_WRITE_LAST,
+        (Family::Write, false, true, true) => RC_WRITE_LAST_IMM,
+        (Family::ReadResp, true, true, _) => RC_READ_RESP_ONLY,
+        (Family::ReadResp, true, false, _) => RC_READ_RESP_FIRST,
+        (Family::ReadResp, false, false, _) => RC_READ_RESP_MIDDLE,
+        (Family::ReadResp, false, true, _) => RC_READ_RESP_LAST,
+    }
 }
 
 impl Packet {
+    /// A whole SEND, RDMA WRITE or read response of `len` bytes cut at `mtu`, as one train.
+    /// `head` carries the message's headers (RETH, ImmDt, SE, AETH); `kind` is any opcode of
+    /// the message's family.
+    pub fn message(mut head: Packet, kind: u8, len: u64, mtu: u32) -> Packet {
+        let f = family(kind).expect("a multi-packet opcode");
+        let n = len.div_ceil(u64::from(mtu)).max(1) as u32;
+        head.opcode = message_opcode(f, 0, n, head.imm.is_some());
+        head.count = n;
+        head.mtu = mtu;
+        head
+    }
+
+    /// The single packets a train stands for, each with its own opcode, PSN, headers and
+    /// payload slice. A single packet comes back as it is.
+    pub fn split(self) -> Vec<Packet> {
+        let Some(f) = family(self.opcode).filter(|_| self.count > 1) else {
+            return vec![self];
+        };
+        let (n, mtu) = (self.count, u64::from(self.mtu));
+        let total = u64::from(self.payload.len());
+        (0..n)
+            .map(|i| {
+                let (first, last) = (i == 0, i + 1 == n);
+                let off = u64::from(i) * mtu;
+                Packet {
+                    opcode: message_opcode(f, i, n, self.imm.is_some()),
+                    psn: psn_add(self.psn, i),
+                    solicited: last && self.solicited,
+                    reth: self.reth.filter(|_| first),
+                    imm: self.imm.filter(|_| last),
+                    aeth: self.aeth.filter(|_| first || last),
+                    payload: self.payload.slice(off, total.saturating_sub(off).min(mtu)),
+                    count: 1,
+                    ..self.clone_header()
+                }
+            })
+            .collect()
+    }
+
+    /// The packet without its payload.
+    pub fn clone_header(&self) -> Packet {
+        Packet {
+            slid: self.slid,
+            dlid: self.dlid,
+            sl: self.sl,
+            opcode: self.opcode,
+            solicited: self.solicited,
+            dest_qpn: self.dest_qpn,
+            src_qpn: self.src_qpn,
+            psn: self.psn,
+            reth: self.reth,
+            atomic: self.atomic,
+            aeth: self.aeth,
+            atomic_ack: self.atomic_ack,
+            imm: self.imm,
+            qkey: self.qkey,
+            payload: Payload::Empty,
+            count: self.count,
+            mtu: self.mtu,
+        }
+    }
+
+    /// Whether this (packet or train) begins a message.
+    pub fn starts_message(&self) -> bool {
+        matches!(
+            self.opcode,
+            RC_SEND_FIRST
+                | RC_SEND_ONLY
+                | RC_SEND_ONLY_IMM
+                | RC_WRITE_FIRST
+                | RC_WRITE_ONLY
+                | RC_WRITE_ONLY_IMM
+                | RC_READ_RESP_FIRST
+                | RC_READ_RESP_ONLY
+        )
+    }
+
+    /// Whether this (packet or train) ends a message.
+    pub fn ends_message(&self) -> bool {
+        self.count > 1
+            || !matches!(
+                self.opcode,
+                RC_SEND_FIRST
+                    | RC_SEND_MIDDLE
+                    | RC_WRITE_FIRST
+                    | RC_WRITE_MIDDLE
+                    | RC_READ_RESP_FIRST
+                    | RC_READ_RESP_MIDDLE
+            )
+    }
+
+    /// PSNs this packet or train occupies.
+    pub fn span(&self) -> u32 {
+        self.count.max(1)
+    }
+
     pub fn is_ud(&self) -> bool {
         self.opcode == UD_SEND_ONLY || self.opcode == UD_SEND_ONLY_IMM
     }
@@ -230,6 +415,43 @@ mod tests {
         assert!(psn_le(PSN_MASK, 0));
         assert!(!psn_le(0, PSN_MASK));
         assert_eq!(psn_add(PSN_MASK, 2), 1);
+    }
+
+    #[test]
+    fn test_a_train_splits_into_mtu_packets_with_ib_opcodes() {
+        let head = Packet {
+            psn: PSN_MASK,
+            imm: Some(9),
+            solicited: true,
+            reth: Some(Reth {
+                va: 1,
+                rkey: 2,
+                len: 600,
+            }),
+            payload: Payload::Bytes((0..600u32).map(|i| i as u8).collect()),
+            ..Default::default()
+        };
+        let t = Packet::message(head, RC_WRITE_ONLY, 600, 256);
+        assert_eq!((t.count, t.opcode), (3, RC_WRITE_FIRST));
+        assert!(t.starts_message() && t.ends_message());
+        let p = t.split();
+        let ops: Vec<u8> = p.iter().map(|p| p.opcode).collect();
+        assert_eq!(ops, [RC_WRITE_FIRST, RC_WRITE_MIDDLE, RC_WRITE_LAST_IMM]);
+        let psns: Vec<u32> = p.iter().map(|p| p.psn).collect();
+        assert_eq!(psns, [PSN_MASK, 0, 1]);
+        let lens: Vec<u32> = p.iter().map(|p| p.payload.len()).collect();
+        assert_eq!(lens, [256, 256, 88]);
+        assert!(p[0].reth.is_some() && p[1].reth.is_none() && p[2].reth.is_none());
+        assert_eq!(
+            (p[0].imm, p[2].imm, p[0].solicited, p[2].solicited),
+            (None, Some(9), false, true)
+        );
+        assert!(!p[0].ends_message() && !p[1].starts_message() && p[2].ends_message());
+        let Payload::Bytes(b) = &p[1].payload else {
+            panic!()
+        };
+        assert_eq!(b[0], 0);
+        assert_eq!(b[1], 1);
     }
 
     #[test]

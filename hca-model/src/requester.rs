@@ -20,30 +20,6 @@ use crate::qp::{cqe_op_of, qp_db, PendKind, Pending};
 /// Largest UD message: the port MTU.
 const UD_MTU: u64 = 4096;
 
-/// Cuts `[off, off + n)` out of a gather list.
-pub(crate) fn sub_segs(segs: &[Seg], off: u64, n: u64) -> Vec<Seg> {
-    let mut out = Vec::with_capacity(1);
-    let (mut skip, mut left) = (off, n);
-    for s in segs {
-        if left == 0 {
-            break;
-        }
-        let len = u64::from(s.len);
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let take = (len - skip).min(left);
-        out.push(Seg {
-            addr: s.addr + skip,
-            len: take as u32,
-        });
-        left -= take;
-        skip = 0;
-    }
-    out
-}
-
 /// Where a WR's data comes from.
 enum Source {
     Inline(Vec<u8>),
@@ -233,41 +209,21 @@ impl HcaState {
             let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
             (u64::from(qp.mtu()), qp.next_psn)
         };
-        let npk = len.div_ceil(mtu).max(1) as u32;
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
-        for i in 0..npk {
-            let (first, last) = (i == 0, i + 1 == npk);
-            let opcode = match (write, first, last, imm) {
-                (false, true, true, false) => RC_SEND_ONLY,
-                (false, true, true, true) => RC_SEND_ONLY_IMM,
-                (false, true, false, _) => RC_SEND_FIRST,
-                (false, false, false, _) => RC_SEND_MIDDLE,
-                (false, false, true, false) => RC_SEND_LAST,
-                (false, false, true, true) => RC_SEND_LAST_IMM,
-                (true, true, true, false) => RC_WRITE_ONLY,
-                (true, true, true, true) => RC_WRITE_ONLY_IMM,
-                (true, true, false, _) => RC_WRITE_FIRST,
-                (true, false, false, _) => RC_WRITE_MIDDLE,
-                (true, false, true, false) => RC_WRITE_LAST,
-                (true, false, true, true) => RC_WRITE_LAST_IMM,
-            };
-            let mut pkt = self.rc_packet(qpn, opcode, psn_add(first_psn, i));
-            let off = u64::from(i) * mtu;
-            pkt.payload = src.slice(self, off, (len - off).min(mtu));
-            if write && first {
-                pkt.reth = Some(Reth {
-                    va: w.remote_addr,
-                    rkey: w.rkey,
-                    len: len as u32,
-                });
-            }
-            if last {
-                pkt.imm = imm.then_some(w.imm);
-                pkt.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
-            }
-            self.transmit(pkt);
-        }
+        let mut head = self.rc_packet(qpn, 0, first_psn);
+        head.payload = src.slice(self, 0, len);
+        head.reth = write.then_some(Reth {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            len: len as u32,
+        });
+        head.imm = imm.then_some(w.imm);
+        head.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
+        let kind = if write { RC_WRITE_ONLY } else { RC_SEND_ONLY };
+        let train = Packet::message(head, kind, len, mtu as u32);
+        let npk = train.span();
+        self.transmit(train);
         pend.first_psn = first_psn;
         pend.last_psn = psn_add(first_psn, npk - 1);
         self.push_pending(qpn, pend, npk);
@@ -476,6 +432,7 @@ impl HcaState {
             return;
         }
         let off = u64::from(pkt.psn.wrapping_sub(front.first_psn) & PSN_MASK) * mtu;
+        let ends = pkt.ends_message();
         let n = u64::from(pkt.payload.len());
         if off + n > u64::from(front.byte_len) {
             return self.fail_front(qpn, WC_BAD_RESP_ERR);
@@ -485,7 +442,7 @@ impl HcaState {
             self.stats.dma_faults += 1;
             return self.fail_front(qpn, WC_LOC_PROT_ERR);
         }
-        if matches!(pkt.opcode, RC_READ_RESP_LAST | RC_READ_RESP_ONLY) {
+        if ends {
             self.complete_front(qpn);
         }
     }
@@ -594,20 +551,4 @@ fn flush_cqe(qpn: u32, p: &Pending) -> HcaCqe {
     let mut c = ok_cqe(qpn, p);
     c.status = WC_WR_FLUSH_ERR as u8;
     c
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_sub_segs_cuts_across_pieces() {
-        let segs = [Seg { addr: 100, len: 10 }, Seg { addr: 500, len: 10 }];
-        assert_eq!(
-            sub_segs(&segs, 5, 10),
-            vec![Seg { addr: 105, len: 5 }, Seg { addr: 500, len: 5 }]
-        );
-        assert_eq!(sub_segs(&segs, 10, 3), vec![Seg { addr: 500, len: 3 }]);
-        assert!(sub_segs(&segs, 20, 0).is_empty());
-    }
 }

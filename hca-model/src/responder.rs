@@ -17,7 +17,6 @@ use crate::hca::HcaState;
 use crate::mr::Use;
 use crate::packet::*;
 use crate::qp::{qp_db, Inbound};
-use crate::requester::sub_segs;
 
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
 struct Recv {
@@ -118,7 +117,7 @@ impl HcaState {
             opcode: RC_ACK,
             dest_qpn: req.src_qpn,
             src_qpn: qpn,
-            psn: req.psn,
+            psn: psn_add(req.psn, req.span() - 1),
             aeth: Some((syndrome, qp.msn)),
             ..Default::default()
         };
@@ -197,8 +196,7 @@ impl HcaState {
     }
 
     fn rc_send(&mut self, qpn: u32, pkt: Packet) {
-        let first = matches!(pkt.opcode, RC_SEND_FIRST | RC_SEND_ONLY | RC_SEND_ONLY_IMM);
-        let last = pkt.opcode != RC_SEND_FIRST && pkt.opcode != RC_SEND_MIDDLE;
+        let (first, last) = (pkt.starts_message(), pkt.ends_message());
         let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
         if first == in_msg {
             return self.nak(qpn, &pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
@@ -223,11 +221,12 @@ impl HcaState {
             }
             return self.nak(qpn, &pkt, syndrome);
         }
-        self.advance_epsn(qpn, 1);
+        self.advance_epsn(qpn, pkt.span());
+        // One ACK per message, at its last packet (IB lets ACKs coalesce).
         if last {
             self.finish_inbound(qpn, &pkt, CQE_OP_RECV);
+            self.transmit_ack(qpn, &pkt, AETH_ACK);
         }
-        self.transmit_ack(qpn, &pkt, AETH_ACK);
     }
 
     /// Drops the inbound message; returns its receive WR and the status it fails with.
@@ -268,12 +267,8 @@ impl HcaState {
     }
 
     fn rc_write(&mut self, qpn: u32, pkt: Packet) {
-        let first = matches!(
-            pkt.opcode,
-            RC_WRITE_FIRST | RC_WRITE_ONLY | RC_WRITE_ONLY_IMM
-        );
-        let last = !matches!(pkt.opcode, RC_WRITE_FIRST | RC_WRITE_MIDDLE);
-        let with_imm = matches!(pkt.opcode, RC_WRITE_LAST_IMM | RC_WRITE_ONLY_IMM);
+        let (first, last) = (pkt.starts_message(), pkt.ends_message());
+        let with_imm = last && pkt.imm.is_some();
         let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
         if first == in_msg {
             return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
@@ -341,9 +336,9 @@ impl HcaState {
                 return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
             }
             self.finish_inbound(qpn, &pkt, CQE_OP_RECV_RDMA_IMM);
+            self.transmit_ack(qpn, &pkt, AETH_ACK);
         }
-        self.advance_epsn(qpn, 1);
-        self.transmit_ack(qpn, &pkt, AETH_ACK);
+        self.advance_epsn(qpn, pkt.span());
     }
 
     fn rc_read(&mut self, qpn: u32, pkt: Packet) {
@@ -370,30 +365,21 @@ impl HcaState {
         {
             return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
         }
-        let npk = len.div_ceil(mtu).max(1) as u32;
-        for i in 0..npk {
-            let opcode = match (i == 0, i + 1 == npk) {
-                (true, true) => RC_READ_RESP_ONLY,
-                (true, false) => RC_READ_RESP_FIRST,
-                (false, false) => RC_READ_RESP_MIDDLE,
-                (false, true) => RC_READ_RESP_LAST,
-            };
-            let off = u64::from(i) * mtu;
-            let resp = Packet {
-                dlid: pkt.slid,
-                opcode,
-                dest_qpn: pkt.src_qpn,
-                src_qpn: qpn,
-                psn: psn_add(pkt.psn, i),
-                aeth: (i == 0 || i + 1 == npk).then_some((AETH_ACK, 0)),
-                payload: Payload::Dma {
-                    mem: self.mem.clone(),
-                    segs: sub_segs(&segs, off, (len - off).min(mtu)),
-                },
-                ..Default::default()
-            };
-            self.transmit(resp);
-        }
+        let head = Packet {
+            dlid: pkt.slid,
+            dest_qpn: pkt.src_qpn,
+            src_qpn: qpn,
+            psn: pkt.psn,
+            aeth: Some((AETH_ACK, 0)),
+            payload: Payload::Dma {
+                mem: self.mem.clone(),
+                segs,
+            },
+            ..Default::default()
+        };
+        let resp = Packet::message(head, RC_READ_RESP_ONLY, len, mtu as u32);
+        let npk = resp.span();
+        self.transmit(resp);
         self.advance_epsn(qpn, npk);
     }
 
