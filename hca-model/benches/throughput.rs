@@ -83,10 +83,10 @@ fn send_rate(quick: bool) {
     for batch in [1usize, 16] {
         let mut p = Pair::new(MTU_4096 as u8);
         let mut qa =
-            p.a.try_create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn, 6, 6, 0)
+            p.a.try_create_qp(QPT_RC, p.pd_a, (p.cq_a.cqn, p.cq_a.cqn), (6, 6), 0)
                 .unwrap();
         let mut qb =
-            p.b.try_create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn, 6, 6, 0)
+            p.b.try_create_qp(QPT_RC, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), (6, 6), 0)
                 .unwrap();
         let (la, lb) = (p.a.lid(), p.b.lid());
         p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);

@@ -5,11 +5,12 @@
 //! sender's memory and the receiver can copy straight from one guest into another (one
 //! memmove per host-contiguous piece, no bounce buffer). Every access is bounds-checked by
 //! vm-memory against the guest's regions: an address outside them is a [`DmaFault`], never a
-//! host access.
+//! host access. A range is looked up once per region it crosses, and a write that would
+//! fault writes nothing.
 
 use std::fmt;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError, Permissions, VolatileSlice};
+use vm_memory::{GuestAddress, GuestMemory, Permissions, VolatileSlice};
 
 /// A guest address range the device may not touch (outside guest RAM, or overflowing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,21 +31,50 @@ impl fmt::Display for DmaFault {
 
 impl std::error::Error for DmaFault {}
 
+/// The host-contiguous pieces of one guest range, in order; nearly always one.
+pub enum Slices<'a> {
+    One(VolatileSlice<'a>),
+    Many(Vec<VolatileSlice<'a>>),
+}
+
+impl<'a> Slices<'a> {
+    pub fn as_slice(&self) -> &[VolatileSlice<'a>] {
+        match self {
+            Slices::One(s) => std::slice::from_ref(s),
+            Slices::Many(v) => v,
+        }
+    }
+}
+
 /// One guest's physical memory as the device sees it.
 pub trait DmaSpace: Send + Sync {
+    /// The pieces of `[addr, addr + len)`, or a fault if any byte lies outside guest memory.
+    fn slices(&self, addr: u64, len: u64) -> Result<Slices<'_>, DmaFault>;
+
     /// Whether `[addr, addr + len)` lies wholly inside guest memory.
-    fn check(&self, addr: u64, len: u64) -> bool;
+    fn check(&self, addr: u64, len: u64) -> bool {
+        self.slices(addr, len).is_ok()
+    }
+
     /// Reads exactly `buf.len()` bytes at `addr`.
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let mut off = 0;
+        for s in self.slices(addr, buf.len() as u64)?.as_slice() {
+            s.copy_to(&mut buf[off..off + s.len()]);
+            off += s.len();
+        }
+        Ok(())
+    }
+
     /// Writes all of `buf` at `addr`; on a fault nothing is written.
-    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault>;
-    /// Calls `f` with each host-contiguous piece of `[addr, addr + len)`, in order.
-    fn for_each_slice(
-        &self,
-        addr: u64,
-        len: u64,
-        f: &mut dyn FnMut(VolatileSlice<'_>),
-    ) -> Result<(), DmaFault>;
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        let mut off = 0;
+        for s in self.slices(addr, buf.len() as u64)?.as_slice() {
+            s.copy_from(&buf[off..off + s.len()]);
+            off += s.len();
+        }
+        Ok(())
+    }
 }
 
 /// Reads a plain ABI object at `addr`.
@@ -67,7 +97,7 @@ pub fn write_obj<T: vm_memory::ByteValued>(
 }
 
 /// Copies `len` bytes from `src` at `src_addr` to `dst` at `dst_addr`, which may be another
-/// guest's memory. Both ranges are checked before any byte moves.
+/// guest's memory. Both ranges are resolved (and so checked) before any byte moves.
 pub fn copy_between(
     src: &dyn DmaSpace,
     src_addr: u64,
@@ -75,30 +105,25 @@ pub fn copy_between(
     dst_addr: u64,
     len: u64,
 ) -> Result<(), DmaFault> {
-    if !src.check(src_addr, len) {
-        return Err(DmaFault {
-            addr: src_addr,
-            len,
-        });
+    let s = src.slices(src_addr, len)?;
+    let d = dst.slices(dst_addr, len)?;
+    let (s, d) = (s.as_slice(), d.as_slice());
+    let (mut si, mut so, mut di, mut d_off) = (0, 0, 0, 0);
+    while si < s.len() && di < d.len() {
+        let n = (s[si].len() - so).min(d[di].len() - d_off);
+        if let (Ok(from), Ok(to)) = (s[si].subslice(so, n), d[di].subslice(d_off, n)) {
+            from.copy_to_volatile_slice(to);
+        }
+        so += n;
+        d_off += n;
+        if so == s[si].len() {
+            (si, so) = (si + 1, 0);
+        }
+        if d_off == d[di].len() {
+            (di, d_off) = (di + 1, 0);
+        }
     }
-    if !dst.check(dst_addr, len) {
-        return Err(DmaFault {
-            addr: dst_addr,
-            len,
-        });
-    }
-    let mut done = 0u64;
-    src.for_each_slice(src_addr, len, &mut |s| {
-        let mut inner = 0usize;
-        // Cannot fail: the destination range was checked above.
-        let _ = dst.for_each_slice(dst_addr + done, s.len() as u64, &mut |d| {
-            if let Ok(piece) = s.subslice(inner, d.len()) {
-                piece.copy_to_volatile_slice(d);
-            }
-            inner += d.len();
-        });
-        done += s.len() as u64;
-    })
+    Ok(())
 }
 
 /// Adapts any `vm_memory::GuestMemory` (without dirty bitmap) to [`DmaSpace`].
@@ -116,64 +141,81 @@ impl<M> GuestRam<M> {
     }
 }
 
-fn fault(addr: u64, len: u64) -> DmaFault {
-    DmaFault { addr, len }
-}
-
 impl<M> DmaSpace for GuestRam<M>
 where
     M: GuestMemory<Bitmap = ()> + Send + Sync,
 {
-    fn check(&self, addr: u64, len: u64) -> bool {
-        let Ok(len_usize) = usize::try_from(len) else {
-            return false;
-        };
-        addr.checked_add(len).is_some()
-            && (len == 0
-                || self
-                    .mem
-                    .check_range(GuestAddress(addr), len_usize, Permissions::ReadWrite))
-    }
-
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len() as u64;
-        if !self.check(addr, len) {
-            return Err(fault(addr, len));
+    fn slices(&self, addr: u64, len: u64) -> Result<Slices<'_>, DmaFault> {
+        let fault = DmaFault { addr, len };
+        let count = usize::try_from(len).map_err(|_| fault)?;
+        addr.checked_add(len).ok_or(fault)?;
+        if count == 0 {
+            return Ok(Slices::Many(Vec::new()));
         }
-        self.mem
-            .read_slice(buf, GuestAddress(addr))
-            .map_err(|_: GuestMemoryError| fault(addr, len))
-    }
-
-    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let len = buf.len() as u64;
-        if !self.check(addr, len) {
-            return Err(fault(addr, len));
-        }
-        self.mem
-            .write_slice(buf, GuestAddress(addr))
-            .map_err(|_: GuestMemoryError| fault(addr, len))
-    }
-
-    fn for_each_slice(
-        &self,
-        addr: u64,
-        len: u64,
-        f: &mut dyn FnMut(VolatileSlice<'_>),
-    ) -> Result<(), DmaFault> {
-        if !self.check(addr, len) {
-            return Err(fault(addr, len));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        let slices = self
+        let mut it = self
             .mem
-            .get_slices(GuestAddress(addr), len as usize, Permissions::ReadWrite)
-            .map_err(|_| fault(addr, len))?;
-        for s in slices {
-            f(s.map_err(|_| fault(addr, len))?);
+            .get_slices(GuestAddress(addr), count, Permissions::ReadWrite)
+            .map_err(|_| fault)?;
+        let first = it.next().ok_or(fault)?.map_err(|_| fault)?;
+        if first.len() == count {
+            return Ok(Slices::One(first));
         }
-        Ok(())
+        // get_slices yields pieces covering `count` bytes unless one of them is an error.
+        let mut all = vec![first];
+        for s in it {
+            all.push(s.map_err(|_| fault)?);
+        }
+        Ok(Slices::Many(all))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    fn ram() -> GuestRam<GuestMemoryMmap> {
+        // Two adjacent regions, then a hole, then a third.
+        GuestRam::new(
+            GuestMemoryMmap::from_ranges(&[
+                (GuestAddress(0), 0x1000),
+                (GuestAddress(0x1000), 0x1000),
+                (GuestAddress(0x4000), 0x1000),
+            ])
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn test_ranges_across_regions_work_and_holes_fault() {
+        let m = ram();
+        m.write(0xff0, &[7; 0x20]).unwrap();
+        let mut b = [0u8; 0x20];
+        m.read(0xff0, &mut b).unwrap();
+        assert_eq!(b, [7; 0x20]);
+        assert!(m.check(0, 0x2000));
+        assert!(!m.check(0x1ff0, 0x20), "runs into the hole");
+        assert!(!m.check(u64::MAX - 4, 8), "wraps around");
+    }
+
+    #[test]
+    fn test_faulting_write_writes_nothing() {
+        let m = ram();
+        assert!(m.write(0x1ff0, &[9; 0x20]).is_err());
+        let mut b = [1u8; 0x10];
+        m.read(0x1ff0, &mut b).unwrap();
+        assert_eq!(b, [0; 0x10]);
+    }
+
+    #[test]
+    fn test_copy_between_two_guests_across_pieces() {
+        let (a, b) = (ram(), ram());
+        let data: Vec<u8> = (0..0x300u32).map(|i| i as u8).collect();
+        a.write(0xe00, &data).unwrap();
+        copy_between(&a, 0xe00, &b, 0x4100, 0x300).unwrap();
+        let mut got = vec![0u8; 0x300];
+        b.read(0x4100, &mut got).unwrap();
+        assert_eq!(got, data);
+        assert!(copy_between(&a, 0xe00, &b, 0x4f00, 0x300).is_err());
     }
 }

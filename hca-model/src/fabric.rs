@@ -30,10 +30,14 @@ pub enum DropReason {
     Rejected,
 }
 
+/// A receiver discarded a packet (no such QP, wrong state, not from the QP's peer, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejected;
+
 /// What a port does with packets: the HCA side of a link.
 pub trait PacketSink: Send + Sync {
     /// Takes one packet; `Err` means the receiver discarded it.
-    fn deliver(&self, pkt: Packet) -> Result<(), ()>;
+    fn deliver(&self, pkt: Packet) -> Result<(), Rejected>;
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
 }
@@ -251,7 +255,7 @@ impl Fabric {
             Ok(()) => {
                 self.inner.stats.delivered.fetch_add(1, Relaxed);
             }
-            Err(()) => self.bounce(probe, DropReason::Rejected),
+            Err(Rejected) => self.bounce(probe, DropReason::Rejected),
         }
     }
 

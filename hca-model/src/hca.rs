@@ -18,7 +18,7 @@ use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
 use crate::eq::Eq;
-use crate::fabric::{DropReason, Fabric, Lid, PacketSink};
+use crate::fabric::{DropReason, Fabric, Lid, PacketSink, Rejected};
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
@@ -237,7 +237,7 @@ impl Shared {
 }
 
 impl PacketSink for Shared {
-    fn deliver(&self, pkt: Packet) -> Result<(), ()> {
+    fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
         self.with_state(|st| st.receive(pkt))
     }
 

@@ -8,7 +8,10 @@
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::HcaState;
-use crate::packet::Seg;
+use crate::packet::{Seg, SegList};
+
+/// SGEs read from one WQE, kept inline for the usual few.
+pub(crate) type SgeList = smallvec::SmallVec<[HcaSge; 4]>;
 
 /// A protection domain; counts the MRs and QPs that name it.
 #[derive(Default)]
@@ -61,13 +64,40 @@ impl Use {
     }
 }
 
+/// Who uses a key, and for what.
+pub(crate) struct KeyCheck {
+    /// The PD of the QP using the key.
+    pub pdn: u32,
+    pub use_: Use,
+    /// The QP's own remote-access flags (checked for remote uses only).
+    pub qp_access: u32,
+}
+
+impl KeyCheck {
+    pub fn local(pdn: u32, use_: Use) -> Self {
+        Self {
+            pdn,
+            use_,
+            qp_access: 0,
+        }
+    }
+
+    pub fn remote(pdn: u32, use_: Use, qp_access: u32) -> Self {
+        Self {
+            pdn,
+            use_,
+            qp_access,
+        }
+    }
+}
+
 /// A key check failed: the caller turns it into the right completion status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KeyViolation;
 
 impl Mr {
     /// Appends the guest-physical pieces of `[va, va + len)` to `out`.
-    fn translate(&self, va: u64, len: u64, out: &mut Vec<Seg>) {
+    fn translate(&self, va: u64, len: u64, out: &mut SegList) {
         let off = va - self.iova;
         match &self.xlat {
             Translation::Phys => push_seg(out, va, len),
@@ -87,7 +117,7 @@ impl Mr {
 }
 
 /// Appends a range, merging with the previous one when contiguous; pieces stay below 4 GiB.
-fn push_seg(out: &mut Vec<Seg>, addr: u64, len: u64) {
+fn push_seg(out: &mut SegList, addr: u64, len: u64) {
     if let Some(last) = out.last_mut() {
         if last.addr + u64::from(last.len) == addr
             && u64::from(last.len) + len <= u64::from(u32::MAX)
@@ -110,19 +140,18 @@ fn push_seg(out: &mut Vec<Seg>, addr: u64, len: u64) {
 }
 
 impl HcaState {
-    /// Resolves `[va, va + len)` under `key` for `use_` by a QP of PD `pdn`, appending the
-    /// guest-physical pieces to `out`. `qp_access` is the QP's own remote-access flags.
+    /// Resolves `[va, va + len)` under `key` for `how`, appending the guest-physical pieces
+    /// to `out`.
     pub(crate) fn resolve_key(
         &self,
         key: u32,
-        pdn: u32,
         va: u64,
         len: u64,
-        use_: Use,
-        qp_access: u32,
-        out: &mut Vec<Seg>,
+        how: &KeyCheck,
+        out: &mut SegList,
     ) -> Result<(), KeyViolation> {
-        if use_.is_remote() && qp_access & use_.needed() == 0 {
+        let (pdn, use_) = (how.pdn, how.use_);
+        if use_.is_remote() && how.qp_access & use_.needed() == 0 {
             return Err(KeyViolation);
         }
         let end = va.checked_add(len).ok_or(KeyViolation)?;
@@ -158,11 +187,12 @@ impl HcaState {
         sges: &[HcaSge],
         pdn: u32,
         use_: Use,
-        out: &mut Vec<Seg>,
+        out: &mut SegList,
     ) -> Result<u64, KeyViolation> {
         let mut total = 0u64;
+        let how = KeyCheck::local(pdn, use_);
         for s in sges {
-            self.resolve_key(s.lkey, pdn, s.addr, u64::from(s.length), use_, 0, out)?;
+            self.resolve_key(s.lkey, s.addr, u64::from(s.length), &how, out)?;
             total += u64::from(s.length);
         }
         Ok(total)
@@ -216,7 +246,7 @@ impl HcaState {
         }
         // Tags run 2..=255: 0 never, and 1 only for LOCAL_DMA_LKEY's slot 0.
         let tag = &mut self.mr_tags[idx as usize];
-        *tag = if *tag >= 255 { 2 } else { *tag + 1 };
+        *tag = if *tag == 255 { 2 } else { *tag + 1 };
         Ok((idx << 8) | u32::from(*tag))
     }
 
@@ -290,10 +320,10 @@ mod tests {
                 pages: vec![0x5000, 0x9000, 0xa000].into_boxed_slice(),
             },
         };
-        let mut out = Vec::new();
+        let mut out = SegList::new();
         mr.translate(0x10_0800, 0x2000, &mut out);
         assert_eq!(
-            out,
+            out.to_vec(),
             vec![
                 Seg {
                     addr: 0x5800,

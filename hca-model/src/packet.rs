@@ -77,9 +77,12 @@ pub struct Seg {
     pub len: u32,
 }
 
+/// A gather or scatter list; almost always one or two pieces, kept inline.
+pub type SegList = smallvec::SmallVec<[Seg; 2]>;
+
 /// Cuts `[off, off + n)` out of a gather list.
-pub fn sub_segs(segs: &[Seg], off: u64, n: u64) -> Vec<Seg> {
-    let mut out = Vec::with_capacity(1);
+pub fn sub_segs(segs: &[Seg], off: u64, n: u64) -> SegList {
+    let mut out = SegList::new();
     let (mut skip, mut left) = (off, n);
     for s in segs {
         if left == 0 {
@@ -109,7 +112,7 @@ pub enum Payload {
     Bytes(Vec<u8>),
     Dma {
         mem: Arc<dyn DmaSpace>,
-        segs: Vec<Seg>,
+        segs: SegList,
     },
 }
 
@@ -166,6 +169,10 @@ impl Payload {
                 let (a, e) = (off as usize, (off + n) as usize);
                 Payload::Bytes(b.get(a..e).unwrap_or_default().to_vec())
             }
+            Payload::Dma { mem, segs } if off == 0 && n == self.len() as u64 => Payload::Dma {
+                mem: mem.clone(),
+                segs: segs.clone(),
+            },
             Payload::Dma { mem, segs } => Payload::Dma {
                 mem: mem.clone(),
                 segs: sub_segs(segs, off, n),

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::HcaState;
-use crate::packet::{Seg, PSN_MASK};
+use crate::packet::{Seg, SegList, PSN_MASK};
 
 pub(crate) struct WorkQueue {
     pub addr: u64,
@@ -42,7 +42,7 @@ pub(crate) enum PendKind {
     /// An ACK (SEND, RDMA WRITE).
     Ack,
     /// Read response data, scattered into these pieces.
-    Read { dst: Vec<Seg> },
+    Read { dst: SegList },
     /// The original value of an atomic, written here.
     Atomic { dst: Seg },
 }
@@ -61,7 +61,7 @@ pub(crate) struct Pending {
 /// A message the responder is receiving across several packets.
 pub(crate) struct Inbound {
     /// Where the message's bytes go, in order.
-    pub segs: Vec<Seg>,
+    pub segs: SegList,
     /// Bytes placed so far, and the room there is.
     pub offset: u64,
     pub cap: u64,

@@ -11,9 +11,9 @@
 
 use crate::abi::*;
 use crate::dma::read_obj;
-use crate::fabric::DropReason;
+use crate::fabric::{DropReason, Rejected};
 use crate::hca::HcaState;
-use crate::mr::Use;
+use crate::mr::{SgeList, Use};
 use crate::packet::*;
 use crate::qp::{cqe_op_of, qp_db, PendKind, Pending};
 
@@ -23,16 +23,17 @@ const UD_MTU: u64 = 4096;
 /// Where a WR's data comes from.
 enum Source {
     Inline(Vec<u8>),
-    Gather(Vec<Seg>),
+    Gather(SegList),
 }
 
 impl Source {
-    fn slice(&self, st: &HcaState, off: u64, n: u64) -> Payload {
+    /// The whole source as a payload.
+    fn into_payload(self, st: &HcaState) -> Payload {
         match self {
-            Source::Inline(b) => Payload::Bytes(b[off as usize..(off + n) as usize].to_vec()),
+            Source::Inline(b) => Payload::Bytes(b),
             Source::Gather(segs) => Payload::Dma {
                 mem: st.mem.clone(),
-                segs: sub_segs(segs, off, n),
+                segs,
             },
         }
     }
@@ -143,7 +144,7 @@ impl HcaState {
             } else {
                 Use::LocalRead
             };
-            let mut segs = Vec::with_capacity(sges.len());
+            let mut segs = SegList::new();
             self.resolve_sges(&sges, pdn, use_, &mut segs)
                 .map_err(|_| WC_LOC_PROT_ERR)?;
             Source::Gather(segs)
@@ -157,7 +158,7 @@ impl HcaState {
         }
         let signaled = flags & WQE_SIGNALED != 0 || qp.sig_all;
         if qp.is_ud() {
-            return self.send_ud(qpn, w, &src, len, signaled);
+            return self.send_ud(qpn, w, src, len, signaled);
         }
         let pend = Pending {
             wr_id: w.wr_id,
@@ -171,11 +172,11 @@ impl HcaState {
         match op {
             WR_RDMA_READ => self.send_read(qpn, w, src, len, pend),
             WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD => self.send_atomic(qpn, w, src, len, pend),
-            _ => self.send_rc_message(qpn, w, &src, len, pend),
+            _ => self.send_rc_message(qpn, w, src, len, pend),
         }
     }
 
-    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<Vec<HcaSge>, u32> {
+    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, u32> {
         (0..n)
             .map(|i| read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * u64::from(i)))
             .collect::<Result<_, _>>()
@@ -200,7 +201,7 @@ impl HcaState {
         &mut self,
         qpn: u32,
         w: &HcaSendWqe,
-        src: &Source,
+        src: Source,
         len: u64,
         mut pend: Pending,
     ) -> Result<(), u32> {
@@ -212,7 +213,7 @@ impl HcaState {
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
         let mut head = self.rc_packet(qpn, 0, first_psn);
-        head.payload = src.slice(self, 0, len);
+        head.payload = src.into_payload(self);
         head.reth = write.then_some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -313,7 +314,7 @@ impl HcaState {
         &mut self,
         qpn: u32,
         w: &HcaSendWqe,
-        src: &Source,
+        src: Source,
         len: u64,
         signaled: bool,
     ) -> Result<(), u32> {
@@ -331,7 +332,7 @@ impl HcaState {
         } else {
             w.ud_qkey
         };
-        let mut payload = src.slice(self, 0, len);
+        let mut payload = src.into_payload(self);
         payload.make_owned().map_err(|_| WC_LOC_PROT_ERR)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
@@ -368,11 +369,11 @@ impl HcaState {
     }
 
     /// An ACK, NAK, read response or atomic response for requester `qpn`.
-    pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), ()> {
+    pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         let qpn = pkt.dest_qpn;
-        let qp = self.qps.get(qpn).ok_or(())?;
+        let qp = self.qps.get(qpn).ok_or(Rejected)?;
         if qp.is_ud() || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
-            return Err(());
+            return Err(Rejected);
         }
         if u32::from(qp.attr.state) != QPS_RTS {
             return Ok(()); // Late response to a QP that moved on: ignored, as hardware does.
@@ -389,7 +390,7 @@ impl HcaState {
             }
             RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => self.on_read_response(qpn, pkt, mtu),
             RC_ATOMIC_ACK => self.on_atomic_ack(qpn, pkt),
-            _ => return Err(()),
+            _ => return Err(Rejected),
         }
         self.resume_after_fence(qpn);
         Ok(())

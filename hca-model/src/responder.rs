@@ -13,15 +13,16 @@
 
 use crate::abi::*;
 use crate::dma::read_obj;
+use crate::fabric::Rejected;
 use crate::hca::HcaState;
-use crate::mr::Use;
+use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
 use crate::qp::{qp_db, Inbound};
 
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
 struct Recv {
     wr_id: u64,
-    segs: Vec<Seg>,
+    segs: SegList,
     cap: u64,
 }
 
@@ -38,7 +39,7 @@ enum RecvError {
 impl HcaState {
     /// Handles one packet from the fabric. `Err` tells the fabric the packet was discarded
     /// (so that the sender learns it never arrived).
-    pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), ()> {
+    pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), Rejected> {
         self.stats.packets_in += 1;
         if !pkt.is_request() {
             return self.on_response(pkt);
@@ -48,11 +49,11 @@ impl HcaState {
             return Ok(());
         }
         let qpn = pkt.dest_qpn;
-        let qp = self.qps.get(qpn).ok_or(())?;
+        let qp = self.qps.get(qpn).ok_or(Rejected)?;
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
         if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer || pkt.psn != qp.epsn {
-            return Err(());
+            return Err(Rejected);
         }
         match pkt.opcode {
             RC_SEND_FIRST..=RC_SEND_ONLY_IMM => self.rc_send(qpn, pkt),
@@ -94,7 +95,7 @@ impl HcaState {
         let sges = self
             .read_sges(addr + 16, hdr.num_sge.into())
             .map_err(|_| bad(WC_LOC_QP_OP_ERR))?;
-        let mut segs = Vec::with_capacity(sges.len());
+        let mut segs = SegList::new();
         let cap = self
             .resolve_sges(&sges, pdn, Use::LocalWrite, &mut segs)
             .map_err(|_| bad(WC_LOC_PROT_ERR))?;
@@ -186,9 +187,14 @@ impl HcaState {
         if msg.offset + n > msg.cap {
             return Err(AETH_NAK_INV_REQ);
         }
-        let target = sub_segs(&msg.segs, msg.offset, n);
+        let placed = if msg.offset == 0 {
+            pkt.payload.scatter(mem.as_ref(), &msg.segs)
+        } else {
+            pkt.payload
+                .scatter(mem.as_ref(), &sub_segs(&msg.segs, msg.offset, n))
+        };
         msg.offset += n;
-        if pkt.payload.scatter(mem.as_ref(), &target).is_err() {
+        if placed.is_err() {
             self.stats.dma_faults += 1;
             return Err(AETH_NAK_REM_OP);
         }
@@ -281,16 +287,14 @@ impl HcaState {
                 Some(q) => (q.pdn, q.attr.access_flags),
                 None => return,
             };
-            let mut segs = Vec::with_capacity(1);
+            let mut segs = SegList::new();
             let len = u64::from(reth.len);
             if self
                 .resolve_key(
                     reth.rkey,
-                    pdn,
                     reth.va,
                     len,
-                    Use::RemoteWrite,
-                    access,
+                    &KeyCheck::remote(pdn, Use::RemoteWrite, access),
                     &mut segs,
                 )
                 .is_err()
@@ -350,15 +354,13 @@ impl HcaState {
         };
         let (pdn, access, mtu) = (qp.pdn, qp.attr.access_flags, u64::from(qp.mtu()));
         let len = u64::from(reth.len);
-        let mut segs = Vec::with_capacity(1);
+        let mut segs = SegList::new();
         if self
             .resolve_key(
                 reth.rkey,
-                pdn,
                 reth.va,
                 len,
-                Use::RemoteRead,
-                access,
+                &KeyCheck::remote(pdn, Use::RemoteRead, access),
                 &mut segs,
             )
             .is_err()
@@ -394,15 +396,13 @@ impl HcaState {
             return;
         };
         let (pdn, access) = (qp.pdn, qp.attr.access_flags);
-        let mut segs = Vec::with_capacity(1);
+        let mut segs = SegList::new();
         if self
             .resolve_key(
                 reth.rkey,
-                pdn,
                 reth.va,
                 8,
-                Use::RemoteAtomic,
-                access,
+                &KeyCheck::remote(pdn, Use::RemoteAtomic, access),
                 &mut segs,
             )
             .is_err()

@@ -415,11 +415,11 @@ fn test_create_commands_check_shapes_and_addresses() {
     assert_eq!(a.cmd(CMD_CREATE_CQ, &bad_ring).0, CMD_BAD_ADDRESS);
     let cq = a.create_cq(4);
     assert_eq!(
-        a.try_create_qp(9, pd, cq.cqn, cq.cqn, 4, 4, 0).err(),
+        a.try_create_qp(9, pd, (cq.cqn, cq.cqn), (4, 4), 0).err(),
         Some(CMD_BAD_PARAM)
     );
     assert_eq!(
-        a.try_create_qp(QPT_RC, pd + 1, cq.cqn, cq.cqn, 4, 4, 0)
+        a.try_create_qp(QPT_RC, pd + 1, (cq.cqn, cq.cqn), (4, 4), 0)
             .err(),
         Some(CMD_BAD_HANDLE)
     );
@@ -451,7 +451,8 @@ fn test_create_commands_check_shapes_and_addresses() {
     assert_eq!(a.cmd(CMD_CREATE_QP, &bad_stride).0, CMD_BAD_PARAM);
     a.create_qp(QPT_GSI, pd, cq.cqn, cq.cqn);
     assert_eq!(
-        a.try_create_qp(QPT_GSI, pd, cq.cqn, cq.cqn, 4, 4, 0).err(),
+        a.try_create_qp(QPT_GSI, pd, (cq.cqn, cq.cqn), (4, 4), 0)
+            .err(),
         Some(CMD_BUSY),
         "one GSI QP per port"
     );
@@ -464,7 +465,7 @@ fn test_qp_table_full_is_no_resources() {
     let cq = a.create_cq(4);
     let mut made = 0;
     loop {
-        match a.try_create_qp(QPT_UD, pd, cq.cqn, cq.cqn, 0, 0, 0) {
+        match a.try_create_qp(QPT_UD, pd, (cq.cqn, cq.cqn), (0, 0), 0) {
             Ok(_) => made += 1,
             Err(e) => {
                 assert_eq!(e, CMD_NO_RESOURCES);

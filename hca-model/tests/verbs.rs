@@ -322,10 +322,10 @@ fn test_unsignaled_sends_with_an_occasional_signaled_one() {
     // The paper's section 3.1: unsignaled sends, one signaled WR in 16 reclaims the ring.
     let mut p = Pair::new(5);
     let mut qa =
-        p.a.try_create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn, 4, 4, 0)
+        p.a.try_create_qp(QPT_RC, p.pd_a, (p.cq_a.cqn, p.cq_a.cqn), (4, 4), 0)
             .unwrap();
     let mut qb =
-        p.b.try_create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn, 4, 4, 0)
+        p.b.try_create_qp(QPT_RC, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), (4, 4), 0)
             .unwrap();
     let (la, lb) = (p.a.lid(), p.b.lid());
     p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
@@ -356,10 +356,8 @@ fn test_sig_all_qp_completes_every_wr() {
         p.a.try_create_qp(
             QPT_RC,
             p.pd_a,
-            p.cq_a.cqn,
-            p.cq_a.cqn,
-            4,
-            4,
+            (p.cq_a.cqn, p.cq_a.cqn),
+            (4, 4),
             QP_FLAG_SIG_ALL,
         )
         .unwrap();
@@ -523,11 +521,11 @@ fn test_four_nodes_all_to_all_over_one_fabric() {
     }
     // qps[i][j]: node i's QP to node j.
     let mut qps: Vec<Vec<Option<QpH>>> = vec![vec![None; 4]; 4];
-    for i in 0..4 {
-        for j in 0..4 {
+    for (i, row) in qps.iter_mut().enumerate() {
+        for (j, slot) in row.iter_mut().enumerate() {
             if i != j {
                 let (pd, cqn) = (pds[i], cqs[i].cqn);
-                qps[i][j] = Some(nodes[i].create_qp(QPT_RC, pd, cqn, cqn));
+                *slot = Some(nodes[i].create_qp(QPT_RC, pd, cqn, cqn));
             }
         }
     }

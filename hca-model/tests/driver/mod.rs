@@ -216,14 +216,13 @@ impl Driver {
         self.try_create_cq(log, VEC_COMP_FIRST).expect("create cq")
     }
 
+    /// Creates a QP reporting to CQs `(send, recv)` with rings of `(sq, rq)` log2 entries.
     pub fn try_create_qp(
         &mut self,
         qp_type: u32,
         pdn: u32,
-        scq: u32,
-        rcq: u32,
-        sq_log: u32,
-        rq_log: u32,
+        (scq, rcq): (u32, u32),
+        (sq_log, rq_log): (u32, u32),
         flags: u32,
     ) -> Result<QpH, u32> {
         let (sq_shift, rq_shift) = (9u32, 8u32);
@@ -260,7 +259,7 @@ impl Driver {
     }
 
     pub fn create_qp(&mut self, qp_type: u32, pdn: u32, scq: u32, rcq: u32) -> QpH {
-        self.try_create_qp(qp_type, pdn, scq, rcq, 6, 6, 0)
+        self.try_create_qp(qp_type, pdn, (scq, rcq), (6, 6), 0)
             .expect("create qp")
     }
 
