@@ -30,10 +30,16 @@ step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
+read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
 
 step "model benchmark (quick run; figures for reading, not asserted)"
 cargo bench -p hca-model --bench throughput -- --quick
 
 step "model cluster demo (README command 1), 4 nodes"
 cargo run --release -q -p hca-model --example cluster -- --rounds 50
+
+echo
+echo "tests: ${passed} passed, ${failed} failed"
