@@ -82,15 +82,7 @@ fn send_rate(quick: bool) {
     println!("{:>14} {:>14} {:>12}", "WRs/doorbell", "msgs/s", "ns/msg");
     for batch in [1usize, 16] {
         let mut p = Pair::new(MTU_4096 as u8);
-        let mut qa =
-            p.a.try_create_qp(QPT_RC, p.pd_a, (p.cq_a.cqn, p.cq_a.cqn), (6, 6), 0)
-                .unwrap();
-        let mut qb =
-            p.b.try_create_qp(QPT_RC, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), (6, 6), 0)
-                .unwrap();
-        let (la, lb) = (p.a.lid(), p.b.lid());
-        p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
-        p.b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+        let (mut qa, mut qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 6, 0);
         let src = p.a.alloc(8, 8);
         let dst = p.b.alloc(8, 8);
         let (key_a, key_b) = (p.key_a, p.key_b);

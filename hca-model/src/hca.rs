@@ -120,6 +120,9 @@ pub(crate) struct HcaState {
     pub last_cmd_seq: u32,
     /// Vectors to raise once the lock is dropped.
     pub pending_irqs: u32,
+    /// Packets sent while the port had no fabric; they bounce once the current work is done,
+    /// as they would from a fabric with no route.
+    pub stranded: Vec<Packet>,
     pub stats: HcaStats,
 }
 
@@ -142,6 +145,7 @@ impl HcaState {
             eqs: Default::default(),
             last_cmd_seq: 0,
             pending_irqs: 0,
+            stranded: Vec::new(),
             stats: HcaStats::default(),
         };
         st.bar2.zero(0, BAR2_SIZE);
@@ -181,8 +185,7 @@ impl HcaState {
     /// Hands a packet to the fabric (queued; it moves after the lock is dropped).
     pub fn transmit(&mut self, mut pkt: Packet) {
         let Some(f) = &self.fabric else {
-            self.stats.rc_dropped += u64::from(!pkt.is_ud());
-            self.stats.ud_dropped += u64::from(pkt.is_ud());
+            self.stranded.push(pkt.clone_header());
             return;
         };
         pkt.slid = self.lid;
@@ -220,6 +223,11 @@ impl Shared {
         let (r, irqs, fabric) = {
             let mut st = self.lock();
             let r = f(&mut st);
+            while !st.stranded.is_empty() {
+                for pkt in std::mem::take(&mut st.stranded) {
+                    st.bounced(pkt, DropReason::NoRoute);
+                }
+            }
             let irqs = std::mem::take(&mut st.pending_irqs);
             st.stats.interrupts += u64::from(irqs.count_ones());
             (r, irqs, st.fabric.clone())

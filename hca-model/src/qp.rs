@@ -324,10 +324,22 @@ impl HcaState {
             return;
         };
         qp.attr.state = QPS_ERR as u8;
-        qp.inbound = None;
         qp.fence_wait = false;
+        // A message half received has consumed a receive WQE: it is flushed too.
+        let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
+        let recv_cqn = qp.recv_cqn;
         let pending: Vec<Pending> = qp.pending.drain(..).collect();
         let (cqn, qp_num) = (qp.send_cqn, qpn);
+        if let Some(wr_id) = half_received {
+            let cqe = HcaCqe {
+                wr_id,
+                qpn,
+                opcode: CQE_OP_RECV as u8,
+                status: WC_WR_FLUSH_ERR as u8,
+                ..Default::default()
+            };
+            self.post_cqe(recv_cqn, cqe, false);
+        }
         for p in pending {
             let cqe = HcaCqe {
                 wr_id: p.wr_id,

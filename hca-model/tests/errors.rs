@@ -314,11 +314,7 @@ fn test_ud_message_over_mtu_is_a_length_error() {
 fn test_cq_overflow_raises_async_event_and_counts_lost_cqes() {
     let mut p = Pair::new(5);
     let mut small = p.b.create_cq(2); // 4 entries
-    let mut q = p.b.create_qp(QPT_RC, p.pd_b, small.cqn, small.cqn);
-    let mut qa = p.a.create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn);
-    let (la, lb) = (p.a.lid(), p.b.lid());
-    p.a.bring_up_rc(qa.qpn, lb, q.qpn, ALL_ACCESS, 5);
-    p.b.bring_up_rc(q.qpn, la, qa.qpn, ALL_ACCESS, 5);
+    let (mut qa, mut q) = p.connect_more((p.cq_a.cqn, small.cqn), 6, 0);
     let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
     for i in 0..6 {
         p.b.post_recv(&mut q, i, &[sge(dst, 8, p.key_b)]);
@@ -341,11 +337,7 @@ fn test_cq_overflow_raises_async_event_and_counts_lost_cqes() {
 #[test]
 fn test_producer_index_beyond_ring_is_fatal_for_that_qp_only() {
     let mut p = Pair::new(5);
-    let mut other = p.a.create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn);
-    let mut peer = p.b.create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
-    let (la, lb) = (p.a.lid(), p.b.lid());
-    p.a.bring_up_rc(other.qpn, lb, peer.qpn, ALL_ACCESS, 5);
-    p.b.bring_up_rc(peer.qpn, la, other.qpn, ALL_ACCESS, 5);
+    let (mut other, mut peer) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 6, 0);
 
     p.qa.sq_pi = 1_000_000;
     p.a.ring_sq(&p.qa);
@@ -601,13 +593,7 @@ fn test_modify_qp_follows_the_ib_state_rules() {
     let mut rtr = to(QPS_RTR);
     rtr.dlid = 1;
     rtr.path_mtu = 9;
-    let rtr_mask = QP_ATTR_STATE
-        | QP_ATTR_AV
-        | QP_ATTR_PATH_MTU
-        | QP_ATTR_DEST_QPN
-        | QP_ATTR_RQ_PSN
-        | QP_ATTR_MAX_DEST_RD_ATOMIC
-        | QP_ATTR_MIN_RNR_TIMER;
+    let rtr_mask = RC_RTR_MASK;
     assert_eq!(
         a.modify_qp(qp.qpn, rtr_mask, rtr),
         CMD_BAD_PARAM,
@@ -666,4 +652,22 @@ fn test_repeated_doorbell_does_not_rerun_a_command() {
     a.hca.doorbell(DB_CMD);
     assert_eq!(a.hca.stats().commands, 1);
     assert_eq!(a.alloc_pd(), 2);
+}
+
+#[test]
+fn test_send_while_port_down_gives_retry_exceeded() {
+    let mut a = Driver::new(None, 4);
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(4);
+    let mut qp = a.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    a.bring_up_rc(qp.qpn, 2, 2, ALL_ACCESS, 5);
+    let buf = a.alloc(8, 8);
+    a.post_send(
+        &mut qp,
+        send_wr(1, WR_SEND, 0),
+        &[sge(buf, 8, LOCAL_DMA_LKEY)],
+    );
+    let c = a.drain_cq(&mut cq);
+    assert_eq!((c.len(), status(&c[0])), (1, WC_RETRY_EXC_ERR));
+    assert_eq!(a.qp_state(qp.qpn), QPS_ERR);
 }

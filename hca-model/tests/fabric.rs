@@ -130,3 +130,29 @@ fn test_a_dropped_packet_fails_the_wr_with_retry_exceeded_until_retransmission_l
     assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
     assert_eq!(p.fabric.stats().hook_dropped, 1);
 }
+
+#[test]
+fn test_receive_consumed_by_a_half_received_message_is_flushed_on_error() {
+    let mut p = Pair::new(1); // 256-byte MTU: 1000 bytes are 4 packets
+    let rec = Arc::new(Recorder {
+        drop_nth: Some(4), // the LAST packet, on its way up from A
+        ..Default::default()
+    });
+    p.fabric.set_hook(Some(rec));
+    let (src, dst) = (p.a.alloc(1000, 8), p.b.alloc(1000, 8));
+    p.b.post_recv(&mut p.qb, 42, &[sge(dst, 1000, p.key_b)]);
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(1, WR_SEND, 0),
+        &[sge(src, 1000, p.key_a)],
+    );
+    assert!(p.b.drain_cq(&mut p.cq_b).is_empty(), "message incomplete");
+    let err = HcaQpAttr {
+        state: QPS_ERR as u8,
+        ..Default::default()
+    };
+    assert_eq!(p.b.modify_qp(p.qb.qpn, QP_ATTR_STATE, err), CMD_OK);
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].wr_id, u32::from(c[0].status)), (42, WC_WR_FLUSH_ERR));
+}

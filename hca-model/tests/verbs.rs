@@ -321,15 +321,7 @@ fn test_many_qps_share_one_cq() {
 fn test_unsignaled_sends_with_an_occasional_signaled_one() {
     // The paper's section 3.1: unsignaled sends, one signaled WR in 16 reclaims the ring.
     let mut p = Pair::new(5);
-    let mut qa =
-        p.a.try_create_qp(QPT_RC, p.pd_a, (p.cq_a.cqn, p.cq_a.cqn), (4, 4), 0)
-            .unwrap();
-    let mut qb =
-        p.b.try_create_qp(QPT_RC, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), (4, 4), 0)
-            .unwrap();
-    let (la, lb) = (p.a.lid(), p.b.lid());
-    p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
-    p.b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+    let (mut qa, mut qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 4, 0);
     let buf = p.a.alloc(8, 8);
     let sink = p.b.alloc(8 * 200, 8);
     let mut signaled_seen = 0;
@@ -352,19 +344,7 @@ fn test_unsignaled_sends_with_an_occasional_signaled_one() {
 #[test]
 fn test_sig_all_qp_completes_every_wr() {
     let mut p = Pair::new(5);
-    let mut qa =
-        p.a.try_create_qp(
-            QPT_RC,
-            p.pd_a,
-            (p.cq_a.cqn, p.cq_a.cqn),
-            (4, 4),
-            QP_FLAG_SIG_ALL,
-        )
-        .unwrap();
-    let qb = p.b.create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
-    let (la, lb) = (p.a.lid(), p.b.lid());
-    p.a.bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, 5);
-    p.b.bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, 5);
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 4, QP_FLAG_SIG_ALL);
     let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
     for i in 0..3 {
         let mut wr = send_wr(i, WR_RDMA_WRITE, 0);

@@ -51,6 +51,15 @@ pub struct QpH {
 
 pub const MIB: u64 = 1 << 20;
 
+/// The attributes an RC QP needs for INIT -> RTR.
+pub const RC_RTR_MASK: u32 = QP_ATTR_STATE
+    | QP_ATTR_AV
+    | QP_ATTR_PATH_MTU
+    | QP_ATTR_DEST_QPN
+    | QP_ATTR_RQ_PSN
+    | QP_ATTR_MAX_DEST_RD_ATOMIC
+    | QP_ATTR_MIN_RNR_TIMER;
+
 pub struct Driver {
     pub hca: Hca,
     pub mem: GuestMemoryMmap,
@@ -311,14 +320,7 @@ impl Driver {
             min_rnr_timer: 12,
             ..Default::default()
         };
-        let m = QP_ATTR_STATE
-            | QP_ATTR_AV
-            | QP_ATTR_PATH_MTU
-            | QP_ATTR_DEST_QPN
-            | QP_ATTR_RQ_PSN
-            | QP_ATTR_MAX_DEST_RD_ATOMIC
-            | QP_ATTR_MIN_RNR_TIMER;
-        assert_eq!(self.modify_qp(qpn, m, rtr), CMD_OK);
+        assert_eq!(self.modify_qp(qpn, RC_RTR_MASK, rtr), CMD_OK);
         let rts = HcaQpAttr {
             state: QPS_RTS as u8,
             sq_psn: 100,
@@ -550,6 +552,27 @@ impl Pair {
             key_a,
             key_b,
         }
+    }
+}
+
+impl Pair {
+    /// Another connected RC QP pair: A's QP reports to CQ `cqs.0`, B's to `cqs.1`; rings of
+    /// `2^log` entries; `flags_a` for A's QP (QP_FLAG_SIG_ALL, say).
+    pub fn connect_more(&mut self, cqs: (u32, u32), log: u32, flags_a: u32) -> (QpH, QpH) {
+        let qa = self
+            .a
+            .try_create_qp(QPT_RC, self.pd_a, (cqs.0, cqs.0), (log, log), flags_a)
+            .expect("create QP");
+        let qb = self
+            .b
+            .try_create_qp(QPT_RC, self.pd_b, (cqs.1, cqs.1), (log, log), 0)
+            .expect("create QP");
+        let (la, lb) = (self.a.lid(), self.b.lid());
+        self.a
+            .bring_up_rc(qa.qpn, lb, qb.qpn, ALL_ACCESS, MTU_4096 as u8);
+        self.b
+            .bring_up_rc(qb.qpn, la, qa.qpn, ALL_ACCESS, MTU_4096 as u8);
+        (qa, qb)
     }
 }
 
