@@ -224,7 +224,9 @@ struct hca_dev_info {
 	__u32 qp_db_offset;
 	__u32 cq_db_offset;
 	__u32 eq_log_entries;
-	__u64 rsvd[4];
+	__u32 doorbell_peer;	/* the peer field of every doorbell write */
+	__u32 rsvd0;
+	__u64 rsvd[3];
 };
 
 /*

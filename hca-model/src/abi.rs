@@ -271,7 +271,10 @@ pub struct HcaDevInfo {
     pub qp_db_offset: u32,
     pub cq_db_offset: u32,
     pub eq_log_entries: u32,
-    pub rsvd: [u64; 4],
+    /// The device's ivshmem peer id: the `peer` field of every doorbell write.
+    pub doorbell_peer: u32,
+    pub rsvd0: u32,
+    pub rsvd: [u64; 3],
 }
 abi_struct!(HcaDevInfo, 80);
 
@@ -737,7 +740,7 @@ pub fn layout() -> Vec<(String, u64)> {
     );
     layout_of!(HcaDevInfo => "hca_dev_info" { signature, abi_version, lid, port_state,
         num_vectors, caps, node_guid, mailbox_offset, eq_offset, eq_db_offset, qp_db_offset,
-        cq_db_offset, eq_log_entries, rsvd });
+        cq_db_offset, eq_log_entries, doorbell_peer, rsvd0, rsvd });
     layout_of!(HcaCmdMailbox => "hca_cmd_mailbox" { opcode, flags, seq, done_seq, status,
         rsvd0, rsvd1, input, output, rsvd2 });
     layout_of!(HcaDeviceAttr => "hca_device_attr" { fw_ver, node_guid, max_mr_size,

@@ -118,6 +118,8 @@ pub(crate) struct HcaState {
     pub live_cqs: Vec<u32>,
     pub eqs: [Eq; NUM_VECTORS as usize],
     pub last_cmd_seq: u32,
+    /// The host's id for this device as a doorbell target (ivshmem peer id), shown in BAR2.
+    pub doorbell_peer: u32,
     /// Vectors to raise once the lock is dropped.
     pub pending_irqs: u32,
     /// Packets sent while the port had no fabric; they bounce once the current work is done,
@@ -144,6 +146,7 @@ impl HcaState {
             live_cqs: Vec::new(),
             eqs: Default::default(),
             last_cmd_seq: 0,
+            doorbell_peer: 0,
             pending_irqs: 0,
             stranded: Vec::new(),
             stats: HcaStats::default(),
@@ -169,7 +172,9 @@ impl HcaState {
             qp_db_offset: BAR2_QP_DB_OFFSET,
             cq_db_offset: BAR2_CQ_DB_OFFSET,
             eq_log_entries: EQ_LOG_ENTRIES,
-            rsvd: [0; 4],
+            doorbell_peer: self.doorbell_peer,
+            rsvd0: 0,
+            rsvd: [0; 3],
         };
         self.bar2.write_obj(BAR2_INFO_OFFSET, &info);
     }
@@ -311,6 +316,14 @@ impl Hca {
                 st.publish_info();
                 st.post_event(VEC_ASYNC, EV_PORT_DOWN, 1, 0);
             }
+        });
+    }
+
+    /// Tells the guest (through BAR2) which peer id its doorbell writes must name.
+    pub fn set_doorbell_peer(&self, peer: u32) {
+        self.shared.with_state(|st| {
+            st.doorbell_peer = peer;
+            st.publish_info();
         });
     }
 
