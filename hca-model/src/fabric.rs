@@ -34,6 +34,22 @@ pub enum DropReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rejected;
 
+/// A LID that is 0 or held by a live port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LidTaken(pub Lid);
+
+impl std::fmt::Display for LidTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "LID {} is invalid or already in use on this fabric",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for LidTaken {}
+
 /// What a port does with packets: the HCA side of a link.
 pub trait PacketSink: Send + Sync {
     /// Takes one packet; `Err` means the receiver discarded it.
@@ -138,6 +154,24 @@ impl Fabric {
         let lid = ports.len() as Lid;
         ports.push(Some(sink));
         lid
+    }
+
+    /// Attaches a port at a given LID (a node coming back keeps its LID). Fails if a live port
+    /// holds that LID already.
+    pub fn attach_at(&self, lid: Lid, sink: Weak<dyn PacketSink>) -> Result<(), LidTaken> {
+        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        if lid == 0 {
+            return Err(LidTaken(lid));
+        }
+        if ports.len() <= lid as usize {
+            ports.resize(lid as usize + 1, None);
+        }
+        let slot = &mut ports[lid as usize];
+        if slot.as_ref().is_some_and(|w| w.strong_count() > 0) {
+            return Err(LidTaken(lid));
+        }
+        *slot = Some(sink);
+        Ok(())
     }
 
     /// Takes a port off the fabric: packets for its LID are then undeliverable.

@@ -18,7 +18,7 @@ use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
 use crate::eq::Eq;
-use crate::fabric::{DropReason, Fabric, Lid, PacketSink, Rejected};
+use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, Rejected};
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
@@ -296,16 +296,30 @@ impl Hca {
     /// Connects the port to `fabric`, which assigns its LID; the port goes ACTIVE and the
     /// guest gets an EV_PORT_ACTIVE event.
     pub fn attach(&self, fabric: &Fabric) -> Lid {
-        let weak: Weak<dyn PacketSink> =
-            Arc::downgrade(&(self.shared.clone() as Arc<dyn PacketSink>));
-        let lid = fabric.attach(weak);
+        let lid = fabric.attach(self.sink());
+        self.port_up(fabric, lid);
+        lid
+    }
+
+    /// Like [`Hca::attach`] at a chosen LID: a restarted node's new HCA takes its old LID.
+    pub fn attach_at(&self, fabric: &Fabric, lid: Lid) -> Result<(), LidTaken> {
+        fabric.attach_at(lid, self.sink())?;
+        self.port_up(fabric, lid);
+        Ok(())
+    }
+
+    fn sink(&self) -> Weak<dyn PacketSink> {
+        let strong: Arc<dyn PacketSink> = self.shared.clone();
+        Arc::downgrade(&strong)
+    }
+
+    fn port_up(&self, fabric: &Fabric, lid: Lid) {
         self.shared.with_state(|st| {
             st.fabric = Some(fabric.clone());
             st.lid = lid;
             st.publish_info();
             st.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
         });
-        lid
     }
 
     /// Takes the port off its fabric (a node going away); peers' packets to it then fail.

@@ -24,5 +24,5 @@ mod responder;
 
 pub use devmem::DeviceMemory;
 pub use dma::{DmaFault, DmaSpace, GuestRam};
-pub use fabric::{Fabric, FabricStats, Lid, LinkDir, LinkHook, LinkId, Verdict};
+pub use fabric::{Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, Verdict};
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};

@@ -156,3 +156,35 @@ fn test_receive_consumed_by_a_half_received_message_is_flushed_on_error() {
     assert_eq!(c.len(), 1);
     assert_eq!((c[0].wr_id, u32::from(c[0].status)), (42, WC_WR_FLUSH_ERR));
 }
+
+#[test]
+fn test_a_restarted_node_takes_its_old_lid_and_peers_reach_it_again() {
+    let mut p = Pair::new(5);
+    let lid_b = p.b.lid();
+    assert!(
+        p.b.hca.attach_at(&p.fabric, p.a.lid()).is_err(),
+        "a live port's LID is not handed out twice"
+    );
+    p.b.hca.detach();
+    // B's guest reboots: a fresh device on the same LID, QPs set up again.
+    let mut b = Driver::new(None, 8);
+    b.hca.attach_at(&p.fabric, lid_b).unwrap();
+    assert_eq!(b.lid(), lid_b);
+    let pd = b.alloc_pd();
+    let key = b.reg_dma_mr(pd, ALL_ACCESS);
+    let mut cq = b.create_cq(4);
+    let mut qb = b.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    b.bring_up_rc(qb.qpn, p.a.lid(), p.qa.qpn, ALL_ACCESS, 5);
+    // A's old QP pointed at the same QPN, which the fresh device hands out again.
+    assert_eq!(qb.qpn, p.qb.qpn);
+    let (src, dst) = (p.a.alloc(8, 8), b.alloc(8, 8));
+    p.a.write(src, b"rebooted");
+    b.post_recv(&mut qb, 1, &[sge(dst, 8, key)]);
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(1, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 8, p.key_a)],
+    );
+    assert_eq!(b.drain_cq(&mut cq).len(), 1);
+    assert_eq!(b.read(dst, 8), b"rebooted");
+}

@@ -18,7 +18,10 @@ fn test_bar2_header_identifies_the_hca_and_its_lid() {
     assert_eq!(b.lid(), 2, "the fabric hands out LIDs in attach order");
     a.hca.set_doorbell_peer(7);
     let info: HcaDevInfo = a.hca.bar2().read_obj(BAR2_INFO_OFFSET);
-    assert_eq!(info.doorbell_peer, 7, "the guest learns the device's peer id from BAR2");
+    assert_eq!(
+        info.doorbell_peer, 7,
+        "the guest learns the device's peer id from BAR2"
+    );
     let ev = a.drain_eq(VEC_ASYNC);
     assert_eq!(u32::from(ev[0].event_type), EV_PORT_ACTIVE);
     assert!(a.irq.get(VEC_ASYNC) >= 1);
