@@ -1,0 +1,110 @@
+//! A QEMU guest's RAM, seen through the file QEMU backs it with
+//! (`-object memory-backend-file,share=on,mem-path=...`).
+//!
+//! QEMU connects to the device server before it creates its RAM backend, so the file may not
+//! exist when the guest connects: it is mapped on first use. Until then (or if it cannot be
+//! mapped), every DMA faults, which the model turns into error completions.
+
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use hca_model::dma::{DmaFault, DmaSpace, GuestRam, Slices};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+const GIB: u64 = 1 << 30;
+
+/// Where q35 puts guest RAM: below 2.75 GiB all of it at 0; from 2.75 GiB on, 2 GiB at 0
+/// and the rest above 4 GiB. Returns (guest address, length, file offset) per region.
+pub fn q35_layout(size: u64) -> Vec<(u64, u64, u64)> {
+    if size < 2 * GIB + 3 * GIB / 4 {
+        vec![(0, size, 0)]
+    } else {
+        vec![(0, 2 * GIB, 0), (4 * GIB, size - 2 * GIB, 2 * GIB)]
+    }
+}
+
+pub struct QemuRam {
+    path: PathBuf,
+    size: u64,
+    mapped: OnceLock<GuestRam<GuestMemoryMmap>>,
+}
+
+impl QemuRam {
+    pub fn new(path: PathBuf, size: u64) -> Self {
+        Self {
+            path,
+            size,
+            mapped: OnceLock::new(),
+        }
+    }
+
+    fn map(&self) -> Option<&GuestRam<GuestMemoryMmap>> {
+        if let Some(m) = self.mapped.get() {
+            return Some(m);
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .ok()?;
+        if file.metadata().ok()?.len() < self.size {
+            return None; // QEMU has not sized it yet.
+        }
+        let ranges: Vec<_> = q35_layout(self.size)
+            .into_iter()
+            .map(|(gpa, len, off)| {
+                let fo = file.try_clone().ok().map(|f| FileOffset::new(f, off));
+                (GuestAddress(gpa), len as usize, fo)
+            })
+            .collect();
+        let mem = GuestMemoryMmap::from_ranges_with_files(ranges).ok()?;
+        log::info!(
+            "mapped guest RAM {} ({} MiB)",
+            self.path.display(),
+            self.size >> 20
+        );
+        let _ = self.mapped.set(GuestRam::new(mem));
+        self.mapped.get()
+    }
+}
+
+impl DmaSpace for QemuRam {
+    fn slices(&self, addr: u64, len: u64) -> Result<Slices<'_>, DmaFault> {
+        self.map().ok_or(DmaFault { addr, len })?.slices(addr, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_q35_splits_ram_above_2_75_gib() {
+        assert_eq!(q35_layout(GIB), vec![(0, GIB, 0)]);
+        assert_eq!(q35_layout(11 * GIB / 4 - 1), vec![(0, 11 * GIB / 4 - 1, 0)]);
+        assert_eq!(
+            q35_layout(3 * GIB),
+            vec![(0, 2 * GIB, 0), (4 * GIB, GIB, 2 * GIB)]
+        );
+    }
+
+    #[test]
+    fn test_ram_file_is_mapped_once_it_exists_and_is_sized() {
+        let dir = std::env::temp_dir().join(format!("hcab-ram-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ram");
+        let ram = QemuRam::new(path.clone(), 1 << 20);
+        assert!(!ram.check(0, 8), "no file yet");
+        let f = std::fs::File::create(&path).unwrap();
+        assert!(!ram.check(0, 8), "file not sized yet");
+        f.set_len(1 << 20).unwrap();
+        ram.write(0x100, b"hello").unwrap();
+        let mut b = [0u8; 5];
+        let file = std::fs::File::open(&path).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut b, 0x100).unwrap();
+        assert_eq!(&b, b"hello", "writes land in the file QEMU maps");
+        assert!(!ram.check((1 << 20) - 4, 8));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

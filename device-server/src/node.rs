@@ -1,0 +1,257 @@
+//! One node: its unix socket, the QEMU guest connected to it, and that guest's HCA.
+//!
+//! A node thread waits (epoll) on its listening socket, a stop eventfd and, while a guest is
+//! connected, on the guest's socket and the device's doorbell eventfds. Each connection is a
+//! fresh device (a guest that reboots gets a reset HCA) at the node's fixed LID. A guest that
+//! goes away takes only its own HCA off the fabric: peers' packets to it fail, the server and
+//! the other nodes go on.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use hca_model::abi::NUM_VECTORS;
+use hca_model::{DeviceMemory, Fabric, Hca, InterruptSink, Lid};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::guest_ram::QemuRam;
+use crate::ivshmem::{greet, Greeting};
+use crate::ServerError;
+
+/// The ivshmem peer ids this server hands out on every node's socket.
+pub const DEVICE_PEER: u16 = 0;
+pub const GUEST_PEER: u16 = 1;
+
+/// How to reach one node's guest.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// A name for logs ("node1").
+    pub name: String,
+    /// The unix socket QEMU's `-chardev socket,path=` connects to.
+    pub socket: PathBuf,
+    /// The file behind the guest's RAM (`memory-backend-file,share=on,mem-path=`).
+    pub ram_path: PathBuf,
+    pub ram_size: u64,
+}
+
+/// Raises a guest's MSI-X vector by writing the eventfd QEMU waits on.
+struct GuestIrqs(Vec<EventFd>);
+
+impl InterruptSink for GuestIrqs {
+    fn raise(&self, vector: u32) {
+        if let Some(e) = self.0.get(vector as usize) {
+            let _ = e.write(1);
+        }
+    }
+}
+
+/// A connected guest and the device made for it.
+struct Session {
+    stream: UnixStream,
+    hca: Hca,
+    doorbells: Vec<EventFd>,
+}
+
+/// Epoll tokens.
+const TOKEN_LISTEN: u64 = 1 << 32;
+const TOKEN_STOP: u64 = (1 << 32) + 1;
+const TOKEN_GUEST: u64 = (1 << 32) + 2;
+
+pub(crate) struct NodeThread {
+    pub cfg: NodeConfig,
+    pub lid: Lid,
+    pub fabric: Fabric,
+    pub listener: UnixListener,
+    pub stop: EventFd,
+    /// The current guest's HCA, for status and tests.
+    pub current: Arc<Mutex<Option<Hca>>>,
+}
+
+fn memfd(name: &str) -> io::Result<File> {
+    let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: memfd_create reads a NUL-terminated name we own and returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+impl NodeThread {
+    pub fn run(self) -> Result<(), ServerError> {
+        let epoll = Epoll::new().map_err(ServerError::Epoll)?;
+        let add = |fd: RawFd, token: u64| {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
+                .map_err(ServerError::Epoll)
+        };
+        add(self.listener.as_raw_fd(), TOKEN_LISTEN)?;
+        add(self.stop.as_raw_fd(), TOKEN_STOP)?;
+        let mut session: Option<Session> = None;
+        let mut events = vec![EpollEvent::default(); 16];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ServerError::Epoll(e)),
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    TOKEN_STOP => {
+                        if let Some(s) = session.take() {
+                            self.end(&epoll, s);
+                        }
+                        return Ok(());
+                    }
+                    TOKEN_LISTEN => self.accept(&epoll, &mut session),
+                    TOKEN_GUEST if self.guest_gone(&session) => {
+                        if let Some(s) = session.take() {
+                            self.end(&epoll, s);
+                        }
+                    }
+                    v if v < u64::from(NUM_VECTORS) => {
+                        if let Some(s) = &session {
+                            // Coalesced doorbells read as one count: the model rescans anyway.
+                            if s.doorbells[v as usize].read().is_ok() {
+                                s.hca.doorbell(v as u32);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn accept(&self, epoll: &Epoll, session: &mut Option<Session>) {
+        let stream = match self.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                log::warn!("{}: accept failed: {e}", self.cfg.name);
+                return;
+            }
+        };
+        if session.is_some() {
+            log::warn!(
+                "{}: a second guest connected to {}; one guest per node, refused",
+                self.cfg.name,
+                self.cfg.socket.display()
+            );
+            return;
+        }
+        match self.start(stream) {
+            Ok(s) => {
+                let mut ok = epoll
+                    .ctl(
+                        ControlOperation::Add,
+                        s.stream.as_raw_fd(),
+                        EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, TOKEN_GUEST),
+                    )
+                    .is_ok();
+                for (v, d) in s.doorbells.iter().enumerate() {
+                    ok &= epoll
+                        .ctl(
+                            ControlOperation::Add,
+                            d.as_raw_fd(),
+                            EpollEvent::new(EventSet::IN, v as u64),
+                        )
+                        .is_ok();
+                }
+                if ok {
+                    log::info!(
+                        "{}: guest connected, HCA up at LID {}",
+                        self.cfg.name,
+                        self.lid
+                    );
+                    *session = Some(s);
+                } else {
+                    log::warn!("{}: cannot watch the new guest's fds", self.cfg.name);
+                    self.end(epoll, s);
+                }
+            }
+            Err(e) => log::warn!("{}: cannot set up the guest: {e}", self.cfg.name),
+        }
+    }
+
+    /// Makes a fresh device for a new guest and greets the guest's QEMU.
+    fn start(&self, stream: UnixStream) -> io::Result<Session> {
+        let bar2_file = memfd(&format!("hcabench-bar2-{}", self.cfg.name))?;
+        let bar2 = DeviceMemory::from_file(bar2_file.try_clone()?).map_err(io::Error::other)?;
+        let vectors = NUM_VECTORS as usize;
+        let doorbells = (0..vectors)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        let irqs = (0..vectors)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        let own: Vec<RawFd> = irqs.iter().map(|e| e.as_raw_fd()).collect();
+        let device: Vec<RawFd> = doorbells.iter().map(|e| e.as_raw_fd()).collect();
+        let ram = Arc::new(QemuRam::new(self.cfg.ram_path.clone(), self.cfg.ram_size));
+        let guid = 0x0002_c903_0000_0000 | u64::from(self.lid);
+        let hca = Hca::with_dma(ram, bar2, Arc::new(GuestIrqs(irqs)), guid);
+        hca.set_doorbell_peer(u32::from(DEVICE_PEER));
+        hca.attach_at(&self.fabric, self.lid)
+            .map_err(io::Error::other)?;
+        let greeting = Greeting {
+            client_id: GUEST_PEER,
+            shm: &bar2_file,
+            peers: &[(DEVICE_PEER, device)],
+            own: &own,
+        };
+        if let Err(e) = greet(&stream, &greeting) {
+            hca.detach();
+            return Err(e);
+        }
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(hca.clone());
+        Ok(Session {
+            stream,
+            hca,
+            doorbells,
+        })
+    }
+
+    /// QEMU never writes to the socket: readable means it closed.
+    fn guest_gone(&self, session: &Option<Session>) -> bool {
+        let Some(s) = session else {
+            return false;
+        };
+        let mut b = [0u8; 64];
+        let _ = s.stream.set_nonblocking(true);
+        match (&s.stream).read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        }
+    }
+
+    fn end(&self, epoll: &Epoll, s: Session) {
+        let _ = epoll.ctl(
+            ControlOperation::Delete,
+            s.stream.as_raw_fd(),
+            EpollEvent::default(),
+        );
+        for d in &s.doorbells {
+            let _ = epoll.ctl(
+                ControlOperation::Delete,
+                d.as_raw_fd(),
+                EpollEvent::default(),
+            );
+        }
+        s.hca.detach();
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        log::info!(
+            "{}: guest gone, HCA at LID {} off the fabric",
+            self.cfg.name,
+            self.lid
+        );
+    }
+}
