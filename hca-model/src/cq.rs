@@ -75,6 +75,18 @@ impl HcaState {
         }
     }
 
+    /// Posts a completion that carries only its WR, QP, opcode and status (errors, flushes).
+    pub(crate) fn post_status(&mut self, cqn: u32, qpn: u32, wr_id: u64, opcode: u32, status: u32) {
+        let cqe = HcaCqe {
+            wr_id,
+            qpn,
+            opcode: opcode as u8,
+            status: status as u8,
+            ..Default::default()
+        };
+        self.post_cqe(cqn, cqe, false);
+    }
+
     fn cq_error(&mut self, cqn: u32, reason: u32) {
         if let Some(cq) = self.cqs.get_mut(cqn) {
             cq.error = true;

@@ -329,26 +329,12 @@ impl HcaState {
         let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
         let recv_cqn = qp.recv_cqn;
         let pending: Vec<Pending> = qp.pending.drain(..).collect();
-        let (cqn, qp_num) = (qp.send_cqn, qpn);
+        let cqn = qp.send_cqn;
         if let Some(wr_id) = half_received {
-            let cqe = HcaCqe {
-                wr_id,
-                qpn,
-                opcode: CQE_OP_RECV as u8,
-                status: WC_WR_FLUSH_ERR as u8,
-                ..Default::default()
-            };
-            self.post_cqe(recv_cqn, cqe, false);
+            self.post_status(recv_cqn, qpn, wr_id, CQE_OP_RECV, WC_WR_FLUSH_ERR);
         }
         for p in pending {
-            let cqe = HcaCqe {
-                wr_id: p.wr_id,
-                qpn: qp_num,
-                opcode: p.cqe_op as u8,
-                status: WC_WR_FLUSH_ERR as u8,
-                ..Default::default()
-            };
-            self.post_cqe(cqn, cqe, false);
+            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WC_WR_FLUSH_ERR);
         }
         self.flush_queues(qpn);
     }
@@ -394,14 +380,7 @@ impl HcaState {
             }
         }
         for (cqn, wr_id, op) in flushed {
-            let cqe = HcaCqe {
-                wr_id,
-                qpn,
-                opcode: op as u8,
-                status: WC_WR_FLUSH_ERR as u8,
-                ..Default::default()
-            };
-            self.post_cqe(cqn, cqe, false);
+            self.post_status(cqn, qpn, wr_id, op, WC_WR_FLUSH_ERR);
         }
     }
 

@@ -89,31 +89,18 @@ impl HcaState {
     }
 
     /// Completes a WR that failed locally with `status` (always, signaled or not), then ERR.
+    /// Earlier WRs still in flight complete (flushed) before it, in order.
     fn fail_wr(&mut self, qpn: u32, wqe: &HcaSendWqe, status: u32) {
-        let Some(qp) = self.qps.get(qpn) else {
+        let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
-        let cqe = HcaCqe {
-            wr_id: wqe.wr_id,
-            qpn,
-            opcode: cqe_op_of(wqe.opcode.into()).unwrap_or(CQE_OP_SEND) as u8,
-            status: status as u8,
-            ..Default::default()
-        };
         let cqn = qp.send_cqn;
-        // Earlier WRs still in flight complete (flushed) before this one, in order.
-        self.qp_to_error_then(qpn, cqn, cqe);
-    }
-
-    fn qp_to_error_then(&mut self, qpn: u32, cqn: u32, cqe: HcaCqe) {
-        let pending: Vec<Pending> = match self.qps.get_mut(qpn) {
-            Some(qp) => qp.pending.drain(..).collect(),
-            None => return,
-        };
+        let pending: Vec<Pending> = qp.pending.drain(..).collect();
         for p in pending {
-            self.post_cqe(cqn, flush_cqe(qpn, &p), false);
+            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WC_WR_FLUSH_ERR);
         }
-        self.post_cqe(cqn, cqe, false);
+        let op = cqe_op_of(wqe.opcode.into()).unwrap_or(CQE_OP_SEND);
+        self.post_status(cqn, qpn, wqe.wr_id, op, status);
         self.qp_to_error(qpn);
     }
 
@@ -546,10 +533,4 @@ fn ok_cqe(qpn: u32, p: &Pending) -> HcaCqe {
         status: WC_SUCCESS as u8,
         ..Default::default()
     }
-}
-
-fn flush_cqe(qpn: u32, p: &Pending) -> HcaCqe {
-    let mut c = ok_cqe(qpn, p);
-    c.status = WC_WR_FLUSH_ERR as u8;
-    c
 }

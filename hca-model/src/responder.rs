@@ -150,14 +150,9 @@ impl HcaState {
     }
 
     fn fail_recv(&mut self, qpn: u32, wr_id: u64, status: u32) {
-        let cqe = HcaCqe {
-            wr_id,
-            qpn,
-            opcode: CQE_OP_RECV as u8,
-            status: status as u8,
-            ..Default::default()
-        };
-        self.post_recv_cqe(qpn, cqe, false);
+        if let Some(cqn) = self.qps.get(qpn).map(|q| q.recv_cqn) {
+            self.post_status(cqn, qpn, wr_id, CQE_OP_RECV, status);
+        }
     }
 
     /// Starts an inbound message that needs a receive WQE; on failure, answers for it.
