@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Builds hcabench guest images from Debian's own packages.
+
+Resolves the kernel `linux-image-amd64` points to, downloads it and busybox-static (never
+installing them into the host), extracts the ELF vmlinux from the bzImage (it boots through
+PVH, faster than the bzImage under TCG), builds the guest modules in guest-kmod/ against the
+matching `linux-headers-<ver>-amd64` (installed if missing), and packs an initramfs with
+busybox, the init script, the kernel modules hcabench needs and ours.
+
+Output (default target/images/): <ver>/vmlinux, <ver>/initramfs.cpio.gz, <ver>/manifest.json
+and `current` (the version). Everything is cached: a rebuild happens only when an input (a
+package, the init script, a module source, this script) changes.
+
+Usage: images/build.py [--out DIR] [--quiet]
+"""
+
+import argparse
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KMOD = ROOT / "guest-kmod"
+# Kernel modules from Debian's package that guests load (with their dependencies).
+KERNEL_MODULES = ["ib_core"]
+# Our modules: directories under guest-kmod/ with a Kbuild file.
+OUR_MODULES = ["probe"]
+
+quiet = False
+
+
+def say(msg):
+    if not quiet:
+        print(f"images: {msg}", flush=True)
+
+
+def die(msg):
+    print(f"images: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd, **kw):
+    try:
+        return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+    except FileNotFoundError:
+        die(f"`{cmd[0]}` not found; on Debian: apt-get install -y {hint(cmd[0])}")
+    except subprocess.CalledProcessError as e:
+        die(f"`{' '.join(cmd)}` failed:\n{e.stdout}{e.stderr}")
+
+
+def hint(tool):
+    return {"dpkg-deb": "dpkg", "apt-get": "apt", "apt-cache": "apt", "make": "make"}.get(tool, tool)
+
+
+def kernel_version():
+    """The ABI version linux-image-amd64 depends on, e.g. 6.1.0-56-amd64."""
+    out = run(["apt-cache", "depends", "linux-image-amd64"])
+    m = re.search(r"Depends: linux-image-(\S+-amd64)", out)
+    if not m:
+        die("apt-cache knows no linux-image-amd64; run `apt-get update` first")
+    return m.group(1)
+
+
+def download(pkg, cache):
+    """Downloads a .deb into cache (once per version) and returns its path."""
+    cache.mkdir(parents=True, exist_ok=True)
+    ver = run(["apt-cache", "policy", pkg])
+    m = re.search(r"Candidate: (\S+)", ver)
+    if not m or m.group(1) == "(none)":
+        die(f"no candidate for {pkg}; run `apt-get update`")
+    # apt names files with the epoch's colon escaped.
+    want = f"{pkg}_{m.group(1).replace(':', '%3a')}_"
+    have = [p for p in cache.glob(f"{pkg}_*.deb") if p.name.startswith(want)]
+    if have:
+        return have[0]
+    say(f"downloading {pkg} {m.group(1)}")
+    run(["apt-get", "download", "-q", pkg], cwd=cache)
+    have = [p for p in cache.glob(f"{pkg}_*.deb") if p.name.startswith(want)]
+    if not have:
+        die(f"apt-get download {pkg} produced no file")
+    return have[0]
+
+
+def extract(deb, into):
+    if not (into / ".done").exists():
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(parents=True)
+        run(["dpkg-deb", "-x", str(deb), str(into)])
+        (into / ".done").write_text(deb.name)
+    return into
+
+
+def vmlinux_from_bzimage(bz, out):
+    """Finds the xz stream in the bzImage and decompresses it to the ELF kernel."""
+    data = bz.read_bytes()
+    off = data.find(b"\xfd7zXZ\x00")
+    while off >= 0:
+        try:
+            elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[off:])
+            if elf[:4] == b"\x7fELF":
+                out.write_bytes(elf)
+                return
+        except lzma.LZMAError:
+            pass
+        off = data.find(b"\xfd7zXZ\x00", off + 1)
+    die(f"no xz-compressed ELF kernel inside {bz}")
+
+
+def module_closure(moddir, names):
+    """The .ko files (relative to moddir) for `names` and all they depend on, in load order.
+
+    The package carries no modules.dep (depmod writes it at install), so dependencies are
+    read from each module's .modinfo "depends=" entry.
+    """
+    paths = {ko.stem.replace("-", "_"): ko for ko in (moddir / "kernel").rglob("*.ko")}
+    order, seen = [], set()
+
+    def visit(name):
+        if name in seen:
+            return
+        seen.add(name)
+        ko = paths.get(name)
+        if ko is None:
+            die(f"kernel module {name} is not in {moddir}")
+        m = re.search(rb"\0depends=([^\0]*)\0", ko.read_bytes())
+        for dep in (m.group(1).decode().split(",") if m and m.group(1) else []):
+            visit(dep)
+        order.append(str(ko.relative_to(moddir)))
+
+    for n in names:
+        visit(n)
+    return order
+
+
+def headers_dir(kver):
+    d = Path(f"/usr/src/linux-headers-{kver}")
+    if d.exists():
+        return d
+    pkg = f"linux-headers-{kver}"
+    if os.geteuid() != 0:
+        die(f"module builds need {pkg}: run `sudo apt-get install -y {pkg}`")
+    say(f"installing {pkg} (for module builds)")
+    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", pkg],
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return d
+
+
+def build_our_modules(kver):
+    hdr = headers_dir(kver)
+    built = []
+    for m in OUR_MODULES:
+        src = KMOD / m
+        say(f"building guest-kmod/{m} against {kver}")
+        run(["make", "-s", "-C", str(hdr), f"M={src}", "modules"])
+        built += sorted(src.glob("*.ko"))
+    return built
+
+
+class Cpio:
+    """Writes a newc-format cpio archive (what the kernel unpacks as initramfs)."""
+
+    def __init__(self):
+        self.out = bytearray()
+        self.ino = 1
+
+    def _entry(self, name, mode, data=b"", nlink=1):
+        name_b = name.encode() + b"\0"
+        hdr = "070701" + "".join(f"{v:08x}" for v in (
+            self.ino, mode, 0, 0, nlink, 0, len(data), 0, 0, 0, 0, len(name_b), 0))
+        self.ino += 1
+        self.out += hdr.encode() + name_b
+        self.out += b"\0" * (-len(self.out) % 4)
+        self.out += data
+        self.out += b"\0" * (-len(self.out) % 4)
+
+    def dir(self, name):
+        self._entry(name, stat.S_IFDIR | 0o755, nlink=2)
+
+    def file(self, name, data, mode=0o644):
+        self._entry(name, stat.S_IFREG | mode, data)
+
+    def finish(self):
+        self._entry("TRAILER!!!", 0)
+        return bytes(self.out)
+
+
+def digest(paths, extra):
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes() if p.is_file() else b"")
+    h.update(extra.encode())
+    return h.hexdigest()
+
+
+def main():
+    global quiet
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "target" / "images"), help="output directory")
+    ap.add_argument("--quiet", action="store_true", help="print only errors")
+    args = ap.parse_args()
+    quiet = args.quiet
+    out = Path(args.out)
+    started = time.monotonic()
+
+    kver = kernel_version()
+    cache = out / "cache"
+    kdeb = download(f"linux-image-{kver}", cache)
+    bdeb = download("busybox-static", cache)
+    init = ROOT / "images" / "init.sh"
+    sources = [kdeb, bdeb, init, Path(__file__).resolve()]
+    for m in OUR_MODULES:
+        sources += sorted((KMOD / m).glob("*.c")) + [KMOD / m / "Kbuild"]
+    sources += sorted((KMOD / "include").glob("*.h"))
+    key = digest(sources, kver)
+    dest = out / kver
+    manifest = dest / "manifest.json"
+    if manifest.exists() and json.loads(manifest.read_text()).get("key") == key:
+        say(f"{kver}: up to date ({dest})")
+        (out / "current").write_text(kver + "\n")
+        return
+
+    kroot = extract(kdeb, cache / f"root-{kdeb.stem}")
+    broot = extract(bdeb, cache / f"root-{bdeb.stem}")
+    dest.mkdir(parents=True, exist_ok=True)
+    say(f"{kver}: extracting vmlinux")
+    vmlinux_from_bzimage(kroot / "boot" / f"vmlinuz-{kver}", dest / "vmlinux")
+
+    ours = build_our_modules(kver)
+    moddir = kroot / "lib" / "modules" / kver
+    img = Cpio()
+    for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib/modules", f"lib/modules/{kver}",
+              f"lib/modules/{kver}/kernel", f"lib/modules/{kver}/extra"]:
+        img.dir(d)
+    img.file("bin/busybox", (broot / "bin" / "busybox").read_bytes(), 0o755)
+    img.file("init", init.read_bytes(), 0o755)
+    load_order = []
+    for rel in module_closure(moddir, KERNEL_MODULES):
+        name = Path(rel).name
+        img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
+        load_order.append(f"kernel/{name}")
+    for ko in ours:
+        img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
+    img.file(f"lib/modules/{kver}/load-order", ("\n".join(load_order) + "\n").encode())
+    (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
+    manifest.write_text(json.dumps({
+        "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
+        "kernel_modules": load_order, "our_modules": [k.name for k in ours],
+    }, indent=2) + "\n")
+    (out / "current").write_text(kver + "\n")
+    say(f"{kver}: built in {time.monotonic() - started:.1f}s -> {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+#!/bin/busybox sh
+# hcabench guest init. Node identity and the job come from the kernel command line
+# (hcabench.node=NAME hcabench.cmd=CMD); every line meant for the harness starts with
+# "HCABENCH-" on the serial console.
+/bin/busybox mkdir -p /proc /sys /dev /tmp
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+say() { echo "HCABENCH-$*"; }
+
+node=unknown
+cmd=shell
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in
+	hcabench.node=*) node=${arg#hcabench.node=} ;;
+	hcabench.cmd=*) cmd=${arg#hcabench.cmd=} ;;
+	esac
+done
+kver=$(uname -r)
+say "INIT node=$node kernel=$kver uptime=$(cut -d' ' -f1 /proc/uptime)"
+
+# Kernel messages stay in the log, off the console the harness parses.
+dmesg -n 1
+while read -r m; do
+	insmod "/lib/modules/$kver/$m" || say "ERROR insmod $m"
+done < "/lib/modules/$kver/load-order"
+
+found=0
+for d in /sys/bus/pci/devices/*; do
+	id="$(cat "$d/vendor"):$(cat "$d/device")"
+	case "$id" in
+	0x1af4:0x1110 | 0x1234:0x21a8)
+		say "PCI $(basename "$d") $id"
+		found=1
+		;;
+	esac
+done
+[ "$found" = 1 ] || say "ERROR no HCA on the PCI bus"
+
+# The probe driver checks BAR2, rings doorbells and times their MSI-X round trips.
+if insmod "/lib/modules/$kver/extra/hca_probe.ko"; then
+	dmesg | grep 'hca_probe: ' | sed 's/.*hca_probe: /HCABENCH-PROBE /'
+else
+	say "ERROR hca_probe did not load"
+	dmesg | grep 'hca_probe: ' | sed 's/.*hca_probe: /HCABENCH-PROBE /'
+fi
+say "READY node=$node uptime=$(cut -d' ' -f1 /proc/uptime)"
+
+case "$cmd" in
+poweroff) poweroff -f ;;
+*) exec setsid cttyhack sh ;;
+esac
