@@ -11,6 +11,7 @@
 mod guest_ram;
 pub mod ivshmem;
 mod node;
+pub mod qemu;
 
 use std::fmt;
 use std::io;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks (apt, as root) and builds the guest image.
+# Sourced or run by ci/test.sh and demo.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
+if [ "$(id -u)" -ne 0 ]; then
+	if [ ${#need_apt[@]} -gt 0 ]; then
+		echo "missing: ${need_apt[*]}; run: sudo apt-get install -y ${need_apt[*]}" >&2
+		exit 1
+	fi
+else
+	# The image builder asks apt which kernel linux-image-amd64 means today.
+	step "apt-get update"
+	apt-get update -q >/dev/null
+	if [ ${#need_apt[@]} -gt 0 ]; then
+		step "installing ${need_apt[*]}"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+	fi
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+	echo "cargo not found: install Rust (https://rustup.rs) and re-run" >&2
+	exit 1
+fi
+
+step "guest image (Debian kernel, busybox, our modules)"
+python3 images/build.py

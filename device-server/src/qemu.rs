@@ -1,0 +1,195 @@
+//! Starting QEMU guests wired to a device server, and reading their consoles.
+//!
+//! Each guest boots the image `images/build.py` made (the ELF vmlinux through PVH, the
+//! initramfs), has its RAM in a shared file the device server maps, and its HCA as an
+//! ivshmem-doorbell device on the node's socket. Its serial console goes to a log file; the
+//! guest's init prints lines starting with `HCABENCH-` that callers wait for.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hca_model::abi::NUM_VECTORS;
+
+use crate::NodeConfig;
+
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// A built guest image.
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub kernel_version: String,
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+}
+
+impl Image {
+    /// The image `images/build.py` last built under `dir` (default target/images).
+    pub fn find(dir: &Path) -> Result<Image, String> {
+        let how = "build it with: python3 images/build.py";
+        let ver = fs::read_to_string(dir.join("current"))
+            .map_err(|_| format!("no guest image in {} ({how})", dir.display()))?;
+        let ver = ver.trim().to_string();
+        let img = Image {
+            vmlinux: dir.join(&ver).join("vmlinux"),
+            initramfs: dir.join(&ver).join("initramfs.cpio.gz"),
+            kernel_version: ver,
+        };
+        if !img.vmlinux.exists() || !img.initramfs.exists() {
+            return Err(format!(
+                "guest image {} is incomplete ({how})",
+                img.kernel_version
+            ));
+        }
+        Ok(img)
+    }
+}
+
+/// Whether QEMU can be run here; the error says how to install it.
+pub fn qemu_available() -> Result<(), String> {
+    match Command::new(QEMU).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err(format!(
+            "{QEMU} not found: install it with `sudo apt-get install -y qemu-system-x86`"
+        )),
+    }
+}
+
+/// How to boot one node's guest.
+#[derive(Clone, Debug)]
+pub struct GuestSpec {
+    pub node: NodeConfig,
+    pub image: Image,
+    pub vcpus: u32,
+    /// Use KVM instead of TCG (only where KVM can run a Linux guest).
+    pub kvm: bool,
+    pub console_log: PathBuf,
+    /// `hcabench.cmd=` for the guest's init.
+    pub cmd: String,
+}
+
+impl GuestSpec {
+    pub fn command(&self) -> Command {
+        let n = &self.node;
+        let mib = n.ram_size >> 20;
+        let mut c = Command::new(QEMU);
+        let accel = if self.kvm { "kvm" } else { "tcg" };
+        c.args(["-machine", &format!("q35,accel={accel},memory-backend=ram")])
+            .args(["-cpu", if self.kvm { "host" } else { "max" }])
+            .args(["-smp", &self.vcpus.to_string(), "-m", &format!("{mib}M")])
+            .args(["-nodefaults", "-no-reboot", "-display", "none"])
+            .args([
+                "-object",
+                &format!(
+                    "memory-backend-file,id=ram,size={mib}M,mem-path={},share=on",
+                    n.ram_path.display()
+                ),
+            ])
+            .args([
+                "-chardev",
+                &format!("socket,path={},id=hca", n.socket.display()),
+            ])
+            .args([
+                "-device",
+                &format!("ivshmem-doorbell,chardev=hca,vectors={NUM_VECTORS}"),
+            ])
+            .arg("-kernel")
+            .arg(&self.image.vmlinux)
+            .arg("-initrd")
+            .arg(&self.image.initramfs)
+            .args([
+                "-append",
+                &format!(
+                    "console=ttyS0 panic=-1 hcabench.node={} hcabench.cmd={}",
+                    n.name, self.cmd
+                ),
+            ])
+            .args(["-serial", &format!("file:{}", self.console_log.display())]);
+        c
+    }
+}
+
+/// A running guest.
+pub struct Guest {
+    pub name: String,
+    child: Child,
+    console: PathBuf,
+    started: Instant,
+}
+
+impl Guest {
+    pub fn spawn(spec: &GuestSpec) -> io::Result<Guest> {
+        let _ = fs::remove_file(&spec.console_log);
+        let child = spec
+            .command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        Ok(Guest {
+            name: spec.node.name.clone(),
+            child,
+            console: spec.console_log.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The console so far.
+    pub fn console(&self) -> String {
+        fs::read(&self.console)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits for a console line starting with `prefix`; returns it and when it came (time
+    /// since spawn). Fails on timeout or if QEMU exits first, with QEMU's own words.
+    pub fn wait_line(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(String, Duration), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.console().lines().find(|l| l.starts_with(prefix)) {
+                return Ok((l.trim_end().to_string(), self.started.elapsed()));
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    let _ = io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Err(format!(
+                    "{}: QEMU exited ({status}) before `{prefix}`: {}",
+                    self.name,
+                    err.trim()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: no `{prefix}` on the console within {timeout:?}; console so far:\n{}",
+                    self.name,
+                    self.console()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the guest at once (as a crash would).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,70 @@
+//! End-to-end: Linux guests under QEMU (TCG here) with the hcabench HCA over ivshmem.
+//! One 2-node cluster serves every check below in turn (booting is the slow part).
+
+use std::time::{Duration, Instant};
+
+use e2e::{image_or_skip, Cluster, BOOT_TIMEOUT};
+
+/// Parses `key=value` out of a console line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+#[test]
+fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
+    let Some(image) = image_or_skip("qemu_cluster") else {
+        return;
+    };
+    let started = Instant::now();
+    let mut c = Cluster::start("two", &image, 2, 256, "shell");
+
+    // Every guest boots, finds its HCA on PCI, reads its LID from BAR2, and gets MSI-X
+    // interrupts back for doorbells it rings.
+    for (i, g) in c.guests.iter_mut().enumerate() {
+        let (init, _) = g.wait_line("HCABENCH-INIT", BOOT_TIMEOUT).unwrap();
+        assert_eq!(
+            field(&init, "node"),
+            Some(format!("node{}", i + 1).as_str())
+        );
+        g.wait_line("HCABENCH-PCI ", BOOT_TIMEOUT).unwrap();
+        let (found, _) = g
+            .wait_line("HCABENCH-PROBE HCA found", BOOT_TIMEOUT)
+            .unwrap();
+        assert_eq!(
+            field(&found, "lid"),
+            Some((i + 1).to_string().as_str()),
+            "{found}"
+        );
+        assert_eq!(
+            field(&found, "port_state"),
+            Some("4"),
+            "port ACTIVE: {found}"
+        );
+        let (rtt, _) = g
+            .wait_line("HCABENCH-PROBE doorbell-irq", BOOT_TIMEOUT)
+            .map_err(|e| format!("{e}\n{}", g.console()))
+            .unwrap();
+        eprintln!("{}: {rtt}", g.name);
+        let (ready, at) = g.wait_line("HCABENCH-READY", BOOT_TIMEOUT).unwrap();
+        eprintln!("{}: {ready} ({at:.2?} after QEMU started)", g.name);
+    }
+    eprintln!("2-node cluster up in {:.2?}", started.elapsed());
+    assert!(c.server().hca(0).is_some() && c.server().hca(1).is_some());
+
+    // Killing one guest leaves the other guest and the server running.
+    c.guests[0].kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.server().hca(0).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "server did not notice node1 died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(c.guests[1].is_running(), "node2 still runs");
+    assert!(c.server().hca(1).is_some(), "node2's HCA is still up");
+    let lid2 = c.server().hca(1).unwrap().lid();
+    assert_eq!(lid2, 2);
+}
