@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# README command 1: sets up what is missing, boots a 2-node Linux cluster under QEMU with
-# hcabench HCAs (each guest finds its HCA, checks BAR2 and times doorbell -> MSI-X round
-# trips), then runs the paper's traffic pattern on a 4-node model-level cluster.
+# README command 1: sets up what is missing, boots a Linux cluster under QEMU with hcabench
+# HCAs (each guest prints its init banner, finds its HCA, reads its LID from BAR2 and times
+# doorbell -> MSI-X round trips), shows it, stops it; then runs the paper's traffic pattern
+# on a 4-node model-level cluster, every byte verified.
 set -euo pipefail
 cd "$(dirname "$0")"
 ci/setup.sh
 
-printf '\n==> 2-node QEMU cluster (TCG), guests booting the image just built\n'
-cargo run --release -q -p e2e --example boot_time -- "${NODES:-2}"
+cargo build --release -q -p hcabench -p hca-model --examples --bins
+hcabench=target/release/hcabench
+run=target/demo-run
+trap '"$hcabench" --run-dir "$run" down >/dev/null 2>&1 || true' EXIT
+
+printf '\n==> hcabench up: %s guests under QEMU\n' "${NODES:-2}"
+"$hcabench" --run-dir "$run" up --nodes "${NODES:-2}"
+printf '\n==> hcabench status\n'
+"$hcabench" --run-dir "$run" status
+printf '\n==> what the guests printed on their consoles\n'
+grep -h '^HCABENCH-' "$run"/node*.console | grep -v 'taints kernel\|verification failed'
+printf '\n==> hcabench run probe\n'
+"$hcabench" --run-dir "$run" run probe
+printf '\n==> hcabench down\n'
+"$hcabench" --run-dir "$run" down
 
 printf '\n==> 4-node model cluster: SENDs (one signaled in 16) and 64 KiB RDMA WRITEs, verified\n'
-cargo run --release -q -p hca-model --example cluster
+target/release/examples/cluster

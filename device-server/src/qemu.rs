@@ -66,6 +66,8 @@ pub struct GuestSpec {
     /// Use KVM instead of TCG (only where KVM can run a Linux guest).
     pub kvm: bool,
     pub console_log: PathBuf,
+    /// A unix socket a user can attach to the serial console through (`hcabench console`).
+    pub console_socket: Option<PathBuf>,
     /// `hcabench.cmd=` for the guest's init.
     pub cmd: String,
 }
@@ -106,8 +108,25 @@ impl GuestSpec {
                     n.name, self.cmd
                 ),
             ])
-            .args(["-serial", &format!("file:{}", self.console_log.display())]);
+            .args([
+                "-chardev",
+                &self.serial_chardev(),
+                "-serial",
+                "chardev:serial",
+            ]);
         c
+    }
+
+    /// The serial console: always logged to `console_log`; also a socket when asked for.
+    fn serial_chardev(&self) -> String {
+        let log = self.console_log.display();
+        match &self.console_socket {
+            Some(sock) => format!(
+                "socket,id=serial,path={},server=on,wait=off,logfile={log}",
+                sock.display()
+            ),
+            None => format!("file,id=serial,path={log}"),
+        }
     }
 }
 
@@ -175,6 +194,10 @@ impl Guest {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn is_running(&mut self) -> bool {

@@ -72,6 +72,7 @@ impl Cluster {
             .map(|node| {
                 let spec = GuestSpec {
                     console_log: dir.join(format!("{}.console", node.name)),
+                    console_socket: None,
                     node,
                     image: image.clone(),
                     vcpus: 1,

@@ -1,0 +1,114 @@
+//! The cluster description: a small TOML file whose every field has a default, so that no
+//! file is needed for a first run.
+//!
+//! ```toml
+//! nodes = 4          # guests, 1..=16 (default 2)
+//! memory_mib = 256   # RAM per guest (default 256)
+//! vcpus = 1          # per guest (default 1)
+//! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
+//! image_dir = "target/images"   # where images/build.py put the guest image
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The KVM VMM where KVM can run a Linux guest, QEMU (TCG) otherwise.
+    #[default]
+    Auto,
+    Qemu,
+    Kvm,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub nodes: usize,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub backend: Backend,
+    pub image_dir: PathBuf,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            memory_mib: 256,
+            vcpus: 1,
+            backend: Backend::Auto,
+            image_dir: PathBuf::from("target/images"),
+        }
+    }
+}
+
+/// A cluster file that cannot be used, with what to change.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl ClusterConfig {
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let c: ClusterConfig =
+            toml::from_str(text).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        c.validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        Ok(c)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=16).contains(&self.nodes) {
+            return Err(format!("nodes = {} (must be 1 to 16)", self.nodes));
+        }
+        if !(64..=16384).contains(&self.memory_mib) {
+            return Err(format!(
+                "memory_mib = {} (must be 64 to 16384)",
+                self.memory_mib
+            ));
+        }
+        if !(1..=16).contains(&self.vcpus) {
+            return Err(format!("vcpus = {} (must be 1 to 16)", self.vcpus));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_every_field_has_a_default() {
+        assert_eq!(
+            ClusterConfig::parse("", "empty").unwrap(),
+            ClusterConfig::default()
+        );
+        let c = ClusterConfig::parse("nodes = 4\nbackend = \"qemu\"", "x").unwrap();
+        assert_eq!((c.nodes, c.backend, c.memory_mib), (4, Backend::Qemu, 256));
+    }
+
+    #[test]
+    fn test_bad_files_say_what_is_wrong() {
+        let e = ClusterConfig::parse("nodes = 40", "c.toml").unwrap_err();
+        assert!(e.0.contains("c.toml") && e.0.contains("nodes = 40"), "{e}");
+        let e = ClusterConfig::parse("node = 4", "c.toml").unwrap_err();
+        assert!(e.0.contains("unknown field"), "{e}");
+        let e = ClusterConfig::parse("backend = \"xen\"", "c.toml").unwrap_err();
+        assert!(e.0.contains("xen"), "{e}");
+    }
+}

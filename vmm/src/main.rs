@@ -1,0 +1,285 @@
+//! `hcabench`: boots clusters of Linux guests with emulated InfiniBand HCAs and runs jobs on
+//! them.
+
+mod config;
+mod console;
+mod daemon;
+mod rundir;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+use config::ClusterConfig;
+use rundir::{pid_alive, ClusterState, RunDir};
+
+/// Boots clusters of Linux guests, each with an emulated InfiniBand HCA on one fabric, so
+/// that kernel RDMA code runs unmodified without InfiniBand hardware.
+///
+/// A cluster is described by a TOML file (--config) whose every field has a default:
+/// nodes (2), memory_mib (256), vcpus (1), backend ("auto"), image_dir ("target/images").
+/// Build the guest image first with `python3 images/build.py`.
+#[derive(Parser)]
+#[command(name = "hcabench", version)]
+struct Cli {
+    /// Where the cluster's sockets, RAM files and console logs live
+    /// [default: $XDG_RUNTIME_DIR/hcabench or /tmp/hcabench-UID; env HCABENCH_RUN_DIR]
+    #[arg(long, global = true)]
+    run_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Boot a cluster in the background and wait until every guest is ready
+    Up(UpArgs),
+    /// Stop the cluster: guests, device server, run files
+    Down,
+    /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
+    Status,
+    /// Attach to a guest's serial console (Ctrl-] detaches)
+    Console {
+        /// The node, e.g. node2
+        node: String,
+    },
+    /// Run a job on the cluster (booting one first if none is up)
+    Run {
+        /// The job: `probe` prints each guest's HCA check and doorbell round trips
+        /// (DSM applications come with the DSM module)
+        app: String,
+        #[command(flatten)]
+        up: UpArgs,
+    },
+    /// (internal) the background process `up` starts
+    #[command(hide = true)]
+    Daemon {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct UpArgs {
+    /// Cluster file (TOML); without it every field takes its default
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Number of guests (overrides the file)
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Seconds to wait for the guests to boot
+    #[arg(long, default_value_t = 180)]
+    timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let run = RunDir::resolve(cli.run_dir);
+    let result = match cli.cmd {
+        Cmd::Up(a) => up(&run, &a).map(|_| ()),
+        Cmd::Down => down(&run),
+        Cmd::Status => status(&run),
+        Cmd::Console { node } => console_cmd(&run, &node),
+        Cmd::Run { app, up: a } => run_app(&run, &app, &a),
+        Cmd::Daemon { config } => ClusterConfig::load(&config)
+            .map_err(|e| e.to_string())
+            .and_then(|c| daemon::run(&run, &c)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hcabench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
+    let mut c = match &a.config {
+        Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
+        None => ClusterConfig::default(),
+    };
+    if let Some(n) = a.nodes {
+        c.nodes = n;
+    }
+    c.validate()?;
+    device_server::qemu::qemu_available()?;
+    device_server::qemu::Image::find(&c.image_dir)?;
+    daemon::choose_backend(c.backend)?;
+    Ok(c)
+}
+
+fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
+    if let Some(s) = run.live_state() {
+        return Err(format!(
+            "a cluster of {} nodes is already up in {} (`hcabench down` stops it)",
+            s.nodes.len(),
+            run.dir().display()
+        ));
+    }
+    let mut cfg = load_config(a)?;
+    cfg.image_dir = std::fs::canonicalize(&cfg.image_dir).unwrap_or(cfg.image_dir);
+    std::fs::create_dir_all(run.dir())
+        .map_err(|e| format!("cannot create {}: {e}", run.dir().display()))?;
+    let cfg_file = run.path("cluster.toml");
+    std::fs::write(&cfg_file, toml::to_string(&cfg).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("cannot write {}: {e}", cfg_file.display()))?;
+    let (backend, why) = daemon::choose_backend(cfg.backend)?;
+    println!("booting {} nodes ({backend}: {why})", cfg.nodes);
+    let started = Instant::now();
+    let pid = daemon::spawn(run, &cfg_file).map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let deadline = started + Duration::from_secs(a.timeout);
+    let state = loop {
+        if let Some(s) = run.read_state().filter(|s| s.daemon_pid == pid) {
+            break s;
+        }
+        if !pid_alive(pid) || Instant::now() > deadline {
+            let log = std::fs::read_to_string(run.path("daemon.log")).unwrap_or_default();
+            return Err(format!("the cluster did not start:\n{}", log.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for n in &state.nodes {
+        print!("  {}: booting ...", n.name);
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        match wait_console(&n.console_log, "HCABENCH-READY", deadline, n.qemu_pid) {
+            Ok(()) => println!(" ready ({:.1?})", started.elapsed()),
+            Err(e) => {
+                println!(" failed");
+                let _ = down(run);
+                return Err(format!("{}: {e}", n.name));
+            }
+        }
+    }
+    println!(
+        "cluster up: {} nodes, LIDs 1..={}; consoles logged in {}",
+        state.nodes.len(),
+        state.nodes.len(),
+        run.dir().display()
+    );
+    println!("attach: hcabench console node1    stop: hcabench down");
+    Ok(state)
+}
+
+/// Waits for a console line starting with `prefix`.
+fn wait_console(
+    log: &std::path::Path,
+    prefix: &str,
+    deadline: Instant,
+    qemu: u32,
+) -> Result<(), String> {
+    loop {
+        let text = std::fs::read(log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        if text.lines().any(|l| l.starts_with(prefix)) {
+            return Ok(());
+        }
+        if !pid_alive(qemu) {
+            return Err(format!("QEMU exited; console:\n{}", text.trim()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not ready in time; console so far:\n{}",
+                text.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn down(run: &RunDir) -> Result<(), String> {
+    let Some(s) = run.live_state() else {
+        println!("no cluster is up in {}", run.dir().display());
+        return Ok(());
+    };
+    // SAFETY: kill only sends a signal to the daemon's pid, recorded by the daemon itself.
+    unsafe { libc::kill(s.daemon_pid as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_alive(s.daemon_pid) {
+        if Instant::now() > deadline {
+            return Err(format!("daemon {} did not stop within 20 s", s.daemon_pid));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("cluster of {} nodes stopped", s.nodes.len());
+    Ok(())
+}
+
+fn status(run: &RunDir) -> Result<(), String> {
+    let Some(s) = run.live_state() else {
+        println!("no cluster is up in {}", run.dir().display());
+        return Ok(());
+    };
+    println!(
+        "cluster up in {}: {} nodes, backend {}, kernel {}, daemon pid {}",
+        run.dir().display(),
+        s.nodes.len(),
+        s.backend,
+        s.kernel,
+        s.daemon_pid
+    );
+    println!(
+        "  {:<8} {:>4} {:>9} {:<8} console log",
+        "node", "LID", "QEMU pid", "state"
+    );
+    for n in &s.nodes {
+        let log = std::fs::read(&n.console_log).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log);
+        let state = if !pid_alive(n.qemu_pid) {
+            "dead"
+        } else if log.lines().any(|l| l.starts_with("HCABENCH-READY")) {
+            "ready"
+        } else {
+            "booting"
+        };
+        println!(
+            "  {:<8} {:>4} {:>9} {:<8} {}",
+            n.name,
+            n.lid,
+            n.qemu_pid,
+            state,
+            n.console_log.display()
+        );
+    }
+    Ok(())
+}
+
+fn console_cmd(run: &RunDir, node: &str) -> Result<(), String> {
+    let s = run.live_state().ok_or_else(|| {
+        format!(
+            "no cluster is up in {} (`hcabench up`)",
+            run.dir().display()
+        )
+    })?;
+    let n = s.nodes.iter().find(|n| n.name == node).ok_or_else(|| {
+        let names: Vec<_> = s.nodes.iter().map(|n| n.name.as_str()).collect();
+        format!("no node {node}; the cluster has {}", names.join(", "))
+    })?;
+    console::attach(&n.console_socket, &n.name)
+}
+
+fn run_app(run: &RunDir, app: &str, a: &UpArgs) -> Result<(), String> {
+    if app != "probe" {
+        return Err(format!(
+            "unknown job `{app}`; available: probe (DSM applications such as sor come with \
+             the DSM module)"
+        ));
+    }
+    let state = match run.live_state() {
+        Some(s) => s,
+        None => up(run, a)?,
+    };
+    for n in &state.nodes {
+        let log = std::fs::read(&n.console_log).unwrap_or_default();
+        for l in String::from_utf8_lossy(&log).lines() {
+            if let Some(rest) = l.strip_prefix("HCABENCH-PROBE ") {
+                if rest.starts_with("HCA found") || rest.starts_with("doorbell") {
+                    println!("{}: {rest}", n.name);
+                }
+            }
+        }
+    }
+    Ok(())
+}

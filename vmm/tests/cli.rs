@@ -1,0 +1,117 @@
+//! The `hcabench` command line against real QEMU guests: up, status, run, console errors,
+//! down; and the errors a user meets without a cluster.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use e2e::{image_or_skip, repo_root};
+
+fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hcabench"))
+        .arg("--run-dir")
+        .arg(run_dir)
+        .args(args)
+        .output()
+        .expect("run hcabench")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A run directory removed at the end, with the cluster in it stopped.
+struct RunDir(std::path::PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = hcabench(&self.0, &["down"]);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn test_up_status_run_down_on_a_two_node_cluster() {
+    let Some(_image) = image_or_skip("cli") else {
+        return;
+    };
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cfg = dir.0.join("cluster.in.toml");
+    let images = repo_root().join("target/images");
+    std::fs::write(&cfg, format!("nodes = 2\nimage_dir = {:?}\n", images)).unwrap();
+    let cfg = cfg.to_str().unwrap();
+
+    let up = hcabench(&dir.0, &["up", "--config", cfg]);
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(
+        text(&up).contains("node2: booting ... ready"),
+        "{}",
+        text(&up)
+    );
+
+    let again = hcabench(&dir.0, &["up", "--config", cfg]);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("already up"), "{}", text(&again));
+
+    let st = hcabench(&dir.0, &["status"]);
+    assert_eq!(text(&st).matches(" ready ").count(), 2, "{}", text(&st));
+
+    let probe = hcabench(&dir.0, &["run", "probe"]);
+    let out = text(&probe);
+    assert!(probe.status.success(), "{out}");
+    assert!(
+        out.contains("node1: HCA found abi=1 lid=1 port_state=4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("node2: HCA found abi=1 lid=2 port_state=4"),
+        "{out}"
+    );
+    assert_eq!(out.matches("doorbell-irq rounds=200").count(), 2, "{out}");
+
+    let bad = hcabench(&dir.0, &["console", "node7"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad).contains("the cluster has node1, node2"),
+        "{}",
+        text(&bad)
+    );
+    let job = hcabench(&dir.0, &["run", "nosuchjob"]);
+    assert!(text(&job).contains("available: probe"), "{}", text(&job));
+
+    let qemu_pids: Vec<u32> = std::fs::read_to_string(dir.0.join("state.toml"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("qemu_pid = "))
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(qemu_pids.len(), 2);
+    let down = hcabench(&dir.0, &["down"]);
+    assert!(down.status.success(), "{}", text(&down));
+    for pid in qemu_pids {
+        // SAFETY: signal 0 only probes whether the process exists.
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+        assert!(!alive, "QEMU {pid} outlived `down`");
+    }
+    assert!(text(&hcabench(&dir.0, &["status"])).contains("no cluster is up"));
+    assert!(
+        dir.0.join("node1.console").exists(),
+        "console logs are kept"
+    );
+}
+
+#[test]
+fn test_commands_without_a_cluster_say_so() {
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-none-{}", std::process::id())));
+    let c = hcabench(&dir.0, &["console", "node1"]);
+    assert!(!c.status.success());
+    assert!(text(&c).contains("no cluster is up"), "{}", text(&c));
+    assert!(text(&hcabench(&dir.0, &["down"])).contains("no cluster is up"));
+    let bad = hcabench(&dir.0, &["up", "--nodes", "99"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("nodes = 99"), "{}", text(&bad));
+}
