@@ -20,14 +20,7 @@ fn main() {
         std::process::exit(2);
     };
     let dir = PathBuf::from(dir);
-    let configs = (1..=nodes)
-        .map(|i| NodeConfig {
-            name: format!("node{i}"),
-            socket: dir.join(format!("node{i}.sock")),
-            ram_path: dir.join(format!("node{i}.ram")),
-            ram_size: mib << 20,
-        })
-        .collect();
+    let configs = NodeConfig::cluster(&dir, nodes, mib << 20);
     let server = match DeviceServer::start(configs) {
         Ok(s) => s,
         Err(e) => {

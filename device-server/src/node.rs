@@ -38,6 +38,21 @@ pub struct NodeConfig {
     pub ram_size: u64,
 }
 
+impl NodeConfig {
+    /// `nodes` nodes named node1.., each with its socket (nodeK.sock) and RAM file
+    /// (nodeK.ram) in `dir`: the layout every cluster uses.
+    pub fn cluster(dir: &std::path::Path, nodes: usize, ram_size: u64) -> Vec<NodeConfig> {
+        (1..=nodes)
+            .map(|i| NodeConfig {
+                name: format!("node{i}"),
+                socket: dir.join(format!("node{i}.sock")),
+                ram_path: dir.join(format!("node{i}.ram")),
+                ram_size,
+            })
+            .collect()
+    }
+}
+
 /// Raises a guest's MSI-X vector by writing the eventfd QEMU waits on.
 struct GuestIrqs(Vec<EventFd>);
 

@@ -130,6 +130,12 @@ impl GuestSpec {
     }
 }
 
+/// The newline-terminated lines of `text`, without their line ends.
+pub fn complete_lines(text: &str) -> Vec<String> {
+    let done = text.rfind('\n').map_or("", |end| &text[..end]);
+    done.lines().map(|l| l.trim_end().to_string()).collect()
+}
+
 /// A running guest.
 pub struct Guest {
     pub name: String,
@@ -162,6 +168,11 @@ impl Guest {
             .unwrap_or_default()
     }
 
+    /// The console's complete lines so far: QEMU may be half-way through writing the last.
+    pub fn console_lines(&self) -> Vec<String> {
+        complete_lines(&self.console())
+    }
+
     /// Waits for a console line starting with `prefix`; returns it and when it came (time
     /// since spawn). Fails on timeout or if QEMU exits first, with QEMU's own words.
     pub fn wait_line(
@@ -171,8 +182,12 @@ impl Guest {
     ) -> Result<(String, Duration), String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(l) = self.console().lines().find(|l| l.starts_with(prefix)) {
-                return Ok((l.trim_end().to_string(), self.started.elapsed()));
+            if let Some(l) = self
+                .console_lines()
+                .into_iter()
+                .find(|l| l.starts_with(prefix))
+            {
+                return Ok((l, self.started.elapsed()));
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 let mut err = String::new();
@@ -214,5 +229,20 @@ impl Guest {
 impl Drop for Guest {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_line_still_being_written_is_not_a_line_yet() {
+        assert_eq!(
+            complete_lines("a\nHCABENCH-PROBE HCA found lid=1 por"),
+            vec!["a"]
+        );
+        assert_eq!(complete_lines("a\r\nb\n"), vec!["a", "b"]);
+        assert!(complete_lines("no newline").is_empty());
     }
 }

@@ -35,14 +35,7 @@ fn scratch(name: &str) -> Scratch {
 }
 
 fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
-    (1..=n)
-        .map(|i| NodeConfig {
-            name: format!("node{i}"),
-            socket: dir.join(format!("node{i}.sock")),
-            ram_path: dir.join(format!("node{i}.ram")),
-            ram_size: RAM,
-        })
-        .collect()
+    NodeConfig::cluster(dir, n, RAM)
 }
 
 struct FakeGuest {

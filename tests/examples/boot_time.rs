@@ -38,7 +38,11 @@ fn main() -> ExitCode {
                     .map(|(l, _)| l.replace("HCABENCH-PROBE doorbell-irq ", ""))
                     .unwrap_or_default();
                 println!("  {}: ready {at:.2?} after start; {rtt}", g.name);
-                for line in g.console().lines().filter(|l| l.starts_with("HCABENCH-")) {
+                for line in g
+                    .console_lines()
+                    .iter()
+                    .filter(|l| l.starts_with("HCABENCH-"))
+                {
                     println!("      {line}");
                 }
             }

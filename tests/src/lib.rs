@@ -58,14 +58,7 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let configs: Vec<NodeConfig> = (1..=nodes)
-            .map(|i| NodeConfig {
-                name: format!("node{i}"),
-                socket: dir.join(format!("node{i}.sock")),
-                ram_path: dir.join(format!("node{i}.ram")),
-                ram_size: ram_mib << 20,
-            })
-            .collect();
+        let configs = NodeConfig::cluster(&dir, nodes, ram_mib << 20);
         let server = DeviceServer::start(configs.clone()).expect("device server");
         let guests = configs
             .into_iter()

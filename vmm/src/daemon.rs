@@ -46,23 +46,12 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
     }
 }
 
-pub fn node_configs(run: &RunDir, cfg: &ClusterConfig) -> Vec<NodeConfig> {
-    (1..=cfg.nodes)
-        .map(|i| NodeConfig {
-            name: format!("node{i}"),
-            socket: run.path(&format!("node{i}.sock")),
-            ram_path: run.path(&format!("node{i}.ram")),
-            ram_size: cfg.memory_mib << 20,
-        })
-        .collect()
-}
-
 pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let signals = block_stop_signals();
     let (backend, why) = choose_backend(cfg.backend)?;
     eprintln!("daemon: backend {backend} ({why})");
     let image = Image::find(&cfg.image_dir)?;
-    let nodes = node_configs(run, cfg);
+    let nodes = NodeConfig::cluster(run.dir(), cfg.nodes, cfg.memory_mib << 20);
     for n in &nodes {
         let _ = std::fs::remove_file(&n.socket);
     }

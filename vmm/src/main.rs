@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use device_server::qemu::complete_lines;
 
 use config::ClusterConfig;
 use rundir::{pid_alive, ClusterState, RunDir};
@@ -173,7 +174,7 @@ fn wait_console(
     loop {
         let text = std::fs::read(log).unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
-        if text.lines().any(|l| l.starts_with(prefix)) {
+        if complete_lines(&text).iter().any(|l| l.starts_with(prefix)) {
             return Ok(());
         }
         if !pid_alive(qemu) {
@@ -226,10 +227,10 @@ fn status(run: &RunDir) -> Result<(), String> {
     );
     for n in &s.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
-        let log = String::from_utf8_lossy(&log);
+        let log = complete_lines(&String::from_utf8_lossy(&log));
         let state = if !pid_alive(n.qemu_pid) {
             "dead"
-        } else if log.lines().any(|l| l.starts_with("HCABENCH-READY")) {
+        } else if log.iter().any(|l| l.starts_with("HCABENCH-READY")) {
             "ready"
         } else {
             "booting"
@@ -273,7 +274,7 @@ fn run_app(run: &RunDir, app: &str, a: &UpArgs) -> Result<(), String> {
     };
     for n in &state.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
-        for l in String::from_utf8_lossy(&log).lines() {
+        for l in complete_lines(&String::from_utf8_lossy(&log)) {
             if let Some(rest) = l.strip_prefix("HCABENCH-PROBE ") {
                 if rest.starts_with("HCA found") || rest.starts_with("doorbell") {
                     println!("{}: {rest}", n.name);
