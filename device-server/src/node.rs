@@ -222,7 +222,7 @@ impl NodeThread {
             peers: &[(DEVICE_PEER, device)],
             own: &own,
         };
-        if let Err(e) = greet(&stream, &greeting) {
+        if let Err(e) = greet(&stream, &greeting).and_then(|()| stream.set_nonblocking(true)) {
             hca.detach();
             return Err(e);
         }
@@ -234,13 +234,13 @@ impl NodeThread {
         })
     }
 
-    /// QEMU never writes to the socket: readable means it closed.
+    /// QEMU never writes to the socket: readable means it closed. (The socket is
+    /// non-blocking from the end of the greeting on.)
     fn guest_gone(&self, session: &Option<Session>) -> bool {
         let Some(s) = session else {
             return false;
         };
         let mut b = [0u8; 64];
-        let _ = s.stream.set_nonblocking(true);
         match (&s.stream).read(&mut b) {
             Ok(0) => true,
             Ok(_) => false,

@@ -332,22 +332,50 @@ fn rdma_write(
     }
 }
 
-#[test]
-fn test_rdma_write_goes_from_one_guest_ram_file_into_another() {
-    let dir = scratch("rdma");
+/// A server with two guests whose RC QPs are connected to each other.
+struct TwoGuests {
+    server: DeviceServer,
+    a: FakeGuest,
+    b: FakeGuest,
+    ram_a: GuestMemoryMmap,
+    ram_b: GuestMemoryMmap,
+    /// (key, CQ ring, QPN, SQ) of each side.
+    ea: (u32, u64, u32, u64),
+    eb: (u32, u64, u32, u64),
+    dir: Scratch,
+}
+
+fn two_connected_guests(name: &str) -> TwoGuests {
+    let dir = scratch(name);
     let cfgs = configs(&dir.0, 2);
-    let _server = DeviceServer::start(cfgs.clone()).unwrap();
+    let server = DeviceServer::start(cfgs.clone()).unwrap();
     let mut a = FakeGuest::connect(&cfgs[0]);
     let mut b = FakeGuest::connect(&cfgs[1]);
     let (ram_a, ram_b) = (a.create_ram(), b.create_ram());
     let ea = rc_endpoint(&mut a, 0, 0);
     let eb = rc_endpoint(&mut b, 1, ea.2);
     connect_rc(&mut a, ea.2, 2, eb.2);
+    TwoGuests {
+        server,
+        a,
+        b,
+        ram_a,
+        ram_b,
+        ea,
+        eb,
+        dir,
+    }
+}
+
+#[test]
+fn test_rdma_write_goes_from_one_guest_ram_file_into_another() {
+    let g = two_connected_guests("rdma");
+    let (a, ram_a, ram_b, ea, eb) = (&g.a, &g.ram_a, &g.ram_b, g.ea, g.eb);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
     ram_a.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
     let c = rdma_write(
-        &a,
-        &ram_a,
+        a,
+        ram_a,
         ea,
         (0x10_0000, 0x40_0000, eb.0, data.len() as u32),
         0,
@@ -360,19 +388,12 @@ fn test_rdma_write_goes_from_one_guest_ram_file_into_another() {
 
 #[test]
 fn test_a_dead_guest_takes_only_its_own_hca_down() {
-    let dir = scratch("kill");
-    let cfgs = configs(&dir.0, 2);
-    let server = DeviceServer::start(cfgs.clone()).unwrap();
-    let mut a = FakeGuest::connect(&cfgs[0]);
-    let mut b = FakeGuest::connect(&cfgs[1]);
-    let (ram_a, _ram_b) = (a.create_ram(), b.create_ram());
-    let ea = rc_endpoint(&mut a, 0, 0);
-    let eb = rc_endpoint(&mut b, 1, ea.2);
-    connect_rc(&mut a, ea.2, 2, eb.2);
+    let mut g = two_connected_guests("kill");
+    let cfgs = configs(&g.dir.0, 2);
 
-    drop(b); // node2's QEMU dies
+    drop(g.b); // node2's QEMU dies
     let deadline = Instant::now() + WAIT;
-    while server.hca(1).is_some() {
+    while g.server.hca(1).is_some() {
         assert!(
             Instant::now() < deadline,
             "the server never noticed the guest left"
@@ -380,10 +401,10 @@ fn test_a_dead_guest_takes_only_its_own_hca_down() {
         std::thread::sleep(Duration::from_millis(5));
     }
     // node1 sees an error completion for its connection to the dead node, and goes on.
-    let c = rdma_write(&a, &ram_a, ea, (0x10_0000, 0x40_0000, eb.0, 64), 0);
+    let c = rdma_write(&g.a, &g.ram_a, g.ea, (0x10_0000, 0x40_0000, g.eb.0, 64), 0);
     assert_eq!(u32::from(c.status), WC_RETRY_EXC_ERR);
     assert_eq!(
-        a.cmd(CMD_QUERY_PORT, &[], 0).0,
+        g.a.cmd(CMD_QUERY_PORT, &[], 0).0,
         CMD_OK,
         "node1 still served"
     );
@@ -392,5 +413,5 @@ fn test_a_dead_guest_takes_only_its_own_hca_down() {
     let b2 = FakeGuest::connect(&cfgs[1]);
     let info = b2.info();
     assert_eq!((info.lid, u32::from(info.port_state)), (2, PORT_ACTIVE));
-    assert_eq!(server.fabric().stats().no_route, 1);
+    assert_eq!(g.server.fabric().stats().no_route, 1);
 }

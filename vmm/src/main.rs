@@ -108,7 +108,6 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     c.validate()?;
     device_server::qemu::qemu_available()?;
     device_server::qemu::Image::find(&c.image_dir)?;
-    daemon::choose_backend(c.backend)?;
     Ok(c)
 }
 
@@ -121,13 +120,13 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
         ));
     }
     let mut cfg = load_config(a)?;
+    let (backend, why) = daemon::choose_backend(cfg.backend)?;
     cfg.image_dir = std::fs::canonicalize(&cfg.image_dir).unwrap_or(cfg.image_dir);
     std::fs::create_dir_all(run.dir())
         .map_err(|e| format!("cannot create {}: {e}", run.dir().display()))?;
     let cfg_file = run.path("cluster.toml");
     std::fs::write(&cfg_file, toml::to_string(&cfg).map_err(|e| e.to_string())?)
         .map_err(|e| format!("cannot write {}: {e}", cfg_file.display()))?;
-    let (backend, why) = daemon::choose_backend(cfg.backend)?;
     println!("booting {} nodes ({backend}: {why})", cfg.nodes);
     let started = Instant::now();
     let pid = daemon::spawn(run, &cfg_file).map_err(|e| format!("cannot start the daemon: {e}"))?;
