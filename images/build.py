@@ -30,10 +30,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KMOD = ROOT / "guest-kmod"
-# Kernel modules from Debian's package that guests load (with their dependencies).
+# Kernel modules from Debian's package that guests load at boot (with their dependencies).
 KERNEL_MODULES = ["ib_core"]
+# Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
+RXE_MODULES = ["virtio_pci", "virtio_net", "rdma_rxe"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
-OUR_MODULES = ["probe"]
+OUR_MODULES = ["probe", "hca_ib", "vbench"]
+# Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
+USER_TOOLS = ["vbench-user"]
+# iproute2's `rdma` (to add rxe links and show `rdma link`) and the libraries it needs.
+RDMA_TOOL_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6"]
+RDMA_TOOL_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
+                  "ld-linux-x86-64.so.2"]
 
 quiet = False
 
@@ -165,6 +173,38 @@ def build_our_modules(kver):
     return built
 
 
+def build_user_tools():
+    """Static binaries: the guest has busybox and no libc of its own."""
+    out = {}
+    for t in USER_TOOLS:
+        src = KMOD / "user" / f"{t}.c"
+        exe = ROOT / "target" / "guest-tools" / t
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        say(f"building guest-kmod/user/{t}")
+        run(["gcc", "-static", "-O2", "-Wall", "-o", str(exe), str(src)])
+        out[t] = exe.read_bytes()
+    return out
+
+
+def rdma_tool(cache):
+    """`rdma` and its shared libraries, from Debian's packages: {path in image: bytes}."""
+    roots = [extract(download(p, cache), cache / f"root-{p}") for p in RDMA_TOOL_DEBS]
+    files = {}
+    for r in roots:
+        for cand in [r / "bin" / "rdma", r / "usr" / "bin" / "rdma", r / "sbin" / "rdma"]:
+            if cand.exists():
+                files["bin/rdma"] = cand.read_bytes()
+    for lib in RDMA_TOOL_LIBS:
+        hits = [f for r in roots for f in r.rglob(lib) if f.resolve().is_file()]
+        if not hits:
+            die(f"{lib} is in none of {', '.join(RDMA_TOOL_DEBS)}")
+        dest = "lib64" if lib.startswith("ld-linux") else "lib/x86_64-linux-gnu"
+        files[f"{dest}/{lib}"] = hits[0].resolve().read_bytes()
+    if "bin/rdma" not in files:
+        die("iproute2 carries no rdma binary")
+    return files
+
+
 class Cpio:
     """Writes a newc-format cpio archive (what the kernel unpacks as initramfs)."""
 
@@ -218,9 +258,11 @@ def main():
     bdeb = download("busybox-static", cache)
     init = ROOT / "images" / "init.sh"
     sources = [kdeb, bdeb, init, Path(__file__).resolve()]
+    sources += [ROOT / "images" / n for n in ("vb", "rxe-up")]
     for m in OUR_MODULES:
-        sources += sorted((KMOD / m).glob("*.c")) + [KMOD / m / "Kbuild"]
+        sources += sorted((KMOD / m).glob("*.[ch]")) + [KMOD / m / "Kbuild"]
     sources += sorted((KMOD / "include").glob("*.h"))
+    sources += sorted((KMOD / "user").glob("*.c"))
     key = digest(sources, kver)
     dest = out / kver
     manifest = dest / "manifest.json"
@@ -236,25 +278,39 @@ def main():
     vmlinux_from_bzimage(kroot / "boot" / f"vmlinuz-{kver}", dest / "vmlinux")
 
     ours = build_our_modules(kver)
+    tools = build_user_tools()
+    rdma = rdma_tool(cache)
     moddir = kroot / "lib" / "modules" / kver
     img = Cpio()
-    for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib/modules", f"lib/modules/{kver}",
-              f"lib/modules/{kver}/kernel", f"lib/modules/{kver}/extra"]:
+    for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu",
+              "lib/modules", f"lib/modules/{kver}", f"lib/modules/{kver}/kernel",
+              f"lib/modules/{kver}/extra"]:
         img.dir(d)
     img.file("bin/busybox", (broot / "bin" / "busybox").read_bytes(), 0o755)
     img.file("init", init.read_bytes(), 0o755)
-    load_order = []
-    for rel in module_closure(moddir, KERNEL_MODULES):
-        name = Path(rel).name
-        img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
-        load_order.append(f"kernel/{name}")
+    for script in ("vb", "rxe-up"):
+        img.file(f"bin/{script}", (ROOT / "images" / script).read_bytes(), 0o755)
+    for name, data in tools.items():
+        img.file(f"bin/{name}", data, 0o755)
+    for path, data in rdma.items():
+        img.file(path, data, 0o755)
+    load_order, rxe_order = [], []
+    for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order)):
+        for rel in module_closure(moddir, names):
+            name = Path(rel).name
+            if f"kernel/{name}" in load_order + rxe_order:
+                continue
+            img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
+            order.append(f"kernel/{name}")
     for ko in ours:
         img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
     img.file(f"lib/modules/{kver}/load-order", ("\n".join(load_order) + "\n").encode())
+    img.file(f"lib/modules/{kver}/rxe-order", ("\n".join(rxe_order) + "\n").encode())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
-        "kernel_modules": load_order, "our_modules": [k.name for k in ours],
+        "kernel_modules": load_order, "rxe_modules": rxe_order,
+        "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(rdma),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")
     say(f"{kver}: built in {time.monotonic() - started:.1f}s -> {dest}")

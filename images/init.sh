@@ -40,16 +40,37 @@ for d in /sys/bus/pci/devices/*; do
 done
 [ "$found" = 1 ] || say "ERROR no HCA on the PCI bus"
 
-# The probe driver checks BAR2, rings doorbells and times their MSI-X round trips.
+# The probe driver checks BAR2, rings doorbells and times their MSI-X round trips; then it
+# gives the device to the real driver.
 if insmod "/lib/modules/$kver/extra/hca_probe.ko"; then
 	dmesg | grep 'hca_probe: ' | sed 's/.*hca_probe: /HCABENCH-PROBE /'
+	rmmod hca_probe
 else
 	say "ERROR hca_probe did not load"
 	dmesg | grep 'hca_probe: ' | sed 's/.*hca_probe: /HCABENCH-PROBE /'
+fi
+
+# The ib_core provider, then the verbs benchmark module (a plain verbs consumer).
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+if insmod "/lib/modules/$kver/extra/hca_ib.ko" && insmod "/lib/modules/$kver/extra/vbench.ko"; then
+	for p in /sys/class/infiniband/*/ports/1; do
+		[ -e "$p" ] || { say "ERROR no ib_device registered"; break; }
+		dev=${p#/sys/class/infiniband/}
+		say "IB ${dev%%/*} lid=$(cat "$p/lid") state=$(cut -d' ' -f2 < "$p/state")"
+	done
+else
+	say "ERROR hca_ib or vbench did not load"
 fi
 say "READY node=$node uptime=$(cut -d' ' -f1 /proc/uptime)"
 
 case "$cmd" in
 poweroff) poweroff -f ;;
+agent)
+	# A command channel for the harness: no echo, no prompt, no line editing (a pipe
+	# makes the shell non-interactive). Every command's output ends in a marker line.
+	stty -echo 2>/dev/null
+	say "AGENT"
+	while true; do cat | sh; done
+	;;
 *) exec setsid cttyhack sh ;;
 esac

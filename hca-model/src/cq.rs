@@ -95,16 +95,28 @@ impl HcaState {
         self.post_event(VEC_ASYNC, EV_CQ_ERR, cqn, reason);
     }
 
-    /// DB_CQ_ARM: arms every CQ whose arm word changed.
+    /// DB_CQ_ARM: arms every CQ whose arm word changed. A CQ that already holds CQEs the
+    /// driver has not consumed (by its published consumer index) fires at once: the driver
+    /// cannot tell whether a CQE landed between its last poll and this arm, so an event now
+    /// is the only way not to lose a wake-up. Drivers see at most a spurious event.
     pub(crate) fn scan_cq_arms(&mut self) {
         for i in 0..self.live_cqs.len() {
             let cqn = self.live_cqs[i];
             let word = self.bar2.load_u32(cq_db(cqn) + 4);
-            if let Some(cq) = self.cqs.get_mut(cqn) {
-                if word != cq.arm_seen {
-                    cq.arm_seen = word;
-                    cq.armed = Some(word & 1 != 0);
-                }
+            let ci = self.bar2.load_u32(cq_db(cqn));
+            let Some(cq) = self.cqs.get_mut(cqn) else {
+                continue;
+            };
+            if word == cq.arm_seen {
+                continue;
+            }
+            cq.arm_seen = word;
+            if cq.pi != ci && !cq.error {
+                cq.armed = None;
+                let vector = cq.vector;
+                self.post_event(vector, EV_COMPLETION, cqn, 0);
+            } else {
+                cq.armed = Some(word & 1 != 0);
             }
         }
     }

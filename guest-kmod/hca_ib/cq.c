@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Completion queues: a ring of CQEs in guest RAM that the device fills,
+ * a consumer index and an arm word in the CQ's BAR2 doorbell record.
+ *
+ * Locking: cq->lock (irqsave: poll_cq runs in completion handlers) guards
+ * ci and arm_sn. Under it, poll_cq looks QPs up and advances their work
+ * queues' consumer indices, of which it is the only writer; destroy_qp
+ * takes this lock once after unpublishing a QP, so no poller still uses it.
+ */
+#include <linux/interrupt.h>
+#include "hca_ib.h"
+
+static void __iomem *hca_cq_db(struct hca_dev *dev, u32 cqn)
+{
+	return dev->bar2 + HCA_BAR2_CQ_DB_OFFSET + cqn * sizeof(struct hca_cq_db);
+}
+
+int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		  struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibcq->device);
+	struct hca_cq *cq = to_hcq(ibcq);
+	struct hca_cmd_create_cq in = {};
+	struct hca_cmd_handle out;
+	unsigned long flags;
+	int err;
+
+	if (udata || attr->flags)
+		return -EOPNOTSUPP;
+	if (attr->cqe < 1 || attr->cqe > (1 << HCA_MAX_CQ_LOG_CQE))
+		return -EINVAL;
+	cq->log_entries = max(order_base_2(attr->cqe), 1);
+	cq->ring_bytes = sizeof(struct hca_cqe) << cq->log_entries;
+	cq->ring = dma_alloc_coherent(&dev->pdev->dev, cq->ring_bytes,
+				      &cq->ring_dma, GFP_KERNEL);
+	if (!cq->ring)
+		return -ENOMEM;
+	spin_lock_init(&cq->lock);
+	cq->vector = HCA_VEC_COMP_FIRST + attr->comp_vector % HCA_IB_NUM_COMP_VECTORS;
+	in.ring_addr = cq->ring_dma;
+	in.log_entries = cq->log_entries;
+	in.vector = cq->vector;
+	err = hca_cmd(dev, HCA_CMD_CREATE_CQ, &in, sizeof(in), &out, sizeof(out));
+	if (err)
+		goto err_ring;
+	if (out.handle >= HCA_MAX_CQ) {
+		err = -EIO;
+		goto err_ring;
+	}
+	cq->cqn = out.handle;
+	ibcq->cqe = 1 << cq->log_entries;
+	spin_lock_irqsave(&dev->table_lock, flags);
+	WRITE_ONCE(dev->cqs[cq->cqn], cq);
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+	return 0;
+
+err_ring:
+	dma_free_coherent(&dev->pdev->dev, cq->ring_bytes, cq->ring, cq->ring_dma);
+	return err;
+}
+
+int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibcq->device);
+	struct hca_cq *cq = to_hcq(ibcq);
+	unsigned long flags;
+	int err;
+
+	err = hca_cmd_handle(dev, HCA_CMD_DESTROY_CQ, cq->cqn);
+	if (err)
+		return err;
+	spin_lock_irqsave(&dev->table_lock, flags);
+	WRITE_ONCE(dev->cqs[cq->cqn], NULL);
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+	/* Handlers that found the CQ before it was unpublished finish first. */
+	synchronize_irq(dev->irq[cq->vector]);
+	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
+	dma_free_coherent(&dev->pdev->dev, cq->ring_bytes, cq->ring, cq->ring_dma);
+	return 0;
+}
+
+static struct hca_cqe *hca_next_cqe(struct hca_cq *cq)
+{
+	struct hca_cqe *cqe = &cq->ring[cq->ci & ((1 << cq->log_entries) - 1)];
+
+	if (READ_ONCE(cqe->owner) != hca_owner_bit(cq->ci, cq->log_entries))
+		return NULL;
+	/* The owner byte is written last: read the rest only after it. */
+	dma_rmb();
+	return cqe;
+}
+
+/* Maps the device's work-queue index in wr_id back to the consumer's wr_id. */
+static u64 hca_retire(struct hca_wq *wq, u64 index)
+{
+	u32 idx = (u32)index;
+
+	WRITE_ONCE(wq->ci, idx + 1);
+	return wq->wrid[idx & ((1 << wq->log_entries) - 1)];
+}
+
+static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
+			  struct ib_wc *wc)
+{
+	struct hca_qp *qp = hca_qp_lookup(dev, c->qpn);
+
+	memset(wc, 0, sizeof(*wc));
+	wc->status = c->status;
+	wc->byte_len = c->byte_len;
+	wc->src_qp = c->src_qp;
+	wc->slid = c->slid;
+	wc->pkey_index = c->pkey_index;
+	wc->port_num = 1;
+	wc->qp = qp ? &qp->ibqp : NULL;
+	if (c->flags & HCA_CQE_FLAG_IMM) {
+		wc->wc_flags |= IB_WC_WITH_IMM;
+		wc->ex.imm_data = (__force __be32)c->imm;
+	}
+	if (c->flags & HCA_CQE_FLAG_GRH)
+		wc->wc_flags |= IB_WC_GRH;
+	if (c->opcode & HCA_CQE_OP_RECV) {
+		wc->opcode = c->opcode == HCA_CQE_OP_RECV_RDMA_IMM ?
+			     IB_WC_RECV_RDMA_WITH_IMM : IB_WC_RECV;
+		if (qp)
+			wc->wr_id = hca_retire(&qp->rq, c->wr_id);
+	} else {
+		wc->opcode = c->opcode;
+		if (qp)
+			wc->wr_id = hca_retire(&qp->sq, c->wr_id);
+	}
+}
+
+int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
+{
+	struct hca_dev *dev = to_hdev(ibcq->device);
+	struct hca_cq *cq = to_hcq(ibcq);
+	struct hca_cqe *cqe;
+	unsigned long flags;
+	int n = 0;
+
+	spin_lock_irqsave(&cq->lock, flags);
+	while (n < num && (cqe = hca_next_cqe(cq))) {
+		hca_cqe_to_wc(dev, cqe, &wc[n]);
+		cq->ci++;
+		/* A CQE of a destroyed QP has no consumer left: drop it. */
+		if (wc[n].qp)
+			n++;
+	}
+	iowrite32(cq->ci, hca_cq_db(dev, cq->cqn) + offsetof(struct hca_cq_db, ci));
+	spin_unlock_irqrestore(&cq->lock, flags);
+	return n;
+}
+
+int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
+{
+	struct hca_dev *dev = to_hdev(ibcq->device);
+	struct hca_cq *cq = to_hcq(ibcq);
+	bool solicited = (flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED;
+	unsigned long irqflags;
+	int missed = 0;
+
+	spin_lock_irqsave(&cq->lock, irqflags);
+	cq->arm_sn++;
+	iowrite32(cq->arm_sn << 1 | solicited,
+		  hca_cq_db(dev, cq->cqn) + offsetof(struct hca_cq_db, arm));
+	hca_ring(dev, HCA_DB_CQ_ARM);
+	/* CQEs already in the ring do not fire the arm: tell the caller. */
+	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) && hca_next_cqe(cq))
+		missed = 1;
+	spin_unlock_irqrestore(&cq->lock, irqflags);
+	return missed;
+}

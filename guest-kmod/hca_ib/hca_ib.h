@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * hca_ib: the ib_core provider for the hcabench HCA.
+ *
+ * Locking overview (details next to each lock):
+ * - dev->cmd_mutex serialises the one command mailbox; commands sleep.
+ * - dev->table_lock guards the QPN -> QP and CQN -> CQ lookup tables,
+ *   which interrupt handlers and poll_cq read.
+ * - cq->lock guards a CQ's consumer index and arming sequence.
+ * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
+ */
+#ifndef HCA_IB_H
+#define HCA_IB_H
+
+#include <linux/pci.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/completion.h>
+#include <rdma/ib_verbs.h>
+#include "hca_abi.h"
+
+#define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
+#define HCA_IB_CMD_TIMEOUT_MS	5000
+
+struct hca_dev {
+	struct ib_device ibdev;
+	struct pci_dev *pdev;
+	void __iomem *bar0;
+	void __iomem *bar2;
+	u32 doorbell_peer;
+
+	struct hca_device_attr attr;
+	struct hca_port_attr port;
+
+	/* Mailbox: one command at a time, completed by an EV_CMD_DONE. */
+	struct mutex cmd_mutex;
+	struct completion cmd_done;
+	u32 cmd_seq;
+	u32 cmd_status;
+
+	/* Per-EQ consumer index; each EQ is drained by its own vector only. */
+	u32 eq_ci[HCA_NUM_VECTORS];
+	int irq[HCA_NUM_VECTORS];
+
+	/* Readers: interrupt handlers and pollers; writers: create/destroy. */
+	spinlock_t table_lock;
+	struct hca_qp *qps[HCA_MAX_QP];
+	struct hca_cq *cqs[HCA_MAX_CQ];
+};
+
+struct hca_pd {
+	struct ib_pd ibpd;
+	u32 pdn;
+};
+
+struct hca_ah {
+	struct ib_ah ibah;
+	u16 dlid;
+};
+
+struct hca_mr {
+	struct ib_mr ibmr;
+};
+
+struct hca_cq {
+	struct ib_cq ibcq;
+	u32 cqn;
+	u32 log_entries;
+	struct hca_cqe *ring;
+	dma_addr_t ring_dma;
+	size_t ring_bytes;
+	/* Guards ci and arm_sn: poll_cq and req_notify_cq race from any context. */
+	spinlock_t lock;
+	u32 ci;
+	u32 arm_sn;
+	int vector;
+};
+
+/* One work queue: a ring in guest RAM plus the consumer's wr_ids. */
+struct hca_wq {
+	void *ring;
+	dma_addr_t ring_dma;
+	size_t ring_bytes;
+	u32 log_entries;
+	u32 wqe_shift;
+	u32 max_sge;
+	u32 pi;		/* next slot to fill */
+	u32 ci;		/* oldest slot not known complete */
+	u64 *wrid;	/* consumer wr_id per slot; the WQE carries the index */
+};
+
+struct hca_qp {
+	struct ib_qp ibqp;
+	u32 qpn;
+	u8 state;
+	bool sig_all;
+	/* Guards sq.pi and sq.ci (ci also moves in poll_cq). */
+	spinlock_t sq_lock;
+	struct hca_wq sq;
+	/* Guards rq.pi and rq.ci. */
+	spinlock_t rq_lock;
+	struct hca_wq rq;
+};
+
+static inline struct hca_dev *to_hdev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct hca_dev, ibdev);
+}
+
+static inline struct hca_pd *to_hpd(struct ib_pd *ibpd)
+{
+	return container_of(ibpd, struct hca_pd, ibpd);
+}
+
+static inline struct hca_cq *to_hcq(struct ib_cq *ibcq)
+{
+	return container_of(ibcq, struct hca_cq, ibcq);
+}
+
+static inline struct hca_qp *to_hqp(struct ib_qp *ibqp)
+{
+	return container_of(ibqp, struct hca_qp, ibqp);
+}
+
+static inline struct hca_ah *to_hah(struct ib_ah *ibah)
+{
+	return container_of(ibah, struct hca_ah, ibah);
+}
+
+/* Every guest-to-device signal: one write of the class to BAR0's doorbell. */
+static inline void hca_ring(struct hca_dev *dev, u32 class)
+{
+	iowrite32(dev->doorbell_peer << HCA_DOORBELL_PEER_SHIFT | class,
+		  dev->bar0 + HCA_BAR0_DOORBELL);
+}
+
+/* cmd.c */
+int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
+	    void *out, size_t out_len);
+int hca_cmd_handle(struct hca_dev *dev, u32 opcode, u32 handle);
+void hca_cmd_complete(struct hca_dev *dev, u32 seq, u32 status);
+
+/* eq.c */
+int hca_eq_init(struct hca_dev *dev);
+void hca_eq_cleanup(struct hca_dev *dev);
+
+/* verbs.c */
+extern const struct ib_device_ops hca_dev_ops;
+
+/* cq.c */
+int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		  struct ib_udata *udata);
+int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
+int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
+
+/* qp.c */
+int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		  struct ib_udata *udata);
+int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		  struct ib_udata *udata);
+int hca_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		 struct ib_qp_init_attr *init);
+int hca_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+struct hca_qp *hca_qp_lookup(struct hca_dev *dev, u32 qpn);
+
+/* post.c */
+int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		  const struct ib_send_wr **bad_wr);
+int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		  const struct ib_recv_wr **bad_wr);
+
+#endif /* HCA_IB_H */

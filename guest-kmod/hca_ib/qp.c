@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Queue pairs: RC, UD and the GSI QP (QPN 1) that ib_mad opens. Rings live
+ * in guest RAM; the device runs the IB state machine and checks every
+ * attribute, so modify/query mostly translate between ib_core and the ABI
+ * (whose numbering is ib_core's).
+ */
+#include <linux/interrupt.h>
+#include "hca_ib.h"
+
+#define HCA_QP_KNOWN_MASK (IB_QP_STATE | IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | \
+	IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY | IB_QP_AV | IB_QP_PATH_MTU | \
+	IB_QP_TIMEOUT | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY | IB_QP_RQ_PSN | \
+	IB_QP_MAX_QP_RD_ATOMIC | IB_QP_MIN_RNR_TIMER | IB_QP_SQ_PSN | \
+	IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_DEST_QPN)
+
+struct hca_qp *hca_qp_lookup(struct hca_dev *dev, u32 qpn)
+{
+	return qpn < HCA_MAX_QP ? READ_ONCE(dev->qps[qpn]) : NULL;
+}
+
+/* Sizes a work queue for wr entries of hdr + sge * 16 (or hdr + inline) bytes. */
+static int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,
+		       u32 min_shift, u32 max_shift)
+{
+	u32 bytes = max(hdr + sge * (u32)sizeof(struct hca_sge), hdr + inl);
+
+	if (sge > HCA_MAX_SGE || inl > HCA_MAX_INLINE ||
+	    wr > (1 << HCA_MAX_QP_LOG_WR))
+		return -EINVAL;
+	wq->log_entries = order_base_2(max(wr, 1u));
+	wq->wqe_shift = max_t(u32, order_base_2(bytes), min_shift);
+	if (wq->wqe_shift > max_shift)
+		return -EINVAL;
+	wq->max_sge = min_t(u32, HCA_MAX_SGE,
+			    ((1 << wq->wqe_shift) - hdr) / sizeof(struct hca_sge));
+	return 0;
+}
+
+static int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq)
+{
+	wq->ring_bytes = (size_t)1 << (wq->log_entries + wq->wqe_shift);
+	wq->ring = dma_alloc_coherent(&dev->pdev->dev, wq->ring_bytes,
+				      &wq->ring_dma, GFP_KERNEL);
+	if (!wq->ring)
+		return -ENOMEM;
+	wq->wrid = kcalloc(1 << wq->log_entries, sizeof(u64), GFP_KERNEL);
+	if (!wq->wrid) {
+		dma_free_coherent(&dev->pdev->dev, wq->ring_bytes, wq->ring,
+				  wq->ring_dma);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void hca_wq_free(struct hca_dev *dev, struct hca_wq *wq)
+{
+	kfree(wq->wrid);
+	dma_free_coherent(&dev->pdev->dev, wq->ring_bytes, wq->ring, wq->ring_dma);
+}
+
+static int hca_qp_check(struct ib_qp_init_attr *init, u32 *type)
+{
+	switch (init->qp_type) {
+	case IB_QPT_RC:
+		*type = HCA_QPT_RC;
+		break;
+	case IB_QPT_UD:
+		*type = HCA_QPT_UD;
+		break;
+	case IB_QPT_GSI:
+		*type = HCA_QPT_GSI;
+		break;
+	default:
+		return -EOPNOTSUPP;
+	}
+	if (init->srq || init->create_flags)
+		return -EOPNOTSUPP;
+	if (!init->send_cq || !init->recv_cq)
+		return -EINVAL;
+	return 0;
+}
+
+static void hca_qp_report_caps(struct hca_qp *qp, struct ib_qp_cap *cap)
+{
+	cap->max_send_wr = 1 << qp->sq.log_entries;
+	cap->max_recv_wr = 1 << qp->rq.log_entries;
+	cap->max_send_sge = qp->sq.max_sge;
+	cap->max_recv_sge = qp->rq.max_sge;
+	cap->max_inline_data = min_t(u32, HCA_MAX_INLINE,
+				     (1 << qp->sq.wqe_shift) -
+				     sizeof(struct hca_send_wqe));
+}
+
+static int hca_qp_publish(struct hca_dev *dev, struct hca_qp *qp)
+{
+	unsigned long flags;
+
+	if (qp->qpn >= HCA_MAX_QP)
+		return -EIO;
+	spin_lock_irqsave(&dev->table_lock, flags);
+	WRITE_ONCE(dev->qps[qp->qpn], qp);
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+	return 0;
+}
+
+int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		  struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibqp->device);
+	struct hca_qp *qp = to_hqp(ibqp);
+	struct ib_qp_cap *cap = &init->cap;
+	struct hca_cmd_create_qp in = {};
+	struct hca_cmd_handle out;
+	u32 type;
+	int err;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	err = hca_qp_check(init, &type);
+	if (err)
+		return err;
+	err = hca_wq_size(&qp->sq, cap->max_send_wr, sizeof(struct hca_send_wqe),
+			  cap->max_send_sge, cap->max_inline_data,
+			  HCA_MIN_SQ_WQE_SHIFT, HCA_MAX_SQ_WQE_SHIFT);
+	if (!err)
+		err = hca_wq_size(&qp->rq, cap->max_recv_wr,
+				  sizeof(struct hca_recv_wqe), cap->max_recv_sge,
+				  0, HCA_MIN_RQ_WQE_SHIFT, HCA_MAX_RQ_WQE_SHIFT);
+	if (err)
+		return err;
+	spin_lock_init(&qp->sq_lock);
+	spin_lock_init(&qp->rq_lock);
+	err = hca_wq_alloc(dev, &qp->sq);
+	if (err)
+		return err;
+	err = hca_wq_alloc(dev, &qp->rq);
+	if (err)
+		goto err_sq;
+	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	in.sq_addr = qp->sq.ring_dma;
+	in.rq_addr = qp->rq.ring_dma;
+	in.pdn = to_hpd(ibqp->pd)->pdn;
+	in.send_cqn = to_hcq(init->send_cq)->cqn;
+	in.recv_cqn = to_hcq(init->recv_cq)->cqn;
+	in.qp_type = type;
+	in.flags = qp->sig_all ? HCA_QP_FLAG_SIG_ALL : 0;
+	in.sq_log_entries = qp->sq.log_entries;
+	in.sq_wqe_shift = qp->sq.wqe_shift;
+	in.rq_log_entries = qp->rq.log_entries;
+	in.rq_wqe_shift = qp->rq.wqe_shift;
+	err = hca_cmd(dev, HCA_CMD_CREATE_QP, &in, sizeof(in), &out, sizeof(out));
+	if (err)
+		goto err_rq;
+	qp->qpn = out.handle;
+	ibqp->qp_num = qp->qpn;
+	qp->state = HCA_QPS_RESET;
+	err = hca_qp_publish(dev, qp);
+	if (err)
+		goto err_destroy;
+	hca_qp_report_caps(qp, cap);
+	return 0;
+
+err_destroy:
+	hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn);
+err_rq:
+	hca_wq_free(dev, &qp->rq);
+err_sq:
+	hca_wq_free(dev, &qp->sq);
+	return err;
+}
+
+static void hca_attr_to_hw(const struct ib_qp_attr *a, struct hca_qp_attr *h)
+{
+	h->qkey = a->qkey;
+	h->rq_psn = a->rq_psn;
+	h->sq_psn = a->sq_psn;
+	h->dest_qpn = a->dest_qp_num;
+	h->access_flags = a->qp_access_flags;
+	h->pkey_index = a->pkey_index;
+	h->dlid = rdma_ah_get_dlid(&a->ah_attr);
+	h->sl = rdma_ah_get_sl(&a->ah_attr);
+	h->state = a->qp_state;
+	h->cur_state = a->cur_qp_state;
+	h->path_mtu = a->path_mtu;
+	h->port_num = a->port_num;
+	h->timeout = a->timeout;
+	h->retry_cnt = a->retry_cnt;
+	h->rnr_retry = a->rnr_retry;
+	h->min_rnr_timer = a->min_rnr_timer;
+	h->max_rd_atomic = a->max_rd_atomic;
+	h->max_dest_rd_atomic = a->max_dest_rd_atomic;
+}
+
+/* Entering RESET empties both queues on the device: restart our indices. */
+static void hca_qp_reset_indices(struct hca_qp *qp)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&qp->sq_lock, flags);
+	qp->sq.pi = 0;
+	WRITE_ONCE(qp->sq.ci, 0);
+	spin_unlock_irqrestore(&qp->sq_lock, flags);
+	spin_lock_irqsave(&qp->rq_lock, flags);
+	qp->rq.pi = 0;
+	WRITE_ONCE(qp->rq.ci, 0);
+	spin_unlock_irqrestore(&qp->rq_lock, flags);
+}
+
+int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		  struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibqp->device);
+	struct hca_qp *qp = to_hqp(ibqp);
+	struct hca_cmd_modify_qp in = {};
+	int err;
+
+	if (udata || (mask & ~HCA_QP_KNOWN_MASK))
+		return -EOPNOTSUPP;
+	in.qpn = qp->qpn;
+	in.attr_mask = mask;
+	hca_attr_to_hw(attr, &in.attr);
+	err = hca_cmd(dev, HCA_CMD_MODIFY_QP, &in, sizeof(in), NULL, 0);
+	if (err)
+		return err;
+	if (mask & IB_QP_STATE) {
+		qp->state = attr->qp_state;
+		if (attr->qp_state == IB_QPS_RESET)
+			hca_qp_reset_indices(qp);
+	}
+	return 0;
+}
+
+static void hca_attr_from_hw(const struct hca_qp_attr *h, struct ib_qp_attr *a)
+{
+	a->qp_state = h->state;
+	a->cur_qp_state = h->state;
+	a->path_mtu = h->path_mtu;
+	a->qkey = h->qkey;
+	a->rq_psn = h->rq_psn;
+	a->sq_psn = h->sq_psn;
+	a->dest_qp_num = h->dest_qpn;
+	a->qp_access_flags = h->access_flags;
+	a->pkey_index = h->pkey_index;
+	a->port_num = h->port_num ? h->port_num : 1;
+	a->timeout = h->timeout;
+	a->retry_cnt = h->retry_cnt;
+	a->rnr_retry = h->rnr_retry;
+	a->min_rnr_timer = h->min_rnr_timer;
+	a->max_rd_atomic = h->max_rd_atomic;
+	a->max_dest_rd_atomic = h->max_dest_rd_atomic;
+	a->ah_attr.type = RDMA_AH_ATTR_TYPE_IB;
+	rdma_ah_set_dlid(&a->ah_attr, h->dlid);
+	rdma_ah_set_sl(&a->ah_attr, h->sl);
+	rdma_ah_set_port_num(&a->ah_attr, a->port_num);
+}
+
+int hca_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+		 struct ib_qp_init_attr *init)
+{
+	struct hca_qp *qp = to_hqp(ibqp);
+	struct hca_cmd_handle in = { .handle = qp->qpn };
+	struct hca_qp_attr h;
+	int err;
+
+	err = hca_cmd(to_hdev(ibqp->device), HCA_CMD_QUERY_QP, &in, sizeof(in),
+		      &h, sizeof(h));
+	if (err)
+		return err;
+	memset(attr, 0, sizeof(*attr));
+	hca_attr_from_hw(&h, attr);
+	qp->state = h.state;
+	hca_qp_report_caps(qp, &attr->cap);
+	memset(init, 0, sizeof(*init));
+	init->qp_type = ibqp->qp_type;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->cap = attr->cap;
+	init->sq_sig_type = qp->sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
+	return 0;
+}
+
+/* After this, no poller or event handler still holds the QP. */
+static void hca_qp_unpublish(struct hca_dev *dev, struct hca_qp *qp)
+{
+	struct hca_cq *scq = to_hcq(qp->ibqp.send_cq);
+	struct hca_cq *rcq = to_hcq(qp->ibqp.recv_cq);
+	unsigned long flags;
+
+	spin_lock_irqsave(&dev->table_lock, flags);
+	WRITE_ONCE(dev->qps[qp->qpn], NULL);
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+	spin_lock_irqsave(&scq->lock, flags);
+	spin_unlock_irqrestore(&scq->lock, flags);
+	spin_lock_irqsave(&rcq->lock, flags);
+	spin_unlock_irqrestore(&rcq->lock, flags);
+	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
+}
+
+int hca_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibqp->device);
+	struct hca_qp *qp = to_hqp(ibqp);
+	int err;
+
+	err = hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn);
+	if (err)
+		return err;
+	hca_qp_unpublish(dev, qp);
+	hca_wq_free(dev, &qp->rq);
+	hca_wq_free(dev, &qp->sq);
+	return 0;
+}

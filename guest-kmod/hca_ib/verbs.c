@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Device and port queries, PDs, address handles and memory regions, and
+ * the ops table ib_core calls through.
+ */
+#include <rdma/ib_mad.h>
+#include "hca_ib.h"
+
+#define INFO(field) offsetof(struct hca_dev_info, field)
+
+static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
+			    struct ib_udata *uhw)
+{
+	struct hca_dev *dev = to_hdev(ibdev);
+	const struct hca_device_attr *h = &dev->attr;
+
+	memset(a, 0, sizeof(*a));
+	a->fw_ver = h->fw_ver;
+	a->sys_image_guid = cpu_to_be64(h->node_guid);
+	a->max_mr_size = h->max_mr_size;
+	a->page_size_cap = h->page_size_cap;
+	a->vendor_id = HCA_PCI_VENDOR_HCABENCH;
+	a->vendor_part_id = HCA_PCI_DEVICE_HCABENCH;
+	a->max_qp = h->max_qp;
+	a->max_qp_wr = h->max_qp_wr;
+	a->max_send_sge = h->max_sge;
+	a->max_recv_sge = h->max_sge;
+	a->max_sge_rd = h->max_sge;
+	a->max_cq = h->max_cq;
+	a->max_cqe = h->max_cqe;
+	a->max_mr = h->max_mr;
+	a->max_pd = h->max_pd;
+	a->max_qp_rd_atom = 16;
+	a->max_qp_init_rd_atom = 16;
+	a->max_res_rd_atom = 16 * h->max_qp;
+	a->atomic_cap = IB_ATOMIC_HCA;
+	a->max_ah = INT_MAX;
+	a->max_pkeys = 1;
+	a->local_ca_ack_delay = 15;
+	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
+	return 0;
+}
+
+static int hca_query_port(struct ib_device *ibdev, u32 port,
+			  struct ib_port_attr *a)
+{
+	struct hca_dev *dev = to_hdev(ibdev);
+	u8 state = ioread8(dev->bar2 + INFO(port_state));
+
+	/* ib_core zeroed *a. State and LID are live in BAR2. */
+	a->state = state == HCA_PORT_ACTIVE ? IB_PORT_ACTIVE : IB_PORT_DOWN;
+	a->phys_state = state == HCA_PORT_ACTIVE ? IB_PORT_PHYS_STATE_LINK_UP :
+						   IB_PORT_PHYS_STATE_DISABLED;
+	a->lid = ioread16(dev->bar2 + INFO(lid));
+	a->sm_lid = dev->port.sm_lid;
+	a->max_mtu = dev->port.max_mtu;
+	a->active_mtu = dev->port.active_mtu;
+	a->gid_tbl_len = 1;
+	a->pkey_tbl_len = 1;
+	a->port_cap_flags = IB_PORT_CM_SUP;
+	a->max_msg_sz = HCA_MAX_MSG_SIZE;
+	a->max_vl_num = 1;
+	a->active_width = IB_WIDTH_4X;
+	a->active_speed = IB_SPEED_EDR;
+	a->subnet_timeout = 18;
+	return 0;
+}
+
+static int hca_get_port_immutable(struct ib_device *ibdev, u32 port,
+				  struct ib_port_immutable *im)
+{
+	struct ib_port_attr a;
+	int err;
+
+	err = ib_query_port(ibdev, port, &a);
+	if (err)
+		return err;
+	im->pkey_tbl_len = a.pkey_tbl_len;
+	im->gid_tbl_len = a.gid_tbl_len;
+	/* IB without SMI: the fabric is its own subnet manager, so no QP0. */
+	im->core_cap_flags = RDMA_CORE_CAP_PROT_IB | RDMA_CORE_CAP_IB_MAD |
+			     RDMA_CORE_CAP_IB_CM | RDMA_CORE_CAP_IB_SA |
+			     RDMA_CORE_CAP_AF_IB;
+	im->max_mad_size = IB_MGMT_MAD_SIZE;
+	return 0;
+}
+
+static enum rdma_link_layer hca_get_link_layer(struct ib_device *ibdev, u32 port)
+{
+	return IB_LINK_LAYER_INFINIBAND;
+}
+
+static int hca_query_gid(struct ib_device *ibdev, u32 port, int index,
+			 union ib_gid *gid)
+{
+	struct hca_dev *dev = to_hdev(ibdev);
+
+	if (index)
+		return -EINVAL;
+	gid->global.subnet_prefix = cpu_to_be64(dev->port.gid_prefix);
+	gid->global.interface_id = cpu_to_be64(dev->port.port_guid);
+	return 0;
+}
+
+static int hca_query_pkey(struct ib_device *ibdev, u32 port, u16 index, u16 *pkey)
+{
+	if (index)
+		return -EINVAL;
+	*pkey = 0xffff;
+	return 0;
+}
+
+static int hca_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct hca_cmd_handle out;
+	int err;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	err = hca_cmd(to_hdev(ibpd->device), HCA_CMD_ALLOC_PD, NULL, 0, &out,
+		      sizeof(out));
+	if (err)
+		return err;
+	to_hpd(ibpd)->pdn = out.handle;
+	return 0;
+}
+
+static int hca_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	return hca_cmd_handle(to_hdev(ibpd->device), HCA_CMD_DEALLOC_PD,
+			      to_hpd(ibpd)->pdn);
+}
+
+/* Address handles live in the driver only: a UD WQE carries the DLID. */
+static int hca_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+			 struct ib_udata *udata)
+{
+	u16 dlid = rdma_ah_get_dlid(init->ah_attr);
+
+	if (dlid == 0 || dlid >= 0xc000)
+		return -EINVAL;
+	to_hah(ibah)->dlid = dlid;
+	return 0;
+}
+
+static int hca_query_ah(struct ib_ah *ibah, struct rdma_ah_attr *attr)
+{
+	memset(attr, 0, sizeof(*attr));
+	attr->type = RDMA_AH_ATTR_TYPE_IB;
+	rdma_ah_set_dlid(attr, to_hah(ibah)->dlid);
+	rdma_ah_set_port_num(attr, 1);
+	return 0;
+}
+
+static int hca_destroy_ah(struct ib_ah *ibah, u32 flags)
+{
+	return 0;
+}
+
+/* The physical MR over all guest memory: ib_get_dma_mr() and the global rkey. */
+static struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access)
+{
+	struct hca_cmd_reg_mr in = {
+		.iova = 0,
+		.length = U64_MAX,
+		.pdn = to_hpd(ibpd)->pdn,
+		.flags = HCA_MR_FLAG_PHYS,
+	};
+	struct hca_cmd_handle out;
+	struct hca_mr *mr;
+	int err;
+
+	in.access = access & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
+			      IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC);
+	/* IB wants local write under remote write; ib_core may leave it out. */
+	if (in.access & (IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_ATOMIC))
+		in.access |= IB_ACCESS_LOCAL_WRITE;
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	err = hca_cmd(to_hdev(ibpd->device), HCA_CMD_REG_MR, &in, sizeof(in),
+		      &out, sizeof(out));
+	if (err) {
+		kfree(mr);
+		return ERR_PTR(err);
+	}
+	mr->ibmr.lkey = out.handle;
+	mr->ibmr.rkey = out.handle;
+	return &mr->ibmr;
+}
+
+/* No user space verbs; ib_core lists this op as mandatory for kernel providers. */
+static struct ib_mr *hca_reg_user_mr(struct ib_pd *pd, u64 start, u64 length,
+				     u64 virt, int access, struct ib_udata *udata)
+{
+	return ERR_PTR(-EOPNOTSUPP);
+}
+
+static int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	int err = hca_cmd_handle(to_hdev(ibmr->device), HCA_CMD_DEREG_MR,
+				 ibmr->lkey);
+
+	if (!err)
+		kfree(container_of(ibmr, struct hca_mr, ibmr));
+	return err;
+}
+
+const struct ib_device_ops hca_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.query_device = hca_query_device,
+	.query_port = hca_query_port,
+	.get_port_immutable = hca_get_port_immutable,
+	.get_link_layer = hca_get_link_layer,
+	.query_gid = hca_query_gid,
+	.query_pkey = hca_query_pkey,
+	.alloc_pd = hca_alloc_pd,
+	.dealloc_pd = hca_dealloc_pd,
+	.create_ah = hca_create_ah,
+	.query_ah = hca_query_ah,
+	.destroy_ah = hca_destroy_ah,
+	.get_dma_mr = hca_get_dma_mr,
+	.reg_user_mr = hca_reg_user_mr,
+	.dereg_mr = hca_dereg_mr,
+	.create_cq = hca_create_cq,
+	.destroy_cq = hca_destroy_cq,
+	.poll_cq = hca_poll_cq,
+	.req_notify_cq = hca_req_notify_cq,
+	.create_qp = hca_create_qp,
+	.modify_qp = hca_modify_qp,
+	.query_qp = hca_query_qp,
+	.destroy_qp = hca_destroy_qp,
+	.post_send = hca_post_send,
+	.post_recv = hca_post_recv,
+	INIT_RDMA_OBJ_SIZE(ib_pd, hca_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_ah, hca_ah, ibah),
+	INIT_RDMA_OBJ_SIZE(ib_cq, hca_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_qp, hca_qp, ibqp),
+};

@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Resources and connection: PD with the global rkey (the peer reaches our
+ * region through it), one shared CQ, one RC QP, buffers, and the moves to
+ * RTS with the address the harness handed in. Caller holds vb_lock.
+ */
+#include <linux/slab.h>
+#include <linux/random.h>
+#include <linux/inet.h>
+#include <rdma/ib_cache.h>
+#include "vbench.h"
+
+static void *vb_alloc_dma(size_t bytes, u64 *dma, enum dma_data_direction dir)
+{
+	void *p = kzalloc(bytes, GFP_KERNEL);
+
+	if (!p)
+		return NULL;
+	*dma = ib_dma_map_single(vb->dev, p, bytes, dir);
+	if (ib_dma_mapping_error(vb->dev, *dma)) {
+		kfree(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void vb_free_dma(void *p, u64 dma, size_t bytes, enum dma_data_direction dir)
+{
+	if (!p)
+		return;
+	ib_dma_unmap_single(vb->dev, dma, bytes, dir);
+	kfree(p);
+}
+
+static void vb_free_buffers(void)
+{
+	vb_free_dma(vb->rbuf, vb->rbuf_dma, VB_RECVS * VB_MAX_MSG, DMA_BIDIRECTIONAL);
+	vb_free_dma(vb->sbuf, vb->sbuf_dma, VB_MAX_MSG, DMA_BIDIRECTIONAL);
+	vb_free_dma(vb->region, vb->region_dma, 2 * VB_REGION, DMA_BIDIRECTIONAL);
+	vb_free_dma(vb->local, vb->local_dma, VB_REGION, DMA_BIDIRECTIONAL);
+	vb->rbuf = vb->sbuf = vb->region = vb->local = NULL;
+}
+
+/* The read region holds pat(i) so the peer can check what it reads. */
+static int vb_alloc_buffers(void)
+{
+	u32 i;
+
+	vb->rbuf = vb_alloc_dma(VB_RECVS * VB_MAX_MSG, &vb->rbuf_dma, DMA_BIDIRECTIONAL);
+	vb->sbuf = vb_alloc_dma(VB_MAX_MSG, &vb->sbuf_dma, DMA_BIDIRECTIONAL);
+	vb->region = vb_alloc_dma(2 * VB_REGION, &vb->region_dma, DMA_BIDIRECTIONAL);
+	vb->local = vb_alloc_dma(VB_REGION, &vb->local_dma, DMA_BIDIRECTIONAL);
+	if (!vb->rbuf || !vb->sbuf || !vb->region || !vb->local) {
+		vb_free_buffers();
+		return -ENOMEM;
+	}
+	for (i = 0; i < VB_REGION; i++)
+		vb->region[i] = vb_pattern[i % VB_MAX_MSG];
+	return 0;
+}
+
+void vb_close(void)
+{
+	if (!vb->dev)
+		return;
+	vb_stop();
+	if (vb->qp)
+		ib_destroy_qp(vb->qp);
+	if (vb->cq)
+		ib_destroy_cq(vb->cq);
+	vb_free_buffers();
+	if (vb->pd)
+		ib_dealloc_pd(vb->pd);
+	vb->qp = NULL;
+	vb->cq = NULL;
+	vb->pd = NULL;
+	vb->dev = NULL;
+}
+
+static void vb_cq_event(struct ib_event *ev, void *ctx)
+{
+	pr_warn("vbench: CQ event %s\n", ib_event_msg(ev->event));
+}
+
+static void vb_qp_event(struct ib_event *ev, void *ctx)
+{
+	pr_info("vbench: QP event %s\n", ib_event_msg(ev->event));
+}
+
+/* RoCE needs a GID; prefer the IPv4-mapped RoCEv2 one (routable over eth). */
+static int vb_pick_gid(void)
+{
+	const struct ib_gid_attr *a;
+	int i, best = -1;
+
+	for (i = 0; i < vb->dev->port_data[1].immutable.gid_tbl_len; i++) {
+		a = rdma_get_gid_attr(vb->dev, 1, i);
+		if (IS_ERR(a))
+			continue;
+		if (best < 0 || (ipv6_addr_v4mapped((struct in6_addr *)a->gid.raw) &&
+				 a->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP))
+			best = i;
+		rdma_put_gid_attr(a);
+	}
+	if (best < 0)
+		return -ENODEV;
+	vb->sgid_index = best;
+	return rdma_query_gid(vb->dev, 1, best, &vb->sgid);
+}
+
+static int vb_create_qp(void)
+{
+	struct ib_qp_init_attr init = {
+		.event_handler = vb_qp_event,
+		.cap = {
+			.max_send_wr = VB_SQ_DEPTH,
+			.max_recv_wr = VB_RECVS,
+			.max_send_sge = 1,
+			.max_recv_sge = 1,
+		},
+		.sq_sig_type = IB_SIGNAL_REQ_WR,
+		.qp_type = IB_QPT_RC,
+	};
+	struct ib_cq_init_attr cq_attr = { .cqe = 2 * (VB_SQ_DEPTH + VB_RECVS) };
+
+	vb->cq = ib_create_cq(vb->dev, vb_comp_handler, vb_cq_event, NULL, &cq_attr);
+	if (IS_ERR(vb->cq)) {
+		int err = PTR_ERR(vb->cq);
+
+		vb->cq = NULL;
+		return err;
+	}
+	init.send_cq = vb->cq;
+	init.recv_cq = vb->cq;
+	vb->qp = ib_create_qp(vb->pd, &init);
+	if (IS_ERR(vb->qp)) {
+		int err = PTR_ERR(vb->qp);
+
+		vb->qp = NULL;
+		return err;
+	}
+	vb->psn = get_random_u32() & 0xffffff;
+	return 0;
+}
+
+int vb_open(struct ib_device *dev)
+{
+	struct ib_port_attr pa;
+	int err;
+
+	vb_close();
+	vb->dev = dev;
+	err = ib_query_port(dev, 1, &pa);
+	if (err)
+		goto err;
+	if (pa.state != IB_PORT_ACTIVE) {
+		err = -ENETDOWN;
+		goto err;
+	}
+	vb->mtu = pa.active_mtu;
+	vb->roce = rdma_protocol_roce(dev, 1);
+	vb->peer.lid = pa.lid;
+	err = vb_pick_gid();
+	if (err)
+		goto err;
+	vb->pd = ib_alloc_pd(dev, IB_PD_UNSAFE_GLOBAL_RKEY);
+	if (IS_ERR(vb->pd)) {
+		err = PTR_ERR(vb->pd);
+		vb->pd = NULL;
+		goto err;
+	}
+	err = vb_alloc_buffers();
+	if (!err)
+		err = vb_create_qp();
+	if (!err)
+		return 0;
+err:
+	vb_close();
+	return err;
+}
+
+int vb_addr(char *out, size_t len)
+{
+	if (!vb->qp)
+		return -ENOTCONN;
+	return scnprintf(out, len, "lid=%u qpn=%u psn=%u rkey=%u raddr=%llu gid=%pI6\n",
+			 vb->peer.lid, vb->qp->qp_num, vb->psn,
+			 vb->pd->unsafe_global_rkey, vb->region_dma, vb->sgid.raw);
+}
+
+static void vb_set_av(struct rdma_ah_attr *ah, const struct vb_peer *p)
+{
+	union ib_gid dgid = p->gid;
+
+	if (vb->roce) {
+		ah->type = RDMA_AH_ATTR_TYPE_ROCE;
+		rdma_ah_set_grh(ah, &dgid, 0, vb->sgid_index, 64, 0);
+	} else {
+		ah->type = RDMA_AH_ATTR_TYPE_IB;
+		rdma_ah_set_dlid(ah, p->lid);
+	}
+	rdma_ah_set_port_num(ah, 1);
+}
+
+static int vb_to_rts(const struct vb_peer *p)
+{
+	struct ib_qp_attr a = {};
+	int err;
+
+	a.qp_state = IB_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = 1;
+	a.qp_access_flags = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
+			    IB_ACCESS_REMOTE_READ;
+	err = ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_PKEY_INDEX |
+			   IB_QP_PORT | IB_QP_ACCESS_FLAGS);
+	if (err)
+		return err;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IB_QPS_RTR;
+	a.path_mtu = vb->mtu;
+	a.dest_qp_num = p->qpn;
+	a.rq_psn = p->psn;
+	a.max_dest_rd_atomic = 16;
+	a.min_rnr_timer = 12;
+	vb_set_av(&a.ah_attr, p);
+	err = ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_AV | IB_QP_PATH_MTU |
+			   IB_QP_DEST_QPN | IB_QP_RQ_PSN |
+			   IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER);
+	if (err)
+		return err;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IB_QPS_RTS;
+	a.sq_psn = vb->psn;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 16;
+	return ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_SQ_PSN | IB_QP_TIMEOUT |
+			    IB_QP_RETRY_CNT | IB_QP_RNR_RETRY |
+			    IB_QP_MAX_QP_RD_ATOMIC);
+}
+
+int vb_connect(const struct vb_peer *p)
+{
+	u32 i;
+	int err;
+
+	if (!vb->qp)
+		return -ENOTCONN;
+	err = vb_to_rts(p);
+	if (err)
+		return err;
+	/* Receives go in before any peer can send (RC would see RNR). */
+	for (i = 0; i < VB_RECVS; i++) {
+		err = vb_post_recv(i);
+		if (err)
+			return err;
+	}
+	vb->peer.qpn = p->qpn;
+	vb->peer.rkey = p->rkey;
+	vb->peer.raddr = p->raddr;
+	vb->sends = 0;
+	return 0;
+}
+
+int vb_post_recv(u32 slot)
+{
+	struct ib_sge sge = {
+		.addr = vb->rbuf_dma + (u64)slot * VB_MAX_MSG,
+		.length = VB_MAX_MSG,
+		.lkey = vb->pd->local_dma_lkey,
+	};
+	struct ib_recv_wr wr = { .wr_id = slot, .sg_list = &sge, .num_sge = 1 };
+
+	return ib_post_recv(vb->qp, &wr, NULL);
+}
+
+/*
+ * A SEND with the header word as immediate data. Unsignaled except one in
+ * VB_SIGNAL_EVERY, as the paper's protocol does, so the SQ drains.
+ */
+int vb_post_send(u32 size, u32 word0, bool force_signal)
+{
+	struct ib_sge sge = {
+		.addr = vb->sbuf_dma,
+		.length = size,
+		.lkey = vb->pd->local_dma_lkey,
+	};
+	struct ib_send_wr wr = {
+		.wr_id = U64_MAX,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IB_WR_SEND_WITH_IMM,
+		.ex.imm_data = cpu_to_be32(word0),
+	};
+
+	if (force_signal || ++vb->sends % VB_SIGNAL_EVERY == 0)
+		wr.send_flags = IB_SEND_SIGNALED;
+	return ib_post_send(vb->qp, &wr, NULL);
+}

@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vbench control: /dev/vbench takes one text command per write() and
+ * read() returns its result; /dev/vbench_msg is the user-mode message
+ * channel (read = next received message, write = send one). The harness
+ * (tests, `hcabench bench verbs`) drives both through the guest's shell.
+ *
+ * Commands: open DEV | connect lid= qpn= psn= rkey= raddr= gid= |
+ *   serve poll|isr|wq|user [verify] | stop |
+ *   ping poll|isr|wq SIZE ITERS [verify] | bw write|read SIZE ITERS |
+ *   badrkey | close | devices
+ */
+#include <linux/module.h>
+#include <linux/miscdevice.h>
+#include <linux/fs.h>
+#include <linux/slab.h>
+#include <linux/inet.h>
+#include <linux/mutex.h>
+#include "vbench.h"
+
+#define VB_MAX_DEVS	8
+
+struct vb_ctx *vb;
+const u8 *vb_pattern;
+
+/* Serialises commands, the device list, and resource set-up/tear-down. */
+static DEFINE_MUTEX(vb_lock);
+static struct ib_device *vb_devs[VB_MAX_DEVS];
+static char vb_result[512];
+
+static enum vb_mode vb_parse_mode(const char *s)
+{
+	if (!strcmp(s, "poll"))
+		return VB_POLL;
+	if (!strcmp(s, "isr"))
+		return VB_ISR;
+	if (!strcmp(s, "wq"))
+		return VB_WQ;
+	if (!strcmp(s, "user"))
+		return VB_USER;
+	return VB_IDLE;
+}
+
+static int vb_parse_peer(char *args, struct vb_peer *p)
+{
+	char *tok, *val;
+	int seen = 0;
+
+	while ((tok = strsep(&args, " ")) != NULL) {
+		val = strchr(tok, '=');
+		if (!val)
+			continue;
+		*val++ = '\0';
+		if (!strcmp(tok, "lid") && !kstrtou32(val, 0, &p->lid))
+			seen |= 1;
+		else if (!strcmp(tok, "qpn") && !kstrtou32(val, 0, &p->qpn))
+			seen |= 2;
+		else if (!strcmp(tok, "psn") && !kstrtou32(val, 0, &p->psn))
+			seen |= 4;
+		else if (!strcmp(tok, "rkey") && !kstrtou32(val, 0, &p->rkey))
+			seen |= 8;
+		else if (!strcmp(tok, "raddr") && !kstrtou64(val, 0, &p->raddr))
+			seen |= 16;
+		else if (!strcmp(tok, "gid") &&
+			 in6_pton(val, -1, p->gid.raw, -1, NULL))
+			seen |= 32;
+	}
+	return seen == 63 ? 0 : -EINVAL;
+}
+
+static int vb_cmd_open(const char *name)
+{
+	int i;
+
+	for (i = 0; i < VB_MAX_DEVS; i++)
+		if (vb_devs[i] && !strcmp(dev_name(&vb_devs[i]->dev), name))
+			break;
+	if (i == VB_MAX_DEVS)
+		return -ENODEV;
+	return vb_open(vb_devs[i]) ?: vb_addr(vb_result, sizeof(vb_result));
+}
+
+static int vb_cmd_devices(void)
+{
+	int i, n = 0;
+
+	for (i = 0; i < VB_MAX_DEVS; i++)
+		if (vb_devs[i])
+			n += scnprintf(vb_result + n, sizeof(vb_result) - n, "%s ",
+				       dev_name(&vb_devs[i]->dev));
+	scnprintf(vb_result + n, sizeof(vb_result) - n, "\n");
+	return 0;
+}
+
+static int vb_cmd_run(char *cmd, char *args)
+{
+	char a[8] = "", b[8] = "";
+	u32 size = 0, iters = 0;
+	struct vb_peer peer = {};
+	enum vb_mode mode;
+
+	if (!strcmp(cmd, "open"))
+		return vb_cmd_open(args);
+	if (!strcmp(cmd, "devices"))
+		return vb_cmd_devices();
+	if (!strcmp(cmd, "close")) {
+		vb_close();
+		return 0;
+	}
+	if (!strcmp(cmd, "stop")) {
+		vb_stop();
+		return scnprintf(vb_result, sizeof(vb_result), "served=%u errors=%u\n",
+				 vb->done, vb->errors);
+	}
+	if (!strcmp(cmd, "badrkey"))
+		return vb_badrkey(vb_result, sizeof(vb_result));
+	if (!strcmp(cmd, "connect"))
+		return vb_parse_peer(args, &peer) ?: vb_connect(&peer);
+	if (!strcmp(cmd, "serve")) {
+		if (sscanf(args, "%7s %7s", a, b) < 1 || !(mode = vb_parse_mode(a)))
+			return -EINVAL;
+		vb->verify = !strcmp(b, "verify");
+		return vb_serve(mode);
+	}
+	if (!strcmp(cmd, "ping")) {
+		if (sscanf(args, "%7s %u %u %7s", a, &size, &iters, b) < 3 ||
+		    !(mode = vb_parse_mode(a)))
+			return -EINVAL;
+		vb->verify = !strcmp(b, "verify");
+		return vb_ping(mode, size, iters, vb_result, sizeof(vb_result));
+	}
+	if (!strcmp(cmd, "bw")) {
+		if (sscanf(args, "%7s %u %u", a, &size, &iters) != 3 ||
+		    (strcmp(a, "read") && strcmp(a, "write")))
+			return -EINVAL;
+		return vb_bw(!strcmp(a, "read"), size, iters, vb_result,
+			     sizeof(vb_result));
+	}
+	return -EINVAL;
+}
+
+static ssize_t vb_ctl_write(struct file *f, const char __user *ubuf, size_t len,
+			    loff_t *pos)
+{
+	char *line, *cmd, *args;
+	int err;
+
+	if (len > 256)
+		return -EINVAL;
+	line = memdup_user_nul(ubuf, len);
+	if (IS_ERR(line))
+		return PTR_ERR(line);
+	args = strim(line);
+	cmd = strsep(&args, " ");
+	args = args ? strim(args) : "";
+	mutex_lock(&vb_lock);
+	vb_result[0] = '\0';
+	err = vb_cmd_run(cmd, args);
+	if (err < 0)
+		scnprintf(vb_result, sizeof(vb_result), "error=%d\n", err);
+	else if (!vb_result[0])
+		scnprintf(vb_result, sizeof(vb_result), "ok\n");
+	mutex_unlock(&vb_lock);
+	kfree(line);
+	return err < 0 ? err : len;
+}
+
+static ssize_t vb_ctl_read(struct file *f, char __user *ubuf, size_t len,
+			   loff_t *pos)
+{
+	ssize_t n;
+
+	mutex_lock(&vb_lock);
+	n = simple_read_from_buffer(ubuf, len, pos, vb_result, strlen(vb_result));
+	mutex_unlock(&vb_lock);
+	return n;
+}
+
+static ssize_t vb_msg_read(struct file *f, char __user *ubuf, size_t len,
+			   loff_t *pos)
+{
+	return vb_user_read(ubuf, len);
+}
+
+static ssize_t vb_msg_write(struct file *f, const char __user *ubuf, size_t len,
+			    loff_t *pos)
+{
+	return vb_user_write(ubuf, len);
+}
+
+static const struct file_operations vb_ctl_fops = {
+	.owner = THIS_MODULE,
+	.write = vb_ctl_write,
+	.read = vb_ctl_read,
+	.llseek = noop_llseek,
+};
+
+static const struct file_operations vb_msg_fops = {
+	.owner = THIS_MODULE,
+	.write = vb_msg_write,
+	.read = vb_msg_read,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice vb_ctl_dev = {
+	.minor = MISC_DYNAMIC_MINOR, .name = "vbench", .fops = &vb_ctl_fops,
+};
+
+static struct miscdevice vb_msg_dev = {
+	.minor = MISC_DYNAMIC_MINOR, .name = "vbench_msg", .fops = &vb_msg_fops,
+};
+
+static int vb_add_one(struct ib_device *dev)
+{
+	int i;
+
+	mutex_lock(&vb_lock);
+	for (i = 0; i < VB_MAX_DEVS && vb_devs[i]; i++)
+		;
+	if (i < VB_MAX_DEVS)
+		vb_devs[i] = dev;
+	mutex_unlock(&vb_lock);
+	return i < VB_MAX_DEVS ? 0 : -ENOSPC;
+}
+
+/* A device going away (driver unload) takes our resources on it along. */
+static void vb_remove_one(struct ib_device *dev, void *data)
+{
+	int i;
+
+	mutex_lock(&vb_lock);
+	if (vb->dev == dev)
+		vb_close();
+	for (i = 0; i < VB_MAX_DEVS; i++)
+		if (vb_devs[i] == dev)
+			vb_devs[i] = NULL;
+	mutex_unlock(&vb_lock);
+}
+
+static struct ib_client vb_client = {
+	.name = "vbench",
+	.add = vb_add_one,
+	.remove = vb_remove_one,
+};
+
+static int vb_init_ctx(void)
+{
+	u8 *pat;
+	int i;
+
+	vb = kzalloc(sizeof(*vb), GFP_KERNEL);
+	pat = kmalloc(VB_MAX_MSG, GFP_KERNEL);
+	if (!vb || !pat)
+		goto err;
+	for (i = 0; i < VB_MAX_MSG; i++)
+		pat[i] = (u8)(i * 131 + 7);
+	vb_pattern = pat;
+	vb->wq = alloc_workqueue("vbench", WQ_HIGHPRI, 1);
+	if (!vb->wq)
+		goto err;
+	INIT_WORK(&vb->work, vb_work_fn);
+	init_completion(&vb->finished);
+	init_waitqueue_head(&vb->waitq);
+	return 0;
+err:
+	kfree(pat);
+	kfree(vb);
+	return -ENOMEM;
+}
+
+static void vb_free_ctx(void)
+{
+	destroy_workqueue(vb->wq);
+	kfree(vb_pattern);
+	kfree(vb);
+}
+
+static int __init vb_init(void)
+{
+	int err = vb_init_ctx();
+
+	if (err)
+		return err;
+	err = misc_register(&vb_ctl_dev);
+	if (err)
+		goto err_ctx;
+	err = misc_register(&vb_msg_dev);
+	if (err)
+		goto err_ctl;
+	err = ib_register_client(&vb_client);
+	if (err)
+		goto err_msg;
+	return 0;
+
+err_msg:
+	misc_deregister(&vb_msg_dev);
+err_ctl:
+	misc_deregister(&vb_ctl_dev);
+err_ctx:
+	vb_free_ctx();
+	return err;
+}
+
+static void __exit vb_exit(void)
+{
+	misc_deregister(&vb_msg_dev);
+	misc_deregister(&vb_ctl_dev);
+	mutex_lock(&vb_lock);
+	vb_close();
+	mutex_unlock(&vb_lock);
+	ib_unregister_client(&vb_client);
+	vb_free_ctx();
+}
+
+module_init(vb_init);
+module_exit(vb_exit);
+MODULE_DESCRIPTION("Kernel verbs ping-pong and RDMA bandwidth benchmark");
+MODULE_LICENSE("GPL");
