@@ -33,7 +33,7 @@ KMOD = ROOT / "guest-kmod"
 # Kernel modules from Debian's package that guests load at boot (with their dependencies).
 KERNEL_MODULES = ["ib_core"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
-RXE_MODULES = ["virtio_pci", "virtio_net", "rdma_rxe"]
+RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.

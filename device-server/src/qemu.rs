@@ -70,6 +70,17 @@ pub struct GuestSpec {
     pub console_socket: Option<PathBuf>,
     /// `hcabench.cmd=` for the guest's init.
     pub cmd: String,
+    /// A virtio-net NIC on a unix stream socket shared with one other guest (for SoftRoCE).
+    pub net: Option<NetSpec>,
+}
+
+/// One end of a point-to-point Ethernet link between two guests: a unix stream socket that
+/// one guest listens on and the other connects to (loopback only, no bridge, no root).
+#[derive(Clone, Debug)]
+pub struct NetSpec {
+    pub socket: PathBuf,
+    pub listen: bool,
+    pub mac: String,
 }
 
 impl GuestSpec {
@@ -114,6 +125,18 @@ impl GuestSpec {
                 "-serial",
                 "chardev:serial",
             ]);
+        if let Some(net) = &self.net {
+            c.args([
+                "-netdev",
+                &format!(
+                    "stream,id=net0,server={},addr.type=unix,addr.path={}",
+                    if net.listen { "on" } else { "off" },
+                    net.socket.display()
+                ),
+                "-device",
+                &format!("virtio-net-pci,netdev=net0,mac={}", net.mac),
+            ]);
+        }
         c
     }
 

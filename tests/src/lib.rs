@@ -71,6 +71,7 @@ impl Cluster {
                     vcpus: 1,
                     kvm: false,
                     cmd: cmd.to_string(),
+                    net: None,
                 };
                 Guest::spawn(&spec).expect("start QEMU")
             })

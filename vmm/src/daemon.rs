@@ -74,6 +74,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
             console_log: run.path(&format!("{}.console", node.name)),
             console_socket: Some(run.path(&format!("{}.serial", node.name))),
             cmd: "shell".into(),
+            net: None,
         };
         let g = Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?;
         state.nodes.push(NodeState {

@@ -1,0 +1,291 @@
+//! Kernel verbs runs between two guests: a testbed (device server, two QEMU guests with the
+//! hcabench HCA and a virtio-net link between them, both under agent control) and the
+//! operations of the guest's `vbench` module over any ib_device: our `hcab0`, or `rxe0`
+//! (SoftRoCE over the virtio-net link), so that the same module measures both.
+//!
+//! The guest side is `guest-kmod/vbench` (the verbs consumer), `vbench-user` (the user
+//! process of mode "user"), `vb` and `rxe-up` (shell helpers in the image).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::agent::Agent;
+use crate::qemu::{Guest, GuestSpec, Image, NetSpec};
+use crate::{DeviceServer, NodeConfig};
+
+const CMD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where the receiver handles completions (the paper's Table 1 columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A busy-polling kernel thread.
+    Poll,
+    /// The CQ's completion handler, in hard interrupt context.
+    Isr,
+    /// A workqueue the handler queues work on.
+    Wq,
+    /// A user process the handler wakes.
+    User,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::Poll, Mode::Isr, Mode::Wq, Mode::User];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Poll => "poll",
+            Mode::Isr => "isr",
+            Mode::Wq => "wq",
+            Mode::User => "user",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `key=value` pairs of one vbench result line.
+pub fn fields(line: &str) -> HashMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn num(f: &HashMap<String, String>, key: &str, line: &str) -> Result<u64, String> {
+    f.get(key)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no {key}= in vbench's answer `{}`", line.trim()))
+}
+
+/// One ping-pong run as the client saw it.
+#[derive(Clone, Debug)]
+pub struct PingResult {
+    pub mode: Mode,
+    pub size: u32,
+    pub iters: u64,
+    pub done: u64,
+    pub errors: u64,
+    pub rtt_avg_ns: u64,
+    pub rtt_min_ns: u64,
+    /// Messages the server answered and the errors it saw.
+    pub served: u64,
+    pub server_errors: u64,
+}
+
+/// One RDMA bandwidth run.
+#[derive(Clone, Debug)]
+pub struct BwResult {
+    pub read: bool,
+    pub size: u32,
+    pub iters: u64,
+    /// Decimal megabytes (10^6 bytes) per second.
+    pub mb_per_s: f64,
+    pub errors: u64,
+}
+
+/// Two booted guests under agent control, and the server behind their HCAs.
+pub struct Testbed {
+    pub agents: Vec<Agent>,
+    pub guests: Vec<Guest>,
+    pub server: Option<DeviceServer>,
+    pub dir: PathBuf,
+    keep_dir: bool,
+}
+
+impl Testbed {
+    /// Boots two guests (`ram_mib` each) in `dir`, linked by virtio-net, and connects to
+    /// their shells. `progress` hears about each step.
+    pub fn boot(
+        image: &Image,
+        dir: PathBuf,
+        ram_mib: u64,
+        boot_timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Testbed, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let nodes = NodeConfig::cluster(&dir, 2, ram_mib << 20);
+        let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
+        let mut tb = Testbed {
+            agents: Vec::new(),
+            guests: Vec::new(),
+            server: Some(server),
+            dir: dir.clone(),
+            keep_dir: false,
+        };
+        let link = dir.join("eth.sock");
+        let _ = std::fs::remove_file(&link);
+        for (i, node) in nodes.into_iter().enumerate() {
+            let spec = GuestSpec {
+                console_log: dir.join(format!("{}.console", node.name)),
+                console_socket: Some(dir.join(format!("{}.serial", node.name))),
+                node,
+                image: image.clone(),
+                vcpus: 1,
+                kvm: false,
+                cmd: "agent".into(),
+                net: Some(NetSpec {
+                    socket: link.clone(),
+                    listen: i == 0,
+                    mac: format!("52:54:00:12:34:{:02x}", i + 1),
+                }),
+            };
+            progress(&format!("starting {}", spec.node.name));
+            tb.guests
+                .push(Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?);
+            if i == 0 {
+                // The second guest connects to the link socket the first one listens on.
+                wait_for_path(&link, Duration::from_secs(10))?;
+            }
+        }
+        for i in 0..2 {
+            let g = &mut tb.guests[i];
+            g.wait_line("HCABENCH-AGENT", boot_timeout)?;
+            progress(&format!("{} booted", g.name));
+            let sock = dir.join(format!("{}.serial", g.name));
+            let agent = Agent::connect(&g.name, &sock, boot_timeout)
+                .map_err(|e| format!("{e}\nconsole of {}:\n{}", g.name, tail(&g.console())))?;
+            tb.agents.push(agent);
+        }
+        Ok(tb)
+    }
+
+    /// Keeps the directory (consoles, logs) after the testbed goes, for a post-mortem.
+    pub fn keep_dir(&mut self) {
+        self.keep_dir = true;
+    }
+
+    /// The end of the guest's console log (for error reports).
+    pub fn console(&self, i: usize) -> String {
+        tail(&self.guests[i].console())
+    }
+
+    /// Brings up SoftRoCE on both guests: device rxe0 over the virtio-net link.
+    pub fn rxe_up(&mut self) -> Result<(), String> {
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            a.run(&format!("rxe-up 10.77.0.{}/24", i + 1), CMD_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Opens `dev` on both guests and connects their RC QPs (the harness hands each side
+    /// the other's address).
+    pub fn connect(&mut self, dev: &str) -> Result<(), String> {
+        let mut addrs = Vec::new();
+        for a in self.agents.iter_mut() {
+            let out = a.run(&format!("vb open {dev}"), CMD_TIMEOUT)?;
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("lid="))
+                .ok_or_else(|| format!("{}: vb open {dev}: no address in `{out}`", a.name))?;
+            addrs.push(line.trim().to_string());
+        }
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            a.run(&format!("vb connect {}", addrs[1 - i]), CMD_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Ping-pong from guest 0 to guest 1, both handling completions in `mode`.
+    pub fn ping(
+        &mut self,
+        mode: Mode,
+        size: u32,
+        iters: u64,
+        verify: bool,
+    ) -> Result<PingResult, String> {
+        let v = if verify { " verify" } else { "" };
+        let (client, server) = pair(&mut self.agents);
+        server.run(&format!("vb serve {mode}{v}"), CMD_TIMEOUT)?;
+        let out = if mode == Mode::User {
+            server.run("vbench-user serve > /tmp/vbench-user.log &", CMD_TIMEOUT)?;
+            client.run("vb serve user", CMD_TIMEOUT)?;
+            let r = client.run(&format!("vbench-user ping {size} {iters}{v}"), CMD_TIMEOUT);
+            client.run("vb stop", CMD_TIMEOUT)?;
+            r?
+        } else {
+            client.run(&format!("vb ping {mode} {size} {iters}{v}"), CMD_TIMEOUT)?
+        };
+        let stop = server.run("vb stop", CMD_TIMEOUT)?;
+        let (served, server_errors) = if mode == Mode::User {
+            // The user process answered; it reports when vb stop ends its read().
+            let log = server.run("sleep 0.2; cat /tmp/vbench-user.log", CMD_TIMEOUT)?;
+            let line = log.lines().find(|l| l.contains("served=")).unwrap_or("");
+            let f = fields(line);
+            (num(&f, "served", line)?, num(&f, "errors", line)?)
+        } else {
+            let f = fields(&stop);
+            (num(&f, "served", &stop)?, num(&f, "errors", &stop)?)
+        };
+        let line = out.lines().find(|l| l.starts_with("size=")).unwrap_or("");
+        let f = fields(line);
+        Ok(PingResult {
+            mode,
+            size,
+            iters,
+            done: num(&f, "done", line)?,
+            errors: num(&f, "errors", line)?,
+            rtt_avg_ns: num(&f, "rtt_avg_ns", line)?,
+            rtt_min_ns: num(&f, "rtt_min_ns", line)?,
+            served,
+            server_errors,
+        })
+    }
+
+    /// RDMA Write or Read bandwidth from guest 0 against guest 1's region, then a check of
+    /// the bytes moved.
+    pub fn bw(&mut self, read: bool, size: u32, iters: u64) -> Result<BwResult, String> {
+        let op = if read { "read" } else { "write" };
+        let out = self.agents[0].run(&format!("vb bw {op} {size} {iters}"), CMD_TIMEOUT)?;
+        let line = out.lines().find(|l| l.starts_with("op=")).unwrap_or("");
+        let f = fields(line);
+        Ok(BwResult {
+            read,
+            size,
+            iters,
+            mb_per_s: (u64::from(size) * iters) as f64 * 1e3 / num(&f, "ns", line)?.max(1) as f64,
+            errors: num(&f, "errors", line)?,
+        })
+    }
+}
+
+/// The last 40 lines of a console log.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn pair(agents: &mut [Agent]) -> (&mut Agent, &mut Agent) {
+    let (a, b) = agents.split_at_mut(1);
+    (&mut a[0], &mut b[0])
+}
+
+fn wait_for_path(p: &std::path::Path, timeout: Duration) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + timeout;
+    while !p.exists() {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{} did not appear", p.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for g in &mut self.guests {
+            g.kill();
+        }
+        if let Some(s) = self.server.take() {
+            let _ = s.shutdown();
+        }
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
