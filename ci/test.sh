@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README, command 2; .ci/run runs exactly this).
 # Installs what a fresh machine lacks and builds the guest image (ci/setup.sh), then: format
-# check, clippy, every test (QEMU end-to-end ones included), a short benchmark run so that the
-# bench keeps working (its figures are printed, never asserted), and the model demo.
+# check, clippy, every test (QEMU end-to-end ones included), short benchmark runs (model, and
+# kernel verbs over our HCA vs SoftRoCE) so that the benches keep working (their figures are
+# printed, never asserted), and the model demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,10 @@ read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print 
 
 step "model benchmark (quick run; figures for reading, not asserted)"
 cargo bench -p hca-model --bench throughput -- --quick
+
+step "verbs benchmark, hcab0 vs SoftRoCE (quick run; figures for reading, not asserted)"
+cargo run --release -q -p hcabench -- bench verbs --iters 50 --sizes 64,4096 \
+	--bw-sizes 65536 --bw-bytes 4194304
 
 step "model cluster demo (README command 1), 4 nodes"
 cargo run --release -q -p hca-model --example cluster -- --rounds 50

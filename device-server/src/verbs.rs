@@ -73,6 +73,7 @@ pub struct PingResult {
     pub errors: u64,
     pub rtt_avg_ns: u64,
     pub rtt_min_ns: u64,
+    pub rtt_median_ns: u64,
     /// Messages the server answered and the errors it saw.
     pub served: u64,
     pub server_errors: u64,
@@ -232,6 +233,7 @@ impl Testbed {
             errors: num(&f, "errors", line)?,
             rtt_avg_ns: num(&f, "rtt_avg_ns", line)?,
             rtt_min_ns: num(&f, "rtt_min_ns", line)?,
+            rtt_median_ns: num(&f, "rtt_median_ns", line)?,
             served,
             server_errors,
         })

@@ -82,13 +82,26 @@ static int serve(int fd)
 	return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 static int ping(int fd, uint32_t size, uint32_t iters, int full)
 {
 	uint8_t out[MAX_MSG], in[MAX_MSG];
-	uint64_t sum = 0, min = UINT64_MAX, max = 0, t0, ns;
-	uint32_t i, done = 0, errors = 0, warm = iters / 10 < 10 ? iters / 10 : 10;
+	uint64_t sum = 0, min = UINT64_MAX, max = 0, t0, ns, median = 0;
+	uint64_t *samples = calloc(iters ? iters : 1, sizeof(uint64_t));
+	uint32_t i, done = 0, errors = 0, counted = 0;
+	uint32_t warm = iters / 10 < 10 ? iters / 10 : 10;
 	ssize_t n;
 
+	if (!samples) {
+		perror("vbench-user");
+		return 1;
+	}
 	for (i = 0; i < iters; i++) {
 		fill(out, size, i);
 		t0 = now_ns();
@@ -102,16 +115,22 @@ static int ping(int fd, uint32_t size, uint32_t iters, int full)
 			errors++;
 		done++;
 		if (i >= warm) {
+			samples[counted++] = ns;
 			sum += ns;
 			min = ns < min ? ns : min;
 			max = ns > max ? ns : max;
 		}
 	}
-	printf("size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu\n",
+	if (counted) {
+		qsort(samples, counted, sizeof(uint64_t), cmp_u64);
+		median = samples[counted / 2];
+	}
+	free(samples);
+	printf("size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu rtt_median_ns=%llu\n",
 	       size, iters, done, errors,
-	       (unsigned long long)(done > warm ? sum / (done - warm) : 0),
-	       (unsigned long long)(done > warm ? min : 0),
-	       (unsigned long long)max);
+	       (unsigned long long)(counted ? sum / counted : 0),
+	       (unsigned long long)(counted ? min : 0),
+	       (unsigned long long)max, (unsigned long long)median);
 	return done == iters ? 0 : 1;
 }
 

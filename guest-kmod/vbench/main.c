@@ -271,6 +271,7 @@ err:
 static void vb_free_ctx(void)
 {
 	destroy_workqueue(vb->wq);
+	kvfree(vb->samples);
 	kfree(vb_pattern);
 	kfree(vb);
 }

@@ -9,6 +9,7 @@
  * context), a workqueue, or a user process woken by the handler.
  */
 #include <linux/slab.h>
+#include <linux/sort.h>
 #include <linux/uaccess.h>
 #include <asm/unaligned.h>
 #include "vbench.h"
@@ -58,6 +59,8 @@ static void vb_client_msg(const struct ib_wc *wc, u8 *buf, u32 word0)
 	    !vb_check(buf, vb->size, word0, vb->verify))
 		vb->errors++;
 	if (vb->done >= vb->warmup) {
+		if (vb->nsamples < vb->iters)
+			vb->samples[vb->nsamples++] = min_t(u64, ns, U32_MAX);
 		vb->sum_ns += ns;
 		vb->min_ns = min(vb->min_ns, ns);
 		vb->max_ns = max(vb->max_ns, ns);
@@ -166,6 +169,7 @@ static void vb_reset_stats(void)
 	vb->max_ns = 0;
 	vb->min_ns = U64_MAX;
 	vb->last_size = 0;
+	vb->nsamples = 0;
 	memcpy(vb->sbuf, vb_pattern, VB_MAX_MSG);
 	reinit_completion(&vb->finished);
 }
@@ -236,6 +240,21 @@ static void vb_client_poll(void)
 	}
 }
 
+static int vb_cmp_u32(const void *a, const void *b)
+{
+	u32 x = *(const u32 *)a, y = *(const u32 *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static u64 vb_median(void)
+{
+	if (!vb->nsamples)
+		return 0;
+	sort(vb->samples, vb->nsamples, sizeof(u32), vb_cmp_u32, NULL);
+	return vb->samples[vb->nsamples / 2];
+}
+
 int vb_ping(enum vb_mode mode, u32 size, u32 iters, char *out, size_t len)
 {
 	u32 counted;
@@ -243,9 +262,14 @@ int vb_ping(enum vb_mode mode, u32 size, u32 iters, char *out, size_t len)
 
 	if (!vb->qp)
 		return -ENOTCONN;
-	if (size < 8 || size > VB_MAX_MSG || !iters || mode == VB_USER)
+	if (size < 8 || size > VB_MAX_MSG || !iters || iters > VB_MAX_ITERS ||
+	    mode == VB_USER)
 		return -EINVAL;
 	vb_stop();
+	kvfree(vb->samples);
+	vb->samples = kvmalloc_array(iters, sizeof(u32), GFP_KERNEL);
+	if (!vb->samples)
+		return -ENOMEM;
 	vb_reset_stats();
 	vb->size = size;
 	vb->iters = iters;
@@ -265,10 +289,10 @@ int vb_ping(enum vb_mode mode, u32 size, u32 iters, char *out, size_t len)
 		return err;
 	counted = vb->done > vb->warmup ? vb->done - vb->warmup : 0;
 	return scnprintf(out, len,
-			 "size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu\n",
+			 "size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu rtt_median_ns=%llu\n",
 			 size, iters, vb->done, vb->errors,
 			 counted ? div_u64(vb->sum_ns, counted) : 0,
-			 counted ? vb->min_ns : 0, vb->max_ns);
+			 counted ? vb->min_ns : 0, vb->max_ns, vb_median());
 }
 
 /*

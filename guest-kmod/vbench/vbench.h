@@ -28,6 +28,7 @@
 #define VB_SIGNAL_EVERY	16
 #define VB_REGION	(1 << 20)	/* each of: read region, write region */
 #define VB_PONG		0x80000000u
+#define VB_MAX_ITERS	100000
 
 enum vb_mode { VB_IDLE, VB_POLL, VB_ISR, VB_WQ, VB_USER };
 enum vb_role { VB_NONE, VB_SERVER, VB_CLIENT };
@@ -72,6 +73,8 @@ struct vb_ctx {
 	u32 errors;
 	ktime_t t0;
 	u64 sum_ns, min_ns, max_ns;
+	u32 *samples;	/* counted round trips, ns, for the median */
+	u32 nsamples;
 	struct completion finished;
 	struct work_struct work;
 	struct workqueue_struct *wq;

@@ -455,6 +455,29 @@ fn test_armed_cq_raises_its_vector_once_per_arm() {
 }
 
 #[test]
+fn test_arming_a_cq_that_holds_unconsumed_cqes_fires_at_once() {
+    // A CQE that lands between the driver's last poll and its arm must not be a lost
+    // wake-up: the arm sees the driver's consumer index behind the producer and fires.
+    let mut p = Pair::new(5);
+    let dst = p.b.alloc(64, 8);
+    let src = p.a.alloc(8, 8);
+    let v = VEC_COMP_FIRST;
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
+    p.a.post_send(&mut p.qa, send_wr(1, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    let before = p.b.irq.get(v);
+    p.b.arm_cq(&mut p.cq_b, false);
+    assert_eq!(p.b.irq.get(v), before + 1, "unconsumed CQE: the arm fires");
+    assert_eq!(p.b.drain_eq(v).len(), 1);
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 1);
+    // Consumed and published: a new arm waits for the next CQE.
+    p.b.arm_cq(&mut p.cq_b, false);
+    assert_eq!(p.b.irq.get(v), before + 1, "empty CQ: the arm waits");
+    p.b.post_recv(&mut p.qb, 2, &[sge(dst, 8, p.key_b)]);
+    p.a.post_send(&mut p.qa, send_wr(2, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    assert_eq!(p.b.irq.get(v), before + 2);
+}
+
+#[test]
 fn test_solicited_only_arm_ignores_unsolicited_completions() {
     let mut p = Pair::new(5);
     let dst = p.b.alloc(64, 8);

@@ -1,6 +1,7 @@
 //! `hcabench`: boots clusters of Linux guests with emulated InfiniBand HCAs and runs jobs on
 //! them.
 
+mod bench;
 mod config;
 mod console;
 mod daemon;
@@ -54,6 +55,34 @@ enum Cmd {
         #[command(flatten)]
         up: UpArgs,
     },
+    /// Run a benchmark in its own pair of guests and print a table
+    ///
+    /// `verbs`: kernel RC ping-pong round trips with the receiver handling completions by
+    /// polling, in the interrupt handler, in a workqueue and in a woken user process (the
+    /// paper's Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over
+    /// SoftRoCE (rdma_rxe) between the same two QEMU guests, with the ratios.
+    Bench {
+        /// The benchmark: verbs
+        what: String,
+        /// Round trips per mode and size
+        #[arg(long, default_value_t = 500)]
+        iters: u64,
+        /// Ping-pong message sizes in bytes (8..4096)
+        #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
+        sizes: Vec<u32>,
+        /// RDMA operation sizes in bytes (up to 1 MiB)
+        #[arg(long, value_delimiter = ',', default_value = "4096,65536,1048576")]
+        bw_sizes: Vec<u32>,
+        /// Bytes moved per RDMA bandwidth cell
+        #[arg(long, default_value_t = 16 << 20)]
+        bw_bytes: u64,
+        /// Guest image directory
+        #[arg(long, default_value = "target/images")]
+        image_dir: PathBuf,
+        /// Keep the guests' console logs afterwards
+        #[arg(long)]
+        keep: bool,
+    },
     /// (internal) the background process `up` starts
     #[command(hide = true)]
     Daemon {
@@ -84,6 +113,25 @@ fn main() -> ExitCode {
         Cmd::Status => status(&run),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Run { app, up: a } => run_app(&run, &app, &a),
+        Cmd::Bench {
+            what,
+            iters,
+            sizes,
+            bw_sizes,
+            bw_bytes,
+            image_dir,
+            keep,
+        } => bench_cmd(
+            &what,
+            bench::VerbsBench {
+                image_dir,
+                iters,
+                sizes,
+                bw_sizes,
+                bw_bytes,
+                keep,
+            },
+        ),
         Cmd::Daemon { config } => ClusterConfig::load(&config)
             .map_err(|e| e.to_string())
             .and_then(|c| daemon::run(&run, &c)),
@@ -282,4 +330,20 @@ fn run_app(run: &RunDir, app: &str, a: &UpArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
+    if what != "verbs" {
+        return Err(format!("unknown benchmark `{what}`; available: verbs"));
+    }
+    if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
+        return Err("--iters, --sizes and --bw-sizes need at least one value".into());
+    }
+    if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
+        return Err(format!("ping-pong size {s} is outside 8..=4096"));
+    }
+    if let Some(s) = b.bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
+        return Err(format!("RDMA size {s} is outside 1..=1048576"));
+    }
+    bench::run(&b)
 }

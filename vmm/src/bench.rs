@@ -1,0 +1,176 @@
+//! `hcabench bench verbs`: the paper's Table 1 (ping-pong round trip by receive context) and
+//! RDMA bandwidth, measured with the same kernel module over our HCA (`hcab0`) and over
+//! SoftRoCE (`rxe0`, rdma_rxe on a virtio-net link) between the same two QEMU guests in one
+//! run, printed side by side with their ratios.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use device_server::qemu::{qemu_available, Image};
+use device_server::verbs::{BwResult, Mode, PingResult, Testbed};
+
+/// What `bench verbs` measures.
+#[derive(Clone, Debug)]
+pub struct VerbsBench {
+    pub image_dir: PathBuf,
+    pub iters: u64,
+    pub sizes: Vec<u32>,
+    pub bw_sizes: Vec<u32>,
+    pub bw_bytes: u64,
+    pub keep: bool,
+}
+
+const DEVICES: [&str; 2] = ["hcab0", "rxe0"];
+
+struct DevResults {
+    ping: Vec<PingResult>,
+    bw: Vec<BwResult>,
+}
+
+pub fn run(b: &VerbsBench) -> Result<(), String> {
+    qemu_available()?;
+    let image = Image::find(&b.image_dir)?;
+    let dir = std::env::temp_dir().join(format!("hcabench-bench-{}", std::process::id()));
+    let started = Instant::now();
+    println!("booting 2 QEMU (TCG) guests, each with the hcabench HCA and a virtio-net link");
+    let mut tb = Testbed::boot(
+        &image,
+        dir.clone(),
+        256,
+        std::time::Duration::from_secs(180),
+        &mut |m| println!("  {m}"),
+    )?;
+    if b.keep {
+        tb.keep_dir();
+        println!("  keeping {} (consoles)", dir.display());
+    }
+    tb.rxe_up()?;
+    println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
+    let mut all = Vec::new();
+    for dev in DEVICES {
+        all.push(measure(&mut tb, b, dev)?);
+    }
+    print_tables(b, &all);
+    println!("total {:.1?}", started.elapsed());
+    let errors: u64 = all
+        .iter()
+        .flat_map(|d| d.ping.iter().map(|p| p.errors + p.server_errors))
+        .chain(all.iter().flat_map(|d| d.bw.iter().map(|r| r.errors)))
+        .sum();
+    if errors > 0 {
+        return Err(format!(
+            "{errors} data errors: the numbers above are not trustworthy"
+        ));
+    }
+    Ok(())
+}
+
+fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, String> {
+    tb.connect(dev)?;
+    let mut ping = Vec::new();
+    for mode in Mode::ALL {
+        for &size in &b.sizes {
+            let r = tb.ping(mode, size, b.iters, false)?;
+            if r.done != b.iters {
+                return Err(format!(
+                    "{dev} {mode} {size}: {} of {} round trips",
+                    r.done, b.iters
+                ));
+            }
+            println!("  {dev:<6} {mode:<5} {size:>5} B  {} us", us(&r));
+            ping.push(r);
+        }
+    }
+    let mut bw = Vec::new();
+    for read in [false, true] {
+        for &size in &b.bw_sizes {
+            let iters = (b.bw_bytes / u64::from(size)).max(4);
+            let r = tb.bw(read, size, iters)?;
+            println!(
+                "  {dev:<6} {:<5} {size:>8} B  {:>9.1} MB/s",
+                if read { "read" } else { "write" },
+                r.mb_per_s
+            );
+            bw.push(r);
+        }
+    }
+    Ok(DevResults { ping, bw })
+}
+
+fn print_tables(b: &VerbsBench, all: &[DevResults]) {
+    let (ours, rxe) = (&all[0], &all[1]);
+    println!();
+    println!(
+        "RC SEND ping-pong round trip in us, {} iterations per cell, both sides handling \
+         completions in the mode named; median / mean",
+        b.iters
+    );
+    println!(
+        "{:<5} {:>6}  {:>17}  {:>17}  {:>13}  {:>11}",
+        "mode", "size", "hcab0", "rxe0", "ratio median", "ratio mean"
+    );
+    let (mut met_median, mut met_mean) = (0, 0);
+    for (o, r) in ours.ping.iter().zip(&rxe.ping) {
+        let median = o.rtt_median_ns as f64 / r.rtt_median_ns.max(1) as f64;
+        let mean = o.rtt_avg_ns as f64 / r.rtt_avg_ns.max(1) as f64;
+        met_median += usize::from(median <= 0.2);
+        met_mean += usize::from(mean <= 0.2);
+        println!(
+            "{:<5} {:>6}  {:>17}  {:>17}  {:>13.3}  {:>11.3}",
+            o.mode.name(),
+            o.size,
+            us(o),
+            us(r),
+            median,
+            mean
+        );
+    }
+    println!(
+        "target hcab0 <= 1/5 of rxe0: met in {met_median} of {n} cells by median, \
+         {met_mean} of {n} by mean",
+        n = ours.ping.len()
+    );
+    for (dev, d) in [("hcab0", ours), ("rxe0", rxe)] {
+        println!("{dev}: {}", shape(b, d));
+    }
+    println!();
+    println!("RDMA bandwidth (MB/s = 10^6 bytes/s), polled, 16 operations in flight");
+    println!(
+        "{:<5} {:>8}  {:>10}  {:>10}  {:>10}",
+        "op", "size", "hcab0", "rxe0", "hcab0/rxe0"
+    );
+    for (o, r) in ours.bw.iter().zip(&rxe.bw) {
+        println!(
+            "{:<5} {:>8}  {:>10.1}  {:>10.1}  {:>10.2}",
+            if o.read { "read" } else { "write" },
+            o.size,
+            o.mb_per_s,
+            r.mb_per_s,
+            o.mb_per_s / r.mb_per_s.max(1e-9)
+        );
+    }
+}
+
+/// "median / mean" in microseconds.
+fn us(p: &PingResult) -> String {
+    format!(
+        "{:.1} / {:.1}",
+        p.rtt_median_ns as f64 / 1e3,
+        p.rtt_avg_ns as f64 / 1e3
+    )
+}
+
+/// Whether median round trips order as the paper's Table 1 does, size by size.
+fn shape(b: &VerbsBench, d: &DevResults) -> String {
+    let mut ok = 0;
+    for i in 0..b.sizes.len() {
+        let at = |m: usize| d.ping[m * b.sizes.len() + i].rtt_median_ns;
+        if at(0) < at(1) && at(1) < at(2) && at(2) < at(3) {
+            ok += 1;
+        }
+    }
+    format!(
+        "poll < isr < wq < user (the paper's order) holds at {ok} of {} sizes",
+        b.sizes.len()
+    )
+}
