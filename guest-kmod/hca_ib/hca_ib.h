@@ -58,9 +58,23 @@ struct hca_ah {
 	u16 dlid;
 };
 
+#define HCA_IB_MAX_FRMR_PAGES	(1 << 16)
+
 struct hca_mr {
 	struct ib_mr ibmr;
+	u32 hw_key;	/* the key the device knows the MR by */
+	u32 prev_key;	/* ... or this one, if the last REG_MR WR failed */
+	/* Fast registration (ib_alloc_mr): the page list IB_WR_REG_MR hands over. */
+	u64 *pages;
+	dma_addr_t pages_dma;
+	u32 max_pages;
+	u32 npages;
 };
+
+static inline struct hca_mr *to_hmr(struct ib_mr *ibmr)
+{
+	return container_of(ibmr, struct hca_mr, ibmr);
+}
 
 struct hca_cq {
 	struct ib_cq ibcq;
@@ -146,6 +160,16 @@ void hca_eq_cleanup(struct hca_dev *dev);
 
 /* verbs.c */
 extern const struct ib_device_ops hca_dev_ops;
+
+/* mr.c */
+struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access);
+struct ib_mr *hca_reg_user_mr(struct ib_pd *pd, u64 start, u64 length,
+			      u64 virt, int access, struct ib_udata *udata);
+struct ib_mr *hca_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_sg);
+int hca_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		  unsigned int *sg_offset);
+int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+u32 hca_mr_access(int access);
 
 /* cq.c */
 int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,

@@ -42,6 +42,8 @@ static int hca_wr_opcode(enum ib_wr_opcode op)
 		return HCA_WR_ATOMIC_CMP_SWP;
 	case IB_WR_ATOMIC_FETCH_AND_ADD:
 		return HCA_WR_ATOMIC_FETCH_ADD;
+	case IB_WR_REG_MR:
+		return HCA_WR_REG_MR;
 	default:
 		return -EINVAL;
 	}
@@ -107,6 +109,33 @@ static void hca_wqe_remote(struct hca_qp *qp, struct hca_send_wqe *w,
 	}
 }
 
+/* IB_WR_REG_MR: the device copies the page list when it executes the WQE. */
+static int hca_build_reg_mr(struct hca_qp *qp, const struct ib_send_wr *wr)
+{
+	struct hca_wq *wq = &qp->sq;
+	struct hca_reg_mr_wqe *w = hca_wqe(wq, wq->pi);
+	struct hca_mr *mr = to_hmr(reg_wr(wr)->mr);
+
+	if (!mr->pages || !mr->npages)
+		return -EINVAL;
+	memset(w, 0, sizeof(*w));
+	w->wr_id = wq->pi;
+	w->opcode = HCA_WR_REG_MR;
+	if (wr->send_flags & IB_SEND_SIGNALED)
+		w->flags |= HCA_WQE_SIGNALED;
+	w->access = hca_mr_access(reg_wr(wr)->access);
+	w->iova = mr->ibmr.iova;
+	w->key = reg_wr(wr)->key;
+	w->npages = mr->npages;
+	w->length = mr->ibmr.length;
+	w->page_list = mr->pages_dma;
+	w->page_shift = ilog2(mr->ibmr.page_size);
+	/* From here on the device knows the MR by this key (dereg uses it). */
+	mr->prev_key = mr->hw_key;
+	mr->hw_key = reg_wr(wr)->key;
+	return 0;
+}
+
 static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 {
 	struct hca_wq *wq = &qp->sq;
@@ -118,6 +147,8 @@ static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 	if ((qp->ibqp.qp_type != IB_QPT_RC) &&
 	    op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)
 		return -EINVAL;
+	if (op == HCA_WR_REG_MR)
+		return hca_build_reg_mr(qp, wr);
 	memset(w, 0, sizeof(*w));
 	w->wr_id = wq->pi;
 	w->opcode = op;

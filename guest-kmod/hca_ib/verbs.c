@@ -38,6 +38,8 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 15;
 	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
+	a->device_cap_flags = IB_DEVICE_MEM_MGT_EXTENSIONS;
+	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
 	return 0;
 }
 
@@ -157,55 +159,6 @@ static int hca_destroy_ah(struct ib_ah *ibah, u32 flags)
 	return 0;
 }
 
-/* The physical MR over all guest memory: ib_get_dma_mr() and the global rkey. */
-static struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access)
-{
-	struct hca_cmd_reg_mr in = {
-		.iova = 0,
-		.length = U64_MAX,
-		.pdn = to_hpd(ibpd)->pdn,
-		.flags = HCA_MR_FLAG_PHYS,
-	};
-	struct hca_cmd_handle out;
-	struct hca_mr *mr;
-	int err;
-
-	in.access = access & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
-			      IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC);
-	/* IB wants local write under remote write; ib_core may leave it out. */
-	if (in.access & (IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_ATOMIC))
-		in.access |= IB_ACCESS_LOCAL_WRITE;
-	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
-	if (!mr)
-		return ERR_PTR(-ENOMEM);
-	err = hca_cmd(to_hdev(ibpd->device), HCA_CMD_REG_MR, &in, sizeof(in),
-		      &out, sizeof(out));
-	if (err) {
-		kfree(mr);
-		return ERR_PTR(err);
-	}
-	mr->ibmr.lkey = out.handle;
-	mr->ibmr.rkey = out.handle;
-	return &mr->ibmr;
-}
-
-/* No user space verbs; ib_core lists this op as mandatory for kernel providers. */
-static struct ib_mr *hca_reg_user_mr(struct ib_pd *pd, u64 start, u64 length,
-				     u64 virt, int access, struct ib_udata *udata)
-{
-	return ERR_PTR(-EOPNOTSUPP);
-}
-
-static int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
-{
-	int err = hca_cmd_handle(to_hdev(ibmr->device), HCA_CMD_DEREG_MR,
-				 ibmr->lkey);
-
-	if (!err)
-		kfree(container_of(ibmr, struct hca_mr, ibmr));
-	return err;
-}
-
 const struct ib_device_ops hca_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
@@ -222,6 +175,8 @@ const struct ib_device_ops hca_dev_ops = {
 	.destroy_ah = hca_destroy_ah,
 	.get_dma_mr = hca_get_dma_mr,
 	.reg_user_mr = hca_reg_user_mr,
+	.alloc_mr = hca_alloc_mr,
+	.map_mr_sg = hca_map_mr_sg,
 	.dereg_mr = hca_dereg_mr,
 	.create_cq = hca_create_cq,
 	.destroy_cq = hca_destroy_cq,

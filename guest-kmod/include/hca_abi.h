@@ -117,6 +117,7 @@
 #define HCA_CMD_BAD_ADDRESS		7
 
 #define HCA_MR_FLAG_PHYS		(1 << 0)
+#define HCA_MR_FLAG_FAST_REG		(1 << 1)
 
 /* Access flags (ib_access_flags) */
 #define HCA_ACCESS_LOCAL_WRITE		(1 << 0)
@@ -164,6 +165,7 @@
 #define HCA_WR_RDMA_READ		4
 #define HCA_WR_ATOMIC_CMP_SWP		5
 #define HCA_WR_ATOMIC_FETCH_ADD		6
+#define HCA_WR_REG_MR			7
 #define HCA_WQE_SIGNALED		(1 << 0)
 #define HCA_WQE_SOLICITED		(1 << 1)
 #define HCA_WQE_INLINE			(1 << 2)
@@ -175,6 +177,7 @@
 #define HCA_CQE_OP_RDMA_READ		2
 #define HCA_CQE_OP_COMP_SWAP		3
 #define HCA_CQE_OP_FETCH_ADD		4
+#define HCA_CQE_OP_REG_MR		8
 #define HCA_CQE_OP_RECV			0x80
 #define HCA_CQE_OP_RECV_RDMA_IMM	0x81
 #define HCA_CQE_FLAG_IMM		(1 << 0)
@@ -385,6 +388,27 @@ struct hca_send_wqe {
 	__u64 swap;
 };
 
+/*
+ * Opcode HCA_WR_REG_MR: maps fast-registration MR key >> 8 to
+ * [iova, iova + length) over page_list (u64 guest-physical pages of
+ * 1 << page_shift bytes) with access; key's low byte is its new tag.
+ */
+struct hca_reg_mr_wqe {
+	__u64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__u16 rsvd0;
+	__u32 access;
+	__u64 iova;
+	__u32 key;
+	__u32 npages;
+	__u64 length;
+	__u64 page_list;
+	__u32 page_shift;
+	__u32 rsvd1;
+	__u64 rsvd2;
+};
+
 /* Followed by num_sge struct hca_sge */
 struct hca_recv_wqe {
 	__u64 wr_id;
@@ -424,6 +448,7 @@ _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
 _Static_assert(sizeof(struct hca_cmd_create_qp) == 40, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");
 _Static_assert(sizeof(struct hca_send_wqe) == 64, "hca_send_wqe");
+_Static_assert(sizeof(struct hca_reg_mr_wqe) == 64, "hca_reg_mr_wqe");
 _Static_assert(sizeof(struct hca_recv_wqe) == 16, "hca_recv_wqe");
 _Static_assert(sizeof(struct hca_cqe) == 32, "hca_cqe");
 _Static_assert(sizeof(struct hca_eqe) == 16, "hca_eqe");

@@ -3,9 +3,11 @@
  * RDMA Write and Read bandwidth against the peer's region, polled, with
  * up to VB_WINDOW operations in flight, then a check that the bytes
  * arrived: writes are read back, reads are compared with pat(i), which
- * the peer's read region holds. And the bad-rkey probe.
+ * the peer's read region holds. And the bad-rkey probe, and a fast-
+ * registration check (ib_alloc_mr + ib_map_mr_sg + IB_WR_REG_MR).
  */
 #include <linux/slab.h>
+#include <linux/scatterlist.h>
 #include "vbench.h"
 
 #define VB_WINDOW	16
@@ -56,6 +58,27 @@ static int vb_wait_rdma(struct ib_wc *wc)
 			return -ETIMEDOUT;
 		cond_resched();
 	}
+}
+
+/* One RDMA Read of `len` bytes from the peer's read region into (iova, lkey). */
+static int vb_rdma_burst_key(u64 iova, u32 lkey, u32 len)
+{
+	struct ib_sge sge = { .addr = iova, .length = len, .lkey = lkey };
+	struct ib_rdma_wr wr = {
+		.wr = {
+			.wr_id = U64_MAX,
+			.sg_list = &sge,
+			.num_sge = 1,
+			.opcode = IB_WR_RDMA_READ,
+			.send_flags = IB_SEND_SIGNALED,
+		},
+		.remote_addr = vb->peer.raddr,
+		.rkey = vb->peer.rkey,
+	};
+	struct ib_wc wc;
+	int err = ib_post_send(vb->qp, &wr.wr, NULL);
+
+	return err ?: vb_wait_rdma(&wc);
 }
 
 /* Runs `iters` operations of `size`, at most VB_WINDOW in flight. */
@@ -172,4 +195,100 @@ int vb_badrkey(char *out, size_t len)
 			 wc.status == IB_WC_REM_ACCESS_ERR ? "REM_ACCESS_ERR" :
 			 ib_wc_status_msg(wc.status),
 			 attr.qp_state == IB_QPS_ERR ? "ERR" : "not-ERR");
+}
+
+#define VB_FR_PAGES	4
+
+static int vb_reg_mr_wr(struct ib_mr *mr)
+{
+	struct ib_reg_wr wr = {
+		.wr = {
+			.wr_id = U64_MAX,
+			.opcode = IB_WR_REG_MR,
+			.send_flags = IB_SEND_SIGNALED,
+		},
+		.mr = mr,
+		.key = mr->rkey,
+		.access = IB_ACCESS_LOCAL_WRITE,
+	};
+	struct ib_wc wc;
+	int err;
+
+	err = ib_post_send(vb->qp, &wr.wr, NULL);
+	if (err)
+		return err;
+	err = vb_wait_rdma(&wc);
+	if (!err && wc.opcode != IB_WC_REG_MR)
+		err = -EPROTO;
+	return err;
+}
+
+/* RDMA-reads the peer's read region into separate pages through a fast-registered MR. */
+static int vb_fastreg_read(struct ib_mr *mr, struct page **pages, int *bad)
+{
+	u32 i, j;
+	u8 *p;
+	int err;
+
+	err = vb_reg_mr_wr(mr);
+	if (err)
+		return err;
+	err = vb_rdma_burst_key(mr->iova, mr->lkey, VB_FR_PAGES * PAGE_SIZE);
+	if (err)
+		return err;
+	for (i = 0; i < VB_FR_PAGES; i++) {
+		p = page_address(pages[i]);
+		for (j = 0; j < PAGE_SIZE; j++)
+			if (p[j] != vb_pattern[(i * PAGE_SIZE + j) % VB_MAX_MSG])
+				(*bad)++;
+	}
+	return 0;
+}
+
+int vb_fastreg(char *out, size_t len)
+{
+	struct scatterlist sg[VB_FR_PAGES];
+	struct page *pages[VB_FR_PAGES] = {};
+	struct ib_mr *mr = NULL;
+	int i, n = 0, bad = 0, err = -ENOMEM;
+
+	if (!vb->qp)
+		return -ENOTCONN;
+	vb_stop();
+	sg_init_table(sg, VB_FR_PAGES);
+	for (i = 0; i < VB_FR_PAGES; i++) {
+		pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!pages[i])
+			goto out;
+		sg_set_page(&sg[i], pages[i], PAGE_SIZE, 0);
+	}
+	n = ib_dma_map_sg(vb->dev, sg, VB_FR_PAGES, DMA_BIDIRECTIONAL);
+	if (n <= 0)
+		goto out;
+	mr = ib_alloc_mr(vb->pd, IB_MR_TYPE_MEM_REG, VB_FR_PAGES);
+	if (IS_ERR(mr)) {
+		err = PTR_ERR(mr);
+		mr = NULL;
+		goto out;
+	}
+	/* A fresh key for this registration, as consumers do before each REG_MR. */
+	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey) & 0xff);
+	err = ib_map_mr_sg(mr, sg, n, NULL, PAGE_SIZE);
+	if (err != n) {
+		err = err < 0 ? err : -EINVAL;
+		goto out;
+	}
+	err = vb_fastreg_read(mr, pages, &bad);
+out:
+	if (mr)
+		ib_dereg_mr(mr);
+	if (n > 0)
+		ib_dma_unmap_sg(vb->dev, sg, VB_FR_PAGES, DMA_BIDIRECTIONAL);
+	for (i = 0; i < VB_FR_PAGES; i++)
+		if (pages[i])
+			__free_page(pages[i]);
+	if (err)
+		return err;
+	return scnprintf(out, len, "fastreg pages=%d bytes=%lu errors=%d\n",
+			 VB_FR_PAGES, VB_FR_PAGES * PAGE_SIZE, bad);
 }

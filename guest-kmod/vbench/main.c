@@ -8,7 +8,7 @@
  * Commands: open DEV | connect lid= qpn= psn= rkey= raddr= gid= |
  *   serve poll|isr|wq|user [verify] | stop |
  *   ping poll|isr|wq SIZE ITERS [verify] | bw write|read SIZE ITERS |
- *   badrkey | close | devices
+ *   badrkey | fastreg | close | devices
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -114,6 +114,8 @@ static int vb_cmd_run(char *cmd, char *args)
 	}
 	if (!strcmp(cmd, "badrkey"))
 		return vb_badrkey(vb_result, sizeof(vb_result));
+	if (!strcmp(cmd, "fastreg"))
+		return vb_fastreg(vb_result, sizeof(vb_result));
 	if (!strcmp(cmd, "connect"))
 		return vb_parse_peer(args, &peer) ?: vb_connect(&peer);
 	if (!strcmp(cmd, "serve")) {

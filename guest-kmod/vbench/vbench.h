@@ -112,5 +112,6 @@ void vb_work_fn(struct work_struct *w);
 /* bw.c */
 int vb_bw(bool read, u32 size, u32 iters, char *out, size_t len);
 int vb_badrkey(char *out, size_t len);
+int vb_fastreg(char *out, size_t len);
 
 #endif /* VBENCH_H */

@@ -138,6 +138,9 @@ pub const CMD_BAD_ADDRESS: u32 = 7;
 // REG_MR flags.
 /// Physical (DMA) MR: iova is the guest-physical address, no page list.
 pub const MR_FLAG_PHYS: u32 = 1 << 0;
+/// Fast-registration MR: reserves room for `npages` pages and maps nothing until an
+/// `WR_REG_MR` work request maps it (ib_alloc_mr + IB_WR_REG_MR).
+pub const MR_FLAG_FAST_REG: u32 = 1 << 1;
 
 // Access flags (ib_access_flags numbering).
 pub const ACCESS_LOCAL_WRITE: u32 = 1 << 0;
@@ -189,6 +192,8 @@ pub const WR_RDMA_WRITE_IMM: u32 = 3;
 pub const WR_RDMA_READ: u32 = 4;
 pub const WR_ATOMIC_CMP_SWP: u32 = 5;
 pub const WR_ATOMIC_FETCH_ADD: u32 = 6;
+/// Maps a fast-registration MR; the WQE is an `HcaRegMrWqe`.
+pub const WR_REG_MR: u32 = 7;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
 pub const WQE_SOLICITED: u32 = 1 << 1;
@@ -201,6 +206,7 @@ pub const CQE_OP_RDMA_WRITE: u32 = 1;
 pub const CQE_OP_RDMA_READ: u32 = 2;
 pub const CQE_OP_COMP_SWAP: u32 = 3;
 pub const CQE_OP_FETCH_ADD: u32 = 4;
+pub const CQE_OP_REG_MR: u32 = 8;
 pub const CQE_OP_RECV: u32 = 0x80;
 pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
 
@@ -495,6 +501,30 @@ pub struct HcaSendWqe {
 }
 abi_struct!(HcaSendWqe, 64);
 
+/// A send-queue WQE with opcode `WR_REG_MR`: maps the fast-registration MR `key >> 8` (in
+/// the QP's PD) to `[iova, iova + length)` over the page list at `page_list` (guest-physical
+/// `u64` page addresses, as for REG_MR), with `access`, and makes `key` its key (its low 8
+/// bits are the new tag; the key may not be `LOCAL_DMA_LKEY`). `wr_id`, `opcode` and `flags` sit
+/// where a send WQE has them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaRegMrWqe {
+    pub wr_id: u64,
+    pub opcode: u8,
+    pub flags: u8,
+    pub rsvd0: u16,
+    pub access: u32,
+    pub iova: u64,
+    pub key: u32,
+    pub npages: u32,
+    pub length: u64,
+    pub page_list: u64,
+    pub page_shift: u32,
+    pub rsvd1: u32,
+    pub rsvd2: u64,
+}
+abi_struct!(HcaRegMrWqe, 64);
+
 /// Receive WQE header; `num_sge` HcaSge follow it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -660,6 +690,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_NO_RESOURCES,
         CMD_BAD_ADDRESS,
         MR_FLAG_PHYS,
+        MR_FLAG_FAST_REG,
         ACCESS_LOCAL_WRITE,
         ACCESS_REMOTE_WRITE,
         ACCESS_REMOTE_READ,
@@ -699,6 +730,7 @@ pub fn layout() -> Vec<(String, u64)> {
         WR_RDMA_READ,
         WR_ATOMIC_CMP_SWP,
         WR_ATOMIC_FETCH_ADD,
+        WR_REG_MR,
         WQE_SIGNALED,
         WQE_SOLICITED,
         WQE_INLINE,
@@ -708,6 +740,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CQE_OP_RDMA_READ,
         CQE_OP_COMP_SWAP,
         CQE_OP_FETCH_ADD,
+        CQE_OP_REG_MR,
         CQE_OP_RECV,
         CQE_OP_RECV_RDMA_IMM,
         CQE_FLAG_IMM,
@@ -765,6 +798,8 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaSendWqe => "hca_send_wqe" { wr_id, opcode, flags, num_sge, rsvd0, imm,
         remote_addr, rkey, inline_len, ud_remote_qpn, ud_qkey, ud_dlid, rsvd1, rsvd2,
         compare_add, swap });
+    layout_of!(HcaRegMrWqe => "hca_reg_mr_wqe" { wr_id, opcode, flags, rsvd0, access, iova,
+        key, npages, length, page_list, page_shift, rsvd1, rsvd2 });
     layout_of!(HcaRecvWqe => "hca_recv_wqe" { wr_id, num_sge, rsvd });
     layout_of!(HcaCqe => "hca_cqe" { wr_id, byte_len, imm, qpn, src_qp, slid, opcode,
         status, flags, owner, pkey_index });

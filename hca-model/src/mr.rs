@@ -36,6 +36,10 @@ pub(crate) struct Mr {
     pub iova: u64,
     pub length: u64,
     pub xlat: Translation,
+    /// Pages charged to the device-wide budget (a fast-registration MR: its capacity).
+    pub budget: u64,
+    /// A fast-registration MR's capacity in pages; 0 for ordinary MRs.
+    pub fast_reg_pages: u32,
 }
 
 /// What a key is about to be used for.
@@ -139,6 +143,13 @@ fn push_seg(out: &mut SegList, addr: u64, len: u64) {
     }
 }
 
+/// Access bits IB allows together: known bits only, and remote write or atomic only with
+/// local write.
+fn access_ok(access: u32) -> bool {
+    let remote_needs_local = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC;
+    access & !0xf == 0 && (access & remote_needs_local == 0 || access & ACCESS_LOCAL_WRITE != 0)
+}
+
 impl HcaState {
     /// Resolves `[va, va + len)` under `key` for `how`, appending the guest-physical pieces
     /// to `out`.
@@ -217,30 +228,37 @@ impl HcaState {
         if self.pds.get(a.pdn).is_none() {
             return Err(CMD_BAD_HANDLE);
         }
-        let remote_needs_local = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC;
-        if a.access & !0xf != 0
-            || (a.access & remote_needs_local != 0 && a.access & ACCESS_LOCAL_WRITE == 0)
-            || a.flags & !MR_FLAG_PHYS != 0
-        {
+        let kind = a.flags & (MR_FLAG_PHYS | MR_FLAG_FAST_REG);
+        if !access_ok(a.access) || a.flags & !kind != 0 || kind == MR_FLAG_PHYS | MR_FLAG_FAST_REG {
             return Err(CMD_BAD_PARAM);
         }
-        let (xlat, npages) = if a.flags & MR_FLAG_PHYS != 0 {
-            (Translation::Phys, 0)
-        } else {
-            self.read_page_list(a)?
-        };
-        if self.mr_pages + npages > u64::from(MAX_TOTAL_MR_PAGES) {
-            return Err(CMD_NO_RESOURCES);
-        }
-        let mr = Mr {
+        let mut mr = Mr {
             pdn: a.pdn,
             access: a.access,
             iova: a.iova,
             length: a.length,
-            xlat,
+            xlat: Translation::Phys,
+            budget: 0,
+            fast_reg_pages: 0,
         };
+        if kind == MR_FLAG_FAST_REG {
+            if a.npages == 0 || a.npages > MAX_MR_PAGES {
+                return Err(CMD_BAD_PARAM);
+            }
+            // Nothing mapped yet: no range, no rights, until a WR_REG_MR.
+            (mr.access, mr.iova, mr.length) = (0, 0, 0);
+            mr.budget = u64::from(a.npages);
+            mr.fast_reg_pages = a.npages;
+        } else if kind == 0 {
+            mr.xlat = self.read_pages(a.iova, a.length, a.page_list, a.npages, a.page_shift)?;
+            mr.budget = u64::from(a.npages);
+        }
+        if self.mr_pages + mr.budget > u64::from(MAX_TOTAL_MR_PAGES) {
+            return Err(CMD_NO_RESOURCES);
+        }
+        let budget = mr.budget;
         let idx = self.mrs.alloc(mr).ok_or(CMD_NO_RESOURCES)?;
-        self.mr_pages += npages;
+        self.mr_pages += budget;
         if let Some(pd) = self.pds.get_mut(a.pdn) {
             pd.users += 1;
         }
@@ -250,40 +268,64 @@ impl HcaState {
         Ok((idx << 8) | u32::from(*tag))
     }
 
-    fn read_page_list(&self, a: &HcaCmdRegMr) -> Result<(Translation, u64), u32> {
-        if !(MIN_MR_PAGE_SHIFT..=MAX_MR_PAGE_SHIFT).contains(&a.page_shift)
-            || a.npages == 0
-            || a.npages > MAX_MR_PAGES
-            || a.length == 0
+    /// WR_REG_MR: maps the fast-registration MR `w.key >> 8`, which must belong to `pdn`,
+    /// and gives it the key `w.key`. Errors are completion statuses.
+    pub(crate) fn fast_register(&mut self, pdn: u32, w: &HcaRegMrWqe) -> Result<(), u32> {
+        let idx = w.key >> 8;
+        let tag = (w.key & 0xff) as u8;
+        let cap = match self.mrs.get(idx) {
+            Some(mr) if mr.fast_reg_pages > 0 && mr.pdn == pdn => mr.fast_reg_pages,
+            _ => return Err(WC_LOC_PROT_ERR),
+        };
+        // Any tag, as ib_inc_rkey wraps through them all, but never LOCAL_DMA_LKEY's value.
+        if w.key <= LOCAL_DMA_LKEY || !access_ok(w.access) || w.npages > cap {
+            return Err(WC_LOC_PROT_ERR);
+        }
+        let xlat = self
+            .read_pages(w.iova, w.length, w.page_list, w.npages, w.page_shift)
+            .map_err(|_| WC_LOC_PROT_ERR)?;
+        let mr = self.mrs.get_mut(idx).ok_or(WC_LOC_PROT_ERR)?;
+        (mr.access, mr.iova, mr.length, mr.xlat) = (w.access, w.iova, w.length, xlat);
+        self.mr_tags[idx as usize] = tag;
+        Ok(())
+    }
+
+    /// Reads and checks a page list: every page aligned and inside guest memory, and the
+    /// pages covering `[iova, iova + length)`. Errors are command statuses.
+    fn read_pages(
+        &self,
+        iova: u64,
+        length: u64,
+        page_list: u64,
+        npages: u32,
+        page_shift: u32,
+    ) -> Result<Translation, u32> {
+        if !(MIN_MR_PAGE_SHIFT..=MAX_MR_PAGE_SHIFT).contains(&page_shift)
+            || npages == 0
+            || npages > MAX_MR_PAGES
+            || length == 0
         {
             return Err(CMD_BAD_PARAM);
         }
-        let psize = 1u64 << a.page_shift;
-        let fbo = a.iova & (psize - 1);
-        let span = u64::from(a.npages) << a.page_shift;
-        if a.iova.checked_add(a.length).is_none() || fbo + a.length > span {
+        let psize = 1u64 << page_shift;
+        let fbo = iova & (psize - 1);
+        let span = u64::from(npages) << page_shift;
+        if iova.checked_add(length).is_none() || fbo + length > span {
             return Err(CMD_BAD_PARAM);
         }
-        let mut pages = vec![0u64; a.npages as usize].into_boxed_slice();
+        let mut pages = vec![0u64; npages as usize].into_boxed_slice();
         for (i, p) in pages.iter_mut().enumerate() {
-            let at = a
-                .page_list
-                .checked_add(8 * i as u64)
-                .ok_or(CMD_BAD_ADDRESS)?;
+            let at = page_list.checked_add(8 * i as u64).ok_or(CMD_BAD_ADDRESS)?;
             *p = read_obj::<u64>(self.mem.as_ref(), at).map_err(|_| CMD_BAD_ADDRESS)?;
             if *p & (psize - 1) != 0 || !self.mem.check(*p, psize) {
                 return Err(CMD_BAD_ADDRESS);
             }
         }
-        let n = u64::from(a.npages);
-        Ok((
-            Translation::Pages {
-                shift: a.page_shift,
-                fbo,
-                pages,
-            },
-            n,
-        ))
+        Ok(Translation::Pages {
+            shift: page_shift,
+            fbo,
+            pages,
+        })
     }
 
     pub(crate) fn cmd_dereg_mr(&mut self, key: u32) -> Result<(), u32> {
@@ -293,9 +335,7 @@ impl HcaState {
             return Err(CMD_BAD_HANDLE);
         }
         let mr = self.mrs.remove(idx).ok_or(CMD_BAD_HANDLE)?;
-        if let Translation::Pages { pages, .. } = &mr.xlat {
-            self.mr_pages -= pages.len() as u64;
-        }
+        self.mr_pages -= mr.budget;
         if let Some(pd) = self.pds.get_mut(mr.pdn) {
             pd.users -= 1;
         }
@@ -319,6 +359,8 @@ mod tests {
                 fbo: 0x800,
                 pages: vec![0x5000, 0x9000, 0xa000].into_boxed_slice(),
             },
+            budget: 3,
+            fast_reg_pages: 0,
         };
         let mut out = SegList::new();
         mr.translate(0x10_0800, 0x2000, &mut out);

@@ -45,6 +45,9 @@ pub(crate) enum PendKind {
     Read { dst: SegList },
     /// The original value of an atomic, written here.
     Atomic { dst: Seg },
+    /// A local operation (WR_REG_MR), already done; completes when it reaches the front,
+    /// so that completions stay in send order.
+    Local,
 }
 
 /// A sent WR awaiting its ACK or response; in send order.
@@ -112,6 +115,7 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
         WR_RDMA_READ => CQE_OP_RDMA_READ,
         WR_ATOMIC_CMP_SWP => CQE_OP_COMP_SWAP,
         WR_ATOMIC_FETCH_ADD => CQE_OP_FETCH_ADD,
+        WR_REG_MR => CQE_OP_REG_MR,
         _ => return None,
     })
 }

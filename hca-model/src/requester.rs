@@ -107,6 +107,9 @@ impl HcaState {
     fn execute_send(&mut self, qpn: u32, addr: u64, w: &HcaSendWqe) -> Result<(), u32> {
         let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
         let op = u32::from(w.opcode);
+        if op == WR_REG_MR {
+            return self.execute_reg_mr(qpn, addr);
+        }
         let cqe_op = cqe_op_of(op).ok_or(WC_LOC_QP_OP_ERR)?;
         let flags = u32::from(w.flags);
         let is_read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
@@ -160,6 +163,52 @@ impl HcaState {
             WR_RDMA_READ => self.send_read(qpn, w, src, len, pend),
             WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD => self.send_atomic(qpn, w, src, len, pend),
             _ => self.send_rc_message(qpn, w, src, len, pend),
+        }
+    }
+
+    /// WR_REG_MR: maps the MR now (later WRs may use it); completes in send order.
+    fn execute_reg_mr(&mut self, qpn: u32, addr: u64) -> Result<(), u32> {
+        let w: HcaRegMrWqe = read_obj(self.mem.as_ref(), addr).map_err(|_| WC_LOC_QP_OP_ERR)?;
+        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+        let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
+        self.fast_register(qp.pdn, &w)?;
+        let pend = Pending {
+            wr_id: w.wr_id,
+            cqe_op: CQE_OP_REG_MR,
+            signaled,
+            first_psn: 0,
+            last_psn: 0,
+            byte_len: 0,
+            kind: PendKind::Local,
+        };
+        let qp = self.qps.get_mut(qpn).ok_or(WC_GENERAL_ERR)?;
+        let cqn = qp.send_cqn;
+        if !qp.pending.is_empty() {
+            qp.pending.push_back(pend);
+        } else if signaled {
+            self.post_cqe(cqn, ok_cqe(qpn, &pend), false);
+        }
+        Ok(())
+    }
+
+    /// Completes the local operations that have reached the front of the pending list.
+    fn complete_locals(&mut self, qpn: u32) {
+        loop {
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                return;
+            };
+            if !qp
+                .pending
+                .front()
+                .is_some_and(|p| matches!(p.kind, PendKind::Local))
+            {
+                return;
+            }
+            let p = qp.pending.pop_front().expect("front checked");
+            let cqn = qp.send_cqn;
+            if p.signaled {
+                self.post_cqe(cqn, ok_cqe(qpn, &p), false);
+            }
         }
     }
 
@@ -389,10 +438,11 @@ impl HcaState {
             let Some(qp) = self.qps.get_mut(qpn) else {
                 return;
             };
-            let done = qp
-                .pending
-                .front()
-                .is_some_and(|p| matches!(p.kind, PendKind::Ack) && psn_le(p.last_psn, psn));
+            let done = qp.pending.front().is_some_and(|p| match p.kind {
+                PendKind::Ack => psn_le(p.last_psn, psn),
+                PendKind::Local => true,
+                _ => false,
+            });
             if !done {
                 return;
             }
@@ -480,6 +530,7 @@ impl HcaState {
     }
 
     fn resume_after_fence(&mut self, qpn: u32) {
+        self.complete_locals(qpn);
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };

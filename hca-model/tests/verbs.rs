@@ -625,3 +625,140 @@ fn test_reset_then_reconnect_works_again() {
     assert_eq!(u32::from(p.a.drain_cq(&mut p.cq_a)[0].status), WC_SUCCESS);
     assert_eq!(p.b.read(dst, 8), 5u64.to_le_bytes());
 }
+
+/// A fast-registration MR as ib_alloc_mr + IB_WR_REG_MR use it: nothing reachable before the
+/// WR, then the mapped pages (scattered, not contiguous) with the rights and key the WR gave.
+#[test]
+fn test_fast_registration_maps_scattered_pages_under_the_new_key() {
+    let mut p = Pair::new(5);
+    let frmr =
+        p.b.try_reg_mr(&HcaCmdRegMr {
+            pdn: p.pd_b,
+            npages: 4,
+            flags: MR_FLAG_FAST_REG,
+            ..Default::default()
+        })
+        .expect("fast-reg MR");
+    let src = p.a.alloc(3 * 4096, 4096);
+    p.a.write(src, &pattern(3 * 4096, 9));
+    let rdma = |p: &mut Pair, rkey: u32, wr_id: u64| {
+        let w = HcaSendWqe {
+            wr_id,
+            opcode: WR_RDMA_WRITE as u8,
+            flags: WQE_SIGNALED as u8,
+            remote_addr: 0x10_0000 + 100,
+            rkey,
+            ..Default::default()
+        };
+        p.a.post_send(&mut p.qa, w, &[sge(src, 3 * 4096, p.key_a)]);
+        p.a.drain_cq(&mut p.cq_a)
+    };
+    // Before WR_REG_MR the key reaches nothing.
+    let c = rdma(&mut p, frmr, 1);
+    assert_eq!(u32::from(c[0].status), WC_REM_ACCESS_ERR);
+    let mut p = Pair::new(5);
+    let frmr =
+        p.b.try_reg_mr(&HcaCmdRegMr {
+            pdn: p.pd_b,
+            npages: 4,
+            flags: MR_FLAG_FAST_REG,
+            ..Default::default()
+        })
+        .unwrap();
+    p.a.write(src, &pattern(3 * 4096, 9));
+    // Four pages in reverse order, so the mapping is visibly not contiguous.
+    let pages: Vec<u64> = (0..4).map(|_| p.b.alloc(4096, 4096)).rev().collect();
+    let list = p.b.alloc(32, 8);
+    for (i, pg) in pages.iter().enumerate() {
+        p.b.write(list + 8 * i as u64, &pg.to_le_bytes());
+    }
+    let new_key = (frmr & !0xff) | 0x42;
+    p.b.post_reg_mr(
+        &mut p.qb,
+        HcaRegMrWqe {
+            wr_id: 7,
+            flags: WQE_SIGNALED as u8,
+            access: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+            iova: 0x10_0000,
+            key: new_key,
+            npages: 4,
+            length: 4 * 4096,
+            page_list: list,
+            page_shift: 12,
+            ..Default::default()
+        },
+    );
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(
+        (c[0].wr_id, u32::from(c[0].opcode), u32::from(c[0].status)),
+        (7, CQE_OP_REG_MR, WC_SUCCESS)
+    );
+    // The old key is stale; the new one writes through the page list.
+    let c = rdma(&mut p, new_key, 2);
+    assert_eq!(u32::from(c[0].status), WC_SUCCESS, "{c:?}");
+    let want = pattern(3 * 4096, 9);
+    let mut got = Vec::new();
+    let mut off = 100usize;
+    while got.len() < want.len() {
+        let page = pages[off / 4096];
+        let n = (4096 - off % 4096).min(want.len() - got.len());
+        got.extend(p.b.read(page + (off % 4096) as u64, n));
+        off += n;
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn test_fast_registration_rejects_a_foreign_or_oversized_mapping() {
+    let mut p = Pair::new(5);
+    let frmr =
+        p.b.try_reg_mr(&HcaCmdRegMr {
+            pdn: p.pd_b,
+            npages: 2,
+            flags: MR_FLAG_FAST_REG,
+            ..Default::default()
+        })
+        .unwrap();
+    let list = p.b.alloc(32, 8);
+    let pg = p.b.alloc(4096, 4096);
+    for i in 0..4u64 {
+        p.b.write(list + 8 * i, &pg.to_le_bytes());
+    }
+    // More pages than the MR was allocated for: a local protection error, QP to ERR.
+    p.b.post_reg_mr(
+        &mut p.qb,
+        HcaRegMrWqe {
+            wr_id: 1,
+            flags: WQE_SIGNALED as u8,
+            access: ACCESS_LOCAL_WRITE,
+            key: frmr,
+            npages: 4,
+            length: 4 * 4096,
+            page_list: list,
+            page_shift: 12,
+            ..Default::default()
+        },
+    );
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(
+        (u32::from(c[0].opcode), u32::from(c[0].status)),
+        (CQE_OP_REG_MR, WC_LOC_PROT_ERR)
+    );
+    // An ordinary MR's key is no fast-registration MR.
+    let mut p = Pair::new(5);
+    p.b.post_reg_mr(
+        &mut p.qb,
+        HcaRegMrWqe {
+            wr_id: 2,
+            access: ACCESS_LOCAL_WRITE,
+            key: p.key_b,
+            npages: 1,
+            length: 4096,
+            page_list: list,
+            page_shift: 12,
+            ..Default::default()
+        },
+    );
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(u32::from(c[0].status), WC_LOC_PROT_ERR);
+}

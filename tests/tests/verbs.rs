@@ -1,7 +1,7 @@
 //! End-to-end: kernel verbs over the hcabench HCA. Two QEMU guests load the hca_ib provider
 //! and the vbench consumer; the harness connects RC QPs between them and checks that data
-//! moves intact in every completion mode and at every size, that a bad rkey fails the way IB
-//! says, that the driver and the module unload and reload, and that the same module runs
+//! moves intact in every completion mode and at every size, that fast-registered kernel
+//! buffers work, that a bad rkey fails the way IB says, that the driver and the module unload and reload, and that the same module runs
 //! unchanged over SoftRoCE (rdma_rxe on a virtio-net link). One booted pair serves all.
 
 use std::time::Duration;
@@ -73,6 +73,14 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         bw_ok(&mut tb, "hcab0", true, size, 8);
     }
 
+    // A kernel buffer of scattered pages, registered the way kernel consumers do it
+    // (ib_alloc_mr, ib_map_mr_sg, IB_WR_REG_MR), receives an RDMA Read intact.
+    let fr = tb.agents[0].run("vb fastreg", T).unwrap();
+    assert!(
+        fr.contains("fastreg pages=4") && fr.contains("errors=0"),
+        "{fr}"
+    );
+
     // A bad rkey: the consumer gets a remote access error and its QP goes to error.
     let bad = tb.agents[0].run("vb badrkey", T).unwrap();
     assert!(
@@ -108,4 +116,6 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     ping_ok(&mut tb, "rxe0", Mode::Poll, 64, 10);
     ping_ok(&mut tb, "rxe0", Mode::Isr, 4096, 10);
     bw_ok(&mut tb, "rxe0", true, 65536, 4);
+    let fr = tb.agents[0].run("vb fastreg", T).unwrap();
+    assert!(fr.contains("errors=0"), "rxe0: {fr}");
 }
