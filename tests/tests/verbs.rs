@@ -10,7 +10,8 @@ use device_server::verbs::{Mode, Testbed};
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
 const T: Duration = Duration::from_secs(120);
-const SIZES: [u32; 4] = [8, 64, 512, 4096];
+/// Every power of two from 8 B to 4 KiB.
+const SIZES: [u32; 10] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
 
 fn ping_ok(tb: &mut Testbed, dev: &str, mode: Mode, size: u32, iters: u64) {
     let r = tb
@@ -87,6 +88,11 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         bad.contains("status=REM_ACCESS_ERR") && bad.contains("qp_state=ERR"),
         "{bad}"
     );
+    // The responder's consumer hears of it as an asynchronous QP event.
+    let events = tb.agents[1]
+        .run("dmesg | grep 'vbench: QP event'", T)
+        .unwrap();
+    assert!(events.contains("QP access error"), "{events}");
     // Fresh QPs on both sides work again.
     tb.connect("hcab0").unwrap();
     ping_ok(&mut tb, "hcab0", Mode::Poll, 64, 20);
