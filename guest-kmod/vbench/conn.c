@@ -159,7 +159,7 @@ int vb_open(struct ib_device *dev)
 	}
 	vb->mtu = pa.active_mtu;
 	vb->roce = rdma_protocol_roce(dev, 1);
-	vb->peer.lid = pa.lid;
+	vb->lid = pa.lid;
 	err = vb_pick_gid();
 	if (err)
 		goto err;
@@ -184,7 +184,7 @@ int vb_addr(char *out, size_t len)
 	if (!vb->qp)
 		return -ENOTCONN;
 	return scnprintf(out, len, "lid=%u qpn=%u psn=%u rkey=%u raddr=%llu gid=%pI6\n",
-			 vb->peer.lid, vb->qp->qp_num, vb->psn,
+			 vb->lid, vb->qp->qp_num, vb->psn,
 			 vb->pd->unsafe_global_rkey, vb->region_dma, vb->sgid.raw);
 }
 

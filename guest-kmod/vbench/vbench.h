@@ -45,6 +45,7 @@ struct vb_ctx {
 	struct ib_cq *cq;
 	struct ib_qp *qp;
 	u32 psn;
+	u32 lid;	/* ours */
 	int sgid_index;
 	union ib_gid sgid;
 	bool roce;
@@ -113,5 +114,8 @@ void vb_work_fn(struct work_struct *w);
 int vb_bw(bool read, u32 size, u32 iters, char *out, size_t len);
 int vb_badrkey(char *out, size_t len);
 int vb_fastreg(char *out, size_t len);
+
+/* ud.c */
+int vb_udloop(char *out, size_t len);
 
 #endif /* VBENCH_H */

@@ -1,6 +1,7 @@
 //! End-to-end: kernel verbs over the hcabench HCA. Two QEMU guests load the hca_ib provider
 //! and the vbench consumer; the harness connects RC QPs between them and checks that data
-//! moves intact in every completion mode and at every size, that fast-registered kernel
+//! moves intact in every completion mode and at every size, that UD datagrams and address
+//! handles work, that fast-registered kernel
 //! buffers work, that a bad rkey fails the way IB says, that the driver and the module unload and reload, and that the same module runs
 //! unchanged over SoftRoCE (rdma_rxe on a virtio-net link). One booted pair serves all.
 
@@ -73,6 +74,14 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         bw_ok(&mut tb, "hcab0", false, size, 8);
         bw_ok(&mut tb, "hcab0", true, size, 8);
     }
+
+    // UD: a datagram between two UD QPs through an address handle (our own LID), with the
+    // 40-byte GRH room IB puts in front of it and the sender's QPN and LID in the completion.
+    let ud = tb.agents[0].run("vb udloop", T).unwrap();
+    assert!(
+        ud.contains("byte_len=296 src_qp_ok=1 slid_ok=1 data_ok=1"),
+        "{ud}"
+    );
 
     // A kernel buffer of scattered pages, registered the way kernel consumers do it
     // (ib_alloc_mr, ib_map_mr_sg, IB_WR_REG_MR), receives an RDMA Read intact.
