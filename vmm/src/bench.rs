@@ -44,6 +44,16 @@ pub fn run(b: &VerbsBench) -> Result<(), String> {
         tb.keep_dir();
         println!("  keeping {} (consoles)", dir.display());
     }
+    // What one interrupt costs here, for reading the interrupt-driven rows.
+    for g in &tb.guests {
+        if let Some(l) = g
+            .console_lines()
+            .into_iter()
+            .find(|l| l.starts_with("HCABENCH-PROBE doorbell-irq"))
+        {
+            println!("  {}: {}", g.name, &l["HCABENCH-PROBE ".len()..]);
+        }
+    }
     tb.rxe_up()?;
     println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
     let mut all = Vec::new();

@@ -64,7 +64,7 @@ enum Cmd {
     Bench {
         /// The benchmark: verbs
         what: String,
-        /// Round trips per mode and size
+        /// Round trips per mode and size (at most 100000)
         #[arg(long, default_value_t = 500)]
         iters: u64,
         /// Ping-pong message sizes in bytes (8..4096)
@@ -338,6 +338,9 @@ fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
     }
     if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
         return Err("--iters, --sizes and --bw-sizes need at least one value".into());
+    }
+    if b.iters > 100_000 {
+        return Err(format!("--iters {} is over vbench's 100000", b.iters));
     }
     if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
         return Err(format!("ping-pong size {s} is outside 8..=4096"));
