@@ -115,3 +115,27 @@ fn test_commands_without_a_cluster_say_so() {
     assert!(!bad.status.success());
     assert!(text(&bad).contains("nodes = 99"), "{}", text(&bad));
 }
+
+#[test]
+fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
+    let dir = std::env::temp_dir().join(format!("hcab-cli-bench-{}", std::process::id()));
+    for (args, says) in [
+        (
+            &["bench", "dsm"][..],
+            "unknown benchmark `dsm`; available: verbs",
+        ),
+        (
+            &["bench", "verbs", "--sizes", "8,5000"][..],
+            "ping-pong size 5000 is outside 8..=4096",
+        ),
+        (
+            &["bench", "verbs", "--bw-sizes", "0"][..],
+            "RDMA size 0 is outside",
+        ),
+        (&["bench", "verbs", "--iters", "0"][..], "need at least one"),
+    ] {
+        let o = hcabench(&dir, args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+}
