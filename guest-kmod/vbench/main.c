@@ -8,7 +8,7 @@
  * Commands: open DEV | connect lid= qpn= psn= rkey= raddr= gid= |
  *   serve poll|isr|wq|user [verify] | stop |
  *   ping poll|isr|wq SIZE ITERS [verify] | bw write|read SIZE ITERS |
- *   badrkey | fastreg | udloop | close | devices
+ *   badrkey | fastreg | udloop | mad | close | devices
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -118,6 +118,8 @@ static int vb_cmd_run(char *cmd, char *args)
 		return vb_fastreg(vb_result, sizeof(vb_result));
 	if (!strcmp(cmd, "udloop"))
 		return vb_udloop(vb_result, sizeof(vb_result));
+	if (!strcmp(cmd, "mad"))
+		return vb_mad(vb_result, sizeof(vb_result));
 	if (!strcmp(cmd, "connect"))
 		return vb_parse_peer(args, &peer) ?: vb_connect(&peer);
 	if (!strcmp(cmd, "serve")) {

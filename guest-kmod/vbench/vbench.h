@@ -118,4 +118,7 @@ int vb_fastreg(char *out, size_t len);
 /* ud.c */
 int vb_udloop(char *out, size_t len);
 
+/* mad.c */
+int vb_mad(char *out, size_t len);
+
 #endif /* VBENCH_H */

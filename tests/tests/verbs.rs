@@ -1,7 +1,7 @@
 //! End-to-end: kernel verbs over the hcabench HCA. Two QEMU guests load the hca_ib provider
 //! and the vbench consumer; the harness connects RC QPs between them and checks that data
 //! moves intact in every completion mode and at every size, that UD datagrams and address
-//! handles work, that fast-registered kernel
+//! handles work, that ib_mad's MADs travel over the GSI QP, that fast-registered kernel
 //! buffers work, that a bad rkey fails the way IB says, that the driver and the module unload and reload, and that the same module runs
 //! unchanged over SoftRoCE (rdma_rxe on a virtio-net link). One booted pair serves all.
 
@@ -81,6 +81,13 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     assert!(
         ud.contains("byte_len=296 src_qp_ok=1 slid_ok=1 data_ok=1"),
         "{ud}"
+    );
+
+    // A MAD through ib_mad's GSI QP (QP1) to our own port arrives and is dispatched.
+    let mad = tb.agents[0].run("vb mad", T).unwrap();
+    assert!(
+        mad.contains("send_status=0 tid_ok=1 src_qp=1 slid_ok=1"),
+        "{mad}"
     );
 
     // A kernel buffer of scattered pages, registered the way kernel consumers do it
