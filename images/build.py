@@ -35,7 +35,9 @@ KERNEL_MODULES = ["ib_core"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
-OUR_MODULES = ["probe", "hca_ib", "vbench"]
+OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
+# Shell helpers from images/ that go to the guest's /bin.
+SCRIPTS = ["vb", "dsmctl", "rxe-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user"]
 # iproute2's `rdma` (to add rxe links and show `rdma link`) and the libraries it needs.
@@ -258,7 +260,7 @@ def main():
     bdeb = download("busybox-static", cache)
     init = ROOT / "images" / "init.sh"
     sources = [kdeb, bdeb, init, Path(__file__).resolve()]
-    sources += [ROOT / "images" / n for n in ("vb", "rxe-up")]
+    sources += [ROOT / "images" / n for n in SCRIPTS]
     for m in OUR_MODULES:
         sources += sorted((KMOD / m).glob("*.[ch]")) + [KMOD / m / "Kbuild"]
     sources += sorted((KMOD / "include").glob("*.h"))
@@ -288,7 +290,7 @@ def main():
         img.dir(d)
     img.file("bin/busybox", (broot / "bin" / "busybox").read_bytes(), 0o755)
     img.file("init", init.read_bytes(), 0o755)
-    for script in ("vb", "rxe-up"):
+    for script in SCRIPTS:
         img.file(f"bin/{script}", (ROOT / "images" / script).read_bytes(), 0o755)
     for name, data in tools.items():
         img.file(f"bin/{name}", data, 0o755)

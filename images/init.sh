@@ -50,16 +50,17 @@ else
 	dmesg | grep 'hca_probe: ' | sed 's/.*hca_probe: /HCABENCH-PROBE /'
 fi
 
-# The ib_core provider, then the verbs benchmark module (a plain verbs consumer).
+# The ib_core provider, then its consumers: the verbs benchmark and the DSM.
 export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
-if insmod "/lib/modules/$kver/extra/hca_ib.ko" && insmod "/lib/modules/$kver/extra/vbench.ko"; then
+x=/lib/modules/$kver/extra
+if insmod $x/hca_ib.ko && insmod $x/vbench.ko && insmod $x/dsm.ko; then
 	for p in /sys/class/infiniband/*/ports/1; do
 		[ -e "$p" ] || { say "ERROR no ib_device registered"; break; }
 		dev=${p#/sys/class/infiniband/}
 		say "IB ${dev%%/*} lid=$(cat "$p/lid") state=$(cut -d' ' -f2 < "$p/state")"
 	done
 else
-	say "ERROR hca_ib or vbench did not load"
+	say "ERROR hca_ib, vbench or dsm did not load"
 fi
 say "READY node=$node uptime=$(cut -d' ' -f1 /proc/uptime)"
 

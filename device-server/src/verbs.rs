@@ -109,8 +109,24 @@ impl Testbed {
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Testbed, String> {
+        Self::boot_nodes(image, dir, 2, true, ram_mib, boot_timeout, progress)
+    }
+
+    /// Boots `n` guests; with `link`, `n` must be 2 and they share a virtio-net link.
+    pub fn boot_nodes(
+        image: &Image,
+        dir: PathBuf,
+        n: usize,
+        link: bool,
+        ram_mib: u64,
+        boot_timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Testbed, String> {
+        if link && n != 2 {
+            return Err("a virtio-net link joins exactly two guests".into());
+        }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let nodes = NodeConfig::cluster(&dir, 2, ram_mib << 20);
+        let nodes = NodeConfig::cluster(&dir, n, ram_mib << 20);
         let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
         let mut tb = Testbed {
             agents: Vec::new(),
@@ -119,8 +135,8 @@ impl Testbed {
             dir: dir.clone(),
             keep_dir: false,
         };
-        let link = dir.join("eth.sock");
-        let _ = std::fs::remove_file(&link);
+        let eth = dir.join("eth.sock");
+        let _ = std::fs::remove_file(&eth);
         for (i, node) in nodes.into_iter().enumerate() {
             let spec = GuestSpec {
                 console_log: dir.join(format!("{}.console", node.name)),
@@ -130,8 +146,8 @@ impl Testbed {
                 vcpus: 1,
                 kvm: false,
                 cmd: "agent".into(),
-                net: Some(NetSpec {
-                    socket: link.clone(),
+                net: link.then(|| NetSpec {
+                    socket: eth.clone(),
                     listen: i == 0,
                     mac: format!("52:54:00:12:34:{:02x}", i + 1),
                 }),
@@ -139,12 +155,12 @@ impl Testbed {
             progress(&format!("starting {}", spec.node.name));
             tb.guests
                 .push(Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?);
-            if i == 0 {
+            if i == 0 && link {
                 // The second guest connects to the link socket the first one listens on.
-                wait_for_path(&link, Duration::from_secs(10))?;
+                wait_for_path(&eth, Duration::from_secs(10))?;
             }
         }
-        for i in 0..2 {
+        for i in 0..n {
             let g = &mut tb.guests[i];
             g.wait_line("HCABENCH-AGENT", boot_timeout)?;
             progress(&format!("{} booted", g.name));

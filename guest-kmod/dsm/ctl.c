@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dsm control: /dev/dsm_ctl takes one text command per write() and read()
+ * returns its result; the harness drives it through the guest's shell
+ * (the user API, /dev/dsm with ioctl and mmap, comes with the protocol).
+ *
+ * Commands: open DEV SELF NODES | connect PEER lid= qpn= psn= gid= |
+ *   selftest MSGS SIZE | defer N | stats | close | devices
+ */
+#include <linux/module.h>
+#include <linux/miscdevice.h>
+#include <linux/fs.h>
+#include <linux/slab.h>
+#include <linux/inet.h>
+#include <linux/mutex.h>
+#include "dsm.h"
+
+#define DSM_MAX_DEVS	8
+
+/* Serialises commands, the device list, and set-up/tear-down of comm. */
+static DEFINE_MUTEX(dsm_lock);
+static struct ib_device *dsm_devs[DSM_MAX_DEVS];
+static struct dsm_comm *comm;
+static char dsm_result[512];
+
+static int dsm_cmd_open(char *args)
+{
+	char name[IB_DEVICE_NAME_MAX];
+	u32 self, nodes;
+	int i, err;
+
+	if (sscanf(args, "%63s %u %u", name, &self, &nodes) != 3)
+		return -EINVAL;
+	for (i = 0; i < DSM_MAX_DEVS; i++)
+		if (dsm_devs[i] && !strcmp(dev_name(&dsm_devs[i]->dev), name))
+			break;
+	if (i == DSM_MAX_DEVS)
+		return -ENODEV;
+	dsm_comm_close(comm);
+	comm->handle = dsm_selftest_handle;
+	err = dsm_comm_open(comm, dsm_devs[i], self, nodes);
+	return err ?: dsm_comm_addr(comm, dsm_result, sizeof(dsm_result));
+}
+
+static int dsm_cmd_connect(char *args)
+{
+	u32 peer, lid = 0, qpn = 0, psn = 0, seen = 0;
+	union ib_gid gid = {};
+	char *tok, *val;
+
+	tok = strsep(&args, " ");
+	if (!tok || kstrtou32(tok, 0, &peer))
+		return -EINVAL;
+	while (args && (tok = strsep(&args, " ")) != NULL) {
+		val = strchr(tok, '=');
+		if (!val)
+			continue;
+		*val++ = '\0';
+		if (!strcmp(tok, "lid") && !kstrtou32(val, 0, &lid))
+			seen |= 1;
+		else if (!strcmp(tok, "qpn") && !kstrtou32(val, 0, &qpn))
+			seen |= 2;
+		else if (!strcmp(tok, "psn") && !kstrtou32(val, 0, &psn))
+			seen |= 4;
+		else if (!strcmp(tok, "gid") && in6_pton(val, -1, gid.raw, -1, NULL))
+			seen |= 8;
+	}
+	if (seen != 15 || !comm->dev)
+		return -EINVAL;
+	return dsm_comm_connect(comm, peer, lid, qpn, psn, &gid);
+}
+
+static int dsm_cmd_stats(void)
+{
+	struct dsm_stats *s = &comm->stats;
+
+	return scnprintf(dsm_result, sizeof(dsm_result),
+			 "sent=%lld received=%lld deferred=%lld send_busy=%lld cqe_errors=%lld\n",
+			 atomic64_read(&s->sent), atomic64_read(&s->received),
+			 atomic64_read(&s->deferred), atomic64_read(&s->send_busy),
+			 atomic64_read(&s->cqe_errors));
+}
+
+static int dsm_cmd_run(char *cmd, char *args)
+{
+	u32 a, b;
+
+	if (!strcmp(cmd, "open"))
+		return dsm_cmd_open(args);
+	if (!strcmp(cmd, "connect"))
+		return dsm_cmd_connect(args);
+	if (!strcmp(cmd, "stats"))
+		return dsm_cmd_stats();
+	if (!strcmp(cmd, "close")) {
+		dsm_comm_close(comm);
+		return 0;
+	}
+	if (!strcmp(cmd, "defer")) {
+		if (kstrtou32(args, 0, &a))
+			return -EINVAL;
+		dsm_selftest_defer(a);
+		return 0;
+	}
+	if (!strcmp(cmd, "selftest")) {
+		if (sscanf(args, "%u %u", &a, &b) != 2)
+			return -EINVAL;
+		return dsm_selftest(comm, a, b, dsm_result, sizeof(dsm_result));
+	}
+	return -EINVAL;
+}
+
+static ssize_t dsm_ctl_write(struct file *f, const char __user *ubuf, size_t len,
+			     loff_t *pos)
+{
+	char *line, *cmd, *args;
+	int err;
+
+	if (len > 512)
+		return -EINVAL;
+	line = memdup_user_nul(ubuf, len);
+	if (IS_ERR(line))
+		return PTR_ERR(line);
+	args = strim(line);
+	cmd = strsep(&args, " ");
+	args = args ? strim(args) : "";
+	mutex_lock(&dsm_lock);
+	dsm_result[0] = '\0';
+	err = dsm_cmd_run(cmd, args);
+	if (err < 0)
+		scnprintf(dsm_result, sizeof(dsm_result), "error=%d\n", err);
+	else if (!dsm_result[0])
+		scnprintf(dsm_result, sizeof(dsm_result), "ok\n");
+	mutex_unlock(&dsm_lock);
+	kfree(line);
+	return err < 0 ? err : len;
+}
+
+static ssize_t dsm_ctl_read(struct file *f, char __user *ubuf, size_t len,
+			    loff_t *pos)
+{
+	ssize_t n;
+
+	mutex_lock(&dsm_lock);
+	n = simple_read_from_buffer(ubuf, len, pos, dsm_result, strlen(dsm_result));
+	mutex_unlock(&dsm_lock);
+	return n;
+}
+
+static const struct file_operations dsm_ctl_fops = {
+	.owner = THIS_MODULE,
+	.write = dsm_ctl_write,
+	.read = dsm_ctl_read,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice dsm_ctl_dev = {
+	.minor = MISC_DYNAMIC_MINOR, .name = "dsm_ctl", .fops = &dsm_ctl_fops,
+};
+
+static int dsm_add_one(struct ib_device *dev)
+{
+	int i;
+
+	mutex_lock(&dsm_lock);
+	for (i = 0; i < DSM_MAX_DEVS && dsm_devs[i]; i++)
+		;
+	if (i < DSM_MAX_DEVS)
+		dsm_devs[i] = dev;
+	mutex_unlock(&dsm_lock);
+	return i < DSM_MAX_DEVS ? 0 : -ENOSPC;
+}
+
+/* A device going away (driver unload) takes the DSM's connections along. */
+static void dsm_remove_one(struct ib_device *dev, void *data)
+{
+	int i;
+
+	mutex_lock(&dsm_lock);
+	if (comm->dev == dev)
+		dsm_comm_close(comm);
+	for (i = 0; i < DSM_MAX_DEVS; i++)
+		if (dsm_devs[i] == dev)
+			dsm_devs[i] = NULL;
+	mutex_unlock(&dsm_lock);
+}
+
+static struct ib_client dsm_client = {
+	.name = "dsm",
+	.add = dsm_add_one,
+	.remove = dsm_remove_one,
+};
+
+static int __init dsm_init(void)
+{
+	int err;
+
+	comm = kzalloc(sizeof(*comm), GFP_KERNEL);
+	if (!comm)
+		return -ENOMEM;
+	err = misc_register(&dsm_ctl_dev);
+	if (err)
+		goto err_comm;
+	err = ib_register_client(&dsm_client);
+	if (err)
+		goto err_misc;
+	return 0;
+
+err_misc:
+	misc_deregister(&dsm_ctl_dev);
+err_comm:
+	kfree(comm);
+	return err;
+}
+
+static void __exit dsm_exit(void)
+{
+	misc_deregister(&dsm_ctl_dev);
+	mutex_lock(&dsm_lock);
+	dsm_comm_close(comm);
+	mutex_unlock(&dsm_lock);
+	ib_unregister_client(&dsm_client);
+	kfree(comm);
+}
+
+module_init(dsm_init);
+module_exit(dsm_exit);
+MODULE_DESCRIPTION("hcabench kernel DSM: communication layer (issue 5, in progress)");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * dsm: the kernel DSM's communication layer, the paper's section 3
+ * primitives over plain verbs. One RC QP to every other node, one CQ and
+ * one completion handler for all of them; control messages by Send with
+ * buffers the layer reserves, posts unsignaled (signaled now and then for
+ * cleanup, or when the sender asks to be told) and reclaims on completion;
+ * enough receives pre-posted per QP for the bounded number of in-flight
+ * messages, so no flow control; a receive buffer is lent to the protocol
+ * only during its handler call. The handler runs in the CQ's completion
+ * handler (interrupt context); when it reports a resource shortage
+ * (-EAGAIN) the message is copied and handled again in process context.
+ * The coherence protocol itself (issue 5) builds on this.
+ *
+ * Locking: peer->lock (irqsave) guards a peer's send buffers. The CQ is
+ * consumed only by the completion handler, which ib_core never runs
+ * concurrently with itself for one CQ; dsm_lock (a mutex, ctl.c) guards
+ * set-up and tear-down, which happen with the CQ quiet.
+ */
+#ifndef DSM_H
+#define DSM_H
+
+#include <linux/types.h>
+#include <linux/spinlock.h>
+#include <linux/workqueue.h>
+#include <rdma/ib_verbs.h>
+
+#define DSM_MAX_NODES		16
+#define DSM_RECVS		64	/* per peer: bound on its in-flight messages */
+#define DSM_SENDS		64	/* per peer: send buffers */
+#define DSM_MSG_MAX		256
+#define DSM_SIGNAL_EVERY	16
+
+/* Every control message starts with this. */
+struct dsm_msg_hdr {
+	__le16 type;
+	__le16 from;
+	__le32 seq;
+};
+
+struct dsm_peer {
+	u32 id;
+	struct ib_qp *qp;
+	bool connected;
+	u8 *rbuf;		/* DSM_RECVS x DSM_MSG_MAX */
+	u64 rbuf_dma;
+	u8 *sbuf;		/* DSM_SENDS x DSM_MSG_MAX */
+	u64 sbuf_dma;
+	spinlock_t lock;	/* guards everything below */
+	u32 free[DSM_SENDS];	/* stack of free send slots */
+	u32 nfree;
+	u32 fifo[DSM_SENDS];	/* posted slots, in post order */
+	u32 fifo_head, fifo_tail;
+	u64 post_seq;		/* WRs posted so far */
+	u64 fifo_seq[DSM_SENDS];
+};
+
+/* A message the handler could not take in interrupt context. */
+struct dsm_deferred {
+	struct list_head link;
+	u32 peer;
+	u32 len;
+	u8 data[];
+};
+
+struct dsm_stats {
+	atomic64_t sent, received, deferred, send_busy, cqe_errors;
+};
+
+struct dsm_comm {
+	struct ib_device *dev;
+	struct ib_pd *pd;
+	struct ib_cq *cq;
+	u32 self, nodes;	/* node ids are 1..nodes */
+	u32 lid, psn;
+	bool roce;
+	int sgid_index;
+	union ib_gid sgid;
+	enum ib_mtu mtu;
+	struct dsm_peer peers[DSM_MAX_NODES + 1];
+	/*
+	 * The protocol's entry point for a message: called in interrupt
+	 * context first; -EAGAIN asks for a second call in process context.
+	 */
+	int (*handle)(struct dsm_comm *c, u32 peer, void *msg, u32 len,
+		      bool in_irq);
+	spinlock_t defer_lock;	/* guards deferred */
+	struct list_head deferred;
+	struct work_struct defer_work;
+	struct dsm_stats stats;
+};
+
+/* comm.c */
+int dsm_comm_open(struct dsm_comm *c, struct ib_device *dev, u32 self, u32 nodes);
+void dsm_comm_close(struct dsm_comm *c);
+int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len);
+int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
+		     const union ib_gid *gid);
+void *dsm_msg_reserve(struct dsm_comm *c, u32 peer, u32 *slot);
+int dsm_msg_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len, bool notify);
+void dsm_msg_unreserve(struct dsm_comm *c, u32 peer, u32 slot);
+
+/* selftest.c */
+int dsm_selftest(struct dsm_comm *c, u32 msgs, u32 size, char *out, size_t len);
+void dsm_selftest_defer(u32 n);
+int dsm_selftest_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len,
+			bool in_irq);
+
+#endif /* DSM_H */
