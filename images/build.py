@@ -39,7 +39,7 @@ OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
 SCRIPTS = ["vb", "dsmctl", "rxe-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
-USER_TOOLS = ["vbench-user"]
+USER_TOOLS = ["vbench-user", "dsm-prot"]
 # iproute2's `rdma` (to add rxe links and show `rdma link`) and the libraries it needs.
 RDMA_TOOL_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6"]
 RDMA_TOOL_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",

@@ -14,6 +14,7 @@
 #include <linux/inet.h>
 #include <linux/mutex.h>
 #include "dsm.h"
+#include "region.h"
 
 #define DSM_MAX_DEVS	8
 
@@ -200,11 +201,16 @@ static int __init dsm_init(void)
 	err = misc_register(&dsm_ctl_dev);
 	if (err)
 		goto err_comm;
-	err = ib_register_client(&dsm_client);
+	err = dsm_region_init();
 	if (err)
 		goto err_misc;
+	err = ib_register_client(&dsm_client);
+	if (err)
+		goto err_region;
 	return 0;
 
+err_region:
+	dsm_region_exit();
 err_misc:
 	misc_deregister(&dsm_ctl_dev);
 err_comm:
@@ -219,6 +225,7 @@ static void __exit dsm_exit(void)
 	dsm_comm_close(comm);
 	mutex_unlock(&dsm_lock);
 	ib_unregister_client(&dsm_client);
+	dsm_region_exit();
 	kfree(comm);
 }
 

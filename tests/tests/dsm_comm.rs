@@ -2,7 +2,8 @@
 //! four QEMU guests: a full mesh of RC QPs over the hcabench HCA, one CQ and one
 //! interrupt-context handler per node, reserved send buffers reclaimed through occasional
 //! signaled completions, pre-posted receives without flow control, and the fallback to
-//! process context. Every node PINGs every other; every PONG's bytes are checked.
+//! process context. Every node PINGs every other; every PONG's bytes are checked. And the
+//! page-protection primitive (the paper's section 3.3) on a /dev/dsm region.
 
 use std::time::Duration;
 
@@ -66,6 +67,11 @@ fn test_dsm_mesh_messages_on_four_nodes() {
         assert_eq!(num(&line, "pongs"), 600, "node{}: {line}", i + 1);
         assert_eq!(num(&line, "errors"), 0, "node{}: {line}", i + 1);
     }
+
+    // The page-protection primitive: pages in a /dev/dsm region go to none, read and
+    // read-write and fault (or not) accordingly, also when changed with interrupts off.
+    let prot = tb.agents[1].run("dsm-prot check", T).unwrap();
+    assert!(prot.contains("prot-check ok faults=4"), "{prot}");
 
     // The handlers deferred work to process context, and no completion failed.
     for (i, a) in tb.agents.iter_mut().enumerate() {

@@ -1,0 +1,418 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * DSM memory: /dev/dsm mmap gives a process a region of kernel pages
+ * mapped with special (PFN) PTEs, and dsm_protect() is the paper's
+ * section 3.3 primitive: one call changes any group of the region's pages
+ * to none, read or read-write by editing the PTEs directly. No VMA or
+ * other MM structure changes, nothing sleeps, and the locks are tried,
+ * never waited for: a busy lock fails the call (-EAGAIN) for a retry, so
+ * it may be attempted from the completion handler. A missing or
+ * read-only PTE faults into this file's vm_ops (SIGBUS until the
+ * coherence protocol handles DSM faults there).
+ *
+ * Locking: r->lock (irqsave, tried) makes the region's PTE edits and
+ * teardown exclusive: the MMU notifier marks a region dead under it before
+ * the kernel unmaps the range and frees its page tables, so the primitive
+ * never walks freed tables. Each PTE page's own lock (split ptlock, also
+ * tried) orders our edits with the kernel's. dsm_regions_lock guards the
+ * list of live regions the notifier searches.
+ */
+#include <linux/module.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mmu_notifier.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/smp.h>
+#include <asm/tlbflush.h>
+#include "region.h"
+
+#define DSM_MAX_REGION_PAGES	65536
+
+struct dsm_region {
+	struct list_head link;
+	struct mm_struct *mm;
+	struct vm_area_struct *vma;
+	struct mmu_notifier *mn;
+	unsigned long start;
+	u32 npages;
+	struct page **pages;
+	u8 *prot;		/* DSM_PROT_* per page */
+	spinlock_t lock;
+	bool dead;
+};
+
+static DEFINE_SPINLOCK(dsm_regions_lock);
+static LIST_HEAD(dsm_regions);
+
+static void dsm_regions_kill(struct mm_struct *mm, unsigned long start,
+			     unsigned long end)
+{
+	struct dsm_region *r;
+	unsigned long flags;
+
+	spin_lock(&dsm_regions_lock);
+	list_for_each_entry(r, &dsm_regions, link) {
+		if (r->mm != mm || end <= r->start ||
+		    start >= r->start + ((unsigned long)r->npages << PAGE_SHIFT))
+			continue;
+		spin_lock_irqsave(&r->lock, flags);
+		r->dead = true;
+		spin_unlock_irqrestore(&r->lock, flags);
+	}
+	spin_unlock(&dsm_regions_lock);
+}
+
+/* Unmapping (munmap, mremap, exit) frees page tables: no more edits after this. */
+static int dsm_mn_invalidate_start(struct mmu_notifier *mn,
+				   const struct mmu_notifier_range *range)
+{
+	if (range->event == MMU_NOTIFY_UNMAP || range->event == MMU_NOTIFY_CLEAR)
+		dsm_regions_kill(range->mm, range->start, range->end);
+	return 0;
+}
+
+static void dsm_mn_release(struct mmu_notifier *mn, struct mm_struct *mm)
+{
+	dsm_regions_kill(mm, 0, ULONG_MAX);
+}
+
+static struct mmu_notifier *dsm_mn_alloc(struct mm_struct *mm)
+{
+	struct mmu_notifier *mn = kzalloc(sizeof(*mn), GFP_KERNEL);
+
+	return mn ? mn : ERR_PTR(-ENOMEM);
+}
+
+static void dsm_mn_free(struct mmu_notifier *mn)
+{
+	kfree(mn);
+}
+
+static const struct mmu_notifier_ops dsm_mn_ops = {
+	.invalidate_range_start = dsm_mn_invalidate_start,
+	.release = dsm_mn_release,
+	.alloc_notifier = dsm_mn_alloc,
+	.free_notifier = dsm_mn_free,
+};
+
+static pte_t dsm_pte(struct dsm_region *r, u32 i, int prot)
+{
+	vm_flags_t f = VM_READ | VM_SHARED | (prot == DSM_PROT_RW ? VM_WRITE : 0);
+
+	return pte_mkspecial(pfn_pte(page_to_pfn(r->pages[i]), vm_get_page_prot(f)));
+}
+
+/* Edits one PTE under its page-table page's lock, which *held caches. */
+static int dsm_set_pte(struct dsm_region *r, u32 i, int prot, spinlock_t **held)
+{
+	unsigned long addr = r->start + ((unsigned long)i << PAGE_SHIFT);
+	pgd_t *pgd = pgd_offset(r->mm, addr);
+	p4d_t *p4d;
+	pud_t *pud;
+	pmd_t *pmd;
+	pte_t *pte;
+	spinlock_t *ptl;
+
+	p4d = p4d_offset(pgd, addr);
+	if (p4d_none(*p4d))
+		return -EFAULT;
+	pud = pud_offset(p4d, addr);
+	if (pud_none(*pud))
+		return -EFAULT;
+	pmd = pmd_offset(pud, addr);
+	if (pmd_none(*pmd) || pmd_trans_huge(*pmd) || pmd_bad(*pmd))
+		return -EFAULT;
+	ptl = pte_lockptr(r->mm, pmd);
+	if (ptl != *held) {
+		if (*held)
+			spin_unlock(*held);
+		*held = NULL;
+		if (!spin_trylock(ptl))
+			return -EAGAIN;
+		*held = ptl;
+	}
+	pte = pte_offset_map(pmd, addr);
+	if (prot == DSM_PROT_NONE)
+		ptep_get_and_clear(r->mm, addr, pte);
+	else
+		set_pte_at(r->mm, addr, pte, dsm_pte(r, i, prot));
+	pte_unmap(pte);
+	r->prot[i] = prot;
+	return 0;
+}
+
+static void dsm_flush_local(void *unused)
+{
+	__flush_tlb_all();
+}
+
+/*
+ * Modules get no ranged user TLB flush, only the local full one. With
+ * other CPUs online: a full flush on each (interrupts must be on, which
+ * dsm_protect checked). With one CPU: invlpg per page when the region's
+ * mm is the one loaded and user and kernel share its address-space ID
+ * (no PTI), else the local full flush (it drops every ASID's entries).
+ */
+static void dsm_flush_tlb(struct dsm_region *r, const u32 *pages, u32 n)
+{
+	unsigned long flags, addr;
+	u32 k;
+
+	if (num_online_cpus() > 1) {
+		on_each_cpu(dsm_flush_local, NULL, 1);
+		return;
+	}
+	local_irq_save(flags);
+	if (r->mm == current->active_mm && !boot_cpu_has(X86_FEATURE_PTI) &&
+	    n <= 64) {
+		for (k = 0; k < n; k++) {
+			addr = r->start + ((unsigned long)pages[k] << PAGE_SHIFT);
+			asm volatile("invlpg (%0)" : : "r" (addr) : "memory");
+		}
+	} else {
+		__flush_tlb_all();
+	}
+	local_irq_restore(flags);
+}
+
+/*
+ * The primitive. Changes pages[0..n) of r to prot; never sleeps. -EAGAIN:
+ * a lock was busy (or a TLB shootdown would need other CPUs while
+ * interrupts are off); some pages may be changed already, and a retry
+ * (idempotent) finishes the job.
+ */
+int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
+{
+	unsigned long flags, lo = ULONG_MAX, hi = 0, addr;
+	spinlock_t *held = NULL;
+	u32 k;
+	int err = 0;
+
+	if (prot < DSM_PROT_NONE || prot > DSM_PROT_RW)
+		return -EINVAL;
+	if (irqs_disabled() && num_online_cpus() > 1)
+		return -EAGAIN;
+	if (!spin_trylock_irqsave(&r->lock, flags))
+		return -EAGAIN;
+	if (r->dead) {
+		spin_unlock_irqrestore(&r->lock, flags);
+		return -ENXIO;
+	}
+	for (k = 0; k < n && !err; k++) {
+		if (pages[k] >= r->npages) {
+			err = -EINVAL;
+			break;
+		}
+		err = dsm_set_pte(r, pages[k], prot, &held);
+		addr = r->start + ((unsigned long)pages[k] << PAGE_SHIFT);
+		lo = min(lo, addr);
+		hi = max(hi, addr + PAGE_SIZE);
+	}
+	if (held)
+		spin_unlock(held);
+	spin_unlock_irqrestore(&r->lock, flags);
+	if (hi > lo)
+		dsm_flush_tlb(r, pages, k);
+	return err;
+}
+
+static vm_fault_t dsm_fault(struct vm_fault *vmf)
+{
+	/* A page protected to none: the protocol's read fault, once it exists. */
+	return VM_FAULT_SIGBUS;
+}
+
+static vm_fault_t dsm_pfn_mkwrite(struct vm_fault *vmf)
+{
+	struct dsm_region *r = vmf->vma->vm_private_data;
+	u32 i = (vmf->address - r->start) >> PAGE_SHIFT;
+
+	/* Read-only by the primitive: the protocol's write fault, once it exists. */
+	return i < r->npages && r->prot[i] == DSM_PROT_RW ? 0 : VM_FAULT_SIGBUS;
+}
+
+static int dsm_may_split(struct vm_area_struct *vma, unsigned long addr)
+{
+	return -EINVAL;
+}
+
+static void dsm_vma_close(struct vm_area_struct *vma)
+{
+	struct dsm_region *r = vma->vm_private_data;
+	unsigned long flags;
+
+	spin_lock(&dsm_regions_lock);
+	list_del_init(&r->link);
+	spin_unlock(&dsm_regions_lock);
+	spin_lock_irqsave(&r->lock, flags);
+	r->dead = true;
+	spin_unlock_irqrestore(&r->lock, flags);
+	mmu_notifier_put(r->mn);
+	r->mn = NULL;
+}
+
+static const struct vm_operations_struct dsm_vm_ops = {
+	.fault = dsm_fault,
+	.pfn_mkwrite = dsm_pfn_mkwrite,
+	.may_split = dsm_may_split,
+	.close = dsm_vma_close,
+};
+
+static void dsm_region_free(struct dsm_region *r)
+{
+	u32 i;
+
+	if (r->pages)
+		for (i = 0; i < r->npages; i++)
+			if (r->pages[i])
+				__free_page(r->pages[i]);
+	kvfree(r->pages);
+	kvfree(r->prot);
+	kfree(r);
+}
+
+static int dsm_region_fill(struct dsm_region *r, struct vm_area_struct *vma)
+{
+	u32 i;
+	int err;
+
+	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
+	r->prot = kvcalloc(r->npages, 1, GFP_KERNEL);
+	if (!r->pages || !r->prot)
+		return -ENOMEM;
+	for (i = 0; i < r->npages; i++) {
+		r->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!r->pages[i])
+			return -ENOMEM;
+		r->prot[i] = DSM_PROT_RW;
+		err = remap_pfn_range(vma, r->start + ((unsigned long)i << PAGE_SHIFT),
+				      page_to_pfn(r->pages[i]), PAGE_SIZE,
+				      vm_get_page_prot(VM_READ | VM_WRITE | VM_SHARED));
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* One region per open file; the caller holds mmap_lock for writing. */
+static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
+{
+	unsigned long len = vma->vm_end - vma->vm_start;
+	struct dsm_region *r;
+	int err;
+
+	if (f->private_data || !(vma->vm_flags & VM_SHARED) || vma->vm_pgoff ||
+	    len > (unsigned long)DSM_MAX_REGION_PAGES << PAGE_SHIFT)
+		return -EINVAL;
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	INIT_LIST_HEAD(&r->link);
+	spin_lock_init(&r->lock);
+	r->mm = vma->vm_mm;
+	r->vma = vma;
+	r->start = vma->vm_start;
+	r->npages = len >> PAGE_SHIFT;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY;
+	err = dsm_region_fill(r, vma);
+	if (err)
+		goto err_free;
+	r->mn = mmu_notifier_get_locked(&dsm_mn_ops, vma->vm_mm);
+	if (IS_ERR(r->mn)) {
+		err = PTR_ERR(r->mn);
+		goto err_free;
+	}
+	vma->vm_private_data = r;
+	vma->vm_ops = &dsm_vm_ops;
+	spin_lock(&dsm_regions_lock);
+	list_add(&r->link, &dsm_regions);
+	spin_unlock(&dsm_regions_lock);
+	f->private_data = r;
+	return 0;
+
+err_free:
+	/* The kernel zaps what remap_pfn_range mapped when mmap fails. */
+	dsm_region_free(r);
+	return err;
+}
+
+/* misc_open left the miscdevice in private_data; this file's region goes there. */
+static int dsm_open(struct inode *inode, struct file *f)
+{
+	f->private_data = NULL;
+	return 0;
+}
+
+static int dsm_release(struct inode *inode, struct file *f)
+{
+	struct dsm_region *r = f->private_data;
+
+	/* The VMA (which held the file) is gone, so nothing maps the pages. */
+	if (r)
+		dsm_region_free(r);
+	return 0;
+}
+
+static long dsm_ioctl_protect(struct dsm_region *r, void __user *arg)
+{
+	struct dsm_protect_req req;
+	unsigned long flags;
+	u32 *pages;
+	int err, tries = 0;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (!req.n || req.n > r->npages)
+		return -EINVAL;
+	pages = memdup_user(u64_to_user_ptr(req.pages), req.n * sizeof(u32));
+	if (IS_ERR(pages))
+		return PTR_ERR(pages);
+	do {
+		if (req.atomic)
+			local_irq_save(flags);
+		err = dsm_protect(r, pages, req.n, req.prot);
+		if (req.atomic)
+			local_irq_restore(flags);
+	} while (err == -EAGAIN && ++tries < 1000 && !cond_resched());
+	kfree(pages);
+	return err;
+}
+
+static long dsm_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
+{
+	struct dsm_region *r = f->private_data;
+
+	if (!r)
+		return -ENXIO;
+	switch (cmd) {
+	case DSM_IOC_PROTECT:
+		return dsm_ioctl_protect(r, (void __user *)arg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static const struct file_operations dsm_fops = {
+	.owner = THIS_MODULE,
+	.open = dsm_open,
+	.mmap = dsm_mmap,
+	.unlocked_ioctl = dsm_ioctl,
+	.release = dsm_release,
+};
+
+static struct miscdevice dsm_dev = {
+	.minor = MISC_DYNAMIC_MINOR, .name = "dsm", .fops = &dsm_fops,
+};
+
+int dsm_region_init(void)
+{
+	return misc_register(&dsm_dev);
+}
+
+void dsm_region_exit(void)
+{
+	misc_deregister(&dsm_dev);
+	/* Notifiers put by closed regions are freed after a grace period. */
+	mmu_notifier_synchronize();
+}
