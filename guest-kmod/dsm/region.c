@@ -332,7 +332,8 @@ static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
 	return 0;
 
 err_free:
-	/* The kernel zaps what remap_pfn_range mapped when mmap fails. */
+	/* Nothing may map the pages once they are freed. */
+	zap_vma_ptes(vma, vma->vm_start, len);
 	dsm_region_free(r);
 	return err;
 }
