@@ -184,3 +184,50 @@ fn shape(b: &VerbsBench, d: &DevResults) -> String {
         b.sizes.len()
     )
 }
+
+/// `hcabench bench dsm` (so far): the page-protection primitive against mprotect for groups
+/// of 1, 16 and 32 scattered pages, in one guest (the paper's section 5.1 comparison).
+pub fn run_dsm(image_dir: &std::path::Path, iters: u64) -> Result<(), String> {
+    qemu_available()?;
+    let image = Image::find(image_dir)?;
+    let dir = std::env::temp_dir().join(format!("hcabench-bench-dsm-{}", std::process::id()));
+    println!("booting 1 QEMU (TCG) guest");
+    let mut tb = Testbed::boot_nodes(
+        &image,
+        dir,
+        1,
+        false,
+        256,
+        std::time::Duration::from_secs(180),
+        &mut |m| println!("  {m}"),
+    )?;
+    let out = tb.agents[0].run(
+        &format!("dsm-prot bench {iters}"),
+        std::time::Duration::from_secs(600),
+    )?;
+    println!();
+    println!(
+        "page protection of every other page in a group, ns per change (mean of {} changes): \
+         the DSM primitive (one ioctl) vs mprotect (one call per page)",
+        2 * iters
+    );
+    println!(
+        "{:>6}  {:>12}  {:>12}  {:>14}",
+        "pages", "primitive", "mprotect", "mprotect/prim"
+    );
+    for line in out.lines().filter(|l| l.starts_with("prot-bench")) {
+        let f = device_server::verbs::fields(line);
+        let get = |k: &str| -> Result<u64, String> {
+            f.get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("no {k}= in `{line}`"))
+        };
+        let (n, d, m) = (get("pages")?, get("dsm_ns")?, get("mprotect_ns")?);
+        println!(
+            "{n:>6}  {d:>12}  {m:>12}  {:>14.1}",
+            m as f64 / d.max(1) as f64
+        );
+    }
+    println!("(the paper: about 2x for one page, more than 10x for 16-32 pages)");
+    Ok(())
+}

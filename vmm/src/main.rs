@@ -57,12 +57,15 @@ enum Cmd {
     },
     /// Run a benchmark in its own pair of guests and print a table
     ///
+    /// `dsm`: the DSM's page-protection primitive against mprotect for groups of 1, 16 and 32
+    /// pages in one guest (the rest of the DSM bench comes with the protocol).
+    ///
     /// `verbs`: kernel RC ping-pong round trips with the receiver handling completions by
     /// polling, in the interrupt handler, in a workqueue and in a woken user process (the
     /// paper's Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over
     /// SoftRoCE (rdma_rxe) between the same two QEMU guests, with the ratios.
     Bench {
-        /// The benchmark: verbs
+        /// The benchmark: verbs or dsm
         what: String,
         /// Round trips per mode and size (at most 100000)
         #[arg(long, default_value_t = 500)]
@@ -333,8 +336,14 @@ fn run_app(run: &RunDir, app: &str, a: &UpArgs) -> Result<(), String> {
 }
 
 fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
+    if what == "dsm" {
+        if b.iters == 0 || b.iters > 100_000 {
+            return Err(format!("--iters {} is outside 1..=100000", b.iters));
+        }
+        return bench::run_dsm(&b.image_dir, b.iters);
+    }
     if what != "verbs" {
-        return Err(format!("unknown benchmark `{what}`; available: verbs"));
+        return Err(format!("unknown benchmark `{what}`; available: verbs, dsm"));
     }
     if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
         return Err("--iters, --sizes and --bw-sizes need at least one value".into());
