@@ -121,8 +121,8 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
     let dir = std::env::temp_dir().join(format!("hcab-cli-bench-{}", std::process::id()));
     for (args, says) in [
         (
-            &["bench", "dsm"][..],
-            "unknown benchmark `dsm`; available: verbs",
+            &["bench", "lu"][..],
+            "unknown benchmark `lu`; available: verbs, dsm",
         ),
         (
             &["bench", "verbs", "--sizes", "8,5000"][..],
@@ -133,6 +133,7 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
             "RDMA size 0 is outside",
         ),
         (&["bench", "verbs", "--iters", "0"][..], "need at least one"),
+        (&["bench", "dsm", "--iters", "0"][..], "outside 1..=100000"),
     ] {
         let o = hcabench(&dir, args);
         assert!(!o.status.success(), "{args:?}");
