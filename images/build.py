@@ -264,6 +264,7 @@ def main():
     for m in OUR_MODULES:
         sources += sorted((KMOD / m).glob("*.[ch]")) + [KMOD / m / "Kbuild"]
     sources += sorted((KMOD / "include").glob("*.h"))
+    sources += sorted((KMOD / "common").glob("*.[ch]"))
     sources += sorted((KMOD / "user").glob("*.c"))
     key = digest(sources, kver)
     dest = out / kver

@@ -6,8 +6,8 @@
  */
 #include <linux/slab.h>
 #include <linux/random.h>
-#include <rdma/ib_cache.h>
 #include "dsm.h"
+#include "rcconn.h"
 
 #define DSM_WR_SEND	(1ULL << 63)
 
@@ -280,27 +280,6 @@ static int dsm_init_peer(struct dsm_comm *c, u32 id)
 	return err;
 }
 
-/* RoCE needs a GID; prefer the IPv4-mapped RoCEv2 one (routable over eth). */
-static int dsm_pick_gid(struct dsm_comm *c)
-{
-	const struct ib_gid_attr *a;
-	int i, best = -1;
-
-	for (i = 0; i < c->dev->port_data[1].immutable.gid_tbl_len; i++) {
-		a = rdma_get_gid_attr(c->dev, 1, i);
-		if (IS_ERR(a))
-			continue;
-		if (best < 0 || (ipv6_addr_v4mapped((struct in6_addr *)a->gid.raw) &&
-				 a->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP))
-			best = i;
-		rdma_put_gid_attr(a);
-	}
-	if (best < 0)
-		return -ENODEV;
-	c->sgid_index = best;
-	return rdma_query_gid(c->dev, 1, best, &c->sgid);
-}
-
 static int dsm_open_device(struct dsm_comm *c)
 {
 	struct ib_cq_init_attr ca = { .cqe = DSM_MAX_NODES * (DSM_SENDS + DSM_RECVS) };
@@ -316,7 +295,7 @@ static int dsm_open_device(struct dsm_comm *c)
 	c->mtu = pa.active_mtu;
 	c->roce = rdma_protocol_roce(c->dev, 1);
 	c->psn = get_random_u32() & 0xffffff;
-	err = dsm_pick_gid(c);
+	err = rcconn_pick_gid(c->dev, &c->sgid_index, &c->sgid);
 	if (err)
 		return err;
 	c->pd = ib_alloc_pd(c->dev, IB_PD_UNSAFE_GLOBAL_RKEY);
@@ -389,57 +368,18 @@ int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len)
 	return n + scnprintf(out + n, len - n, "\n");
 }
 
-static int dsm_to_rts(struct dsm_comm *c, struct dsm_peer *p, u32 lid,
-		      u32 qpn, u32 psn, const union ib_gid *gid)
-{
-	struct ib_qp_attr a = {
-		.qp_state = IB_QPS_INIT,
-		.port_num = 1,
-		.qp_access_flags = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
-				   IB_ACCESS_REMOTE_READ,
-	};
-	union ib_gid dgid = *gid;
-	int err;
-
-	err = ib_modify_qp(p->qp, &a, IB_QP_STATE | IB_QP_PKEY_INDEX |
-			   IB_QP_PORT | IB_QP_ACCESS_FLAGS);
-	if (err)
-		return err;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IB_QPS_RTR;
-	a.path_mtu = c->mtu;
-	a.dest_qp_num = qpn;
-	a.rq_psn = psn;
-	a.max_dest_rd_atomic = 16;
-	a.min_rnr_timer = 12;
-	if (c->roce) {
-		a.ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
-		rdma_ah_set_grh(&a.ah_attr, &dgid, 0, c->sgid_index, 64, 0);
-	} else {
-		a.ah_attr.type = RDMA_AH_ATTR_TYPE_IB;
-		rdma_ah_set_dlid(&a.ah_attr, lid);
-	}
-	rdma_ah_set_port_num(&a.ah_attr, 1);
-	err = ib_modify_qp(p->qp, &a, IB_QP_STATE | IB_QP_AV | IB_QP_PATH_MTU |
-			   IB_QP_DEST_QPN | IB_QP_RQ_PSN |
-			   IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER);
-	if (err)
-		return err;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IB_QPS_RTS;
-	a.sq_psn = c->psn;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 16;
-	return ib_modify_qp(p->qp, &a, IB_QP_STATE | IB_QP_SQ_PSN | IB_QP_TIMEOUT |
-			    IB_QP_RETRY_CNT | IB_QP_RNR_RETRY |
-			    IB_QP_MAX_QP_RD_ATOMIC);
-}
-
 int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
 		     const union ib_gid *gid)
 {
+	struct rcconn_path path = {
+		.roce = c->roce,
+		.dlid = lid,
+		.sgid_index = c->sgid_index,
+		.mtu = c->mtu,
+		.dest_qpn = qpn,
+		.rq_psn = psn,
+		.sq_psn = c->psn,
+	};
 	struct dsm_peer *p;
 	u32 i;
 	int err;
@@ -449,7 +389,8 @@ int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
 	p = &c->peers[peer];
 	if (!p->qp || p->connected)
 		return -EALREADY;
-	err = dsm_to_rts(c, p, lid, qpn, psn, gid);
+	path.dgid = *gid;
+	err = rcconn_to_rts(p->qp, &path);
 	/* Every receive goes in before the peer can send: no RNR, no flow control. */
 	for (i = 0; !err && i < DSM_RECVS; i++)
 		err = dsm_post_recv(c, p, i);

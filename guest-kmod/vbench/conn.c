@@ -7,8 +7,8 @@
 #include <linux/slab.h>
 #include <linux/random.h>
 #include <linux/inet.h>
-#include <rdma/ib_cache.h>
 #include "vbench.h"
+#include "rcconn.h"
 
 static void *vb_alloc_dma(size_t bytes, u64 *dma, enum dma_data_direction dir)
 {
@@ -87,27 +87,6 @@ static void vb_qp_event(struct ib_event *ev, void *ctx)
 	pr_info("vbench: QP event %s\n", ib_event_msg(ev->event));
 }
 
-/* RoCE needs a GID; prefer the IPv4-mapped RoCEv2 one (routable over eth). */
-static int vb_pick_gid(void)
-{
-	const struct ib_gid_attr *a;
-	int i, best = -1;
-
-	for (i = 0; i < vb->dev->port_data[1].immutable.gid_tbl_len; i++) {
-		a = rdma_get_gid_attr(vb->dev, 1, i);
-		if (IS_ERR(a))
-			continue;
-		if (best < 0 || (ipv6_addr_v4mapped((struct in6_addr *)a->gid.raw) &&
-				 a->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP))
-			best = i;
-		rdma_put_gid_attr(a);
-	}
-	if (best < 0)
-		return -ENODEV;
-	vb->sgid_index = best;
-	return rdma_query_gid(vb->dev, 1, best, &vb->sgid);
-}
-
 static int vb_create_qp(void)
 {
 	struct ib_qp_init_attr init = {
@@ -160,7 +139,7 @@ int vb_open(struct ib_device *dev)
 	vb->mtu = pa.active_mtu;
 	vb->roce = rdma_protocol_roce(dev, 1);
 	vb->lid = pa.lid;
-	err = vb_pick_gid();
+	err = rcconn_pick_gid(dev, &vb->sgid_index, &vb->sgid);
 	if (err)
 		goto err;
 	vb->pd = ib_alloc_pd(dev, IB_PD_UNSAFE_GLOBAL_RKEY);
@@ -188,57 +167,20 @@ int vb_addr(char *out, size_t len)
 			 vb->pd->unsafe_global_rkey, vb->region_dma, vb->sgid.raw);
 }
 
-static void vb_set_av(struct rdma_ah_attr *ah, const struct vb_peer *p)
-{
-	union ib_gid dgid = p->gid;
-
-	if (vb->roce) {
-		ah->type = RDMA_AH_ATTR_TYPE_ROCE;
-		rdma_ah_set_grh(ah, &dgid, 0, vb->sgid_index, 64, 0);
-	} else {
-		ah->type = RDMA_AH_ATTR_TYPE_IB;
-		rdma_ah_set_dlid(ah, p->lid);
-	}
-	rdma_ah_set_port_num(ah, 1);
-}
-
 static int vb_to_rts(const struct vb_peer *p)
 {
-	struct ib_qp_attr a = {};
-	int err;
+	struct rcconn_path path = {
+		.roce = vb->roce,
+		.dlid = p->lid,
+		.dgid = p->gid,
+		.sgid_index = vb->sgid_index,
+		.mtu = vb->mtu,
+		.dest_qpn = p->qpn,
+		.rq_psn = p->psn,
+		.sq_psn = vb->psn,
+	};
 
-	a.qp_state = IB_QPS_INIT;
-	a.pkey_index = 0;
-	a.port_num = 1;
-	a.qp_access_flags = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
-			    IB_ACCESS_REMOTE_READ;
-	err = ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_PKEY_INDEX |
-			   IB_QP_PORT | IB_QP_ACCESS_FLAGS);
-	if (err)
-		return err;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IB_QPS_RTR;
-	a.path_mtu = vb->mtu;
-	a.dest_qp_num = p->qpn;
-	a.rq_psn = p->psn;
-	a.max_dest_rd_atomic = 16;
-	a.min_rnr_timer = 12;
-	vb_set_av(&a.ah_attr, p);
-	err = ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_AV | IB_QP_PATH_MTU |
-			   IB_QP_DEST_QPN | IB_QP_RQ_PSN |
-			   IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER);
-	if (err)
-		return err;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IB_QPS_RTS;
-	a.sq_psn = vb->psn;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 16;
-	return ib_modify_qp(vb->qp, &a, IB_QP_STATE | IB_QP_SQ_PSN | IB_QP_TIMEOUT |
-			    IB_QP_RETRY_CNT | IB_QP_RNR_RETRY |
-			    IB_QP_MAX_QP_RD_ATOMIC);
+	return rcconn_to_rts(vb->qp, &path);
 }
 
 int vb_connect(const struct vb_peer *p)
