@@ -12,34 +12,32 @@
 #include <linux/fs.h>
 #include <linux/slab.h>
 #include <linux/inet.h>
-#include <linux/mutex.h>
 #include "dsm.h"
 #include "region.h"
+#include "ctldev.h"
 
-#define DSM_MAX_DEVS	8
+static int dsm_cmd_run(char *cmd, char *args);
 
-/* Serialises commands, the device list, and set-up/tear-down of comm. */
-static DEFINE_MUTEX(dsm_lock);
-static struct ib_device *dsm_devs[DSM_MAX_DEVS];
+/* Its lock serialises commands, the device list, and set-up/tear-down of comm. */
+static struct ctldev dsm_ctl = { .run = dsm_cmd_run };
+#define dsm_result dsm_ctl.result
 static struct dsm_comm *comm;
-static char dsm_result[512];
 
 static int dsm_cmd_open(char *args)
 {
 	char name[IB_DEVICE_NAME_MAX];
+	struct ib_device *dev;
 	u32 self, nodes;
-	int i, err;
+	int err;
 
 	if (sscanf(args, "%63s %u %u", name, &self, &nodes) != 3)
 		return -EINVAL;
-	for (i = 0; i < DSM_MAX_DEVS; i++)
-		if (dsm_devs[i] && !strcmp(dev_name(&dsm_devs[i]->dev), name))
-			break;
-	if (i == DSM_MAX_DEVS)
+	dev = ctldev_find(&dsm_ctl, name);
+	if (!dev)
 		return -ENODEV;
 	dsm_comm_close(comm);
 	comm->handle = dsm_selftest_handle;
-	err = dsm_comm_open(comm, dsm_devs[i], self, nodes);
+	err = dsm_comm_open(comm, dev, self, nodes);
 	return err ?: dsm_comm_addr(comm, dsm_result, sizeof(dsm_result));
 }
 
@@ -92,6 +90,8 @@ static int dsm_cmd_run(char *cmd, char *args)
 		return dsm_cmd_connect(args);
 	if (!strcmp(cmd, "stats"))
 		return dsm_cmd_stats();
+	if (!strcmp(cmd, "devices"))
+		return ctldev_list(&dsm_ctl);
 	if (!strcmp(cmd, "close")) {
 		dsm_comm_close(comm);
 		return 0;
@@ -113,38 +113,13 @@ static int dsm_cmd_run(char *cmd, char *args)
 static ssize_t dsm_ctl_write(struct file *f, const char __user *ubuf, size_t len,
 			     loff_t *pos)
 {
-	char *line, *cmd, *args;
-	int err;
-
-	if (len > 512)
-		return -EINVAL;
-	line = memdup_user_nul(ubuf, len);
-	if (IS_ERR(line))
-		return PTR_ERR(line);
-	args = strim(line);
-	cmd = strsep(&args, " ");
-	args = args ? strim(args) : "";
-	mutex_lock(&dsm_lock);
-	dsm_result[0] = '\0';
-	err = dsm_cmd_run(cmd, args);
-	if (err < 0)
-		scnprintf(dsm_result, sizeof(dsm_result), "error=%d\n", err);
-	else if (!dsm_result[0])
-		scnprintf(dsm_result, sizeof(dsm_result), "ok\n");
-	mutex_unlock(&dsm_lock);
-	kfree(line);
-	return err < 0 ? err : len;
+	return ctldev_write(&dsm_ctl, ubuf, len);
 }
 
 static ssize_t dsm_ctl_read(struct file *f, char __user *ubuf, size_t len,
 			    loff_t *pos)
 {
-	ssize_t n;
-
-	mutex_lock(&dsm_lock);
-	n = simple_read_from_buffer(ubuf, len, pos, dsm_result, strlen(dsm_result));
-	mutex_unlock(&dsm_lock);
-	return n;
+	return ctldev_read(&dsm_ctl, ubuf, len, pos);
 }
 
 static const struct file_operations dsm_ctl_fops = {
@@ -160,29 +135,19 @@ static struct miscdevice dsm_ctl_dev = {
 
 static int dsm_add_one(struct ib_device *dev)
 {
-	int i;
+	return ctldev_add(&dsm_ctl, dev);
+}
 
-	mutex_lock(&dsm_lock);
-	for (i = 0; i < DSM_MAX_DEVS && dsm_devs[i]; i++)
-		;
-	if (i < DSM_MAX_DEVS)
-		dsm_devs[i] = dev;
-	mutex_unlock(&dsm_lock);
-	return i < DSM_MAX_DEVS ? 0 : -ENOSPC;
+static void dsm_gone(struct ib_device *dev)
+{
+	if (comm->dev == dev)
+		dsm_comm_close(comm);
 }
 
 /* A device going away (driver unload) takes the DSM's connections along. */
 static void dsm_remove_one(struct ib_device *dev, void *data)
 {
-	int i;
-
-	mutex_lock(&dsm_lock);
-	if (comm->dev == dev)
-		dsm_comm_close(comm);
-	for (i = 0; i < DSM_MAX_DEVS; i++)
-		if (dsm_devs[i] == dev)
-			dsm_devs[i] = NULL;
-	mutex_unlock(&dsm_lock);
+	ctldev_remove(&dsm_ctl, dev, dsm_gone);
 }
 
 static struct ib_client dsm_client = {
@@ -198,6 +163,7 @@ static int __init dsm_init(void)
 	comm = kzalloc(sizeof(*comm), GFP_KERNEL);
 	if (!comm)
 		return -ENOMEM;
+	mutex_init(&dsm_ctl.lock);
 	err = misc_register(&dsm_ctl_dev);
 	if (err)
 		goto err_comm;
@@ -221,9 +187,9 @@ err_comm:
 static void __exit dsm_exit(void)
 {
 	misc_deregister(&dsm_ctl_dev);
-	mutex_lock(&dsm_lock);
+	mutex_lock(&dsm_ctl.lock);
 	dsm_comm_close(comm);
-	mutex_unlock(&dsm_lock);
+	mutex_unlock(&dsm_ctl.lock);
 	ib_unregister_client(&dsm_client);
 	dsm_region_exit();
 	kfree(comm);

@@ -14,7 +14,7 @@
  *
  * Locking: peer->lock (irqsave) guards a peer's send buffers. The CQ is
  * consumed only by the completion handler, which ib_core never runs
- * concurrently with itself for one CQ; dsm_lock (a mutex, ctl.c) guards
+ * concurrently with itself for one CQ; dsm_ctl.lock (a mutex, ctl.c) guards
  * set-up and tear-down, which happen with the CQ quiet.
  */
 #ifndef DSM_H

@@ -2,7 +2,8 @@
 /*
  * Resources and connection: PD with the global rkey (the peer reaches our
  * region through it), one shared CQ, one RC QP, buffers, and the moves to
- * RTS with the address the harness handed in. Caller holds vb_lock.
+ * RTS with the address the harness handed in. Caller holds the control
+ * lock (vb_ctl.lock).
  */
 #include <linux/slab.h>
 #include <linux/random.h>

@@ -4,7 +4,7 @@
  * MAD layer's send path (UD WQE with an address handle and Q_Key), the
  * HCA's loopback, and the MAD layer's receive path and dispatch (GRH room,
  * source QP, P_Key index) all have to work for it to arrive. Caller holds
- * vb_lock; the handlers run in ib_mad's workqueue.
+ * the control lock (vb_ctl.lock); the handlers run in ib_mad's workqueue.
  */
 #include <rdma/ib_mad.h>
 #include "vbench.h"

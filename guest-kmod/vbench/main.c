@@ -15,18 +15,17 @@
 #include <linux/fs.h>
 #include <linux/slab.h>
 #include <linux/inet.h>
-#include <linux/mutex.h>
 #include "vbench.h"
-
-#define VB_MAX_DEVS	8
+#include "ctldev.h"
 
 struct vb_ctx *vb;
 const u8 *vb_pattern;
 
-/* Serialises commands, the device list, and resource set-up/tear-down. */
-static DEFINE_MUTEX(vb_lock);
-static struct ib_device *vb_devs[VB_MAX_DEVS];
-static char vb_result[512];
+static int vb_cmd_run(char *cmd, char *args);
+
+/* Its lock serialises commands, the device list, and resource set-up/tear-down. */
+static struct ctldev vb_ctl = { .run = vb_cmd_run };
+#define vb_result vb_ctl.result
 
 static enum vb_mode vb_parse_mode(const char *s)
 {
@@ -70,26 +69,11 @@ static int vb_parse_peer(char *args, struct vb_peer *p)
 
 static int vb_cmd_open(const char *name)
 {
-	int i;
+	struct ib_device *dev = ctldev_find(&vb_ctl, name);
 
-	for (i = 0; i < VB_MAX_DEVS; i++)
-		if (vb_devs[i] && !strcmp(dev_name(&vb_devs[i]->dev), name))
-			break;
-	if (i == VB_MAX_DEVS)
+	if (!dev)
 		return -ENODEV;
-	return vb_open(vb_devs[i]) ?: vb_addr(vb_result, sizeof(vb_result));
-}
-
-static int vb_cmd_devices(void)
-{
-	int i, n = 0;
-
-	for (i = 0; i < VB_MAX_DEVS; i++)
-		if (vb_devs[i])
-			n += scnprintf(vb_result + n, sizeof(vb_result) - n, "%s ",
-				       dev_name(&vb_devs[i]->dev));
-	scnprintf(vb_result + n, sizeof(vb_result) - n, "\n");
-	return 0;
+	return vb_open(dev) ?: vb_addr(vb_result, sizeof(vb_result));
 }
 
 static int vb_cmd_run(char *cmd, char *args)
@@ -102,7 +86,7 @@ static int vb_cmd_run(char *cmd, char *args)
 	if (!strcmp(cmd, "open"))
 		return vb_cmd_open(args);
 	if (!strcmp(cmd, "devices"))
-		return vb_cmd_devices();
+		return ctldev_list(&vb_ctl);
 	if (!strcmp(cmd, "close")) {
 		vb_close();
 		return 0;
@@ -148,38 +132,13 @@ static int vb_cmd_run(char *cmd, char *args)
 static ssize_t vb_ctl_write(struct file *f, const char __user *ubuf, size_t len,
 			    loff_t *pos)
 {
-	char *line, *cmd, *args;
-	int err;
-
-	if (len > 256)
-		return -EINVAL;
-	line = memdup_user_nul(ubuf, len);
-	if (IS_ERR(line))
-		return PTR_ERR(line);
-	args = strim(line);
-	cmd = strsep(&args, " ");
-	args = args ? strim(args) : "";
-	mutex_lock(&vb_lock);
-	vb_result[0] = '\0';
-	err = vb_cmd_run(cmd, args);
-	if (err < 0)
-		scnprintf(vb_result, sizeof(vb_result), "error=%d\n", err);
-	else if (!vb_result[0])
-		scnprintf(vb_result, sizeof(vb_result), "ok\n");
-	mutex_unlock(&vb_lock);
-	kfree(line);
-	return err < 0 ? err : len;
+	return ctldev_write(&vb_ctl, ubuf, len);
 }
 
 static ssize_t vb_ctl_read(struct file *f, char __user *ubuf, size_t len,
 			   loff_t *pos)
 {
-	ssize_t n;
-
-	mutex_lock(&vb_lock);
-	n = simple_read_from_buffer(ubuf, len, pos, vb_result, strlen(vb_result));
-	mutex_unlock(&vb_lock);
-	return n;
+	return ctldev_read(&vb_ctl, ubuf, len, pos);
 }
 
 static ssize_t vb_msg_read(struct file *f, char __user *ubuf, size_t len,
@@ -218,29 +177,19 @@ static struct miscdevice vb_msg_dev = {
 
 static int vb_add_one(struct ib_device *dev)
 {
-	int i;
+	return ctldev_add(&vb_ctl, dev);
+}
 
-	mutex_lock(&vb_lock);
-	for (i = 0; i < VB_MAX_DEVS && vb_devs[i]; i++)
-		;
-	if (i < VB_MAX_DEVS)
-		vb_devs[i] = dev;
-	mutex_unlock(&vb_lock);
-	return i < VB_MAX_DEVS ? 0 : -ENOSPC;
+static void vb_gone(struct ib_device *dev)
+{
+	if (vb->dev == dev)
+		vb_close();
 }
 
 /* A device going away (driver unload) takes our resources on it along. */
 static void vb_remove_one(struct ib_device *dev, void *data)
 {
-	int i;
-
-	mutex_lock(&vb_lock);
-	if (vb->dev == dev)
-		vb_close();
-	for (i = 0; i < VB_MAX_DEVS; i++)
-		if (vb_devs[i] == dev)
-			vb_devs[i] = NULL;
-	mutex_unlock(&vb_lock);
+	ctldev_remove(&vb_ctl, dev, vb_gone);
 }
 
 static struct ib_client vb_client = {
@@ -288,6 +237,7 @@ static int __init vb_init(void)
 
 	if (err)
 		return err;
+	mutex_init(&vb_ctl.lock);
 	err = misc_register(&vb_ctl_dev);
 	if (err)
 		goto err_ctx;
@@ -312,9 +262,9 @@ static void __exit vb_exit(void)
 {
 	misc_deregister(&vb_msg_dev);
 	misc_deregister(&vb_ctl_dev);
-	mutex_lock(&vb_lock);
+	mutex_lock(&vb_ctl.lock);
 	vb_close();
-	mutex_unlock(&vb_lock);
+	mutex_unlock(&vb_ctl.lock);
 	ib_unregister_client(&vb_client);
 	vb_free_ctx();
 }

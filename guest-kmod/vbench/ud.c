@@ -3,7 +3,8 @@
  * UD loopback: two UD QPs on the open device, a datagram from one to the
  * other through an address handle naming our own port, checked for its
  * bytes (after the 40-byte GRH room), source QP and source LID. IB link
- * layer only (a RoCE AH would need a resolved MAC). Caller holds vb_lock.
+ * layer only (a RoCE AH would need a resolved MAC). Caller holds the
+ * control lock (vb_ctl.lock).
  */
 #include <linux/slab.h>
 #include "vbench.h"

@@ -8,9 +8,10 @@
  * capable ib_device (our HCA, rdma_rxe). The harness hands each side the
  * other's address ("addresses handed in by the harness").
  *
- * Locking: vb_lock (a mutex) serialises control commands. While a run is
- * active, the CQ is consumed by exactly one context chosen by the mode;
- * mode changes happen only under vb_lock with the CQ quiet (no run).
+ * Locking: the control device's mutex (vb_ctl.lock, main.c) serialises
+ * control commands. While a run is active, the CQ is consumed by exactly
+ * one context chosen by the mode; mode changes happen only under that
+ * lock with the CQ quiet (no run).
  */
 #ifndef VBENCH_H
 #define VBENCH_H
