@@ -626,19 +626,24 @@ fn test_reset_then_reconnect_works_again() {
     assert_eq!(p.b.read(dst, 8), 5u64.to_le_bytes());
 }
 
+/// Allocates a fast-registration MR for `npages` pages on p's B side (ib_alloc_mr).
+fn fast_reg_mr(p: &mut Pair, npages: u32) -> u32 {
+    let pdn = p.pd_b;
+    p.b.try_reg_mr(&HcaCmdRegMr {
+        pdn,
+        npages,
+        flags: MR_FLAG_FAST_REG,
+        ..Default::default()
+    })
+    .expect("fast-reg MR")
+}
+
 /// A fast-registration MR as ib_alloc_mr + IB_WR_REG_MR use it: nothing reachable before the
 /// WR, then the mapped pages (scattered, not contiguous) with the rights and key the WR gave.
 #[test]
 fn test_fast_registration_maps_scattered_pages_under_the_new_key() {
     let mut p = Pair::new(5);
-    let frmr =
-        p.b.try_reg_mr(&HcaCmdRegMr {
-            pdn: p.pd_b,
-            npages: 4,
-            flags: MR_FLAG_FAST_REG,
-            ..Default::default()
-        })
-        .expect("fast-reg MR");
+    let frmr = fast_reg_mr(&mut p, 4);
     let src = p.a.alloc(3 * 4096, 4096);
     p.a.write(src, &pattern(3 * 4096, 9));
     let rdma = |p: &mut Pair, rkey: u32, wr_id: u64| {
@@ -657,14 +662,7 @@ fn test_fast_registration_maps_scattered_pages_under_the_new_key() {
     let c = rdma(&mut p, frmr, 1);
     assert_eq!(u32::from(c[0].status), WC_REM_ACCESS_ERR);
     let mut p = Pair::new(5);
-    let frmr =
-        p.b.try_reg_mr(&HcaCmdRegMr {
-            pdn: p.pd_b,
-            npages: 4,
-            flags: MR_FLAG_FAST_REG,
-            ..Default::default()
-        })
-        .unwrap();
+    let frmr = fast_reg_mr(&mut p, 4);
     p.a.write(src, &pattern(3 * 4096, 9));
     // Four pages in reverse order, so the mapping is visibly not contiguous.
     let pages: Vec<u64> = (0..4).map(|_| p.b.alloc(4096, 4096)).rev().collect();
@@ -711,14 +709,7 @@ fn test_fast_registration_maps_scattered_pages_under_the_new_key() {
 #[test]
 fn test_fast_registration_rejects_a_foreign_or_oversized_mapping() {
     let mut p = Pair::new(5);
-    let frmr =
-        p.b.try_reg_mr(&HcaCmdRegMr {
-            pdn: p.pd_b,
-            npages: 2,
-            flags: MR_FLAG_FAST_REG,
-            ..Default::default()
-        })
-        .unwrap();
+    let frmr = fast_reg_mr(&mut p, 2);
     let list = p.b.alloc(32, 8);
     let pg = p.b.alloc(4096, 4096);
     for i in 0..4u64 {
