@@ -26,22 +26,31 @@ static bool hca_eqe_valid(struct hca_dev *dev, int eq, u32 idx)
 	       hca_owner_bit(idx, HCA_EQ_LOG_ENTRIES);
 }
 
-static void hca_cq_event(struct hca_dev *dev, u32 cqn, enum ib_event_type type)
+/*
+ * Events of CQ cqn. table_lock, held across the consumer's callback, keeps
+ * the CQ alive while it runs (destroy_cq unpublishes under it).
+ */
+static void hca_cq_completion(struct hca_dev *dev, u32 cqn)
 {
-	struct hca_cq *cq = NULL;
-	struct ib_event ev;
+	struct hca_cq *cq;
 
-	/* table_lock keeps the CQ alive while its handler runs. */
 	spin_lock(&dev->table_lock);
-	if (cqn < HCA_MAX_CQ)
-		cq = dev->cqs[cqn];
-	if (cq && type == IB_EVENT_CQ_ERR && cq->ibcq.event_handler) {
-		ev.device = &dev->ibdev;
-		ev.element.cq = &cq->ibcq;
-		ev.event = type;
-		cq->ibcq.event_handler(&ev, cq->ibcq.cq_context);
-	} else if (cq && type != IB_EVENT_CQ_ERR && cq->ibcq.comp_handler) {
+	cq = cqn < HCA_MAX_CQ ? dev->cqs[cqn] : NULL;
+	if (cq && cq->ibcq.comp_handler)
 		cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	spin_unlock(&dev->table_lock);
+}
+
+static void hca_cq_error(struct hca_dev *dev, u32 cqn)
+{
+	struct ib_event ev = { .device = &dev->ibdev, .event = IB_EVENT_CQ_ERR };
+	struct hca_cq *cq;
+
+	spin_lock(&dev->table_lock);
+	cq = cqn < HCA_MAX_CQ ? dev->cqs[cqn] : NULL;
+	if (cq && cq->ibcq.event_handler) {
+		ev.element.cq = &cq->ibcq;
+		cq->ibcq.event_handler(&ev, cq->ibcq.cq_context);
 	}
 	spin_unlock(&dev->table_lock);
 }
@@ -78,7 +87,7 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 {
 	switch (e->event_type) {
 	case HCA_EV_COMPLETION:
-		hca_cq_event(dev, e->param, IB_EVENT_COMM_EST);
+		hca_cq_completion(dev, e->param);
 		break;
 	case HCA_EV_CMD_DONE:
 		hca_cmd_complete(dev, e->param, e->data);
@@ -91,7 +100,7 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 		break;
 	case HCA_EV_CQ_ERR:
 		dev_warn(&dev->pdev->dev, "CQ %u error %u\n", e->param, e->data);
-		hca_cq_event(dev, e->param, IB_EVENT_CQ_ERR);
+		hca_cq_error(dev, e->param);
 		break;
 	case HCA_EV_QP_FATAL:
 		hca_qp_event(dev, e->param, IB_EVENT_QP_FATAL);
