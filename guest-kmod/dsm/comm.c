@@ -8,6 +8,7 @@
 #include <linux/random.h>
 #include "dsm.h"
 #include "rcconn.h"
+#include "dmabuf.h"
 
 #define DSM_WR_SEND	(1ULL << 63)
 
@@ -214,32 +215,11 @@ static void dsm_free_peer(struct dsm_comm *c, struct dsm_peer *p)
 {
 	if (p->qp)
 		ib_destroy_qp(p->qp);
-	if (p->rbuf) {
-		ib_dma_unmap_single(c->dev, p->rbuf_dma, DSM_RECVS * DSM_MSG_MAX,
-				    DMA_FROM_DEVICE);
-		kfree(p->rbuf);
-	}
-	if (p->sbuf) {
-		ib_dma_unmap_single(c->dev, p->sbuf_dma, DSM_SENDS * DSM_MSG_MAX,
-				    DMA_TO_DEVICE);
-		kfree(p->sbuf);
-	}
+	dmabuf_free(c->dev, p->rbuf, p->rbuf_dma, DSM_RECVS * DSM_MSG_MAX,
+		    DMA_FROM_DEVICE);
+	dmabuf_free(c->dev, p->sbuf, p->sbuf_dma, DSM_SENDS * DSM_MSG_MAX,
+		    DMA_TO_DEVICE);
 	memset(p, 0, sizeof(*p));
-}
-
-static int dsm_map(struct dsm_comm *c, u8 **buf, u64 *dma, size_t bytes,
-		   enum dma_data_direction dir)
-{
-	*buf = kzalloc(bytes, GFP_KERNEL);
-	if (!*buf)
-		return -ENOMEM;
-	*dma = ib_dma_map_single(c->dev, *buf, bytes, dir);
-	if (ib_dma_mapping_error(c->dev, *dma)) {
-		kfree(*buf);
-		*buf = NULL;
-		return -ENOMEM;
-	}
-	return 0;
 }
 
 static int dsm_init_peer(struct dsm_comm *c, u32 id)
@@ -265,13 +245,12 @@ static int dsm_init_peer(struct dsm_comm *c, u32 id)
 	for (i = 0; i < DSM_SENDS; i++)
 		p->free[i] = i;
 	p->nfree = DSM_SENDS;
-	err = dsm_map(c, &p->rbuf, &p->rbuf_dma, DSM_RECVS * DSM_MSG_MAX,
-		      DMA_FROM_DEVICE);
-	if (!err)
-		err = dsm_map(c, &p->sbuf, &p->sbuf_dma, DSM_SENDS * DSM_MSG_MAX,
-			      DMA_TO_DEVICE);
-	if (err)
-		return err;
+	p->rbuf = dmabuf_alloc(c->dev, DSM_RECVS * DSM_MSG_MAX, &p->rbuf_dma,
+			       DMA_FROM_DEVICE);
+	p->sbuf = dmabuf_alloc(c->dev, DSM_SENDS * DSM_MSG_MAX, &p->sbuf_dma,
+			       DMA_TO_DEVICE);
+	if (!p->rbuf || !p->sbuf)
+		return -ENOMEM;
 	p->qp = ib_create_qp(c->pd, &init);
 	if (IS_ERR(p->qp)) {
 		err = PTR_ERR(p->qp);

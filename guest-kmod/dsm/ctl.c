@@ -20,7 +20,6 @@ static int dsm_cmd_run(char *cmd, char *args);
 
 /* Its lock serialises commands, the device list, and set-up/tear-down of comm. */
 static struct ctldev dsm_ctl = { .run = dsm_cmd_run };
-#define dsm_result dsm_ctl.result
 static struct dsm_comm *comm;
 
 static int dsm_cmd_open(char *args)
@@ -38,7 +37,7 @@ static int dsm_cmd_open(char *args)
 	dsm_comm_close(comm);
 	comm->handle = dsm_selftest_handle;
 	err = dsm_comm_open(comm, dev, self, nodes);
-	return err ?: dsm_comm_addr(comm, dsm_result, sizeof(dsm_result));
+	return err ?: dsm_comm_addr(comm, dsm_ctl.result, sizeof(dsm_ctl.result));
 }
 
 static int dsm_cmd_connect(char *args)
@@ -73,7 +72,7 @@ static int dsm_cmd_stats(void)
 {
 	struct dsm_stats *s = &comm->stats;
 
-	return scnprintf(dsm_result, sizeof(dsm_result),
+	return scnprintf(dsm_ctl.result, sizeof(dsm_ctl.result),
 			 "sent=%lld received=%lld deferred=%lld send_busy=%lld cqe_errors=%lld\n",
 			 atomic64_read(&s->sent), atomic64_read(&s->received),
 			 atomic64_read(&s->deferred), atomic64_read(&s->send_busy),
@@ -105,7 +104,7 @@ static int dsm_cmd_run(char *cmd, char *args)
 	if (!strcmp(cmd, "selftest")) {
 		if (sscanf(args, "%u %u", &a, &b) != 2)
 			return -EINVAL;
-		return dsm_selftest(comm, a, b, dsm_result, sizeof(dsm_result));
+		return dsm_selftest(comm, a, b, dsm_ctl.result, sizeof(dsm_ctl.result));
 	}
 	return -EINVAL;
 }

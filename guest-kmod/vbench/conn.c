@@ -10,35 +10,14 @@
 #include <linux/inet.h>
 #include "vbench.h"
 #include "rcconn.h"
-
-static void *vb_alloc_dma(size_t bytes, u64 *dma, enum dma_data_direction dir)
-{
-	void *p = kzalloc(bytes, GFP_KERNEL);
-
-	if (!p)
-		return NULL;
-	*dma = ib_dma_map_single(vb->dev, p, bytes, dir);
-	if (ib_dma_mapping_error(vb->dev, *dma)) {
-		kfree(p);
-		return NULL;
-	}
-	return p;
-}
-
-static void vb_free_dma(void *p, u64 dma, size_t bytes, enum dma_data_direction dir)
-{
-	if (!p)
-		return;
-	ib_dma_unmap_single(vb->dev, dma, bytes, dir);
-	kfree(p);
-}
+#include "dmabuf.h"
 
 static void vb_free_buffers(void)
 {
-	vb_free_dma(vb->rbuf, vb->rbuf_dma, VB_RECVS * VB_MAX_MSG, DMA_BIDIRECTIONAL);
-	vb_free_dma(vb->sbuf, vb->sbuf_dma, VB_MAX_MSG, DMA_BIDIRECTIONAL);
-	vb_free_dma(vb->region, vb->region_dma, 2 * VB_REGION, DMA_BIDIRECTIONAL);
-	vb_free_dma(vb->local, vb->local_dma, VB_REGION, DMA_BIDIRECTIONAL);
+	dmabuf_free(vb->dev, vb->rbuf, vb->rbuf_dma, VB_RECVS * VB_MAX_MSG, DMA_BIDIRECTIONAL);
+	dmabuf_free(vb->dev, vb->sbuf, vb->sbuf_dma, VB_MAX_MSG, DMA_BIDIRECTIONAL);
+	dmabuf_free(vb->dev, vb->region, vb->region_dma, 2 * VB_REGION, DMA_BIDIRECTIONAL);
+	dmabuf_free(vb->dev, vb->local, vb->local_dma, VB_REGION, DMA_BIDIRECTIONAL);
 	vb->rbuf = vb->sbuf = vb->region = vb->local = NULL;
 }
 
@@ -47,10 +26,10 @@ static int vb_alloc_buffers(void)
 {
 	u32 i;
 
-	vb->rbuf = vb_alloc_dma(VB_RECVS * VB_MAX_MSG, &vb->rbuf_dma, DMA_BIDIRECTIONAL);
-	vb->sbuf = vb_alloc_dma(VB_MAX_MSG, &vb->sbuf_dma, DMA_BIDIRECTIONAL);
-	vb->region = vb_alloc_dma(2 * VB_REGION, &vb->region_dma, DMA_BIDIRECTIONAL);
-	vb->local = vb_alloc_dma(VB_REGION, &vb->local_dma, DMA_BIDIRECTIONAL);
+	vb->rbuf = dmabuf_alloc(vb->dev, VB_RECVS * VB_MAX_MSG, &vb->rbuf_dma, DMA_BIDIRECTIONAL);
+	vb->sbuf = dmabuf_alloc(vb->dev, VB_MAX_MSG, &vb->sbuf_dma, DMA_BIDIRECTIONAL);
+	vb->region = dmabuf_alloc(vb->dev, 2 * VB_REGION, &vb->region_dma, DMA_BIDIRECTIONAL);
+	vb->local = dmabuf_alloc(vb->dev, VB_REGION, &vb->local_dma, DMA_BIDIRECTIONAL);
 	if (!vb->rbuf || !vb->sbuf || !vb->region || !vb->local) {
 		vb_free_buffers();
 		return -ENOMEM;

@@ -25,7 +25,6 @@ static int vb_cmd_run(char *cmd, char *args);
 
 /* Its lock serialises commands, the device list, and resource set-up/tear-down. */
 static struct ctldev vb_ctl = { .run = vb_cmd_run };
-#define vb_result vb_ctl.result
 
 static enum vb_mode vb_parse_mode(const char *s)
 {
@@ -73,7 +72,7 @@ static int vb_cmd_open(const char *name)
 
 	if (!dev)
 		return -ENODEV;
-	return vb_open(dev) ?: vb_addr(vb_result, sizeof(vb_result));
+	return vb_open(dev) ?: vb_addr(vb_ctl.result, sizeof(vb_ctl.result));
 }
 
 static int vb_cmd_run(char *cmd, char *args)
@@ -93,17 +92,17 @@ static int vb_cmd_run(char *cmd, char *args)
 	}
 	if (!strcmp(cmd, "stop")) {
 		vb_stop();
-		return scnprintf(vb_result, sizeof(vb_result), "served=%u errors=%u\n",
+		return scnprintf(vb_ctl.result, sizeof(vb_ctl.result), "served=%u errors=%u\n",
 				 vb->done, vb->errors);
 	}
 	if (!strcmp(cmd, "badrkey"))
-		return vb_badrkey(vb_result, sizeof(vb_result));
+		return vb_badrkey(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "fastreg"))
-		return vb_fastreg(vb_result, sizeof(vb_result));
+		return vb_fastreg(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "udloop"))
-		return vb_udloop(vb_result, sizeof(vb_result));
+		return vb_udloop(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "mad"))
-		return vb_mad(vb_result, sizeof(vb_result));
+		return vb_mad(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "connect"))
 		return vb_parse_peer(args, &peer) ?: vb_connect(&peer);
 	if (!strcmp(cmd, "serve")) {
@@ -117,14 +116,14 @@ static int vb_cmd_run(char *cmd, char *args)
 		    !(mode = vb_parse_mode(a)))
 			return -EINVAL;
 		vb->verify = !strcmp(b, "verify");
-		return vb_ping(mode, size, iters, vb_result, sizeof(vb_result));
+		return vb_ping(mode, size, iters, vb_ctl.result, sizeof(vb_ctl.result));
 	}
 	if (!strcmp(cmd, "bw")) {
 		if (sscanf(args, "%7s %u %u", a, &size, &iters) != 3 ||
 		    (strcmp(a, "read") && strcmp(a, "write")))
 			return -EINVAL;
-		return vb_bw(!strcmp(a, "read"), size, iters, vb_result,
-			     sizeof(vb_result));
+		return vb_bw(!strcmp(a, "read"), size, iters, vb_ctl.result,
+			     sizeof(vb_ctl.result));
 	}
 	return -EINVAL;
 }

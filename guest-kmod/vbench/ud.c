@@ -6,12 +6,14 @@
  * layer only (a RoCE AH would need a resolved MAC). Caller holds the
  * control lock (vb_ctl.lock).
  */
-#include <linux/slab.h>
 #include "vbench.h"
+#include "dmabuf.h"
 
 #define VB_UD_QKEY	0x11111111
 #define VB_UD_BYTES	256
 #define VB_GRH		40
+/* The datagram to send, then the receive buffer (GRH room + datagram). */
+#define VB_UD_BUF	(2 * VB_UD_BYTES + VB_GRH)
 
 struct vb_ud {
 	struct ib_cq *cq;
@@ -141,13 +143,11 @@ int vb_udloop(char *out, size_t len)
 		return -ENOTCONN;
 	if (vb->roce)
 		return -EOPNOTSUPP;
-	u.buf = kzalloc(2 * VB_UD_BYTES + VB_GRH, GFP_KERNEL);
+	u.buf = dmabuf_alloc(vb->dev, VB_UD_BUF, &u.dma, DMA_BIDIRECTIONAL);
 	if (!u.buf)
 		return -ENOMEM;
 	memcpy(u.buf, vb_pattern, VB_UD_BYTES);
-	u.dma = ib_dma_map_single(vb->dev, u.buf, 2 * VB_UD_BYTES + VB_GRH,
-				  DMA_BIDIRECTIONAL);
-	err = ib_dma_mapping_error(vb->dev, u.dma) ? -ENOMEM : vb_ud_setup(&u);
+	err = vb_ud_setup(&u);
 	if (!err)
 		err = vb_ud_post(&u);
 	if (!err)
@@ -160,9 +160,6 @@ int vb_udloop(char *out, size_t len)
 				rwc.slid == vb->lid, !bad);
 	}
 	vb_ud_teardown(&u);
-	if (!ib_dma_mapping_error(vb->dev, u.dma))
-		ib_dma_unmap_single(vb->dev, u.dma, 2 * VB_UD_BYTES + VB_GRH,
-				    DMA_BIDIRECTIONAL);
-	kfree(u.buf);
+	dmabuf_free(vb->dev, u.buf, u.dma, VB_UD_BUF, DMA_BIDIRECTIONAL);
 	return err;
 }
