@@ -57,10 +57,12 @@ pub fn fields(line: &str) -> HashMap<String, String> {
         .collect()
 }
 
-fn num(f: &HashMap<String, String>, key: &str, line: &str) -> Result<u64, String> {
-    f.get(key)
+/// The number after `key=` in a vbench (or dsm) result line.
+pub fn num(line: &str, key: &str) -> Result<u64, String> {
+    fields(line)
+        .get(key)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("no {key}= in vbench's answer `{}`", line.trim()))
+        .ok_or_else(|| format!("no {key}= in the guest's answer `{}`", line.trim()))
 }
 
 /// One ping-pong run as the client saw it.
@@ -233,23 +235,20 @@ impl Testbed {
             // The user process answered; it reports when vb stop ends its read().
             let log = server.run("sleep 0.2; cat /tmp/vbench-user.log", CMD_TIMEOUT)?;
             let line = log.lines().find(|l| l.contains("served=")).unwrap_or("");
-            let f = fields(line);
-            (num(&f, "served", line)?, num(&f, "errors", line)?)
+            (num(line, "served")?, num(line, "errors")?)
         } else {
-            let f = fields(&stop);
-            (num(&f, "served", &stop)?, num(&f, "errors", &stop)?)
+            (num(&stop, "served")?, num(&stop, "errors")?)
         };
         let line = out.lines().find(|l| l.starts_with("size=")).unwrap_or("");
-        let f = fields(line);
         Ok(PingResult {
             mode,
             size,
             iters,
-            done: num(&f, "done", line)?,
-            errors: num(&f, "errors", line)?,
-            rtt_avg_ns: num(&f, "rtt_avg_ns", line)?,
-            rtt_min_ns: num(&f, "rtt_min_ns", line)?,
-            rtt_median_ns: num(&f, "rtt_median_ns", line)?,
+            done: num(line, "done")?,
+            errors: num(line, "errors")?,
+            rtt_avg_ns: num(line, "rtt_avg_ns")?,
+            rtt_min_ns: num(line, "rtt_min_ns")?,
+            rtt_median_ns: num(line, "rtt_median_ns")?,
             served,
             server_errors,
         })
@@ -261,13 +260,12 @@ impl Testbed {
         let op = if read { "read" } else { "write" };
         let out = self.agents[0].run(&format!("vb bw {op} {size} {iters}"), CMD_TIMEOUT)?;
         let line = out.lines().find(|l| l.starts_with("op=")).unwrap_or("");
-        let f = fields(line);
         Ok(BwResult {
             read,
             size,
             iters,
-            mb_per_s: (u64::from(size) * iters) as f64 * 1e3 / num(&f, "ns", line)?.max(1) as f64,
-            errors: num(&f, "errors", line)?,
+            mb_per_s: (u64::from(size) * iters) as f64 * 1e3 / num(line, "ns")?.max(1) as f64,
+            errors: num(line, "errors")?,
         })
     }
 }

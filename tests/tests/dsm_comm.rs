@@ -8,16 +8,13 @@
 use std::time::Duration;
 
 use device_server::dsm::connect_mesh;
-use device_server::verbs::{fields, Testbed};
+use device_server::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
 const T: Duration = Duration::from_secs(120);
 
 fn num(line: &str, key: &str) -> u64 {
-    fields(line)
-        .get(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in `{line}`"))
+    device_server::verbs::num(line, key).unwrap()
 }
 
 #[test]

@@ -216,12 +216,7 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64) -> Result<(), String> {
         "pages", "primitive", "mprotect", "mprotect/prim"
     );
     for line in out.lines().filter(|l| l.starts_with("prot-bench")) {
-        let f = device_server::verbs::fields(line);
-        let get = |k: &str| -> Result<u64, String> {
-            f.get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("no {k}= in `{line}`"))
-        };
+        let get = |k: &str| device_server::verbs::num(line, k);
         let (n, d, m) = (get("pages")?, get("dsm_ns")?, get("mprotect_ns")?);
         println!(
             "{n:>6}  {d:>12}  {m:>12}  {:>14.1}",
