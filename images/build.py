@@ -40,6 +40,8 @@ OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 SCRIPTS = ["vb", "dsmctl", "rxe-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot"]
+# DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
+DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "litmus", "dsm-bench"]
 # iproute2's `rdma` (to add rxe links and show `rdma link`) and the libraries it needs.
 RDMA_TOOL_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6"]
 RDMA_TOOL_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
@@ -188,6 +190,26 @@ def build_user_tools():
     return out
 
 
+def build_dsm_apps():
+    """libdsm.a, then every DSM application linked statically against it."""
+    outdir = ROOT / "target" / "guest-tools"
+    outdir.mkdir(parents=True, exist_ok=True)
+    obj, lib = outdir / "libdsm.o", outdir / "libdsm.a"
+    say("building guest-kmod/libdsm (libdsm.a)")
+    run(["gcc", "-O2", "-Wall", "-c", "-o", str(obj), str(KMOD / "libdsm" / "libdsm.c")])
+    if lib.exists():
+        lib.unlink()
+    run(["ar", "rcs", str(lib), str(obj)])
+    out = {}
+    for a in DSM_APPS:
+        exe = outdir / a
+        say(f"building guest-kmod/apps/{a}")
+        run(["gcc", "-static", "-O2", "-Wall", "-o", str(exe),
+             str(KMOD / "apps" / f"{a}.c"), str(lib), "-lm"])
+        out[a] = exe.read_bytes()
+    return out
+
+
 def rdma_tool(cache):
     """`rdma` and its shared libraries, from Debian's packages: {path in image: bytes}."""
     roots = [extract(download(p, cache), cache / f"root-{p}") for p in RDMA_TOOL_DEBS]
@@ -266,6 +288,7 @@ def main():
     sources += sorted((KMOD / "include").glob("*.h"))
     sources += sorted((KMOD / "common").glob("*.[ch]"))
     sources += sorted((KMOD / "user").glob("*.c"))
+    sources += sorted((KMOD / "libdsm").glob("*.[ch]")) + sorted((KMOD / "apps").glob("*.c"))
     key = digest(sources, kver)
     dest = out / kver
     manifest = dest / "manifest.json"
@@ -282,6 +305,7 @@ def main():
 
     ours = build_our_modules(kver)
     tools = build_user_tools()
+    tools.update(build_dsm_apps())
     rdma = rdma_tool(cache)
     moddir = kroot / "lib" / "modules" / kver
     img = Cpio()

@@ -35,15 +35,126 @@ pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), String> {
                 .ok_or_else(|| format!("node {}: no qpns in its address", j + 1))?;
             a.run(
                 &format!(
-                    "dsmctl connect {} lid={} qpn={qpn} psn={} gid={}",
+                    "dsmctl connect {} lid={} qpn={qpn} psn={} rkey={} gid={}",
                     j + 1,
                     peer["lid"],
                     peer["psn"],
+                    peer["rkey"],
                     peer["gid"]
                 ),
                 T,
             )?;
         }
+    }
+    Ok(())
+}
+
+/// One node's `DSM-RESULT` line (libdsm's `dsm_report`).
+#[derive(Debug, Clone)]
+pub struct AppResult {
+    pub node: u32,
+    /// `Some(true)`: this node checked the result against a sequential run and it matched.
+    pub verified: Option<bool>,
+    pub time_ms: f64,
+    pub read_faults: u64,
+    pub write_faults: u64,
+    pub msgs: u64,
+    pub msg_bytes: u64,
+    pub data_bytes: u64,
+    /// Mean fault service time seen by the kernel (request to grant), in microseconds.
+    pub read_fault_us: f64,
+    pub write_fault_us: f64,
+    /// Messages handled in the completion handler / in process context.
+    pub irq: u64,
+    pub process: u64,
+    pub line: String,
+}
+
+impl AppResult {
+    pub fn parse(line: &str) -> Result<AppResult, String> {
+        let f = fields(line.trim_start_matches("DSM-RESULT "));
+        let u = |k: &str| -> Result<u64, String> {
+            f.get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("no {k} in `{line}`"))
+        };
+        let x = |k: &str| -> Result<f64, String> {
+            f.get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("no {k} in `{line}`"))
+        };
+        Ok(AppResult {
+            node: u("node")? as u32,
+            verified: match f.get("verified").map(String::as_str) {
+                Some("ok") => Some(true),
+                Some("FAILED") => Some(false),
+                _ => None,
+            },
+            time_ms: x("time_ms")?,
+            read_faults: u("rfaults")?,
+            write_faults: u("wfaults")?,
+            msgs: u("msgs")?,
+            msg_bytes: u("msg_bytes")?,
+            data_bytes: u("data_bytes")?,
+            read_fault_us: x("rfault_us")?,
+            write_fault_us: x("wfault_us")?,
+            irq: u("irq")?,
+            process: u("process")?,
+            line: line.to_string(),
+        })
+    }
+}
+
+/// Runs `cmd` in every guest at once (a DSM application's processes must run together);
+/// each guest's exit status and output, in agent order.
+pub fn run_everywhere(
+    agents: &mut [Agent],
+    cmd: &str,
+    timeout: Duration,
+) -> Vec<Result<(i32, String), String>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = agents
+            .iter_mut()
+            .map(|a| s.spawn(move || a.status(cmd, timeout)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("agent thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// Runs a DSM application on every node and collects each node's result line. Fails when
+/// a node's process fails or prints no result.
+pub fn run_app(
+    agents: &mut [Agent],
+    cmd: &str,
+    timeout: Duration,
+) -> Result<Vec<AppResult>, String> {
+    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
+    let mut out = Vec::new();
+    for (name, r) in names.iter().zip(run_everywhere(agents, cmd, timeout)) {
+        let (rc, text) = r?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("DSM-RESULT "))
+            .ok_or_else(|| format!("{name}: `{cmd}` exited {rc} without a result:\n{text}"))?;
+        let res = AppResult::parse(line)?;
+        if rc != 0 {
+            return Err(format!("{name}: `{cmd}` exited {rc}:\n{text}"));
+        }
+        out.push(res);
+    }
+    Ok(out)
+}
+
+/// Closes the DSM session on every guest (so the next application starts from fresh memory).
+pub fn close_all(agents: &mut [Agent]) -> Result<(), String> {
+    for a in agents.iter_mut() {
+        a.run("dsmctl close", T)?;
     }
     Ok(())
 }

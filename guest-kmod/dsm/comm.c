@@ -6,11 +6,19 @@
  */
 #include <linux/slab.h>
 #include <linux/random.h>
+#include <linux/delay.h>
 #include "dsm.h"
 #include "rcconn.h"
 #include "dmabuf.h"
 
+/*
+ * wr_id of a receive: peer << 32 | slot. Of a send-queue WR: SEND, READ
+ * for an RDMA Read, peer at bit 48, the read's index at bit 40, and the
+ * WR's post sequence number (mod 2^40) below.
+ */
 #define DSM_WR_SEND	(1ULL << 63)
+#define DSM_WR_READ	(1ULL << 62)
+#define DSM_SEQ_MASK	((1ULL << 40) - 1)
 
 static u64 dsm_recv_wrid(u32 peer, u32 slot)
 {
@@ -19,7 +27,7 @@ static u64 dsm_recv_wrid(u32 peer, u32 slot)
 
 static u64 dsm_send_wrid(u32 peer, u64 seq)
 {
-	return DSM_WR_SEND | (u64)peer << 48 | (seq & ((1ULL << 48) - 1));
+	return DSM_WR_SEND | (u64)peer << 48 | (seq & DSM_SEQ_MASK);
 }
 
 static int dsm_post_recv(struct dsm_comm *c, struct dsm_peer *p, u32 slot)
@@ -68,11 +76,42 @@ void dsm_msg_unreserve(struct dsm_comm *c, u32 peer, u32 slot)
 }
 
 /*
- * Posts a reserved slot. Unsignaled, except every DSM_SIGNAL_EVERY-th WR
- * (for cleanup) and when the sender wants to know (notify); a signaled
+ * Posts wr (a chain ending in the message's Send, whose slot it is) on the
+ * peer's QP. Unsignaled, except every DSM_SIGNAL_EVERY-th WR (for
+ * cleanup) and when the sender wants to know (notify); a signaled
  * completion reclaims every buffer posted before it on this QP.
+ * Called with p->lock held.
  */
-int dsm_msg_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len, bool notify)
+static int dsm_post_chain(struct dsm_comm *c, struct dsm_peer *p,
+			  struct ib_send_wr *first, u32 nwr, u32 slot, bool notify)
+{
+	struct ib_send_wr *wr = first;
+	u64 seq = p->post_seq;
+	u32 k;
+	int err;
+
+	if (p->fifo_tail - p->fifo_head + nwr > DSM_SQ)
+		return -EAGAIN;
+	for (k = 0; k < nwr; k++, wr = wr->next) {
+		seq++;
+		wr->wr_id |= dsm_send_wrid(p->id, seq);
+		if (seq % DSM_SIGNAL_EVERY == 0 || (notify && !wr->next))
+			wr->send_flags |= IB_SEND_SIGNALED;
+	}
+	err = ib_post_send(p->qp, first, NULL);
+	if (err)
+		return err;
+	for (k = 0; k < nwr; k++) {
+		p->post_seq++;
+		p->fifo[p->fifo_tail % DSM_SQ] = k == nwr - 1 ? slot : DSM_NO_SLOT;
+		p->fifo_seq[p->fifo_tail % DSM_SQ] = p->post_seq;
+		p->fifo_tail++;
+	}
+	return 0;
+}
+
+static int dsm_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len,
+		    struct ib_rdma_wr *data, bool notify)
 {
 	struct dsm_peer *p = &c->peers[peer];
 	struct ib_sge sge = {
@@ -86,24 +125,94 @@ int dsm_msg_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len, bool notify)
 
 	if (len < sizeof(struct dsm_msg_hdr) || len > DSM_MSG_MAX)
 		return -EINVAL;
+	if (data)
+		data->wr.next = &wr;
 	spin_lock_irqsave(&p->lock, flags);
-	p->post_seq++;
-	wr.wr_id = dsm_send_wrid(peer, p->post_seq);
-	if (notify || p->post_seq % DSM_SIGNAL_EVERY == 0)
-		wr.send_flags = IB_SEND_SIGNALED;
-	err = ib_post_send(p->qp, &wr, NULL);
-	if (err) {
-		p->post_seq--;
-		p->free[p->nfree++] = slot;
-	} else {
-		p->fifo[p->fifo_tail % DSM_SENDS] = slot;
-		p->fifo_seq[p->fifo_tail % DSM_SENDS] = p->post_seq;
-		p->fifo_tail++;
-	}
+	err = dsm_post_chain(c, p, data ? &data->wr : &wr, data ? 2 : 1, slot,
+			     notify);
 	spin_unlock_irqrestore(&p->lock, flags);
-	if (!err)
-		atomic64_inc(&c->stats.sent);
-	return err;
+	if (err)
+		return err;
+	atomic64_inc(&c->stats.sent);
+	atomic64_add(len, &c->stats.msg_bytes);
+	if (data)
+		atomic64_add(data->wr.sg_list->length, &c->stats.data_bytes);
+	return 0;
+}
+
+/* On failure the slot stays reserved (the caller may retry or unreserve it). */
+int dsm_msg_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len, bool notify)
+{
+	return dsm_send(c, peer, slot, len, NULL, notify);
+}
+
+int dsm_msg_send_data(struct dsm_comm *c, u32 peer, u32 slot, u32 len,
+		      u64 src, u64 dst, u32 dlen)
+{
+	struct ib_sge sge = {
+		.addr = src, .length = dlen, .lkey = c->pd->local_dma_lkey,
+	};
+	struct ib_rdma_wr w = {
+		.wr = { .sg_list = &sge, .num_sge = 1, .opcode = IB_WR_RDMA_WRITE },
+		.remote_addr = dst,
+		.rkey = c->peers[peer].rkey,
+	};
+
+	return dsm_send(c, peer, slot, len, &w, false);
+}
+
+int dsm_rdma_read(struct dsm_comm *c, u32 peer, u64 dst, u64 src, u32 len,
+		  const void *done, u32 dlen)
+{
+	struct dsm_peer *p = &c->peers[peer];
+	struct ib_sge sge = { .addr = dst, .length = len, .lkey = c->pd->local_dma_lkey };
+	struct ib_rdma_wr w = {
+		.wr = { .sg_list = &sge, .num_sge = 1, .opcode = IB_WR_RDMA_READ },
+		.remote_addr = src,
+		.rkey = p->rkey,
+	};
+	unsigned long flags;
+	u32 i;
+	int err = -EAGAIN;
+
+	if (peer < 1 || peer > c->nodes || !p->connected || dlen > DSM_DONE_MAX)
+		return -EINVAL;
+	spin_lock_irqsave(&c->read_lock, flags);
+	for (i = 0; i < DSM_READS && c->reads[i].peer; i++)
+		;
+	if (i < DSM_READS) {
+		c->reads[i].peer = peer;
+		c->reads[i].len = dlen;
+		memcpy(c->reads[i].done, done, dlen);
+	}
+	spin_unlock_irqrestore(&c->read_lock, flags);
+	if (i == DSM_READS)
+		return -EAGAIN;
+	w.wr.wr_id = DSM_WR_READ | (u64)i << 40;
+	spin_lock_irqsave(&p->lock, flags);
+	err = dsm_post_chain(c, p, &w.wr, 1, DSM_NO_SLOT, true);
+	spin_unlock_irqrestore(&p->lock, flags);
+	if (err) {
+		WRITE_ONCE(c->reads[i].peer, 0);
+		return err;
+	}
+	atomic64_inc(&c->stats.rdma_reads);
+	atomic64_add(len, &c->stats.data_bytes);
+	return 0;
+}
+
+/* An RDMA Read finished: its `done` message goes to the handler. */
+static void dsm_read_done(struct dsm_comm *c, u32 i)
+{
+	u8 done[DSM_DONE_MAX];
+	u32 len;
+
+	if (i >= DSM_READS || !c->reads[i].peer)
+		return;
+	len = c->reads[i].len;
+	memcpy(done, c->reads[i].done, len);
+	WRITE_ONCE(c->reads[i].peer, 0);
+	dsm_deliver(c, c->self, done, len, true);
 }
 
 /* A signaled send completed: it and everything posted before it are done. */
@@ -115,10 +224,11 @@ static void dsm_reclaim(struct dsm_comm *c, u32 peer, u64 seq)
 
 	spin_lock_irqsave(&p->lock, flags);
 	while (p->fifo_head != p->fifo_tail) {
-		i = p->fifo_head % DSM_SENDS;
-		if (p->fifo_seq[i] > seq)
+		i = p->fifo_head % DSM_SQ;
+		if ((p->fifo_seq[i] & DSM_SEQ_MASK) > seq)
 			break;
-		p->free[p->nfree++] = p->fifo[i];
+		if (p->fifo[i] != DSM_NO_SLOT)
+			p->free[p->nfree++] = p->fifo[i];
 		p->fifo_head++;
 	}
 	spin_unlock_irqrestore(&p->lock, flags);
@@ -143,7 +253,11 @@ static void dsm_defer(struct dsm_comm *c, u32 peer, void *msg, u32 len)
 	schedule_work(&c->defer_work);
 }
 
-/* Stage two: messages the interrupt-context handler could not take. */
+/*
+ * Stage two: messages the interrupt-context handler could not take, in
+ * order; one stays at the head, retried after a short sleep, while the
+ * handler still finds its resource short.
+ */
 static void dsm_defer_work(struct work_struct *w)
 {
 	struct dsm_comm *c = container_of(w, struct dsm_comm, defer_work);
@@ -153,30 +267,50 @@ static void dsm_defer_work(struct work_struct *w)
 	for (;;) {
 		spin_lock_irqsave(&c->defer_lock, flags);
 		d = list_first_entry_or_null(&c->deferred, struct dsm_deferred, link);
-		if (d)
-			list_del(&d->link);
 		spin_unlock_irqrestore(&c->defer_lock, flags);
 		if (!d)
 			return;
-		c->handle(c, d->peer, d->data, d->len, false);
+		if (c->handle(c, d->peer, d->data, d->len, false) == -EAGAIN) {
+			usleep_range(20, 100);
+			continue;
+		}
+		spin_lock_irqsave(&c->defer_lock, flags);
+		list_del(&d->link);
+		spin_unlock_irqrestore(&c->defer_lock, flags);
 		kfree(d);
 	}
+}
+
+void dsm_deliver(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq)
+{
+	bool queued;
+	unsigned long flags;
+
+	if (!in_irq) {
+		while (c->handle(c, peer, msg, len, false) == -EAGAIN)
+			usleep_range(20, 100);
+		return;
+	}
+	spin_lock_irqsave(&c->defer_lock, flags);
+	queued = !list_empty(&c->deferred);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	/* Behind a deferred message, or refused here: process context. */
+	if (queued || c->handle(c, peer, msg, len, true) == -EAGAIN)
+		dsm_defer(c, peer, msg, len);
 }
 
 static void dsm_on_recv(struct dsm_comm *c, const struct ib_wc *wc)
 {
 	u32 peer = wc->wr_id >> 32, slot = (u32)wc->wr_id;
 	struct dsm_peer *p;
-	void *msg;
 
 	if (peer < 1 || peer > c->nodes || slot >= DSM_RECVS)
 		return;
 	p = &c->peers[peer];
-	msg = p->rbuf + (size_t)slot * DSM_MSG_MAX;
 	atomic64_inc(&c->stats.received);
 	/* The buffer is the protocol's only for this call. */
-	if (c->handle(c, peer, msg, wc->byte_len, true) == -EAGAIN)
-		dsm_defer(c, peer, msg, wc->byte_len);
+	dsm_deliver(c, peer, p->rbuf + (size_t)slot * DSM_MSG_MAX, wc->byte_len,
+		    true);
 	if (dsm_post_recv(c, p, slot))
 		pr_err_ratelimited("dsm: cannot re-post a receive to node %u\n", peer);
 }
@@ -189,11 +323,13 @@ static void dsm_on_wc(struct dsm_comm *c, const struct ib_wc *wc)
 				   ib_wc_status_msg(wc->status), wc->wr_id);
 		return;
 	}
-	if (wc->wr_id & DSM_WR_SEND)
-		dsm_reclaim(c, (wc->wr_id >> 48) & 0x7fff,
-			    wc->wr_id & ((1ULL << 48) - 1));
-	else
+	if (!(wc->wr_id & DSM_WR_SEND)) {
 		dsm_on_recv(c, wc);
+		return;
+	}
+	dsm_reclaim(c, (wc->wr_id >> 48) & 0x7f, wc->wr_id & DSM_SEQ_MASK);
+	if (wc->wr_id & DSM_WR_READ)
+		dsm_read_done(c, (wc->wr_id >> 40) & 0xff);
 }
 
 /* The one completion handler, in interrupt context: poll, re-arm, poll what slipped in. */
@@ -229,7 +365,7 @@ static int dsm_init_peer(struct dsm_comm *c, u32 id)
 		.send_cq = c->cq,
 		.recv_cq = c->cq,
 		.cap = {
-			.max_send_wr = DSM_SENDS,
+			.max_send_wr = DSM_SQ,
 			.max_recv_wr = DSM_RECVS,
 			.max_send_sge = 1,
 			.max_recv_sge = 1,
@@ -283,6 +419,7 @@ static int dsm_open_device(struct dsm_comm *c)
 		c->pd = NULL;
 		return err;
 	}
+	c->rkey = c->pd->unsafe_global_rkey;
 	c->cq = ib_create_cq(c->dev, dsm_comp_handler, NULL, c, &ca);
 	if (IS_ERR(c->cq)) {
 		err = PTR_ERR(c->cq);
@@ -302,6 +439,7 @@ int dsm_comm_open(struct dsm_comm *c, struct ib_device *dev, u32 self, u32 nodes
 	c->self = self;
 	c->nodes = nodes;
 	spin_lock_init(&c->defer_lock);
+	spin_lock_init(&c->read_lock);
 	INIT_LIST_HEAD(&c->deferred);
 	INIT_WORK(&c->defer_work, dsm_defer_work);
 	err = dsm_open_device(c);
@@ -337,8 +475,8 @@ void dsm_comm_close(struct dsm_comm *c)
 /* Our address for every peer: the QPN it must connect to is qpn[its id]. */
 int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len)
 {
-	int n = scnprintf(out, len, "node=%u lid=%u psn=%u gid=%pI6 qpns=",
-			  c->self, c->lid, c->psn, c->sgid.raw);
+	int n = scnprintf(out, len, "node=%u lid=%u psn=%u rkey=%u gid=%pI6 qpns=",
+			  c->self, c->lid, c->psn, c->rkey, c->sgid.raw);
 	u32 i;
 
 	for (i = 1; i <= c->nodes; i++)
@@ -348,7 +486,7 @@ int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len)
 }
 
 int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
-		     const union ib_gid *gid)
+		     u32 rkey, const union ib_gid *gid)
 {
 	struct rcconn_path path = {
 		.roce = c->roce,
@@ -369,6 +507,7 @@ int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
 	if (!p->qp || p->connected)
 		return -EALREADY;
 	path.dgid = *gid;
+	p->rkey = rkey;
 	err = rcconn_to_rts(p->qp, &path);
 	/* Every receive goes in before the peer can send: no RNR, no flow control. */
 	for (i = 0; !err && i < DSM_RECVS; i++)

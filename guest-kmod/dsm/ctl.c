@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * dsm control: /dev/dsm_ctl takes one text command per write() and read()
- * returns its result; the harness drives it through the guest's shell
- * (the user API, /dev/dsm with ioctl and mmap, comes with the protocol).
+ * returns its result; the harness drives it through the guest's shell.
+ * Applications use /dev/dsm (region.c, sync.c).
  *
- * Commands: open DEV SELF NODES | connect PEER lid= qpn= psn= gid= |
- *   selftest MSGS SIZE | defer N | stats | close | devices
+ * Commands: open DEV SELF NODES [PAGES] | connect PEER lid= qpn= psn= rkey= gid= |
+ *   config handler=irq|process readfault=write|read | selftest MSGS SIZE |
+ *   defer N | stats | close | devices
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -22,27 +23,51 @@ static int dsm_cmd_run(char *cmd, char *args);
 static struct ctldev dsm_ctl = { .run = dsm_cmd_run };
 static struct dsm_comm *comm;
 
+#define DSM_DEFAULT_PAGES	2048
+
+int dsm_dispatch(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq)
+{
+	const struct dsm_msg_hdr *h = msg;
+
+	if (len >= sizeof(*h) && le16_to_cpu(h->type) >= DSM_PROTO_TYPE_MIN)
+		return dsm_proto_handle(c, peer, msg, len, in_irq);
+	return dsm_selftest_handle(c, peer, msg, len, in_irq);
+}
+
+static int dsm_session_close(void)
+{
+	return dsm_close(comm, false);
+}
+
 static int dsm_cmd_open(char *args)
 {
 	char name[IB_DEVICE_NAME_MAX];
+	u32 self, nodes, pages = DSM_DEFAULT_PAGES;
 	struct ib_device *dev;
-	u32 self, nodes;
 	int err;
 
-	if (sscanf(args, "%63s %u %u", name, &self, &nodes) != 3)
+	if (sscanf(args, "%63s %u %u %u", name, &self, &nodes, &pages) < 3)
 		return -EINVAL;
 	dev = ctldev_find(&dsm_ctl, name);
 	if (!dev)
 		return -ENODEV;
-	dsm_comm_close(comm);
-	comm->handle = dsm_selftest_handle;
+	err = dsm_session_close();
+	if (err)
+		return err;
+	comm->handle = dsm_dispatch;
 	err = dsm_comm_open(comm, dev, self, nodes);
-	return err ?: dsm_comm_addr(comm, dsm_ctl.result, sizeof(dsm_ctl.result));
+	if (!err)
+		err = dsm_proto_open(comm, pages);
+	if (err) {
+		dsm_close(comm, true);
+		return err;
+	}
+	return dsm_comm_addr(comm, dsm_ctl.result, sizeof(dsm_ctl.result));
 }
 
 static int dsm_cmd_connect(char *args)
 {
-	u32 peer, lid = 0, qpn = 0, psn = 0, seen = 0;
+	u32 peer, lid = 0, qpn = 0, psn = 0, rkey = 0, seen = 0;
 	union ib_gid gid = {};
 	char *tok, *val;
 
@@ -62,16 +87,36 @@ static int dsm_cmd_connect(char *args)
 			seen |= 4;
 		else if (!strcmp(tok, "gid") && in6_pton(val, -1, gid.raw, -1, NULL))
 			seen |= 8;
+		else if (!strcmp(tok, "rkey") && !kstrtou32(val, 0, &rkey))
+			seen |= 16;
 	}
-	if (seen != 15 || !comm->dev)
+	if (seen != 31 || !comm->dev)
 		return -EINVAL;
-	return dsm_comm_connect(comm, peer, lid, qpn, psn, &gid);
+	return dsm_comm_connect(comm, peer, lid, qpn, psn, rkey, &gid);
+}
+
+static int dsm_cmd_config(char *args)
+{
+	char handler[16], readfault[16];
+
+	if (!comm->proto ||
+	    sscanf(args, "handler=%15s readfault=%15s", handler, readfault) != 2)
+		return -EINVAL;
+	if ((strcmp(handler, "irq") && strcmp(handler, "process")) ||
+	    (strcmp(readfault, "write") && strcmp(readfault, "read")))
+		return -EINVAL;
+	dsm_proto_config(comm->proto, !strcmp(handler, "process"),
+			 !strcmp(readfault, "read"));
+	return 0;
 }
 
 static int dsm_cmd_stats(void)
 {
 	struct dsm_stats *s = &comm->stats;
 
+	if (comm->proto)
+		return dsm_proto_stats(comm->proto, dsm_ctl.result,
+				       sizeof(dsm_ctl.result));
 	return scnprintf(dsm_ctl.result, sizeof(dsm_ctl.result),
 			 "sent=%lld received=%lld deferred=%lld send_busy=%lld cqe_errors=%lld\n",
 			 atomic64_read(&s->sent), atomic64_read(&s->received),
@@ -91,10 +136,10 @@ static int dsm_cmd_run(char *cmd, char *args)
 		return dsm_cmd_stats();
 	if (!strcmp(cmd, "devices"))
 		return ctldev_list(&dsm_ctl);
-	if (!strcmp(cmd, "close")) {
-		dsm_comm_close(comm);
-		return 0;
-	}
+	if (!strcmp(cmd, "close"))
+		return dsm_session_close();
+	if (!strcmp(cmd, "config"))
+		return dsm_cmd_config(args);
 	if (!strcmp(cmd, "defer")) {
 		if (kstrtou32(args, 0, &a))
 			return -EINVAL;
@@ -137,10 +182,15 @@ static int dsm_add_one(struct ib_device *dev)
 	return ctldev_add(&dsm_ctl, dev);
 }
 
+/*
+ * The device is going: its QPs must go now, even under an application
+ * (which then waits for answers that never come, and gets SIGBUS); the
+ * space stays until the last file using it closes.
+ */
 static void dsm_gone(struct ib_device *dev)
 {
 	if (comm->dev == dev)
-		dsm_comm_close(comm);
+		dsm_close(comm, true);
 }
 
 /* A device going away (driver unload) takes the DSM's connections along. */
@@ -187,7 +237,7 @@ static void __exit dsm_exit(void)
 {
 	misc_deregister(&dsm_ctl_dev);
 	mutex_lock(&dsm_ctl.lock);
-	dsm_comm_close(comm);
+	dsm_close(comm, true);
 	mutex_unlock(&dsm_ctl.lock);
 	ib_unregister_client(&dsm_client);
 	dsm_region_exit();
@@ -196,5 +246,5 @@ static void __exit dsm_exit(void)
 
 module_init(dsm_init);
 module_exit(dsm_exit);
-MODULE_DESCRIPTION("hcabench kernel DSM: communication layer (issue 5, in progress)");
+MODULE_DESCRIPTION("hcabench kernel DSM: sequentially consistent shared memory over verbs");
 MODULE_LICENSE("GPL");

@@ -1,21 +1,25 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * DSM memory: /dev/dsm mmap gives a process a region of kernel pages
- * mapped with special (PFN) PTEs, and dsm_protect() is the paper's
+ * mapped with special (PFN) PTEs: the DSM session's shared space when one
+ * is open, else a private scratch region. dsm_protect() is the paper's
  * section 3.3 primitive: one call changes any group of the region's pages
  * to none, read or read-write by editing the PTEs directly. No VMA or
  * other MM structure changes, nothing sleeps, and the locks are tried,
  * never waited for: a busy lock fails the call (-EAGAIN) for a retry, so
  * it may be attempted from the completion handler. A missing or
- * read-only PTE faults into this file's vm_ops (SIGBUS until the
- * coherence protocol handles DSM faults there).
+ * read-only PTE faults into this file's vm_ops: the coherence protocol's
+ * read and write faults for the shared space, SIGBUS for a scratch region.
+ * A region not mapped (yet, or any more) keeps its protections in prot[]
+ * alone; mmap applies them.
  *
  * Locking: r->lock (irqsave, tried) makes the region's PTE edits and
  * teardown exclusive: the MMU notifier marks a region dead under it before
  * the kernel unmaps the range and frees its page tables, so the primitive
  * never walks freed tables. Each PTE page's own lock (split ptlock, also
  * tried) orders our edits with the kernel's. dsm_regions_lock guards the
- * list of live regions the notifier searches.
+ * list of live regions the notifier searches; dsm_space_lock (a mutex)
+ * the published shared space and its users.
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -26,10 +30,13 @@
 #include <linux/smp.h>
 #include <asm/tlbflush.h>
 #include "region.h"
+#include "proto.h"
 
 #define DSM_MAX_REGION_PAGES	65536
 
 struct dsm_region {
+	struct kref ref;
+	struct dsm_proto *proto;	/* the session's space; NULL: scratch */
 	struct list_head link;
 	struct mm_struct *mm;
 	struct vm_area_struct *vma;
@@ -39,11 +46,13 @@ struct dsm_region {
 	struct page **pages;
 	u8 *prot;		/* DSM_PROT_* per page */
 	spinlock_t lock;
-	bool dead;
+	bool dead;		/* no PTEs to edit: not mapped, or being unmapped */
 };
 
 static DEFINE_SPINLOCK(dsm_regions_lock);
 static LIST_HEAD(dsm_regions);
+static DEFINE_MUTEX(dsm_space_lock);
+static struct dsm_region *dsm_space;
 
 static void dsm_regions_kill(struct mm_struct *mm, unsigned long start,
 			     unsigned long end)
@@ -103,8 +112,12 @@ static pte_t dsm_pte(struct dsm_region *r, u32 i, int prot)
 	return pte_mkspecial(pfn_pte(page_to_pfn(r->pages[i]), vm_get_page_prot(f)));
 }
 
-/* Edits one PTE under its page-table page's lock, which *held caches. */
-static int dsm_set_pte(struct dsm_region *r, u32 i, int prot, spinlock_t **held)
+/*
+ * Edits one PTE under its page-table page's lock, which *held caches;
+ * tried only, unless wait (process context, nothing else can hold it).
+ */
+static int dsm_set_pte(struct dsm_region *r, u32 i, int prot, spinlock_t **held,
+		       bool wait)
 {
 	unsigned long addr = r->start + ((unsigned long)i << PAGE_SHIFT);
 	pgd_t *pgd = pgd_offset(r->mm, addr);
@@ -128,7 +141,9 @@ static int dsm_set_pte(struct dsm_region *r, u32 i, int prot, spinlock_t **held)
 		if (*held)
 			spin_unlock(*held);
 		*held = NULL;
-		if (!spin_trylock(ptl))
+		if (wait)
+			spin_lock(ptl);
+		else if (!spin_trylock(ptl))
 			return -EAGAIN;
 		*held = ptl;
 	}
@@ -195,16 +210,16 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 		return -EAGAIN;
 	if (!spin_trylock_irqsave(&r->lock, flags))
 		return -EAGAIN;
-	if (r->dead) {
-		spin_unlock_irqrestore(&r->lock, flags);
-		return -ENXIO;
-	}
 	for (k = 0; k < n && !err; k++) {
 		if (pages[k] >= r->npages) {
 			err = -EINVAL;
 			break;
 		}
-		err = dsm_set_pte(r, pages[k], prot, &held);
+		if (r->dead) {
+			r->prot[pages[k]] = prot;
+			continue;
+		}
+		err = dsm_set_pte(r, pages[k], prot, &held, false);
 		addr = r->start + ((unsigned long)pages[k] << PAGE_SHIFT);
 		lo = min(lo, addr);
 		hi = max(hi, addr + PAGE_SIZE);
@@ -212,23 +227,51 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 	if (held)
 		spin_unlock(held);
 	spin_unlock_irqrestore(&r->lock, flags);
-	if (hi > lo)
+	if (hi > lo && !r->dead)
 		dsm_flush_tlb(r, pages, k);
 	return err;
 }
 
+struct page *dsm_region_page(struct dsm_region *r, u32 i)
+{
+	return r->pages[i];
+}
+
+int dsm_region_prot(struct dsm_region *r, u32 i)
+{
+	return READ_ONCE(r->prot[i]);
+}
+
+/* The shared space's faults are the protocol's (sync entry points; may sleep). */
+static vm_fault_t dsm_space_fault(struct dsm_region *r, unsigned long addr,
+				  bool write)
+{
+	u32 i = (addr - r->start) >> PAGE_SHIFT;
+
+	if (i >= r->npages)
+		return VM_FAULT_SIGBUS;
+	return dsm_proto_fault(r->proto, i, write);
+}
+
+/* A page with no PTE: protected to none. */
 static vm_fault_t dsm_fault(struct vm_fault *vmf)
 {
-	/* A page protected to none: the protocol's read fault, once it exists. */
+	struct dsm_region *r = vmf->vma->vm_private_data;
+
+	if (r->proto)
+		return dsm_space_fault(r, vmf->address,
+				       vmf->flags & FAULT_FLAG_WRITE);
 	return VM_FAULT_SIGBUS;
 }
 
+/* A write to a read-only PTE. */
 static vm_fault_t dsm_pfn_mkwrite(struct vm_fault *vmf)
 {
 	struct dsm_region *r = vmf->vma->vm_private_data;
 	u32 i = (vmf->address - r->start) >> PAGE_SHIFT;
 
-	/* Read-only by the primitive: the protocol's write fault, once it exists. */
+	if (r->proto)
+		return dsm_space_fault(r, vmf->address, true);
 	return i < r->npages && r->prot[i] == DSM_PROT_RW ? 0 : VM_FAULT_SIGBUS;
 }
 
@@ -247,6 +290,7 @@ static void dsm_vma_close(struct vm_area_struct *vma)
 	spin_unlock(&dsm_regions_lock);
 	spin_lock_irqsave(&r->lock, flags);
 	r->dead = true;
+	r->mm = NULL;
 	spin_unlock_irqrestore(&r->lock, flags);
 	mmu_notifier_put(r->mn);
 	r->mn = NULL;
@@ -259,8 +303,9 @@ static const struct vm_operations_struct dsm_vm_ops = {
 	.close = dsm_vma_close,
 };
 
-static void dsm_region_free(struct dsm_region *r)
+static void dsm_region_free(struct kref *ref)
 {
+	struct dsm_region *r = container_of(ref, struct dsm_region, ref);
 	u32 i;
 
 	if (r->pages)
@@ -272,87 +317,170 @@ static void dsm_region_free(struct dsm_region *r)
 	kfree(r);
 }
 
-static int dsm_region_fill(struct dsm_region *r, struct vm_area_struct *vma)
+void dsm_region_put(struct dsm_region *r)
 {
+	if (r)
+		kref_put(&r->ref, dsm_region_free);
+}
+
+static struct dsm_region *dsm_region_alloc(u32 npages, int prot)
+{
+	struct dsm_region *r = kzalloc(sizeof(*r), GFP_KERNEL);
+	u32 i;
+
+	if (!r)
+		return NULL;
+	kref_init(&r->ref);
+	INIT_LIST_HEAD(&r->link);
+	spin_lock_init(&r->lock);
+	r->dead = true;
+	r->npages = npages;
+	r->pages = kvcalloc(npages, sizeof(*r->pages), GFP_KERNEL);
+	r->prot = kvcalloc(npages, 1, GFP_KERNEL);
+	if (!r->pages || !r->prot)
+		goto err;
+	for (i = 0; i < npages; i++) {
+		r->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!r->pages[i])
+			goto err;
+		r->prot[i] = prot;
+	}
+	return r;
+err:
+	dsm_region_put(r);
+	return NULL;
+}
+
+struct dsm_region *dsm_region_create(u32 npages)
+{
+	if (!npages || npages > DSM_MAX_REGION_PAGES)
+		return NULL;
+	return dsm_region_alloc(npages, DSM_PROT_NONE);
+}
+
+/*
+ * Maps every page read-write (so the page tables exist), then, once the
+ * primitive may edit them (dead cleared under r->lock), applies prot[]:
+ * protections changed meanwhile (the protocol runs in interrupts) are in
+ * prot[] and nobody can touch the range before mmap returns.
+ */
+static int dsm_region_map(struct dsm_region *r, struct vm_area_struct *vma)
+{
+	spinlock_t *held = NULL;
+	unsigned long flags;
 	u32 i;
 	int err;
 
-	r->pages = kvcalloc(r->npages, sizeof(*r->pages), GFP_KERNEL);
-	r->prot = kvcalloc(r->npages, 1, GFP_KERNEL);
-	if (!r->pages || !r->prot)
-		return -ENOMEM;
 	for (i = 0; i < r->npages; i++) {
-		r->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
-		if (!r->pages[i])
-			return -ENOMEM;
-		r->prot[i] = DSM_PROT_RW;
 		err = remap_pfn_range(vma, r->start + ((unsigned long)i << PAGE_SHIFT),
 				      page_to_pfn(r->pages[i]), PAGE_SIZE,
 				      vm_get_page_prot(VM_READ | VM_WRITE | VM_SHARED));
 		if (err)
 			return err;
 	}
-	return 0;
+	spin_lock_irqsave(&r->lock, flags);
+	r->dead = false;
+	for (i = 0; i < r->npages && !err; i++)
+		if (r->prot[i] != DSM_PROT_RW)
+			err = dsm_set_pte(r, i, r->prot[i], &held, true);
+	if (held)
+		spin_unlock(held);
+	if (err)
+		r->dead = true;
+	spin_unlock_irqrestore(&r->lock, flags);
+	__flush_tlb_all();
+	return err;
 }
 
-/* One region per open file; the caller holds mmap_lock for writing. */
+/* One mapping per region at a time; the caller holds mmap_lock for writing. */
 static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
 {
 	unsigned long len = vma->vm_end - vma->vm_start;
-	struct dsm_region *r;
+	struct dsm_region *r = f->private_data;
 	int err;
 
-	if (f->private_data || !(vma->vm_flags & VM_SHARED) || vma->vm_pgoff ||
+	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff ||
 	    len > (unsigned long)DSM_MAX_REGION_PAGES << PAGE_SHIFT)
 		return -EINVAL;
-	r = kzalloc(sizeof(*r), GFP_KERNEL);
-	if (!r)
-		return -ENOMEM;
-	INIT_LIST_HEAD(&r->link);
-	spin_lock_init(&r->lock);
+	if (!r) {
+		r = dsm_region_alloc(len >> PAGE_SHIFT, DSM_PROT_RW);
+		if (!r)
+			return -ENOMEM;
+		f->private_data = r;
+	}
+	if (len != (unsigned long)r->npages << PAGE_SHIFT)
+		return -EINVAL;
+	if (!list_empty(&r->link) || r->mm)
+		return -EBUSY;
 	r->mm = vma->vm_mm;
 	r->vma = vma;
 	r->start = vma->vm_start;
-	r->npages = len >> PAGE_SHIFT;
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY;
-	err = dsm_region_fill(r, vma);
+	err = dsm_region_map(r, vma);
 	if (err)
-		goto err_free;
+		goto err_unmap;
 	r->mn = mmu_notifier_get_locked(&dsm_mn_ops, vma->vm_mm);
 	if (IS_ERR(r->mn)) {
 		err = PTR_ERR(r->mn);
-		goto err_free;
+		r->mn = NULL;
+		goto err_unmap;
 	}
 	vma->vm_private_data = r;
 	vma->vm_ops = &dsm_vm_ops;
 	spin_lock(&dsm_regions_lock);
 	list_add(&r->link, &dsm_regions);
 	spin_unlock(&dsm_regions_lock);
-	f->private_data = r;
 	return 0;
 
-err_free:
+err_unmap:
 	/* Nothing may map the pages once they are freed. */
+	r->dead = true;
 	zap_vma_ptes(vma, vma->vm_start, len);
-	dsm_region_free(r);
+	r->mm = NULL;
 	return err;
 }
 
-/* misc_open left the miscdevice in private_data; this file's region goes there. */
+void dsm_region_publish(struct dsm_region *r, struct dsm_proto *d)
+{
+	mutex_lock(&dsm_space_lock);
+	if (r)
+		r->proto = d;
+	dsm_space = r;
+	mutex_unlock(&dsm_space_lock);
+}
+
+/*
+ * An open file uses the published shared space (holding a reference, so
+ * the session cannot close under it), or later maps a scratch region.
+ */
 static int dsm_open(struct inode *inode, struct file *f)
 {
-	f->private_data = NULL;
+	mutex_lock(&dsm_space_lock);
+	f->private_data = dsm_space;
+	if (dsm_space)
+		kref_get(&dsm_space->ref);
+	mutex_unlock(&dsm_space_lock);
 	return 0;
 }
 
+/* The VMA (which held the file) is gone, so nothing maps the pages. */
 static int dsm_release(struct inode *inode, struct file *f)
 {
-	struct dsm_region *r = f->private_data;
-
-	/* The VMA (which held the file) is gone, so nothing maps the pages. */
-	if (r)
-		dsm_region_free(r);
+	dsm_region_put(f->private_data);
 	return 0;
+}
+
+/* Unpublishes the space if no file uses it (the session may close then). */
+bool dsm_region_retract(struct dsm_region *r)
+{
+	bool unused;
+
+	mutex_lock(&dsm_space_lock);
+	unused = kref_read(&r->ref) == 1;
+	if (unused && dsm_space == r)
+		dsm_space = NULL;
+	mutex_unlock(&dsm_space_lock);
+	return unused;
 }
 
 static long dsm_ioctl_protect(struct dsm_region *r, void __user *arg)
@@ -362,6 +490,9 @@ static long dsm_ioctl_protect(struct dsm_region *r, void __user *arg)
 	u32 *pages;
 	int err, tries = 0;
 
+	/* The shared space's protections are the protocol's alone. */
+	if (r->proto)
+		return -EPERM;
 	if (copy_from_user(&req, arg, sizeof(req)))
 		return -EFAULT;
 	if (!req.n || req.n > r->npages)
@@ -384,14 +515,11 @@ static long dsm_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
 	struct dsm_region *r = f->private_data;
 
-	if (!r)
-		return -ENXIO;
-	switch (cmd) {
-	case DSM_IOC_PROTECT:
-		return dsm_ioctl_protect(r, (void __user *)arg);
-	default:
-		return -ENOTTY;
-	}
+	if (cmd == DSM_IOC_PROTECT)
+		return r ? dsm_ioctl_protect(r, (void __user *)arg) : -ENXIO;
+	if (!r || !r->proto)
+		return -ENOTCONN;
+	return dsm_proto_ioctl(r->proto, cmd, (void __user *)arg);
 }
 
 static const struct file_operations dsm_fops = {

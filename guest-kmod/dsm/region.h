@@ -1,34 +1,28 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * DSM memory regions (/dev/dsm mmap) and the page-protection primitive.
- * Shared with user space: the ioctl ABI below.
+ * DSM memory regions and the page-protection primitive. A region is a
+ * set of kernel pages with a protection per page; /dev/dsm maps it into
+ * one process with special (PFN) PTEs that follow those protections.
  */
 #ifndef DSM_REGION_H
 #define DSM_REGION_H
 
-#include <linux/types.h>
-#include <linux/ioctl.h>
+#include "uapi.h"
 
-#define DSM_PROT_NONE	0
-#define DSM_PROT_READ	1
-#define DSM_PROT_RW	2
-
-/* Change the protection of pages[0..n) (page indices in the region). */
-struct dsm_protect_req {
-	__u64 pages;	/* user pointer to __u32 page indices */
-	__u32 n;
-	__u32 prot;	/* DSM_PROT_* */
-	__u32 atomic;	/* run the primitive with interrupts off (as a handler would) */
-	__u32 rsvd;
-};
-
-#define DSM_IOC_PROTECT	_IOW('D', 1, struct dsm_protect_req)
-
-#ifdef __KERNEL__
 struct dsm_region;
+struct dsm_proto;
+
 int dsm_region_init(void);
 void dsm_region_exit(void);
 int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot);
-#endif
+
+/* The shared space of a DSM session: npages zeroed pages, all DSM_PROT_NONE. */
+struct dsm_region *dsm_region_create(u32 npages);
+void dsm_region_put(struct dsm_region *r);
+struct page *dsm_region_page(struct dsm_region *r, u32 i);
+int dsm_region_prot(struct dsm_region *r, u32 i);
+/* The session whose space /dev/dsm maps (NULL: none); serialised by the caller. */
+void dsm_region_publish(struct dsm_region *r, struct dsm_proto *d);
+bool dsm_region_retract(struct dsm_region *r);
 
 #endif /* DSM_REGION_H */

@@ -18,7 +18,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include "../dsm/region.h"
+#include "../dsm/uapi.h"
 
 #define PAGES	64
 

@@ -5,6 +5,7 @@ mod bench;
 mod config;
 mod console;
 mod daemon;
+mod dsmrun;
 mod rundir;
 
 use std::path::PathBuf;
@@ -47,18 +48,39 @@ enum Cmd {
         /// The node, e.g. node2
         node: String,
     },
-    /// Run a job on the cluster (booting one first if none is up)
+    /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
+    /// on a fresh cluster of its own
+    ///
+    /// DSM applications (static guest programs over the kernel DSM): sor, is, lu, tsp,
+    /// nbody. Each node runs one process; node 1 checks the result against a sequential
+    /// run; the table shows each node's time, DSM faults, messages and page data.
+    /// Example: `hcabench run sor --nodes 4 -- 258 1024 20` (arguments after `--` go to the
+    /// application: sor ROWS COLS ITERS, is KEYS MAXKEY ITERS, lu N, tsp CITIES,
+    /// nbody BODIES STEPS).
     Run {
-        /// The job: `probe` prints each guest's HCA check and doorbell round trips
-        /// (DSM applications come with the DSM module)
+        /// The job: probe, sor, is, lu, tsp or nbody
         app: String,
         #[command(flatten)]
         up: UpArgs,
+        /// DSM transport: the hcabench HCA, or SoftRoCE on 2 nodes
+        #[arg(long, value_enum, default_value = "hca")]
+        transport: dsmrun::Transport,
+        /// Guest image directory (DSM applications)
+        #[arg(long, default_value = "target/images")]
+        image_dir: PathBuf,
+        /// Keep the guests' console logs afterwards (DSM applications)
+        #[arg(long)]
+        keep: bool,
+        /// Arguments for the application
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Run a benchmark in its own pair of guests and print a table
     ///
-    /// `dsm`: the DSM's page-protection primitive against mprotect for groups of 1, 16 and 32
-    /// pages in one guest (the rest of the DSM bench comes with the protocol).
+    /// `dsm`: on two guests, remote read- and write-fault latency with the protocol run in
+    /// the completion handler and in process context, read faults served by RDMA Write and
+    /// by RDMA Read; and the page-protection primitive against mprotect for groups of 1, 16
+    /// and 32 pages.
     ///
     /// `verbs`: kernel RC ping-pong round trips with the receiver handling completions by
     /// polling, in the interrupt handler, in a workqueue and in a woken user process (the
@@ -115,7 +137,20 @@ fn main() -> ExitCode {
         Cmd::Down => down(&run),
         Cmd::Status => status(&run),
         Cmd::Console { node } => console_cmd(&run, &node),
-        Cmd::Run { app, up: a } => run_app(&run, &app, &a),
+        Cmd::Run {
+            app,
+            up: a,
+            transport,
+            image_dir,
+            keep,
+            args,
+        } => {
+            if app == "probe" {
+                run_probe(&run, &a)
+            } else {
+                dsm_app(&a, app, transport, image_dir, keep, args)
+            }
+        }
         Cmd::Bench {
             what,
             iters,
@@ -311,13 +346,30 @@ fn console_cmd(run: &RunDir, node: &str) -> Result<(), String> {
     console::attach(&n.console_socket, &n.name)
 }
 
-fn run_app(run: &RunDir, app: &str, a: &UpArgs) -> Result<(), String> {
-    if app != "probe" {
-        return Err(format!(
-            "unknown job `{app}`; available: probe (DSM applications such as sor come with \
-             the DSM module)"
-        ));
-    }
+fn dsm_app(
+    a: &UpArgs,
+    app: String,
+    transport: dsmrun::Transport,
+    image_dir: PathBuf,
+    keep: bool,
+    args: Vec<String>,
+) -> Result<(), String> {
+    let nodes = match a.nodes {
+        Some(n) => n,
+        None => load_config(a)?.nodes,
+    };
+    dsmrun::run(&dsmrun::RunOpts {
+        app,
+        nodes,
+        transport,
+        args,
+        image_dir,
+        boot_timeout: Duration::from_secs(a.timeout),
+        keep,
+    })
+}
+
+fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
     let state = match run.live_state() {
         Some(s) => s,
         None => up(run, a)?,

@@ -1,0 +1,691 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The protocol's asynchronous entry points: every message handler runs
+ * under the protocol lock, first in the completion handler (interrupt
+ * context). A handler first reserves what it needs (send buffers, queue
+ * entries) and changes page protections, and only then changes state and
+ * sends; any shortage (a busy lock included) returns -EAGAIN with nothing
+ * changed, and the communication layer hands the message to process
+ * context. Messages to ourselves queue on d->selfq and run right after
+ * the handler that sent them, in the same context.
+ *
+ * A transaction on a page is serialised by its manager (busy from the
+ * request to the requester's confirmation; later requests wait in a
+ * queue). Read: the owner downgrades to read-only and RDMA-Writes the
+ * page into the requester's frame before its DATA message (or, with
+ * rdma_read and an owner already read-only, the requester RDMA-Reads it
+ * without disturbing the owner). Write: the manager invalidates every
+ * other copy and collects the acks, then the owner drops its copy and
+ * sends the data (none if the requester holds a valid read copy).
+ */
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+#include <linux/delay.h>
+#include "proto.h"
+#include "proto_int.h"
+#include "region.h"
+
+/* A message being built: a send buffer to a peer, or a self message. */
+struct dsm_out {
+	u32 to, slot;
+	struct dsm_pmsg *m;
+	struct dsm_selfmsg *sm;
+	u64 src, dst;		/* page data by RDMA Write when dst != 0 */
+};
+
+static int out_reserve(struct dsm_proto *d, struct dsm_out *o, u32 to)
+{
+	o->to = to;
+	o->dst = 0;
+	o->sm = NULL;
+	if (to == d->self) {
+		o->sm = kmalloc(sizeof(*o->sm), GFP_ATOMIC);
+		o->m = o->sm ? &o->sm->m : NULL;
+	} else {
+		o->m = dsm_msg_reserve(d->c, to, &o->slot);
+	}
+	return o->m ? 0 : -EAGAIN;
+}
+
+static void out_cancel(struct dsm_proto *d, struct dsm_out *o)
+{
+	if (o->to == d->self)
+		kfree(o->sm);
+	else
+		dsm_msg_unreserve(d->c, o->to, o->slot);
+}
+
+static int out_reserve_n(struct dsm_proto *d, struct dsm_out *o, const u32 *to,
+			 u32 n)
+{
+	u32 k;
+
+	for (k = 0; k < n; k++) {
+		if (out_reserve(d, &o[k], to[k])) {
+			while (k--)
+				out_cancel(d, &o[k]);
+			return -EAGAIN;
+		}
+	}
+	return 0;
+}
+
+static void out_post(struct dsm_proto *d, struct dsm_out *o, u32 type, u32 arg,
+		     u32 node, u32 flags, u64 addr)
+{
+	struct dsm_pmsg *m = o->m;
+	int err;
+
+	m->h.type = cpu_to_le16(type);
+	m->h.from = cpu_to_le16(d->self);
+	m->h.seq = 0;
+	m->arg = cpu_to_le32(arg);
+	m->node = cpu_to_le16(node);
+	m->flags = cpu_to_le16(flags);
+	m->addr = cpu_to_le64(addr);
+	if (o->to == d->self) {
+		list_add_tail(&o->sm->link, &d->selfq);
+		return;
+	}
+	if (o->dst)
+		err = dsm_msg_send_data(d->c, o->to, o->slot, sizeof(*m), o->src,
+					o->dst, PAGE_SIZE);
+	else
+		err = dsm_msg_send(d->c, o->to, o->slot, sizeof(*m), false);
+	if (err) {
+		/* The send queue is sized for every buffer: the QP is broken. */
+		dsm_msg_unreserve(d->c, o->to, o->slot);
+		atomic64_inc(&d->st.protocol_errors);
+		pr_err_ratelimited("dsm: message %u to node %u lost: %d\n", type,
+				   o->to, err);
+	}
+}
+
+/* One message, reserved and posted at once (nothing to change in between). */
+static int send1(struct dsm_proto *d, u32 to, u32 type, u32 arg, u32 node,
+		 u64 addr)
+{
+	struct dsm_out o;
+
+	if (out_reserve(d, &o, to))
+		return -EAGAIN;
+	out_post(d, &o, type, arg, node, 0, addr);
+	return 0;
+}
+
+static int protect1(struct dsm_proto *d, u32 page, int prot)
+{
+	return dsm_protect(d->r, &page, 1, prot);
+}
+
+static void wake_page(struct dsm_proto *d, u32 page)
+{
+	WRITE_ONCE(d->grants[page], d->grants[page] + 1);
+	wake_up_all(&d->wq);
+}
+
+static void proto_error(struct dsm_proto *d, const char *what, u32 from, u32 arg)
+{
+	atomic64_inc(&d->st.protocol_errors);
+	pr_err_ratelimited("dsm: protocol error: %s (from node %u, arg %u)\n",
+			   what, from, arg);
+}
+
+/* ---- manager: starting and finishing transactions ---- */
+
+/* Write, after the invalidations: the owner hands over (or we grant an upgrade). */
+static int mgr_write_handover(struct dsm_proto *d, u32 page)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+	u32 w = mp->req_from;
+	struct dsm_out o;
+
+	if (out_reserve(d, &o, mp->owner))
+		return -EAGAIN;
+	if (mp->owner == w)
+		out_post(d, &o, DSM_DATA_WRITE, page, w, 0, 0);
+	else
+		out_post(d, &o, DSM_FWD_WRITE, page, w,
+			 mp->copyset & BIT(w - 1) ? 0 : DSM_F_DATA, mp->req_addr);
+	return 0;
+}
+
+static int mgr_start_read(struct dsm_proto *d, u32 page, u32 from, u64 addr)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+	bool fetch = d->rdma_read && mp->owner_ro;
+	struct dsm_out o;
+
+	if (out_reserve(d, &o, fetch ? from : mp->owner))
+		return -EAGAIN;
+	if (fetch)
+		out_post(d, &o, DSM_FETCH, page, mp->owner, 0, mp->owner_addr);
+	else
+		out_post(d, &o, DSM_FWD_READ, page, from, 0, addr);
+	return 0;
+}
+
+static int mgr_start_write(struct dsm_proto *d, u32 page, u32 from, u64 addr)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+	u16 inv = mp->copyset & ~BIT(from - 1) & ~BIT(mp->owner - 1);
+	struct dsm_out o[DSM_MAX_NODES];
+	u32 to[DSM_MAX_NODES], n = 0, k;
+
+	for (k = 1; k <= d->nodes; k++)
+		if (inv & BIT(k - 1))
+			to[n++] = k;
+	if (!n) {
+		mp->req_from = from;
+		mp->req_addr = addr;
+		return mgr_write_handover(d, page);
+	}
+	if (out_reserve_n(d, o, to, n))
+		return -EAGAIN;
+	mp->acks_left = n;
+	for (k = 0; k < n; k++)
+		out_post(d, &o[k], DSM_INV, page, 0, 0, 0);
+	return 0;
+}
+
+/* Opens a transaction on an idle page; -EAGAIN: nothing changed. */
+static int mgr_start(struct dsm_proto *d, u32 page, u32 from, u32 kind, u64 addr)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+	int err;
+
+	mp->req_from = from;
+	mp->req_addr = addr;
+	mp->req_kind = kind;
+	err = kind == DSM_REQ_READ ? mgr_start_read(d, page, from, addr) :
+				     mgr_start_write(d, page, from, addr);
+	if (!err)
+		mp->busy = 1;
+	return err;
+}
+
+/* Starts the next queued request on each idle page; what cannot start now is retried later. */
+static void mgr_run_waiters(struct dsm_proto *d)
+{
+	struct dsm_waiter *w, *n;
+
+	list_for_each_entry_safe(w, n, &d->waiting, link) {
+		if (d->mgr[w->page].busy)
+			continue;
+		if (mgr_start(d, w->page, w->from, w->kind, w->addr)) {
+			schedule_work(&d->self_work);
+			return;
+		}
+		list_move(&w->link, &d->free_waiters);
+	}
+}
+
+static int on_request(struct dsm_proto *d, u32 from, u32 type, u32 page, u64 addr)
+{
+	struct dsm_waiter *w;
+
+	if (dsm_manager(d, page) != d->self) {
+		proto_error(d, "request to a page we do not manage", from, page);
+		return 0;
+	}
+	if (!d->mgr[page].busy && !list_empty(&d->waiting))
+		mgr_run_waiters(d);
+	if (!d->mgr[page].busy)
+		return mgr_start(d, page, from, type, addr);
+	w = list_first_entry_or_null(&d->free_waiters, struct dsm_waiter, link);
+	if (!w)
+		return -EAGAIN;
+	w->page = page;
+	w->from = from;
+	w->kind = type;
+	w->addr = addr;
+	list_move_tail(&w->link, &d->waiting);
+	return 0;
+}
+
+static int on_inv_ack(struct dsm_proto *d, u32 from, u32 page)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+
+	if (!mp->busy || !mp->acks_left) {
+		proto_error(d, "unexpected invalidation ack", from, page);
+		return 0;
+	}
+	if (mp->acks_left == 1 && mgr_write_handover(d, page))
+		return -EAGAIN;
+	mp->acks_left--;
+	return 0;
+}
+
+static int on_confirm(struct dsm_proto *d, u32 from, u32 type, u32 page, u64 addr)
+{
+	struct dsm_mgr_page *mp = &d->mgr[page];
+
+	if (!mp->busy || mp->req_from != from || mp->acks_left) {
+		proto_error(d, "unexpected confirmation", from, page);
+		return 0;
+	}
+	if (type == DSM_CONFIRM_READ) {
+		mp->copyset |= BIT(from - 1);
+		mp->owner_ro = 1;
+	} else {
+		mp->owner = from;
+		mp->owner_addr = addr;
+		mp->copyset = 0;
+		mp->owner_ro = 0;
+	}
+	mp->busy = 0;
+	mgr_run_waiters(d);
+	return 0;
+}
+
+/* ---- owner and copy holders ---- */
+
+static int on_forward(struct dsm_proto *d, u32 type, u32 page, u32 to, u32 flags,
+		      u64 addr)
+{
+	int prot = type == DSM_FWD_READ ? DSM_PROT_READ : DSM_PROT_NONE;
+	struct dsm_out o;
+
+	if (dsm_region_prot(d->r, page) == DSM_PROT_NONE || to == d->self ||
+	    to < 1 || to > d->nodes) {
+		proto_error(d, "forward to a node that is not the owner", to, page);
+		return 0;
+	}
+	if (out_reserve(d, &o, to))
+		return -EAGAIN;
+	/* No writes of ours may race the copy: protect first. */
+	if (protect1(d, page, prot)) {
+		out_cancel(d, &o);
+		return -EAGAIN;
+	}
+	if (type == DSM_FWD_READ || (flags & DSM_F_DATA)) {
+		o.src = d->dma[page];
+		o.dst = addr;
+	}
+	out_post(d, &o, type == DSM_FWD_READ ? DSM_DATA_READ : DSM_DATA_WRITE,
+		 page, 0, 0, 0);
+	return 0;
+}
+
+static int on_inv(struct dsm_proto *d, u32 from, u32 page)
+{
+	struct dsm_out o;
+
+	if (out_reserve(d, &o, from))
+		return -EAGAIN;
+	if (protect1(d, page, DSM_PROT_NONE)) {
+		out_cancel(d, &o);
+		return -EAGAIN;
+	}
+	atomic64_inc(&d->st.invalidations);
+	out_post(d, &o, DSM_INV_ACK, page, 0, 0, 0);
+	return 0;
+}
+
+/* ---- requester ---- */
+
+static int on_data(struct dsm_proto *d, u32 type, u32 page)
+{
+	bool write = type == DSM_DATA_WRITE;
+	struct dsm_out o;
+
+	if (out_reserve(d, &o, dsm_manager(d, page)))
+		return -EAGAIN;
+	if (protect1(d, page, write ? DSM_PROT_RW : DSM_PROT_READ)) {
+		out_cancel(d, &o);
+		return -EAGAIN;
+	}
+	wake_page(d, page);
+	out_post(d, &o, write ? DSM_CONFIRM_WRITE : DSM_CONFIRM_READ, page, 0, 0,
+		 d->dma[page]);
+	return 0;
+}
+
+static int on_fetch(struct dsm_proto *d, u32 page, u32 owner, u64 addr)
+{
+	struct dsm_pmsg done = {
+		.h.type = cpu_to_le16(DSM_FETCH_DONE),
+		.h.from = cpu_to_le16(d->self),
+		.arg = cpu_to_le32(page),
+	};
+
+	if (owner < 1 || owner > d->nodes || owner == d->self) {
+		proto_error(d, "fetch from a bad owner", owner, page);
+		return 0;
+	}
+	return dsm_rdma_read(d->c, owner, d->dma[page], addr, PAGE_SIZE, &done,
+			     sizeof(done)) ? -EAGAIN : 0;
+}
+
+/* ---- barrier (node 1) and lock managers ---- */
+
+static int on_bar_enter(struct dsm_proto *d, u32 from, u32 gen)
+{
+	struct dsm_out o[DSM_MAX_NODES];
+	u32 to[DSM_MAX_NODES], k;
+
+	if (d->self != 1) {
+		proto_error(d, "barrier entry at a node other than 1", from, gen);
+		return 0;
+	}
+	if (d->bar_count[gen & 1] + 1 < d->nodes) {
+		d->bar_count[gen & 1]++;
+		return 0;
+	}
+	for (k = 0; k < d->nodes; k++)
+		to[k] = k + 1;
+	if (out_reserve_n(d, o, to, d->nodes))
+		return -EAGAIN;
+	d->bar_count[gen & 1] = 0;
+	for (k = 0; k < d->nodes; k++)
+		out_post(d, &o[k], DSM_BAR_GO, gen, 0, 0, 0);
+	return 0;
+}
+
+static int on_lock_req(struct dsm_proto *d, u32 from, u32 id)
+{
+	struct dsm_lockmgr *l = &d->locks[id];
+
+	if (!l->holder) {
+		if (send1(d, from, DSM_LOCK_GRANT, id, 0, 0))
+			return -EAGAIN;
+		l->holder = from;
+		return 0;
+	}
+	if (l->qn >= DSM_MAX_NODES) {
+		proto_error(d, "lock queue overflow", from, id);
+		return 0;
+	}
+	l->q[(l->qh + l->qn++) % DSM_MAX_NODES] = from;
+	return 0;
+}
+
+static int on_unlock(struct dsm_proto *d, u32 from, u32 id)
+{
+	struct dsm_lockmgr *l = &d->locks[id];
+	u32 next;
+
+	if (l->holder != from) {
+		proto_error(d, "unlock by a node not holding the lock", from, id);
+		return 0;
+	}
+	if (!l->qn) {
+		l->holder = 0;
+		return 0;
+	}
+	next = l->q[l->qh];
+	if (send1(d, next, DSM_LOCK_GRANT, id, 0, 0))
+		return -EAGAIN;
+	l->qh = (l->qh + 1) % DSM_MAX_NODES;
+	l->qn--;
+	l->holder = next;
+	return 0;
+}
+
+/* ---- dispatch ---- */
+
+static bool msg_ok(struct dsm_proto *d, u32 type, u32 arg)
+{
+	if (type >= DSM_BAR_ENTER && type <= DSM_BAR_GO)
+		return true;
+	if (type >= DSM_LOCK_REQ)
+		return arg < DSM_LOCKS;
+	return arg < d->npages;
+}
+
+/* One message, under the protocol lock. */
+static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
+{
+	u32 type = le16_to_cpu(m->h.type), arg = le32_to_cpu(m->arg);
+	u32 node = le16_to_cpu(m->node);
+	u64 addr = le64_to_cpu(m->addr);
+
+	if (type >= DSM_TYPE_END || !msg_ok(d, type, arg)) {
+		proto_error(d, "bad message", from, type);
+		return 0;
+	}
+	switch (type) {
+	case DSM_REQ_READ:
+	case DSM_REQ_WRITE:
+		return on_request(d, from, type, arg, addr);
+	case DSM_FWD_READ:
+	case DSM_FWD_WRITE:
+		return on_forward(d, type, arg, node, le16_to_cpu(m->flags), addr);
+	case DSM_INV:
+		return on_inv(d, from, arg);
+	case DSM_INV_ACK:
+		return on_inv_ack(d, from, arg);
+	case DSM_DATA_READ:
+	case DSM_DATA_WRITE:
+		return on_data(d, type, arg);
+	case DSM_FETCH:
+		return on_fetch(d, arg, node, addr);
+	case DSM_FETCH_DONE:
+		return on_data(d, DSM_DATA_READ, arg);
+	case DSM_CONFIRM_READ:
+	case DSM_CONFIRM_WRITE:
+		return on_confirm(d, from, type, arg, addr);
+	case DSM_BAR_ENTER:
+		return on_bar_enter(d, from, arg);
+	case DSM_BAR_GO:
+		WRITE_ONCE(d->bar_done, arg);
+		wake_up_all(&d->wq);
+		return 0;
+	case DSM_LOCK_REQ:
+		return on_lock_req(d, from, arg);
+	case DSM_LOCK_GRANT:
+		WRITE_ONCE(d->lock_grants[arg], d->lock_grants[arg] + 1);
+		wake_up_all(&d->wq);
+		return 0;
+	case DSM_UNLOCK:
+		return on_unlock(d, from, arg);
+	}
+	return 0;
+}
+
+/* Our messages to ourselves, in order; a stuck one waits for self_work. */
+static void proto_drain(struct dsm_proto *d, bool in_irq)
+{
+	struct dsm_selfmsg *sm;
+
+	while ((sm = list_first_entry_or_null(&d->selfq, struct dsm_selfmsg, link))) {
+		if ((in_irq && d->process_only) || proto_msg(d, d->self, &sm->m)) {
+			schedule_work(&d->self_work);
+			return;
+		}
+		list_del(&sm->link);
+		kfree(sm);
+	}
+}
+
+static void proto_self_work(struct work_struct *w)
+{
+	struct dsm_proto *d = container_of(w, struct dsm_proto, self_work);
+	bool again;
+
+	do {
+		spin_lock(&d->lock);
+		mgr_run_waiters(d);
+		proto_drain(d, false);
+		again = !list_empty(&d->selfq);
+		spin_unlock(&d->lock);
+		if (again)
+			usleep_range(20, 100);
+	} while (again);
+}
+
+/* The communication layer's entry point for protocol messages. */
+int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq)
+{
+	struct dsm_proto *d = c->proto;
+	int err;
+
+	if (!d || len < sizeof(struct dsm_pmsg) ||
+	    le16_to_cpu(((struct dsm_pmsg *)msg)->h.from) != peer)
+		return 0;
+	if (in_irq) {
+		/* Interrupts are off: nothing of ours on this CPU holds the lock. */
+		if (READ_ONCE(d->process_only) || !spin_trylock(&d->lock))
+			return -EAGAIN;
+	} else {
+		spin_lock(&d->lock);
+	}
+	err = proto_msg(d, peer, msg);
+	if (!err) {
+		atomic64_inc(in_irq ? &d->st.handled_irq : &d->st.handled_process);
+		proto_drain(d, in_irq);
+	}
+	spin_unlock(&d->lock);
+	return err;
+}
+
+int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
+{
+	int err;
+
+	for (;;) {
+		if (READ_ONCE(d->dead))
+			return -ENODEV;
+		spin_lock(&d->lock);
+		err = send1(d, to, type, arg, 0, addr);
+		if (!err)
+			proto_drain(d, false);
+		spin_unlock(&d->lock);
+		if (err != -EAGAIN)
+			return err;
+		usleep_range(20, 100);
+	}
+}
+
+void dsm_proto_config(struct dsm_proto *d, bool process_only, bool rdma_read)
+{
+	spin_lock(&d->lock);
+	WRITE_ONCE(d->process_only, process_only);
+	d->rdma_read = rdma_read;
+	spin_unlock(&d->lock);
+}
+
+/* ---- session set-up and tear-down ---- */
+
+static void dsm_proto_free(struct dsm_proto *d)
+{
+	struct dsm_selfmsg *sm, *n;
+	u32 i;
+
+	cancel_work_sync(&d->self_work);
+	list_for_each_entry_safe(sm, n, &d->selfq, link)
+		kfree(sm);
+	if (d->dma)
+		for (i = 0; i < d->npages && d->dma[i]; i++)
+			ib_dma_unmap_page(d->dev, d->dma[i], PAGE_SIZE,
+					  DMA_BIDIRECTIONAL);
+	kvfree(d->dma);
+	d->dma = NULL;
+	kvfree(d->mgr);
+	kvfree(d->grants);
+	kvfree(d->inflight);
+	dsm_region_put(d->r);
+	kfree(d);
+}
+
+static int dsm_proto_map(struct dsm_proto *d)
+{
+	u64 a;
+	u32 i;
+
+	for (i = 0; i < d->npages; i++) {
+		a = ib_dma_map_page(d->dev, dsm_region_page(d->r, i), 0, PAGE_SIZE,
+				    DMA_BIDIRECTIONAL);
+		if (ib_dma_mapping_error(d->dev, a))
+			return -ENOMEM;
+		d->dma[i] = a;
+	}
+	return 0;
+}
+
+/* Every page starts zeroed, owned and writable by its manager. */
+static void dsm_proto_init_pages(struct dsm_proto *d)
+{
+	u32 i;
+
+	for (i = 0; i < d->npages; i++) {
+		d->mgr[i].owner = dsm_manager(d, i);
+		if (d->mgr[i].owner == d->self) {
+			d->mgr[i].owner_addr = d->dma[i];
+			protect1(d, i, DSM_PROT_RW);
+		}
+	}
+}
+
+int dsm_proto_open(struct dsm_comm *c, u32 npages)
+{
+	struct dsm_proto *d = kzalloc(sizeof(*d), GFP_KERNEL);
+	u32 i;
+	int err = -ENOMEM;
+
+	if (!d)
+		return -ENOMEM;
+	d->c = c;
+	d->dev = c->dev;
+	d->self = c->self;
+	d->nodes = c->nodes;
+	d->npages = npages;
+	spin_lock_init(&d->lock);
+	mutex_init(&d->req_lock);
+	init_waitqueue_head(&d->wq);
+	INIT_LIST_HEAD(&d->waiting);
+	INIT_LIST_HEAD(&d->free_waiters);
+	INIT_LIST_HEAD(&d->selfq);
+	INIT_WORK(&d->self_work, proto_self_work);
+	for (i = 0; i < DSM_WAITERS; i++)
+		list_add(&d->waiters[i].link, &d->free_waiters);
+	d->r = dsm_region_create(npages);
+	d->dma = kvcalloc(npages, sizeof(*d->dma), GFP_KERNEL);
+	d->mgr = kvcalloc(npages, sizeof(*d->mgr), GFP_KERNEL);
+	d->grants = kvcalloc(npages, sizeof(*d->grants), GFP_KERNEL);
+	d->inflight = kvcalloc(npages, 1, GFP_KERNEL);
+	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->inflight)
+		goto err;
+	err = dsm_proto_map(d);
+	if (err)
+		goto err;
+	dsm_proto_init_pages(d);
+	c->proto = d;
+	dsm_region_publish(d->r, d);
+	return 0;
+err:
+	dsm_proto_free(d);
+	return err;
+}
+
+/*
+ * Closes the session: the protocol, then the connections. -EBUSY while an
+ * application has the space open, unless force (the device is going):
+ * then the protocol is left dead for that application (its faults and
+ * calls fail) and freed never, as its space may still be mapped.
+ */
+int dsm_close(struct dsm_comm *c, bool force)
+{
+	struct dsm_proto *d = c->proto;
+	bool busy = d && !dsm_region_retract(d->r);
+	u32 i;
+
+	if (busy && !force)
+		return -EBUSY;
+	c->proto = NULL;
+	dsm_comm_close(c);
+	if (!d)
+		return 0;
+	if (!busy) {
+		dsm_proto_free(d);
+		return 0;
+	}
+	pr_warn("dsm: device removed under a running application; its DSM is dead\n");
+	WRITE_ONCE(d->dead, true);
+	wake_up_all(&d->wq);
+	cancel_work_sync(&d->self_work);
+	for (i = 0; i < d->npages && d->dma[i]; i++)
+		ib_dma_unmap_page(d->dev, d->dma[i], PAGE_SIZE, DMA_BIDIRECTIONAL);
+	return 0;
+}

@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The protocol's state, shared by its asynchronous (proto.c, message
+ * handlers) and synchronous (sync.c, application calls) entry points.
+ *
+ * Locking: d->lock is the protocol lock. Asynchronous entry points run
+ * under it: in the completion handler they only try it (busy: the message
+ * goes to process context), in process context they take it with
+ * interrupts on, so dsm_protect() may flush other CPUs' TLBs there. It
+ * guards the manager state, the queued requests, the self queue, the
+ * barrier and lock managers. Fields marked "async writes" are written
+ * under it and read by synchronous entry points without it (a benign
+ * read-write race, the paper's section 4). d->req_lock (a mutex) guards
+ * the synchronous side's request bookkeeping.
+ */
+#ifndef DSM_PROTO_INT_H
+#define DSM_PROTO_INT_H
+
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+#include "dsm.h"
+#include "uapi.h"
+
+enum dsm_type {
+	DSM_REQ_READ = DSM_PROTO_TYPE_MIN,	/* to the manager: addr = our frame */
+	DSM_REQ_WRITE,
+	DSM_FWD_READ,		/* to the owner: send node the page at addr */
+	DSM_FWD_WRITE,		/* same, and drop ours; DSM_F_DATA: with the data */
+	DSM_INV,		/* to a copy holder: drop it, ack to the manager */
+	DSM_INV_ACK,
+	DSM_DATA_READ,		/* to the requester: the page is in its frame */
+	DSM_DATA_WRITE,
+	DSM_FETCH,		/* to the requester: RDMA Read it from node at addr */
+	DSM_FETCH_DONE,		/* our own RDMA Read completed */
+	DSM_CONFIRM_READ,	/* to the manager: transaction done */
+	DSM_CONFIRM_WRITE,	/* addr = the new owner's frame */
+	DSM_BAR_ENTER,		/* arg = barrier generation */
+	DSM_BAR_GO,
+	DSM_LOCK_REQ,		/* arg = lock id */
+	DSM_LOCK_GRANT,
+	DSM_UNLOCK,
+	DSM_TYPE_END
+};
+
+#define DSM_F_DATA	1
+
+struct dsm_pmsg {
+	struct dsm_msg_hdr h;
+	__le32 arg;		/* page, lock id or barrier generation */
+	__le16 node;		/* the node a forward serves; FETCH: the owner */
+	__le16 flags;
+	__le64 addr;		/* a frame's DMA address */
+};
+
+/* A page's state at its manager. */
+struct dsm_mgr_page {
+	u64 owner_addr;		/* the owner's frame, for RDMA Read */
+	u64 req_addr;		/* the open transaction's requester frame */
+	u16 copyset;		/* read copies besides the owner's: BIT(node - 1) */
+	u8 owner;
+	u8 owner_ro;		/* the owner's own access is read-only */
+	u8 busy;		/* a transaction is open */
+	u8 req_from, req_kind;
+	u8 acks_left;		/* invalidations not yet acknowledged */
+};
+
+/* A request that found its page busy, at the page's manager. */
+struct dsm_waiter {
+	struct list_head link;
+	u64 addr;
+	u32 page;
+	u8 from, kind;
+};
+
+#define DSM_WAITERS	256
+
+struct dsm_lockmgr {
+	u8 holder;		/* 0: free */
+	u8 qh, qn;
+	u8 q[DSM_MAX_NODES];
+};
+
+/* A message to ourselves, handled after the current one. */
+struct dsm_selfmsg {
+	struct list_head link;
+	struct dsm_pmsg m;
+};
+
+struct dsm_pstats {
+	atomic64_t read_faults, write_faults, read_fault_ns, write_fault_ns;
+	atomic64_t invalidations, handled_irq, handled_process;
+	atomic64_t barriers, lock_acquires, protocol_errors;
+};
+
+struct dsm_proto {
+	struct dsm_comm *c;
+	struct ib_device *dev;
+	struct dsm_region *r;
+	bool dead;			/* device gone under an application */
+	u32 npages, self, nodes;
+	u64 *dma;			/* our frames' DMA addresses */
+	spinlock_t lock;
+	struct dsm_mgr_page *mgr;	/* indexed by page; used for ours */
+	struct list_head waiting, free_waiters;
+	struct dsm_waiter waiters[DSM_WAITERS];
+	struct list_head selfq;
+	struct work_struct self_work;	/* self queue or waiters stuck: retry */
+	u32 bar_count[2];
+	struct dsm_lockmgr locks[DSM_LOCKS];
+	bool process_only, rdma_read;
+	/* async writes */
+	u32 *grants;			/* per page: grants received */
+	u32 bar_done;			/* last barrier generation released */
+	u32 lock_grants[DSM_LOCKS];
+	wait_queue_head_t wq;
+	/* the synchronous side */
+	struct mutex req_lock;
+	u8 *inflight;			/* per page: our request's kind, 0: none */
+	u32 bar_gen;
+	unsigned long held[BITS_TO_LONGS(DSM_LOCKS)];	/* locks this node holds or wants */
+	struct dsm_pstats st;
+};
+
+static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
+{
+	return page % d->nodes + 1;
+}
+
+/* proto.c: queue a request to node `to` from process context (sleeps while resources are short). */
+int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
+
+#endif /* DSM_PROTO_INT_H */

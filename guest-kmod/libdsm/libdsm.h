@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * libdsm: the DSM's small static user library. One process per node:
+ * dsm_init() maps the whole shared space (every node sees the same bytes
+ * at the same offsets) and waits for every node; dsm_alloc() hands out
+ * page-aligned pieces of it in call order, so nodes that allocate in the
+ * same order get the same objects. Errors print and exit.
+ */
+#ifndef LIBDSM_H
+#define LIBDSM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../dsm/uapi.h"
+
+void dsm_init(void);
+void *dsm_alloc(size_t bytes);
+unsigned dsm_self(void);		/* 1..dsm_nodes() */
+unsigned dsm_nodes(void);
+void dsm_barrier(void);
+void dsm_lock(unsigned id);		/* id < DSM_LOCKS */
+void dsm_unlock(unsigned id);
+void dsm_stats(struct dsm_stats_user *st);
+double dsm_now(void);			/* seconds, monotonic */
+/* [*lo, *hi): this node's share of n items, in node order. */
+void dsm_range(size_t n, size_t *lo, size_t *hi);
+/*
+ * Prints this node's result line: app, verified (1 ok, 0 failed, -1 not
+ * checked here), seconds, and the protocol counters since dsm_init().
+ */
+void dsm_report(const char *app, int verified, double secs, const char *extra);
+void dsm_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+#endif /* LIBDSM_H */

@@ -1,0 +1,177 @@
+//! `hcabench run <app>`: a DSM application (guest-kmod/apps) on a fresh cluster of QEMU
+//! guests. The DSM module opens on every node's HCA (or on SoftRoCE, to show it is a plain
+//! verbs consumer), the harness connects the mesh, the application's processes start
+//! together, and node 1 checks the result against a sequential run.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use device_server::dsm::{connect_mesh, run_app, AppResult};
+use device_server::qemu::{qemu_available, Image};
+use device_server::verbs::Testbed;
+
+/// The applications, with what they compute.
+pub const APPS: [(&str, &str); 5] = [
+    ("sor", "red-black SOR on a grid, row bands per node"),
+    ("is", "integer sort (ranking), histogram under a DSM lock"),
+    ("lu", "LU decomposition, a barrier per pivot"),
+    (
+        "tsp",
+        "travelling salesman, branch and bound from a shared job counter",
+    ),
+    ("nbody", "direct n-body steps, double-buffered positions"),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Transport {
+    /// The hcabench HCA (hcab0)
+    Hca,
+    /// SoftRoCE (rdma_rxe over a virtio-net link; 2 nodes)
+    Rxe,
+}
+
+pub struct RunOpts {
+    pub app: String,
+    pub nodes: usize,
+    pub transport: Transport,
+    pub args: Vec<String>,
+    pub image_dir: PathBuf,
+    pub boot_timeout: Duration,
+    pub keep: bool,
+}
+
+pub fn check(o: &RunOpts) -> Result<(), String> {
+    if !APPS.iter().any(|(a, _)| *a == o.app) {
+        let names: Vec<_> = APPS.iter().map(|(a, _)| *a).collect();
+        return Err(format!(
+            "unknown job `{}`; available: probe, {}",
+            o.app,
+            names.join(", ")
+        ));
+    }
+    if !(2..=16).contains(&o.nodes) {
+        return Err(format!("--nodes {} is outside 2..=16", o.nodes));
+    }
+    if o.transport == Transport::Rxe && o.nodes != 2 {
+        return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
+    }
+    if let Some(a) = o.args.iter().find(|a| a.parse::<u64>().is_err()) {
+        return Err(format!("application argument `{a}` is not a number"));
+    }
+    Ok(())
+}
+
+/// Boots the cluster and opens the DSM on every node; the device name used.
+pub fn boot_dsm(
+    o: &RunOpts,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Testbed, &'static str), String> {
+    qemu_available()?;
+    let image = Image::find(&o.image_dir)?;
+    let dir = std::env::temp_dir().join(format!("hcabench-run-{}", std::process::id()));
+    let rxe = o.transport == Transport::Rxe;
+    let mut tb = Testbed::boot_nodes(
+        &image,
+        dir.clone(),
+        o.nodes,
+        rxe,
+        256,
+        o.boot_timeout,
+        progress,
+    )?;
+    if o.keep {
+        tb.keep_dir();
+        progress(&format!("keeping {} (consoles)", dir.display()));
+    }
+    let dev = if rxe {
+        tb.rxe_up()?;
+        "rxe0"
+    } else {
+        "hcab0"
+    };
+    connect_mesh(&mut tb.agents, dev)?;
+    progress(&format!(
+        "DSM open on {dev} on every node, RC mesh connected"
+    ));
+    Ok((tb, dev))
+}
+
+pub fn run(o: &RunOpts) -> Result<(), String> {
+    check(o)?;
+    let started = Instant::now();
+    println!(
+        "booting {} QEMU (TCG) guests for `{}` ({})",
+        o.nodes,
+        o.app,
+        APPS.iter()
+            .find(|(a, _)| *a == o.app)
+            .map(|x| x.1)
+            .unwrap_or("")
+    );
+    let (mut tb, dev) = boot_dsm(o, &mut |m| println!("  {m}"))?;
+    let cmd = std::iter::once(o.app.clone())
+        .chain(o.args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    println!(
+        "  running `{cmd}` on every node ({:.1?} so far)",
+        started.elapsed()
+    );
+    let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900))?;
+    print_results(&o.app, dev, &res);
+    match res.iter().find_map(|r| r.verified) {
+        Some(true) => Ok(()),
+        Some(false) => Err(format!(
+            "{}: the DSM result differs from the sequential run",
+            o.app
+        )),
+        None => Err(format!("{}: no node verified the result", o.app)),
+    }
+}
+
+pub fn print_results(app: &str, dev: &str, res: &[AppResult]) {
+    println!();
+    println!(
+        "{:<6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>12}",
+        "node",
+        "time_ms",
+        "rfaults",
+        "wfaults",
+        "msgs",
+        "data_KiB",
+        "rfault_us",
+        "wfault_us",
+        "irq/process"
+    );
+    for r in res {
+        println!(
+            "node{:<2} {:>9.1} {:>8} {:>8} {:>8} {:>10} {:>10.1} {:>10.1} {:>12}",
+            r.node,
+            r.time_ms,
+            r.read_faults,
+            r.write_faults,
+            r.msgs,
+            r.data_bytes / 1024,
+            r.read_fault_us,
+            r.write_fault_us,
+            format!("{}/{}", r.irq, r.process)
+        );
+    }
+    let time = res.iter().map(|r| r.time_ms).fold(0.0, f64::max);
+    let sum = |f: fn(&AppResult) -> u64| res.iter().map(f).sum::<u64>();
+    let verdict = match res.iter().find_map(|r| r.verified) {
+        Some(true) => "verified against a sequential run",
+        Some(false) => "DIFFERS from the sequential run",
+        None => "not verified",
+    };
+    println!(
+        "{app} on {} nodes over {dev}: {verdict}; time {time:.1} ms; faults {} read + {} write; \
+         {} messages ({} KiB); {} KiB page data",
+        res.len(),
+        sum(|r| r.read_faults),
+        sum(|r| r.write_faults),
+        sum(|r| r.msgs),
+        sum(|r| r.msg_bytes) / 1024,
+        sum(|r| r.data_bytes) / 1024
+    );
+}
