@@ -3,8 +3,9 @@
  * litmus: sequential-consistency litmus tests on the DSM, every node
  * running the same program. Each prints one line per test:
  * "LITMUS test=NAME node=N rounds=R violations=V" (V must be 0).
- *   mp       message passing: node 1 writes data then flag; node 2 waits
- *            for the flag and must see the data.
+ *   mp       message passing: node 1 writes data = r, then flag = r, for
+ *            r = 1..ROUNDS; node 2 reads flag, then data, until the
+ *            flag reaches ROUNDS: data older than the flag is forbidden.
  *   sb       store buffering (Dekker): node 1 does x=1; r1=y, node 2
  *            y=1; r2=x; r1 == r2 == 0 is forbidden under SC.
  *   counter  every node adds 1 to a shared counter ROUNDS times under a
@@ -36,21 +37,27 @@ static volatile long *page_var(void)
 static void mp(void)
 {
 	volatile long *data = page_var(), *flag = page_var();
-	unsigned long r, v = 0;
+	unsigned long r, v = 0, seen = 0;
+	long f, d;
 
 	dsm_barrier();
-	for (r = 1; r <= rounds; r++) {
-		if (dsm_self() == 1) {
+	if (dsm_self() == 1) {
+		for (r = 1; r <= rounds; r++) {
 			*data = r;
 			*flag = r;
-		} else if (dsm_self() == 2) {
-			while (*flag != (long)r)
-				;
-			v += *data != (long)r;
 		}
+	} else if (dsm_self() == 2) {
+		do {
+			f = *flag;
+			d = *data;
+			v += d < f;
+			seen++;
+		} while (f < (long)rounds);
 	}
 	dsm_barrier();
 	line("mp", v);
+	if (dsm_self() == 2)
+		printf("LITMUS-MP reads=%lu\n", seen);
 }
 
 static void sb(void)
