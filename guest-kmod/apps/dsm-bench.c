@@ -2,10 +2,12 @@
 /*
  * dsm-bench: remote fault latency, seen by the application (trap, the
  * protocol's round trips, the page's RDMA, the protection change, the
- * wake-up). Run on every node; nodes 1 and 2 take part. Node 1 becomes
- * the owner of PAGES pages; node 2 read-faults each (the copy comes from
- * node 1), then, once node 1 has written them all again (invalidating
- * node 2's copies), write-faults each (data and ownership from node 1).
+ * wake-up). Run on every node of a 3-node session. Node 1 becomes the
+ * owner of PAGES pages and node 3 reads them (so the owner is read-only,
+ * as when a page is widely read: then an RDMA Read may fetch it without
+ * the owner's CPU); node 2 read-faults each (timed), then, once node 1
+ * has written them all again (invalidating the copies), write-faults each
+ * (timed; data and ownership come from node 1).
  *
  * Usage: dsm-bench PAGES
  * Prints (node 2): DSM-FAULTS pages=P read_us=R write_us=W
@@ -22,10 +24,16 @@ int main(int argc, char **argv)
 	long sum = 0;
 
 	dsm_init();
+	if (dsm_nodes() < 3)
+		dsm_die("dsm-bench needs 3 nodes");
 	m = dsm_alloc(n * ps);
 	if (dsm_self() == 1)
 		for (i = 0; i < n; i++)
 			m[i * ps] = (char)i;
+	dsm_barrier();
+	if (dsm_self() == 3)
+		for (i = 0; i < n; i++)
+			sum += m[i * ps + 8];
 	dsm_barrier();
 	if (dsm_self() == 2) {
 		t = dsm_now();

@@ -101,6 +101,9 @@ enum Cmd {
         /// Bytes moved per RDMA bandwidth cell
         #[arg(long, default_value_t = 16 << 20)]
         bw_bytes: u64,
+        /// dsm: pages faulted per fault-latency cell (1..=1024)
+        #[arg(long, default_value_t = 128)]
+        pages: u64,
         /// Guest image directory
         #[arg(long, default_value = "target/images")]
         image_dir: PathBuf,
@@ -157,6 +160,7 @@ fn main() -> ExitCode {
             sizes,
             bw_sizes,
             bw_bytes,
+            pages,
             image_dir,
             keep,
         } => bench_cmd(
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
                 sizes,
                 bw_sizes,
                 bw_bytes,
+                pages,
                 keep,
             },
         ),
@@ -392,7 +397,10 @@ fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
         if b.iters == 0 || b.iters > 100_000 {
             return Err(format!("--iters {} is outside 1..=100000", b.iters));
         }
-        return bench::run_dsm(&b.image_dir, b.iters);
+        if b.pages == 0 || b.pages > 1024 {
+            return Err(format!("--pages {} is outside 1..=1024", b.pages));
+        }
+        return bench::run_dsm(&b.image_dir, b.iters, b.pages);
     }
     if what != "verbs" {
         return Err(format!("unknown benchmark `{what}`; available: verbs, dsm"));
