@@ -2,8 +2,9 @@
 # README command 1: sets up what is missing, boots a Linux cluster under QEMU with hcabench
 # HCAs (each guest prints its init banner, finds its HCA, reads its LID from BAR2 and times
 # doorbell -> MSI-X round trips, loads the ib_core provider and the vbench verbs module),
-# shows it, stops it; runs kernel verbs ping-pong and RDMA between two guests over our HCA and
-# over SoftRoCE side by side; then the paper's traffic pattern on a 4-node model cluster.
+# shows it, stops it; runs the paper's SOR on the kernel DSM across the guests, verified
+# against a sequential run; runs kernel verbs ping-pong and RDMA between two guests over our
+# HCA and over SoftRoCE side by side; then the paper's traffic pattern on a 4-node model cluster.
 set -euo pipefail
 cd "$(dirname "$0")"
 ci/setup.sh
@@ -23,6 +24,9 @@ printf '\n==> hcabench run probe\n'
 "$hcabench" --run-dir "$run" run probe
 printf '\n==> hcabench down\n'
 "$hcabench" --run-dir "$run" down
+
+printf '\n==> hcabench run sor: the kernel DSM on %s fresh guests, SOR verified\n' "${NODES:-2}"
+"$hcabench" run sor --nodes "${NODES:-2}"
 
 printf '\n==> hcabench bench verbs: kernel verbs over the HCA vs SoftRoCE (short run)\n'
 "$hcabench" bench verbs --iters 200 --sizes 8,4096 --bw-sizes 65536 --bw-bytes 8388608

@@ -31,8 +31,8 @@ step "verbs benchmark, hcab0 vs SoftRoCE (quick run; figures for reading, not as
 cargo run --release -q -p hcabench -- bench verbs --iters 50 --sizes 64,4096 \
 	--bw-sizes 65536 --bw-bytes 4194304
 
-step "DSM protection primitive vs mprotect (quick run; figures for reading, not asserted)"
-cargo run --release -q -p hcabench -- bench dsm --iters 100
+step "DSM fault latency and protection primitive vs mprotect (quick run; figures for reading)"
+cargo run --release -q -p hcabench -- bench dsm --iters 100 --pages 32
 
 step "model cluster demo (README command 1), 4 nodes"
 cargo run --release -q -p hca-model --example cluster -- --rounds 50

@@ -29,7 +29,10 @@ int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len,
 		     bool in_irq);
 vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write);
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg);
-/* Knobs for the benchmarks: handle every message in process context; read faults by RDMA Read. */
+/*
+ * Knobs for the benchmarks: handle every message in process context; read
+ * faults by RDMA Read.
+ */
 void dsm_proto_config(struct dsm_proto *d, bool process_only, bool rdma_read);
 int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len);
 

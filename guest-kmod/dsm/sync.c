@@ -186,7 +186,10 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 
 	dsm_stats_fill(d, &u);
 	return scnprintf(out, len,
-			 "rfaults=%llu wfaults=%llu sent=%llu received=%llu data_bytes=%llu inv=%llu irq=%llu process=%llu rdma_reads=%llu deferred=%lld cqe_errors=%lld proto_errors=%lld\n",
+			 "rfaults=%llu wfaults=%llu sent=%llu received=%llu "
+			 "data_bytes=%llu inv=%llu irq=%llu process=%llu "
+			 "rdma_reads=%llu deferred=%lld cqe_errors=%lld "
+			 "proto_errors=%lld\n",
 			 u.read_faults, u.write_faults, u.msgs_sent,
 			 u.msgs_received, u.data_bytes, u.invalidations,
 			 u.handled_irq, u.handled_process, u.rdma_reads,

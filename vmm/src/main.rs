@@ -359,9 +359,11 @@ fn dsm_app(
     keep: bool,
     args: Vec<String>,
 ) -> Result<(), String> {
-    let nodes = match a.nodes {
-        Some(n) => n,
-        None => load_config(a)?.nodes,
+    // The node count from --nodes, else the cluster file, else the default (2).
+    let nodes = match (a.nodes, &a.config) {
+        (Some(n), _) => n,
+        (None, Some(p)) => ClusterConfig::load(p).map_err(|e| e.to_string())?.nodes,
+        (None, None) => ClusterConfig::default().nodes,
     };
     dsmrun::run(&dsmrun::RunOpts {
         app,

@@ -134,6 +134,38 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
         ),
         (&["bench", "verbs", "--iters", "0"][..], "need at least one"),
         (&["bench", "dsm", "--iters", "0"][..], "outside 1..=100000"),
+        (
+            &["bench", "dsm", "--pages", "0"][..],
+            "--pages 0 is outside 1..=1024",
+        ),
+    ] {
+        let o = hcabench(&dir, args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+}
+
+#[test]
+fn test_run_rejects_bad_dsm_jobs_before_booting_anything() {
+    let dir = std::env::temp_dir().join(format!("hcab-cli-run-{}", std::process::id()));
+    for (args, says) in [
+        (
+            &["run", "fft"][..],
+            "unknown job `fft`; available: probe, sor, is, lu, tsp, nbody",
+        ),
+        (
+            &["run", "sor", "--nodes", "1"][..],
+            "--nodes 1 is outside 2..=16",
+        ),
+        (&["run", "sor", "--nodes", "17"][..], "outside 2..=16"),
+        (
+            &["run", "lu", "--nodes", "4", "--transport", "rxe"][..],
+            "rxe runs on exactly 2 nodes",
+        ),
+        (
+            &["run", "lu", "--", "big"][..],
+            "argument `big` is not a number",
+        ),
     ] {
         let o = hcabench(&dir, args);
         assert!(!o.status.success(), "{args:?}");
