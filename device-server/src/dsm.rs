@@ -67,6 +67,8 @@ pub struct AppResult {
     /// Messages handled in the completion handler / in process context.
     pub irq: u64,
     pub process: u64,
+    /// The same computation run sequentially in private memory (node 1, where the app has one).
+    pub seq_ms: Option<f64>,
     pub line: String,
 }
 
@@ -100,6 +102,7 @@ impl AppResult {
             write_fault_us: x("wfault_us")?,
             irq: u("irq")?,
             process: u("process")?,
+            seq_ms: f.get("seq_ms").and_then(|v| v.parse().ok()),
             line: line.to_string(),
         })
     }

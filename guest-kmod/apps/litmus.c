@@ -13,10 +13,11 @@
  *   barrier  in phase p every node writes p into its slot; after the
  *            barrier every node must read p in every slot.
  *
- * Usage: litmus [ROUNDS]
+ * Usage: litmus [ROUNDS [TEST...]]   (default: all four, in this order)
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "../libdsm/libdsm.h"
 
 static unsigned long rounds = 50;
@@ -118,14 +119,33 @@ static void phases(void)
 	line("barrier", v);
 }
 
+static const struct {
+	const char *name;
+	void (*run)(void);
+} tests[] = {
+	{ "mp", mp }, { "sb", sb }, { "counter", counter }, { "barrier", phases },
+};
+
 int main(int argc, char **argv)
 {
+	size_t i;
+	int a;
+
 	if (argc > 1)
 		rounds = strtoul(argv[1], NULL, 0);
+	for (a = 2; a < argc; a++) {
+		for (i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+			if (!strcmp(argv[a], tests[i].name))
+				break;
+		if (i == sizeof(tests) / sizeof(tests[0]))
+			dsm_die("unknown test %s (mp, sb, counter, barrier)", argv[a]);
+	}
 	dsm_init();
-	mp();
-	sb();
-	counter();
-	phases();
+	for (i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		for (a = 2; a < argc && strcmp(argv[a], tests[i].name); a++)
+			;
+		if (argc <= 2 || a < argc)
+			tests[i].run();
+	}
 	return 0;
 }

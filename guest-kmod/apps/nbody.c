@@ -68,7 +68,8 @@ int main(int argc, char **argv)
 	struct vel *vel, *rv;
 	size_t lo, hi, i, s;
 	int ok = -1;
-	double t0;
+	double t0, ts = 0;
+	char extra[32];
 
 	if (argc > 1)
 		NB = strtoul(argv[1], NULL, 0);
@@ -95,9 +96,11 @@ int main(int argc, char **argv)
 		rv = malloc(NB * sizeof(struct vel));
 		for (i = 0; i < NB; i++)
 			init(rp[0], rv, i);
+		ts = dsm_now();
 		for (s = 0; s < STEPS; s++)
 			for (i = 0; i < NB; i++)
 				move(rp[s % 2], rp[(s + 1) % 2], rv, i);
+		ts = dsm_now() - ts;
 		ok = 1;
 		for (i = 0; i < NB && ok; i++)
 			ok = !memcmp(&pos[STEPS % 2][i], &rp[STEPS % 2][i],
@@ -106,6 +109,7 @@ int main(int argc, char **argv)
 		if (!ok)
 			fprintf(stderr, "nbody: mismatch at body %zu\n", i - 1);
 	}
-	dsm_report("nbody", ok, t0, NULL);
+	snprintf(extra, sizeof(extra), "seq_ms=%.1f", ts * 1e3);
+	dsm_report("nbody", ok, t0, ts ? extra : NULL);
 	return ok == 0;
 }

@@ -118,6 +118,7 @@ static void run_jobs(int shared)
 int main(int argc, char **argv)
 {
 	int ok = -1, i, len, seq = -1;
+	double ts = 0;
 	char extra[32];
 	double t0;
 
@@ -139,7 +140,9 @@ int main(int argc, char **argv)
 		struct shared *s = sh;
 
 		sh = NULL;
+		ts = dsm_now();
 		run_jobs(0);
+		ts = dsm_now() - ts;
 		seq = local_best;
 		for (i = 0, len = 0; i < NC; i++)
 			len += dist[s->tour[i]][s->tour[(i + 1) % NC]];
@@ -148,7 +151,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "tsp: best %d, tour %d, sequential %d\n",
 				s->best, len, seq);
 	}
-	snprintf(extra, sizeof(extra), "best=%d", seq);
+	snprintf(extra, sizeof(extra), "best=%d seq_ms=%.1f", seq, ts * 1e3);
 	dsm_report("tsp", ok, t0, dsm_self() == 1 ? extra : NULL);
 	return ok == 0;
 }

@@ -174,4 +174,11 @@ pub fn print_results(app: &str, dev: &str, res: &[AppResult]) {
         sum(|r| r.msg_bytes) / 1024,
         sum(|r| r.data_bytes) / 1024
     );
+    if let Some(seq) = res.iter().find_map(|r| r.seq_ms) {
+        println!(
+            "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup {:.2} \
+             (the guests share this host's CPUs: speedups need one host core per guest)",
+            seq / time.max(1e-3)
+        );
+    }
 }
