@@ -38,11 +38,20 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
         Backend::Qemu => Ok(("qemu", "asked for".into())),
         Backend::Auto => Ok((
             "qemu",
-            "auto: the KVM VMM backend is not built yet (issue 6), so QEMU with TCG".into(),
+            match hcabench::kvm::check_kvm() {
+                hcabench::kvm::KvmCheck::Usable => "auto: KVM is usable here, but the rust-vmm \
+                     backend cannot boot Linux yet (issue 6), so QEMU with TCG"
+                    .into(),
+                hcabench::kvm::KvmCheck::Unusable(why) => {
+                    format!("auto: KVM cannot run a Linux guest here ({why}), so QEMU with TCG")
+                }
+            },
         )),
-        Backend::Kvm => Err("backend \"kvm\" (the rust-vmm VMM) is not built yet; use \
-             backend = \"qemu\" or \"auto\""
-            .into()),
+        Backend::Kvm => Err(
+            "backend \"kvm\": the rust-vmm VMM runs only its bare-metal test \
+             guest so far (no Linux boot yet); use backend = \"qemu\" or \"auto\""
+                .into(),
+        ),
     }
 }
 

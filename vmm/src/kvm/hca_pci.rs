@@ -1,0 +1,280 @@
+//! The HCA as a PCI function of a KVM machine, with the same guest ABI as under QEMU's
+//! ivshmem-doorbell: BAR0 registers (the doorbell at 0x0c), BAR1 the MSI-X table and PBA,
+//! BAR2 the model's device memory mapped straight into the guest as a memory slot. The ID
+//! is the VMM's own (1234:21a8), which the guest driver binds as well.
+//!
+//! Interrupts: the model raises vector v -> an irqfd on GSI `MSIX_GSI_BASE + v`, whose
+//! route KVM_SET_GSI_ROUTING keeps equal to the guest's MSI-X table entry; a masked vector
+//! (or function) sets its PBA bit and fires when unmasked.
+
+use std::sync::{Arc, Mutex};
+
+use hca_model::abi::{BAR2_SIZE, NUM_VECTORS};
+use hca_model::InterruptSink;
+use kvm_bindings::{
+    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+};
+use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::pci::PciFunction;
+
+pub const VENDOR_ID: u32 = 0x1234;
+pub const DEVICE_ID: u32 = 0x21a8;
+/// Where the BARs start (the guest may move them; the machine follows).
+pub const BAR0_GPA: u64 = 0xe000_0000;
+pub const BAR1_GPA: u64 = 0xe000_1000;
+pub const BAR2_GPA: u64 = 0xe010_0000;
+pub const BAR0_SIZE: u64 = 0x1000;
+pub const BAR1_SIZE: u64 = 0x1000;
+const PBA_OFFSET: u64 = 0x800;
+const MSIX_CAP: u32 = 0x40;
+/// GSIs above the IOAPIC's 24 pins carry the MSI-X vectors.
+pub const MSIX_GSI_BASE: u32 = 24;
+const NV: usize = NUM_VECTORS as usize;
+
+#[derive(Default)]
+struct MsixState {
+    enabled: bool,
+    function_mask: bool,
+    /// Per vector: address low, address high, data, vector control.
+    table: [[u32; 4]; NV],
+    pending: u32,
+}
+
+impl MsixState {
+    fn deliverable(&self, v: usize) -> bool {
+        self.enabled && !self.function_mask && self.table[v][3] & 1 == 0
+    }
+}
+
+/// The MSI-X side: table, PBA, routes, irqfds. The model's [`InterruptSink`].
+pub struct Msix {
+    vm: Arc<VmFd>,
+    irqfds: Vec<EventFd>,
+    state: Mutex<MsixState>,
+}
+
+impl Msix {
+    pub fn new(vm: Arc<VmFd>) -> Result<Arc<Self>, String> {
+        let mut irqfds = Vec::new();
+        for v in 0..NUM_VECTORS {
+            let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+            vm.register_irqfd(&fd, MSIX_GSI_BASE + v)
+                .map_err(|e| format!("KVM_IRQFD for vector {v}: {e}"))?;
+            irqfds.push(fd);
+        }
+        let mut table = [[0u32; 4]; NV];
+        for e in &mut table {
+            e[3] = 1; // masked at reset
+        }
+        let m = Arc::new(Self {
+            vm,
+            irqfds,
+            state: Mutex::new(MsixState {
+                table,
+                ..Default::default()
+            }),
+        });
+        m.update_routes(&m.state.lock().unwrap())?;
+        Ok(m)
+    }
+
+    /// The whole routing table: the irqchip pins KVM starts with, plus one MSI route per
+    /// vector (even masked ones: delivery is gated here, not by the route).
+    fn update_routes(&self, s: &MsixState) -> Result<(), String> {
+        let mut entries = Vec::new();
+        let chip = |gsi: u32, irqchip: u32, pin: u32| {
+            let mut e = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_IRQCHIP,
+                ..Default::default()
+            };
+            e.u.irqchip.irqchip = irqchip;
+            e.u.irqchip.pin = pin;
+            e
+        };
+        for gsi in 0..24u32 {
+            if gsi < 16 && gsi != 2 {
+                let (c, pin) = if gsi < 8 {
+                    (KVM_IRQCHIP_PIC_MASTER, gsi)
+                } else {
+                    (KVM_IRQCHIP_PIC_SLAVE, gsi - 8)
+                };
+                entries.push(chip(gsi, c, pin));
+            }
+            entries.push(chip(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+        }
+        for (v, t) in s.table.iter().enumerate() {
+            let mut e = kvm_irq_routing_entry {
+                gsi: MSIX_GSI_BASE + v as u32,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
+            e.u.msi.address_lo = t[0];
+            e.u.msi.address_hi = t[1];
+            e.u.msi.data = t[2];
+            entries.push(e);
+        }
+        let routing = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
+        self.vm
+            .set_gsi_routing(&routing)
+            .map_err(|e| format!("KVM_SET_GSI_ROUTING: {e}"))
+    }
+
+    fn fire_pending(&self, s: &mut MsixState) {
+        for v in 0..NV {
+            if s.pending & (1 << v) != 0 && s.deliverable(v) {
+                s.pending &= !(1 << v);
+                let _ = self.irqfds[v].write(1);
+            }
+        }
+    }
+
+    /// A 4-byte read at `off` in BAR1 (table, then PBA).
+    pub fn bar_read(&self, off: u64) -> u32 {
+        let s = self.state.lock().unwrap();
+        if off >= PBA_OFFSET {
+            return if off == PBA_OFFSET { s.pending } else { 0 };
+        }
+        let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
+        s.table.get(v).map_or(0, |e| e[f])
+    }
+
+    pub fn bar_write(&self, off: u64, val: u32) {
+        let mut s = self.state.lock().unwrap();
+        let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
+        if off >= PBA_OFFSET || v >= NV {
+            return;
+        }
+        s.table[v][f] = val;
+        if f < 3 {
+            if let Err(e) = self.update_routes(&s) {
+                log::error!("MSI-X vector {v}: {e}");
+            }
+        }
+        self.fire_pending(&mut s);
+    }
+
+    fn set_control(&self, enabled: bool, function_mask: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.enabled = enabled;
+        s.function_mask = function_mask;
+        self.fire_pending(&mut s);
+    }
+
+    fn control(&self) -> u32 {
+        let s = self.state.lock().unwrap();
+        (NUM_VECTORS - 1) | u32::from(s.function_mask) << 14 | u32::from(s.enabled) << 15
+    }
+}
+
+impl InterruptSink for Msix {
+    fn raise(&self, vector: u32) {
+        let v = vector as usize;
+        if v >= NV {
+            return;
+        }
+        let mut s = self.state.lock().unwrap();
+        if s.deliverable(v) {
+            let _ = self.irqfds[v].write(1);
+        } else {
+            s.pending |= 1 << v;
+        }
+    }
+}
+
+/// A BAR the guest moved: the machine re-registers what hangs off it.
+pub type BarMoved = Box<dyn FnMut(usize, u64, u64) + Send>;
+
+/// The function's configuration space.
+pub struct HcaPci {
+    command: u32,
+    /// Guest-physical base of BAR0, BAR1, BAR2 (64-bit, BAR2+BAR3) as programmed, and as
+    /// mapped (moves take effect while memory decoding is on, so BAR sizing never maps).
+    bars: [u64; 3],
+    mapped: [u64; 3],
+    msix: Arc<Msix>,
+    on_move: BarMoved,
+}
+
+const SIZES: [u64; 3] = [BAR0_SIZE, BAR1_SIZE, BAR2_SIZE as u64];
+
+impl HcaPci {
+    pub fn new(msix: Arc<Msix>, on_move: BarMoved) -> Self {
+        Self {
+            command: 0,
+            bars: [BAR0_GPA, BAR1_GPA, BAR2_GPA],
+            mapped: [BAR0_GPA, BAR1_GPA, BAR2_GPA],
+            msix,
+            on_move,
+        }
+    }
+
+    /// Where the BARs are mapped now.
+    pub fn mapped_bars(&self) -> [u64; 3] {
+        self.mapped
+    }
+
+    fn set_bar(&mut self, i: usize, base: u64) {
+        self.bars[i] = base & !(SIZES[i] - 1);
+    }
+
+    fn apply_moves(&mut self) {
+        if self.command & 2 == 0 {
+            return;
+        }
+        for i in 0..3 {
+            if self.bars[i] != self.mapped[i] {
+                (self.on_move)(i, self.mapped[i], self.bars[i]);
+                self.mapped[i] = self.bars[i];
+            }
+        }
+    }
+}
+
+impl PciFunction for HcaPci {
+    fn config_read(&mut self, off: u32) -> u32 {
+        match off {
+            0x00 => DEVICE_ID << 16 | VENDOR_ID,
+            0x04 => self.command | 0x0010 << 16, // status: capability list
+            0x08 => 0x0c06_0001,                 // class: InfiniBand controller, rev 1
+            0x10 => self.bars[0] as u32,
+            0x14 => self.bars[1] as u32,
+            0x18 => self.bars[2] as u32 | 0xc, // 64-bit, prefetchable
+            0x1c => (self.bars[2] >> 32) as u32,
+            0x2c => DEVICE_ID << 16 | VENDOR_ID,
+            0x34 => MSIX_CAP,
+            MSIX_CAP => 0x11 | self.msix.control() << 16,
+            0x44 => 1,                     // table: BAR1 offset 0
+            0x48 => PBA_OFFSET as u32 | 1, // PBA: BAR1
+            _ => 0,
+        }
+    }
+
+    fn config_write(&mut self, off: u32, val: u32, mask: u32) {
+        let merge = |old: u32| (old & !mask) | (val & mask);
+        match off {
+            0x04 => self.command = merge(self.command) & 0x0547,
+            // Sizing writes all ones; the base is masked to the BAR's size either way.
+            0x10 => self.set_bar(0, u64::from(merge(self.bars[0] as u32))),
+            0x14 => self.set_bar(1, u64::from(merge(self.bars[1] as u32))),
+            0x18 => {
+                let hi = self.bars[2] & !0xffff_ffff;
+                self.set_bar(2, hi | u64::from(merge(self.bars[2] as u32) & !0xf));
+            }
+            0x1c => {
+                let lo = self.bars[2] & 0xffff_ffff;
+                self.set_bar(2, u64::from(merge((self.bars[2] >> 32) as u32)) << 32 | lo);
+            }
+            MSIX_CAP => {
+                let ctl = merge(self.config_read(MSIX_CAP)) >> 16;
+                self.msix
+                    .set_control(ctl & 1 << 15 != 0, ctl & 1 << 14 != 0);
+            }
+            _ => {}
+        }
+        self.apply_moves();
+    }
+}
