@@ -1,12 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 /* See ctldev.h. */
+#include <linux/module.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
 #include "ctldev.h"
 
-ssize_t ctldev_write(struct ctldev *c, const char __user *ubuf, size_t len)
+/* misc_open left our miscdevice in private_data. */
+static struct ctldev *ctldev_of(struct file *f)
 {
+	return container_of(f->private_data, struct ctldev, misc);
+}
+
+static ssize_t ctldev_write(struct file *f, const char __user *ubuf, size_t len,
+			    loff_t *pos)
+{
+	struct ctldev *c = ctldev_of(f);
 	char *line, *cmd, *args;
 	int err;
 
@@ -30,14 +39,38 @@ ssize_t ctldev_write(struct ctldev *c, const char __user *ubuf, size_t len)
 	return err < 0 ? err : len;
 }
 
-ssize_t ctldev_read(struct ctldev *c, char __user *ubuf, size_t len, loff_t *pos)
+static ssize_t ctldev_read(struct file *f, char __user *ubuf, size_t len,
+			   loff_t *pos)
 {
+	struct ctldev *c = ctldev_of(f);
 	ssize_t n;
 
 	mutex_lock(&c->lock);
 	n = simple_read_from_buffer(ubuf, len, pos, c->result, strlen(c->result));
 	mutex_unlock(&c->lock);
 	return n;
+}
+
+/* THIS_MODULE: the module this file is compiled into. */
+static const struct file_operations ctldev_fops = {
+	.owner = THIS_MODULE,
+	.write = ctldev_write,
+	.read = ctldev_read,
+	.llseek = noop_llseek,
+};
+
+int ctldev_register(struct ctldev *c, const char *name)
+{
+	mutex_init(&c->lock);
+	c->misc.minor = MISC_DYNAMIC_MINOR;
+	c->misc.name = name;
+	c->misc.fops = &ctldev_fops;
+	return misc_register(&c->misc);
+}
+
+void ctldev_deregister(struct ctldev *c)
+{
+	misc_deregister(&c->misc);
 }
 
 int ctldev_add(struct ctldev *c, struct ib_device *dev)

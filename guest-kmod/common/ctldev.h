@@ -9,6 +9,7 @@
 #define CTLDEV_H
 
 #include <linux/fs.h>
+#include <linux/miscdevice.h>
 #include <linux/mutex.h>
 #include <rdma/ib_verbs.h>
 
@@ -16,6 +17,7 @@
 #define CTLDEV_DEVS	8
 
 struct ctldev {
+	struct miscdevice misc;	/* /dev/<name>; ctldev_register fills it */
 	/* Serialises commands and the device list; held while run() runs. */
 	struct mutex lock;
 	/* Runs "cmd args"; writes its answer to result, or returns < 0. */
@@ -24,8 +26,9 @@ struct ctldev {
 	struct ib_device *devs[CTLDEV_DEVS];
 };
 
-ssize_t ctldev_write(struct ctldev *c, const char __user *ubuf, size_t len);
-ssize_t ctldev_read(struct ctldev *c, char __user *ubuf, size_t len, loff_t *pos);
+/* Creates /dev/<name> (which must outlive the registration) for c. */
+int ctldev_register(struct ctldev *c, const char *name);
+void ctldev_deregister(struct ctldev *c);
 /* ib_client add/remove helpers; remove calls gone(dev) under the lock first. */
 int ctldev_add(struct ctldev *c, struct ib_device *dev);
 void ctldev_remove(struct ctldev *c, struct ib_device *dev,

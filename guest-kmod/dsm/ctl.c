@@ -9,8 +9,6 @@
  *   defer N | stats | close | devices
  */
 #include <linux/module.h>
-#include <linux/miscdevice.h>
-#include <linux/fs.h>
 #include <linux/slab.h>
 #include <linux/inet.h>
 #include "dsm.h"
@@ -154,29 +152,6 @@ static int dsm_cmd_run(char *cmd, char *args)
 	return -EINVAL;
 }
 
-static ssize_t dsm_ctl_write(struct file *f, const char __user *ubuf, size_t len,
-			     loff_t *pos)
-{
-	return ctldev_write(&dsm_ctl, ubuf, len);
-}
-
-static ssize_t dsm_ctl_read(struct file *f, char __user *ubuf, size_t len,
-			    loff_t *pos)
-{
-	return ctldev_read(&dsm_ctl, ubuf, len, pos);
-}
-
-static const struct file_operations dsm_ctl_fops = {
-	.owner = THIS_MODULE,
-	.write = dsm_ctl_write,
-	.read = dsm_ctl_read,
-	.llseek = noop_llseek,
-};
-
-static struct miscdevice dsm_ctl_dev = {
-	.minor = MISC_DYNAMIC_MINOR, .name = "dsm_ctl", .fops = &dsm_ctl_fops,
-};
-
 static int dsm_add_one(struct ib_device *dev)
 {
 	return ctldev_add(&dsm_ctl, dev);
@@ -212,8 +187,7 @@ static int __init dsm_init(void)
 	comm = kzalloc(sizeof(*comm), GFP_KERNEL);
 	if (!comm)
 		return -ENOMEM;
-	mutex_init(&dsm_ctl.lock);
-	err = misc_register(&dsm_ctl_dev);
+	err = ctldev_register(&dsm_ctl, "dsm_ctl");
 	if (err)
 		goto err_comm;
 	err = dsm_region_init();
@@ -227,7 +201,7 @@ static int __init dsm_init(void)
 err_region:
 	dsm_region_exit();
 err_misc:
-	misc_deregister(&dsm_ctl_dev);
+	ctldev_deregister(&dsm_ctl);
 err_comm:
 	kfree(comm);
 	return err;
@@ -235,7 +209,7 @@ err_comm:
 
 static void __exit dsm_exit(void)
 {
-	misc_deregister(&dsm_ctl_dev);
+	ctldev_deregister(&dsm_ctl);
 	mutex_lock(&dsm_ctl.lock);
 	dsm_close(comm, true);
 	mutex_unlock(&dsm_ctl.lock);

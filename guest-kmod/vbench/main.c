@@ -128,18 +128,6 @@ static int vb_cmd_run(char *cmd, char *args)
 	return -EINVAL;
 }
 
-static ssize_t vb_ctl_write(struct file *f, const char __user *ubuf, size_t len,
-			    loff_t *pos)
-{
-	return ctldev_write(&vb_ctl, ubuf, len);
-}
-
-static ssize_t vb_ctl_read(struct file *f, char __user *ubuf, size_t len,
-			   loff_t *pos)
-{
-	return ctldev_read(&vb_ctl, ubuf, len, pos);
-}
-
 static ssize_t vb_msg_read(struct file *f, char __user *ubuf, size_t len,
 			   loff_t *pos)
 {
@@ -152,22 +140,11 @@ static ssize_t vb_msg_write(struct file *f, const char __user *ubuf, size_t len,
 	return vb_user_write(ubuf, len);
 }
 
-static const struct file_operations vb_ctl_fops = {
-	.owner = THIS_MODULE,
-	.write = vb_ctl_write,
-	.read = vb_ctl_read,
-	.llseek = noop_llseek,
-};
-
 static const struct file_operations vb_msg_fops = {
 	.owner = THIS_MODULE,
 	.write = vb_msg_write,
 	.read = vb_msg_read,
 	.llseek = noop_llseek,
-};
-
-static struct miscdevice vb_ctl_dev = {
-	.minor = MISC_DYNAMIC_MINOR, .name = "vbench", .fops = &vb_ctl_fops,
 };
 
 static struct miscdevice vb_msg_dev = {
@@ -236,8 +213,7 @@ static int __init vb_init(void)
 
 	if (err)
 		return err;
-	mutex_init(&vb_ctl.lock);
-	err = misc_register(&vb_ctl_dev);
+	err = ctldev_register(&vb_ctl, "vbench");
 	if (err)
 		goto err_ctx;
 	err = misc_register(&vb_msg_dev);
@@ -251,7 +227,7 @@ static int __init vb_init(void)
 err_msg:
 	misc_deregister(&vb_msg_dev);
 err_ctl:
-	misc_deregister(&vb_ctl_dev);
+	ctldev_deregister(&vb_ctl);
 err_ctx:
 	vb_free_ctx();
 	return err;
@@ -260,7 +236,7 @@ err_ctx:
 static void __exit vb_exit(void)
 {
 	misc_deregister(&vb_msg_dev);
-	misc_deregister(&vb_ctl_dev);
+	ctldev_deregister(&vb_ctl);
 	mutex_lock(&vb_ctl.lock);
 	vb_close();
 	mutex_unlock(&vb_ctl.lock);
