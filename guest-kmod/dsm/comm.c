@@ -212,7 +212,7 @@ static void dsm_read_done(struct dsm_comm *c, u32 i)
 	len = c->reads[i].len;
 	memcpy(done, c->reads[i].done, len);
 	WRITE_ONCE(c->reads[i].peer, 0);
-	dsm_deliver(c, c->self, done, len, true);
+	dsm_deliver(c, c->self, done, len);
 }
 
 /* A signaled send completed: it and everything posted before it are done. */
@@ -281,16 +281,11 @@ static void dsm_defer_work(struct work_struct *w)
 	}
 }
 
-void dsm_deliver(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq)
+void dsm_deliver(struct dsm_comm *c, u32 peer, void *msg, u32 len)
 {
 	bool queued;
 	unsigned long flags;
 
-	if (!in_irq) {
-		while (c->handle(c, peer, msg, len, false) == -EAGAIN)
-			usleep_range(20, 100);
-		return;
-	}
 	spin_lock_irqsave(&c->defer_lock, flags);
 	queued = !list_empty(&c->deferred);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
@@ -309,8 +304,7 @@ static void dsm_on_recv(struct dsm_comm *c, const struct ib_wc *wc)
 	p = &c->peers[peer];
 	atomic64_inc(&c->stats.received);
 	/* The buffer is the protocol's only for this call. */
-	dsm_deliver(c, peer, p->rbuf + (size_t)slot * DSM_MSG_MAX, wc->byte_len,
-		    true);
+	dsm_deliver(c, peer, p->rbuf + (size_t)slot * DSM_MSG_MAX, wc->byte_len);
 	if (dsm_post_recv(c, p, slot))
 		pr_err_ratelimited("dsm: cannot re-post a receive to node %u\n", peer);
 }

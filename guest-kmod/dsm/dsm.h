@@ -133,8 +133,8 @@ int dsm_msg_send_data(struct dsm_comm *c, u32 peer, u32 slot, u32 len,
  */
 int dsm_rdma_read(struct dsm_comm *c, u32 peer, u64 dst, u64 src, u32 len,
 		  const void *done, u32 dlen);
-/* Hands a message to the handler as the CQ handler would (in_irq: may defer). */
-void dsm_deliver(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq);
+/* From the CQ handler: a message to the handler, or to process context behind earlier ones. */
+void dsm_deliver(struct dsm_comm *c, u32 peer, void *msg, u32 len);
 
 /* The message dispatcher (ctl.c): the self-test's or the protocol's. */
 int dsm_dispatch(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_irq);

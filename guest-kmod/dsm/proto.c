@@ -102,14 +102,13 @@ static void out_post(struct dsm_proto *d, struct dsm_out *o, u32 type, u32 arg,
 }
 
 /* One message, reserved and posted at once (nothing to change in between). */
-static int send1(struct dsm_proto *d, u32 to, u32 type, u32 arg, u32 node,
-		 u64 addr)
+static int send1(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 {
 	struct dsm_out o;
 
 	if (out_reserve(d, &o, to))
 		return -EAGAIN;
-	out_post(d, &o, type, arg, node, 0, addr);
+	out_post(d, &o, type, arg, 0, 0, addr);
 	return 0;
 }
 
@@ -150,9 +149,10 @@ static int mgr_write_handover(struct dsm_proto *d, u32 page)
 	return 0;
 }
 
-static int mgr_start_read(struct dsm_proto *d, u32 page, u32 from, u64 addr)
+static int mgr_start_read(struct dsm_proto *d, u32 page)
 {
 	struct dsm_mgr_page *mp = &d->mgr[page];
+	u32 from = mp->req_from;
 	bool fetch = d->rdma_read && mp->owner_ro;
 	struct dsm_out o;
 
@@ -161,25 +161,22 @@ static int mgr_start_read(struct dsm_proto *d, u32 page, u32 from, u64 addr)
 	if (fetch)
 		out_post(d, &o, DSM_FETCH, page, mp->owner, 0, mp->owner_addr);
 	else
-		out_post(d, &o, DSM_FWD_READ, page, from, 0, addr);
+		out_post(d, &o, DSM_FWD_READ, page, from, 0, mp->req_addr);
 	return 0;
 }
 
-static int mgr_start_write(struct dsm_proto *d, u32 page, u32 from, u64 addr)
+static int mgr_start_write(struct dsm_proto *d, u32 page)
 {
 	struct dsm_mgr_page *mp = &d->mgr[page];
-	u16 inv = mp->copyset & ~BIT(from - 1) & ~BIT(mp->owner - 1);
+	u16 inv = mp->copyset & ~BIT(mp->req_from - 1) & ~BIT(mp->owner - 1);
 	struct dsm_out o[DSM_MAX_NODES];
 	u32 to[DSM_MAX_NODES], n = 0, k;
 
 	for (k = 1; k <= d->nodes; k++)
 		if (inv & BIT(k - 1))
 			to[n++] = k;
-	if (!n) {
-		mp->req_from = from;
-		mp->req_addr = addr;
+	if (!n)
 		return mgr_write_handover(d, page);
-	}
 	if (out_reserve_n(d, o, to, n))
 		return -EAGAIN;
 	mp->acks_left = n;
@@ -188,7 +185,10 @@ static int mgr_start_write(struct dsm_proto *d, u32 page, u32 from, u64 addr)
 	return 0;
 }
 
-/* Opens a transaction on an idle page; -EAGAIN: nothing changed. */
+/*
+ * Opens a transaction on an idle page; -EAGAIN: nothing changed (the
+ * request fields are only meaningful while busy).
+ */
 static int mgr_start(struct dsm_proto *d, u32 page, u32 from, u32 kind, u64 addr)
 {
 	struct dsm_mgr_page *mp = &d->mgr[page];
@@ -196,9 +196,8 @@ static int mgr_start(struct dsm_proto *d, u32 page, u32 from, u32 kind, u64 addr
 
 	mp->req_from = from;
 	mp->req_addr = addr;
-	mp->req_kind = kind;
-	err = kind == DSM_REQ_READ ? mgr_start_read(d, page, from, addr) :
-				     mgr_start_write(d, page, from, addr);
+	err = kind == DSM_REQ_READ ? mgr_start_read(d, page) :
+				     mgr_start_write(d, page);
 	if (!err)
 		mp->busy = 1;
 	return err;
@@ -388,7 +387,7 @@ static int on_lock_req(struct dsm_proto *d, u32 from, u32 id)
 	struct dsm_lockmgr *l = &d->locks[id];
 
 	if (!l->holder) {
-		if (send1(d, from, DSM_LOCK_GRANT, id, 0, 0))
+		if (send1(d, from, DSM_LOCK_GRANT, id, 0))
 			return -EAGAIN;
 		l->holder = from;
 		return 0;
@@ -415,7 +414,7 @@ static int on_unlock(struct dsm_proto *d, u32 from, u32 id)
 		return 0;
 	}
 	next = l->q[l->qh];
-	if (send1(d, next, DSM_LOCK_GRANT, id, 0, 0))
+	if (send1(d, next, DSM_LOCK_GRANT, id, 0))
 		return -EAGAIN;
 	l->qh = (l->qh + 1) % DSM_MAX_NODES;
 	l->qn--;
@@ -548,7 +547,7 @@ int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 		if (READ_ONCE(d->dead))
 			return -ENODEV;
 		spin_lock(&d->lock);
-		err = send1(d, to, type, arg, 0, addr);
+		err = send1(d, to, type, arg, addr);
 		if (!err)
 			proto_drain(d, false);
 		spin_unlock(&d->lock);

@@ -63,7 +63,7 @@ struct dsm_mgr_page {
 	u8 owner;
 	u8 owner_ro;		/* the owner's own access is read-only */
 	u8 busy;		/* a transaction is open */
-	u8 req_from, req_kind;
+	u8 req_from;		/* the open transaction's requester */
 	u8 acks_left;		/* invalidations not yet acknowledged */
 };
 

@@ -39,7 +39,6 @@ struct dsm_region {
 	struct dsm_proto *proto;	/* the session's space; NULL: scratch */
 	struct list_head link;
 	struct mm_struct *mm;
-	struct vm_area_struct *vma;
 	struct mmu_notifier *mn;
 	unsigned long start;
 	u32 npages;
@@ -413,7 +412,6 @@ static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
 	if (!list_empty(&r->link) || r->mm)
 		return -EBUSY;
 	r->mm = vma->vm_mm;
-	r->vma = vma;
 	r->start = vma->vm_start;
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY;
 	err = dsm_region_map(r, vma);
