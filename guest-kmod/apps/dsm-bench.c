@@ -13,12 +13,11 @@
  * Prints (node 2): DSM-FAULTS pages=P read_us=R write_us=W
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include "../libdsm/libdsm.h"
 
 int main(int argc, char **argv)
 {
-	unsigned long n = argc > 1 ? strtoul(argv[1], NULL, 0) : 64, i, ps = 4096;
+	unsigned long n = dsm_arg(argc, argv, 1, 64), i, ps = 4096;
 	volatile char *m;
 	double t, rd = 0, wr = 0;
 	long sum = 0;

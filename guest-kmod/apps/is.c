@@ -55,12 +55,9 @@ int main(int argc, char **argv)
 	int ok = -1;
 	double t0;
 
-	if (argc > 1)
-		NK = strtoul(argv[1], NULL, 0);
-	if (argc > 2)
-		B = strtoul(argv[2], NULL, 0);
-	if (argc > 3)
-		ITERS = strtoul(argv[3], NULL, 0);
+	NK = dsm_arg(argc, argv, 1, NK);
+	B = dsm_arg(argc, argv, 2, B);
+	ITERS = dsm_arg(argc, argv, 3, ITERS);
 	dsm_init();
 	me = dsm_self() - 1;
 	keys = dsm_alloc(NK * sizeof(*keys));
@@ -98,6 +95,6 @@ int main(int argc, char **argv)
 	t0 = dsm_now() - t0;
 	if (me == 0)
 		ok = verify(keys, total, rank);
-	dsm_report("is", ok, t0, NULL);
+	dsm_report("is", ok, t0, 0, NULL);
 	return ok == 0;
 }

@@ -16,7 +16,6 @@
  * Usage: litmus [ROUNDS [TEST...]]   (default: all four, in this order)
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include "../libdsm/libdsm.h"
 
@@ -131,8 +130,7 @@ int main(int argc, char **argv)
 	size_t i;
 	int a;
 
-	if (argc > 1)
-		rounds = strtoul(argv[1], NULL, 0);
+	rounds = dsm_arg(argc, argv, 1, rounds);
 	for (a = 2; a < argc; a++) {
 		for (i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
 			if (!strcmp(argv[a], tests[i].name))

@@ -40,10 +40,8 @@ int main(int argc, char **argv)
 	size_t i, j, k;
 	double *a, *ref, t0, ts = 0;
 	int ok = -1;
-	char extra[32];
 
-	if (argc > 1)
-		N = strtoul(argv[1], NULL, 0);
+	N = dsm_arg(argc, argv, 1, N);
 	if (N < 2)
 		dsm_die("matrix too small");
 	dsm_init();
@@ -82,7 +80,6 @@ int main(int argc, char **argv)
 			fprintf(stderr, "lu: mismatch at %zu\n", i - 1);
 		free(ref);
 	}
-	snprintf(extra, sizeof(extra), "seq_ms=%.1f", ts * 1e3);
-	dsm_report("lu", ok, t0, ts ? extra : NULL);
+	dsm_report("lu", ok, t0, ts, NULL);
 	return ok == 0;
 }

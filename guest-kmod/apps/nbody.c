@@ -69,12 +69,9 @@ int main(int argc, char **argv)
 	size_t lo, hi, i, s;
 	int ok = -1;
 	double t0, ts = 0;
-	char extra[32];
 
-	if (argc > 1)
-		NB = strtoul(argv[1], NULL, 0);
-	if (argc > 2)
-		STEPS = strtoul(argv[2], NULL, 0);
+	NB = dsm_arg(argc, argv, 1, NB);
+	STEPS = dsm_arg(argc, argv, 2, STEPS);
 	dsm_init();
 	pos[0] = dsm_alloc(NB * sizeof(struct body));
 	pos[1] = dsm_alloc(NB * sizeof(struct body));
@@ -109,7 +106,6 @@ int main(int argc, char **argv)
 		if (!ok)
 			fprintf(stderr, "nbody: mismatch at body %zu\n", i - 1);
 	}
-	snprintf(extra, sizeof(extra), "seq_ms=%.1f", ts * 1e3);
-	dsm_report("nbody", ok, t0, ts ? extra : NULL);
+	dsm_report("nbody", ok, t0, ts, NULL);
 	return ok == 0;
 }

@@ -54,14 +54,10 @@ int main(int argc, char **argv)
 	float *g, *ref;
 	int ok = -1;
 	double t0, ts = 0;
-	char extra[32];
 
-	if (argc > 1)
-		R = strtoul(argv[1], NULL, 0);
-	if (argc > 2)
-		C = strtoul(argv[2], NULL, 0);
-	if (argc > 3)
-		ITERS = strtoul(argv[3], NULL, 0);
+	R = dsm_arg(argc, argv, 1, R);
+	C = dsm_arg(argc, argv, 2, C);
+	ITERS = dsm_arg(argc, argv, 3, ITERS);
 	if (R < 3 || C < 3)
 		dsm_die("grid too small");
 	dsm_init();
@@ -91,7 +87,6 @@ int main(int argc, char **argv)
 				(i - 1) / C, (i - 1) % C);
 		free(ref);
 	}
-	snprintf(extra, sizeof(extra), "seq_ms=%.1f", ts * 1e3);
-	dsm_report("sor", ok, t0, ts ? extra : NULL);
+	dsm_report("sor", ok, t0, ts, NULL);
 	return ok == 0;
 }

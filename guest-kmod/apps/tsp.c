@@ -122,8 +122,7 @@ int main(int argc, char **argv)
 	char extra[32];
 	double t0;
 
-	if (argc > 1)
-		NC = atoi(argv[1]);
+	NC = dsm_arg(argc, argv, 1, NC);
 	if (NC < 5 || NC > MAXC)
 		dsm_die("cities: 5..%d", MAXC);
 	cities();
@@ -151,7 +150,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "tsp: best %d, tour %d, sequential %d\n",
 				s->best, len, seq);
 	}
-	snprintf(extra, sizeof(extra), "best=%d seq_ms=%.1f", seq, ts * 1e3);
-	dsm_report("tsp", ok, t0, dsm_self() == 1 ? extra : NULL);
+	snprintf(extra, sizeof(extra), "best=%d", seq);
+	dsm_report("tsp", ok, t0, ts, dsm_self() == 1 ? extra : NULL);
 	return ok == 0;
 }

@@ -110,6 +110,19 @@ double dsm_now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+size_t dsm_arg(int argc, char **argv, int i, size_t def)
+{
+	char *end;
+	size_t v;
+
+	if (i >= argc)
+		return def;
+	v = strtoul(argv[i], &end, 0);
+	if (!*argv[i] || *end)
+		dsm_die("argument %d (%s) is not a number", i, argv[i]);
+	return v;
+}
+
 void dsm_range(size_t n, size_t *lo, size_t *hi)
 {
 	size_t k = g.info.self - 1, nodes = g.info.nodes;
@@ -123,17 +136,21 @@ static double per_us(uint64_t ns, uint64_t n)
 	return n ? ns / 1e3 / n : 0;
 }
 
-void dsm_report(const char *app, int verified, double secs, const char *extra)
+void dsm_report(const char *app, int verified, double secs, double seq_secs,
+		const char *extra)
 {
 	struct dsm_stats_user s;
+	char seq[32] = "";
 	uint64_t rf, wf;
 
 	dsm_stats(&s);
+	if (seq_secs > 0)
+		snprintf(seq, sizeof(seq), " seq_ms=%.1f", seq_secs * 1e3);
 	rf = s.read_faults - g.st0.read_faults;
 	wf = s.write_faults - g.st0.write_faults;
 	printf("DSM-RESULT app=%s node=%u nodes=%u verified=%s time_ms=%.1f "
 	       "rfaults=%llu wfaults=%llu msgs=%llu msg_bytes=%llu data_bytes=%llu "
-	       "rfault_us=%.1f wfault_us=%.1f inv=%llu irq=%llu process=%llu%s%s\n",
+	       "rfault_us=%.1f wfault_us=%.1f inv=%llu irq=%llu process=%llu%s%s%s\n",
 	       app, g.info.self, g.info.nodes,
 	       verified > 0 ? "ok" : verified == 0 ? "FAILED" : "-", secs * 1e3,
 	       (unsigned long long)rf, (unsigned long long)wf,
@@ -145,6 +162,6 @@ void dsm_report(const char *app, int verified, double secs, const char *extra)
 	       (unsigned long long)(s.invalidations - g.st0.invalidations),
 	       (unsigned long long)(s.handled_irq - g.st0.handled_irq),
 	       (unsigned long long)(s.handled_process - g.st0.handled_process),
-	       extra ? " " : "", extra ? extra : "");
+	       seq, extra ? " " : "", extra ? extra : "");
 	fflush(stdout);
 }

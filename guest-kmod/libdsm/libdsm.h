@@ -22,13 +22,17 @@ void dsm_lock(unsigned id);		/* id < DSM_LOCKS */
 void dsm_unlock(unsigned id);
 void dsm_stats(struct dsm_stats_user *st);
 double dsm_now(void);			/* seconds, monotonic */
+/* Numeric argument i of the program, or def when absent; dies on a non-number. */
+size_t dsm_arg(int argc, char **argv, int i, size_t def);
 /* [*lo, *hi): this node's share of n items, in node order. */
 void dsm_range(size_t n, size_t *lo, size_t *hi);
 /*
  * Prints this node's result line: app, verified (1 ok, 0 failed, -1 not
- * checked here), seconds, and the protocol counters since dsm_init().
+ * checked here), seconds, the sequential run's seconds (0: none here),
+ * and the protocol counters since dsm_init().
  */
-void dsm_report(const char *app, int verified, double secs, const char *extra);
+void dsm_report(const char *app, int verified, double secs, double seq_secs,
+		const char *extra);
 void dsm_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 #endif /* LIBDSM_H */
