@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::agent::Agent;
-use crate::verbs::fields;
+use crate::verbs::{fields, float, num};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -74,17 +74,9 @@ pub struct AppResult {
 
 impl AppResult {
     pub fn parse(line: &str) -> Result<AppResult, String> {
-        let f = fields(line.trim_start_matches("DSM-RESULT "));
-        let u = |k: &str| -> Result<u64, String> {
-            f.get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("no {k} in `{line}`"))
-        };
-        let x = |k: &str| -> Result<f64, String> {
-            f.get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("no {k} in `{line}`"))
-        };
+        let f = fields(line);
+        let u = |k: &str| num(line, k);
+        let x = |k: &str| float(line, k);
         Ok(AppResult {
             node: u("node")? as u32,
             verified: match f.get("verified").map(String::as_str) {
@@ -152,6 +144,14 @@ pub fn run_app(
         out.push(res);
     }
     Ok(out)
+}
+
+/// Sets the protocol's knobs on every guest (`dsmctl config handler=... readfault=...`).
+pub fn configure(agents: &mut [Agent], config: &str) -> Result<(), String> {
+    for a in agents.iter_mut() {
+        a.run(&format!("dsmctl config {config}"), T)?;
+    }
+    Ok(())
 }
 
 /// Closes the DSM session on every guest (so the next application starts from fresh memory).

@@ -57,12 +57,21 @@ pub fn fields(line: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// The number after `key=` in a vbench (or dsm) result line.
-pub fn num(line: &str, key: &str) -> Result<u64, String> {
+fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, String> {
     fields(line)
         .get(key)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("no {key}= in the guest's answer `{}`", line.trim()))
+}
+
+/// The number after `key=` in a vbench (or dsm) result line.
+pub fn num(line: &str, key: &str) -> Result<u64, String> {
+    field(line, key)
+}
+
+/// Like [`num`], for a decimal fraction.
+pub fn float(line: &str, key: &str) -> Result<f64, String> {
+    field(line, key)
 }
 
 /// One ping-pong run as the client saw it.

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use device_server::dsm::{close_all, connect_mesh, run_app, run_everywhere};
+use device_server::dsm::{close_all, configure, connect_mesh, run_app, run_everywhere};
 use device_server::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
@@ -107,9 +107,7 @@ const APPS: [(&str, &str); 5] = [
 fn fresh_session(tb: &mut Testbed, config: &str) {
     close_all(&mut tb.agents).unwrap();
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
-    for a in tb.agents.iter_mut() {
-        a.run(&format!("dsmctl config {config}"), T).unwrap();
-    }
+    configure(&mut tb.agents, config).unwrap();
 }
 
 /// Every node's protocol counters: no error completions, no protocol errors.

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use device_server::dsm::{close_all, connect_mesh, run_app};
+use device_server::dsm::{close_all, configure, connect_mesh, run_app};
 use device_server::verbs::{Mode, Testbed};
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
@@ -150,9 +150,7 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         ("lu 64", "handler=irq readfault=read"),
     ] {
         connect_mesh(&mut tb.agents, "rxe0").unwrap();
-        for a in tb.agents.iter_mut() {
-            a.run(&format!("dsmctl config {config}"), T).unwrap();
-        }
+        configure(&mut tb.agents, config).unwrap();
         let res = run_app(&mut tb.agents, cmd, Duration::from_secs(600))
             .unwrap_or_else(|e| panic!("rxe0 {cmd}: {e}"));
         assert_eq!(res[0].verified, Some(true), "rxe0 {cmd}: {}", res[0].line);

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use device_server::dsm::{close_all, connect_mesh, run_everywhere};
+use device_server::dsm::{close_all, configure, connect_mesh, run_everywhere};
 use device_server::qemu::{qemu_available, Image};
 use device_server::verbs::{BwResult, Mode, PingResult, Testbed};
 
@@ -218,24 +218,17 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<()
     let mut rows = Vec::new();
     for (handler, readfault) in DSM_CONFIGS {
         connect_mesh(&mut tb.agents, "hcab0")?;
-        for a in tb.agents.iter_mut() {
-            a.run(
-                &format!("dsmctl config handler={handler} readfault={readfault}"),
-                t,
-            )?;
-        }
+        configure(
+            &mut tb.agents,
+            &format!("handler={handler} readfault={readfault}"),
+        )?;
         let out = run_everywhere(&mut tb.agents, &format!("dsm-bench {pages}"), t);
         let (_, text) = out.into_iter().nth(1).ok_or("no node 2")??;
         let line = text
             .lines()
             .find(|l| l.starts_with("DSM-FAULTS"))
             .ok_or_else(|| format!("dsm-bench printed no result:\n{text}"))?;
-        let f = device_server::verbs::fields(line);
-        let get = |k: &str| -> Result<f64, String> {
-            f.get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("no {k} in `{line}`"))
-        };
+        let get = |k: &str| device_server::verbs::float(line, k);
         if get("bad")? != 0.0 {
             return Err(format!("dsm-bench saw wrong page contents: {line}"));
         }

@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 use super::boot;
-use super::hca_pci::{HcaPci, Msix, BAR0_SIZE, BAR1_SIZE};
+use super::hca_pci::{HcaPci, Msix, BAR1_SIZE};
 use super::pci::PciBus;
 
 pub const COM1: u16 = 0x3f8;
@@ -91,7 +91,8 @@ pub struct Outcome {
 
 pub struct Machine {
     pub name: String,
-    vm: Arc<VmFd>,
+    /// The VM (its device threads hold it too); its slots map `mem` and BAR2.
+    _vm: Arc<VmFd>,
     mem: GuestMemoryMmap,
     vcpus: Vec<VcpuFd>,
     devices: Arc<Devices>,
@@ -247,7 +248,7 @@ impl Machine {
                 exit_code: Mutex::new(None),
                 stop: AtomicBool::new(false),
             }),
-            vm,
+            _vm: vm,
             mem,
             vcpus: vec![vcpu],
             console,
@@ -258,10 +259,6 @@ impl Machine {
 
     pub fn hca(&self) -> &Hca {
         &self.devices.hca
-    }
-
-    pub fn vm(&self) -> &VmFd {
-        &self.vm
     }
 
     /// Loads a flat binary at `addr` and enters it in 64-bit mode (the bare-metal test
@@ -364,7 +361,10 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
     }
 }
 
-/// BAR0 and BAR1 accesses (BAR2 is memory, no exits); anything else reads as zero.
+/// BAR1 (MSI-X) accesses. BAR2 is memory (no exits); BAR0's doorbell writes hit the
+/// ioeventfds, and the rest of BAR0 (registers ivshmem leaves at zero, doorbells naming
+/// another peer, which ivshmem drops too) reads as zero and ignores writes, like any other
+/// address.
 fn mmio(d: &Devices, addr: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) {
     let bars = d.hca_pci.lock().unwrap().mapped_bars();
     let mut val = 0u32;
@@ -383,13 +383,6 @@ fn mmio(d: &Devices, addr: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) {
                 }
             }
             None => d.msix.bar_write(off, val),
-        }
-        return;
-    }
-    if (bars[0]..bars[0] + BAR0_SIZE).contains(&addr) {
-        // A doorbell naming another peer missed the ioeventfds: ivshmem drops it too.
-        if let Some(r) = read {
-            r.fill(0);
         }
         return;
     }
