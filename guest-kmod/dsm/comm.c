@@ -164,19 +164,21 @@ int dsm_msg_send_data(struct dsm_comm *c, u32 peer, u32 slot, u32 len,
 int dsm_rdma_read(struct dsm_comm *c, u32 peer, u64 dst, u64 src, u32 len,
 		  const void *done, u32 dlen)
 {
-	struct dsm_peer *p = &c->peers[peer];
 	struct ib_sge sge = { .addr = dst, .length = len, .lkey = c->pd->local_dma_lkey };
 	struct ib_rdma_wr w = {
 		.wr = { .sg_list = &sge, .num_sge = 1, .opcode = IB_WR_RDMA_READ },
 		.remote_addr = src,
-		.rkey = p->rkey,
 	};
+	struct dsm_peer *p;
 	unsigned long flags;
 	u32 i;
-	int err = -EAGAIN;
+	int err;
 
-	if (peer < 1 || peer > c->nodes || !p->connected || dlen > DSM_DONE_MAX)
+	if (peer < 1 || peer > c->nodes || !c->peers[peer].connected ||
+	    dlen > DSM_DONE_MAX)
 		return -EINVAL;
+	p = &c->peers[peer];
+	w.rkey = p->rkey;
 	spin_lock_irqsave(&c->read_lock, flags);
 	for (i = 0; i < DSM_READS && c->reads[i].peer; i++)
 		;
