@@ -6,6 +6,8 @@
  *   mp       message passing: node 1 writes data = r, then flag = r, for
  *            r = 1..ROUNDS; node 2 reads flag, then data, until the
  *            flag reaches ROUNDS: data older than the flag is forbidden.
+ *            The writer pauses halfway until the reader has seen a flag,
+ *            so the reader reads at least twice while the writer runs.
  *   sb       store buffering (Dekker): node 1 does x=1; r1=y, node 2
  *            y=1; r2=x; r1 == r2 == 0 is forbidden under SC.
  *   counter  every node adds 1 to a shared counter ROUNDS times under a
@@ -34,15 +36,25 @@ static volatile long *page_var(void)
 	return dsm_alloc(1);
 }
 
+/*
+ * Halfway through, the writer waits until the reader has seen a non-zero
+ * flag: otherwise a writer that runs first (all guests share the host's
+ * cores) may finish every round before the reader's first read, and the
+ * test would check nothing.
+ */
 static void mp(void)
 {
 	volatile long *data = page_var(), *flag = page_var();
+	volatile long *seen_flag = page_var();
 	unsigned long r, v = 0, seen = 0;
 	long f, d;
 
 	dsm_barrier();
 	if (dsm_self() == 1) {
 		for (r = 1; r <= rounds; r++) {
+			if (r > 1 && r == rounds / 2 + 1)
+				while (!*seen_flag)
+					;
 			*data = r;
 			*flag = r;
 		}
@@ -52,6 +64,8 @@ static void mp(void)
 			d = *data;
 			v += d < f;
 			seen++;
+			if (f && !*seen_flag)
+				*seen_flag = 1;
 		} while (f < (long)rounds);
 	}
 	dsm_barrier();
