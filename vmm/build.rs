@@ -12,6 +12,8 @@ fn main() {
     for f in [
         "guest/entry.S",
         "guest/hcatest.c",
+        "guest/rdma.c",
+        "guest/hcatest.h",
         "guest/guest.ld",
         "guest/shim/linux/types.h",
         "../guest-kmod/include/hca_abi.h",
@@ -35,7 +37,7 @@ fn main() {
             "-o",
         ])
         .arg(&elf)
-        .args(["guest/entry.S", "guest/hcatest.c"])
+        .args(["guest/entry.S", "guest/hcatest.c", "guest/rdma.c"])
         .status();
     let ok = matches!(gcc, Ok(s) if s.success())
         && matches!(

@@ -5,14 +5,13 @@
  * mechanism 1, finds the hcabench HCA (1234:21a8), checks BAR2's
  * signature, programs MSI-X vector 0 to its local APIC, posts a
  * QUERY_PORT command through the mailbox, rings the command doorbell and
- * waits for the interrupt. Every step prints a line on the serial port;
- * the last one is "HCATEST PASS" or "HCATEST FAIL <why>"; then it writes
- * its verdict to the VMM's exit port.
+ * waits for the interrupt. Given a role in the exchange block, it then
+ * runs the two-VM RDMA Write test (rdma.c). Every step prints a line on
+ * the serial port; the last one is "HCATEST PASS" or "HCATEST FAIL <why>";
+ * then it writes its verdict to the VMM's exit port.
  */
-#include "../../guest-kmod/include/hca_abi.h"
+#include "hcatest.h"
 
-#define COM1		0x3f8
-#define EXIT_PORT	0x501
 #define PCI_ADDR	0xcf8
 #define PCI_DATA	0xcfc
 #define LAPIC		0xfee00000UL
@@ -30,11 +29,6 @@ struct idt_entry {
 
 static struct idt_entry idt[256] __attribute__((aligned(16)));
 
-static inline void outb(unsigned short port, unsigned char v)
-{
-	__asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port));
-}
-
 static inline void outl(unsigned short port, unsigned int v)
 {
 	__asm__ volatile("outl %0, %1" : : "a"(v), "Nd"(port));
@@ -46,16 +40,6 @@ static inline unsigned int inl(unsigned short port)
 
 	__asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
 	return v;
-}
-
-static inline unsigned int mmio_read32(unsigned long a)
-{
-	return *(volatile unsigned int *)a;
-}
-
-static inline void mmio_write32(unsigned long a, unsigned int v)
-{
-	*(volatile unsigned int *)a = v;
 }
 
 static void puts_serial(const char *s)
@@ -75,7 +59,7 @@ static void put_hex(unsigned long v)
 	puts_serial(b);
 }
 
-static void say(const char *what, unsigned long v)
+void say(const char *what, unsigned long v)
 {
 	puts_serial("HCATEST ");
 	puts_serial(what);
@@ -84,7 +68,7 @@ static void say(const char *what, unsigned long v)
 	puts_serial("\n");
 }
 
-static void finish(const char *why)
+void finish(const char *why)
 {
 	puts_serial(why ? "HCATEST FAIL " : "HCATEST PASS\n");
 	if (why) {
@@ -202,5 +186,5 @@ void guest_main(void)
 	say("interrupts", irq_count);
 	if (!irq_count)
 		finish("no MSI-X interrupt after the doorbell");
-	finish(0);
+	finish(rdma_test(bar0, bar2, peer));
 }

@@ -1,12 +1,14 @@
 //! The KVM backend on this host's /dev/kvm, with the bare-metal test guest (no Linux): it
 //! enumerates PCI, finds the HCA, reads BAR2's signature, rings the command doorbell (an
-//! ioeventfd) and takes the MSI-X interrupt (an irqfd through a GSI route). Skips, saying
-//! why, where there is no /dev/kvm or the guest could not be built.
+//! ioeventfd) and takes the MSI-X interrupt (an irqfd through a GSI route); two such VMs in
+//! one process exchange an RDMA Write through the in-process fabric. Skips, saying why,
+//! where there is no /dev/kvm or the guest could not be built.
 
 use std::time::{Duration, Instant};
 
 use hca_model::Fabric;
 use hcabench::kvm::machine::{Machine, MachineConfig};
+use hcabench::kvm::test_guest::{mirror, set_role, Role};
 use hcabench::kvm::{check_kvm, TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
 fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
@@ -23,6 +25,23 @@ fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     }
 }
 
+/// A 16 MiB VM on `fabric` with the test guest loaded.
+fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, fabric: &Fabric) -> Machine {
+    let m = Machine::new(
+        kvm,
+        MachineConfig {
+            name: name.into(),
+            ram_bytes: 16 << 20,
+            serial_log: None,
+        },
+        fabric,
+    )
+    .unwrap();
+    m.load_flat(TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK)
+        .unwrap();
+    m
+}
+
 #[test]
 fn test_kvm_check_answers_quickly() {
     let t = Instant::now();
@@ -37,18 +56,7 @@ fn test_baremetal_guest_finds_the_hca_and_gets_its_msix_interrupt() {
         return;
     };
     let fabric = Fabric::new();
-    let mut m = Machine::new(
-        &kvm,
-        MachineConfig {
-            name: "vm1".into(),
-            ram_bytes: 16 << 20,
-            serial_log: None,
-        },
-        &fabric,
-    )
-    .unwrap();
-    m.load_flat(TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK)
-        .unwrap();
+    let mut m = test_machine(&kvm, "vm1", &fabric);
     let out = m.run(Duration::from_secs(120)).unwrap();
     eprintln!("{}", out.serial);
     assert_eq!(out.exit_code, Some(0), "{out:?}");
@@ -60,4 +68,47 @@ fn test_baremetal_guest_finds_the_hca_and_gets_its_msix_interrupt() {
     );
     assert!(m.hca().stats().interrupts >= 1, "{:?}", m.hca().stats());
     assert!(m.hca().stats().commands >= 1, "{:?}", m.hca().stats());
+}
+
+#[test]
+fn test_two_vms_in_one_process_exchange_an_rdma_write() {
+    let Some(kvm) = kvm_or_skip("two VMs") else {
+        return;
+    };
+    let fabric = Fabric::new();
+    let mut writer = test_machine(&kvm, "vm1", &fabric);
+    let mut target = test_machine(&kvm, "vm2", &fabric);
+    let (wmem, tmem) = (writer.memory(), target.memory());
+    set_role(&wmem, Role::Writer).unwrap();
+    set_role(&tmem, Role::Target).unwrap();
+    let timeout = Duration::from_secs(120);
+    let (w, t) = std::thread::scope(|s| {
+        let w = s.spawn(|| writer.run(timeout));
+        let t = s.spawn(|| target.run(timeout));
+        // The host side of the out-of-band exchange, until both guests are done.
+        while !(w.is_finished() && t.is_finished()) {
+            mirror(&wmem, &tmem).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (w.join().unwrap().unwrap(), t.join().unwrap().unwrap())
+    });
+    eprintln!("writer:\n{}\ntarget:\n{}", w.serial, t.serial);
+    assert_eq!(w.exit_code, Some(0), "writer: {w:?}");
+    assert_eq!(t.exit_code, Some(0), "target: {t:?}");
+    assert!(
+        w.serial
+            .contains("rdma-write-cqe-status 0x0000000000000000"),
+        "{}",
+        w.serial
+    );
+    assert!(
+        t.serial
+            .contains("rdma-write-received-bytes 0x0000000000002000"),
+        "{}",
+        t.serial
+    );
+    // The data crossed the in-process fabric: the target's HCA received it as packets.
+    let (ws, ts) = (writer.hca().stats(), target.hca().stats());
+    eprintln!("writer HCA: {ws:?}\ntarget HCA: {ts:?}");
+    assert!(ws.bytes_out >= 8192 && ts.packets_in >= 1, "{ws:?} {ts:?}");
 }

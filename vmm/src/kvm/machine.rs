@@ -261,6 +261,11 @@ impl Machine {
         &self.devices.hca
     }
 
+    /// The guest's RAM (a cheap handle onto the same mapping).
+    pub fn memory(&self) -> GuestMemoryMmap {
+        self.mem.clone()
+    }
+
     /// Loads a flat binary at `addr` and enters it in 64-bit mode (the bare-metal test
     /// guest's start state).
     pub fn load_flat(&self, blob: &[u8], addr: u64, stack: u64) -> Result<(), String> {

@@ -10,6 +10,9 @@ pub mod boot;
 pub mod hca_pci;
 pub mod machine;
 pub mod pci;
+pub mod test_guest;
+
+pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
 use std::time::{Duration, Instant};
 
@@ -85,9 +88,3 @@ fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// The bare-metal test guest (vmm/guest, built by build.rs): a flat binary entered in
-/// 64-bit mode at [`TEST_GUEST_ENTRY`]. Empty when gcc was missing at build time.
-pub const TEST_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hcatest.bin"));
-pub const TEST_GUEST_ENTRY: u64 = 0x10_0000;
-pub const TEST_GUEST_STACK: u64 = 0x8_0000;

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* What the test guest's files share: port and MMIO access, serial output. */
+#ifndef HCATEST_H
+#define HCATEST_H
+
+#include "../../guest-kmod/include/hca_abi.h"
+
+#define COM1		0x3f8
+#define EXIT_PORT	0x501
+
+/*
+ * The exchange block (guest-physical 0x6000), which the VMM's host side
+ * reads and fills: it plays the cluster's out-of-band connection manager.
+ * role 0 (or no magic): the single-VM test only; 1: RDMA writer; 2: target.
+ */
+#define XCHG_ADDR	0x6000UL
+#define XCHG_MAGIC	0x47484358	/* "XCHG" */
+
+struct xchg_side {
+	__u32 ready;
+	__u32 lid;
+	__u32 qpn;
+	__u32 rkey;
+	__u64 addr;
+};
+
+struct xchg {
+	__u32 magic;
+	__u32 role;
+	struct xchg_side self;	/* written by the guest */
+	struct xchg_side peer;	/* written by the host */
+};
+
+_Static_assert(sizeof(struct xchg) == 56, "xchg");
+
+static inline void outb(unsigned short port, unsigned char v)
+{
+	__asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port));
+}
+
+static inline unsigned int mmio_read32(unsigned long a)
+{
+	return *(volatile unsigned int *)a;
+}
+
+static inline void mmio_write32(unsigned long a, unsigned int v)
+{
+	*(volatile unsigned int *)a = v;
+}
+
+void say(const char *what, unsigned long v);
+void finish(const char *why);
+
+/* rdma.c: the two-VM RDMA Write test; 0 or why it failed. */
+const char *rdma_test(unsigned long bar0, unsigned long bar2, unsigned int peer);
+
+#endif
