@@ -3,11 +3,11 @@
 
 Resolves the kernel `linux-image-amd64` points to, downloads it and busybox-static (never
 installing them into the host), extracts the ELF vmlinux from the bzImage (it boots through
-PVH, faster than the bzImage under TCG), builds the guest modules in guest-kmod/ against the
+PVH, faster than the bzImage under TCG) and keeps the bzImage (the KVM backend boots it), builds the guest modules in guest-kmod/ against the
 matching `linux-headers-<ver>-amd64` (installed if missing), and packs an initramfs with
 busybox, the init script, the kernel modules hcabench needs and ours.
 
-Output (default target/images/): <ver>/vmlinux, <ver>/initramfs.cpio.gz, <ver>/manifest.json
+Output (default target/images/): <ver>/vmlinux, <ver>/bzImage, <ver>/initramfs.cpio.gz, <ver>/manifest.json
 and `current` (the version). Everything is cached: a rebuild happens only when an input (a
 package, the init script, a module source, this script) changes.
 
@@ -302,6 +302,7 @@ def main():
     dest.mkdir(parents=True, exist_ok=True)
     say(f"{kver}: extracting vmlinux")
     vmlinux_from_bzimage(kroot / "boot" / f"vmlinuz-{kver}", dest / "vmlinux")
+    shutil.copyfile(kroot / "boot" / f"vmlinuz-{kver}", dest / "bzImage")
 
     ours = build_our_modules(kver)
     tools = build_user_tools()

@@ -22,6 +22,8 @@ pub const QEMU: &str = "qemu-system-x86_64";
 pub struct Image {
     pub kernel_version: String,
     pub vmlinux: PathBuf,
+    /// Debian's compressed kernel as shipped (the KVM backend boots it).
+    pub bzimage: PathBuf,
     pub initramfs: PathBuf,
 }
 
@@ -34,10 +36,11 @@ impl Image {
         let ver = ver.trim().to_string();
         let img = Image {
             vmlinux: dir.join(&ver).join("vmlinux"),
+            bzimage: dir.join(&ver).join("bzImage"),
             initramfs: dir.join(&ver).join("initramfs.cpio.gz"),
             kernel_version: ver,
         };
-        if !img.vmlinux.exists() || !img.initramfs.exists() {
+        if !img.vmlinux.exists() || !img.bzimage.exists() || !img.initramfs.exists() {
             return Err(format!(
                 "guest image {} is incomplete ({how})",
                 img.kernel_version

@@ -32,7 +32,9 @@ fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, fabric: &Fabric) -> Machine {
         MachineConfig {
             name: name.into(),
             ram_bytes: 16 << 20,
+            vcpus: 1,
             serial_log: None,
+            console_socket: None,
         },
         fabric,
     )

@@ -1,8 +1,6 @@
 //! One KVM virtual machine with an HCA: assembly (RAM, irqchip, PCI bus, serial, the HCA's
 //! BARs, doorbell ioeventfds, MSI-X irqfds) and the vCPU threads with their exit handling.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,15 +13,17 @@ use hca_model::Fabric;
 use hca_model::Hca;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vm_superio::serial::NoEvents;
-use vm_superio::{Serial, Trigger};
+use vm_superio::Serial;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 use super::boot;
 use super::hca_pci::{HcaPci, Msix, BAR1_SIZE};
+use super::linux::{self, LinuxBoot};
+use super::mptable;
 use super::pci::PciBus;
+use super::serial::{self, ConsoleOut, IrqLine, SerialPort};
 
 pub const COM1: u16 = 0x3f8;
 /// A byte written here ends the run with that exit code (the test guest's verdict).
@@ -36,48 +36,24 @@ const DOORBELL_PEER: u32 = 0;
 pub struct MachineConfig {
     pub name: String,
     pub ram_bytes: usize,
+    /// 1 to [`mptable::MAX_VCPUS`]; vCPU 0 boots, the others wait for the guest's SIPI.
+    pub vcpus: u8,
     /// The serial console's log file (None: kept in memory only).
     pub serial_log: Option<PathBuf>,
-}
-
-/// The serial port's output: the log file and an in-memory copy.
-struct Console {
-    log: Option<File>,
-    text: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Write for Console {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if let Some(f) = &mut self.log {
-            f.write_all(b)?;
-        }
-        self.text.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The serial port's interrupt line: an irqfd on the IOAPIC pin.
-struct IrqLine(EventFd);
-
-impl Trigger for IrqLine {
-    type E = std::io::Error;
-    fn trigger(&self) -> std::io::Result<()> {
-        self.0.write(1)
-    }
+    /// A unix socket to attach to the serial console through (`hcabench console`).
+    pub console_socket: Option<PathBuf>,
 }
 
 /// What the vCPU threads share.
 struct Devices {
-    serial: Mutex<Serial<IrqLine, NoEvents, Console>>,
+    serial: Arc<Mutex<SerialPort>>,
     bus: Mutex<PciBus>,
     hca_pci: Arc<Mutex<HcaPci>>,
     msix: Arc<Msix>,
     hca: Hca,
     exit_code: Mutex<Option<u8>>,
-    stop: AtomicBool,
+    /// Ends the vCPU loops and the console thread.
+    stop: Arc<AtomicBool>,
 }
 
 /// How a run ended.
@@ -95,10 +71,14 @@ pub struct Machine {
     _vm: Arc<VmFd>,
     mem: GuestMemoryMmap,
     vcpus: Vec<VcpuFd>,
+    ram_bytes: u64,
     devices: Arc<Devices>,
     console: Arc<Mutex<Vec<u8>>>,
     doorbell_stop: Arc<EventFd>,
     doorbell_thread: Option<JoinHandle<()>>,
+    console_thread: Option<JoinHandle<()>>,
+    vcpu_threads: Vec<JoinHandle<Result<(), String>>>,
+    started: Option<Instant>,
 }
 
 /// Registers (or with `remove`, unregisters) the doorbell ioeventfds at a BAR0 base.
@@ -153,13 +133,19 @@ fn doorbell_loop(hca: Hca, fds: Arc<Vec<EventFd>>, stop: Arc<EventFd>) {
 extern "C" fn kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
 impl Machine {
-    /// A VM with `cfg.ram_bytes` of RAM, one vCPU and an HCA attached to `fabric`.
+    /// A VM with `cfg.ram_bytes` of RAM, `cfg.vcpus` vCPUs and an HCA attached to `fabric`.
     pub fn new(kvm: &Kvm, cfg: MachineConfig, fabric: &Fabric) -> Result<Machine, String> {
         let vm = Arc::new(kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?);
         vm.set_tss_address(0xfffb_d000)
             .map_err(|e| format!("KVM_SET_TSS_ADDR: {e}"))?;
         vm.create_irq_chip()
             .map_err(|e| format!("KVM_CREATE_IRQCHIP: {e}"))?;
+        // The 8254 timer, which Linux calibrates against and uses until the LAPIC timer.
+        vm.create_pit2(kvm_bindings::kvm_pit_config {
+            flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        })
+        .map_err(|e| format!("KVM_CREATE_PIT2: {e}"))?;
         let mem = boot::guest_ram(cfg.ram_bytes)?;
         boot::map_ram(&vm, &mem)?;
 
@@ -206,27 +192,28 @@ impl Machine {
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
         vm.register_irqfd(&serial_irq, SERIAL_GSI)
             .map_err(|e| format!("serial irqfd: {e}"))?;
-        let console = Arc::new(Mutex::new(Vec::new()));
-        let log = match &cfg.serial_log {
-            Some(p) => Some(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        let out = ConsoleOut::new(cfg.serial_log.as_deref())?;
+        let console = out.captured();
+        let serial = Arc::new(Mutex::new(Serial::new(IrqLine(serial_irq), out)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let console_thread = match &cfg.console_socket {
+            Some(p) => Some(serial::serve(p, serial.clone(), stop.clone())?),
             None => None,
         };
-        let serial = Serial::new(
-            IrqLine(serial_irq),
-            Console {
-                log,
-                text: console.clone(),
-            },
-        );
 
-        let vcpu = vm
-            .create_vcpu(0)
-            .map_err(|e| format!("KVM_CREATE_VCPU: {e}"))?;
+        if cfg.vcpus == 0 || cfg.vcpus > mptable::MAX_VCPUS {
+            return Err(format!(
+                "{} vCPUs: between 1 and {} are supported",
+                cfg.vcpus,
+                mptable::MAX_VCPUS
+            ));
+        }
         let cpuid = kvm
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| format!("KVM_GET_SUPPORTED_CPUID: {e}"))?;
-        vcpu.set_cpuid2(&cpuid)
-            .map_err(|e| format!("KVM_SET_CPUID2: {e}"))?;
+        let vcpus = (0..cfg.vcpus)
+            .map(|id| new_vcpu(&vm, &cpuid, id))
+            .collect::<Result<Vec<_>, _>>()?;
 
         let doorbell_stop =
             Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?);
@@ -240,20 +227,24 @@ impl Machine {
         Ok(Machine {
             name: cfg.name,
             devices: Arc::new(Devices {
-                serial: Mutex::new(serial),
+                serial,
                 bus: Mutex::new(bus),
                 hca_pci,
                 msix,
                 hca,
                 exit_code: Mutex::new(None),
-                stop: AtomicBool::new(false),
+                stop,
             }),
             _vm: vm,
             mem,
-            vcpus: vec![vcpu],
+            vcpus,
+            ram_bytes: cfg.ram_bytes as u64,
             console,
             doorbell_stop,
             doorbell_thread: Some(doorbell_thread),
+            console_thread,
+            vcpu_threads: Vec::new(),
+            started: None,
         })
     }
 
@@ -269,36 +260,83 @@ impl Machine {
     /// Loads a flat binary at `addr` and enters it in 64-bit mode (the bare-metal test
     /// guest's start state).
     pub fn load_flat(&self, blob: &[u8], addr: u64, stack: u64) -> Result<(), String> {
+        let bsp = self
+            .vcpus
+            .first()
+            .ok_or("the machine has already started")?;
         self.mem
             .write_slice(blob, GuestAddress(addr))
             .map_err(|e| format!("loading {} bytes at {addr:#x}: {e}", blob.len()))?;
-        boot::enter_long_mode(&self.mem, &self.vcpus[0], addr, stack)
+        boot::enter_long_mode(&self.mem, bsp, addr, stack)
+    }
+
+    /// Loads a Linux kernel (bzImage), its initramfs and command line, and the platform
+    /// tables, and puts vCPU 0 at the kernel's 64-bit entry point.
+    pub fn load_linux(&self, what: &LinuxBoot) -> Result<(), String> {
+        let bsp = self
+            .vcpus
+            .first()
+            .ok_or("the machine has already started")?;
+        let vcpus = self.vcpus.len() as u8;
+        linux::load(&self.mem, self.ram_bytes, vcpus, bsp, what)
     }
 
     /// Runs the vCPUs (a thread each) until the guest writes [`EXIT_PORT`], a vCPU fails,
     /// or `timeout` passes.
     pub fn run(&mut self, timeout: Duration) -> Result<Outcome, String> {
+        self.start()?;
+        self.wait(timeout, |_| false)
+    }
+
+    /// Starts a thread per vCPU.
+    pub fn start(&mut self) -> Result<(), String> {
         register_signal_handler(SIGRTMIN(), kick).map_err(|e| format!("signal: {e}"))?;
-        let started = Instant::now();
-        let mut threads = Vec::new();
+        self.started = Some(Instant::now());
         for (i, vcpu) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
             let d = self.devices.clone();
-            threads.push(
+            self.vcpu_threads.push(
                 std::thread::Builder::new()
                     .name(format!("{}-vcpu{i}", self.name))
                     .spawn(move || vcpu_loop(vcpu, &d))
                     .map_err(|e| format!("vcpu thread: {e}"))?,
             );
         }
-        while threads.iter().any(|t| !t.is_finished()) && started.elapsed() < timeout {
-            if self.devices.exit_code.lock().unwrap().is_some() {
-                break;
-            }
+        Ok(())
+    }
+
+    /// Whether the guest is still running: it has not written [`EXIT_PORT`] and no vCPU
+    /// has failed.
+    pub fn running(&self) -> bool {
+        self.devices.exit_code.lock().unwrap().is_none()
+            && !self.vcpu_threads.is_empty()
+            && self.vcpu_threads.iter().all(|t| !t.is_finished())
+    }
+
+    /// The serial output so far (its first MiB).
+    pub fn serial_text(&self) -> String {
+        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the guest stops running, `until` holds for its serial output, or
+    /// `timeout` passes; then stops it.
+    pub fn wait(
+        &mut self,
+        timeout: Duration,
+        until: impl Fn(&str) -> bool,
+    ) -> Result<Outcome, String> {
+        let deadline = Instant::now() + timeout;
+        while self.running() && Instant::now() < deadline && !until(&self.serial_text()) {
             std::thread::sleep(Duration::from_millis(5));
         }
+        self.stop()
+    }
+
+    /// Stops the vCPUs and reports how the run ended: an error if a vCPU failed before the
+    /// guest gave an exit code.
+    pub fn stop(&mut self) -> Result<Outcome, String> {
         self.devices.stop.store(true, Ordering::SeqCst);
         let mut err = None;
-        for t in threads {
+        for t in std::mem::take(&mut self.vcpu_threads) {
             // Kick a vCPU out of KVM_RUN until it sees `stop`.
             while !t.is_finished() {
                 use std::os::unix::thread::JoinHandleExt;
@@ -308,30 +346,82 @@ impl Machine {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if let Ok(Err(e)) = t.join() {
-                err = Some(e);
+                err.get_or_insert(e);
             }
         }
         let exit_code = *self.devices.exit_code.lock().unwrap();
-        let serial = String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned();
+        let serial = self.serial_text();
         if let (None, Some(e)) = (exit_code, err) {
             return Err(format!("{}: {e}\nserial console:\n{serial}", self.name));
         }
         Ok(Outcome {
             exit_code,
             serial,
-            elapsed: started.elapsed(),
+            elapsed: self.started.map(|s| s.elapsed()).unwrap_or_default(),
         })
     }
 }
 
 impl Drop for Machine {
     fn drop(&mut self) {
+        if !self.vcpu_threads.is_empty() {
+            let _ = self.stop();
+        }
+        self.devices.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.console_thread.take() {
+            let _ = t.join();
+        }
         let _ = self.doorbell_stop.write(1);
         if let Some(t) = self.doorbell_thread.take() {
             let _ = t.join();
         }
         self.devices.hca.detach();
     }
+}
+
+/// vCPU `id` with local APIC ID `id` in its CPUID, and its LAPIC in virtual-wire mode
+/// (LINT0 ExtINT, LINT1 NMI) as firmware would leave it.
+fn new_vcpu(vm: &VmFd, cpuid: &kvm_bindings::CpuId, id: u8) -> Result<VcpuFd, String> {
+    let vcpu = vm
+        .create_vcpu(u64::from(id))
+        .map_err(|e| format!("KVM_CREATE_VCPU {id}: {e}"))?;
+    let mut cpuid = cpuid.clone();
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            1 => e.ebx = (e.ebx & 0x00ff_ffff) | u32::from(id) << 24,
+            0xb | 0x1f => e.edx = u32::from(id),
+            _ => {}
+        }
+    }
+    vcpu.set_cpuid2(&cpuid)
+        .map_err(|e| format!("KVM_SET_CPUID2: {e}"))?;
+    let mut lapic = vcpu
+        .get_lapic()
+        .map_err(|e| format!("KVM_GET_LAPIC: {e}"))?;
+    let mut set_lvt = |off: usize, mode: u32| {
+        let b: &mut [u8] = lapic_bytes(&mut lapic);
+        let mut v = u32::from_le_bytes(b[off..off + 4].try_into().unwrap());
+        v = (v & !0x700) | mode << 8;
+        b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    };
+    set_lvt(0x350, 7); // LVT LINT0: ExtINT
+    set_lvt(0x360, 4); // LVT LINT1: NMI
+    vcpu.set_lapic(&lapic)
+        .map_err(|e| format!("KVM_SET_LAPIC: {e}"))?;
+    let fpu = kvm_bindings::kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu)
+        .map_err(|e| format!("KVM_SET_FPU: {e}"))?;
+    Ok(vcpu)
+}
+
+/// The LAPIC register page as bytes (kvm_lapic_state holds it as `c_char`s).
+fn lapic_bytes(l: &mut kvm_bindings::kvm_lapic_state) -> &mut [u8] {
+    // SAFETY: i8 and u8 have the same size and alignment; the borrow covers the array.
+    unsafe { std::slice::from_raw_parts_mut(l.regs.as_mut_ptr().cast::<u8>(), l.regs.len()) }
 }
 
 /// A stable GUID from the machine's name.
@@ -405,6 +495,11 @@ fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), String> {
             Ok(VcpuExit::MmioWrite(addr, data)) => mmio(d, addr, None, Some(data)),
             Ok(VcpuExit::Hlt) => return Err("the guest halted with interrupts off".into()),
             Ok(VcpuExit::Shutdown) => return Err("the guest triple-faulted (shutdown)".into()),
+            Ok(VcpuExit::InternalError) => {
+                return Err("KVM internal error: this host's KVM could not run an \
+                            instruction (emulation failure)"
+                    .into())
+            }
             Ok(other) => return Err(format!("unexpected exit: {other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => return Err(format!("KVM_RUN: {e}")),

@@ -8,8 +8,11 @@
 
 pub mod boot;
 pub mod hca_pci;
+pub mod linux;
 pub mod machine;
+pub mod mptable;
 pub mod pci;
+pub mod serial;
 pub mod test_guest;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
