@@ -148,6 +148,33 @@ static const char *setup_msix(int dev)
 	return 0;
 }
 
+/* Role 3: reads one line from the serial port (polled) and prints it back. */
+static const char *echo_line(void)
+{
+	char line[128];
+	unsigned long spins = 0;
+	unsigned int n = 0;
+	char c = 0;
+
+	puts_serial("HCATEST type a line\n");
+	while (c != '\n' && n < sizeof(line) - 1) {
+		if (!(inb(COM1 + 5) & 1)) {	/* LSR: data ready */
+			if (++spins > 4000000000UL)
+				return "no input on the serial port";
+			__asm__ volatile("pause");
+			continue;
+		}
+		c = inb(COM1);
+		if (c != '\n')
+			line[n++] = c;
+	}
+	line[n] = 0;
+	puts_serial("HCATEST echo ");
+	puts_serial(line);
+	puts_serial("\n");
+	return 0;
+}
+
 void guest_main(void)
 {
 	unsigned long bar0, bar2;
@@ -186,5 +213,8 @@ void guest_main(void)
 	say("interrupts", irq_count);
 	if (!irq_count)
 		finish("no MSI-X interrupt after the doorbell");
+	if (((volatile struct xchg *)XCHG_ADDR)->magic == XCHG_MAGIC &&
+	    ((volatile struct xchg *)XCHG_ADDR)->role == 3)
+		finish(echo_line());
 	finish(rdma_test(bar0, bar2, peer));
 }

@@ -11,7 +11,8 @@
 /*
  * The exchange block (guest-physical 0x6000), which the VMM's host side
  * reads and fills: it plays the cluster's out-of-band connection manager.
- * role 0 (or no magic): the single-VM test only; 1: RDMA writer; 2: target.
+ * role 0 (or no magic): the single-VM test only; 1: RDMA writer; 2: target;
+ * 3: echo one line typed on the serial console.
  */
 #define XCHG_ADDR	0x6000UL
 #define XCHG_MAGIC	0x47484358	/* "XCHG" */
@@ -36,6 +37,14 @@ _Static_assert(sizeof(struct xchg) == 56, "xchg");
 static inline void outb(unsigned short port, unsigned char v)
 {
 	__asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port));
+}
+
+static inline unsigned char inb(unsigned short port)
+{
+	unsigned char v;
+
+	__asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port));
+	return v;
 }
 
 static inline unsigned int mmio_read32(unsigned long a)

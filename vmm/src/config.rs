@@ -14,13 +14,15 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// The KVM VMM where KVM can run a Linux guest, QEMU (TCG) otherwise.
     #[default]
     Auto,
+    /// QEMU with TCG, one process per guest, the HCAs in the device server.
     Qemu,
+    /// hcabench's own VMM: every guest and HCA in the daemon's process (needs real KVM).
     Kvm,
 }
 

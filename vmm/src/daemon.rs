@@ -1,6 +1,7 @@
-//! The background process behind `hcabench up`: it owns the device server and the guests'
-//! QEMU processes, records them in the run directory, and tears everything down on SIGTERM
-//! or SIGINT (`hcabench down`).
+//! The background process behind `hcabench up`: under the QEMU backend it owns the device
+//! server and the guests' QEMU processes; under the KVM backend it runs every guest and HCA
+//! itself (one fabric in its process). It records the nodes in the run directory and tears
+//! everything down on SIGTERM or SIGINT (`hcabench down`).
 
 use std::io;
 
@@ -25,6 +26,17 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+/// A stop signal within `secs` seconds, or None.
+fn wait_for_stop_timeout(set: &libc::sigset_t, secs: i64) -> Option<i32> {
+    let t = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: 0,
+    };
+    // SAFETY: `set` was initialised by block_stop_signals; a null siginfo is allowed.
+    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &t) };
+    (sig > 0).then_some(sig)
+}
+
 fn wait_for_stop(set: &libc::sigset_t) -> i32 {
     let mut sig = 0;
     // SAFETY: `set` was initialised by block_stop_signals and `sig` is a valid out pointer.
@@ -32,27 +44,37 @@ fn wait_for_stop(set: &libc::sigset_t) -> i32 {
     sig
 }
 
-/// Which backend `auto` means here, and why.
+/// Which backend `auto` means here, and why; `kvm` where KVM cannot run Linux is an error.
 pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), String> {
-    match requested {
-        Backend::Qemu => Ok(("qemu", "asked for".into())),
-        Backend::Auto => Ok((
-            "qemu",
-            match hcabench::kvm::check_kvm() {
-                hcabench::kvm::KvmCheck::Usable => "auto: KVM is usable here, but the rust-vmm \
-                     backend cannot boot Linux yet (issue 6), so QEMU with TCG"
-                    .into(),
-                hcabench::kvm::KvmCheck::Unusable(why) => {
-                    format!("auto: KVM cannot run a Linux guest here ({why}), so QEMU with TCG")
-                }
-            },
-        )),
-        Backend::Kvm => Err(
-            "backend \"kvm\": the rust-vmm VMM runs only its bare-metal test \
-             guest so far (no Linux boot yet); use backend = \"qemu\" or \"auto\""
-                .into(),
-        ),
+    use hcabench::kvm::{check_kvm, KvmCheck};
+    match (requested, requested == Backend::Qemu) {
+        (_, true) => Ok(("qemu", "asked for".into())),
+        (Backend::Kvm, _) => match check_kvm() {
+            KvmCheck::Usable => Ok(("kvm", "asked for".into())),
+            KvmCheck::Unusable(why) => Err(format!(
+                "backend kvm: KVM cannot run a Linux guest here ({why}); use --backend qemu \
+                 or auto"
+            )),
+        },
+        _ => Ok(match check_kvm() {
+            KvmCheck::Usable => (
+                "kvm",
+                "auto: KVM runs guests at native speed here, so hcabench's own VMM".into(),
+            ),
+            KvmCheck::Unusable(why) => (
+                "qemu",
+                format!("auto: KVM cannot run a Linux guest here ({why}), so QEMU with TCG"),
+            ),
+        }),
     }
+}
+
+/// The line the KVM daemon appends to a node's console log when its guest stops (a vCPU
+/// failed, the guest shut down); `hcabench up` and `status` look for it.
+pub const GUEST_STOPPED: &str = "[hcabench] guest stopped:";
+
+fn guest_cmdline(node: &str) -> String {
+    format!("console=ttyS0 panic=-1 hcabench.node={node} hcabench.cmd=shell")
 }
 
 pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
@@ -60,6 +82,9 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let (backend, why) = choose_backend(cfg.backend)?;
     eprintln!("daemon: backend {backend} ({why})");
     let image = Image::find(&cfg.image_dir)?;
+    if backend == "kvm" {
+        return run_kvm(run, cfg, &image, &signals);
+    }
     let nodes = NodeConfig::cluster(run.dir(), cfg.nodes, cfg.memory_mib << 20);
     for n in &nodes {
         let _ = std::fs::remove_file(&n.socket);
@@ -89,7 +114,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         state.nodes.push(NodeState {
             name: node.name.clone(),
             lid: (i + 1) as u16,
-            qemu_pid: g.pid(),
+            pid: g.pid(),
             console_log: spec.console_log.clone(),
             console_socket: spec.console_socket.clone().unwrap_or_default(),
         });
@@ -114,6 +139,93 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         let _ = std::fs::remove_file(&n.console_socket);
     }
     Ok(())
+}
+
+/// The KVM backend: a machine per node, all on one fabric in this process.
+fn run_kvm(
+    run: &RunDir,
+    cfg: &ClusterConfig,
+    image: &Image,
+    signals: &libc::sigset_t,
+) -> Result<(), String> {
+    use hcabench::kvm::linux::LinuxBoot;
+    use hcabench::kvm::machine::{Machine, MachineConfig};
+    let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
+    let fabric = hca_model::Fabric::new();
+    let vcpus = u8::try_from(cfg.vcpus).map_err(|_| format!("{} vCPUs: too many", cfg.vcpus))?;
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let mut state = ClusterState {
+        daemon_pid: pid,
+        backend: "kvm".into(),
+        kernel: image.kernel_version.clone(),
+        config: cfg.clone(),
+        nodes: Vec::new(),
+    };
+    let mut machines = Vec::new();
+    for i in 0..cfg.nodes {
+        let name = format!("node{}", i + 1);
+        let node = NodeState {
+            name: name.clone(),
+            lid: (i + 1) as u16,
+            pid,
+            console_log: run.path(&format!("{name}.console")),
+            console_socket: run.path(&format!("{name}.serial")),
+        };
+        let mut m = Machine::new(
+            &kvm,
+            MachineConfig {
+                name: name.clone(),
+                ram_bytes: (cfg.memory_mib << 20) as usize,
+                vcpus,
+                serial_log: Some(node.console_log.clone()),
+                console_socket: Some(node.console_socket.clone()),
+            },
+            &fabric,
+        )?;
+        m.load_linux(&LinuxBoot {
+            kernel: image.bzimage.clone(),
+            initramfs: Some(image.initramfs.clone()),
+            cmdline: guest_cmdline(&name),
+        })?;
+        m.start()?;
+        machines.push(m);
+        state.nodes.push(node);
+    }
+    run.write_state(&state)
+        .map_err(|e| format!("cannot write {}: {e}", run.state_file().display()))?;
+    eprintln!("daemon: {} KVM guests started", machines.len());
+    let mut reported = vec![false; machines.len()];
+    let sig = loop {
+        if let Some(sig) = wait_for_stop_timeout(signals, 1) {
+            break sig;
+        }
+        for ((m, n), done) in machines.iter_mut().zip(&state.nodes).zip(&mut reported) {
+            if !*done && !m.running() {
+                *done = true;
+                let why = match m.stop() {
+                    Ok(o) => format!("exit code {:?}", o.exit_code),
+                    Err(e) => e.lines().next().unwrap_or_default().to_string(),
+                };
+                eprintln!("daemon: {}: guest stopped: {why}", n.name);
+                append(&n.console_log, &format!("\n{GUEST_STOPPED} {why}\n"));
+            }
+        }
+    };
+    eprintln!("daemon: signal {sig}, stopping");
+    drop(machines);
+    let _ = std::fs::remove_file(run.state_file());
+    for n in &state.nodes {
+        let _ = std::fs::remove_file(&n.console_socket);
+    }
+    Ok(())
+}
+
+fn append(path: &std::path::Path, line: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+        let _ = f.write_all(line.as_bytes());
+    }
 }
 
 /// Starts the daemon as a background process in its own process group, logging to

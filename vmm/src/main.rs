@@ -127,6 +127,10 @@ struct UpArgs {
     /// Number of guests (overrides the file)
     #[arg(long)]
     nodes: Option<usize>,
+    /// Which VMM runs the guests (overrides the file): auto picks kvm where KVM can run a
+    /// Linux guest at native speed and qemu (TCG) elsewhere, and says why
+    #[arg(long, value_enum)]
+    backend: Option<config::Backend>,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -196,8 +200,13 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     if let Some(n) = a.nodes {
         c.nodes = n;
     }
+    if let Some(b) = a.backend {
+        c.backend = b;
+    }
     c.validate()?;
-    device_server::qemu::qemu_available()?;
+    if daemon::choose_backend(c.backend)?.0 == "qemu" {
+        device_server::qemu::qemu_available()?;
+    }
     device_server::qemu::Image::find(&c.image_dir)?;
     Ok(c)
 }
@@ -235,7 +244,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     for n in &state.nodes {
         print!("  {}: booting ...", n.name);
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        match wait_console(&n.console_log, "HCABENCH-READY", deadline, n.qemu_pid) {
+        match wait_console(&n.console_log, "HCABENCH-READY", deadline, n.pid) {
             Ok(()) => println!(" ready ({:.1?})", started.elapsed()),
             Err(e) => {
                 println!(" failed");
@@ -259,7 +268,7 @@ fn wait_console(
     log: &std::path::Path,
     prefix: &str,
     deadline: Instant,
-    qemu: u32,
+    pid: u32,
 ) -> Result<(), String> {
     loop {
         let text = std::fs::read(log).unwrap_or_default();
@@ -267,8 +276,11 @@ fn wait_console(
         if complete_lines(&text).iter().any(|l| l.starts_with(prefix)) {
             return Ok(());
         }
-        if !pid_alive(qemu) {
-            return Err(format!("QEMU exited; console:\n{}", text.trim()));
+        if !pid_alive(pid) {
+            return Err(format!("its VMM exited; console:\n{}", text.trim()));
+        }
+        if text.contains(daemon::GUEST_STOPPED) {
+            return Err(format!("the guest stopped; console:\n{}", text.trim()));
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -313,12 +325,13 @@ fn status(run: &RunDir) -> Result<(), String> {
     );
     println!(
         "  {:<8} {:>4} {:>9} {:<8} console log",
-        "node", "LID", "QEMU pid", "state"
+        "node", "LID", "pid", "state"
     );
     for n in &s.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
         let log = complete_lines(&String::from_utf8_lossy(&log));
-        let state = if !pid_alive(n.qemu_pid) {
+        let stopped = log.iter().any(|l| l.starts_with(daemon::GUEST_STOPPED));
+        let state = if !pid_alive(n.pid) || stopped {
             "dead"
         } else if log.iter().any(|l| l.starts_with("HCABENCH-READY")) {
             "ready"
@@ -329,7 +342,7 @@ fn status(run: &RunDir) -> Result<(), String> {
             "  {:<8} {:>4} {:>9} {:<8} {}",
             n.name,
             n.lid,
-            n.qemu_pid,
+            n.pid,
             state,
             n.console_log.display()
         );

@@ -14,7 +14,8 @@ use crate::config::ClusterConfig;
 pub struct NodeState {
     pub name: String,
     pub lid: u16,
-    pub qemu_pid: u32,
+    /// The process running the guest: its QEMU, or the daemon itself under the KVM backend.
+    pub pid: u32,
     pub console_log: PathBuf,
     pub console_socket: PathBuf,
 }

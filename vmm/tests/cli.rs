@@ -172,3 +172,31 @@ fn test_run_rejects_bad_dsm_jobs_before_booting_anything() {
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
 }
+
+#[test]
+fn test_backend_choice_is_explained_and_kvm_refused_where_it_cannot_run_linux() {
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-be-{}", std::process::id())));
+    let bad = hcabench(&dir.0, &["up", "--backend", "xen"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad).contains("possible values: auto, qemu, kvm"),
+        "{}",
+        text(&bad)
+    );
+    match hcabench::kvm::check_kvm() {
+        hcabench::kvm::KvmCheck::Unusable(why) => {
+            let t = std::time::Instant::now();
+            let kvm = hcabench(&dir.0, &["up", "--backend", "kvm"]);
+            assert!(!kvm.status.success());
+            let out = text(&kvm);
+            assert!(out.contains("KVM cannot run a Linux guest here"), "{out}");
+            assert!(out.contains(&why), "{out}");
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "{out}");
+            // Nothing was started.
+            assert!(!dir.0.join("state.toml").exists());
+        }
+        hcabench::kvm::KvmCheck::Usable => {
+            eprintln!("SKIPPED refusing --backend kvm: KVM is usable on this host");
+        }
+    }
+}

@@ -114,3 +114,59 @@ fn test_two_vms_in_one_process_exchange_an_rdma_write() {
     eprintln!("writer HCA: {ws:?}\ntarget HCA: {ts:?}");
     assert!(ws.bytes_out >= 8192 && ts.packets_in >= 1, "{ws:?} {ts:?}");
 }
+
+#[test]
+fn test_console_socket_shows_output_and_types_into_the_serial_port() {
+    use std::io::{Read, Write};
+    let Some(kvm) = kvm_or_skip("console socket") else {
+        return;
+    };
+    let sock = std::env::temp_dir().join(format!("hcab-console-{}.sock", std::process::id()));
+    let fabric = Fabric::new();
+    let mut m = Machine::new(
+        &kvm,
+        MachineConfig {
+            name: "vm1".into(),
+            ram_bytes: 16 << 20,
+            vcpus: 1,
+            serial_log: None,
+            console_socket: Some(sock.clone()),
+        },
+        &fabric,
+    )
+    .unwrap();
+    m.load_flat(TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK)
+        .unwrap();
+    set_role(&m.memory(), Role::Echo).unwrap();
+    // Attached before the guest starts: the client sees everything it prints.
+    let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let t = Instant::now();
+    while !m.console_attached() {
+        assert!(t.elapsed() < Duration::from_secs(10), "never attached");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    m.start().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&seen).contains("type a line") {
+        let n = client.read(&mut buf).unwrap();
+        assert!(n > 0, "console closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // Longer than the 64-byte receive FIFO: the console paces it, nothing is lost.
+    let line = "hello from the console socket, ".repeat(3);
+    client.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let out = m
+        .wait(Duration::from_secs(60), |s| s.contains("HCATEST PASS"))
+        .unwrap();
+    let _ = std::fs::remove_file(&sock);
+    assert!(
+        out.serial.contains(&format!("HCATEST echo {line}\n")),
+        "{}",
+        out.serial
+    );
+    assert!(String::from_utf8_lossy(&seen).contains("HCATEST bar2-signature"));
+}

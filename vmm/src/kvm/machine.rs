@@ -312,6 +312,11 @@ impl Machine {
             && self.vcpu_threads.iter().all(|t| !t.is_finished())
     }
 
+    /// Whether a client is attached to the console socket.
+    pub fn console_attached(&self) -> bool {
+        self.devices.serial.lock().unwrap().writer().attached()
+    }
+
     /// The serial output so far (its first MiB).
     pub fn serial_text(&self) -> String {
         String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()

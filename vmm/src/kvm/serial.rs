@@ -50,6 +50,10 @@ impl ConsoleOut {
         })
     }
 
+    pub fn attached(&self) -> bool {
+        self.client.lock().unwrap().is_some()
+    }
+
     /// The first [`CAPTURE_LIMIT`] bytes of output, shared.
     pub fn captured(&self) -> Arc<Mutex<Vec<u8>>> {
         self.captured.clone()

@@ -28,6 +28,8 @@ pub enum Role {
     Writer = 1,
     /// Waits for the peer's RDMA Write and checks every byte.
     Target = 2,
+    /// Reads one line from the serial port and prints it back ("HCATEST echo LINE").
+    Echo = 3,
 }
 
 /// Gives the guest in `mem` its role (before it runs).
