@@ -25,7 +25,7 @@ static unsigned char rq[1 << HCA_MIN_RQ_WQE_SHIFT] __attribute__((aligned(4096))
 static struct hca_cqe cq[1 << CQ_LOG] __attribute__((aligned(4096)));
 
 static unsigned long bar0_base, bar2_base;
-static unsigned int db_peer, cmd_seq;
+static unsigned int db_peer, cmd_seq, cq_num;
 
 static unsigned char pattern(unsigned int i)
 {
@@ -133,6 +133,7 @@ static const char *create_resources(struct xchg_side *self)
 		return "REG_MR failed";
 	if (cmd(HCA_CMD_CREATE_CQ, &ccq, sizeof(ccq), &cqn))
 		return "CREATE_CQ failed";
+	cq_num = cqn;
 	cqp.pdn = pdn;
 	cqp.send_cqn = cqn;
 	cqp.recv_cqn = cqn;
@@ -167,7 +168,7 @@ static const char *write_to_peer(unsigned int qpn, unsigned int lkey,
 	for (spins = 0; c->owner != hca_owner_bit(0, CQ_LOG); spins++)
 		if (spins > SPIN_LIMIT)
 			return "no completion for the RDMA Write";
-	mmio_write32(bar2_base + HCA_BAR2_CQ_DB_OFFSET, 1);
+	mmio_write32(bar2_base + HCA_BAR2_CQ_DB_OFFSET + cq_num * 8, 1);
 	say("rdma-write-cqe-status", c->status);
 	say("rdma-write-cqe-wr-id", c->wr_id);
 	if (c->status != HCA_WC_SUCCESS || c->wr_id != 0x5752 ||

@@ -47,16 +47,16 @@ fn wait_for_stop(set: &libc::sigset_t) -> i32 {
 /// Which backend `auto` means here, and why; `kvm` where KVM cannot run Linux is an error.
 pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), String> {
     use hcabench::kvm::{check_kvm, KvmCheck};
-    match (requested, requested == Backend::Qemu) {
-        (_, true) => Ok(("qemu", "asked for".into())),
-        (Backend::Kvm, _) => match check_kvm() {
+    match requested {
+        Backend::Qemu => Ok(("qemu", "asked for".into())),
+        Backend::Kvm => match check_kvm() {
             KvmCheck::Usable => Ok(("kvm", "asked for".into())),
             KvmCheck::Unusable(why) => Err(format!(
                 "backend kvm: KVM cannot run a Linux guest here ({why}); use --backend qemu \
                  or auto"
             )),
         },
-        _ => Ok(match check_kvm() {
+        Backend::Auto => Ok(match check_kvm() {
             KvmCheck::Usable => (
                 "kvm",
                 "auto: KVM runs guests at native speed here, so hcabench's own VMM".into(),

@@ -86,7 +86,7 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let qemu_pids: Vec<u32> = std::fs::read_to_string(dir.0.join("state.toml"))
         .unwrap()
         .lines()
-        .filter_map(|l| l.strip_prefix("qemu_pid = "))
+        .filter_map(|l| l.strip_prefix("pid = "))
         .map(|p| p.parse().unwrap())
         .collect();
     assert_eq!(qemu_pids.len(), 2);

@@ -105,7 +105,6 @@ pub fn load(
     load_cmdline(mem, GuestAddress(CMDLINE), &cmdline).map_err(|e| format!("command line: {e}"))?;
     hdr.type_of_loader = 0xff;
     hdr.cmd_line_ptr = CMDLINE as u32;
-    hdr.cmdline_size = what.cmdline.len() as u32 + 1;
     hdr.loadflags |= 0x80; // CAN_USE_HEAP
     hdr.heap_end_ptr = 0xfe00;
     hdr.vid_mode = 0xffff;

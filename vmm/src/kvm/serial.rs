@@ -71,7 +71,8 @@ impl Write for ConsoleOut {
         drop(c);
         let mut client = self.client.lock().unwrap();
         if let Some(s) = client.as_mut() {
-            // A client that cannot keep up or went away is dropped, never waited for.
+            // A client that went away, or blocks a write for longer than its 200 ms write
+            // timeout, is dropped: the guest's vCPU never waits on it for longer.
             if s.write_all(b).is_err() {
                 *client = None;
             }
