@@ -29,19 +29,6 @@ struct idt_entry {
 
 static struct idt_entry idt[256] __attribute__((aligned(16)));
 
-static inline void outl(unsigned short port, unsigned int v)
-{
-	__asm__ volatile("outl %0, %1" : : "a"(v), "Nd"(port));
-}
-
-static inline unsigned int inl(unsigned short port)
-{
-	unsigned int v;
-
-	__asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
-	return v;
-}
-
 static void puts_serial(const char *s)
 {
 	while (*s)

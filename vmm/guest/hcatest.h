@@ -39,6 +39,19 @@ static inline void outb(unsigned short port, unsigned char v)
 	__asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port));
 }
 
+static inline void outl(unsigned short port, unsigned int v)
+{
+	__asm__ volatile("outl %0, %1" : : "a"(v), "Nd"(port));
+}
+
+static inline unsigned int inl(unsigned short port)
+{
+	unsigned int v;
+
+	__asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
+	return v;
+}
+
 static inline unsigned char inb(unsigned short port)
 {
 	unsigned char v;

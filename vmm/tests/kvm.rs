@@ -4,6 +4,15 @@
 //! one process exchange an RDMA Write through the in-process fabric. Skips, saying why,
 //! where there is no /dev/kvm or the guest could not be built.
 
+/// A skip notice straight to stderr: the test harness captures `eprintln!` of passing tests,
+/// and a skip must never pass silently.
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use std::time::{Duration, Instant};
 
 use hca_model::Fabric;
@@ -13,13 +22,13 @@ use hcabench::kvm::{check_kvm, TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
 fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     if TEST_GUEST.is_empty() {
-        eprintln!("SKIP {test}: the bare-metal test guest was not built (no gcc at build time)");
+        skip!("SKIPPED {test}: the bare-metal test guest was not built (no gcc at build time)");
         return None;
     }
     match kvm_ioctls::Kvm::new() {
         Ok(k) => Some(k),
         Err(e) => {
-            eprintln!("SKIP {test}: no usable /dev/kvm ({e})");
+            skip!("SKIPPED {test}: no usable /dev/kvm ({e})");
             None
         }
     }

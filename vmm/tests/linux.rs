@@ -6,6 +6,15 @@
 //! the bzImage would take hours at that speed) must print its first boot lines on the VMM's
 //! serial console and find the VMM's e820 map and MP table (2 CPUs, the I/O APIC).
 
+/// A skip notice straight to stderr: the test harness captures `eprintln!` of passing tests,
+/// and a skip must never pass silently.
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use std::time::Duration;
 
 use device_server::qemu::Image;
@@ -22,7 +31,7 @@ fn image_or_skip(test: &str) -> Option<Image> {
             panic!("{test}: {why}")
         }
         Err(why) => {
-            eprintln!("SKIPPED {test}: {why}");
+            skip!("SKIPPED {test}: {why}");
             None
         }
     }
@@ -52,7 +61,7 @@ fn test_linux_boots_under_kvm_and_finds_the_hca() {
         return;
     };
     if let KvmCheck::Unusable(why) = check_kvm() {
-        eprintln!("SKIPPED full Linux boot under KVM: {why} (the partial test runs instead)");
+        skip!("SKIPPED full Linux boot under KVM: {why} (the partial test runs instead)");
         return;
     }
     let kvm = kvm_ioctls::Kvm::new().unwrap();
@@ -85,7 +94,7 @@ fn test_linux_first_boot_lines_reach_the_serial_console() {
     let kvm = match kvm_ioctls::Kvm::new() {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("SKIPPED linux first boot lines: no /dev/kvm ({e})");
+            skip!("SKIPPED linux first boot lines: no /dev/kvm ({e})");
             return;
         }
     };
