@@ -31,18 +31,31 @@ pub fn prerequisites() -> Result<Image, String> {
 /// Returns the image, or prints why the test cannot run and returns None. With
 /// HCABENCH_E2E_REQUIRED=1 a missing prerequisite fails the test instead.
 pub fn image_or_skip(test: &str) -> Option<Image> {
-    match prerequisites() {
-        Ok(i) => Some(i),
+    or_skip(test, prerequisites())
+}
+
+/// The image alone (for tests that boot it without QEMU), or None after saying why.
+pub fn image_only_or_skip(test: &str) -> Option<Image> {
+    or_skip(test, Image::find(&repo_root().join("target/images")))
+}
+
+fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
         Err(why) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_some() => {
             panic!("{test}: {why}")
         }
         Err(why) => {
-            // Straight to stderr: the test harness captures print macros of passing tests,
-            // and a skip must never pass silently.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+            skipped(test, &why);
             None
         }
     }
+}
+
+/// Prints "SKIPPED test: why" straight to stderr: the test harness captures print macros of
+/// passing tests, and a skip must never pass silently.
+pub fn skipped(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 /// A booted cluster: the device server and one guest per node.

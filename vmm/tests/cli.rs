@@ -1,15 +1,6 @@
 //! The `hcabench` command line against real QEMU guests: up, status, run, console errors,
 //! down; and the errors a user meets without a cluster.
 
-/// A skip notice straight to stderr: the test harness captures `eprintln!` of passing tests,
-/// and a skip must never pass silently.
-macro_rules! skip {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -205,7 +196,7 @@ fn test_backend_choice_is_explained_and_kvm_refused_where_it_cannot_run_linux() 
             assert!(!dir.0.join("state.toml").exists());
         }
         hcabench::kvm::KvmCheck::Usable => {
-            skip!("SKIPPED refusing --backend kvm: KVM is usable on this host");
+            e2e::skipped("refusing --backend kvm", "KVM is usable on this host");
         }
     }
 }

@@ -4,15 +4,6 @@
 //! one process exchange an RDMA Write through the in-process fabric. Skips, saying why,
 //! where there is no /dev/kvm or the guest could not be built.
 
-/// A skip notice straight to stderr: the test harness captures `eprintln!` of passing tests,
-/// and a skip must never pass silently.
-macro_rules! skip {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 use std::time::{Duration, Instant};
 
 use hca_model::Fabric;
@@ -22,13 +13,16 @@ use hcabench::kvm::{check_kvm, TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
 fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     if TEST_GUEST.is_empty() {
-        skip!("SKIPPED {test}: the bare-metal test guest was not built (no gcc at build time)");
+        e2e::skipped(
+            test,
+            "the bare-metal test guest was not built (no gcc at build time)",
+        );
         return None;
     }
     match kvm_ioctls::Kvm::new() {
         Ok(k) => Some(k),
         Err(e) => {
-            skip!("SKIPPED {test}: no usable /dev/kvm ({e})");
+            e2e::skipped(test, &format!("no usable /dev/kvm ({e})"));
             None
         }
     }
@@ -36,6 +30,15 @@ fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
 
 /// A 16 MiB VM on `fabric` with the test guest loaded.
 fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, fabric: &Fabric) -> Machine {
+    test_machine_with_console(kvm, name, fabric, None)
+}
+
+fn test_machine_with_console(
+    kvm: &kvm_ioctls::Kvm,
+    name: &str,
+    fabric: &Fabric,
+    console_socket: Option<std::path::PathBuf>,
+) -> Machine {
     let m = Machine::new(
         kvm,
         MachineConfig {
@@ -43,7 +46,7 @@ fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, fabric: &Fabric) -> Machine {
             ram_bytes: 16 << 20,
             vcpus: 1,
             serial_log: None,
-            console_socket: None,
+            console_socket,
         },
         fabric,
     )
@@ -132,20 +135,7 @@ fn test_console_socket_shows_output_and_types_into_the_serial_port() {
     };
     let sock = std::env::temp_dir().join(format!("hcab-console-{}.sock", std::process::id()));
     let fabric = Fabric::new();
-    let mut m = Machine::new(
-        &kvm,
-        MachineConfig {
-            name: "vm1".into(),
-            ram_bytes: 16 << 20,
-            vcpus: 1,
-            serial_log: None,
-            console_socket: Some(sock.clone()),
-        },
-        &fabric,
-    )
-    .unwrap();
-    m.load_flat(TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK)
-        .unwrap();
+    let mut m = test_machine_with_console(&kvm, "vm1", &fabric, Some(sock.clone()));
     set_role(&m.memory(), Role::Echo).unwrap();
     // Attached before the guest starts: the client sees everything it prints.
     let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();

@@ -6,36 +6,13 @@
 //! the bzImage would take hours at that speed) must print its first boot lines on the VMM's
 //! serial console and find the VMM's e820 map and MP table (2 CPUs, the I/O APIC).
 
-/// A skip notice straight to stderr: the test harness captures `eprintln!` of passing tests,
-/// and a skip must never pass silently.
-macro_rules! skip {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 use std::time::Duration;
 
-use device_server::qemu::Image;
-use e2e::repo_root;
+use e2e::{image_only_or_skip, skipped};
 use hca_model::Fabric;
 use hcabench::kvm::linux::LinuxBoot;
 use hcabench::kvm::machine::{Machine, MachineConfig};
 use hcabench::kvm::{check_kvm, KvmCheck};
-
-fn image_or_skip(test: &str) -> Option<Image> {
-    match Image::find(&repo_root().join("target/images")) {
-        Ok(i) => Some(i),
-        Err(why) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_some() => {
-            panic!("{test}: {why}")
-        }
-        Err(why) => {
-            skip!("SKIPPED {test}: {why}");
-            None
-        }
-    }
-}
 
 fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Machine {
     let fabric = Fabric::new();
@@ -57,11 +34,14 @@ fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Mac
 
 #[test]
 fn test_linux_boots_under_kvm_and_finds_the_hca() {
-    let Some(image) = image_or_skip("linux under KVM") else {
+    let Some(image) = image_only_or_skip("linux under KVM") else {
         return;
     };
     if let KvmCheck::Unusable(why) = check_kvm() {
-        skip!("SKIPPED full Linux boot under KVM: {why} (the partial test runs instead)");
+        skipped(
+            "full Linux boot under KVM",
+            &format!("{why} (the partial test runs instead)"),
+        );
         return;
     }
     let kvm = kvm_ioctls::Kvm::new().unwrap();
@@ -88,13 +68,13 @@ fn test_linux_boots_under_kvm_and_finds_the_hca() {
 
 #[test]
 fn test_linux_first_boot_lines_reach_the_serial_console() {
-    let Some(image) = image_or_skip("linux first boot lines") else {
+    let Some(image) = image_only_or_skip("linux first boot lines") else {
         return;
     };
     let kvm = match kvm_ioctls::Kvm::new() {
         Ok(k) => k,
         Err(e) => {
-            skip!("SKIPPED linux first boot lines: no /dev/kvm ({e})");
+            skipped("linux first boot lines", &format!("no /dev/kvm ({e})"));
             return;
         }
     };
