@@ -16,12 +16,16 @@ cargo fmt --all -- --check
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p hcabench --features vfio --all-targets -- -D warnings
 
 step "cargo test (end-to-end QEMU tests included; they may not skip here)"
 export HCABENCH_E2E_REQUIRED=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+
+step "the VMM built with VFIO passthrough (built and refused here: no IOMMU, no /dev/vfio)"
+cargo test -p hcabench --features vfio --lib --test kvm 2>&1 | tee -a "$log"
 read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
 
 step "model benchmark (quick run; figures for reading, not asserted)"

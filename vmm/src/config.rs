@@ -7,8 +7,12 @@
 //! vcpus = 1          # per guest (default 1)
 //! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
 //! image_dir = "target/images"   # where images/build.py put the guest image
+//!
+//! [vfio]             # host PCI functions passed through (kvm backend, `vfio` feature)
+//! node1 = "/sys/bus/pci/devices/0000:03:00.0"
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +38,9 @@ pub struct ClusterConfig {
     pub vcpus: u32,
     pub backend: Backend,
     pub image_dir: PathBuf,
+    /// Node name -> sysfs path of a host PCI function (bound to vfio-pci) that the node's
+    /// guest gets next to its emulated HCA.
+    pub vfio: BTreeMap<String, PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -44,6 +51,7 @@ impl Default for ClusterConfig {
             vcpus: 1,
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
+            vfio: BTreeMap::new(),
         }
     }
 }
@@ -86,6 +94,20 @@ impl ClusterConfig {
         if !(1..=16).contains(&self.vcpus) {
             return Err(format!("vcpus = {} (must be 1 to 16)", self.vcpus));
         }
+        for node in self.vfio.keys() {
+            let n = node
+                .strip_prefix("node")
+                .and_then(|n| n.parse::<usize>().ok());
+            if !n.is_some_and(|n| (1..=self.nodes).contains(&n)) {
+                return Err(format!(
+                    "vfio: no node {node:?} (the nodes are node1 to node{})",
+                    self.nodes
+                ));
+            }
+        }
+        if !self.vfio.is_empty() && self.backend == Backend::Qemu {
+            return Err("vfio: passthrough needs the kvm backend, not qemu".into());
+        }
         Ok(())
     }
 }
@@ -112,5 +134,22 @@ mod tests {
         assert!(e.0.contains("unknown field"), "{e}");
         let e = ClusterConfig::parse("backend = \"xen\"", "c.toml").unwrap_err();
         assert!(e.0.contains("xen"), "{e}");
+        let e = ClusterConfig::parse("[vfio]\nnode3 = \"/sys/x\"", "c.toml").unwrap_err();
+        assert!(e.0.contains("no node \"node3\""), "{e}");
+        let e =
+            ClusterConfig::parse("backend = \"qemu\"\n[vfio]\nnode1 = \"/x\"", "c").unwrap_err();
+        assert!(e.0.contains("needs the kvm backend"), "{e}");
+    }
+
+    #[test]
+    fn test_vfio_table_round_trips() {
+        let c = ClusterConfig::parse("[vfio]\nnode2 = \"/sys/bus/pci/devices/0000:03:00.0\"", "x")
+            .unwrap();
+        assert_eq!(
+            c.vfio["node2"],
+            PathBuf::from("/sys/bus/pci/devices/0000:03:00.0")
+        );
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(ClusterConfig::parse(&text, "again").unwrap(), c);
     }
 }

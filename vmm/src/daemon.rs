@@ -180,6 +180,7 @@ fn run_kvm(
                 vcpus,
                 serial_log: Some(node.console_log.clone()),
                 console_socket: Some(node.console_socket.clone()),
+                vfio: cfg.vfio.get(&name).cloned().into_iter().collect(),
             },
             &fabric,
         )?;

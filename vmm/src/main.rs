@@ -131,6 +131,11 @@ struct UpArgs {
     /// Linux guest at native speed and qemu (TCG) elsewhere, and says why
     #[arg(long, value_enum)]
     backend: Option<config::Backend>,
+    /// Pass a host PCI function through to a node's guest, next to its emulated HCA:
+    /// NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0 (bound to vfio-pci).
+    /// Repeatable; needs the kvm backend and an hcabench built with `--features vfio`
+    #[arg(long, value_name = "NODE=PATH", value_parser = parse_vfio)]
+    vfio: Vec<(String, PathBuf)>,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -203,12 +208,28 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     if let Some(b) = a.backend {
         c.backend = b;
     }
+    c.vfio.extend(a.vfio.iter().cloned());
     c.validate()?;
-    if daemon::choose_backend(c.backend)?.0 == "qemu" {
+    let (backend, why) = daemon::choose_backend(c.backend)?;
+    if backend == "qemu" {
+        if !c.vfio.is_empty() {
+            return Err(format!(
+                "--vfio needs the kvm backend; the backend is qemu ({why})"
+            ));
+        }
         device_server::qemu::qemu_available()?;
     }
     device_server::qemu::Image::find(&c.image_dir)?;
     Ok(c)
+}
+
+fn parse_vfio(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((node, path)) if !node.is_empty() && !path.is_empty() => {
+            Ok((node.to_string(), PathBuf::from(path)))
+        }
+        _ => Err("expected NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0".into()),
+    }
 }
 
 fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {

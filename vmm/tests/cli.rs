@@ -200,3 +200,36 @@ fn test_backend_choice_is_explained_and_kvm_refused_where_it_cannot_run_linux() 
         }
     }
 }
+
+/// `--vfio` is checked before anything boots: its syntax, its node, and its backend.
+#[test]
+fn test_vfio_requests_are_checked_before_booting_anything() {
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-vfio-{}", std::process::id())));
+    let dev = "/sys/bus/pci/devices/0000:00:00.0";
+    let cases: &[(&[&str], &str)] = &[
+        (&["up", "--vfio", dev], "expected NODE=SYSFS_PATH"),
+        (
+            &["up", "--vfio", &format!("node9={dev}")],
+            "no node \"node9\"",
+        ),
+        (
+            &["up", "--backend", "qemu", "--vfio", &format!("node1={dev}")],
+            "passthrough needs the kvm backend",
+        ),
+    ];
+    for (args, says) in cases {
+        let o = hcabench(&dir.0, args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+    if let hcabench::kvm::KvmCheck::Unusable(_) = hcabench::kvm::check_kvm() {
+        let o = hcabench(&dir.0, &["up", "--vfio", &format!("node1={dev}")]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o).contains("--vfio needs the kvm backend"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert!(!dir.0.join("state.toml").exists());
+}

@@ -47,6 +47,7 @@ fn test_machine_with_console(
             vcpus: 1,
             serial_log: None,
             console_socket,
+            vfio: Vec::new(),
         },
         fabric,
     )
@@ -168,4 +169,40 @@ fn test_console_socket_shows_output_and_types_into_the_serial_port() {
         out.serial
     );
     assert!(String::from_utf8_lossy(&seen).contains("HCATEST bar2-signature"));
+}
+
+/// Passthrough cannot run here (no IOMMU, no /dev/vfio, no spare adapter), but asking for
+/// it must fail at once with the reason: the build lacks VFIO, or the function cannot be
+/// opened through VFIO, naming it and what to check.
+#[test]
+fn test_passthrough_that_cannot_work_is_refused_with_the_reason() {
+    let Some(kvm) = kvm_or_skip("test_passthrough_that_cannot_work_is_refused_with_the_reason")
+    else {
+        return;
+    };
+    let path = std::path::PathBuf::from("/sys/bus/pci/devices/0000:00:00.0");
+    let err = Machine::new(
+        &kvm,
+        MachineConfig {
+            name: "vfio".into(),
+            ram_bytes: 16 << 20,
+            vcpus: 1,
+            serial_log: None,
+            console_socket: None,
+            vfio: vec![path.clone()],
+        },
+        &Fabric::new(),
+    )
+    .err()
+    .expect("passthrough of the host bridge without VFIO must fail");
+    println!("refused: {err}");
+    assert!(err.contains("0000:00:00.0"), "{err}");
+    if cfg!(feature = "vfio") {
+        assert!(
+            err.starts_with("VFIO /sys/bus/pci/devices/0000:00:00.0:"),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains("--features vfio"), "{err}");
+    }
 }

@@ -3,21 +3,17 @@
 //! BAR2 the model's device memory mapped straight into the guest as a memory slot. The ID
 //! is the VMM's own (1234:21a8), which the guest driver binds as well.
 //!
-//! Interrupts: the model raises vector v -> an irqfd on GSI `MSIX_GSI_BASE + v`, whose
-//! route KVM_SET_GSI_ROUTING keeps equal to the guest's MSI-X table entry; a masked vector
+//! Interrupts: the model raises vector v -> an irqfd on the v-th GSI the machine's router
+//! gave the function, whose route follows the guest's MSI-X table entry; a masked vector
 //! (or function) sets its PBA bit and fires when unmasked.
 
 use std::sync::{Arc, Mutex};
 
 use hca_model::abi::{BAR2_SIZE, NUM_VECTORS};
 use hca_model::InterruptSink;
-use kvm_bindings::{
-    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
-    KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
-};
-use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::irq::{GsiRouter, MsixTable};
 use super::pci::PciFunction;
 
 pub const VENDOR_ID: u32 = 0x1234;
@@ -30,102 +26,49 @@ pub const BAR0_SIZE: u64 = 0x1000;
 pub const BAR1_SIZE: u64 = 0x1000;
 const PBA_OFFSET: u64 = 0x800;
 const MSIX_CAP: u32 = 0x40;
-/// GSIs above the IOAPIC's 24 pins carry the MSI-X vectors.
-pub const MSIX_GSI_BASE: u32 = 24;
 const NV: usize = NUM_VECTORS as usize;
 
-#[derive(Default)]
-struct MsixState {
-    enabled: bool,
-    function_mask: bool,
-    /// Per vector: address low, address high, data, vector control.
-    table: [[u32; 4]; NV],
-    pending: u32,
-}
-
-impl MsixState {
-    fn deliverable(&self, v: usize) -> bool {
-        self.enabled && !self.function_mask && self.table[v][3] & 1 == 0
-    }
-}
-
-/// The MSI-X side: table, PBA, routes, irqfds. The model's [`InterruptSink`].
+/// The MSI-X side: table, PBA, irqfds on the GSIs the router gave it. The model's
+/// [`InterruptSink`].
 pub struct Msix {
-    vm: Arc<VmFd>,
+    router: Arc<GsiRouter>,
+    gsi_base: u32,
     irqfds: Vec<EventFd>,
     state: Mutex<MsixState>,
 }
 
+struct MsixState {
+    table: MsixTable,
+    /// Vectors raised while masked (the PBA).
+    pending: u32,
+}
+
 impl Msix {
-    pub fn new(vm: Arc<VmFd>) -> Result<Arc<Self>, String> {
+    pub fn new(router: Arc<GsiRouter>) -> Result<Arc<Self>, String> {
+        let gsi_base = router.allocate(NUM_VECTORS)?;
         let mut irqfds = Vec::new();
         for v in 0..NUM_VECTORS {
             let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
-            vm.register_irqfd(&fd, MSIX_GSI_BASE + v)
+            router
+                .vm()
+                .register_irqfd(&fd, gsi_base + v)
                 .map_err(|e| format!("KVM_IRQFD for vector {v}: {e}"))?;
             irqfds.push(fd);
         }
-        let mut table = [[0u32; 4]; NV];
-        for e in &mut table {
-            e[3] = 1; // masked at reset
-        }
-        let m = Arc::new(Self {
-            vm,
+        Ok(Arc::new(Self {
+            router,
+            gsi_base,
             irqfds,
             state: Mutex::new(MsixState {
-                table,
-                ..Default::default()
+                table: MsixTable::new(NV),
+                pending: 0,
             }),
-        });
-        m.update_routes(&m.state.lock().unwrap())?;
-        Ok(m)
-    }
-
-    /// The whole routing table: the irqchip pins KVM starts with, plus one MSI route per
-    /// vector (even masked ones: delivery is gated here, not by the route).
-    fn update_routes(&self, s: &MsixState) -> Result<(), String> {
-        let mut entries = Vec::new();
-        let chip = |gsi: u32, irqchip: u32, pin: u32| {
-            let mut e = kvm_irq_routing_entry {
-                gsi,
-                type_: KVM_IRQ_ROUTING_IRQCHIP,
-                ..Default::default()
-            };
-            e.u.irqchip.irqchip = irqchip;
-            e.u.irqchip.pin = pin;
-            e
-        };
-        for gsi in 0..24u32 {
-            if gsi < 16 && gsi != 2 {
-                let (c, pin) = if gsi < 8 {
-                    (KVM_IRQCHIP_PIC_MASTER, gsi)
-                } else {
-                    (KVM_IRQCHIP_PIC_SLAVE, gsi - 8)
-                };
-                entries.push(chip(gsi, c, pin));
-            }
-            entries.push(chip(gsi, KVM_IRQCHIP_IOAPIC, gsi));
-        }
-        for (v, t) in s.table.iter().enumerate() {
-            let mut e = kvm_irq_routing_entry {
-                gsi: MSIX_GSI_BASE + v as u32,
-                type_: KVM_IRQ_ROUTING_MSI,
-                ..Default::default()
-            };
-            e.u.msi.address_lo = t[0];
-            e.u.msi.address_hi = t[1];
-            e.u.msi.data = t[2];
-            entries.push(e);
-        }
-        let routing = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
-        self.vm
-            .set_gsi_routing(&routing)
-            .map_err(|e| format!("KVM_SET_GSI_ROUTING: {e}"))
+        }))
     }
 
     fn fire_pending(&self, s: &mut MsixState) {
         for v in 0..NV {
-            if s.pending & (1 << v) != 0 && s.deliverable(v) {
+            if s.pending & (1 << v) != 0 && s.table.deliverable(v) {
                 s.pending &= !(1 << v);
                 let _ = self.irqfds[v].write(1);
             }
@@ -138,35 +81,32 @@ impl Msix {
         if off >= PBA_OFFSET {
             return if off == PBA_OFFSET { s.pending } else { 0 };
         }
-        let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
-        s.table.get(v).map_or(0, |e| e[f])
+        s.table.read(off)
     }
 
     pub fn bar_write(&self, off: u64, val: u32) {
         let mut s = self.state.lock().unwrap();
-        let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
-        if off >= PBA_OFFSET || v >= NV {
+        if off >= PBA_OFFSET {
             return;
         }
-        s.table[v][f] = val;
-        if f < 3 {
-            if let Err(e) = self.update_routes(&s) {
+        // Every vector keeps a route, even a masked one: delivery is gated here.
+        if let Some((v, true)) = s.table.write(off, val) {
+            let gsi = self.gsi_base + v as u32;
+            if let Err(e) = self.router.set_msi(&[(gsi, s.table.message(v))]) {
                 log::error!("MSI-X vector {v}: {e}");
             }
         }
         self.fire_pending(&mut s);
     }
 
-    fn set_control(&self, enabled: bool, function_mask: bool) {
+    fn set_control(&self, ctl: u32) {
         let mut s = self.state.lock().unwrap();
-        s.enabled = enabled;
-        s.function_mask = function_mask;
+        s.table.set_control(ctl);
         self.fire_pending(&mut s);
     }
 
     fn control(&self) -> u32 {
-        let s = self.state.lock().unwrap();
-        (NUM_VECTORS - 1) | u32::from(s.function_mask) << 14 | u32::from(s.enabled) << 15
+        self.state.lock().unwrap().table.control()
     }
 }
 
@@ -177,7 +117,7 @@ impl InterruptSink for Msix {
             return;
         }
         let mut s = self.state.lock().unwrap();
-        if s.deliverable(v) {
+        if s.table.deliverable(v) {
             let _ = self.irqfds[v].write(1);
         } else {
             s.pending |= 1 << v;
@@ -270,8 +210,7 @@ impl PciFunction for HcaPci {
             }
             MSIX_CAP => {
                 let ctl = merge(self.config_read(MSIX_CAP)) >> 16;
-                self.msix
-                    .set_control(ctl & 1 << 15 != 0, ctl & 1 << 14 != 0);
+                self.msix.set_control(ctl);
             }
             _ => {}
         }

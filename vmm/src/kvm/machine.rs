@@ -20,9 +20,10 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 use super::boot;
 use super::hca_pci::{HcaPci, Msix, BAR1_SIZE};
+use super::irq::GsiRouter;
 use super::linux::{self, LinuxBoot};
 use super::mptable;
-use super::pci::PciBus;
+use super::pci::{PciBus, TrappedBars};
 use super::serial::{self, ConsoleOut, IrqLine, SerialPort};
 
 pub const COM1: u16 = 0x3f8;
@@ -42,6 +43,9 @@ pub struct MachineConfig {
     pub serial_log: Option<PathBuf>,
     /// A unix socket to attach to the serial console through (`hcabench console`).
     pub console_socket: Option<PathBuf>,
+    /// Host PCI functions (sysfs paths, bound to vfio-pci) passed through next to the HCA;
+    /// needs the `vfio` build feature.
+    pub vfio: Vec<PathBuf>,
 }
 
 /// What the vCPU threads share.
@@ -51,6 +55,8 @@ struct Devices {
     hca_pci: Arc<Mutex<HcaPci>>,
     msix: Arc<Msix>,
     hca: Hca,
+    /// Passed-through functions, whose trapped BAR ranges exit to them.
+    trapped: Vec<Arc<Mutex<dyn TrappedBars>>>,
     exit_code: Mutex<Option<u8>>,
     /// Ends the vCPU loops and the console thread.
     stop: Arc<AtomicBool>,
@@ -150,7 +156,8 @@ impl Machine {
         boot::map_ram(&vm, &mem)?;
 
         let bar2 = DeviceMemory::new().map_err(|e| format!("BAR2: {e}"))?;
-        let msix = Msix::new(vm.clone())?;
+        let router = GsiRouter::new(vm.clone())?;
+        let msix = Msix::new(router.clone())?;
         let hca = Hca::new(mem.clone(), bar2, msix.clone(), node_guid(&cfg.name));
         hca.set_doorbell_peer(DOORBELL_PEER);
         hca.attach(fabric);
@@ -188,6 +195,7 @@ impl Machine {
         unsafe { boot::map_slot(&vm, BAR2_SLOT, bars[2], u64::from(BAR2_SIZE), bar2_host)? };
         let mut bus = PciBus::new();
         bus.add(hca_pci.clone());
+        let trapped = passthrough(&cfg, &vm, &router, &mem, &mut bus)?;
 
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
         vm.register_irqfd(&serial_irq, SERIAL_GSI)
@@ -232,6 +240,7 @@ impl Machine {
                 hca_pci,
                 msix,
                 hca,
+                trapped,
                 exit_code: Mutex::new(None),
                 stop,
             }),
@@ -384,6 +393,44 @@ impl Drop for Machine {
     }
 }
 
+/// The host functions `cfg.vfio` names, on `bus` after the HCA.
+#[cfg(feature = "vfio")]
+fn passthrough(
+    cfg: &MachineConfig,
+    vm: &Arc<VmFd>,
+    router: &Arc<GsiRouter>,
+    mem: &GuestMemoryMmap,
+    bus: &mut PciBus,
+) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, String> {
+    let mut next_slot = BAR2_SLOT + 1;
+    let mut trapped: Vec<Arc<Mutex<dyn TrappedBars>>> = Vec::new();
+    for path in &cfg.vfio {
+        let f = super::vfio::VfioPci::new(path, vm.clone(), router.clone(), mem, &mut next_slot)?;
+        let f = Arc::new(Mutex::new(f));
+        bus.add(f.clone());
+        trapped.push(f);
+    }
+    Ok(trapped)
+}
+
+#[cfg(not(feature = "vfio"))]
+fn passthrough(
+    cfg: &MachineConfig,
+    _: &Arc<VmFd>,
+    _: &Arc<GsiRouter>,
+    _: &GuestMemoryMmap,
+    _: &mut PciBus,
+) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, String> {
+    match cfg.vfio.first() {
+        Some(p) => Err(format!(
+            "passing {} through needs VFIO support, which this hcabench was built without: \
+             rebuild with `cargo build --release --features vfio`",
+            p.display()
+        )),
+        None => Ok(Vec::new()),
+    }
+}
+
 /// vCPU `id` with local APIC ID `id` in its CPUID, and its LAPIC in virtual-wire mode
 /// (LINT0 ExtINT, LINT1 NMI) as firmware would leave it.
 fn new_vcpu(vm: &VmFd, cpuid: &kvm_bindings::CpuId, id: u8) -> Result<VcpuFd, String> {
@@ -465,7 +512,7 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
 /// ioeventfds, and the rest of BAR0 (registers ivshmem leaves at zero, doorbells naming
 /// another peer, which ivshmem drops too) reads as zero and ignores writes, like any other
 /// address.
-fn mmio(d: &Devices, addr: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) {
+fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]>) {
     let bars = d.hca_pci.lock().unwrap().mapped_bars();
     let mut val = 0u32;
     if let Some(w) = write {
@@ -475,7 +522,7 @@ fn mmio(d: &Devices, addr: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) {
     }
     if (bars[1]..bars[1] + BAR1_SIZE).contains(&addr) {
         let off = (addr - bars[1]) & !3;
-        match read {
+        match read.as_deref_mut() {
             Some(r) => {
                 let v = d.msix.bar_read(off).to_le_bytes();
                 for (i, b) in r.iter_mut().enumerate() {
@@ -485,6 +532,11 @@ fn mmio(d: &Devices, addr: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) {
             None => d.msix.bar_write(off, val),
         }
         return;
+    }
+    for f in &d.trapped {
+        if f.lock().unwrap().mmio(addr, read.as_deref_mut(), write) {
+            return;
+        }
     }
     if let Some(r) = read {
         r.fill(0);

@@ -4,16 +4,21 @@
 //! irqchip, a PCI host bridge on configuration mechanism 1 with the HCA behind it
 //! ([`hca_pci`]: doorbells through ioeventfds, MSI-X through GSI routes and irqfds, BAR2 as a
 //! memory slot), a 16550 serial port (vm-superio) to a log, and a thread per vCPU. Several
-//! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`].
+//! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`]. With the
+//! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
 
 pub mod boot;
 pub mod hca_pci;
+pub mod irq;
 pub mod linux;
 pub mod machine;
 pub mod mptable;
 pub mod pci;
 pub mod serial;
 pub mod test_guest;
+#[cfg(feature = "vfio")]
+pub mod vfio;
+pub mod vfio_config;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 

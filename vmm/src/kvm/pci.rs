@@ -13,6 +13,12 @@ pub trait PciFunction: Send {
     fn config_write(&mut self, off: u32, val: u32, mask: u32);
 }
 
+/// A function some of whose BAR space exits to the VMM (a passed-through device's MSI-X
+/// table); `mmio` answers false for an address that is not its.
+pub trait TrappedBars: Send {
+    fn mmio(&mut self, gpa: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) -> bool;
+}
+
 /// Device 0: the host bridge (an ID, a class code, nothing else).
 struct HostBridge;
 
