@@ -8,11 +8,17 @@
 //!
 //! Every packet crosses two links: its source port's uplink and its destination port's
 //! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
-//! attach there (issue 7, ARCHITECTURE.md section 6).
+//! attach there (ARCHITECTURE.md section 6).
+//!
+//! Time: the fabric owns the clock the ports' transport timers run on (RC retransmission,
+//! RNR waits) and calls every port's [`PacketSink::tick`] as it advances. A real-time fabric
+//! ticks from its own thread every [`TICK`]; a manual one ([`Fabric::with_manual_clock`])
+//! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use crate::packet::Packet;
 
@@ -56,6 +62,16 @@ pub trait PacketSink: Send + Sync {
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected>;
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
+    /// The fabric's clock reads `now_ns`: fire the timers that are due.
+    fn tick(&self, _now_ns: u64) {}
+}
+
+/// How often a real-time fabric runs its ports' timers.
+pub const TICK: Duration = Duration::from_millis(1);
+
+enum Clock {
+    Real(Instant),
+    Manual(AtomicU64),
 }
 
 /// Which way a packet crosses a port's link.
@@ -114,6 +130,7 @@ struct Inner {
     queue: Mutex<Queue>,
     hook: RwLock<Option<Arc<dyn LinkHook>>>,
     stats: Counters,
+    clock: Clock,
 }
 
 #[derive(Default)]
@@ -137,15 +154,71 @@ impl Default for Fabric {
 }
 
 impl Fabric {
+    /// A fabric on the real clock, with a thread that runs its timers (it ends when the
+    /// last clone of the fabric is dropped).
     pub fn new() -> Self {
+        let f = Self::with_clock(Clock::Real(Instant::now()));
+        let weak = Arc::downgrade(&f.inner);
+        let spawned = std::thread::Builder::new()
+            .name("fabric-timer".into())
+            .spawn(move || loop {
+                std::thread::sleep(TICK);
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                Fabric { inner }.tick();
+            });
+        if let Err(e) = spawned {
+            log::error!("fabric timer thread: {e}; RC retransmission will not run");
+        }
+        f
+    }
+
+    /// A fabric whose clock stands still until [`Fabric::advance`]: timeouts in virtual time.
+    pub fn with_manual_clock() -> Self {
+        Self::with_clock(Clock::Manual(AtomicU64::new(0)))
+    }
+
+    fn with_clock(clock: Clock) -> Self {
         Self {
             inner: Arc::new(Inner {
                 ports: RwLock::new(vec![None]),
                 queue: Mutex::new(Queue::default()),
                 hook: RwLock::new(None),
                 stats: Counters::default(),
+                clock,
             }),
         }
+    }
+
+    /// Nanoseconds since the fabric was made (its clock, real or manual).
+    pub fn now_ns(&self) -> u64 {
+        match &self.inner.clock {
+            Clock::Real(t0) => t0.elapsed().as_nanos() as u64,
+            Clock::Manual(t) => t.load(Relaxed),
+        }
+    }
+
+    /// Moves a manual clock on by `d` and runs the timers that come due (a real clock
+    /// ignores this).
+    pub fn advance(&self, d: Duration) {
+        if let Clock::Manual(t) = &self.inner.clock {
+            t.fetch_add(d.as_nanos() as u64, Relaxed);
+            self.tick();
+        }
+    }
+
+    /// Runs every port's due timers, then moves what they sent.
+    fn tick(&self) {
+        let now = self.now_ns();
+        let ports: Vec<Arc<dyn PacketSink>> = {
+            let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+            ports.iter().flatten().filter_map(Weak::upgrade).collect()
+        };
+        for p in ports {
+            p.tick(now);
+        }
+        self.pump();
     }
 
     /// Attaches a port and assigns it the next free LID (node number k gets LID k).

@@ -9,6 +9,7 @@
 //! PD/MR and key checks (mr.rs), CQ rings (cq.rs), event queues (eq.rs), QP state machine (qp.rs),
 //! the send engine (requester.rs), incoming requests (responder.rs).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vm_memory::GuestMemory;
@@ -53,6 +54,14 @@ pub struct HcaStats {
     pub ud_dropped: u64,
     pub rc_dropped: u64,
     pub dma_faults: u64,
+    /// RC packets sent again (timeouts, sequence NAKs, RNR waits).
+    pub retransmits: u64,
+    pub seq_naks: u64,
+    pub rnr_naks: u64,
+    /// WRs that ended in WC_RETRY_EXC_ERR after their retries ran out.
+    pub retry_exceeded: u64,
+    /// Requests seen twice (a resend of something that had arrived) and answered again.
+    pub duplicates: u64,
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.
@@ -126,6 +135,8 @@ pub(crate) struct HcaState {
     /// as they would from a fabric with no route.
     pub stranded: Vec<Packet>,
     pub stats: HcaStats,
+    /// No QP timer is due before this fabric time (ns; NEVER when none runs).
+    pub timer_hint: u64,
 }
 
 impl HcaState {
@@ -150,6 +161,7 @@ impl HcaState {
             pending_irqs: 0,
             stranded: Vec::new(),
             stats: HcaStats::default(),
+            timer_hint: crate::reliability::NEVER,
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -213,6 +225,8 @@ impl HcaState {
 
 struct Shared {
     state: Mutex<HcaState>,
+    /// HcaState::timer_hint as of the last unlock, so that ticks skip the lock when idle.
+    timer_hint: AtomicU64,
     bar2: Arc<DeviceMemory>,
     irq: Arc<dyn InterruptSink>,
 }
@@ -235,6 +249,7 @@ impl Shared {
             }
             let irqs = std::mem::take(&mut st.pending_irqs);
             st.stats.interrupts += u64::from(irqs.count_ones());
+            self.timer_hint.store(st.timer_hint, Ordering::Relaxed);
             (r, irqs, st.fabric.clone())
         };
         for v in 0..NUM_VECTORS {
@@ -256,6 +271,12 @@ impl PacketSink for Shared {
 
     fn undeliverable(&self, pkt: Packet, why: DropReason) {
         self.with_state(|st| st.bounced(pkt, why))
+    }
+
+    fn tick(&self, now_ns: u64) {
+        if now_ns >= self.timer_hint.load(Ordering::Relaxed) {
+            self.with_state(|st| st.on_timer(now_ns))
+        }
     }
 }
 
@@ -287,6 +308,7 @@ impl Hca {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
+                timer_hint: AtomicU64::new(crate::reliability::NEVER),
                 bar2,
                 irq,
             }),

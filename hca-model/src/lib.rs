@@ -19,6 +19,7 @@ mod hca;
 mod mr;
 pub mod packet;
 mod qp;
+pub mod reliability;
 mod requester;
 mod responder;
 

@@ -12,7 +12,8 @@ use std::collections::VecDeque;
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::HcaState;
-use crate::packet::{Seg, SegList, PSN_MASK};
+use crate::packet::{Packet, Seg, SegList, PSN_MASK};
+use crate::reliability::Retry;
 
 pub(crate) struct WorkQueue {
     pub addr: u64,
@@ -59,6 +60,11 @@ pub(crate) struct Pending {
     pub last_psn: u32,
     pub byte_len: u32,
     pub kind: PendKind,
+    /// The request as sent (a train for a multi-packet message), to resend from; None for
+    /// a local WR.
+    pub request: Option<Packet>,
+    /// A read: the next response PSN it expects (responses come in order or not at all).
+    pub next_resp_psn: u32,
 }
 
 /// A message the responder is receiving across several packets.
@@ -87,10 +93,17 @@ pub(crate) struct Qp {
     pub pending: VecDeque<Pending>,
     /// A FENCE WR waits for earlier READs/atomics to finish.
     pub fence_wait: bool,
+    pub retry: Retry,
     // Responder.
     pub epsn: u32,
     pub msn: u32,
     pub inbound: Option<Inbound>,
+    /// A sequence (or RNR) NAK went out for `epsn`; further early packets are dropped
+    /// silently until it arrives (one NAK per gap, as IB has it).
+    pub nak_sent: bool,
+    /// The last atomic executed: its PSN and the original value, to answer a duplicate
+    /// without executing it twice.
+    pub last_atomic: Option<(u32, u64)>,
 }
 
 impl Qp {
@@ -231,9 +244,12 @@ impl HcaState {
             next_psn: 0,
             pending: VecDeque::new(),
             fence_wait: false,
+            retry: Retry::default(),
             epsn: 0,
             msn: 0,
             inbound: None,
+            nak_sent: false,
+            last_atomic: None,
         };
         let qpn = if a.qp_type == QPT_GSI {
             if !self.qps.insert_at(GSI_QPN, qp) {
@@ -329,6 +345,7 @@ impl HcaState {
         };
         qp.attr.state = QPS_ERR as u8;
         qp.fence_wait = false;
+        qp.retry = Retry::default();
         // A message half received has consumed a receive WQE: it is flushed too.
         let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
         let recv_cqn = qp.recv_cqn;

@@ -158,6 +158,8 @@ impl HcaState {
             last_psn: 0,
             byte_len: len as u32,
             kind: PendKind::Ack,
+            request: None,
+            next_resp_psn: 0,
         };
         match op {
             WR_RDMA_READ => self.send_read(qpn, w, src, len, pend),
@@ -180,6 +182,8 @@ impl HcaState {
             last_psn: 0,
             byte_len: 0,
             kind: PendKind::Local,
+            request: None,
+            next_resp_psn: 0,
         };
         let qp = self.qps.get_mut(qpn).ok_or(WC_GENERAL_ERR)?;
         let cqn = qp.send_cqn;
@@ -260,6 +264,7 @@ impl HcaState {
         let kind = if write { RC_WRITE_ONLY } else { RC_SEND_ONLY };
         let train = Packet::message(head, kind, len, mtu as u32);
         let npk = train.span();
+        pend.request = Some(train.clone());
         self.transmit(train);
         pend.first_psn = first_psn;
         pend.last_psn = psn_add(first_psn, npk - 1);
@@ -289,9 +294,11 @@ impl HcaState {
             rkey: w.rkey,
             len: len as u32,
         });
+        pend.request = Some(pkt.clone());
         self.transmit(pkt);
         pend.first_psn = psn;
         pend.last_psn = psn_add(psn, npk - 1);
+        pend.next_resp_psn = psn;
         pend.kind = PendKind::Read { dst };
         self.push_pending(qpn, pend, npk);
         Ok(())
@@ -330,6 +337,7 @@ impl HcaState {
         } else {
             (w.compare_add, 0)
         });
+        pend.request = Some(pkt.clone());
         self.transmit(pkt);
         pend.first_psn = psn;
         pend.last_psn = psn;
@@ -344,6 +352,7 @@ impl HcaState {
             qp.next_psn = psn_add(qp.next_psn, npk);
             qp.pending.push_back(pend);
         }
+        self.arm_timer(qpn);
     }
 
     fn send_ud(
@@ -420,6 +429,8 @@ impl HcaState {
                 let (syndrome, _msn) = pkt.aeth.unwrap_or((AETH_ACK, 0));
                 if syndrome == AETH_ACK {
                     self.complete_acked(qpn, pkt.psn);
+                } else if syndrome == AETH_NAK_PSN_SEQ || syndrome & 0xe0 == AETH_RNR_NAK {
+                    self.on_retry_nak(qpn, syndrome, pkt.psn);
                 } else {
                     self.fail_front(qpn, nak_status(syndrome));
                 }
@@ -433,7 +444,8 @@ impl HcaState {
     }
 
     /// Completes, in order, every ACK-awaiting WR up to and including `psn`.
-    fn complete_acked(&mut self, qpn: u32, psn: u32) {
+    pub(crate) fn complete_acked(&mut self, qpn: u32, psn: u32) {
+        let mut done_any = false;
         loop {
             let Some(qp) = self.qps.get_mut(qpn) else {
                 return;
@@ -444,13 +456,17 @@ impl HcaState {
                 _ => false,
             });
             if !done {
-                return;
+                break;
             }
+            done_any = true;
             let p = qp.pending.pop_front().expect("front checked");
             let cqn = qp.send_cqn;
             if p.signaled {
                 self.post_cqe(cqn, ok_cqe(qpn, &p), false);
             }
+        }
+        if done_any {
+            self.progress(qpn);
         }
     }
 
@@ -459,16 +475,17 @@ impl HcaState {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
-        let Some(front) = qp.pending.front() else {
+        let Some(front) = qp.pending.front_mut() else {
             return;
         };
         let PendKind::Read { dst } = &front.kind else {
             return; // A response nobody asked for: dropped.
         };
-        let in_range = psn_le(front.first_psn, pkt.psn) && psn_le(pkt.psn, front.last_psn);
-        if !in_range {
+        // In order only: a duplicate is ignored, and after a gap the timer asks again.
+        if pkt.psn != front.next_resp_psn || !psn_le(pkt.psn, front.last_psn) {
             return;
         }
+        front.next_resp_psn = psn_add(pkt.psn, pkt.span());
         let off = u64::from(pkt.psn.wrapping_sub(front.first_psn) & PSN_MASK) * mtu;
         let ends = pkt.ends_message();
         let n = u64::from(pkt.payload.len());
@@ -482,6 +499,8 @@ impl HcaState {
         }
         if ends {
             self.complete_front(qpn);
+        } else {
+            self.progress(qpn);
         }
     }
 
@@ -511,11 +530,12 @@ impl HcaState {
         if p.signaled {
             self.post_cqe(cqn, ok_cqe(qpn, &p), false);
         }
+        self.progress(qpn);
     }
 
     /// The oldest outstanding WR failed remotely (or can never finish): it completes with
     /// `status` and the QP goes to ERR, flushing the rest.
-    fn fail_front(&mut self, qpn: u32, status: u32) {
+    pub(crate) fn fail_front(&mut self, qpn: u32, status: u32) {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
@@ -541,16 +561,17 @@ impl HcaState {
         }
     }
 
-    /// One of our packets reached no receiver. UD: counted. RC request: the message can
-    /// never be acknowledged, so its WR ends as IB's would once retries run out
-    /// (WC_RETRY_EXC_ERR) and the QP goes to ERR. (Real retransmission: issue 7.)
-    pub(crate) fn bounced(&mut self, pkt: Packet, _why: DropReason) {
+    /// One of our packets reached no receiver. UD: counted. RC: lost on a link (a fault),
+    /// the transport timer resends it. RC request with no route or refused by the receiving
+    /// QP: every resend would meet the same fate, so the WR ends now as it would once the
+    /// retries ran out (WC_RETRY_EXC_ERR) and the QP goes to ERR.
+    pub(crate) fn bounced(&mut self, pkt: Packet, why: DropReason) {
         if pkt.is_ud() {
             self.stats.ud_dropped += 1;
             return;
         }
         self.stats.rc_dropped += 1;
-        if !pkt.is_request() {
+        if !pkt.is_request() || why == DropReason::Hook {
             return;
         }
         let qpn = pkt.src_qpn;

@@ -1,6 +1,10 @@
 //! The responder: takes request packets off the fabric for our QPs.
 //!
-//! RC: a packet must come from the QP's connected peer with the expected PSN. SENDs consume a
+//! RC: a packet must come from the QP's connected peer. One with the expected PSN is
+//! executed; a duplicate (a PSN already taken: the requester resent after a lost ACK) is not
+//! executed again but answered again (ACK, read data, the atomic's saved result); one ahead
+//! of the expected PSN (a packet before it was lost) gets one PSN sequence NAK per gap, so
+//! the requester resends from there. SENDs consume a
 //! receive WQE at their first packet and complete it at their last; RDMA WRITEs are checked
 //! against the rkey (PD, REMOTE_WRITE on both MR and QP, bounds) at their first packet; READs
 //! and atomics are answered from local memory. Every accepted message is ACKed; a violation
@@ -52,17 +56,66 @@ impl HcaState {
         let qp = self.qps.get(qpn).ok_or(Rejected)?;
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
-        if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer || pkt.psn != qp.epsn {
+        if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
             return Err(Rejected);
+        }
+        if pkt.psn != qp.epsn {
+            self.out_of_sequence(qpn, pkt);
+            return Ok(());
+        }
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.nak_sent = false;
         }
         match pkt.opcode {
             RC_SEND_FIRST..=RC_SEND_ONLY_IMM => self.rc_send(qpn, pkt),
             RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(qpn, pkt),
-            RC_READ_REQUEST => self.rc_read(qpn, pkt),
+            RC_READ_REQUEST => self.rc_read(qpn, pkt, true),
             RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(qpn, pkt),
             _ => self.nak(qpn, &pkt, AETH_NAK_INV_REQ),
         }
         Ok(())
+    }
+
+    /// A request whose PSN is not the expected one: a duplicate, or early.
+    fn out_of_sequence(&mut self, qpn: u32, pkt: Packet) {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let last_done = psn_add(qp.epsn, PSN_MASK);
+        if !psn_le(pkt.psn, last_done) {
+            // Early: something before it was lost. One NAK per gap.
+            if !qp.nak_sent {
+                qp.nak_sent = true;
+                let epsn = qp.epsn;
+                self.transmit_nak_at(qpn, &pkt, AETH_NAK_PSN_SEQ, epsn);
+            }
+            return;
+        }
+        self.stats.duplicates += 1;
+        match pkt.opcode {
+            RC_READ_REQUEST => self.rc_read(qpn, pkt, false),
+            RC_CMP_SWAP | RC_FETCH_ADD => match qp.last_atomic {
+                Some((psn, orig)) if psn == pkt.psn => {
+                    let resp = atomic_ack(qpn, &pkt, orig);
+                    self.transmit(resp);
+                }
+                _ => {} // Older than the one we keep: its ACK must have arrived.
+            },
+            _ if pkt.ends_message() => {
+                // Everything up to last_done was taken: say so again.
+                let ack = Packet {
+                    dlid: pkt.slid,
+                    opcode: RC_ACK,
+                    dest_qpn: pkt.src_qpn,
+                    src_qpn: qpn,
+                    psn: last_done,
+                    aeth: Some((AETH_ACK, qp.msn)),
+                    ..Default::default()
+                };
+                self.transmit(ack);
+            }
+            _ => {}
+        }
     }
 
     fn take_recv(&mut self, qpn: u32) -> Result<Recv, RecvError> {
@@ -106,19 +159,40 @@ impl HcaState {
         })
     }
 
-    fn transmit_ack(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+    /// ACKs message `req`, which completed here (the MSN counts it).
+    fn transmit_ack(&mut self, qpn: u32, req: &Packet) {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
-        if syndrome == AETH_ACK {
-            qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
-        }
+        qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         let pkt = Packet {
             dlid: req.slid,
             opcode: RC_ACK,
             dest_qpn: req.src_qpn,
             src_qpn: qpn,
             psn: psn_add(req.psn, req.span() - 1),
+            aeth: Some((AETH_ACK, qp.msn)),
+            ..Default::default()
+        };
+        self.transmit(pkt);
+    }
+
+    /// A NAK for `req`, naming its first PSN (the one refused).
+    fn transmit_nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+        self.transmit_nak_at(qpn, req, syndrome, req.psn);
+    }
+
+    /// A NAK naming `psn`: the requester resends from there (or fails that WR).
+    fn transmit_nak_at(&mut self, qpn: u32, req: &Packet, syndrome: u8, psn: u32) {
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let pkt = Packet {
+            dlid: req.slid,
+            opcode: RC_ACK,
+            dest_qpn: req.src_qpn,
+            src_qpn: qpn,
+            psn,
             aeth: Some((syndrome, qp.msn)),
             ..Default::default()
         };
@@ -127,7 +201,7 @@ impl HcaState {
 
     /// NAKs `req` and, unless it is an RNR NAK, moves this QP to ERR.
     fn nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
-        self.transmit_ack(qpn, req, syndrome);
+        self.transmit_nak(qpn, req, syndrome);
         if syndrome & 0xe0 != AETH_RNR_NAK {
             if syndrome == AETH_NAK_REM_ACCESS {
                 self.post_event(VEC_ASYNC, EV_QP_ACCESS_ERR, qpn, 0);
@@ -160,8 +234,11 @@ impl HcaState {
         match self.take_recv(qpn) {
             Ok(r) => Some(r),
             Err(RecvError::Empty) => {
-                let timer = self.qps.get(qpn).map_or(0, |q| q.attr.min_rnr_timer);
-                self.transmit_ack(qpn, pkt, AETH_RNR_NAK | (timer & 0x1f));
+                let qp = self.qps.get_mut(qpn)?;
+                // Later packets of this message are early now: no sequence NAK for them.
+                qp.nak_sent = true;
+                let timer = qp.attr.min_rnr_timer;
+                self.transmit_nak(qpn, pkt, AETH_RNR_NAK | (timer & 0x1f));
                 None
             }
             Err(RecvError::Bad { wr_id, status }) => {
@@ -226,7 +303,7 @@ impl HcaState {
         // One ACK per message, at its last packet (IB lets ACKs coalesce).
         if last {
             self.finish_inbound(qpn, &pkt, CQE_OP_RECV);
-            self.transmit_ack(qpn, &pkt, AETH_ACK);
+            self.transmit_ack(qpn, &pkt);
         }
     }
 
@@ -308,8 +385,12 @@ impl HcaState {
         // WRITE_WITH_IMM consumes a receive WQE for its immediate; check before placing.
         if with_imm {
             let Some(r) = self.start_recv(qpn, &pkt) else {
-                if let Some(qp) = self.qps.get_mut(qpn) {
-                    qp.inbound = None; // Requester retries the whole message after RNR.
+                // The requester resends from this packet after RNR: a whole message
+                // starts over, a last packet finds the message where it was.
+                if pkt.starts_message() {
+                    if let Some(qp) = self.qps.get_mut(qpn) {
+                        qp.inbound = None;
+                    }
                 }
                 return;
             };
@@ -335,12 +416,13 @@ impl HcaState {
                 return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
             }
             self.finish_inbound(qpn, &pkt, CQE_OP_RECV_RDMA_IMM);
-            self.transmit_ack(qpn, &pkt, AETH_ACK);
+            self.transmit_ack(qpn, &pkt);
         }
         self.advance_epsn(qpn, pkt.span());
     }
 
-    fn rc_read(&mut self, qpn: u32, pkt: Packet) {
+    /// A read request; `fresh` false for a duplicate, answered again without taking PSNs.
+    fn rc_read(&mut self, qpn: u32, pkt: Packet, fresh: bool) {
         let Some(reth) = pkt.reth else {
             return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
         };
@@ -377,7 +459,9 @@ impl HcaState {
         let resp = Packet::message(head, RC_READ_RESP_ONLY, len, mtu as u32);
         let npk = resp.span();
         self.transmit(resp);
-        self.advance_epsn(qpn, npk);
+        if fresh {
+            self.advance_epsn(qpn, npk);
+        }
     }
 
     fn rc_atomic(&mut self, qpn: u32, pkt: Packet) {
@@ -425,17 +509,11 @@ impl HcaState {
         if self.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
         }
-        let resp = Packet {
-            dlid: pkt.slid,
-            opcode: RC_ATOMIC_ACK,
-            dest_qpn: pkt.src_qpn,
-            src_qpn: qpn,
-            psn: pkt.psn,
-            aeth: Some((AETH_ACK, 0)),
-            atomic_ack: Some(orig),
-            ..Default::default()
-        };
+        let resp = atomic_ack(qpn, &pkt, orig);
         self.transmit(resp);
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.last_atomic = Some((pkt.psn, orig));
+        }
         self.advance_epsn(qpn, 1);
     }
 
@@ -496,5 +574,19 @@ impl HcaState {
             ..Default::default()
         };
         self.post_recv_cqe(qpn, cqe, pkt.solicited);
+    }
+}
+
+/// The response to atomic request `req`, carrying the original value.
+fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
+    Packet {
+        dlid: req.slid,
+        opcode: RC_ATOMIC_ACK,
+        dest_qpn: req.src_qpn,
+        src_qpn: qpn,
+        psn: req.psn,
+        aeth: Some((AETH_ACK, 0)),
+        atomic_ack: Some(orig),
+        ..Default::default()
     }
 }

@@ -221,9 +221,11 @@ fn test_receive_with_bad_lkey_is_a_remote_operational_error() {
     assert_eq!(status(&p.a.drain_cq(&mut p.cq_a)[0]), WC_REM_OP_ERR);
 }
 
+/// With rnr_retry 0 the first RNR NAK ends the WR (the retrying kinds are in
+/// reliability.rs).
 #[test]
 fn test_send_with_no_receive_posted_is_receiver_not_ready() {
-    let mut p = Pair::new(5);
+    let mut p = Pair::build(Fabric::new(), 5, ALL_ACCESS, (14, 7, 0));
     let src = p.a.alloc(8, 8);
     p.a.post_send(
         &mut p.qa,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use driver::*;
 use hca_model::abi::*;
 use hca_model::packet::*;
-use hca_model::{LinkDir, LinkHook, LinkId, Verdict};
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
 
 /// Records (link, opcode, psn, payload length) of every packet, and can drop or own them.
 #[derive(Default)]
@@ -109,33 +109,34 @@ fn test_read_responses_cross_the_hook_packet_by_packet() {
 }
 
 #[test]
-fn test_a_dropped_packet_fails_the_wr_with_retry_exceeded_until_retransmission_lands() {
-    // Without retransmission (issue 7), a lost RC packet is never acknowledged: the WR ends
-    // as IB's does once retries run out, and the QP goes to ERR.
-    let mut p = Pair::new(3);
+fn test_a_dropped_packet_is_resent_after_the_timeout_and_the_wr_succeeds() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, DEFAULT_RTS);
     let rec = Arc::new(Recorder {
         drop_nth: Some(2),
         ..Default::default()
     });
     p.fabric.set_hook(Some(rec.clone()));
     let src = p.a.alloc(4000, 8);
+    p.a.write(src, &pattern(4000, 2));
     let mut wr = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
     wr.remote_addr = p.b.alloc(4000, 8);
     wr.rkey = p.key_b;
     p.a.post_send(&mut p.qa, wr, &[sge(src, 4000, p.key_a)]);
-    assert_eq!(
-        u32::from(p.a.drain_cq(&mut p.cq_a)[0].status),
-        WC_RETRY_EXC_ERR
-    );
-    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
+    // The third packet arrives early: one sequence NAK, and the rest is resent at once.
+    assert_eq!(u32::from(p.a.drain_cq(&mut p.cq_a)[0].status), WC_SUCCESS);
+    assert_eq!(p.b.read(wr.remote_addr, 4000), pattern(4000, 2));
     assert_eq!(p.fabric.stats().hook_dropped, 1);
+    assert_eq!(p.a.hca.stats().seq_naks, 1);
+    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_RTS);
 }
 
 #[test]
 fn test_receive_consumed_by_a_half_received_message_is_flushed_on_error() {
-    let mut p = Pair::new(1); // 256-byte MTU: 1000 bytes are 4 packets
+    // 256-byte MTU: 1000 bytes are 4 packets. A manual clock: no resend comes.
+    let mut p = Pair::build(Fabric::with_manual_clock(), 1, ALL_ACCESS, DEFAULT_RTS);
     let rec = Arc::new(Recorder {
-        drop_nth: Some(4), // the LAST packet, on its way up from A
+        drop_nth: Some(7), // the LAST packet, on its way up from A (each is seen up, down)
         ..Default::default()
     });
     p.fabric.set_hook(Some(rec));

@@ -300,8 +300,22 @@ impl Driver {
         u32::from(self.query_qp(qpn).state)
     }
 
-    /// RESET -> INIT -> RTR -> RTS for an RC QP talking to `(dlid, dqpn)`.
+    /// RESET -> INIT -> RTR -> RTS for an RC QP talking to `(dlid, dqpn)`, with the
+    /// transport's usual tuning (timeout 14, 7 retries, RNR retries forever).
     pub fn bring_up_rc(&mut self, qpn: u32, dlid: u16, dqpn: u32, access: u32, mtu: u8) {
+        self.bring_up_rc_tuned(qpn, dlid, dqpn, access, mtu, DEFAULT_RTS);
+    }
+
+    /// Like [`Driver::bring_up_rc`] with (timeout, retry_cnt, rnr_retry) given.
+    pub fn bring_up_rc_tuned(
+        &mut self,
+        qpn: u32,
+        dlid: u16,
+        dqpn: u32,
+        access: u32,
+        mtu: u8,
+        (timeout, retry_cnt, rnr_retry): (u8, u8, u8),
+    ) {
         let init = HcaQpAttr {
             state: QPS_INIT as u8,
             port_num: 1,
@@ -324,9 +338,9 @@ impl Driver {
         let rts = HcaQpAttr {
             state: QPS_RTS as u8,
             sq_psn: 100,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout,
+            retry_cnt,
+            rnr_retry,
             max_rd_atomic: 4,
             ..Default::default()
         };
@@ -524,6 +538,9 @@ pub struct Pair {
     pub key_b: u32,
 }
 
+/// (timeout 14 = 67 ms, retry_cnt 7, rnr_retry 7 = forever), what kernel consumers use.
+pub const DEFAULT_RTS: (u8, u8, u8) = (14, 7, 7);
+
 pub const ALL_ACCESS: u32 =
     ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
 
@@ -534,7 +551,12 @@ impl Pair {
 
     /// `qp_access` is what both QPs allow remote peers to do.
     pub fn with_access(mtu: u8, qp_access: u32) -> Self {
-        let fabric = Fabric::new();
+        Self::build(Fabric::new(), mtu, qp_access, DEFAULT_RTS)
+    }
+
+    /// A pair on `fabric` (a manual clock, say) with the QPs' (timeout, retry_cnt,
+    /// rnr_retry) given.
+    pub fn build(fabric: Fabric, mtu: u8, qp_access: u32, rts: (u8, u8, u8)) -> Self {
         let mut a = Driver::new(Some(&fabric), 8);
         let mut b = Driver::new(Some(&fabric), 8);
         let pd_a = a.alloc_pd();
@@ -544,8 +566,8 @@ impl Pair {
         let qa = a.create_qp(QPT_RC, pd_a, cq_a.cqn, cq_a.cqn);
         let qb = b.create_qp(QPT_RC, pd_b, cq_b.cqn, cq_b.cqn);
         let (la, lb) = (a.lid(), b.lid());
-        a.bring_up_rc(qa.qpn, lb, qb.qpn, qp_access, mtu);
-        b.bring_up_rc(qb.qpn, la, qa.qpn, qp_access, mtu);
+        a.bring_up_rc_tuned(qa.qpn, lb, qb.qpn, qp_access, mtu, rts);
+        b.bring_up_rc_tuned(qb.qpn, la, qa.qpn, qp_access, mtu, rts);
         let key_a = a.reg_dma_mr(pd_a, ALL_ACCESS);
         let key_b = b.reg_dma_mr(pd_b, ALL_ACCESS);
         Self {

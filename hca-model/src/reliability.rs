@@ -1,0 +1,267 @@
+//! RC reliability, requester side: the transport timer, go-back-N retransmission, and what
+//! NAKs mean, as IB defines them.
+//!
+//! - Every RC QP with requests in flight runs one timer of 4.096 us x 2^timeout (timeout 0:
+//!   infinite). Progress (an ACK or response that completes something) restarts it and
+//!   refills the retry budget; expiry resends everything unacknowledged, from the oldest
+//!   unacknowledged PSN, and spends one retry. With none left the oldest WR completes with
+//!   WC_RETRY_EXC_ERR and the QP goes to ERR: at most (retry_cnt + 1) timeouts after the
+//!   last progress.
+//! - A PSN sequence NAK acknowledges everything before its PSN and asks for a resend from
+//!   there (a packet was lost on the way): resent at once, without spending a retry or
+//!   restarting the timer, so a peer that keeps NAKing without letting anything complete
+//!   still runs the QP into the timeout bound.
+//! - An RNR NAK (no receive WQE posted) acknowledges what came before and waits the delay
+//!   its syndrome encodes before resending; rnr_retry 7 retries forever, otherwise the
+//!   budget runs out into WC_RNR_RETRY_EXC_ERR.
+//!
+//! Resending re-reads the WR's memory, as hardware does; a read resumes at the first
+//! response PSN not yet received (its RETH advanced to match).
+
+use crate::abi::*;
+use crate::hca::HcaState;
+use crate::packet::*;
+use crate::qp::PendKind;
+
+/// No timer armed.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The local ACK timeout for a QP's 5-bit `timeout` attribute; None for 0 (infinite).
+pub fn ack_timeout_ns(code: u8) -> Option<u64> {
+    (code != 0).then(|| 4096u64 << code.min(31))
+}
+
+/// The RNR NAK timer field's delay, in microseconds (IB's table: code 0 is the longest).
+pub fn rnr_delay_us(code: u8) -> u64 {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    US[usize::from(code & 0x1f)]
+}
+
+/// What a QP's timer is waiting for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Wait {
+    #[default]
+    Idle,
+    /// The ACK timeout: resend from the oldest unacknowledged PSN, spending a retry.
+    Ack(u64),
+    /// An RNR delay: resend from this PSN when it passes.
+    Rnr(u64, u32),
+}
+
+/// A requester's retransmission state.
+#[derive(Default)]
+pub(crate) struct Retry {
+    pub wait: Wait,
+    pub retries_left: u8,
+    pub rnr_left: u8,
+}
+
+impl HcaState {
+    fn now(&self) -> u64 {
+        self.fabric.as_ref().map_or(0, |f| f.now_ns())
+    }
+
+    fn set_wait(&mut self, qpn: u32, wait: Wait) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.retry.wait = wait;
+        }
+        if let Wait::Ack(t) | Wait::Rnr(t, _) = wait {
+            self.timer_hint = self.timer_hint.min(t);
+        }
+    }
+
+    /// Arms the ACK timer for requests just sent, if it is not running; a QP that was idle
+    /// starts with its full retry budgets.
+    pub(crate) fn arm_timer(&mut self, qpn: u32) {
+        let now = self.now();
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        if qp.retry.wait != Wait::Idle {
+            return;
+        }
+        if !qp
+            .pending
+            .iter()
+            .any(|p| !matches!(p.kind, PendKind::Local))
+        {
+            return;
+        }
+        qp.retry.retries_left = qp.attr.retry_cnt;
+        qp.retry.rnr_left = qp.attr.rnr_retry;
+        if let Some(t) = ack_timeout_ns(qp.attr.timeout) {
+            self.set_wait(qpn, Wait::Ack(now + t));
+        }
+    }
+
+    /// Something completed: the budgets refill and the timer restarts for what is left.
+    pub(crate) fn progress(&mut self, qpn: u32) {
+        let now = self.now();
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        qp.retry.retries_left = qp.attr.retry_cnt;
+        qp.retry.rnr_left = qp.attr.rnr_retry;
+        let busy = qp
+            .pending
+            .iter()
+            .any(|p| !matches!(p.kind, PendKind::Local));
+        let wait = match ack_timeout_ns(qp.attr.timeout) {
+            Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => Wait::Ack(now + t),
+            _ if busy => qp.retry.wait,
+            _ => Wait::Idle,
+        };
+        self.set_wait(qpn, wait);
+    }
+
+    /// Spends one retry; false (and the oldest WR failed, the QP in ERR) when none was left.
+    fn spend_retry(&mut self, qpn: u32) -> bool {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return false;
+        };
+        if qp.retry.retries_left == 0 {
+            self.stats.retry_exceeded += 1;
+            self.fail_front(qpn, WC_RETRY_EXC_ERR);
+            return false;
+        }
+        qp.retry.retries_left -= 1;
+        true
+    }
+
+    /// Fires every QP timer due at `now`; recomputes the earliest one left.
+    pub(crate) fn on_timer(&mut self, now: u64) {
+        if now < self.timer_hint {
+            return;
+        }
+        self.timer_hint = NEVER;
+        for i in 0..self.live_qps.len() {
+            let Some(&qpn) = self.live_qps.get(i) else {
+                break;
+            };
+            let Some(qp) = self.qps.get(qpn) else {
+                continue;
+            };
+            let live = u32::from(qp.attr.state) == QPS_RTS && !qp.is_ud();
+            match qp.retry.wait {
+                _ if !live => self.set_wait(qpn, Wait::Idle),
+                Wait::Ack(t) if t <= now => {
+                    if self.spend_retry(qpn) {
+                        let from = self.oldest_unacked(qpn);
+                        self.resend_from(qpn, from, now, true);
+                    }
+                }
+                Wait::Rnr(t, psn) if t <= now => self.resend_from(qpn, psn, now, true),
+                w => self.set_wait(qpn, w), // not due: keeps it in the hint
+            }
+        }
+    }
+
+    /// The first PSN the peer has not acknowledged (for a read: not yet answered).
+    fn oldest_unacked(&self, qpn: u32) -> u32 {
+        let Some(qp) = self.qps.get(qpn) else {
+            return 0;
+        };
+        qp.pending
+            .iter()
+            .find(|p| !matches!(p.kind, PendKind::Local))
+            .map_or(qp.next_psn, |p| match p.kind {
+                PendKind::Read { .. } => p.next_resp_psn,
+                _ => p.first_psn,
+            })
+    }
+
+    /// Resends every request from PSN `from` on; `restart`: the ACK timer starts over.
+    fn resend_from(&mut self, qpn: u32, from: u32, now: u64, restart: bool) {
+        let Some(qp) = self.qps.get(qpn) else {
+            return;
+        };
+        let mtu = qp.mtu();
+        let mut out = Vec::new();
+        for p in &qp.pending {
+            let Some(req) = &p.request else {
+                continue;
+            };
+            if !psn_le(from, p.last_psn) {
+                continue; // wholly before `from`: acknowledged already
+            }
+            match p.kind {
+                PendKind::Read { .. } => {
+                    let start = if psn_le(p.next_resp_psn, from) {
+                        from
+                    } else {
+                        p.next_resp_psn
+                    };
+                    let done =
+                        u64::from(start.wrapping_sub(p.first_psn) & PSN_MASK) * u64::from(mtu);
+                    let mut r = req.clone_header();
+                    r.psn = start;
+                    if let Some(reth) = r.reth.as_mut() {
+                        reth.va = reth.va.wrapping_add(done);
+                        reth.len = reth.len.saturating_sub(done as u32);
+                    }
+                    out.push(r);
+                }
+                _ if psn_le(from, p.first_psn) => out.push(req.clone()),
+                // Part of a multi-packet message went through: the rest, packet by packet.
+                _ => out.extend(
+                    req.clone()
+                        .split()
+                        .into_iter()
+                        .filter(|s| psn_le(from, s.psn)),
+                ),
+            }
+        }
+        let timeout = ack_timeout_ns(qp.attr.timeout);
+        self.stats.retransmits += out.len() as u64;
+        for pkt in out {
+            self.transmit(pkt);
+        }
+        if restart {
+            let wait = timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t));
+            self.set_wait(qpn, wait);
+        }
+    }
+
+    /// A NAK other than a fatal one: PSN sequence error or RNR. Everything before its PSN
+    /// is acknowledged by it.
+    pub(crate) fn on_retry_nak(&mut self, qpn: u32, syndrome: u8, psn: u32) {
+        self.complete_acked(qpn, psn_add(psn, PSN_MASK)); // psn - 1
+        let now = self.now();
+        if syndrome == AETH_NAK_PSN_SEQ {
+            self.stats.seq_naks += 1;
+            return self.resend_from(qpn, psn, now, false);
+        }
+        self.stats.rnr_naks += 1;
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        // rnr_retry 7 means retry forever.
+        if qp.attr.rnr_retry != 7 {
+            if qp.retry.rnr_left == 0 {
+                return self.fail_front(qpn, WC_RNR_RETRY_EXC_ERR);
+            }
+            qp.retry.rnr_left -= 1;
+        }
+        let delay = rnr_delay_us(syndrome & 0x1f) * 1000;
+        self.set_wait(qpn, Wait::Rnr(now + delay, psn));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_timer_encodings_follow_ib() {
+        assert_eq!(ack_timeout_ns(0), None, "0 is infinite");
+        assert_eq!(ack_timeout_ns(1), Some(8_192));
+        assert_eq!(ack_timeout_ns(14), Some(67_108_864)); // ~67 ms
+        assert_eq!(rnr_delay_us(0), 655_360);
+        assert_eq!(rnr_delay_us(12), 640);
+        assert_eq!(rnr_delay_us(31), 491_520);
+    }
+}

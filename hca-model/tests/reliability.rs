@@ -1,0 +1,325 @@
+//! The RC transport under loss, in virtual time (a manual-clock fabric): resends keep data
+//! intact and every WR completes exactly once; retries run out into the IB error status
+//! within the bound the QP's attributes give; a link that flaps costs time, not data; RNR
+//! NAKs wait for a receive WQE, or run out.
+
+mod driver;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver::*;
+use hca_model::abi::*;
+use hca_model::packet::{Packet, RC_ACK};
+use hca_model::reliability::ack_timeout_ns;
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+
+/// Drops each packet with probability `per_mille`/1000 (a seeded xorshift), or every packet
+/// while `down`; `acks_only` limits the drops to ACKs.
+struct Lossy {
+    state: AtomicU64,
+    per_mille: u64,
+    down: AtomicBool,
+    acks_only: bool,
+    dropped: AtomicU64,
+}
+
+impl Lossy {
+    fn new(seed: u64, per_mille: u64) -> Arc<Self> {
+        Arc::new(Self {
+            state: AtomicU64::new(seed | 1),
+            per_mille,
+            down: AtomicBool::new(false),
+            acks_only: false,
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    fn next(&self) -> u64 {
+        let mut x = self.state.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state.store(x, Ordering::Relaxed);
+        x
+    }
+}
+
+impl LinkHook for Lossy {
+    fn on_packet(&self, link: LinkId, pkt: &mut Packet) -> Verdict {
+        // Each packet is judged once, on its way up.
+        if link.dir != LinkDir::Up || (self.acks_only && pkt.opcode != RC_ACK) {
+            return Verdict::Pass;
+        }
+        if self.down.load(Ordering::Relaxed) || self.next() % 1000 < self.per_mille {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    }
+}
+
+const MS: Duration = Duration::from_millis(1);
+/// IB path MTU code 3: 1024-byte packets.
+const MTU_1024: u8 = 3;
+
+/// Advances virtual time a millisecond at a time until `cq` has given `n` CQEs or
+/// `limit` passes; the CQEs and the virtual time it took.
+fn collect(
+    fabric: &Fabric,
+    d: &mut Driver,
+    cq: &mut CqH,
+    n: usize,
+    limit: Duration,
+) -> (Vec<HcaCqe>, Duration) {
+    let start = fabric.now_ns();
+    let mut got = d.drain_cq(cq);
+    while got.len() < n && fabric.now_ns() - start < limit.as_nanos() as u64 {
+        fabric.advance(MS);
+        got.extend(d.drain_cq(cq));
+    }
+    (got, Duration::from_nanos(fabric.now_ns() - start))
+}
+
+/// A workload of every RC operation: 8 KiB writes (8 packets at MTU 1024), sends of 3 KiB
+/// into posted receives, 8 KiB reads, and fetch-and-adds on one counter; all must complete
+/// successfully, once each, with the bytes and the counter exact.
+fn mixed_workload_survives(per_mille: u64, seed: u64, acks_only: bool) -> u64 {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (8, 7, 7));
+    let hook = Lossy::new(seed, per_mille);
+    let hook = Arc::new(Lossy {
+        acks_only,
+        ..Arc::into_inner(hook).unwrap()
+    });
+    fabric.set_hook(Some(hook.clone()));
+    const ROUNDS: u64 = 12;
+    const LEN: u32 = 8192;
+    let counter = p.b.alloc(8, 8);
+    p.b.write(counter, &0u64.to_le_bytes());
+    let mut expect_a = 0;
+    let mut checks = Vec::new();
+    for r in 0..ROUNDS {
+        let seed = r as u8;
+        let src = p.a.alloc(u64::from(LEN), 64);
+        let dst = p.b.alloc(u64::from(LEN), 64);
+        p.a.write(src, &pattern(LEN as usize, seed));
+        let mut w = send_wr(r * 10, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst, p.key_b);
+        p.a.post_send(&mut p.qa, w, &[sge(src, LEN, p.key_a)]);
+        checks.push((dst, pattern(LEN as usize, seed), true));
+
+        let msg = p.a.alloc(3072, 64);
+        let rbuf = p.b.alloc(3072, 64);
+        p.a.write(msg, &pattern(3072, seed ^ 0x55));
+        p.b.post_recv(&mut p.qb, r, &[sge(rbuf, 3072, p.key_b)]);
+        p.a.post_send(
+            &mut p.qa,
+            send_wr(r * 10 + 1, WR_SEND, WQE_SIGNALED),
+            &[sge(msg, 3072, p.key_a)],
+        );
+        checks.push((rbuf, pattern(3072, seed ^ 0x55), true));
+
+        let remote = p.b.alloc(u64::from(LEN), 64);
+        let local = p.a.alloc(u64::from(LEN), 64);
+        p.b.write(remote, &pattern(LEN as usize, seed ^ 0xaa));
+        let mut rd = send_wr(r * 10 + 2, WR_RDMA_READ, WQE_SIGNALED);
+        (rd.remote_addr, rd.rkey) = (remote, p.key_b);
+        p.a.post_send(&mut p.qa, rd, &[sge(local, LEN, p.key_a)]);
+        checks.push((local, pattern(LEN as usize, seed ^ 0xaa), false));
+
+        let old = p.a.alloc(8, 8);
+        let mut fa = send_wr(r * 10 + 3, WR_ATOMIC_FETCH_ADD, WQE_SIGNALED);
+        (fa.remote_addr, fa.rkey, fa.compare_add) = (counter, p.key_b, 1);
+        p.a.post_send(&mut p.qa, fa, &[sge(old, 8, p.key_a)]);
+        expect_a += 4;
+    }
+    let (ca, t) = collect(
+        &fabric,
+        &mut p.a,
+        &mut p.cq_a,
+        expect_a,
+        Duration::from_secs(60),
+    );
+    let cb = p.b.drain_cq(&mut p.cq_b);
+    let bad: Vec<_> = ca.iter().chain(&cb).filter(|c| c.status != 0).collect();
+    assert!(
+        bad.is_empty(),
+        "{per_mille}/1000 loss: error completions {bad:?}"
+    );
+    assert_eq!(
+        ca.len(),
+        expect_a,
+        "{per_mille}/1000: requester CQEs after {t:?}"
+    );
+    assert_eq!(
+        cb.len(),
+        ROUNDS as usize,
+        "one receive CQE per send, no duplicates"
+    );
+    let mut ids: Vec<u64> = ca.iter().map(|c| c.wr_id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), expect_a, "every WR completed exactly once");
+    for (at, want, on_b) in checks {
+        let got = if on_b {
+            p.b.read(at, want.len())
+        } else {
+            p.a.read(at, want.len())
+        };
+        assert!(got == want, "{per_mille}/1000: data at {at:#x} differs");
+    }
+    let c = u64::from_le_bytes(p.b.read(counter, 8).try_into().unwrap());
+    assert_eq!(c, ROUNDS, "each fetch-and-add executed exactly once");
+    let stats = p.a.hca.stats();
+    let dropped = hook.dropped.load(Ordering::Relaxed);
+    println!(
+        "{per_mille}/1000 loss{}: {dropped} packets dropped, {} resent, {} sequence NAKs, \
+         B saw {} duplicates; done in {t:?} of virtual time",
+        if acks_only { " (ACKs only)" } else { "" },
+        stats.retransmits,
+        stats.seq_naks,
+        p.b.hca.stats().duplicates
+    );
+    assert!(
+        dropped > 0 && stats.retransmits > 0,
+        "the test must lose packets to mean anything"
+    );
+    dropped
+}
+
+#[test]
+fn test_one_percent_loss_is_invisible_to_the_consumer() {
+    for seed in [1, 2, 3] {
+        mixed_workload_survives(10, seed, false);
+    }
+}
+
+#[test]
+fn test_ten_percent_loss_is_invisible_to_the_consumer() {
+    for seed in [4, 5] {
+        mixed_workload_survives(100, seed, false);
+    }
+}
+
+#[test]
+fn test_lost_acks_make_duplicates_that_are_not_executed_twice() {
+    mixed_workload_survives(300, 6, true);
+}
+
+/// With the peer unreachable from the start, the WR fails with RETRY_EXC_ERR after
+/// retry_cnt + 1 timeouts, each seen at the fabric tick after it expires, and the QP is in
+/// ERR.
+#[test]
+fn test_retries_run_out_into_an_error_completion_within_the_bound() {
+    for (timeout, retry_cnt) in [(10u8, 3u8), (12, 7), (8, 0)] {
+        let fabric = Fabric::with_manual_clock();
+        let mut p = Pair::build(
+            fabric.clone(),
+            MTU_1024,
+            ALL_ACCESS,
+            (timeout, retry_cnt, 7),
+        );
+        let hook = Lossy::new(1, 0);
+        hook.down.store(true, Ordering::Relaxed);
+        fabric.set_hook(Some(hook));
+        let src = p.a.alloc(4096, 64);
+        let dst = p.b.alloc(4096, 64);
+        let mut w = send_wr(9, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst, p.key_b);
+        p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
+        let (c, t) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_secs(30));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].wr_id, u32::from(c[0].status)), (9, WC_RETRY_EXC_ERR));
+        let tries = u64::from(retry_cnt) + 1;
+        let at_least = ack_timeout_ns(timeout).unwrap() * tries;
+        let at_most = (ack_timeout_ns(timeout).unwrap() + MS.as_nanos() as u64) * tries;
+        let t = t.as_nanos() as u64;
+        assert!(
+            (at_least..=at_most).contains(&t),
+            "timeout {timeout}, retry_cnt {retry_cnt}: failed after {t} ns, not in \
+             [{at_least}, {at_most}] ns"
+        );
+        assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
+        assert_eq!(p.a.hca.stats().retransmits, u64::from(retry_cnt));
+    }
+}
+
+/// A link down for less than the retry budget: the WRs wait, then complete with the data.
+#[test]
+fn test_a_link_flap_costs_time_not_data() {
+    let fabric = Fabric::with_manual_clock();
+    // timeout 12 (16.8 ms) x 8 tries = 134 ms of budget; the link is down 60 ms.
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (12, 7, 7));
+    let hook = Lossy::new(1, 0);
+    fabric.set_hook(Some(hook.clone()));
+    hook.down.store(true, Ordering::Relaxed);
+    let src = p.a.alloc(16384, 64);
+    let dst = p.b.alloc(16384, 64);
+    p.a.write(src, &pattern(16384, 3));
+    for i in 0..4u64 {
+        let mut w = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst + i * 4096, p.key_b);
+        p.a.post_send(&mut p.qa, w, &[sge(src + i * 4096, 4096, p.key_a)]);
+    }
+    let (c, _) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(60));
+    assert!(c.is_empty(), "nothing completes while the link is down");
+    hook.down.store(false, Ordering::Relaxed);
+    let (c, _) = collect(
+        &fabric,
+        &mut p.a,
+        &mut p.cq_a,
+        4,
+        Duration::from_millis(200),
+    );
+    assert_eq!(c.iter().filter(|c| c.status == 0).count(), 4, "{c:?}");
+    assert_eq!(p.b.read(dst, 16384), pattern(16384, 3));
+}
+
+/// rnr_retry 7: the send waits (one RNR NAK per min_rnr_timer) until a receive is posted.
+#[test]
+fn test_rnr_waits_for_a_receive_to_be_posted() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
+    let src = p.a.alloc(2048, 64);
+    p.a.write(src, &pattern(2048, 9));
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(5, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 2048, p.key_a)],
+    );
+    let (c, _) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(20));
+    assert!(c.is_empty(), "no receive, no completion: {c:?}");
+    let naks = p.a.hca.stats().rnr_naks;
+    // min_rnr_timer 12 = 0.64 ms between tries: about one per 1 ms tick.
+    assert!(naks >= 10, "{naks} RNR NAKs in 20 ms");
+    let dst = p.b.alloc(2048, 64);
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst, 2048, p.key_b)]);
+    let (c, _) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(10));
+    assert_eq!((c.len(), u32::from(c[0].status)), (1, WC_SUCCESS));
+    assert_eq!(p.b.read(dst, 2048), pattern(2048, 9));
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 1);
+}
+
+/// rnr_retry 3: the fourth RNR NAK ends the WR with RNR_RETRY_EXC_ERR.
+#[test]
+fn test_rnr_retries_run_out() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 3));
+    let src = p.a.alloc(64, 64);
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(5, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 64, p.key_a)],
+    );
+    let (c, _) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(50));
+    assert_eq!((c.len(), u32::from(c[0].status)), (1, WC_RNR_RETRY_EXC_ERR));
+    assert_eq!(p.a.hca.stats().rnr_naks, 4);
+    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
+    assert_eq!(
+        p.b.qp_state(p.qb.qpn),
+        QPS_RTS,
+        "RNR leaves the responder alone"
+    );
+}
