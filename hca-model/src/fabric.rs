@@ -95,11 +95,26 @@ pub struct LinkId {
 pub enum Verdict {
     Pass,
     Drop,
+    /// Goes on, and a copy right behind it.
+    Duplicate,
+    /// Held for this many nanoseconds of fabric time, then goes on (later packets overtake
+    /// it: reordering).
+    Delay(u64),
 }
 
-/// Sees (and may change or drop) every packet on every link.
+/// Where a held packet resumes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// It passed its uplink: route it, then the downlink.
+    Routed,
+    /// It passed its downlink: deliver it.
+    Arrived,
+}
+
+/// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
+/// fabric's clock.
 pub trait LinkHook: Send + Sync {
-    fn on_packet(&self, link: LinkId, pkt: &mut Packet) -> Verdict;
+    fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict;
 }
 
 /// Delivery counters.
@@ -131,6 +146,8 @@ struct Inner {
     hook: RwLock<Option<Arc<dyn LinkHook>>>,
     stats: Counters,
     clock: Clock,
+    /// Packets a hook delayed: (due time, where they resume, the packet).
+    held: Mutex<Vec<(u64, Stage, Packet)>>,
 }
 
 #[derive(Default)]
@@ -187,6 +204,7 @@ impl Fabric {
                 hook: RwLock::new(None),
                 stats: Counters::default(),
                 clock,
+                held: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -208,9 +226,22 @@ impl Fabric {
         }
     }
 
-    /// Runs every port's due timers, then moves what they sent.
+    /// Releases held packets that are due, runs every port's due timers, then moves what
+    /// they sent.
     fn tick(&self) {
         let now = self.now_ns();
+        let due: Vec<(u64, Stage, Packet)> = {
+            let mut held = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+            let (due, keep) = std::mem::take(&mut *held)
+                .into_iter()
+                .partition(|h| h.0 <= now);
+            *held = keep;
+            due
+        };
+        let hook = self.hook();
+        for (_, stage, pkt) in due {
+            self.resume(pkt, stage, hook.as_ref());
+        }
         let ports: Vec<Arc<dyn PacketSink>> = {
             let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
             ports.iter().flatten().filter_map(Weak::upgrade).collect()
@@ -316,14 +347,16 @@ impl Fabric {
         ports.get(lid as usize)?.as_ref()?.upgrade()
     }
 
-    fn forward(&self, pkt: Packet) {
-        let hook = self
-            .inner
+    fn hook(&self) -> Option<Arc<dyn LinkHook>> {
+        self.inner
             .hook
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        match hook {
+            .clone()
+    }
+
+    fn forward(&self, pkt: Packet) {
+        match self.hook() {
             // A hook sees every MTU packet of a train, one by one.
             Some(h) if pkt.span() > 1 => {
                 for p in pkt.split() {
@@ -335,27 +368,68 @@ impl Fabric {
     }
 
     fn forward_one(&self, mut pkt: Packet, hook: Option<&Arc<dyn LinkHook>>) {
-        if let Some(h) = hook {
-            let up = LinkId {
-                lid: pkt.slid,
-                dir: LinkDir::Up,
-            };
-            if h.on_packet(up, &mut pkt) == Verdict::Drop {
-                return self.bounce(pkt, DropReason::Hook);
+        let up = LinkId {
+            lid: pkt.slid,
+            dir: LinkDir::Up,
+        };
+        if let Some(copy) = self.judge(hook, up, &mut pkt, Stage::Routed) {
+            let dup = copy.then(|| pkt.clone());
+            self.resume(pkt, Stage::Routed, hook);
+            if let Some(d) = dup {
+                self.resume(d, Stage::Routed, hook);
             }
         }
+    }
+
+    /// Runs the hook on one link: None if the packet stops here (dropped or held), else
+    /// whether a duplicate follows it.
+    fn judge(
+        &self,
+        hook: Option<&Arc<dyn LinkHook>>,
+        link: LinkId,
+        pkt: &mut Packet,
+        resume: Stage,
+    ) -> Option<bool> {
+        let Some(h) = hook else {
+            return Some(false);
+        };
+        let now = self.now_ns();
+        match h.on_packet(link, now, pkt) {
+            Verdict::Pass => Some(false),
+            Verdict::Duplicate => Some(true),
+            Verdict::Drop => {
+                self.bounce(std::mem::take(pkt), DropReason::Hook);
+                None
+            }
+            Verdict::Delay(ns) => {
+                let due = now.saturating_add(ns);
+                let mut held = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+                held.push((due, resume, std::mem::take(pkt)));
+                None
+            }
+        }
+    }
+
+    /// Takes a packet on from `stage`: route and downlink, or delivery.
+    fn resume(&self, mut pkt: Packet, stage: Stage, hook: Option<&Arc<dyn LinkHook>>) {
         let Some(dst) = self.port(pkt.dlid) else {
             return self.bounce(pkt, DropReason::NoRoute);
         };
-        if let Some(h) = hook {
+        if stage == Stage::Routed {
             let down = LinkId {
                 lid: pkt.dlid,
                 dir: LinkDir::Down,
             };
-            if h.on_packet(down, &mut pkt) == Verdict::Drop {
-                return self.bounce(pkt, DropReason::Hook);
+            match self.judge(hook, down, &mut pkt, Stage::Arrived) {
+                None => return,
+                Some(true) => self.deliver(&dst, pkt.clone()),
+                Some(false) => {}
             }
         }
+        self.deliver(&dst, pkt);
+    }
+
+    fn deliver(&self, dst: &Arc<dyn PacketSink>, pkt: Packet) {
         // A rejected packet goes back to its sender as a notice (headers only).
         let probe = pkt.clone_header();
         match dst.deliver(pkt) {

@@ -62,6 +62,8 @@ pub struct HcaStats {
     pub retry_exceeded: u64,
     /// Requests seen twice (a resend of something that had arrived) and answered again.
     pub duplicates: u64,
+    /// Packets dropped on arrival for a bad ICRC (corrupted on the wire).
+    pub icrc_errors: u64,
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.

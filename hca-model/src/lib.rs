@@ -15,6 +15,7 @@ pub mod devmem;
 pub mod dma;
 mod eq;
 pub mod fabric;
+pub mod faults;
 mod hca;
 mod mr;
 pub mod packet;

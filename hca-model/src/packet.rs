@@ -263,6 +263,8 @@ pub struct Packet {
     pub count: u32,
     /// The path MTU a train is cut at.
     pub mtu: u32,
+    /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
+    pub corrupt: bool,
 }
 
 /// Messages that span packets, for deriving each packet's opcode.
@@ -365,6 +367,7 @@ impl Packet {
             payload: Payload::Empty,
             count: self.count,
             mtu: self.mtu,
+            corrupt: self.corrupt,
         }
     }
 

@@ -45,6 +45,11 @@ impl HcaState {
     /// (so that the sender learns it never arrived).
     pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), Rejected> {
         self.stats.packets_in += 1;
+        if pkt.corrupt {
+            // A bad ICRC: dropped unseen, as IB does; the sender's timer finds out.
+            self.stats.icrc_errors += 1;
+            return Ok(());
+        }
         if !pkt.is_request() {
             return self.on_response(pkt);
         }

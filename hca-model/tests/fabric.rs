@@ -19,7 +19,7 @@ struct Recorder {
 }
 
 impl LinkHook for Recorder {
-    fn on_packet(&self, link: LinkId, pkt: &mut Packet) -> Verdict {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
         let mut seen = self.seen.lock().unwrap();
         seen.push((link, pkt.opcode, pkt.psn, pkt.payload.len()));
         if self.materialize {

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use driver::*;
 use hca_model::abi::*;
+use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::{Packet, RC_ACK};
 use hca_model::reliability::ack_timeout_ns;
-use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
 
 /// Drops each packet with probability `per_mille`/1000 (a seeded xorshift), or every packet
 /// while `down`; `acks_only` limits the drops to ACKs.
@@ -47,7 +48,7 @@ impl Lossy {
 }
 
 impl LinkHook for Lossy {
-    fn on_packet(&self, link: LinkId, pkt: &mut Packet) -> Verdict {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
         // Each packet is judged once, on its way up.
         if link.dir != LinkDir::Up || (self.acks_only && pkt.opcode != RC_ACK) {
             return Verdict::Pass;
@@ -86,14 +87,30 @@ fn collect(
 /// into posted receives, 8 KiB reads, and fetch-and-adds on one counter; all must complete
 /// successfully, once each, with the bytes and the counter exact.
 fn mixed_workload_survives(per_mille: u64, seed: u64, acks_only: bool) -> u64 {
-    let fabric = Fabric::with_manual_clock();
-    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (8, 7, 7));
     let hook = Lossy::new(seed, per_mille);
     let hook = Arc::new(Lossy {
         acks_only,
         ..Arc::into_inner(hook).unwrap()
     });
-    fabric.set_hook(Some(hook.clone()));
+    let label = format!(
+        "{per_mille}/1000 loss{}",
+        if acks_only { " (ACKs only)" } else { "" }
+    );
+    let stats = mixed_workload(hook.clone(), &label);
+    let dropped = hook.dropped.load(Ordering::Relaxed);
+    println!("{label}: {dropped} packets dropped");
+    assert!(
+        dropped > 0 && stats.retransmits > 0,
+        "the test must lose packets to mean anything"
+    );
+    dropped
+}
+
+/// Runs the mixed workload with `hook` on the fabric; A's counters.
+fn mixed_workload(hook: Arc<dyn LinkHook>, label: &str) -> HcaStats {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (8, 7, 7));
+    fabric.set_hook(Some(hook));
     const ROUNDS: u64 = 12;
     const LEN: u32 = 8192;
     let counter = p.b.alloc(8, 8);
@@ -144,15 +161,8 @@ fn mixed_workload_survives(per_mille: u64, seed: u64, acks_only: bool) -> u64 {
     );
     let cb = p.b.drain_cq(&mut p.cq_b);
     let bad: Vec<_> = ca.iter().chain(&cb).filter(|c| c.status != 0).collect();
-    assert!(
-        bad.is_empty(),
-        "{per_mille}/1000 loss: error completions {bad:?}"
-    );
-    assert_eq!(
-        ca.len(),
-        expect_a,
-        "{per_mille}/1000: requester CQEs after {t:?}"
-    );
+    assert!(bad.is_empty(), "{label}: error completions {bad:?}");
+    assert_eq!(ca.len(), expect_a, "{label}: requester CQEs after {t:?}");
     assert_eq!(
         cb.len(),
         ROUNDS as usize,
@@ -168,25 +178,20 @@ fn mixed_workload_survives(per_mille: u64, seed: u64, acks_only: bool) -> u64 {
         } else {
             p.a.read(at, want.len())
         };
-        assert!(got == want, "{per_mille}/1000: data at {at:#x} differs");
+        assert!(got == want, "{label}: data at {at:#x} differs");
     }
     let c = u64::from_le_bytes(p.b.read(counter, 8).try_into().unwrap());
     assert_eq!(c, ROUNDS, "each fetch-and-add executed exactly once");
     let stats = p.a.hca.stats();
-    let dropped = hook.dropped.load(Ordering::Relaxed);
     println!(
-        "{per_mille}/1000 loss{}: {dropped} packets dropped, {} resent, {} sequence NAKs, \
-         B saw {} duplicates; done in {t:?} of virtual time",
-        if acks_only { " (ACKs only)" } else { "" },
+        "{label}: {} resent, {} sequence NAKs, B saw {} duplicates and {} bad ICRCs; done \
+         in {t:?} of virtual time",
         stats.retransmits,
         stats.seq_naks,
-        p.b.hca.stats().duplicates
+        p.b.hca.stats().duplicates,
+        p.b.hca.stats().icrc_errors
     );
-    assert!(
-        dropped > 0 && stats.retransmits > 0,
-        "the test must lose packets to mean anything"
-    );
-    dropped
+    stats
 }
 
 #[test]
@@ -322,4 +327,71 @@ fn test_rnr_retries_run_out() {
         QPS_RTS,
         "RNR leaves the responder alone"
     );
+}
+
+/// A shared byte buffer for a fault log.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+const PLAN: &str = "
+seed = 11
+[[link]]
+drop = 0.01
+duplicate = 0.01
+reorder = 0.01
+corrupt = 0.005
+jitter_us = 300
+";
+
+fn run_plan(text: &str) -> (String, hca_model::faults::FaultCounts, HcaStats) {
+    let log = LogBuf::default();
+    let hook = Arc::new(FaultHook::new(
+        FaultPlan::parse(text).unwrap(),
+        Some(Box::new(log.clone())),
+    ));
+    let stats = mixed_workload(hook.clone(), "fault plan");
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    (text, hook.counts(), stats)
+}
+
+/// Every kind of link fault at once: the consumer sees nothing but time; each decision is
+/// one JSON line; the same seed gives the same decisions, another seed others.
+#[test]
+fn test_a_seeded_fault_plan_is_invisible_to_the_consumer_and_replays() {
+    let (log1, counts, stats) = run_plan(PLAN);
+    println!("{counts:?}");
+    assert!(counts.dropped > 0 && counts.duplicated > 0 && counts.reordered > 0);
+    assert!(counts.corrupted > 0 && counts.delayed > 0);
+    assert!(stats.retransmits > 0);
+    assert_eq!(log1.lines().count() as u64, counts.total());
+    let first = log1.lines().next().unwrap();
+    assert!(
+        first.starts_with("{\"t_ns\":") && first.contains("\"fault\":\""),
+        "{first}"
+    );
+    let (log2, counts2, _) = run_plan(PLAN);
+    assert_eq!(counts, counts2);
+    assert!(log1 == log2, "the same seed must replay the same decisions");
+    let (log3, _, _) = run_plan(&PLAN.replace("seed = 11", "seed = 12"));
+    assert!(log1 != log3, "another seed, other decisions");
+}
+
+/// A scheduled link-down window shorter than the retry budget (timeout 8 is ~1 ms, and
+/// a timeout is seen at the next 1 ms tick: 8 tries last ~16 ms): the WRs wait it out.
+#[test]
+fn test_a_planned_link_flap_is_ridden_out() {
+    let plan = "[[link]]\nlid = 2\ndown = [[0.0, 10.0]]\n";
+    let hook = Arc::new(FaultHook::new(FaultPlan::parse(plan).unwrap(), None));
+    let stats = mixed_workload(hook.clone(), "link down 10 ms");
+    assert!(hook.counts().link_down > 0 && stats.retransmits > 0);
 }
