@@ -179,6 +179,14 @@ impl FaultHook {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).counts
     }
 
+    /// Pushes buffered log lines out (the end of a run).
+    pub fn flush(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(log) = st.log.as_mut() {
+            let _ = log.flush();
+        }
+    }
+
     /// The fault for packet `n` on `link` at `now_ns`, by the plan (None: it passes).
     fn decide(&self, link: LinkId, n: u64, now_ns: u64) -> Option<(&'static str, Verdict)> {
         let f = self.plan.links.iter().find(|l| l.applies(link))?;

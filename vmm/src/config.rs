@@ -8,6 +8,8 @@
 //! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
 //! image_dir = "target/images"   # where images/build.py put the guest image
 //!
+//! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
+//!
 //! [vfio]             # host PCI functions passed through (kvm backend, `vfio` feature)
 //! node1 = "/sys/bus/pci/devices/0000:03:00.0"
 //! ```
@@ -38,6 +40,8 @@ pub struct ClusterConfig {
     pub vcpus: u32,
     pub backend: Backend,
     pub image_dir: PathBuf,
+    /// A fault plan (TOML) to run the fabric under.
+    pub faults: Option<PathBuf>,
     /// Node name -> sysfs path of a host PCI function (bound to vfio-pci) that the node's
     /// guest gets next to its emulated HCA.
     pub vfio: BTreeMap<String, PathBuf>,
@@ -51,6 +55,7 @@ impl Default for ClusterConfig {
             vcpus: 1,
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
+            faults: None,
             vfio: BTreeMap::new(),
         }
     }

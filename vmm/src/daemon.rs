@@ -69,6 +69,19 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
     }
 }
 
+/// The cluster's fault plan on `fabric`, if it has one; a report from an earlier run goes.
+fn attach_faults(
+    run: &RunDir,
+    cfg: &ClusterConfig,
+    fabric: &hca_model::Fabric,
+) -> Result<Option<std::sync::Arc<hca_model::faults::FaultHook>>, String> {
+    let _ = std::fs::remove_file(run.path(crate::faultrun::REPORT));
+    cfg.faults
+        .as_ref()
+        .map(|p| crate::faultrun::attach(&run.path(crate::faultrun::LOG), p, fabric))
+        .transpose()
+}
+
 /// The line the KVM daemon appends to a node's console log when its guest stops (a vCPU
 /// failed, the guest shut down); `hcabench up` and `status` look for it.
 pub const GUEST_STOPPED: &str = "[hcabench] guest stopped:";
@@ -90,6 +103,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         let _ = std::fs::remove_file(&n.socket);
     }
     let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
+    let faults = attach_faults(run, cfg, server.fabric())?;
     let mut guests = Vec::new();
     let mut state = ClusterState {
         // SAFETY: getpid has no preconditions.
@@ -129,6 +143,10 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     for g in &mut guests {
         g.kill();
     }
+    if let Some(h) = &faults {
+        let hcas: Vec<_> = (0..nodes.len()).filter_map(|i| server.hca(i)).collect();
+        crate::faultrun::finish(run, h, &hcas);
+    }
     let _ = server.shutdown();
     let _ = std::fs::remove_file(run.state_file());
     // Console logs and daemon.log stay for post-mortems; sockets and RAM files go.
@@ -152,6 +170,7 @@ fn run_kvm(
     use hcabench::kvm::machine::{Machine, MachineConfig};
     let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
     let fabric = hca_model::Fabric::new();
+    let faults = attach_faults(run, cfg, &fabric)?;
     let vcpus = u8::try_from(cfg.vcpus).map_err(|_| format!("{} vCPUs: too many", cfg.vcpus))?;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
@@ -214,6 +233,10 @@ fn run_kvm(
         }
     };
     eprintln!("daemon: signal {sig}, stopping");
+    if let Some(h) = &faults {
+        let hcas: Vec<_> = machines.iter().map(|m| m.hca().clone()).collect();
+        crate::faultrun::finish(run, h, &hcas);
+    }
     drop(machines);
     let _ = std::fs::remove_file(run.state_file());
     for n in &state.nodes {

@@ -38,6 +38,8 @@ pub struct RunOpts {
     pub image_dir: PathBuf,
     pub boot_timeout: Duration,
     pub keep: bool,
+    /// A fault plan for the fabric while the application runs (hcab0 only).
+    pub faults: Option<PathBuf>,
 }
 
 pub fn check(o: &RunOpts) -> Result<(), String> {
@@ -54,6 +56,12 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
     }
     if o.transport == Transport::Rxe && o.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
+    }
+    if o.faults.is_some() && o.transport == Transport::Rxe {
+        return Err("--faults acts on hcabench's fabric, not on SoftRoCE's network".into());
+    }
+    if let Some(f) = &o.faults {
+        crate::faultrun::load_plan(f)?;
     }
     if let Some(a) = o.args.iter().find(|a| a.parse::<u64>().is_err()) {
         return Err(format!("application argument `{a}` is not a number"));
@@ -109,6 +117,18 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
             .unwrap_or("")
     );
     let (mut tb, dev) = boot_dsm(o, &mut |m| println!("  {m}"))?;
+    // The plan starts with the application (boot and connection setup run clean); its
+    // log stays in the run's directory.
+    if o.faults.is_some() {
+        tb.keep_dir();
+    }
+    let faults = match (&o.faults, tb.server.as_ref()) {
+        (Some(plan), Some(server)) => {
+            let log = tb.dir.join(crate::faultrun::LOG);
+            Some(crate::faultrun::attach(&log, plan, server.fabric())?)
+        }
+        _ => None,
+    };
     let cmd = std::iter::once(o.app.clone())
         .chain(o.args.iter().cloned())
         .collect::<Vec<_>>()
@@ -119,6 +139,11 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     );
     let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900))?;
     print_results(&o.app, dev, &res);
+    if let (Some(h), Some(server)) = (&faults, tb.server.as_ref()) {
+        h.flush();
+        let hcas: Vec<_> = (0..o.nodes).filter_map(|i| server.hca(i)).collect();
+        print!("{}", crate::faultrun::report(h, &hcas));
+    }
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
         Some(false) => Err(format!(

@@ -6,6 +6,7 @@ mod config;
 mod console;
 mod daemon;
 mod dsmrun;
+mod faultrun;
 mod rundir;
 
 use std::path::PathBuf;
@@ -136,6 +137,11 @@ struct UpArgs {
     /// Repeatable; needs the kvm backend and an hcabench built with `--features vfio`
     #[arg(long, value_name = "NODE=PATH", value_parser = parse_vfio)]
     vfio: Vec<(String, PathBuf)>,
+    /// Run the fabric under this seeded fault plan (TOML: per-link drop, duplicate,
+    /// reorder, corrupt, delay, link-down windows; see README). Decisions are logged to
+    /// faults.jsonl in the run directory; `hcabench down` prints a report
+    #[arg(long, value_name = "PLAN")]
+    faults: Option<PathBuf>,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -209,6 +215,13 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         c.backend = b;
     }
     c.vfio.extend(a.vfio.iter().cloned());
+    if let Some(f) = &a.faults {
+        c.faults = Some(f.clone());
+    }
+    if let Some(f) = &c.faults {
+        faultrun::load_plan(f)?;
+        c.faults = Some(std::fs::canonicalize(f).unwrap_or(f.clone()));
+    }
     c.validate()?;
     let (backend, why) = daemon::choose_backend(c.backend)?;
     if backend == "qemu" {
@@ -328,6 +341,10 @@ fn down(run: &RunDir) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("cluster of {} nodes stopped", s.nodes.len());
+    if let Ok(r) = std::fs::read_to_string(run.path(faultrun::REPORT)) {
+        print!("{r}");
+        println!("  decisions: {}", run.path(faultrun::LOG).display());
+    }
     Ok(())
 }
 
@@ -407,6 +424,7 @@ fn dsm_app(
         image_dir,
         boot_timeout: Duration::from_secs(a.timeout),
         keep,
+        faults: a.faults.clone(),
     })
 }
 

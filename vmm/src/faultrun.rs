@@ -1,0 +1,89 @@
+//! A cluster under a fault plan (`hcabench up --faults plan.toml`): the plan's hook on the
+//! cluster's fabric, its decisions logged to `faults.jsonl` in the run directory, and at
+//! the end a short report (`faults.report`: faults injected by kind, retransmissions and
+//! error completions the HCAs counted, the seed) that `hcabench down` prints.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hca_model::faults::{FaultHook, FaultPlan};
+use hca_model::{Fabric, Hca};
+
+use crate::rundir::RunDir;
+
+pub const LOG: &str = "faults.jsonl";
+pub const REPORT: &str = "faults.report";
+
+/// Reads and checks a plan file.
+pub fn load_plan(path: &Path) -> Result<FaultPlan, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read fault plan {}: {e}", path.display()))?;
+    FaultPlan::parse(&text).map_err(|e| format!("fault plan {}: {e}", path.display()))
+}
+
+/// Puts the plan at `path` on `fabric`, logging its decisions to `log_path`.
+pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<FaultHook>, String> {
+    let plan = load_plan(path)?;
+    let log = std::fs::File::create(log_path)
+        .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+    let hook = Arc::new(FaultHook::new(
+        plan,
+        Some(Box::new(std::io::BufWriter::new(log))),
+    ));
+    fabric.set_hook(Some(hook.clone()));
+    eprintln!(
+        "fault plan {} (seed {}), decisions in {}",
+        path.display(),
+        hook.seed(),
+        log_path.display()
+    );
+    Ok(hook)
+}
+
+/// The end-of-run report for `hook` over the cluster's `hcas`.
+pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
+    let c = hook.counts();
+    let mut s = format!(
+        "fault plan report (seed {})\n  faults injected: {} (link down {}, dropped {}, \
+         duplicated {}, reordered {}, corrupted {}, delayed {})\n",
+        hook.seed(),
+        c.total(),
+        c.link_down,
+        c.dropped,
+        c.duplicated,
+        c.reordered,
+        c.corrupted,
+        c.delayed
+    );
+    let mut sum = hca_model::HcaStats::default();
+    for h in hcas {
+        let st = h.stats();
+        sum.retransmits += st.retransmits;
+        sum.seq_naks += st.seq_naks;
+        sum.rnr_naks += st.rnr_naks;
+        sum.retry_exceeded += st.retry_exceeded;
+        sum.duplicates += st.duplicates;
+        sum.icrc_errors += st.icrc_errors;
+    }
+    s += &format!(
+        "  transport: {} packets resent, {} sequence NAKs, {} RNR NAKs, {} duplicates \
+         answered, {} bad ICRCs dropped\n  error completions from exhausted retries: {}\n",
+        sum.retransmits,
+        sum.seq_naks,
+        sum.rnr_naks,
+        sum.duplicates,
+        sum.icrc_errors,
+        sum.retry_exceeded
+    );
+    s
+}
+
+/// Writes the report into the run directory (and to the daemon's log).
+pub fn finish(run: &RunDir, hook: &FaultHook, hcas: &[Hca]) {
+    hook.flush();
+    let r = report(hook, hcas);
+    eprint!("{r}");
+    if let Err(e) = std::fs::write(run.path(REPORT), &r) {
+        eprintln!("daemon: cannot write {}: {e}", run.path(REPORT).display());
+    }
+}
