@@ -144,6 +144,15 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         let hcas: Vec<_> = (0..o.nodes).filter_map(|i| server.hca(i)).collect();
         print!("{}", crate::faultrun::report(h, &hcas));
     }
+    if faults.is_some() && !o.keep {
+        // The directory stays for its fault log, not for the guests' RAM files.
+        drop(tb.guests.drain(..));
+        for e in std::fs::read_dir(&tb.dir).into_iter().flatten().flatten() {
+            if e.path().extension().is_some_and(|x| x == "ram") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
         Some(false) => Err(format!(
