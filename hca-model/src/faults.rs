@@ -136,6 +136,42 @@ pub struct FaultHook {
     state: Mutex<State>,
 }
 
+/// A fault the plan injects into one packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    LinkDown,
+    Corrupt,
+    Drop,
+    Duplicate,
+    Reorder,
+    Delay(u64),
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::LinkDown => "link-down",
+            Fault::Corrupt => "corrupt",
+            Fault::Drop => "drop",
+            Fault::Duplicate => "duplicate",
+            Fault::Reorder => "reorder",
+            Fault::Delay(_) => "delay",
+        }
+    }
+
+    /// What the fabric does with the packet (a corrupt one travels on, marked).
+    fn verdict(self) -> Verdict {
+        match self {
+            Fault::LinkDown | Fault::Drop => Verdict::Drop,
+            Fault::Corrupt => Verdict::Pass,
+            Fault::Duplicate => Verdict::Duplicate,
+            // Held until the next tick: later packets overtake it.
+            Fault::Reorder => Verdict::Delay(1),
+            Fault::Delay(ns) => Verdict::Delay(ns),
+        }
+    }
+}
+
 /// Which random draw a decision is.
 #[derive(Clone, Copy)]
 enum Draw {
@@ -188,29 +224,29 @@ impl FaultHook {
     }
 
     /// The fault for packet `n` on `link` at `now_ns`, by the plan (None: it passes).
-    fn decide(&self, link: LinkId, n: u64, now_ns: u64) -> Option<(&'static str, Verdict)> {
+    fn decide(&self, link: LinkId, n: u64, now_ns: u64) -> Option<Fault> {
         let f = self.plan.links.iter().find(|l| l.applies(link))?;
         let ms = now_ns as f64 / 1e6;
         let seed = self.plan.seed;
         let hit = |p: f64, d: Draw| p > 0.0 && uniform(seed, link, n, d) < p;
         if f.down.iter().any(|w| (w[0]..w[1]).contains(&ms)) {
-            return Some(("link-down", Verdict::Drop));
+            return Some(Fault::LinkDown);
         }
         if hit(f.corrupt, Draw::Corrupt) {
-            return Some(("corrupt", Verdict::Pass));
+            return Some(Fault::Corrupt);
         }
         if hit(f.drop, Draw::Drop) {
-            return Some(("drop", Verdict::Drop));
+            return Some(Fault::Drop);
         }
         if hit(f.duplicate, Draw::Duplicate) {
-            return Some(("duplicate", Verdict::Duplicate));
+            return Some(Fault::Duplicate);
         }
         if hit(f.reorder, Draw::Reorder) {
-            return Some(("reorder", Verdict::Delay(1)));
+            return Some(Fault::Reorder);
         }
         if f.delay_us > 0 || f.jitter_us > 0 {
             let jitter = (uniform(seed, link, n, Draw::Jitter) * f.jitter_us as f64) as u64;
-            return Some(("delay", Verdict::Delay((f.delay_us + jitter) * 1000)));
+            return Some(Fault::Delay((f.delay_us + jitter) * 1000));
         }
         None
     }
@@ -224,20 +260,20 @@ impl LinkHook for FaultHook {
             *c += 1;
             *c - 1
         };
-        let Some((fault, verdict)) = self.decide(link, n, now_ns) else {
+        let Some(fault) = self.decide(link, n, now_ns) else {
             return Verdict::Pass;
         };
         let c = &mut st.counts;
         match fault {
-            "link-down" => c.link_down += 1,
-            "corrupt" => {
+            Fault::LinkDown => c.link_down += 1,
+            Fault::Corrupt => {
                 c.corrupted += 1;
                 pkt.corrupt = true;
             }
-            "drop" => c.dropped += 1,
-            "duplicate" => c.duplicated += 1,
-            "reorder" => c.reordered += 1,
-            _ => c.delayed += 1,
+            Fault::Drop => c.dropped += 1,
+            Fault::Duplicate => c.duplicated += 1,
+            Fault::Reorder => c.reordered += 1,
+            Fault::Delay(_) => c.delayed += 1,
         }
         if let Some(log) = st.log.as_mut() {
             let dir = if link.dir == LinkDir::Up {
@@ -245,18 +281,24 @@ impl LinkHook for FaultHook {
             } else {
                 "down"
             };
-            let extra = match verdict {
-                Verdict::Delay(ns) if fault == "delay" => format!(",\"delay_ns\":{ns}"),
+            let extra = match fault {
+                Fault::Delay(ns) => format!(",\"delay_ns\":{ns}"),
                 _ => String::new(),
             };
             let _ = writeln!(
                 log,
                 "{{\"t_ns\":{now_ns},\"link\":\"lid{}-{dir}\",\"n\":{n},\"slid\":{},\"dlid\":{},\
-                 \"opcode\":{},\"qpn\":{},\"psn\":{},\"fault\":\"{fault}\"{extra}}}",
-                link.lid, pkt.slid, pkt.dlid, pkt.opcode, pkt.dest_qpn, pkt.psn
+                 \"opcode\":{},\"qpn\":{},\"psn\":{},\"fault\":\"{}\"{extra}}}",
+                link.lid,
+                pkt.slid,
+                pkt.dlid,
+                pkt.opcode,
+                pkt.dest_qpn,
+                pkt.psn,
+                fault.name()
             );
         }
-        verdict
+        fault.verdict()
     }
 }
 

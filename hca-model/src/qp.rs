@@ -114,6 +114,19 @@ impl Qp {
     pub fn mtu(&self) -> u32 {
         128 << self.attr.path_mtu.clamp(1, 5)
     }
+
+    /// Whether a sent WR waits for the peer (an ACK or a response), so the timer runs.
+    pub fn awaits_peer(&self) -> bool {
+        self.pending
+            .iter()
+            .any(|p| !matches!(p.kind, PendKind::Local))
+    }
+
+    /// The retry budgets back to the QP's retry_cnt and rnr_retry.
+    pub fn refill_retries(&mut self) {
+        self.retry.retries_left = self.attr.retry_cnt;
+        self.retry.rnr_left = self.attr.rnr_retry;
+    }
 }
 
 pub(crate) fn qp_db(qpn: u32) -> u32 {

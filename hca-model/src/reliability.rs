@@ -84,15 +84,10 @@ impl HcaState {
         if qp.retry.wait != Wait::Idle {
             return;
         }
-        if !qp
-            .pending
-            .iter()
-            .any(|p| !matches!(p.kind, PendKind::Local))
-        {
+        if !qp.awaits_peer() {
             return;
         }
-        qp.retry.retries_left = qp.attr.retry_cnt;
-        qp.retry.rnr_left = qp.attr.rnr_retry;
+        qp.refill_retries();
         if let Some(t) = ack_timeout_ns(qp.attr.timeout) {
             self.set_wait(qpn, Wait::Ack(now + t));
         }
@@ -104,12 +99,8 @@ impl HcaState {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
-        qp.retry.retries_left = qp.attr.retry_cnt;
-        qp.retry.rnr_left = qp.attr.rnr_retry;
-        let busy = qp
-            .pending
-            .iter()
-            .any(|p| !matches!(p.kind, PendKind::Local));
+        qp.refill_retries();
+        let busy = qp.awaits_peer();
         let wait = match ack_timeout_ns(qp.attr.timeout) {
             Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => Wait::Ack(now + t),
             _ if busy => qp.retry.wait,

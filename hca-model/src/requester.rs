@@ -585,13 +585,13 @@ impl HcaState {
     }
 }
 
-/// WC status for a NAK syndrome.
+/// WC status for a fatal NAK's syndrome (RNR and sequence NAKs are retried, in
+/// reliability.rs).
 fn nak_status(syndrome: u8) -> u32 {
     match syndrome {
         AETH_NAK_INV_REQ => WC_REM_INV_REQ_ERR,
         AETH_NAK_REM_ACCESS => WC_REM_ACCESS_ERR,
         AETH_NAK_REM_OP => WC_REM_OP_ERR,
-        s if s & 0xe0 == AETH_RNR_NAK => WC_RNR_RETRY_EXC_ERR,
         _ => WC_BAD_RESP_ERR,
     }
 }

@@ -92,7 +92,7 @@ impl HcaState {
             if !qp.nak_sent {
                 qp.nak_sent = true;
                 let epsn = qp.epsn;
-                self.transmit_nak_at(qpn, &pkt, AETH_NAK_PSN_SEQ, epsn);
+                self.transmit_aeth(qpn, &pkt, AETH_NAK_PSN_SEQ, epsn);
             }
             return;
         }
@@ -108,16 +108,7 @@ impl HcaState {
             },
             _ if pkt.ends_message() => {
                 // Everything up to last_done was taken: say so again.
-                let ack = Packet {
-                    dlid: pkt.slid,
-                    opcode: RC_ACK,
-                    dest_qpn: pkt.src_qpn,
-                    src_qpn: qpn,
-                    psn: last_done,
-                    aeth: Some((AETH_ACK, qp.msn)),
-                    ..Default::default()
-                };
-                self.transmit(ack);
+                self.transmit_aeth(qpn, &pkt, AETH_ACK, last_done);
             }
             _ => {}
         }
@@ -170,25 +161,17 @@ impl HcaState {
             return;
         };
         qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
-        let pkt = Packet {
-            dlid: req.slid,
-            opcode: RC_ACK,
-            dest_qpn: req.src_qpn,
-            src_qpn: qpn,
-            psn: psn_add(req.psn, req.span() - 1),
-            aeth: Some((AETH_ACK, qp.msn)),
-            ..Default::default()
-        };
-        self.transmit(pkt);
+        self.transmit_aeth(qpn, req, AETH_ACK, psn_add(req.psn, req.span() - 1));
     }
 
     /// A NAK for `req`, naming its first PSN (the one refused).
     fn transmit_nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
-        self.transmit_nak_at(qpn, req, syndrome, req.psn);
+        self.transmit_aeth(qpn, req, syndrome, req.psn);
     }
 
-    /// A NAK naming `psn`: the requester resends from there (or fails that WR).
-    fn transmit_nak_at(&mut self, qpn: u32, req: &Packet, syndrome: u8, psn: u32) {
+    /// An ACK or NAK (AETH `syndrome`, the current MSN) to `req`'s sender naming `psn`:
+    /// an ACK covers everything up to it, a NAK asks for a resend from it (or fails it).
+    fn transmit_aeth(&mut self, qpn: u32, req: &Packet, syndrome: u8, psn: u32) {
         let Some(qp) = self.qps.get(qpn) else {
             return;
         };

@@ -140,7 +140,6 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900))?;
     print_results(&o.app, dev, &res);
     if let (Some(h), Some(server)) = (&faults, tb.server.as_ref()) {
-        h.flush();
         let hcas: Vec<_> = (0..o.nodes).filter_map(|i| server.hca(i)).collect();
         print!("{}", crate::faultrun::report(h, &hcas));
     }

@@ -40,8 +40,10 @@ pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<Fault
     Ok(hook)
 }
 
-/// The end-of-run report for `hook` over the cluster's `hcas`.
+/// Ends the plan's run: its log flushed, and the report for `hook` over the cluster's
+/// `hcas`.
 pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
+    hook.flush();
     let c = hook.counts();
     let mut s = format!(
         "fault plan report (seed {})\n  faults injected: {} (link down {}, dropped {}, \
@@ -80,7 +82,6 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
 
 /// Writes the report into the run directory (and to the daemon's log).
 pub fn finish(run: &RunDir, hook: &FaultHook, hcas: &[Hca]) {
-    hook.flush();
     let r = report(hook, hcas);
     eprint!("{r}");
     if let Err(e) = std::fs::write(run.path(REPORT), &r) {
