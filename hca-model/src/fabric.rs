@@ -226,8 +226,7 @@ impl Fabric {
         }
     }
 
-    /// Releases held packets that are due, runs every port's due timers, then moves what
-    /// they sent.
+    /// Releases held packets that are due and runs every port's due timers.
     fn tick(&self) {
         let now = self.now_ns();
         let due: Vec<(u64, Stage, Packet)> = {
@@ -238,6 +237,7 @@ impl Fabric {
             *held = keep;
             due
         };
+        let released = !due.is_empty();
         let hook = self.hook();
         for (_, stage, pkt) in due {
             self.resume(pkt, stage, hook.as_ref());
@@ -249,7 +249,12 @@ impl Fabric {
         for p in ports {
             p.tick(now);
         }
-        self.pump();
+        // A port whose timers fired moved its packets itself. Pump only for what the held
+        // packets queued (bounces): an idle tick must not take the pumping over from a
+        // sender, which then finds its packets still queued when it returns.
+        if released {
+            self.pump();
+        }
     }
 
     /// Attaches a port and assigns it the next free LID (node number k gets LID k).

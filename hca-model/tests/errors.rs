@@ -225,7 +225,7 @@ fn test_receive_with_bad_lkey_is_a_remote_operational_error() {
 /// reliability.rs).
 #[test]
 fn test_send_with_no_receive_posted_is_receiver_not_ready() {
-    let mut p = Pair::build(Fabric::new(), 5, ALL_ACCESS, (14, 7, 0));
+    let mut p = Pair::build(Fabric::with_manual_clock(), 5, ALL_ACCESS, (14, 7, 0));
     let src = p.a.alloc(8, 8);
     p.a.post_send(
         &mut p.qa,
@@ -298,7 +298,7 @@ fn test_unknown_wr_opcode_and_too_many_sges_are_local_qp_errors() {
 
 #[test]
 fn test_ud_message_over_mtu_is_a_length_error() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let pd = a.alloc_pd();
     let mut cq = a.create_cq(4);

@@ -279,7 +279,7 @@ proptest! {
     fn test_random_mailbox_bytes_always_complete_with_a_status(
         cmds in prop::collection::vec((any::<u32>(), prop::collection::vec(any::<u8>(), 96)), 1..30)
     ) {
-        let fabric = Fabric::new();
+        let fabric = Fabric::with_manual_clock();
         let mut a = Driver::new(Some(&fabric), 4);
         for (opcode, input) in &cmds {
             // Known opcodes more often than chance.

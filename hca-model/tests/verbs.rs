@@ -8,7 +8,7 @@ use hca_model::Fabric;
 
 #[test]
 fn test_bar2_header_identifies_the_hca_and_its_lid() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let b = Driver::new(Some(&fabric), 4);
     let info: HcaDevInfo = a.hca.bar2().read_obj(BAR2_INFO_OFFSET);
@@ -288,7 +288,7 @@ fn test_fenced_send_waits_for_the_read_before_it() {
 
 #[test]
 fn test_many_qps_share_one_cq() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 8);
     let mut b = Driver::new(Some(&fabric), 8);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
@@ -363,7 +363,7 @@ fn test_sig_all_qp_completes_every_wr() {
 
 #[test]
 fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let mut b = Driver::new(Some(&fabric), 4);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
@@ -398,7 +398,7 @@ fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
 
 #[test]
 fn test_ud_with_wrong_qkey_is_dropped_and_counted() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let mut b = Driver::new(Some(&fabric), 4);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
@@ -517,7 +517,7 @@ fn test_cq_on_another_vector_raises_that_vector() {
 
 #[test]
 fn test_four_nodes_all_to_all_over_one_fabric() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut nodes: Vec<Driver> = (0..4).map(|_| Driver::new(Some(&fabric), 8)).collect();
     let mut pds = Vec::new();
     let mut keys = Vec::new();
@@ -584,7 +584,7 @@ fn test_four_nodes_all_to_all_over_one_fabric() {
 
 #[test]
 fn test_loopback_qps_on_one_hca() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let pd = a.alloc_pd();
     let key = a.reg_dma_mr(pd, ALL_ACCESS);

@@ -549,9 +549,11 @@ impl Pair {
         Self::with_access(mtu, ALL_ACCESS)
     }
 
-    /// `qp_access` is what both QPs allow remote peers to do.
+    /// `qp_access` is what both QPs allow remote peers to do. The fabric's clock is
+    /// manual: the test thread alone moves packets (no timer thread pumps under it), so a
+    /// WR's completion is there when post_send returns; timeouts run on `advance`.
     pub fn with_access(mtu: u8, qp_access: u32) -> Self {
-        Self::build(Fabric::new(), mtu, qp_access, DEFAULT_RTS)
+        Self::build(Fabric::with_manual_clock(), mtu, qp_access, DEFAULT_RTS)
     }
 
     /// A pair on `fabric` (a manual clock, say) with the QPs' (timeout, retry_cnt,
