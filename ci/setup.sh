@@ -13,6 +13,8 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
+# The capture tests decode hcabench's pcap files with Wireshark's dissectors.
+command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 if [ "$(id -u)" -ne 0 ]; then
 	if [ ${#need_apt[@]} -gt 0 ]; then
 		echo "missing: ${need_apt[*]}; run: sudo apt-get install -y ${need_apt[*]}" >&2

@@ -204,19 +204,25 @@ impl Testbed {
     /// Opens `dev` on both guests and connects their RC QPs (the harness hands each side
     /// the other's address).
     pub fn connect(&mut self, dev: &str) -> Result<(), String> {
-        let mut addrs = Vec::new();
-        for a in self.agents.iter_mut() {
+        self.connect_pair(0, 1, dev).map(|_| ())
+    }
+
+    /// Opens `dev` on guests `i` and `j` (re-opening drops an earlier connection) and
+    /// connects their RC QPs; their addresses (`lid=.. qpn=.. ...`).
+    pub fn connect_pair(&mut self, i: usize, j: usize, dev: &str) -> Result<[String; 2], String> {
+        let mut addrs = [String::new(), String::new()];
+        for (k, &n) in [i, j].iter().enumerate() {
+            let a = &mut self.agents[n];
             let out = a.run(&format!("vb open {dev}"), CMD_TIMEOUT)?;
             let line = out
                 .lines()
                 .find(|l| l.starts_with("lid="))
                 .ok_or_else(|| format!("{}: vb open {dev}: no address in `{out}`", a.name))?;
-            addrs.push(line.trim().to_string());
+            addrs[k] = line.trim().to_string();
         }
-        for (i, a) in self.agents.iter_mut().enumerate() {
-            a.run(&format!("vb connect {}", addrs[1 - i]), CMD_TIMEOUT)?;
-        }
-        Ok(())
+        self.agents[i].run(&format!("vb connect {}", addrs[1]), CMD_TIMEOUT)?;
+        self.agents[j].run(&format!("vb connect {}", addrs[0]), CMD_TIMEOUT)?;
+        Ok(addrs)
     }
 
     /// Ping-pong from guest 0 to guest 1, both handling completions in `mode`.
@@ -227,8 +233,21 @@ impl Testbed {
         iters: u64,
         verify: bool,
     ) -> Result<PingResult, String> {
+        self.ping_between(0, 1, mode, size, iters, verify)
+    }
+
+    /// Ping-pong from guest `i` to guest `j` (connected by [`Testbed::connect_pair`]).
+    pub fn ping_between(
+        &mut self,
+        i: usize,
+        j: usize,
+        mode: Mode,
+        size: u32,
+        iters: u64,
+        verify: bool,
+    ) -> Result<PingResult, String> {
         let v = if verify { " verify" } else { "" };
-        let (client, server) = pair(&mut self.agents);
+        let (client, server) = pair(&mut self.agents, i, j);
         server.run(&format!("vb serve {mode}{v}"), CMD_TIMEOUT)?;
         let out = if mode == Mode::User {
             server.run("vbench-user serve > /tmp/vbench-user.log &", CMD_TIMEOUT)?;
@@ -285,9 +304,16 @@ fn tail(text: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn pair(agents: &mut [Agent]) -> (&mut Agent, &mut Agent) {
-    let (a, b) = agents.split_at_mut(1);
-    (&mut a[0], &mut b[0])
+/// Agents `i` and `j` (i != j), both mutable.
+fn pair(agents: &mut [Agent], i: usize, j: usize) -> (&mut Agent, &mut Agent) {
+    assert_ne!(i, j, "a ping needs two nodes");
+    if i < j {
+        let (a, b) = agents.split_at_mut(j);
+        (&mut a[i], &mut b[0])
+    } else {
+        let (a, b) = agents.split_at_mut(i);
+        (&mut b[0], &mut a[j])
+    }
 }
 
 fn wait_for_path(p: &std::path::Path, timeout: Duration) -> Result<(), String> {

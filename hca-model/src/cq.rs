@@ -45,6 +45,15 @@ impl HcaState {
             return;
         }
         let size = 1u32 << cq.log_entries;
+        let forced = self
+            .adapter_hook()
+            .is_some_and(|(hook, now)| hook.cqe(self.lid, cqn, now));
+        if forced {
+            return self.cq_error(cqn, ERR_CQ_OVERFLOW);
+        }
+        let Some(cq) = self.cqs.get_mut(cqn) else {
+            return;
+        };
         // A consumer index ahead of the producer is as wrong as a full ring: both mean the
         // driver and device disagree, and the CQ cannot be trusted any more.
         if cq.pi.wrapping_sub(ci) >= size {

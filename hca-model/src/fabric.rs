@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use crate::adapter_hook::AdapterHook;
 use crate::packet::Packet;
 
 /// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
@@ -117,6 +118,11 @@ pub trait LinkHook: Send + Sync {
     fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict;
 }
 
+/// Sees every packet once, as its sender put it on its uplink, before any hook: a capture.
+pub trait PacketTap: Send + Sync {
+    fn on_wire(&self, now_ns: u64, pkt: &Packet);
+}
+
 /// Delivery counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FabricStats {
@@ -144,6 +150,8 @@ struct Inner {
     ports: RwLock<Vec<Option<Weak<dyn PacketSink>>>>,
     queue: Mutex<Queue>,
     hook: RwLock<Option<Arc<dyn LinkHook>>>,
+    tap: RwLock<Option<Arc<dyn PacketTap>>>,
+    adapter_hook: RwLock<Option<Arc<dyn AdapterHook>>>,
     stats: Counters,
     clock: Clock,
     /// Packets a hook delayed: (due time, where they resume, the packet).
@@ -202,6 +210,8 @@ impl Fabric {
                 ports: RwLock::new(vec![None]),
                 queue: Mutex::new(Queue::default()),
                 hook: RwLock::new(None),
+                tap: RwLock::new(None),
+                adapter_hook: RwLock::new(None),
                 stats: Counters::default(),
                 clock,
                 held: Mutex::new(Vec::new()),
@@ -295,6 +305,27 @@ impl Fabric {
         *self.inner.hook.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
+    pub fn set_tap(&self, tap: Option<Arc<dyn PacketTap>>) {
+        *self.inner.tap.write().unwrap_or_else(|e| e.into_inner()) = tap;
+    }
+
+    /// Faults for the HCAs on this fabric (see adapter_hook.rs).
+    pub fn set_adapter_hook(&self, hook: Option<Arc<dyn AdapterHook>>) {
+        *self
+            .inner
+            .adapter_hook
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    pub fn adapter_hook(&self) -> Option<Arc<dyn AdapterHook>> {
+        self.inner
+            .adapter_hook
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn stats(&self) -> FabricStats {
         let c = &self.inner.stats;
         FabricStats {
@@ -360,15 +391,25 @@ impl Fabric {
             .clone()
     }
 
+    fn tap(&self) -> Option<Arc<dyn PacketTap>> {
+        self.inner
+            .tap
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn forward(&self, pkt: Packet) {
-        match self.hook() {
-            // A hook sees every MTU packet of a train, one by one.
-            Some(h) if pkt.span() > 1 => {
-                for p in pkt.split() {
-                    self.forward_one(p, Some(&h));
-                }
+        let (hook, tap) = (self.hook(), self.tap());
+        if hook.is_none() && tap.is_none() {
+            return self.forward_one(pkt, None);
+        }
+        // Hooks and taps see every MTU packet of a train, one by one.
+        for p in pkt.split() {
+            if let Some(t) = &tap {
+                t.on_wire(self.now_ns(), &p);
             }
-            h => self.forward_one(pkt, h.as_ref()),
+            self.forward_one(p, hook.as_ref());
         }
     }
 

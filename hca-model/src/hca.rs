@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use vm_memory::GuestMemory;
 
 use crate::abi::*;
+use crate::adapter_hook::{AdapterHook, IrqFate};
 use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
@@ -139,6 +140,10 @@ pub(crate) struct HcaState {
     pub stats: HcaStats,
     /// No QP timer is due before this fabric time (ns; NEVER when none runs).
     pub timer_hint: u64,
+    /// Interrupts an adapter fault made late: (due fabric time, vector).
+    pub late_irqs: Vec<(u64, u32)>,
+    /// Late interrupts now due: raised without being judged again.
+    pub late_due: u32,
 }
 
 impl HcaState {
@@ -164,6 +169,8 @@ impl HcaState {
             stranded: Vec::new(),
             stats: HcaStats::default(),
             timer_hint: crate::reliability::NEVER,
+            late_irqs: Vec::new(),
+            late_due: 0,
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -213,7 +220,52 @@ impl HcaState {
         f.enqueue(pkt);
     }
 
+    /// The fabric's adapter-fault hook and clock, when the port is on a fabric that has one.
+    pub fn adapter_hook(&self) -> Option<(Arc<dyn AdapterHook>, u64)> {
+        let f = self.fabric.as_ref()?;
+        Some((f.adapter_hook()?, f.now_ns()))
+    }
+
+    /// Which of the `irqs` go out now; late ones are queued for the timer.
+    fn judge_irqs(&mut self, irqs: u32) -> u32 {
+        let Some((hook, now)) = self.adapter_hook() else {
+            return irqs;
+        };
+        let mut out = 0;
+        for v in (0..NUM_VECTORS).filter(|v| irqs & (1 << v) != 0) {
+            match hook.interrupt(self.lid, v, now) {
+                IrqFate::Deliver => out |= 1 << v,
+                IrqFate::Lose => {}
+                IrqFate::Late(ns) => {
+                    let due = now.saturating_add(ns);
+                    self.late_irqs.push((due, v));
+                    self.timer_hint = self.timer_hint.min(due);
+                }
+            }
+        }
+        out
+    }
+
+    /// Raises the late interrupts that are due.
+    pub(crate) fn release_late_irqs(&mut self, now: u64) {
+        let mut keep = Vec::new();
+        for (due, v) in std::mem::take(&mut self.late_irqs) {
+            if due <= now {
+                self.late_due |= 1 << v;
+            } else {
+                self.timer_hint = self.timer_hint.min(due);
+                keep.push((due, v));
+            }
+        }
+        self.late_irqs = keep;
+    }
+
     fn doorbell(&mut self, class: u32) {
+        if let Some((hook, now)) = self.adapter_hook() {
+            if !hook.doorbell(self.lid, class, now) {
+                return;
+            }
+        }
         self.stats.doorbells += 1;
         match class {
             DB_CMD => self.run_command(),
@@ -250,6 +302,8 @@ impl Shared {
                 }
             }
             let irqs = std::mem::take(&mut st.pending_irqs);
+            let irqs = if irqs != 0 { st.judge_irqs(irqs) } else { 0 };
+            let irqs = irqs | std::mem::take(&mut st.late_due);
             st.stats.interrupts += u64::from(irqs.count_ones());
             self.timer_hint.store(st.timer_hint, Ordering::Relaxed);
             (r, irqs, st.fabric.clone())

@@ -9,6 +9,8 @@
 //! error state or an async event, never a panic or an access outside the guest's memory.
 
 pub mod abi;
+pub mod adapter_hook;
+pub mod capture;
 mod command;
 mod cq;
 pub mod devmem;
@@ -24,7 +26,10 @@ pub mod reliability;
 mod requester;
 mod responder;
 
+pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
 pub use dma::{DmaFault, DmaSpace, GuestRam};
-pub use fabric::{Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, Verdict};
+pub use fabric::{
+    Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
+};
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};

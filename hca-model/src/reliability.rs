@@ -129,6 +129,7 @@ impl HcaState {
             return;
         }
         self.timer_hint = NEVER;
+        self.release_late_irqs(now);
         for i in 0..self.live_qps.len() {
             let Some(&qpn) = self.live_qps.get(i) else {
                 break;

@@ -82,6 +82,11 @@ impl HcaState {
                 qp.sq.ci = qp.sq.ci.wrapping_add(1);
             }
             self.stats.wqes += 1;
+            if let Some((hook, now)) = self.adapter_hook() {
+                if let Some(status) = hook.send_wqe(self.lid, qpn, now) {
+                    return self.fail_wr(qpn, &wqe, status);
+                }
+            }
             if let Err(status) = self.execute_send(qpn, addr, &wqe) {
                 return self.fail_wr(qpn, &wqe, status);
             }

@@ -9,6 +9,8 @@
 //! image_dir = "target/images"   # where images/build.py put the guest image
 //!
 //! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
+//! capture = "fabric.pcap"        # every fabric packet to a pcap file
+//! capture_format = "erf"         # "erf" (Wireshark decodes it) or "infiniband" (link type 247)
 //!
 //! [vfio]             # host PCI functions passed through (kvm backend, `vfio` feature)
 //! node1 = "/sys/bus/pci/devices/0000:03:00.0"
@@ -32,6 +34,27 @@ pub enum Backend {
     Kvm,
 }
 
+/// How a capture frames its IB packets (see hca_model::capture).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureFormat {
+    /// pcap of ERF InfiniBand records (link type 197): Wireshark and tshark decode it.
+    #[default]
+    Erf,
+    /// pcap of bare frames, LINKTYPE_INFINIBAND (247): for tools that know that link type
+    /// (Wireshark's file reader does not).
+    Infiniband,
+}
+
+impl CaptureFormat {
+    pub fn model(self) -> hca_model::capture::CaptureFormat {
+        match self {
+            CaptureFormat::Erf => hca_model::capture::CaptureFormat::Erf,
+            CaptureFormat::Infiniband => hca_model::capture::CaptureFormat::Infiniband,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
@@ -42,6 +65,9 @@ pub struct ClusterConfig {
     pub image_dir: PathBuf,
     /// A fault plan (TOML) to run the fabric under.
     pub faults: Option<PathBuf>,
+    /// A pcap file that gets every fabric packet.
+    pub capture: Option<PathBuf>,
+    pub capture_format: CaptureFormat,
     /// Node name -> sysfs path of a host PCI function (bound to vfio-pci) that the node's
     /// guest gets next to its emulated HCA.
     pub vfio: BTreeMap<String, PathBuf>,
@@ -56,6 +82,8 @@ impl Default for ClusterConfig {
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
             faults: None,
+            capture: None,
+            capture_format: CaptureFormat::Erf,
             vfio: BTreeMap::new(),
         }
     }

@@ -9,6 +9,7 @@ use device_server::qemu::{Guest, GuestSpec, Image};
 use device_server::{DeviceServer, NodeConfig};
 
 use crate::config::{Backend, ClusterConfig};
+use crate::control::Control;
 use crate::rundir::{ClusterState, NodeState, RunDir};
 
 /// Blocks SIGTERM and SIGINT in this thread (and the threads it starts), so that
@@ -26,23 +27,19 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
-/// A stop signal within `secs` seconds, or None.
-fn wait_for_stop_timeout(set: &libc::sigset_t, secs: i64) -> Option<i32> {
+/// A stop signal within `d`, or None.
+fn wait_for_stop_timeout(set: &libc::sigset_t, d: std::time::Duration) -> Option<i32> {
     let t = libc::timespec {
-        tv_sec: secs,
-        tv_nsec: 0,
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
     };
     // SAFETY: `set` was initialised by block_stop_signals; a null siginfo is allowed.
     let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &t) };
     (sig > 0).then_some(sig)
 }
 
-fn wait_for_stop(set: &libc::sigset_t) -> i32 {
-    let mut sig = 0;
-    // SAFETY: `set` was initialised by block_stop_signals and `sig` is a valid out pointer.
-    unsafe { libc::sigwait(set, &mut sig) };
-    sig
-}
+/// How often the daemon looks for nodes to kill and guests that stopped.
+const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Which backend `auto` means here, and why; `kvm` where KVM cannot run Linux is an error.
 pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), String> {
@@ -69,17 +66,44 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
     }
 }
 
-/// The cluster's fault plan on `fabric`, if it has one; a report from an earlier run goes.
+/// The cluster's fault plan and capture on `fabric`, if it has them, and the control
+/// socket for live faults; the log and report of an earlier run go.
 fn attach_faults(
     run: &RunDir,
     cfg: &ClusterConfig,
     fabric: &hca_model::Fabric,
-) -> Result<Option<std::sync::Arc<hca_model::faults::FaultHook>>, String> {
-    let _ = std::fs::remove_file(run.path(crate::faultrun::REPORT));
-    cfg.faults
+) -> Result<std::sync::Arc<Control>, String> {
+    use crate::faultrun::{attach, attach_capture, LOG, REPORT};
+    let _ = std::fs::remove_file(run.path(REPORT));
+    let _ = std::fs::remove_file(run.path(LOG));
+    if let Some(path) = &cfg.capture {
+        attach_capture(path, cfg.capture_format, fabric)?;
+    }
+    let hook = cfg
+        .faults
         .as_ref()
-        .map(|p| crate::faultrun::attach(&run.path(crate::faultrun::LOG), p, fabric))
-        .transpose()
+        .map(|p| attach(&run.path(LOG), p, fabric))
+        .transpose()?;
+    let control = Control::new(fabric.clone(), hook, run.path(LOG), cfg.nodes);
+    control.serve(&run.path(crate::control::SOCKET))?;
+    Ok(control)
+}
+
+/// Ends a fault run: the report written, the control socket gone.
+fn finish_faults(run: &RunDir, control: &Control, hcas: &[hca_model::Hca]) {
+    if let Some(h) = control.hook() {
+        crate::faultrun::finish(run, &h, hcas);
+    }
+    let _ = std::fs::remove_file(run.path(crate::control::SOCKET));
+}
+
+/// Marks a killed node's console log so that `status` and `up` see it dead.
+fn note_killed(node: &NodeState) {
+    eprintln!("daemon: {}: killed by the fault plan", node.name);
+    append(
+        &node.console_log,
+        &format!("\n{GUEST_STOPPED} killed by the fault plan\n"),
+    );
 }
 
 /// The line the KVM daemon appends to a node's console log when its guest stops (a vCPU
@@ -103,7 +127,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         let _ = std::fs::remove_file(&n.socket);
     }
     let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
-    let faults = attach_faults(run, cfg, server.fabric())?;
+    let control = attach_faults(run, cfg, server.fabric())?;
     let mut guests = Vec::new();
     let mut state = ClusterState {
         // SAFETY: getpid has no preconditions.
@@ -138,15 +162,23 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", run.state_file().display()))?;
     eprintln!("daemon: {} guests started", guests.len());
 
-    let sig = wait_for_stop(&signals);
+    let sig = loop {
+        if let Some(sig) = wait_for_stop_timeout(&signals, POLL) {
+            break sig;
+        }
+        // A killed guest's QEMU goes; the device server sees its socket close and takes
+        // the HCA off the fabric, so peers' packets to it go nowhere.
+        for i in control.due_kills() {
+            guests[i].kill();
+            note_killed(&state.nodes[i]);
+        }
+    };
     eprintln!("daemon: signal {sig}, stopping");
     for g in &mut guests {
         g.kill();
     }
-    if let Some(h) = &faults {
-        let hcas: Vec<_> = (0..nodes.len()).filter_map(|i| server.hca(i)).collect();
-        crate::faultrun::finish(run, h, &hcas);
-    }
+    let hcas: Vec<_> = (0..nodes.len()).filter_map(|i| server.hca(i)).collect();
+    finish_faults(run, &control, &hcas);
     let _ = server.shutdown();
     let _ = std::fs::remove_file(run.state_file());
     // Console logs and daemon.log stay for post-mortems; sockets and RAM files go.
@@ -170,7 +202,7 @@ fn run_kvm(
     use hcabench::kvm::machine::{Machine, MachineConfig};
     let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
     let fabric = hca_model::Fabric::new();
-    let faults = attach_faults(run, cfg, &fabric)?;
+    let control = attach_faults(run, cfg, &fabric)?;
     let vcpus = u8::try_from(cfg.vcpus).map_err(|_| format!("{} vCPUs: too many", cfg.vcpus))?;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
@@ -217,8 +249,16 @@ fn run_kvm(
     eprintln!("daemon: {} KVM guests started", machines.len());
     let mut reported = vec![false; machines.len()];
     let sig = loop {
-        if let Some(sig) = wait_for_stop_timeout(signals, 1) {
+        if let Some(sig) = wait_for_stop_timeout(signals, POLL) {
             break sig;
+        }
+        for i in control.due_kills() {
+            if !reported[i] {
+                reported[i] = true;
+                let _ = machines[i].stop();
+                machines[i].hca().detach();
+                note_killed(&state.nodes[i]);
+            }
         }
         for ((m, n), done) in machines.iter_mut().zip(&state.nodes).zip(&mut reported) {
             if !*done && !m.running() {
@@ -233,10 +273,8 @@ fn run_kvm(
         }
     };
     eprintln!("daemon: signal {sig}, stopping");
-    if let Some(h) = &faults {
-        let hcas: Vec<_> = machines.iter().map(|m| m.hca().clone()).collect();
-        crate::faultrun::finish(run, h, &hcas);
-    }
+    let hcas: Vec<_> = machines.iter().map(|m| m.hca().clone()).collect();
+    finish_faults(run, &control, &hcas);
     drop(machines);
     let _ = std::fs::remove_file(run.state_file());
     for n in &state.nodes {

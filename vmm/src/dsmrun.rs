@@ -40,6 +40,8 @@ pub struct RunOpts {
     pub keep: bool,
     /// A fault plan for the fabric while the application runs (hcab0 only).
     pub faults: Option<PathBuf>,
+    /// A pcap file for the fabric's packets while the application runs (hcab0 only).
+    pub capture: Option<(PathBuf, crate::config::CaptureFormat)>,
 }
 
 pub fn check(o: &RunOpts) -> Result<(), String> {
@@ -57,8 +59,10 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
     if o.transport == Transport::Rxe && o.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
     }
-    if o.faults.is_some() && o.transport == Transport::Rxe {
-        return Err("--faults acts on hcabench's fabric, not on SoftRoCE's network".into());
+    if (o.faults.is_some() || o.capture.is_some()) && o.transport == Transport::Rxe {
+        return Err(
+            "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network".into(),
+        );
     }
     if let Some(f) = &o.faults {
         crate::faultrun::load_plan(f)?;
@@ -129,6 +133,9 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         }
         _ => None,
     };
+    if let (Some((path, format)), Some(server)) = (&o.capture, tb.server.as_ref()) {
+        crate::faultrun::attach_capture(path, *format, server.fabric())?;
+    }
     let cmd = std::iter::once(o.app.clone())
         .chain(o.args.iter().cloned())
         .collect::<Vec<_>>()

@@ -1,11 +1,13 @@
-//! A cluster under a fault plan (`hcabench up --faults plan.toml`): the plan's hook on the
-//! cluster's fabric, its decisions logged to `faults.jsonl` in the run directory, and at
-//! the end a short report (`faults.report`: faults injected by kind, retransmissions and
-//! error completions the HCAs counted, the seed) that `hcabench down` prints.
+//! A cluster under a fault plan (`hcabench up --faults plan.toml`): the plan's hooks on the
+//! cluster's fabric and HCAs, its decisions logged to `faults.jsonl` in the run directory,
+//! and at the end a short report (`faults.report`: faults injected by kind, retransmissions
+//! and error completions the HCAs counted, the seed) that `hcabench down` prints. Also the
+//! fabric capture (`--capture`), which rides on the same fabric.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use hca_model::capture::Capture;
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::{Fabric, Hca};
 
@@ -23,14 +25,7 @@ pub fn load_plan(path: &Path) -> Result<FaultPlan, String> {
 
 /// Puts the plan at `path` on `fabric`, logging its decisions to `log_path`.
 pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<FaultHook>, String> {
-    let plan = load_plan(path)?;
-    let log = std::fs::File::create(log_path)
-        .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
-    let hook = Arc::new(FaultHook::new(
-        plan,
-        Some(Box::new(std::io::BufWriter::new(log))),
-    ));
-    fabric.set_hook(Some(hook.clone()));
+    let hook = start(log_path, load_plan(path)?, fabric)?;
     eprintln!(
         "fault plan {} (seed {}), decisions in {}",
         path.display(),
@@ -40,6 +35,47 @@ pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<Fault
     Ok(hook)
 }
 
+/// Starts `plan` now on `fabric`'s links and HCAs, logging to `log_path` (appended to: live
+/// changes may start a plan on a cluster that already logged one).
+pub fn start(log_path: &Path, plan: FaultPlan, fabric: &Fabric) -> Result<Arc<FaultHook>, String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+    let hook = Arc::new(FaultHook::new(
+        plan,
+        Some(Box::new(std::io::LineWriter::new(log))),
+    ));
+    hook.set_origin(fabric.now_ns());
+    fabric.set_hook(Some(hook.clone()));
+    fabric.set_adapter_hook(Some(hook.clone()));
+    Ok(hook)
+}
+
+/// Writes every packet on `fabric` to the pcap file `path`.
+pub fn attach_capture(
+    path: &Path,
+    format: crate::config::CaptureFormat,
+    fabric: &Fabric,
+) -> Result<Arc<Capture>, String> {
+    let file = std::fs::File::create(path)
+        .map_err(|e| format!("cannot create capture {}: {e}", path.display()))?;
+    let cap = Capture::new(
+        Box::new(std::io::BufWriter::new(file)),
+        format.model(),
+        fabric.now_ns(),
+    )
+    .map_err(|e| format!("capture {}: {e}", path.display()))?;
+    let cap = Arc::new(cap);
+    fabric.set_tap(Some(cap.clone()));
+    eprintln!(
+        "capturing fabric packets to {} ({format:?})",
+        path.display()
+    );
+    Ok(cap)
+}
+
 /// Ends the plan's run: its log flushed, and the report for `hook` over the cluster's
 /// `hcas`.
 pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
@@ -47,7 +83,9 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
     let c = hook.counts();
     let mut s = format!(
         "fault plan report (seed {})\n  faults injected: {} (link down {}, dropped {}, \
-         duplicated {}, reordered {}, corrupted {}, delayed {})\n",
+         duplicated {}, reordered {}, corrupted {}, delayed {}, nodes killed {}, packets \
+         to or from dead nodes {})\n  adapter faults: {} (WQE errors {}, doorbells lost {}, \
+         interrupts lost {}, interrupts late {}, CQ overflows {})\n",
         hook.seed(),
         c.total(),
         c.link_down,
@@ -55,7 +93,15 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
         c.duplicated,
         c.reordered,
         c.corrupted,
-        c.delayed
+        c.delayed,
+        c.nodes_killed,
+        c.node_dead,
+        c.adapter(),
+        c.wqe_errors,
+        c.doorbells_lost,
+        c.interrupts_lost,
+        c.interrupts_late,
+        c.cq_overflows
     );
     let mut sum = hca_model::HcaStats::default();
     for h in hcas {

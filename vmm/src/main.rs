@@ -4,6 +4,7 @@
 mod bench;
 mod config;
 mod console;
+mod control;
 mod daemon;
 mod dsmrun;
 mod faultrun;
@@ -48,6 +49,21 @@ enum Cmd {
     Console {
         /// The node, e.g. node2
         node: String,
+    },
+    /// Inject a fault into the running cluster, now
+    ///
+    /// Actions on NODE's link (both directions): link-down, link-up; drop P, duplicate P,
+    /// reorder P, corrupt P (probabilities per packet, 0 clears); delay US [JITTER_US];
+    /// clear (back to the cluster's plan). `kill` stops NODE's guest and takes its HCA off
+    /// the fabric, so its peers' work requests end in error completions. Each change is
+    /// logged in faults.jsonl next to the plan's decisions, and `hcabench down` reports
+    /// it. Example: `hcabench fault node2 link-down`.
+    Fault {
+        /// The node, e.g. node2
+        node: String,
+        /// The action and its arguments
+        #[arg(required = true, num_args = 1..=3, allow_hyphen_values = true)]
+        action: Vec<String>,
     },
     /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
     /// on a fresh cluster of its own
@@ -142,6 +158,15 @@ struct UpArgs {
     /// faults.jsonl in the run directory; `hcabench down` prints a report
     #[arg(long, value_name = "PLAN")]
     faults: Option<PathBuf>,
+    /// Write every fabric packet to this pcap file (LRH, BTH, extended headers, payload,
+    /// ICRC, VCRC), as its sender put it on the wire: open it in Wireshark or tshark
+    #[arg(long, value_name = "FILE")]
+    capture: Option<PathBuf>,
+    /// How the capture frames packets: erf (ERF InfiniBand records, which Wireshark
+    /// decodes) or infiniband (bare frames, LINKTYPE_INFINIBAND 247, which Wireshark's file
+    /// reader does not know)
+    #[arg(long, value_enum, default_value = "erf")]
+    capture_format: config::CaptureFormat,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -155,6 +180,7 @@ fn main() -> ExitCode {
         Cmd::Down => down(&run),
         Cmd::Status => status(&run),
         Cmd::Console { node } => console_cmd(&run, &node),
+        Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Run {
             app,
             up: a,
@@ -222,6 +248,10 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         faultrun::load_plan(f)?;
         c.faults = Some(std::fs::canonicalize(f).unwrap_or(f.clone()));
     }
+    if let Some(p) = &a.capture {
+        c.capture = Some(absolute(p)?);
+        c.capture_format = a.capture_format;
+    }
     c.validate()?;
     let (backend, why) = daemon::choose_backend(c.backend)?;
     if backend == "qemu" {
@@ -234,6 +264,17 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     }
     device_server::qemu::Image::find(&c.image_dir)?;
     Ok(c)
+}
+
+/// `p` made absolute (the daemon runs elsewhere), its directory checked to exist.
+fn absolute(p: &std::path::Path) -> Result<PathBuf, String> {
+    let p = std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() && !d.is_dir() => {
+            Err(format!("{}: no directory {}", p.display(), d.display()))
+        }
+        _ => Ok(p),
+    }
 }
 
 fn parse_vfio(s: &str) -> Result<(String, PathBuf), String> {
@@ -341,6 +382,9 @@ fn down(run: &RunDir) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("cluster of {} nodes stopped", s.nodes.len());
+    if let Some(c) = &s.config.capture {
+        println!("  fabric capture: {}", c.display());
+    }
     if let Ok(r) = std::fs::read_to_string(run.path(faultrun::REPORT)) {
         print!("{r}");
         println!("  decisions: {}", run.path(faultrun::LOG).display());
@@ -402,6 +446,18 @@ fn console_cmd(run: &RunDir, node: &str) -> Result<(), String> {
     console::attach(&n.console_socket, &n.name)
 }
 
+fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), String> {
+    if run.live_state().is_none() {
+        return Err(format!(
+            "no cluster is up in {} (`hcabench up`)",
+            run.dir().display()
+        ));
+    }
+    let reply = control::request(run.dir(), &format!("fault {node} {}", action.join(" ")))?;
+    println!("{reply}");
+    Ok(())
+}
+
 fn dsm_app(
     a: &UpArgs,
     app: String,
@@ -425,6 +481,12 @@ fn dsm_app(
         boot_timeout: Duration::from_secs(a.timeout),
         keep,
         faults: a.faults.clone(),
+        capture: a
+            .capture
+            .as_deref()
+            .map(absolute)
+            .transpose()?
+            .map(|p| (p, a.capture_format)),
     })
 }
 

@@ -23,6 +23,41 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `hcabench fault` on a cluster started without a plan: changes are taken (an empty plan
+/// starts), bad ones refused with the reason, and a killed node's guest stops.
+fn live_faults_reach_the_running_cluster(run_dir: &Path) {
+    let ok = hcabench(run_dir, &["fault", "node2", "drop", "0.5"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    assert!(text(&ok).contains("node2: drop 0.5"), "{}", text(&ok));
+    for (args, says) in [
+        (
+            &["fault", "node3", "kill"][..],
+            "the cluster has node1 to node2",
+        ),
+        (&["fault", "node1", "drop", "7"][..], "not a probability"),
+        (&["fault", "node1", "melt"][..], "actions: link-down"),
+    ] {
+        let o = hcabench(run_dir, args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+    let kill = hcabench(run_dir, &["fault", "node2", "kill"]);
+    assert!(kill.status.success(), "{}", text(&kill));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let st = text(&hcabench(run_dir, &["status"]));
+        if st.contains(" dead ") {
+            assert!(
+                st.contains(" ready ") && st.matches(" dead ").count() == 1,
+                "{st}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "node2 still up: {st}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A run directory removed at the end, with the cluster in it stopped.
 struct RunDir(std::path::PathBuf);
 
@@ -83,6 +118,8 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let job = hcabench(&dir.0, &["run", "nosuchjob"]);
     assert!(text(&job).contains("available: probe"), "{}", text(&job));
 
+    live_faults_reach_the_running_cluster(&dir.0);
+
     let qemu_pids: Vec<u32> = std::fs::read_to_string(dir.0.join("state.toml"))
         .unwrap()
         .lines()
@@ -92,6 +129,16 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     assert_eq!(qemu_pids.len(), 2);
     let down = hcabench(&dir.0, &["down"]);
     assert!(down.status.success(), "{}", text(&down));
+    let report = text(&down);
+    assert!(
+        report.contains("nodes killed 1") && report.contains("fault plan report (seed 0)"),
+        "the live changes' report: {report}"
+    );
+    let log = std::fs::read_to_string(dir.0.join("faults.jsonl")).unwrap();
+    assert!(
+        log.contains("\"live\":\"rule drop=0.5") && log.contains("\"live\":\"kill\""),
+        "{log}"
+    );
     for pid in qemu_pids {
         // SAFETY: signal 0 only probes whether the process exists.
         let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
@@ -258,6 +305,45 @@ fn test_fault_plans_are_checked_before_booting_anything() {
     assert!(!dir.0.join("state.toml").exists());
 }
 
+/// The DSM's traffic as tshark decodes it: control messages as SENDs, page data as RDMA
+/// Writes, ACKs; on 2 nodes each side's packets all go to the one QP its peer has for it.
+/// (tests/tests/faults.rs checks QPNs against the ones the guests' QPs report.)
+fn dsm_capture_is_decoded_by_tshark(pcap: &Path) {
+    use hca_model::capture::{tshark_fields, TsharkError};
+    let fields = [
+        "infiniband.lrh.slid",
+        "infiniband.bth.opcode",
+        "infiniband.bth.destqp",
+    ];
+    let rows = match tshark_fields(pcap, &fields) {
+        Ok(r) => r,
+        Err(TsharkError::Missing(why)) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_none() => {
+            return e2e::skipped("DSM capture decoded by tshark", &why);
+        }
+        Err(e) => panic!("tshark: {e:?}"),
+    };
+    let mut ops = std::collections::BTreeMap::<u8, u64>::new();
+    let mut qps = [std::collections::BTreeSet::new(), Default::default()];
+    for r in &rows {
+        let slid: usize = r[0].parse().unwrap();
+        *ops.entry(r[1].parse().unwrap()).or_default() += 1;
+        qps[slid - 1].insert(r[2].clone());
+    }
+    println!(
+        "tshark: {} frames, by opcode {ops:?}, QPs {qps:?}",
+        rows.len()
+    );
+    for op in [hca_model::packet::RC_SEND_ONLY, hca_model::packet::RC_ACK] {
+        assert!(ops.contains_key(&op), "no opcode {op} in {ops:?}");
+    }
+    assert!(
+        ops.keys().any(|&o| (6..=0x0b).contains(&o)),
+        "no RDMA Write: {ops:?}"
+    );
+    // (Each HCA numbers its QPs from 2, so both may be 0x000002.)
+    assert!(qps.iter().all(|q| q.len() == 1), "{qps:?}");
+}
+
 /// The paper's SOR on two guests with 1% of the fabric's packets dropped (seeded): the
 /// RC transport resends, the result still matches the sequential run, no WR ran out of
 /// retries, and the report says what was injected.
@@ -270,6 +356,7 @@ fn test_sor_is_verified_under_one_percent_drops() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let plan = dir.0.join("plan.toml");
     std::fs::write(&plan, "seed = 7\n[[link]]\ndrop = 0.01\n").unwrap();
+    let pcap = dir.0.join("sor.pcap");
     let images = repo_root().join("target/images");
     let o = hcabench(
         &dir.0,
@@ -282,12 +369,15 @@ fn test_sor_is_verified_under_one_percent_drops() {
             images.to_str().unwrap(),
             "--faults",
             plan.to_str().unwrap(),
+            "--capture",
+            pcap.to_str().unwrap(),
         ],
     );
     let out = text(&o);
     println!("{out}");
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verified against a sequential run"), "{out}");
+    dsm_capture_is_decoded_by_tshark(&pcap);
     let dropped: u64 = out
         .split("dropped ")
         .nth(1)

@@ -1,0 +1,393 @@
+//! Fabric capture: every packet as its sender put it on the wire, written to a pcap file as
+//! the IB link carries it: LRH, BTH, the extended headers the opcode carries (RETH,
+//! AtomicETH, AETH, AtomicAckETH, ImmDt, DETH), the payload padded to 4 bytes, ICRC and VCRC.
+//!
+//! Two framings of the same bytes ([`CaptureFormat`]): LINKTYPE_INFINIBAND (247), the
+//! registered link type for raw IB frames, and LINKTYPE_ERF (197) with each frame in an ERF
+//! record of type 21 (InfiniBand). Wireshark's file reader has no entry for link type 247
+//! (4.0 reports "network type 247 unknown or unsupported"), while it decodes ERF InfiniBand
+//! records with its InfiniBand dissector, so ERF is what opens in Wireshark and tshark.
+//!
+//! The capture point is the sender's uplink, before any fault hook: a packet a fault plan
+//! then drops, delays or duplicates appears once, as sent, and a resend appears again. The
+//! model carries no GRH (every packet is LRH-routed inside one subnet) and no P_Key
+//! partitions, so frames carry LNH = "IBA local" and the default P_Key 0xffff.
+
+use std::io::{self, Write};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::fabric::PacketTap;
+use crate::packet::*;
+
+/// pcap's link type for raw InfiniBand frames starting at the LRH.
+pub const LINKTYPE_INFINIBAND: u32 = 247;
+/// pcap's link type for Endace ERF records.
+pub const LINKTYPE_ERF: u32 = 197;
+/// The ERF record type of an InfiniBand frame.
+const ERF_TYPE_INFINIBAND: u8 = 21;
+/// ERF flags: variable-length record, interface 0.
+const ERF_FLAG_VLEN: u8 = 0x04;
+/// The pcap magic for nanosecond timestamps.
+const PCAP_MAGIC_NS: u32 = 0xa1b2_3c4d;
+
+/// How the frames are framed in the pcap file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CaptureFormat {
+    /// LINKTYPE_ERF: what Wireshark and tshark decode.
+    #[default]
+    Erf,
+    /// LINKTYPE_INFINIBAND (247): the bare frames, for tools that read that link type.
+    Infiniband,
+}
+
+impl CaptureFormat {
+    pub fn linktype(self) -> u32 {
+        match self {
+            CaptureFormat::Erf => LINKTYPE_ERF,
+            CaptureFormat::Infiniband => LINKTYPE_INFINIBAND,
+        }
+    }
+}
+
+/// `frame` in an ERF record stamped `ts_ns` (Unix time): a 16-byte header (timestamp as
+/// 32.32 fixed-point seconds, type, flags, record length, loss counter, wire length), then
+/// the frame padded to 8 bytes.
+fn erf_record(ts_ns: u64, frame: &[u8]) -> Vec<u8> {
+    let secs = ts_ns / 1_000_000_000;
+    let frac = ((ts_ns % 1_000_000_000) << 32) / 1_000_000_000;
+    let padded = frame.len().div_ceil(8) * 8;
+    let mut r = Vec::with_capacity(16 + padded);
+    r.extend_from_slice(&(secs << 32 | frac).to_le_bytes());
+    r.push(ERF_TYPE_INFINIBAND);
+    r.push(ERF_FLAG_VLEN);
+    r.extend_from_slice(&((16 + padded) as u16).to_be_bytes());
+    r.extend_from_slice(&0u16.to_be_bytes());
+    r.extend_from_slice(&(frame.len() as u16).to_be_bytes());
+    r.extend_from_slice(frame);
+    r.resize(16 + padded, 0);
+    r
+}
+const SNAPLEN: u32 = 65_535;
+/// LRH Link Next Header: a BTH follows directly (no GRH).
+const LNH_IBA_LOCAL: u8 = 2;
+const DEFAULT_PKEY: u16 = 0xffff;
+
+/// The frame an IB link would carry for `pkt` (one MTU packet, not a train).
+pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(64 + payload.len());
+    f.extend_from_slice(&[0; 8]); // LRH, filled in once the length is known
+    encode_bth(&mut f, pkt, payload.len());
+    encode_ext_headers(&mut f, pkt);
+    f.extend_from_slice(payload);
+    let pad = (4 - payload.len() % 4) % 4;
+    f.resize(f.len() + pad, 0);
+    // PktLen counts 4-byte words from the LRH through the ICRC.
+    let words = ((f.len() + 4) / 4) as u16;
+    f[0] = 0; // VL 0, LVer 0
+    f[1] = (pkt.sl & 0xf) << 4 | LNH_IBA_LOCAL;
+    f[2..4].copy_from_slice(&pkt.dlid.to_be_bytes());
+    f[4..6].copy_from_slice(&(words & 0x7ff).to_be_bytes());
+    f[6..8].copy_from_slice(&pkt.slid.to_be_bytes());
+    let icrc = icrc(&f);
+    f.extend_from_slice(&icrc.to_le_bytes());
+    let vcrc = vcrc(&f);
+    f.extend_from_slice(&vcrc.to_be_bytes());
+    f
+}
+
+fn encode_bth(f: &mut Vec<u8>, pkt: &Packet, payload_len: usize) {
+    let pad = ((4 - payload_len % 4) % 4) as u8;
+    f.push(pkt.opcode);
+    f.push(u8::from(pkt.solicited) << 7 | pad << 4); // SE, MigReq 0, PadCnt, TVer 0
+    f.extend_from_slice(&DEFAULT_PKEY.to_be_bytes());
+    f.extend_from_slice(&(pkt.dest_qpn & 0x00ff_ffff).to_be_bytes()); // resv8a, DestQP
+                                                                      // AckReq on the packet that ends a request message: the responder answers it.
+    let ack_req = pkt.is_request() && !pkt.is_ud() && pkt.ends_message();
+    let word = u32::from(ack_req) << 31 | (pkt.psn & PSN_MASK);
+    f.extend_from_slice(&word.to_be_bytes());
+}
+
+fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
+    if pkt.is_ud() {
+        f.extend_from_slice(&pkt.qkey.to_be_bytes());
+        f.extend_from_slice(&(pkt.src_qpn & 0x00ff_ffff).to_be_bytes());
+    }
+    match (pkt.reth, pkt.atomic) {
+        (Some(r), Some((swap_add, compare))) => {
+            f.extend_from_slice(&r.va.to_be_bytes());
+            f.extend_from_slice(&r.rkey.to_be_bytes());
+            f.extend_from_slice(&swap_add.to_be_bytes());
+            f.extend_from_slice(&compare.to_be_bytes());
+        }
+        (Some(r), None) => {
+            f.extend_from_slice(&r.va.to_be_bytes());
+            f.extend_from_slice(&r.rkey.to_be_bytes());
+            f.extend_from_slice(&r.len.to_be_bytes());
+        }
+        _ => {}
+    }
+    if let Some((syndrome, msn)) = pkt.aeth {
+        f.extend_from_slice(&(u32::from(syndrome) << 24 | msn & 0x00ff_ffff).to_be_bytes());
+    }
+    if let Some(orig) = pkt.atomic_ack {
+        f.extend_from_slice(&orig.to_be_bytes());
+    }
+    if let Some(imm) = pkt.imm {
+        f.extend_from_slice(&imm.to_be_bytes());
+    }
+}
+
+/// CRC-32 (IEEE 802.3, reflected), continuing from `crc`.
+fn crc32_update(mut crc: u32, bytes: &[u8]) -> u32 {
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                crc >> 1 ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+/// The invariant CRC: CRC-32 over the frame with the fields a switch may change (LRH VL, BTH
+/// resv8a) read as all ones.
+fn icrc(frame: &[u8]) -> u32 {
+    let mut head = [0u8; 20];
+    head.copy_from_slice(&frame[..20]);
+    head[0] |= 0xf0;
+    head[12] = 0xff;
+    let crc = crc32_update(0xffff_ffff, &head);
+    !crc32_update(crc, &frame[20..])
+}
+
+/// The variant CRC: CRC-16 (polynomial 0x100B) over the frame through its ICRC.
+fn vcrc(frame: &[u8]) -> u16 {
+    let mut crc: u16 = 0xffff;
+    for &b in frame {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                crc << 1 ^ 0x100b
+            } else {
+                crc << 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A pcap writer on the fabric (`fabric.set_tap(Some(Arc::new(capture)))`).
+pub struct Capture {
+    out: Mutex<Box<dyn Write + Send>>,
+    format: CaptureFormat,
+    /// Wall-clock nanoseconds at fabric time 0, so frames carry real timestamps.
+    epoch_ns: u64,
+    frames: std::sync::atomic::AtomicU64,
+}
+
+impl Capture {
+    /// Writes the pcap header to `out`; `fabric_now_ns` is the fabric's clock at this moment.
+    pub fn new(
+        mut out: Box<dyn Write + Send>,
+        format: CaptureFormat,
+        fabric_now_ns: u64,
+    ) -> io::Result<Self> {
+        let mut h = Vec::with_capacity(24);
+        h.extend_from_slice(&PCAP_MAGIC_NS.to_le_bytes());
+        h.extend_from_slice(&2u16.to_le_bytes());
+        h.extend_from_slice(&4u16.to_le_bytes());
+        h.extend_from_slice(&[0; 8]); // thiszone, sigfigs
+        h.extend_from_slice(&SNAPLEN.to_le_bytes());
+        h.extend_from_slice(&format.linktype().to_le_bytes());
+        out.write_all(&h)?;
+        out.flush()?;
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Ok(Self {
+            out: Mutex::new(out),
+            format,
+            epoch_ns: wall.saturating_sub(fabric_now_ns),
+            frames: Default::default(),
+        })
+    }
+
+    /// Frames written so far.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn write_frame(&self, now_ns: u64, frame: &[u8]) -> io::Result<()> {
+        let ts = self.epoch_ns + now_ns;
+        let erf;
+        let frame = match self.format {
+            CaptureFormat::Infiniband => frame,
+            CaptureFormat::Erf => {
+                erf = erf_record(ts, frame);
+                &erf[..]
+            }
+        };
+        let len = frame.len() as u32;
+        let mut rec = Vec::with_capacity(16 + frame.len());
+        rec.extend_from_slice(&((ts / 1_000_000_000) as u32).to_le_bytes());
+        rec.extend_from_slice(&((ts % 1_000_000_000) as u32).to_le_bytes());
+        rec.extend_from_slice(&len.min(SNAPLEN).to_le_bytes());
+        rec.extend_from_slice(&len.to_le_bytes());
+        rec.extend_from_slice(&frame[..frame.len().min(SNAPLEN as usize)]);
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        // Flushed per frame: the file is readable while the cluster runs, and complete if
+        // the process dies.
+        out.write_all(&rec)?;
+        out.flush()
+    }
+}
+
+impl PacketTap for Capture {
+    fn on_wire(&self, now_ns: u64, pkt: &Packet) {
+        let mut payload = pkt.payload.clone();
+        let bytes = match payload.make_owned() {
+            Ok(b) => std::mem::take(b),
+            // The sender's memory went away under it: the frame shows no payload.
+            Err(_) => Vec::new(),
+        };
+        let frame = encode(pkt, &bytes);
+        match self.write_frame(now_ns, &frame) {
+            Ok(()) => {
+                self.frames
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => log::warn!("capture: {e}; frame lost"),
+        }
+    }
+}
+
+/// Why tshark could not decode a capture.
+#[derive(Debug)]
+pub enum TsharkError {
+    /// tshark is not installed (or cannot start).
+    Missing(String),
+    /// tshark ran and failed.
+    Failed(String),
+}
+
+/// Decodes `pcap` with Wireshark's dissectors: for each frame, the values of `fields`
+/// (tshark's names, e.g. `infiniband.bth.opcode`), empty where the frame has none. This is
+/// how hcabench's tests check that captures mean to Wireshark what the model meant.
+pub fn tshark_fields(
+    pcap: &std::path::Path,
+    fields: &[&str],
+) -> Result<Vec<Vec<String>>, TsharkError> {
+    let mut cmd = std::process::Command::new("tshark");
+    cmd.arg("-n").arg("-r").arg(pcap).args(["-T", "fields"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| TsharkError::Missing(format!("tshark cannot run: {e}")))?;
+    if !out.status.success() {
+        return Err(TsharkError::Failed(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_crc32_is_the_ieee_one() {
+        assert_eq!(!crc32_update(0xffff_ffff, b"123456789"), 0xcbf4_3926);
+    }
+
+    #[test]
+    fn test_a_write_only_frame_has_its_headers_where_ib_puts_them() {
+        let pkt = Packet {
+            slid: 1,
+            dlid: 2,
+            opcode: RC_WRITE_ONLY,
+            dest_qpn: 0x12_3456,
+            psn: 0xab_cdef,
+            reth: Some(Reth {
+                va: 0x1122_3344_5566_7788,
+                rkey: 0xdead_beef,
+                len: 5,
+            }),
+            ..Default::default()
+        };
+        let f = encode(&pkt, b"hello");
+        // LRH 8 + BTH 12 + RETH 16 + 5 bytes + 3 pad + ICRC 4 + VCRC 2.
+        assert_eq!(f.len(), 50);
+        assert_eq!(f[1] & 3, LNH_IBA_LOCAL);
+        assert_eq!(u16::from_be_bytes([f[2], f[3]]), 2);
+        assert_eq!(u16::from_be_bytes([f[4], f[5]]) & 0x7ff, 12); // 48 bytes / 4
+        assert_eq!(u16::from_be_bytes([f[6], f[7]]), 1);
+        assert_eq!(f[8], RC_WRITE_ONLY);
+        assert_eq!((f[9] >> 4) & 3, 3, "PadCnt");
+        assert_eq!(&f[13..16], &[0x12, 0x34, 0x56]);
+        assert_eq!(f[16] & 0x80, 0x80, "AckReq on a request's last packet");
+        assert_eq!(&f[17..20], &[0xab, 0xcd, 0xef]);
+        assert_eq!(&f[28..32], &0xdead_beefu32.to_be_bytes());
+        assert_eq!(&f[36..41], b"hello");
+        // The ICRC ignores VL and resv8a, which a switch may rewrite.
+        let mut g = f.clone();
+        g[0] |= 0x30;
+        g[12] = 7;
+        assert_eq!(icrc(&g[..44]), icrc(&f[..44]));
+        g[40] ^= 1;
+        assert_ne!(icrc(&g[..44]), icrc(&f[..44]));
+    }
+
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The two framings carry the same frame bytes; only the pcap link type and ERF's
+    /// record header differ.
+    #[test]
+    fn test_both_formats_carry_the_same_frames() {
+        let pkt = Packet {
+            slid: 3,
+            dlid: 4,
+            opcode: RC_ACK,
+            dest_qpn: 7,
+            aeth: Some((AETH_ACK, 9)),
+            ..Default::default()
+        };
+        let mut files = Vec::new();
+        for format in [CaptureFormat::Infiniband, CaptureFormat::Erf] {
+            let buf = Buf::default();
+            let cap = Capture::new(Box::new(buf.clone()), format, 0).unwrap();
+            cap.on_wire(1_500_000_000, &pkt);
+            let bytes = buf.0.lock().unwrap().clone();
+            assert_eq!(&bytes[20..24], &format.linktype().to_le_bytes());
+            files.push(bytes);
+        }
+        let frame = encode(&pkt, &[]);
+        let ib = &files[0][24 + 16..];
+        assert_eq!(ib, &frame[..]);
+        let erf = &files[1][24 + 16..];
+        assert_eq!((erf[8], usize::from(erf[15])), (21, frame.len()));
+        assert_eq!(&erf[16..16 + frame.len()], &frame[..]);
+        assert_eq!(erf.len() % 8, 0);
+    }
+}

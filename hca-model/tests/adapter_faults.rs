@@ -1,0 +1,180 @@
+//! Fault plans acting on the HCAs themselves (an error completion on the Nth WQE, lost
+//! doorbells, lost and late interrupts, CQ overflow) and on whole nodes (a planned kill, live
+//! link-down/up and kill), in virtual time.
+
+mod driver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver::*;
+use hca_model::abi::*;
+use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
+use hca_model::reliability::ack_timeout_ns;
+use hca_model::{Fabric, HcaStats};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A pair on a manual clock with `plan` on its links and HCAs (QP timeout 8 = ~1 ms,
+/// retry_cnt 3).
+fn pair_with(plan: &str) -> (Pair, Arc<FaultHook>) {
+    let fabric = Fabric::with_manual_clock();
+    let p = Pair::build(fabric.clone(), 3, ALL_ACCESS, (8, 3, 7));
+    let hook = Arc::new(FaultHook::new(FaultPlan::parse(plan).unwrap(), None));
+    hook.set_origin(fabric.now_ns());
+    fabric.set_hook(Some(hook.clone()));
+    fabric.set_adapter_hook(Some(hook.clone()));
+    (p, hook)
+}
+
+/// Posts a signaled 64-byte RDMA Write from A to B.
+fn write(p: &mut Pair, wr_id: u64) {
+    let src = p.a.alloc(64, 64);
+    let dst = p.b.alloc(64, 64);
+    let mut w = send_wr(wr_id, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, p.key_b);
+    p.a.post_send(&mut p.qa, w, &[sge(src, 64, p.key_a)]);
+}
+
+fn statuses(p: &mut Pair) -> Vec<(u64, u32)> {
+    let cqes = p.a.drain_cq(&mut p.cq_a);
+    cqes.iter()
+        .map(|c| (c.wr_id, u32::from(c.status)))
+        .collect()
+}
+
+#[test]
+fn test_the_nth_wqe_of_a_qp_completes_in_error_and_the_rest_flush() {
+    let (mut p, hook) = pair_with("seed = 1\n[[adapter]]\nlid = 1\nerror_wqe = 3\n");
+    for id in 1..=5 {
+        write(&mut p, id);
+    }
+    let got = statuses(&mut p);
+    assert_eq!(
+        got,
+        [
+            (1, WC_SUCCESS),
+            (2, WC_SUCCESS),
+            (3, WC_GENERAL_ERR),
+            (4, WC_WR_FLUSH_ERR),
+            (5, WC_WR_FLUSH_ERR)
+        ]
+    );
+    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
+    assert_eq!(hook.counts().wqe_errors, 1);
+}
+
+#[test]
+fn test_a_forced_cq_overflow_raises_the_cq_error_event() {
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 1\ncq_overflow_after = 2\n");
+    for id in 1..=3 {
+        write(&mut p, id);
+    }
+    assert_eq!(
+        statuses(&mut p).len(),
+        2,
+        "the third CQE is lost to the overflow"
+    );
+    let ev = p.a.drain_eq(VEC_ASYNC);
+    assert!(
+        ev.iter().any(|e| u32::from(e.event_type) == EV_CQ_ERR
+            && e.param == p.cq_a.cqn
+            && e.data == ERR_CQ_OVERFLOW),
+        "{ev:?}"
+    );
+    assert_eq!(hook.counts().cq_overflows, 1);
+    assert!(p.a.hca.stats().cqes_lost >= 1);
+}
+
+#[test]
+fn test_a_lost_doorbell_leaves_the_wqe_until_the_next_one() {
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 1\nlose_doorbell = 1.0\n");
+    write(&mut p, 1);
+    assert!(statuses(&mut p).is_empty(), "the doorbell was lost");
+    assert_eq!(hook.counts().doorbells_lost, 1);
+    p.fabric.set_adapter_hook(None);
+    write(&mut p, 2);
+    assert_eq!(statuses(&mut p), [(1, WC_SUCCESS), (2, WC_SUCCESS)]);
+}
+
+#[test]
+fn test_interrupts_can_be_lost_or_late() {
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 1\nlose_interrupt = 1.0\n");
+    let irqs = |p: &Pair| p.a.irq.get(VEC_COMP_FIRST);
+    p.a.arm_cq(&mut p.cq_a, false);
+    write(&mut p, 1);
+    assert_eq!(irqs(&p), 0, "the completion interrupt was lost");
+    assert_eq!(statuses(&mut p).len(), 1, "the CQE is there all the same");
+    assert_eq!(hook.counts().interrupts_lost, 1);
+
+    let plan = "[[adapter]]\nlid = 1\nlate_interrupt = 1.0\nlate_interrupt_us = 2500\n";
+    let (mut p, hook) = pair_with(plan);
+    p.a.arm_cq(&mut p.cq_a, false);
+    write(&mut p, 1);
+    assert_eq!(irqs(&p), 0, "not yet");
+    p.fabric.advance(2 * MS);
+    assert_eq!(irqs(&p), 0, "2 ms: still not");
+    p.fabric.advance(MS);
+    assert_eq!(irqs(&p), 1, "3 ms: raised");
+    assert_eq!(hook.counts().interrupts_late, 1);
+}
+
+/// Advances until A's CQ holds a CQE or `limit` passes.
+fn wait_cqe(p: &mut Pair, limit: Duration) -> Option<(u64, u32)> {
+    let start = p.fabric.now_ns();
+    while p.fabric.now_ns() - start < limit.as_nanos() as u64 {
+        if let Some(c) = statuses(p).first() {
+            return Some(*c);
+        }
+        p.fabric.advance(MS);
+    }
+    None
+}
+
+#[test]
+fn test_a_planned_node_kill_gives_its_peer_retry_exceeded() {
+    let (mut p, hook) = pair_with("[[node]]\nlid = 2\nkill_ms = 5\n");
+    write(&mut p, 1);
+    assert_eq!(statuses(&mut p), [(1, WC_SUCCESS)]);
+    p.fabric.advance(4 * MS);
+    assert!(hook.due_kills(p.fabric.now_ns()).is_empty());
+    p.fabric.advance(MS);
+    assert_eq!(hook.due_kills(p.fabric.now_ns()), [2]);
+    assert!(
+        hook.due_kills(p.fabric.now_ns()).is_empty(),
+        "each kill once"
+    );
+    write(&mut p, 2);
+    // 4 tries of ~1 ms each, each seen at a 1 ms tick.
+    let bound = Duration::from_nanos(4 * (ack_timeout_ns(8).unwrap() + 1_000_000));
+    assert_eq!(wait_cqe(&mut p, bound), Some((2, WC_RETRY_EXC_ERR)));
+    let c = hook.counts();
+    assert_eq!(c.nodes_killed, 1);
+    assert!(c.node_dead >= 4, "{c:?}");
+}
+
+#[test]
+fn test_live_link_down_stalls_and_link_up_resumes() {
+    // retry_cnt 7 with timeout 8: about 16 ms of budget.
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, (8, 7, 7));
+    let hook = Arc::new(FaultHook::new(FaultPlan::default(), None));
+    fabric.set_hook(Some(hook.clone()));
+    hook.live(2, LiveFault::LinkDown, fabric.now_ns());
+    write(&mut p, 1);
+    assert_eq!(
+        wait_cqe(&mut p, 5 * MS),
+        None,
+        "stalled while the link is down"
+    );
+    hook.live(2, LiveFault::LinkUp, fabric.now_ns());
+    assert_eq!(wait_cqe(&mut p, 5 * MS), Some((1, WC_SUCCESS)));
+    let st: HcaStats = p.a.hca.stats();
+    assert!(st.retransmits > 0);
+    assert!(hook.counts().link_down > 0);
+
+    hook.live(2, LiveFault::Kill, fabric.now_ns());
+    write(&mut p, 2);
+    assert_eq!(wait_cqe(&mut p, 40 * MS), Some((2, WC_RETRY_EXC_ERR)));
+    assert_eq!(hook.due_kills(fabric.now_ns()), [2]);
+}

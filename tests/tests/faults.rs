@@ -1,0 +1,166 @@
+//! End-to-end: the fabric's capture and faults under real guests. Three QEMU guests with the
+//! hca_ib provider and the vbench consumer share one booted cluster:
+//! - a capture of a verbs ping-pong and an RDMA Write, decoded by Debian's tshark: the
+//!   opcodes and the QPNs the guests' own QPs have;
+//! - the ping-pong under 1% packet drops: every round trip done, the data verified;
+//! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
+//!   the device server and the other nodes go on (a new connection runs clean).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use device_server::verbs::{num, Mode, Testbed};
+use e2e::{image_or_skip, skipped, BOOT_TIMEOUT};
+use hca_model::capture::{tshark_fields, Capture, CaptureFormat, TsharkError};
+use hca_model::faults::{FaultHook, FaultPlan};
+use hca_model::packet::*;
+
+const T: Duration = Duration::from_secs(120);
+
+#[test]
+fn test_capture_drops_and_a_killed_node_on_real_guests() {
+    let Some(image) = image_or_skip("faults on real guests") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("hcab-e2e-faults-{}", std::process::id()));
+    let mut tb = Testbed::boot_nodes(&image, dir.clone(), 3, false, 256, BOOT_TIMEOUT, &mut |m| {
+        eprintln!("  {m}")
+    })
+    .unwrap();
+    capture_is_decoded_by_tshark(&mut tb, &dir);
+    ping_pong_survives_one_percent_drops(&mut tb);
+    a_killed_node_fails_its_peers_work_only(&mut tb);
+}
+
+/// The QPN in a `vb open` address line.
+fn qpn(addr: &str) -> u32 {
+    num(addr, "qpn").unwrap() as u32
+}
+
+fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
+    let addrs = tb.connect_pair(0, 1, "hcab0").unwrap();
+    let (q1, q2) = (qpn(&addrs[0]), qpn(&addrs[1]));
+    let fabric = tb.server.as_ref().unwrap().fabric().clone();
+    let pcap = dir.join("fabric.pcap");
+    let file = std::fs::File::create(&pcap).unwrap();
+    let cap = Arc::new(Capture::new(Box::new(file), CaptureFormat::Erf, fabric.now_ns()).unwrap());
+    fabric.set_tap(Some(cap.clone()));
+    let r = tb.ping(Mode::Poll, 64, 20, true).unwrap();
+    assert_eq!((r.done, r.errors), (20, 0), "{r:?}");
+    let bw = tb.bw(false, 8192, 4).unwrap();
+    assert_eq!(bw.errors, 0, "{bw:?}");
+    fabric.set_tap(None);
+
+    let fields = [
+        "infiniband.lrh.slid",
+        "infiniband.lrh.dlid",
+        "infiniband.bth.opcode",
+        "infiniband.bth.destqp",
+        "infiniband.reth.dmalen",
+    ];
+    let rows = match tshark_fields(&pcap, &fields) {
+        Ok(r) => r,
+        Err(TsharkError::Missing(why)) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_none() => {
+            return skipped("capture decoded by tshark", &why);
+        }
+        Err(e) => panic!("tshark: {e:?}"),
+    };
+    assert_eq!(rows.len() as u64, cap.frames(), "every frame decoded");
+    let hex = |q: u32| format!("{q:#08x}");
+    let mut sends = [0, 0];
+    let mut write_firsts = 0;
+    for row in &rows {
+        let (slid, op): (u16, u8) = (row[0].parse().unwrap(), row[2].parse().unwrap());
+        // Node k has LID k; each side's packets go to the other's QP.
+        let want_qp = if slid == 1 { hex(q2) } else { hex(q1) };
+        assert_eq!(row[3], want_qp, "frame {row:?} (QPNs {q1} and {q2})");
+        assert_eq!(row[1], if slid == 1 { "2" } else { "1" }, "{row:?}");
+        match op {
+            RC_SEND_ONLY_IMM => sends[usize::from(slid - 1)] += 1,
+            RC_WRITE_FIRST => {
+                assert_eq!((slid, row[4].as_str()), (1, "8192"), "{row:?}");
+                write_firsts += 1;
+            }
+            // vbench reads the region back to check the bytes it wrote.
+            RC_READ_REQUEST => assert_eq!(slid, 1, "{row:?}"),
+            RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => assert_eq!(slid, 2, "{row:?}"),
+            RC_WRITE_LAST | RC_ACK => {}
+            _ => panic!("unexpected opcode in {row:?}"),
+        }
+    }
+    assert_eq!(
+        sends,
+        [20, 20],
+        "20 pings and 20 pongs, each one SEND with immediate"
+    );
+    // The 4 timed writes, then vbench's check writes 64 KiB in 8 KiB pieces (8 more); each
+    // is 2 packets at MTU 4096, the first with the RETH.
+    assert_eq!(write_firsts, 4 + 8, "RDMA Writes of 8 KiB");
+    eprintln!("tshark decoded {} frames of {}", rows.len(), pcap.display());
+}
+
+fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
+    let server = tb.server.as_ref().unwrap();
+    let fabric = server.fabric().clone();
+    let plan = FaultPlan::parse("seed = 5\n[[link]]\ndrop = 0.01\n").unwrap();
+    let hook = Arc::new(FaultHook::new(plan, None));
+    hook.set_origin(fabric.now_ns());
+    fabric.set_hook(Some(hook.clone()));
+    let resent = |tb: &Testbed| -> u64 {
+        let s = tb.server.as_ref().unwrap();
+        (0..2)
+            .filter_map(|i| s.hca(i))
+            .map(|h| h.stats().retransmits)
+            .sum()
+    };
+    let before = resent(tb);
+    let r = tb.ping(Mode::Isr, 512, 1000, true).unwrap();
+    fabric.set_hook(None);
+    assert_eq!(r.done, 1000, "every round trip done: {r:?}");
+    assert_eq!((r.errors, r.served, r.server_errors), (0, 1000, 0), "{r:?}");
+    let dropped = hook.counts().dropped;
+    let resent = resent(tb) - before;
+    assert!(
+        dropped > 0 && resent > 0,
+        "{dropped} dropped, {resent} resent"
+    );
+    eprintln!(
+        "1000 verified round trips of 512 B under 1% drops: {dropped} dropped, {resent} resent"
+    );
+}
+
+fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
+    tb.guests[1].kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tb.server.as_ref().unwrap().hca(1).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the device server did not notice node2 die"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // node1's QP still points at node2's: its next send fails.
+    let out = tb.agents[0].run("vb ping poll 64 10", T).unwrap();
+    let line = out.lines().find(|l| l.starts_with("size=")).unwrap();
+    assert!(num(line, "errors").unwrap() >= 1, "{out}");
+    assert!(num(line, "done").unwrap() < 10, "{out}");
+    // The first error is the send's own (then the posted receives flush).
+    let log = tb.agents[0]
+        .run("dmesg | grep 'vbench: completion error'", T)
+        .unwrap();
+    assert!(
+        log.lines()
+            .next()
+            .unwrap_or("")
+            .ends_with("transport retry counter exceeded"),
+        "{log}"
+    );
+    let server = tb.server.as_ref().unwrap();
+    assert!(server.hca(0).is_some() && server.hca(2).is_some());
+    // The survivors connect anew and run clean.
+    let addrs = tb.connect_pair(0, 2, "hcab0").unwrap();
+    assert!(addrs[1].starts_with("lid=3 "), "{}", addrs[1]);
+    let r = tb.ping_between(0, 2, Mode::Isr, 256, 50, true).unwrap();
+    assert_eq!((r.done, r.errors, r.server_errors), (50, 0, 0), "{r:?}");
+}

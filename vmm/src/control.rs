@@ -1,0 +1,264 @@
+//! Live fault injection into a running cluster (`hcabench fault node2 link-down`): the
+//! daemon listens on `control.sock` in the run directory; a client writes one request line
+//! and reads one reply line ("ok ..." or "error ...").
+//!
+//! A request changes the cluster's fault plan while it runs (a cluster started without
+//! `--faults` gets an empty plan, seed 0, at the first request), and every change is logged
+//! in `faults.jsonl` next to the plan's own decisions. A killed node's guest is stopped by
+//! the daemon's main loop, which polls [`FaultHook::due_kills`] for planned and live kills
+//! alike.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
+use hca_model::Fabric;
+
+pub const SOCKET: &str = "control.sock";
+
+/// What `hcabench fault NODE ACTION` accepts, for errors and --help.
+pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
+                           delay US [JITTER_US], clear, kill";
+
+/// The daemon's side: the fabric, the plan on it (if any yet) and where its log goes.
+pub struct Control {
+    fabric: Fabric,
+    hook: Mutex<Option<Arc<FaultHook>>>,
+    log_path: PathBuf,
+    nodes: usize,
+}
+
+impl Control {
+    pub fn new(
+        fabric: Fabric,
+        hook: Option<Arc<FaultHook>>,
+        log_path: PathBuf,
+        nodes: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            fabric,
+            hook: Mutex::new(hook),
+            log_path,
+            nodes,
+        })
+    }
+
+    /// The plan on the fabric, if the cluster has one.
+    pub fn hook(&self) -> Option<Arc<FaultHook>> {
+        self.hook.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Nodes (by index from 0) whose guests must stop now: planned kills that came due and
+    /// live ones.
+    pub fn due_kills(&self) -> Vec<usize> {
+        let Some(h) = self.hook() else {
+            return Vec::new();
+        };
+        h.due_kills(self.fabric.now_ns())
+            .into_iter()
+            .filter_map(|lid| usize::from(lid).checked_sub(1))
+            .filter(|&i| i < self.nodes)
+            .collect()
+    }
+
+    /// Serves requests on `path` from a thread of its own.
+    pub fn serve(self: &Arc<Self>, path: &Path) -> Result<(), String> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    me.answer(stream);
+                }
+            })
+            .map_err(|e| format!("cannot start the control thread: {e}"))?;
+        Ok(())
+    }
+
+    fn answer(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            return;
+        }
+        let reply = match self.handle(line.trim()) {
+            Ok(s) => format!("ok {s}\n"),
+            Err(e) => format!("error {e}\n"),
+        };
+        eprintln!("daemon: control `{}`: {}", line.trim(), reply.trim());
+        let _ = (&stream).write_all(reply.as_bytes());
+    }
+
+    /// Carries out one request: `fault NODE ACTION [ARGS]`.
+    fn handle(&self, line: &str) -> Result<String, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let ["fault", node, action, args @ ..] = words.as_slice() else {
+            return Err(format!(
+                "cannot parse `{line}` (want: fault NODE ACTION [ARGS])"
+            ));
+        };
+        let lid = self.lid_of(node)?;
+        let hook = self.hook_or_start()?;
+        let change = match (*action, args) {
+            ("link-down", []) => LiveFault::LinkDown,
+            ("link-up", []) => LiveFault::LinkUp,
+            ("clear", []) => LiveFault::Clear,
+            ("kill", []) => LiveFault::Kill,
+            (rate @ ("drop" | "duplicate" | "reorder" | "corrupt"), [p]) => {
+                let p = probability(p)?;
+                let mut r = hook.live_rule(lid).unwrap_or_default();
+                match rate {
+                    "drop" => r.drop = p,
+                    "duplicate" => r.duplicate = p,
+                    "reorder" => r.reorder = p,
+                    _ => r.corrupt = p,
+                }
+                LiveFault::Rule(r)
+            }
+            ("delay", [us, rest @ ..]) if rest.len() <= 1 => {
+                let r = LinkFaults {
+                    delay_us: micros(us)?,
+                    jitter_us: rest.first().map_or(Ok(0), |j| micros(j))?,
+                    ..hook.live_rule(lid).unwrap_or_default()
+                };
+                LiveFault::Rule(r)
+            }
+            _ => {
+                return Err(format!(
+                    "unknown action `{}`; actions: {ACTIONS}",
+                    words[2..].join(" ")
+                ))
+            }
+        };
+        hook.live(lid, change, self.fabric.now_ns());
+        Ok(format!("{node}: {}", words[2..].join(" ")))
+    }
+
+    fn lid_of(&self, node: &str) -> Result<u16, String> {
+        node.strip_prefix("node")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| (1..=self.nodes).contains(n))
+            .map(|n| n as u16)
+            .ok_or_else(|| {
+                format!(
+                    "no node `{node}`; the cluster has node1 to node{}",
+                    self.nodes
+                )
+            })
+    }
+
+    /// The cluster's plan, or an empty one started now.
+    fn hook_or_start(&self) -> Result<Arc<FaultHook>, String> {
+        let mut slot = self.hook.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = slot.as_ref() {
+            return Ok(h.clone());
+        }
+        let h = crate::faultrun::start(&self.log_path, FaultPlan::default(), &self.fabric)?;
+        *slot = Some(h.clone());
+        Ok(h)
+    }
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=1.0).contains(p))
+        .ok_or_else(|| format!("`{s}` is not a probability (0 to 1)"))
+}
+
+fn micros(s: &str) -> Result<u64, String> {
+    s.parse::<u64>()
+        .map_err(|_| format!("`{s}` is not a number of microseconds"))
+}
+
+/// The client's side: sends `request` to the daemon of the cluster in `run_dir` and returns
+/// its reply.
+pub fn request(run_dir: &Path, request: &str) -> Result<String, String> {
+    let path = run_dir.join(SOCKET);
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "cannot reach the cluster's daemon at {}: {e}",
+            path.display()
+        )
+    })?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    s.write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| format!("cannot send to the daemon: {e}"))?;
+    let mut reply = String::new();
+    BufReader::new(&s)
+        .read_line(&mut reply)
+        .map_err(|e| format!("no reply from the daemon: {e}"))?;
+    match reply.trim().split_once(' ') {
+        Some(("ok", rest)) => Ok(rest.to_string()),
+        Some(("error", rest)) => Err(rest.to_string()),
+        _ => Err(format!(
+            "unexpected reply from the daemon: `{}`",
+            reply.trim()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(tag: &str) -> (Arc<Control>, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("hcab-control-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Control::new(
+            Fabric::with_manual_clock(),
+            None,
+            dir.join("faults.jsonl"),
+            3,
+        );
+        (c, dir)
+    }
+
+    #[test]
+    fn test_requests_change_the_plan_and_bad_ones_say_why() {
+        let (c, dir) = control("requests");
+        assert!(c.hook().is_none());
+        assert_eq!(
+            c.handle("fault node2 link-down").unwrap(),
+            "node2: link-down"
+        );
+        let h = c.hook().expect("the first request starts an empty plan");
+        c.handle("fault node2 drop 0.25").unwrap();
+        c.handle("fault node2 delay 300 50").unwrap();
+        let r = h.live_rule(2).unwrap();
+        assert_eq!((r.drop, r.delay_us, r.jitter_us), (0.25, 300, 50));
+        c.handle("fault node3 kill").unwrap();
+        assert_eq!(c.due_kills(), [2], "node3 is index 2");
+        assert!(c.due_kills().is_empty());
+        let e = c.handle("fault node4 kill").unwrap_err();
+        assert!(e.contains("node1 to node3"), "{e}");
+        let e = c.handle("fault node1 drop 2").unwrap_err();
+        assert!(e.contains("probability"), "{e}");
+        let e = c.handle("fault node1 explode").unwrap_err();
+        assert!(e.contains("actions: link-down"), "{e}");
+        h.flush();
+        let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap();
+        assert_eq!(log.lines().count(), 4, "{log}");
+        assert!(log.contains("\"live\":\"link-down\"") && log.contains("\"live\":\"kill\""));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn test_the_client_talks_to_the_daemon_over_the_socket() {
+        let (c, dir) = control("socket");
+        c.serve(&dir.join(SOCKET)).unwrap();
+        assert_eq!(
+            request(&dir, "fault node1 link-up").unwrap(),
+            "node1: link-up"
+        );
+        let e = request(&dir, "fault nodeX link-up").unwrap_err();
+        assert!(e.contains("no node `nodeX`"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
