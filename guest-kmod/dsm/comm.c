@@ -317,6 +317,10 @@ static void dsm_on_wc(struct dsm_comm *c, const struct ib_wc *wc)
 		atomic64_inc(&c->stats.cqe_errors);
 		pr_err_ratelimited("dsm: completion error %s (wr_id %llx)\n",
 				   ib_wc_status_msg(wc->status), wc->wr_id);
+		/* Flushes follow the first error; only that one names a peer. */
+		if (wc->status != IB_WC_WR_FLUSH_ERR && c->peer_lost &&
+		    (wc->wr_id & DSM_WR_SEND))
+			c->peer_lost(c, (wc->wr_id >> 48) & 0x7f, wc->status);
 		return;
 	}
 	if (!(wc->wr_id & DSM_WR_SEND)) {

@@ -53,6 +53,7 @@ static int dsm_cmd_open(char *args)
 	if (err)
 		return err;
 	comm->handle = dsm_dispatch;
+	comm->peer_lost = dsm_proto_peer_lost;
 	err = dsm_comm_open(comm, dev, self, nodes);
 	if (!err)
 		err = dsm_proto_open(comm, pages);

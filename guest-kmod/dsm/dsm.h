@@ -106,6 +106,12 @@ struct dsm_comm {
 	 */
 	int (*handle)(struct dsm_comm *c, u32 peer, void *msg, u32 len,
 		      bool in_irq);
+	/*
+	 * A WR to `peer` ended in error (not a flush): its retries ran out, so
+	 * the peer is gone or unreachable. Called in interrupt context.
+	 */
+	void (*peer_lost)(struct dsm_comm *c, u32 peer,
+			  enum ib_wc_status status);
 	spinlock_t read_lock;	/* guards claiming reads[] */
 	struct dsm_read reads[DSM_READS];
 	spinlock_t defer_lock;	/* guards deferred */

@@ -539,6 +539,25 @@ int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_i
 	return err;
 }
 
+/*
+ * A node is gone (a WR to it ran out of retries). Sequential consistency
+ * cannot go on without it: the protocol goes dead, so waiting faults get
+ * SIGBUS and calls -ENODEV instead of hanging. Interrupt context; no lock
+ * is needed, `dead` is only ever set, and waiters re-read it after a wake.
+ */
+void dsm_proto_peer_lost(struct dsm_comm *c, u32 peer,
+			 enum ib_wc_status status)
+{
+	struct dsm_proto *d = c->proto;
+
+	if (!d || READ_ONCE(d->dead))
+		return;
+	pr_err("dsm: node %u lost node %u (%s); this DSM is dead\n",
+	       d->self, peer, ib_wc_status_msg(status));
+	WRITE_ONCE(d->dead, true);
+	wake_up_all(&d->wq);
+}
+
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 {
 	int err;

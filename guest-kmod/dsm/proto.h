@@ -15,6 +15,7 @@
 
 #include <linux/mm_types.h>
 #include <linux/types.h>
+#include <rdma/ib_verbs.h>
 
 struct dsm_comm;
 struct dsm_proto;
@@ -27,6 +28,8 @@ int dsm_proto_open(struct dsm_comm *c, u32 npages);
 int dsm_close(struct dsm_comm *c, bool force);
 int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len,
 		     bool in_irq);
+void dsm_proto_peer_lost(struct dsm_comm *c, u32 peer,
+			 enum ib_wc_status status);
 vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write);
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg);
 /*

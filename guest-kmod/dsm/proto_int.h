@@ -99,7 +99,7 @@ struct dsm_proto {
 	struct dsm_comm *c;
 	struct ib_device *dev;
 	struct dsm_region *r;
-	bool dead;			/* device gone under an application */
+	bool dead;			/* device or a peer gone under the app */
 	u32 npages, self, nodes;
 	u64 *dma;			/* our frames' DMA addresses */
 	spinlock_t lock;

@@ -345,6 +345,16 @@ impl Fault {
     }
 }
 
+/// A fault the plan injects into an HCA.
+#[derive(Clone, Copy)]
+enum AdapterFault {
+    WqeError,
+    DoorbellLost,
+    InterruptLost,
+    InterruptLate,
+    CqOverflow,
+}
+
 /// Which random draw a decision is.
 #[derive(Clone, Copy)]
 enum Draw {
@@ -543,15 +553,24 @@ impl FaultHook {
     }
 
     /// Logs an adapter fault and counts it.
-    fn adapter_fault(&self, st: &mut State, t: u64, lid: u16, n: u64, what: &str, extra: &str) {
+    fn adapter_fault(
+        &self,
+        st: &mut State,
+        t: u64,
+        lid: u16,
+        n: u64,
+        f: AdapterFault,
+        extra: &str,
+    ) {
         let c = &mut st.counts;
-        match what {
-            "wqe-error" => c.wqe_errors += 1,
-            "doorbell-lost" => c.doorbells_lost += 1,
-            "interrupt-lost" => c.interrupts_lost += 1,
-            "interrupt-late" => c.interrupts_late += 1,
-            _ => c.cq_overflows += 1,
-        }
+        let (counter, what) = match f {
+            AdapterFault::WqeError => (&mut c.wqe_errors, "wqe-error"),
+            AdapterFault::DoorbellLost => (&mut c.doorbells_lost, "doorbell-lost"),
+            AdapterFault::InterruptLost => (&mut c.interrupts_lost, "interrupt-lost"),
+            AdapterFault::InterruptLate => (&mut c.interrupts_late, "interrupt-late"),
+            AdapterFault::CqOverflow => (&mut c.cq_overflows, "cq-overflow"),
+        };
+        *counter += 1;
         st.log(format_args!(
             "{{\"t_ns\":{t},\"hca\":\"lid{lid}\",\"n\":{n},{extra}\"fault\":\"{what}\"}}"
         ));
@@ -611,7 +630,7 @@ impl AdapterHook for FaultHook {
         }
         let t = self.plan_ns(now_ns);
         let extra = format!("\"class\":{class},");
-        self.adapter_fault(&mut st, t, lid, n, "doorbell-lost", &extra);
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::DoorbellLost, &extra);
         false
     }
 
@@ -629,11 +648,11 @@ impl AdapterHook for FaultHook {
         let extra = format!("\"vector\":{vector},");
         let seed = self.plan.seed;
         if uniform(seed, s, n, Draw::Lose) < a.lose_interrupt {
-            self.adapter_fault(&mut st, t, lid, n, "interrupt-lost", &extra);
+            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLost, &extra);
             return IrqFate::Lose;
         }
         if uniform(seed, s, n, Draw::Late) < a.late_interrupt {
-            self.adapter_fault(&mut st, t, lid, n, "interrupt-late", &extra);
+            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLate, &extra);
             return IrqFate::Late(a.late_interrupt_us * 1000);
         }
         IrqFate::Deliver
@@ -652,7 +671,7 @@ impl AdapterHook for FaultHook {
         }
         let t = self.plan_ns(now_ns);
         let extra = format!("\"qpn\":{qpn},");
-        self.adapter_fault(&mut st, t, lid, n, "wqe-error", &extra);
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::WqeError, &extra);
         Some(crate::abi::WC_GENERAL_ERR)
     }
 
@@ -670,7 +689,7 @@ impl AdapterHook for FaultHook {
         }
         let t = self.plan_ns(now_ns);
         let extra = format!("\"cqn\":{cqn},");
-        self.adapter_fault(&mut st, t, lid, n, "cq-overflow", &extra);
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::CqOverflow, &extra);
         true
     }
 }

@@ -4,11 +4,14 @@
 //! together, and node 1 checks the result against a sequential run.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use device_server::dsm::{connect_mesh, run_app, AppResult};
 use device_server::qemu::{qemu_available, Image};
 use device_server::verbs::Testbed;
+use hca_model::faults::FaultHook;
 
 /// The applications, with what they compute.
 pub const APPS: [(&str, &str); 5] = [
@@ -108,6 +111,48 @@ pub fn boot_dsm(
     Ok((tb, dev))
 }
 
+/// Stops the guests a fault plan kills while an application runs (a thread polling the
+/// plan every 100 ms; it ends when dropped). A killed guest's QEMU goes, the device server
+/// takes its HCA off the fabric, and the application fails on every node: the DSM has no
+/// recovery (a peer's lost WR makes it dead, and its waiting faults SIGBUS).
+struct NodeKiller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NodeKiller {
+    fn start(hook: Arc<FaultHook>, fabric: hca_model::Fabric, pids: Vec<u32>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                for lid in hook.due_kills(fabric.now_ns()) {
+                    let Some(&pid) = pids.get(usize::from(lid).wrapping_sub(1)) else {
+                        continue;
+                    };
+                    println!("  node{lid} killed by the fault plan");
+                    // SAFETY: kill only signals the QEMU process this run started.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for NodeKiller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub fn run(o: &RunOpts) -> Result<(), String> {
     check(o)?;
     let started = Instant::now();
@@ -144,12 +189,30 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         "  running `{cmd}` on every node ({:.1?} so far)",
         started.elapsed()
     );
-    let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900))?;
-    print_results(&o.app, dev, &res);
+    let killer = match (&faults, tb.server.as_ref()) {
+        (Some(h), Some(server)) => {
+            let pids: Vec<u32> = tb.guests.iter().map(|g| g.pid()).collect();
+            Some(NodeKiller::start(h.clone(), server.fabric().clone(), pids))
+        }
+        _ => None,
+    };
+    let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900));
+    drop(killer);
+    if let Ok(r) = &res {
+        print_results(&o.app, dev, r);
+    }
+    // The report comes whether or not the application survived the plan.
     if let (Some(h), Some(server)) = (&faults, tb.server.as_ref()) {
         let hcas: Vec<_> = (0..o.nodes).filter_map(|i| server.hca(i)).collect();
         print!("{}", crate::faultrun::report(h, &hcas));
     }
+    let res = res.map_err(|e| match &faults {
+        Some(h) if h.counts().nodes_killed > 0 => format!(
+            "{e}\n(the fault plan killed a node: the DSM cannot go on without one, so its \
+             peers' faults and calls fail)"
+        ),
+        _ => e,
+    })?;
     if faults.is_some() && !o.keep {
         // The directory stays for its fault log, not for the guests' RAM files.
         drop(tb.guests.drain(..));

@@ -399,3 +399,58 @@ fn test_sor_is_verified_under_one_percent_drops() {
     assert_eq!(log.lines().count() as u64, dropped, "{log_path}");
     let _ = std::fs::remove_dir_all(std::path::Path::new(log_path).parent().unwrap());
 }
+
+/// A plan that kills node2 while SOR runs on 2 guests: the run stops its guest, node1's
+/// WRs to it run out of retries, its DSM goes dead and the application fails there with
+/// SIGBUS or ENODEV (not the DSM's 60 s no-answer timeout); the report counts the kill.
+/// (With more nodes, one that waits only on a node whose DSM went dead still waits out
+/// that timeout: a dead DSM does not tell its peers.)
+#[test]
+fn test_a_planned_node_kill_ends_a_dsm_run_with_the_reason() {
+    let Some(_image) = image_or_skip("node kill under sor") else {
+        return;
+    };
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-kill-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let plan = dir.0.join("kill.toml");
+    std::fs::write(&plan, "seed = 1\n[[node]]\nlid = 2\nkill_ms = 300\n").unwrap();
+    let images = repo_root().join("target/images");
+    let o = hcabench(
+        &dir.0,
+        &[
+            "run",
+            "sor",
+            "--nodes",
+            "2",
+            "--image-dir",
+            images.to_str().unwrap(),
+            "--faults",
+            plan.to_str().unwrap(),
+            "--",
+            "258",
+            "1024",
+            "40",
+        ],
+    );
+    let out = text(&o);
+    println!("{out}");
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("node2 killed by the fault plan"), "{out}");
+    assert!(out.contains("nodes killed 1"), "{out}");
+    assert!(
+        !out.contains("error completions from exhausted retries: 0"),
+        "a peer's WR must have run out of retries: {out}"
+    );
+    assert!(
+        out.contains("Bus error") || out.contains("No such device"),
+        "the DSM went dead at once: {out}"
+    );
+    assert!(out.contains("the DSM cannot go on"), "{out}");
+    if let Some(log) = out
+        .split("decisions in ")
+        .nth(1)
+        .and_then(|s| s.lines().next())
+    {
+        let _ = std::fs::remove_dir_all(std::path::Path::new(log).parent().unwrap());
+    }
+}
