@@ -80,7 +80,11 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     std::fs::write(&cfg, format!("nodes = 2\nimage_dir = {:?}\n", images)).unwrap();
     let cfg = cfg.to_str().unwrap();
 
-    let up = hcabench(&dir.0, &["up", "--config", cfg]);
+    let pcap = dir.0.join("fabric.pcap");
+    let up = hcabench(
+        &dir.0,
+        &["up", "--config", cfg, "--capture", pcap.to_str().unwrap()],
+    );
     assert!(up.status.success(), "{}", text(&up));
     assert!(
         text(&up).contains("node2: booting ... ready"),
@@ -130,6 +134,12 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let down = hcabench(&dir.0, &["down"]);
     assert!(down.status.success(), "{}", text(&down));
     let report = text(&down);
+    assert!(report.contains("fabric capture: "), "{report}");
+    // An idle cluster sends nothing on the fabric: the capture is a pcap header of link
+    // type 197 (ERF) and no frames.
+    let cap = std::fs::read(&pcap).unwrap();
+    assert_eq!(cap.len(), 24, "pcap header only");
+    assert_eq!(&cap[20..24], &197u32.to_le_bytes());
     assert!(
         report.contains("nodes killed 1") && report.contains("fault plan report (seed 0)"),
         "the live changes' report: {report}"
