@@ -58,8 +58,11 @@ pub struct HcaStats {
     /// RC packets sent again (timeouts, sequence NAKs, RNR waits).
     pub retransmits: u64,
     pub seq_naks: u64,
+    /// Read responses that arrived past a gap (the read was asked again at once).
+    pub read_gaps: u64,
     pub rnr_naks: u64,
-    /// WRs that ended in WC_RETRY_EXC_ERR after their retries ran out.
+    /// WRs that ended in WC_RETRY_EXC_ERR: their retries ran out, or the peer's port is
+    /// gone from the fabric (no route: retrying cannot help).
     pub retry_exceeded: u64,
     /// Requests seen twice (a resend of something that had arrived) and answered again.
     pub duplicates: u64,

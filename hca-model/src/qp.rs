@@ -65,6 +65,9 @@ pub(crate) struct Pending {
     pub request: Option<Packet>,
     /// A read: the next response PSN it expects (responses come in order or not at all).
     pub next_resp_psn: u32,
+    /// A read: the response PSN it was last asked again from after a gap, so that the
+    /// responses behind one gap ask only once.
+    pub reread_from: Option<u32>,
 }
 
 /// A message the responder is receiving across several packets.

@@ -61,7 +61,7 @@ pub(crate) struct Retry {
 }
 
 impl HcaState {
-    fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         self.fabric.as_ref().map_or(0, |f| f.now_ns())
     }
 
@@ -167,7 +167,7 @@ impl HcaState {
     }
 
     /// Resends every request from PSN `from` on; `restart`: the ACK timer starts over.
-    fn resend_from(&mut self, qpn: u32, from: u32, now: u64, restart: bool) {
+    pub(crate) fn resend_from(&mut self, qpn: u32, from: u32, now: u64, restart: bool) {
         let Some(qp) = self.qps.get(qpn) else {
             return;
         };

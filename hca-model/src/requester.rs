@@ -165,6 +165,7 @@ impl HcaState {
             kind: PendKind::Ack,
             request: None,
             next_resp_psn: 0,
+            reread_from: None,
         };
         match op {
             WR_RDMA_READ => self.send_read(qpn, w, src, len, pend),
@@ -189,6 +190,7 @@ impl HcaState {
             kind: PendKind::Local,
             request: None,
             next_resp_psn: 0,
+            reread_from: None,
         };
         let qp = self.qps.get_mut(qpn).ok_or(WC_GENERAL_ERR)?;
         let cqn = qp.send_cqn;
@@ -486,8 +488,17 @@ impl HcaState {
         let PendKind::Read { dst } = &front.kind else {
             return; // A response nobody asked for: dropped.
         };
-        // In order only: a duplicate is ignored, and after a gap the timer asks again.
+        // In order only: a duplicate is ignored; one past a gap means the responses before
+        // it were lost, so the read is asked again from the first missing PSN at once (an
+        // implied sequence NAK), once per gap; no retry is spent and the timer runs on.
         if pkt.psn != front.next_resp_psn || !psn_le(pkt.psn, front.last_psn) {
+            let from = front.next_resp_psn;
+            let gap = psn_le(from, pkt.psn) && psn_le(pkt.psn, front.last_psn);
+            if gap && front.reread_from != Some(from) {
+                front.reread_from = Some(from);
+                self.stats.read_gaps += 1;
+                self.resend_from(qpn, from, self.now(), false);
+            }
             return;
         }
         front.next_resp_psn = psn_add(pkt.psn, pkt.span());
@@ -585,6 +596,7 @@ impl HcaState {
             .get(qpn)
             .is_some_and(|q| !q.is_ud() && u32::from(q.attr.state) == QPS_RTS);
         if live {
+            self.stats.retry_exceeded += 1;
             self.fail_front(qpn, WC_RETRY_EXC_ERR);
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use driver::*;
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan};
-use hca_model::packet::{Packet, RC_ACK};
+use hca_model::packet::{Packet, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
 
@@ -394,4 +394,42 @@ fn test_a_planned_link_flap_is_ridden_out() {
     let hook = Arc::new(FaultHook::new(FaultPlan::parse(plan).unwrap(), None));
     let stats = mixed_workload(hook.clone(), "link down 10 ms");
     assert!(hook.counts().link_down > 0 && stats.retransmits > 0);
+}
+
+/// Drops the first read response packet it sees (and nothing else).
+struct DropFirstReadResponse(AtomicBool);
+
+impl LinkHook for DropFirstReadResponse {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
+        let resp = (RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY).contains(&pkt.opcode);
+        if link.dir == LinkDir::Up && resp && !self.0.swap(true, Ordering::Relaxed) {
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    }
+}
+
+/// A lost read response shows as a gap when the next one arrives: the read is asked again
+/// from the missing PSN at once (as IB's requester does), not after the QP's timeout.
+#[test]
+fn test_a_read_response_gap_is_asked_again_at_once() {
+    let fabric = Fabric::with_manual_clock();
+    // timeout 14: ~67 ms; the read must finish long before that.
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
+    fabric.set_hook(Some(Arc::new(DropFirstReadResponse(AtomicBool::new(
+        false,
+    )))));
+    let remote = p.b.alloc(8192, 64);
+    let local = p.a.alloc(8192, 64);
+    p.b.write(remote, &pattern(8192, 4));
+    let mut rd = send_wr(1, WR_RDMA_READ, WQE_SIGNALED);
+    (rd.remote_addr, rd.rkey) = (remote, p.key_b);
+    p.a.post_send(&mut p.qa, rd, &[sge(local, 8192, p.key_a)]);
+    let (c, t) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(60));
+    assert_eq!(c.len(), 1, "done before the 67 ms timeout (after {t:?})");
+    assert_eq!(c[0].status, 0);
+    assert_eq!(p.a.read(local, 8192), pattern(8192, 4));
+    let st = p.a.hca.stats();
+    assert_eq!(st.read_gaps, 1, "one gap, asked once: {st:?}");
+    assert_eq!(st.retransmits, 1, "one read request again");
 }

@@ -158,6 +158,8 @@ fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
     );
     let server = tb.server.as_ref().unwrap();
     assert!(server.hca(0).is_some() && server.hca(2).is_some());
+    let failed = server.hca(0).unwrap().stats().retry_exceeded;
+    assert!(failed >= 1, "node1's HCA counts the WR that found no node2");
     // The survivors connect anew and run clean.
     let addrs = tb.connect_pair(0, 2, "hcab0").unwrap();
     assert!(addrs[1].starts_with("lid=3 "), "{}", addrs[1]);

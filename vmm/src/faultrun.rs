@@ -108,16 +108,18 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
         let st = h.stats();
         sum.retransmits += st.retransmits;
         sum.seq_naks += st.seq_naks;
+        sum.read_gaps += st.read_gaps;
         sum.rnr_naks += st.rnr_naks;
         sum.retry_exceeded += st.retry_exceeded;
         sum.duplicates += st.duplicates;
         sum.icrc_errors += st.icrc_errors;
     }
     s += &format!(
-        "  transport: {} packets resent, {} sequence NAKs, {} RNR NAKs, {} duplicates \
-         answered, {} bad ICRCs dropped\n  error completions from exhausted retries: {}\n",
+        "  transport: {} packets resent, {} sequence NAKs, {} read response gaps, {} RNR \
+         NAKs, {} duplicates answered, {} bad ICRCs dropped\n  error completions (retries exhausted or peer unreachable): {}\n",
         sum.retransmits,
         sum.seq_naks,
+        sum.read_gaps,
         sum.rnr_naks,
         sum.duplicates,
         sum.icrc_errors,

@@ -396,7 +396,7 @@ fn test_sor_is_verified_under_one_percent_drops() {
         .unwrap_or_else(|| panic!("no drop count in the report: {out}"));
     assert!(dropped > 0, "the plan must have dropped packets: {out}");
     assert!(
-        out.contains("error completions from exhausted retries: 0"),
+        out.contains("error completions (retries exhausted or peer unreachable): 0"),
         "{out}"
     );
     // The log is kept: one JSON line per decision.
@@ -448,7 +448,7 @@ fn test_a_planned_node_kill_ends_a_dsm_run_with_the_reason() {
     assert!(out.contains("node2 killed by the fault plan"), "{out}");
     assert!(out.contains("nodes killed 1"), "{out}");
     assert!(
-        !out.contains("error completions from exhausted retries: 0"),
+        !out.contains("error completions (retries exhausted or peer unreachable): 0"),
         "a peer's WR must have run out of retries: {out}"
     );
     assert!(
