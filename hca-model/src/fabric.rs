@@ -146,12 +146,31 @@ struct Queue {
     pumping: bool,
 }
 
+/// Something attached to the fabric at run time (a hook, a tap), swapped under traffic.
+struct Attachment<T: ?Sized>(RwLock<Option<Arc<T>>>);
+
+impl<T: ?Sized> Default for Attachment<T> {
+    fn default() -> Self {
+        Self(RwLock::new(None))
+    }
+}
+
+impl<T: ?Sized> Attachment<T> {
+    fn set(&self, v: Option<Arc<T>>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+
+    fn get(&self) -> Option<Arc<T>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 struct Inner {
     ports: RwLock<Vec<Option<Weak<dyn PacketSink>>>>,
     queue: Mutex<Queue>,
-    hook: RwLock<Option<Arc<dyn LinkHook>>>,
-    tap: RwLock<Option<Arc<dyn PacketTap>>>,
-    adapter_hook: RwLock<Option<Arc<dyn AdapterHook>>>,
+    hook: Attachment<dyn LinkHook>,
+    tap: Attachment<dyn PacketTap>,
+    adapter_hook: Attachment<dyn AdapterHook>,
     stats: Counters,
     clock: Clock,
     /// Packets a hook delayed: (due time, where they resume, the packet).
@@ -209,9 +228,9 @@ impl Fabric {
             inner: Arc::new(Inner {
                 ports: RwLock::new(vec![None]),
                 queue: Mutex::new(Queue::default()),
-                hook: RwLock::new(None),
-                tap: RwLock::new(None),
-                adapter_hook: RwLock::new(None),
+                hook: Attachment::default(),
+                tap: Attachment::default(),
+                adapter_hook: Attachment::default(),
                 stats: Counters::default(),
                 clock,
                 held: Mutex::new(Vec::new()),
@@ -302,28 +321,20 @@ impl Fabric {
     }
 
     pub fn set_hook(&self, hook: Option<Arc<dyn LinkHook>>) {
-        *self.inner.hook.write().unwrap_or_else(|e| e.into_inner()) = hook;
+        self.inner.hook.set(hook);
     }
 
     pub fn set_tap(&self, tap: Option<Arc<dyn PacketTap>>) {
-        *self.inner.tap.write().unwrap_or_else(|e| e.into_inner()) = tap;
+        self.inner.tap.set(tap);
     }
 
     /// Faults for the HCAs on this fabric (see adapter_hook.rs).
     pub fn set_adapter_hook(&self, hook: Option<Arc<dyn AdapterHook>>) {
-        *self
-            .inner
-            .adapter_hook
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = hook;
+        self.inner.adapter_hook.set(hook);
     }
 
     pub fn adapter_hook(&self) -> Option<Arc<dyn AdapterHook>> {
-        self.inner
-            .adapter_hook
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.adapter_hook.get()
     }
 
     pub fn stats(&self) -> FabricStats {
@@ -384,19 +395,11 @@ impl Fabric {
     }
 
     fn hook(&self) -> Option<Arc<dyn LinkHook>> {
-        self.inner
-            .hook
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.hook.get()
     }
 
     fn tap(&self) -> Option<Arc<dyn PacketTap>> {
-        self.inner
-            .tap
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.tap.get()
     }
 
     fn forward(&self, pkt: Packet) {

@@ -52,6 +52,17 @@ fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
     }
 }
 
+/// Wireshark's decode of `pcap` (the values of `fields` per frame), or None after saying
+/// why tshark cannot run; HCABENCH_E2E_REQUIRED=1 makes a missing tshark a failure.
+pub fn tshark_or_skip(test: &str, pcap: &Path, fields: &[&str]) -> Option<Vec<Vec<String>>> {
+    use hca_model::capture::{tshark_fields, TsharkError};
+    match tshark_fields(pcap, fields) {
+        Ok(rows) => Some(rows),
+        Err(TsharkError::Missing(why)) => or_skip(test, Err(why)),
+        Err(e) => panic!("{test}: tshark: {e:?}"),
+    }
+}
+
 /// Prints "SKIPPED test: why" straight to stderr: the test harness captures print macros of
 /// passing tests, and a skip must never pass silently.
 pub fn skipped(test: &str, why: &str) {

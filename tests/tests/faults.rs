@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use device_server::verbs::{num, Mode, Testbed};
-use e2e::{image_or_skip, skipped, BOOT_TIMEOUT};
-use hca_model::capture::{tshark_fields, Capture, CaptureFormat, TsharkError};
+use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
+use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::*;
 
@@ -59,12 +59,8 @@ fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
         "infiniband.bth.destqp",
         "infiniband.reth.dmalen",
     ];
-    let rows = match tshark_fields(&pcap, &fields) {
-        Ok(r) => r,
-        Err(TsharkError::Missing(why)) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_none() => {
-            return skipped("capture decoded by tshark", &why);
-        }
-        Err(e) => panic!("tshark: {e:?}"),
+    let Some(rows) = tshark_or_skip("capture decoded by tshark", &pcap, &fields) else {
+        return;
     };
     assert_eq!(rows.len() as u64, cap.frames(), "every frame decoded");
     let hex = |q: u32| format!("{q:#08x}");

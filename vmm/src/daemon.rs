@@ -68,7 +68,7 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
 
 /// The cluster's fault plan and capture on `fabric`, if it has them, and the control
 /// socket for live faults; the log and report of an earlier run go.
-fn attach_faults(
+fn attach_fabric_tools(
     run: &RunDir,
     cfg: &ClusterConfig,
     fabric: &hca_model::Fabric,
@@ -127,7 +127,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
         let _ = std::fs::remove_file(&n.socket);
     }
     let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
-    let control = attach_faults(run, cfg, server.fabric())?;
+    let control = attach_fabric_tools(run, cfg, server.fabric())?;
     let mut guests = Vec::new();
     let mut state = ClusterState {
         // SAFETY: getpid has no preconditions.
@@ -202,7 +202,7 @@ fn run_kvm(
     use hcabench::kvm::machine::{Machine, MachineConfig};
     let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
     let fabric = hca_model::Fabric::new();
-    let control = attach_faults(run, cfg, &fabric)?;
+    let control = attach_fabric_tools(run, cfg, &fabric)?;
     let vcpus = u8::try_from(cfg.vcpus).map_err(|_| format!("{} vCPUs: too many", cfg.vcpus))?;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;

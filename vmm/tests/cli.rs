@@ -315,6 +315,30 @@ fn test_fault_plans_are_checked_before_booting_anything() {
     assert!(!dir.0.join("state.toml").exists());
 }
 
+/// `hcabench run sor --nodes 2` under the fault plan `plan` (written into `dir`), with
+/// `extra` arguments after; its output, printed too.
+fn sor_on_two_nodes_under(dir: &RunDir, plan: &str, extra: &[&str]) -> (Output, String) {
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let plan_file = dir.0.join("plan.toml");
+    std::fs::write(&plan_file, plan).unwrap();
+    let images = repo_root().join("target/images");
+    let mut args = vec![
+        "run",
+        "sor",
+        "--nodes",
+        "2",
+        "--image-dir",
+        images.to_str().unwrap(),
+        "--faults",
+        plan_file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = hcabench(&dir.0, &args);
+    let out = text(&o);
+    println!("{out}");
+    (o, out)
+}
+
 /// The DSM's traffic as tshark decodes it: control messages as SENDs, page data as RDMA
 /// Writes, ACKs; on 2 nodes each side's packets all go to the one QP its peer has for it.
 /// (tests/tests/faults.rs checks QPNs against the ones the guests' QPs report.)
@@ -363,28 +387,12 @@ fn test_sor_is_verified_under_one_percent_drops() {
         return;
     };
     let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-sorf-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let plan = dir.0.join("plan.toml");
-    std::fs::write(&plan, "seed = 7\n[[link]]\ndrop = 0.01\n").unwrap();
     let pcap = dir.0.join("sor.pcap");
-    let images = repo_root().join("target/images");
-    let o = hcabench(
-        &dir.0,
-        &[
-            "run",
-            "sor",
-            "--nodes",
-            "2",
-            "--image-dir",
-            images.to_str().unwrap(),
-            "--faults",
-            plan.to_str().unwrap(),
-            "--capture",
-            pcap.to_str().unwrap(),
-        ],
+    let (o, out) = sor_on_two_nodes_under(
+        &dir,
+        "seed = 7\n[[link]]\ndrop = 0.01\n",
+        &["--capture", pcap.to_str().unwrap()],
     );
-    let out = text(&o);
-    println!("{out}");
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verified against a sequential run"), "{out}");
     dsm_capture_is_decoded_by_tshark(&pcap);
@@ -421,29 +429,11 @@ fn test_a_planned_node_kill_ends_a_dsm_run_with_the_reason() {
         return;
     };
     let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-kill-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let plan = dir.0.join("kill.toml");
-    std::fs::write(&plan, "seed = 1\n[[node]]\nlid = 2\nkill_ms = 300\n").unwrap();
-    let images = repo_root().join("target/images");
-    let o = hcabench(
-        &dir.0,
-        &[
-            "run",
-            "sor",
-            "--nodes",
-            "2",
-            "--image-dir",
-            images.to_str().unwrap(),
-            "--faults",
-            plan.to_str().unwrap(),
-            "--",
-            "258",
-            "1024",
-            "40",
-        ],
+    let (o, out) = sor_on_two_nodes_under(
+        &dir,
+        "seed = 1\n[[node]]\nlid = 2\nkill_ms = 300\n",
+        &["--", "258", "1024", "40"],
     );
-    let out = text(&o);
-    println!("{out}");
     assert!(!o.status.success(), "{out}");
     assert!(out.contains("node2 killed by the fault plan"), "{out}");
     assert!(out.contains("nodes killed 1"), "{out}");
