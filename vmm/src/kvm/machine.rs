@@ -19,11 +19,13 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 use super::boot;
+use super::cpuid;
 use super::hca_pci::{HcaPci, Msix, BAR1_SIZE};
 use super::irq::GsiRouter;
 use super::linux::{self, LinuxBoot};
 use super::mptable;
 use super::pci::{PciBus, TrappedBars};
+use super::rtc::{self, Cmos};
 use super::serial::{self, ConsoleOut, IrqLine, SerialPort};
 
 pub const COM1: u16 = 0x3f8;
@@ -51,6 +53,7 @@ pub struct MachineConfig {
 /// What the vCPU threads share.
 struct Devices {
     serial: Arc<Mutex<SerialPort>>,
+    rtc: Mutex<Cmos>,
     bus: Mutex<PciBus>,
     hca_pci: Arc<Mutex<HcaPci>>,
     msix: Arc<Msix>,
@@ -219,8 +222,9 @@ impl Machine {
         let cpuid = kvm
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| format!("KVM_GET_SUPPORTED_CPUID: {e}"))?;
+        let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
         let vcpus = (0..cfg.vcpus)
-            .map(|id| new_vcpu(&vm, &cpuid, id))
+            .map(|id| new_vcpu(&vm, &cpuid, id, tsc_deadline))
             .collect::<Result<Vec<_>, _>>()?;
 
         let doorbell_stop =
@@ -236,6 +240,7 @@ impl Machine {
             name: cfg.name,
             devices: Arc::new(Devices {
                 serial,
+                rtc: Mutex::new(Cmos::default()),
                 bus: Mutex::new(bus),
                 hca_pci,
                 msix,
@@ -319,6 +324,11 @@ impl Machine {
         self.devices.exit_code.lock().unwrap().is_none()
             && !self.vcpu_threads.is_empty()
             && self.vcpu_threads.iter().all(|t| !t.is_finished())
+    }
+
+    /// Time since the vCPUs started.
+    pub fn uptime(&self) -> Duration {
+        self.started.map(|s| s.elapsed()).unwrap_or_default()
     }
 
     /// Whether a client is attached to the console socket.
@@ -431,20 +441,18 @@ fn passthrough(
     }
 }
 
-/// vCPU `id` with local APIC ID `id` in its CPUID, and its LAPIC in virtual-wire mode
-/// (LINT0 ExtINT, LINT1 NMI) as firmware would leave it.
-fn new_vcpu(vm: &VmFd, cpuid: &kvm_bindings::CpuId, id: u8) -> Result<VcpuFd, String> {
+/// vCPU `id` with local APIC ID `id` and the paravirtual leaves in its CPUID ([`cpuid`]),
+/// and its LAPIC in virtual-wire mode (LINT0 ExtINT, LINT1 NMI) as firmware would leave it.
+fn new_vcpu(
+    vm: &VmFd,
+    supported: &kvm_bindings::CpuId,
+    id: u8,
+    tsc_deadline: bool,
+) -> Result<VcpuFd, String> {
     let vcpu = vm
         .create_vcpu(u64::from(id))
         .map_err(|e| format!("KVM_CREATE_VCPU {id}: {e}"))?;
-    let mut cpuid = cpuid.clone();
-    for e in cpuid.as_mut_slice() {
-        match e.function {
-            1 => e.ebx = (e.ebx & 0x00ff_ffff) | u32::from(id) << 24,
-            0xb | 0x1f => e.edx = u32::from(id),
-            _ => {}
-        }
-    }
+    let cpuid = cpuid::for_vcpu(supported, id, tsc_deadline)?;
     vcpu.set_cpuid2(&cpuid)
         .map_err(|e| format!("KVM_SET_CPUID2: {e}"))?;
     let mut lapic = vcpu
@@ -491,6 +499,7 @@ fn io_out(d: &Devices, port: u16, data: &[u8]) {
             let _ = d.serial.lock().unwrap().write((port - COM1) as u8, data[0]);
         }
         EXIT_PORT => *d.exit_code.lock().unwrap() = Some(data[0]),
+        rtc::PORT_INDEX | rtc::PORT_DATA => d.rtc.lock().unwrap().write(port, data[0]),
         _ => {
             d.bus.lock().unwrap().io_write(port, data);
         }
@@ -500,6 +509,7 @@ fn io_out(d: &Devices, port: u16, data: &[u8]) {
 fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
     match port {
         COM1..=0x3ff => data[0] = d.serial.lock().unwrap().read((port - COM1) as u8),
+        rtc::PORT_INDEX | rtc::PORT_DATA => data[0] = d.rtc.lock().unwrap().read(port),
         _ => {
             if !d.bus.lock().unwrap().io_read(port, data) {
                 data.fill(0xff);

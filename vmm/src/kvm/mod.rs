@@ -8,12 +8,14 @@
 //! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
 
 pub mod boot;
+pub mod cpuid;
 pub mod hca_pci;
 pub mod irq;
 pub mod linux;
 pub mod machine;
 pub mod mptable;
 pub mod pci;
+pub mod rtc;
 pub mod serial;
 pub mod test_guest;
 #[cfg(feature = "vfio")]
