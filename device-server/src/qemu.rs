@@ -60,6 +60,14 @@ pub fn qemu_available() -> Result<(), String> {
     }
 }
 
+/// A guest's kernel command line: the serial console, node identity and job for its init
+/// (images/init.sh), then `extra`. The same under every backend.
+pub fn kernel_cmdline(node: &str, cmd: &str, extra: &str) -> String {
+    format!("console=ttyS0 panic=-1 hcabench.node={node} hcabench.cmd={cmd} {extra}")
+        .trim_end()
+        .to_string()
+}
+
 /// How to boot one node's guest.
 #[derive(Clone, Debug)]
 pub struct GuestSpec {
@@ -73,6 +81,8 @@ pub struct GuestSpec {
     pub console_socket: Option<PathBuf>,
     /// `hcabench.cmd=` for the guest's init.
     pub cmd: String,
+    /// More kernel command-line parameters (may be empty).
+    pub kernel_args: String,
     /// A virtio-net NIC on a unix stream socket shared with one other guest (for SoftRoCE).
     pub net: Option<NetSpec>,
 }
@@ -117,10 +127,7 @@ impl GuestSpec {
             .arg(&self.image.initramfs)
             .args([
                 "-append",
-                &format!(
-                    "console=ttyS0 panic=-1 hcabench.node={} hcabench.cmd={}",
-                    n.name, self.cmd
-                ),
+                &kernel_cmdline(&n.name, &self.cmd, &self.kernel_args),
             ])
             .args([
                 "-chardev",
@@ -162,7 +169,31 @@ pub fn complete_lines(text: &str) -> Vec<String> {
     done.lines().map(|l| l.trim_end().to_string()).collect()
 }
 
-/// A running guest.
+/// A booted guest, whatever hosts it (a QEMU process, or a VM in hcabench's own VMM): what
+/// the harness needs of it.
+pub trait BootedGuest: Send {
+    fn name(&self) -> &str;
+    /// The serial console so far.
+    fn console(&self) -> String;
+    /// The console's complete lines so far.
+    fn console_lines(&self) -> Vec<String> {
+        complete_lines(&self.console())
+    }
+    /// Waits for a console line starting with `prefix`; returns it and when it came (time
+    /// since the guest started). Fails on timeout or if the guest stops first.
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String>;
+    /// The guest's own host process, where it has one (QEMU's).
+    fn pid(&self) -> Option<u32>;
+    fn is_running(&mut self) -> bool;
+    /// Stops the guest at once (as a crash would); its HCA leaves the fabric.
+    fn kill(&mut self);
+    /// The guest's HCA where the guest's host holds it (None: the device server does).
+    fn hca(&self) -> Option<hca_model::Hca> {
+        None
+    }
+}
+
+/// A running QEMU guest.
 pub struct Guest {
     pub name: String,
     child: Child,
@@ -249,6 +280,32 @@ impl Guest {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl BootedGuest for Guest {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn console(&self) -> String {
+        Guest::console(self)
+    }
+
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
+        Guest::wait_line(self, prefix, timeout)
+    }
+
+    fn pid(&self) -> Option<u32> {
+        Some(Guest::pid(self))
+    }
+
+    fn is_running(&mut self) -> bool {
+        Guest::is_running(self)
+    }
+
+    fn kill(&mut self) {
+        Guest::kill(self)
     }
 }
 

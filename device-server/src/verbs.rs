@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::agent::Agent;
-use crate::qemu::{Guest, GuestSpec, Image, NetSpec};
+use crate::qemu::{BootedGuest, Guest, GuestSpec, Image, NetSpec};
 use crate::{DeviceServer, NodeConfig};
+use hca_model::{Fabric, Hca};
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -101,11 +102,26 @@ pub struct BwResult {
     pub errors: u64,
 }
 
-/// Two booted guests under agent control, and the server behind their HCAs.
+/// How many QEMU guests a testbed boots and how.
+#[derive(Clone, Copy, Debug)]
+pub struct QemuShape {
+    pub nodes: usize,
+    /// A virtio-net link between the two guests (for SoftRoCE); needs `nodes == 2`.
+    pub link: bool,
+    pub ram_mib: u64,
+    pub vcpus: u32,
+    /// QEMU with `-accel kvm` (only where KVM runs Linux guests) instead of TCG.
+    pub kvm: bool,
+}
+
+/// Booted guests under agent control, and the device server behind their HCAs when they
+/// are QEMU guests (hcabench's own VMM hosts its HCAs in-process: `server` is None).
 pub struct Testbed {
     pub agents: Vec<Agent>,
-    pub guests: Vec<Guest>,
+    pub guests: Vec<Box<dyn BootedGuest>>,
     pub server: Option<DeviceServer>,
+    /// The fabric of guests whose host runs it in this process (the VMM's).
+    fabric: Option<Fabric>,
     pub dir: PathBuf,
     keep_dir: bool,
 }
@@ -133,6 +149,30 @@ impl Testbed {
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Testbed, String> {
+        let shape = QemuShape {
+            nodes: n,
+            link,
+            ram_mib,
+            vcpus: 1,
+            kvm: false,
+        };
+        Self::boot_qemu(image, dir, shape, boot_timeout, progress)
+    }
+
+    /// Boots QEMU guests as `shape` says, each with its HCA in a device server.
+    pub fn boot_qemu(
+        image: &Image,
+        dir: PathBuf,
+        shape: QemuShape,
+        boot_timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Testbed, String> {
+        let QemuShape {
+            nodes: n,
+            link,
+            ram_mib,
+            ..
+        } = shape;
         if link && n != 2 {
             return Err("a virtio-net link joins exactly two guests".into());
         }
@@ -143,6 +183,7 @@ impl Testbed {
             agents: Vec::new(),
             guests: Vec::new(),
             server: Some(server),
+            fabric: None,
             dir: dir.clone(),
             keep_dir: false,
         };
@@ -154,9 +195,10 @@ impl Testbed {
                 console_socket: Some(dir.join(format!("{}.serial", node.name))),
                 node,
                 image: image.clone(),
-                vcpus: 1,
-                kvm: false,
+                vcpus: shape.vcpus,
+                kvm: shape.kvm,
                 cmd: "agent".into(),
+                kernel_args: String::new(),
                 net: link.then(|| NetSpec {
                     socket: eth.clone(),
                     listen: i == 0,
@@ -164,23 +206,69 @@ impl Testbed {
                 }),
             };
             progress(&format!("starting {}", spec.node.name));
-            tb.guests
-                .push(Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?);
+            tb.guests.push(Box::new(
+                Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?,
+            ));
             if i == 0 && link {
                 // The second guest connects to the link socket the first one listens on.
                 wait_for_path(&eth, Duration::from_secs(10))?;
             }
         }
-        for i in 0..n {
-            let g = &mut tb.guests[i];
-            g.wait_line("HCABENCH-AGENT", boot_timeout)?;
-            progress(&format!("{} booted", g.name));
-            let sock = dir.join(format!("{}.serial", g.name));
-            let agent = Agent::connect(&g.name, &sock, boot_timeout)
-                .map_err(|e| format!("{e}\nconsole of {}:\n{}", g.name, tail(&g.console())))?;
-            tb.agents.push(agent);
-        }
+        tb.connect_agents(boot_timeout, progress)?;
         Ok(tb)
+    }
+
+    /// A testbed of guests started elsewhere (booted with `hcabench.cmd=agent`, each
+    /// console on `dir/<name>.serial`): waits for their shells and connects to them.
+    pub fn from_guests(
+        guests: Vec<Box<dyn BootedGuest>>,
+        dir: PathBuf,
+        fabric: Option<Fabric>,
+        boot_timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Testbed, String> {
+        let mut tb = Testbed {
+            agents: Vec::new(),
+            guests,
+            server: None,
+            fabric,
+            dir,
+            keep_dir: false,
+        };
+        tb.connect_agents(boot_timeout, progress)?;
+        Ok(tb)
+    }
+
+    fn connect_agents(
+        &mut self,
+        boot_timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), String> {
+        for g in &mut self.guests {
+            let (_, took) = g.wait_line("HCABENCH-AGENT", boot_timeout)?;
+            progress(&format!("{} booted ({took:.1?})", g.name()));
+            let sock = self.dir.join(format!("{}.serial", g.name()));
+            let agent = Agent::connect(g.name(), &sock, boot_timeout)
+                .map_err(|e| format!("{e}\nconsole of {}:\n{}", g.name(), tail(&g.console())))?;
+            self.agents.push(agent);
+        }
+        Ok(())
+    }
+
+    /// The fabric between the guests' HCAs (the device server's, or the VMM's).
+    pub fn fabric(&self) -> Option<&Fabric> {
+        self.server
+            .as_ref()
+            .map(DeviceServer::fabric)
+            .or(self.fabric.as_ref())
+    }
+
+    /// Guest `i`'s HCA, while it is on the fabric.
+    pub fn hca(&self, i: usize) -> Option<Hca> {
+        match &self.server {
+            Some(s) => s.hca(i),
+            None => self.guests.get(i).and_then(|g| g.hca()),
+        }
     }
 
     /// Keeps the directory (consoles, logs) after the testbed goes, for a post-mortem.

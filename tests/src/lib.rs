@@ -95,6 +95,7 @@ impl Cluster {
                     vcpus: 1,
                     kvm: false,
                     cmd: cmd.to_string(),
+                    kernel_args: String::new(),
                     net: None,
                 };
                 Guest::spawn(&spec).expect("start QEMU")

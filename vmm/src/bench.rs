@@ -4,11 +4,12 @@
 //! run, printed side by side with their ratios.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use device_server::dsm::{close_all, configure, connect_mesh, run_everywhere};
 use device_server::qemu::{qemu_available, Image};
-use device_server::verbs::{BwResult, Mode, PingResult, Testbed};
+use device_server::verbs::{BwResult, Mode, PingResult, QemuShape, Testbed};
+use hcabench::kvm_guests::{self, KvmShape};
 
 /// What `bench verbs` measures.
 #[derive(Clone, Debug)]
@@ -53,7 +54,7 @@ pub fn run(b: &VerbsBench) -> Result<(), String> {
             .into_iter()
             .find(|l| l.starts_with("HCABENCH-PROBE doorbell-irq"))
         {
-            println!("  {}: {}", g.name, &l["HCABENCH-PROBE ".len()..]);
+            println!("  {}: {}", g.name(), &l["HCABENCH-PROBE ".len()..]);
         }
     }
     tb.rxe_up()?;
@@ -297,4 +298,135 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<()
     }
     println!("(the paper: about 2x for one page, more than 10x for 16-32 pages)");
     Ok(())
+}
+
+/// One host's figures in `bench vmm`.
+struct HostResults {
+    host: &'static str,
+    /// Each node's time from start to its first userspace line and to its shell.
+    boot: Vec<(Duration, Duration)>,
+    ping: Vec<PingResult>,
+}
+
+/// Modes `bench vmm` compares: the receive contexts that need no user process.
+const VMM_MODES: [Mode; 2] = [Mode::Poll, Mode::Isr];
+
+/// `hcabench bench vmm`: on a host with usable KVM, two guests under hcabench's VMM and two
+/// under QEMU with `-accel kvm` (HCAs in the device server), one after the other in one
+/// run: each guest's boot time to userspace, and verified RC ping-pong round trips.
+pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
+    use hcabench::kvm::{check_kvm, KvmCheck};
+    if let KvmCheck::Unusable(why) = check_kvm() {
+        return Err(format!(
+            "bench vmm compares two KVM hosts, and KVM cannot run Linux here ({why}); \
+             ci/nested-kvm.sh runs it inside a nested KVM"
+        ));
+    }
+    qemu_available()?;
+    let image = Image::find(&b.image_dir)?;
+    let started = Instant::now();
+    let timeout = Duration::from_secs(600);
+    let mut all = Vec::new();
+    for host in ["hcabench VMM", "QEMU/KVM"] {
+        let dir = std::env::temp_dir().join(format!(
+            "hcabench-bench-vmm-{}-{}",
+            std::process::id(),
+            all.len()
+        ));
+        println!("booting 2 guests under {host}");
+        let t = Instant::now();
+        let mut progress = |m: &str| println!("  {m} ({:.1?})", t.elapsed());
+        let fabric = hca_model::Fabric::new();
+        let mut tb = if host == "QEMU/KVM" {
+            let shape = QemuShape {
+                nodes: 2,
+                link: false,
+                ram_mib: 256,
+                vcpus: 1,
+                kvm: true,
+            };
+            Testbed::boot_qemu(&image, dir.clone(), shape, timeout, &mut progress)?
+        } else {
+            let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
+            let shape = KvmShape {
+                nodes: 2,
+                ram_mib: 256,
+                vcpus: 1,
+                kernel_args: String::new(),
+            };
+            kvm_guests::boot(
+                &kvm,
+                &image,
+                dir.clone(),
+                &shape,
+                &fabric,
+                timeout,
+                &mut progress,
+            )?
+        };
+        if b.keep {
+            tb.keep_dir();
+            println!("  keeping {} (consoles)", dir.display());
+        }
+        let mut boot = Vec::new();
+        for g in &mut tb.guests {
+            let (_, user) = g.wait_line(crate::daemon::FIRST_USERSPACE_LINE, timeout)?;
+            let (_, shell) = g.wait_line("HCABENCH-AGENT", timeout)?;
+            boot.push((user, shell));
+        }
+        tb.connect("hcab0")?;
+        let mut ping = Vec::new();
+        for mode in VMM_MODES {
+            for &size in &b.sizes {
+                let r = tb.ping(mode, size, b.iters, true)?;
+                if r.done != b.iters || r.errors + r.server_errors > 0 {
+                    return Err(format!(
+                        "{host} {mode} {size}: {} of {} round trips, {} data errors",
+                        r.done,
+                        b.iters,
+                        r.errors + r.server_errors
+                    ));
+                }
+                println!("  {mode:<5} {size:>5} B  {} us", us(&r));
+                ping.push(r);
+            }
+        }
+        all.push(HostResults { host, boot, ping });
+    }
+    print_vmm_tables(b, &all);
+    println!("total {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn print_vmm_tables(b: &VerbsBench, all: &[HostResults]) {
+    let (ours, qemu) = (&all[0], &all[1]);
+    println!();
+    println!("boot, seconds from start to the first userspace line / to the harness's shell");
+    println!("{:<6} {:>21} {:>21}", "node", ours.host, qemu.host);
+    let secs =
+        |(u, s): (Duration, Duration)| format!("{:.1} / {:.1}", u.as_secs_f64(), s.as_secs_f64());
+    for (i, (o, q)) in ours.boot.iter().zip(&qemu.boot).enumerate() {
+        println!("node{:<2} {:>21} {:>21}", i + 1, secs(*o), secs(*q));
+    }
+    println!();
+    println!(
+        "RC SEND ping-pong over hcab0, round trip in us, {} verified iterations per cell; \
+         median / mean",
+        b.iters
+    );
+    println!(
+        "{:<5} {:>6}  {:>17}  {:>17}  {:>12}",
+        "mode", "size", ours.host, qemu.host, "ratio median"
+    );
+    for (o, q) in ours.ping.iter().zip(&qemu.ping) {
+        println!(
+            "{:<5} {:>6}  {:>17}  {:>17}  {:>12.3}",
+            o.mode.name(),
+            o.size,
+            us(o),
+            us(q),
+            o.rtt_median_ns as f64 / q.rtt_median_ns.max(1) as f64
+        );
+    }
+    println!("(ratio below 1: hcabench's VMM is faster)");
 }

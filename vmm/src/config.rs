@@ -7,6 +7,8 @@
 //! vcpus = 1          # per guest (default 1)
 //! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
 //! image_dir = "target/images"   # where images/build.py put the guest image
+//! kernel_args = ""   # appended to every guest's kernel command line, e.g.
+//!                    # "earlyprintk=serial,ttyS0 initcall_debug" (default none)
 //!
 //! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
 //! capture = "fabric.pcap"        # every fabric packet to a pcap file
@@ -63,6 +65,8 @@ pub struct ClusterConfig {
     pub vcpus: u32,
     pub backend: Backend,
     pub image_dir: PathBuf,
+    /// Appended to every guest's kernel command line.
+    pub kernel_args: String,
     /// A fault plan (TOML) to run the fabric under.
     pub faults: Option<PathBuf>,
     /// A pcap file that gets every fabric packet.
@@ -81,6 +85,7 @@ impl Default for ClusterConfig {
             vcpus: 1,
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
+            kernel_args: String::new(),
             faults: None,
             capture: None,
             capture_format: CaptureFormat::Erf,

@@ -4,6 +4,7 @@
 //! everything down on SIGTERM or SIGINT (`hcabench down`).
 
 use std::io;
+use std::time::Duration;
 
 use device_server::qemu::{Guest, GuestSpec, Image};
 use device_server::{DeviceServer, NodeConfig};
@@ -66,6 +67,25 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
     }
 }
 
+/// The first line a guest's userspace prints (images/init.sh): under KVM it comes seconds
+/// after the kernel starts, and a guest that has not printed it within the boot timeout is
+/// stuck in the kernel.
+pub const FIRST_USERSPACE_LINE: &str = "HCABENCH-INIT";
+
+/// What to tell a user whose guest did not reach userspace under hcabench's VMM in time:
+/// what happened, then what to do.
+pub fn kvm_boot_advice(err: &str, timeout: Duration) -> String {
+    format!(
+        "{err}\n\nhcabench's VMM (KVM) did not bring this guest to userspace within {}s. \
+         Linux needs a few seconds there on hardware KVM; nested or heavily loaded KVM can be \
+         far slower. What to do: run the same command with --backend qemu (QEMU, which needs \
+         no KVM), or give KVM longer with --timeout; the kernel's own lines above show where \
+         it stopped (add kernel_args = \"earlyprintk=serial,ttyS0\" to a cluster file for \
+         the earliest ones).",
+        timeout.as_secs()
+    )
+}
+
 /// The cluster's fault plan and capture on `fabric`, if it has them, and the control
 /// socket for live faults; the log and report of an earlier run go.
 fn attach_fabric_tools(
@@ -110,10 +130,6 @@ fn note_killed(node: &NodeState) {
 /// failed, the guest shut down); `hcabench up` and `status` look for it.
 pub const GUEST_STOPPED: &str = "[hcabench] guest stopped:";
 
-fn guest_cmdline(node: &str) -> String {
-    format!("console=ttyS0 panic=-1 hcabench.node={node} hcabench.cmd=shell")
-}
-
 pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let signals = block_stop_signals();
     let (backend, why) = choose_backend(cfg.backend)?;
@@ -146,6 +162,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
             console_log: run.path(&format!("{}.console", node.name)),
             console_socket: Some(run.path(&format!("{}.serial", node.name))),
             cmd: "shell".into(),
+            kernel_args: cfg.kernel_args.clone(),
             net: None,
         };
         let g = Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?;
@@ -238,7 +255,7 @@ fn run_kvm(
         m.load_linux(&LinuxBoot {
             kernel: image.bzimage.clone(),
             initramfs: Some(image.initramfs.clone()),
-            cmdline: guest_cmdline(&name),
+            cmdline: device_server::qemu::kernel_cmdline(&name, "shell", &cfg.kernel_args),
         })?;
         m.start()?;
         machines.push(m);

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use device_server::dsm::{connect_mesh, run_app, AppResult};
 use device_server::qemu::{qemu_available, Image};
-use device_server::verbs::Testbed;
+use device_server::verbs::{QemuShape, Testbed};
 use hca_model::faults::FaultHook;
+use hcabench::kvm_guests::{self, KvmShape};
 
 /// The applications, with what they compute.
 pub const APPS: [(&str, &str); 5] = [
@@ -25,6 +26,15 @@ pub const APPS: [(&str, &str); 5] = [
     ("nbody", "direct n-body steps, double-buffered positions"),
 ];
 
+/// Where a run's guests boot.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Booted {
+    /// QEMU with TCG, HCAs in a device server.
+    Qemu,
+    /// hcabench's own VMM on KVM, every guest and HCA in this process.
+    Kvm,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Transport {
     /// The hcabench HCA (hcab0)
@@ -36,6 +46,11 @@ pub enum Transport {
 pub struct RunOpts {
     pub app: String,
     pub nodes: usize,
+    /// The backend `daemon::choose_backend` picked, and the guests' size.
+    pub backend: Booted,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub kernel_args: String,
     pub transport: Transport,
     pub args: Vec<String>,
     pub image_dir: PathBuf,
@@ -62,6 +77,24 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
     if o.transport == Transport::Rxe && o.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
     }
+    if o.transport == Transport::Rxe && o.backend == Booted::Kvm {
+        return Err(
+            "--transport rxe needs the qemu backend: hcabench's VMM gives its guests \
+                    no NIC for SoftRoCE (add --backend qemu)"
+                .into(),
+        );
+    }
+    if o.backend == Booted::Kvm {
+        if let Some(f) = &o.faults {
+            if !crate::faultrun::load_plan(f)?.nodes.is_empty() {
+                return Err(format!(
+                    "{}: node kills in `run` need the qemu backend (`hcabench up --backend \
+                     kvm --faults` runs them)",
+                    f.display()
+                ));
+            }
+        }
+    }
     if (o.faults.is_some() || o.capture.is_some()) && o.transport == Transport::Rxe {
         return Err(
             "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network".into(),
@@ -81,19 +114,42 @@ pub fn boot_dsm(
     o: &RunOpts,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Testbed, &'static str), String> {
-    qemu_available()?;
     let image = Image::find(&o.image_dir)?;
     let dir = std::env::temp_dir().join(format!("hcabench-run-{}", std::process::id()));
     let rxe = o.transport == Transport::Rxe;
-    let mut tb = Testbed::boot_nodes(
-        &image,
-        dir.clone(),
-        o.nodes,
-        rxe,
-        256,
-        o.boot_timeout,
-        progress,
-    )?;
+    let mut tb = match o.backend {
+        Booted::Qemu => {
+            qemu_available()?;
+            let shape = QemuShape {
+                nodes: o.nodes,
+                link: rxe,
+                ram_mib: o.memory_mib,
+                vcpus: o.vcpus,
+                kvm: false,
+            };
+            Testbed::boot_qemu(&image, dir.clone(), shape, o.boot_timeout, progress)?
+        }
+        Booted::Kvm => {
+            let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
+            let shape = KvmShape {
+                nodes: o.nodes,
+                ram_mib: o.memory_mib,
+                vcpus: u8::try_from(o.vcpus).map_err(|_| format!("{} vCPUs", o.vcpus))?,
+                kernel_args: o.kernel_args.clone(),
+            };
+            let fabric = hca_model::Fabric::new();
+            let tb = kvm_guests::boot(
+                &kvm,
+                &image,
+                dir.clone(),
+                &shape,
+                &fabric,
+                o.boot_timeout,
+                progress,
+            );
+            tb.map_err(|e| crate::daemon::kvm_boot_advice(&e, o.boot_timeout))?
+        }
+    };
     if o.keep {
         tb.keep_dir();
         progress(&format!("keeping {} (consoles)", dir.display()));
@@ -156,8 +212,12 @@ impl Drop for NodeKiller {
 pub fn run(o: &RunOpts) -> Result<(), String> {
     check(o)?;
     let started = Instant::now();
+    let host = match o.backend {
+        Booted::Qemu => "QEMU (TCG)",
+        Booted::Kvm => "KVM (hcabench's VMM)",
+    };
     println!(
-        "booting {} QEMU (TCG) guests for `{}` ({})",
+        "booting {} {host} guests for `{}` ({})",
         o.nodes,
         o.app,
         APPS.iter()
@@ -171,15 +231,15 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     if o.faults.is_some() {
         tb.keep_dir();
     }
-    let faults = match (&o.faults, tb.server.as_ref()) {
-        (Some(plan), Some(server)) => {
+    let faults = match (&o.faults, tb.fabric()) {
+        (Some(plan), Some(fabric)) => {
             let log = tb.dir.join(crate::faultrun::LOG);
-            Some(crate::faultrun::attach(&log, plan, server.fabric())?)
+            Some(crate::faultrun::attach(&log, plan, fabric)?)
         }
         _ => None,
     };
-    if let (Some((path, format)), Some(server)) = (&o.capture, tb.server.as_ref()) {
-        crate::faultrun::attach_capture(path, *format, server.fabric())?;
+    if let (Some((path, format)), Some(fabric)) = (&o.capture, tb.fabric()) {
+        crate::faultrun::attach_capture(path, *format, fabric)?;
     }
     let cmd = std::iter::once(o.app.clone())
         .chain(o.args.iter().cloned())
@@ -191,7 +251,7 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     );
     let killer = match (&faults, tb.server.as_ref()) {
         (Some(h), Some(server)) => {
-            let pids: Vec<u32> = tb.guests.iter().map(|g| g.pid()).collect();
+            let pids: Vec<u32> = tb.guests.iter().filter_map(|g| g.pid()).collect();
             Some(NodeKiller::start(h.clone(), server.fabric().clone(), pids))
         }
         _ => None,
@@ -202,8 +262,8 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         print_results(&o.app, dev, r);
     }
     // The report comes whether or not the application survived the plan.
-    if let (Some(h), Some(server)) = (&faults, tb.server.as_ref()) {
-        let hcas: Vec<_> = (0..o.nodes).filter_map(|i| server.hca(i)).collect();
+    if let Some(h) = &faults {
+        let hcas: Vec<_> = (0..o.nodes).filter_map(|i| tb.hca(i)).collect();
         print!("{}", crate::faultrun::report(h, &hcas));
     }
     let res = res.map_err(|e| match &faults {

@@ -2,3 +2,4 @@
 //! process), shared by the command line and its tests.
 
 pub mod kvm;
+pub mod kvm_guests;

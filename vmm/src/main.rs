@@ -103,8 +103,12 @@ enum Cmd {
     /// polling, in the interrupt handler, in a workqueue and in a woken user process (the
     /// paper's Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over
     /// SoftRoCE (rdma_rxe) between the same two QEMU guests, with the ratios.
+    ///
+    /// `vmm` (needs KVM that runs Linux): two guests under hcabench's own VMM, then two
+    /// under QEMU with -accel kvm and the device server: boot time to userspace and
+    /// verified RC ping-pong round trips (poll and interrupt handler) side by side.
     Bench {
-        /// The benchmark: verbs or dsm
+        /// The benchmark: verbs, dsm or vmm
         what: String,
         /// Round trips per mode and size (at most 100000)
         #[arg(long, default_value_t = 500)]
@@ -319,6 +323,15 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     for n in &state.nodes {
         print!("  {}: booting ...", n.name);
         let _ = std::io::Write::flush(&mut std::io::stdout());
+        if backend == "kvm" {
+            let first = daemon::FIRST_USERSPACE_LINE;
+            if let Err(e) = wait_console(&n.console_log, first, deadline, n.pid) {
+                println!(" failed");
+                let _ = down(run);
+                let e = format!("{}: {e}", n.name);
+                return Err(daemon::kvm_boot_advice(&e, Duration::from_secs(a.timeout)));
+            }
+        }
         match wait_console(&n.console_log, "HCABENCH-READY", deadline, n.pid) {
             Ok(()) => println!(" ready ({:.1?})", started.elapsed()),
             Err(e) => {
@@ -466,15 +479,30 @@ fn dsm_app(
     keep: bool,
     args: Vec<String>,
 ) -> Result<(), String> {
-    // The node count from --nodes, else the cluster file, else the default (2).
-    let nodes = match (a.nodes, &a.config) {
-        (Some(n), _) => n,
-        (None, Some(p)) => ClusterConfig::load(p).map_err(|e| e.to_string())?.nodes,
-        (None, None) => ClusterConfig::default().nodes,
+    // Nodes, backend and guest size from the flags, else the cluster file, else defaults.
+    let mut cfg = match &a.config {
+        Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
+        None => ClusterConfig::default(),
     };
+    if let Some(n) = a.nodes {
+        cfg.nodes = n;
+    }
+    if let Some(b) = a.backend {
+        cfg.backend = b;
+    }
+    let (backend, why) = daemon::choose_backend(cfg.backend)?;
+    println!("backend {backend} ({why})");
     dsmrun::run(&dsmrun::RunOpts {
         app,
-        nodes,
+        nodes: cfg.nodes,
+        backend: if backend == "kvm" {
+            dsmrun::Booted::Kvm
+        } else {
+            dsmrun::Booted::Qemu
+        },
+        memory_mib: cfg.memory_mib,
+        vcpus: cfg.vcpus,
+        kernel_args: cfg.kernel_args,
         transport,
         args,
         image_dir,
@@ -518,8 +546,10 @@ fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
         }
         return bench::run_dsm(&b.image_dir, b.iters, b.pages);
     }
-    if what != "verbs" {
-        return Err(format!("unknown benchmark `{what}`; available: verbs, dsm"));
+    if what != "verbs" && what != "vmm" {
+        return Err(format!(
+            "unknown benchmark `{what}`; available: verbs, dsm, vmm"
+        ));
     }
     if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
         return Err("--iters, --sizes and --bw-sizes need at least one value".into());
@@ -529,6 +559,9 @@ fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
     }
     if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
         return Err(format!("ping-pong size {s} is outside 8..=4096"));
+    }
+    if what == "vmm" {
+        return bench::run_vmm(&b);
     }
     if let Some(s) = b.bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
         return Err(format!("RDMA size {s} is outside 1..=1048576"));

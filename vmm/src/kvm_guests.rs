@@ -1,0 +1,147 @@
+//! Linux guests in hcabench's own VMM for the harness: N machines in this process on one
+//! fabric, each booted with the agent job and its console on a socket, behind
+//! [`BootedGuest`], so that the verbs and DSM harness ([`Testbed`]) drives them exactly as it
+//! drives QEMU guests.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use device_server::qemu::{kernel_cmdline, BootedGuest, Image};
+use device_server::verbs::Testbed;
+use hca_model::{Fabric, Hca};
+
+use crate::kvm::linux::LinuxBoot;
+use crate::kvm::machine::{Machine, MachineConfig};
+
+/// How many guests and of what size.
+#[derive(Clone, Debug)]
+pub struct KvmShape {
+    pub nodes: usize,
+    pub ram_mib: u64,
+    pub vcpus: u8,
+    /// Appended to each guest's kernel command line.
+    pub kernel_args: String,
+}
+
+/// One running machine.
+pub struct KvmGuest {
+    name: String,
+    machine: Machine,
+    stopped: Option<String>,
+}
+
+impl KvmGuest {
+    /// Why the guest stopped on its own, if it did (the vCPU's error).
+    fn check_stopped(&mut self) -> Option<&str> {
+        if self.stopped.is_none() && !self.machine.running() {
+            self.stopped = Some(match self.machine.stop() {
+                Ok(o) => format!("it stopped (exit code {:?})", o.exit_code),
+                Err(e) => e.lines().next().unwrap_or_default().to_string(),
+            });
+        }
+        self.stopped.as_deref()
+    }
+}
+
+impl BootedGuest for KvmGuest {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn console(&self) -> String {
+        self.machine.serial_text()
+    }
+
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self
+                .console_lines()
+                .into_iter()
+                .find(|l| l.starts_with(prefix))
+            {
+                return Ok((l, self.machine.uptime()));
+            }
+            if let Some(why) = self.check_stopped().map(str::to_string) {
+                return Err(format!(
+                    "{}: the guest stopped before `{prefix}`: {why}; console:\n{}",
+                    self.name,
+                    self.console()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: no `{prefix}` on the console within {timeout:?} under KVM; console \
+                     so far:\n{}",
+                    self.name,
+                    self.console()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.check_stopped().is_none()
+    }
+
+    fn kill(&mut self) {
+        if self.stopped.is_none() {
+            let _ = self.machine.stop();
+            self.stopped = Some("killed".into());
+        }
+        self.machine.hca().detach();
+    }
+
+    fn hca(&self) -> Option<Hca> {
+        Some(self.machine.hca().clone())
+    }
+}
+
+/// Boots `shape.nodes` Linux guests (node1, node2, ...) in this process on `fabric`, their
+/// consoles logged to `dir/<node>.console` and served on `dir/<node>.serial`, and connects to
+/// their shells.
+pub fn boot(
+    kvm: &kvm_ioctls::Kvm,
+    image: &Image,
+    dir: PathBuf,
+    shape: &KvmShape,
+    fabric: &Fabric,
+    boot_timeout: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Testbed, String> {
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut guests: Vec<Box<dyn BootedGuest>> = Vec::new();
+    for i in 0..shape.nodes {
+        let name = format!("node{}", i + 1);
+        let mut machine = Machine::new(
+            kvm,
+            MachineConfig {
+                name: name.clone(),
+                ram_bytes: (shape.ram_mib << 20) as usize,
+                vcpus: shape.vcpus,
+                serial_log: Some(dir.join(format!("{name}.console"))),
+                console_socket: Some(dir.join(format!("{name}.serial"))),
+                vfio: Vec::new(),
+            },
+            fabric,
+        )?;
+        machine.load_linux(&LinuxBoot {
+            kernel: image.bzimage.clone(),
+            initramfs: Some(image.initramfs.clone()),
+            cmdline: kernel_cmdline(&name, "agent", &shape.kernel_args),
+        })?;
+        progress(&format!("starting {name} (hcabench's VMM)"));
+        machine.start()?;
+        guests.push(Box::new(KvmGuest {
+            name,
+            machine,
+            stopped: None,
+        }));
+    }
+    Testbed::from_guests(guests, dir, Some(fabric.clone()), boot_timeout, progress)
+}
