@@ -1,0 +1,48 @@
+#!/bin/sh
+# Runs inside the nested KVM host (ci/nested-kvm.sh ci/nested-check.sh): hcabench's own
+# VMM boots Debian's kernel to userspace on a real KVM, with the clock and devices Linux
+# needs from a KVM VMM, and the HCA works. `--dsm` adds 2 nodes and a DSM application
+# verified across them. Each check prints "ok" or "FAILED"; the last line counts them.
+pass=0
+fail=0
+check() {
+	if grep -q -- "$2" "$3"; then
+		echo "ok: $1"
+		pass=$((pass + 1))
+	else
+		echo "FAILED: $1 (no \"$2\" in $3)"
+		fail=$((fail + 1))
+	fi
+}
+elapsed() { awk "BEGIN { printf \"%.1f\", $(cut -d' ' -f1 /proc/uptime) - $1 }"; }
+
+t0=$(cut -d' ' -f1 /proc/uptime)
+if hcabench up --nodes 1 --backend kvm --timeout 420 > /tmp/up.log 2>&1; then
+	echo "ok: hcabench up --backend kvm (1 node) in $(elapsed "$t0") s"
+	pass=$((pass + 1))
+else
+	echo "FAILED: hcabench up --backend kvm (1 node)"
+	fail=$((fail + 1))
+fi
+cat /tmp/up.log
+c=/run/hcabench/node1.console
+grep -E 'Hypervisor detected|clocksource: Switched|TSC deadline|tsc: Detected|rtc_cmos|Run /init|HCABENCH-(PROBE doorbell|IB|READY)' "$c"
+check "Linux finds KVM's paravirtual CPUID leaves" "Hypervisor detected: KVM" "$c"
+check "kvm-clock is the clocksource" "Switched to clocksource kvm-clock" "$c"
+check "the LAPIC timer runs in TSC-deadline mode" "TSC deadline timer available" "$c"
+check "the CMOS RTC sets the wall clock" "rtc_cmos rtc_cmos: setting system clock to 20" "$c"
+check "userspace starts" "HCABENCH-INIT node=node1" "$c"
+check "hca_ib registers hcab0, port ACTIVE" "HCABENCH-IB hcab0 lid=0x1 state=ACTIVE" "$c"
+check "doorbell ioeventfd -> MSI-X irqfd round trips" "HCABENCH-PROBE doorbell-irq rounds=200" "$c"
+hcabench down > /dev/null
+
+if [ "$1" = --dsm ]; then
+	t0=$(cut -d' ' -f1 /proc/uptime)
+	hcabench run sor --nodes 2 --backend kvm --timeout 420 > /tmp/sor.log 2>&1
+	cat /tmp/sor.log
+	echo "(run sor took $(elapsed "$t0") s)"
+	check "SOR on 2 VMs in one VMM process, verified" "verified against a sequential run" /tmp/sor.log
+fi
+
+echo "nested: $pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,29 @@
+#!/bin/busybox sh
+# Init of the nested KVM host (L1, see images/nested.py): loads Debian's kvm_amd, checks
+# that /dev/kvm is there, runs /job.sh and powers off. Lines for ci/nested-kvm.sh start
+# with "NESTED-".
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run
+/bin/busybox --install -s /bin
+export PATH=/opt/hcabench/bin:/usr/bin:/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /run
+export XDG_RUNTIME_DIR=/run
+dmesg -n 1
+kver=$(uname -r)
+echo "NESTED-INIT kernel=$kver cpus=$(grep -c ^processor /proc/cpuinfo) svm=$(grep -c -w svm /proc/cpuinfo) npt=$(grep -c -w npt /proc/cpuinfo) uptime=$(cut -d' ' -f1 /proc/uptime)"
+while read -r m; do
+	insmod "/lib/modules/$kver/$m" || echo "NESTED-ERROR insmod $m"
+done < "/lib/modules/$kver/kvm-order"
+dmesg | grep -i -E 'kvm|svm' | sed 's/^/NESTED-DMESG /'
+if [ ! -c /dev/kvm ]; then
+	echo "NESTED-ERROR no /dev/kvm after loading kvm_amd"
+	echo "NESTED-EXIT 2"
+	poweroff -f
+fi
+cd /opt/hcabench
+echo "NESTED-JOB start uptime=$(cut -d' ' -f1 /proc/uptime)"
+sh /job.sh
+echo "NESTED-EXIT $?"
+poweroff -f
