@@ -203,6 +203,28 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
 }
 
 #[test]
+fn test_run_refuses_the_kvm_backend_where_kvm_cannot_run_linux() {
+    use hcabench::kvm::{check_kvm, KvmCheck};
+    if check_kvm() == KvmCheck::Usable {
+        e2e::skipped(
+            "run --backend kvm refusal",
+            "KVM runs Linux here, so the run would boot (ci/nested-kvm.sh checks that)",
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hcab-cli-runkvm-{}", std::process::id()));
+    // It used to boot QEMU guests instead, silently.
+    let o = hcabench(&dir, &["run", "sor", "--backend", "kvm"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("backend kvm: KVM cannot run a Linux guest here"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("booting"), "{}", text(&o));
+}
+
+#[test]
 fn test_run_rejects_bad_dsm_jobs_before_booting_anything() {
     let dir = std::env::temp_dir().join(format!("hcab-cli-run-{}", std::process::id()));
     for (args, says) in [
