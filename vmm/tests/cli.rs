@@ -203,7 +203,7 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
 }
 
 #[test]
-fn test_run_refuses_the_kvm_backend_where_kvm_cannot_run_linux() {
+fn test_run_and_bench_vmm_refuse_kvm_where_kvm_cannot_run_linux() {
     use hcabench::kvm::{check_kvm, KvmCheck};
     if check_kvm() == KvmCheck::Usable {
         e2e::skipped(
@@ -222,6 +222,13 @@ fn test_run_refuses_the_kvm_backend_where_kvm_cannot_run_linux() {
         text(&o)
     );
     assert!(!text(&o).contains("booting"), "{}", text(&o));
+    let o = hcabench(&dir, &["bench", "vmm"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("KVM cannot run Linux here") && text(&o).contains("ci/nested-kvm.sh"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
