@@ -193,6 +193,41 @@ pub trait BootedGuest: Send {
     }
 }
 
+/// Polls `console` until a complete line starts with `prefix` (the line), `stopped` says
+/// why the guest stopped, or `timeout` passes; `who` and `host` name the guest in errors.
+pub fn wait_for_line(
+    who: &str,
+    host: &str,
+    prefix: &str,
+    timeout: Duration,
+    console: &dyn Fn() -> String,
+    stopped: &mut dyn FnMut() -> Option<String>,
+) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = complete_lines(&console())
+            .into_iter()
+            .find(|l| l.starts_with(prefix))
+        {
+            return Ok(l);
+        }
+        if let Some(why) = stopped() {
+            return Err(format!(
+                "{who}: {host} stopped before `{prefix}`: {why}; console:\n{}",
+                console()
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{who}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
+                 far:\n{}",
+                console()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A running QEMU guest.
 pub struct Guest {
     pub name: String,
@@ -237,35 +272,22 @@ impl Guest {
         prefix: &str,
         timeout: Duration,
     ) -> Result<(String, Duration), String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self
-                .console_lines()
-                .into_iter()
-                .find(|l| l.starts_with(prefix))
-            {
-                return Ok((l, self.started.elapsed()));
+        let (child, path) = (&mut self.child, &self.console);
+        let console = || {
+            fs::read(path)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
+        };
+        let mut stopped = || {
+            let status = child.try_wait().ok().flatten()?;
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = io::Read::read_to_string(&mut e, &mut err);
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    let _ = io::Read::read_to_string(&mut e, &mut err);
-                }
-                return Err(format!(
-                    "{}: QEMU exited ({status}) before `{prefix}`: {}",
-                    self.name,
-                    err.trim()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{}: no `{prefix}` on the console within {timeout:?}; console so far:\n{}",
-                    self.name,
-                    self.console()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            Some(format!("QEMU exited ({status}): {}", err.trim()))
+        };
+        let line = wait_for_line(&self.name, "QEMU", prefix, timeout, &console, &mut stopped)?;
+        Ok((line, self.started.elapsed()))
     }
 
     pub fn pid(&self) -> u32 {

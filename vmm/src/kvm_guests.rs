@@ -4,9 +4,9 @@
 //! drives QEMU guests.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use device_server::qemu::{kernel_cmdline, BootedGuest, Image};
+use device_server::qemu::{kernel_cmdline, wait_for_line, BootedGuest, Image};
 use device_server::verbs::Testbed;
 use hca_model::{Fabric, Hca};
 
@@ -30,17 +30,15 @@ pub struct KvmGuest {
     stopped: Option<String>,
 }
 
-impl KvmGuest {
-    /// Why the guest stopped on its own, if it did (the vCPU's error).
-    fn check_stopped(&mut self) -> Option<&str> {
-        if self.stopped.is_none() && !self.machine.running() {
-            self.stopped = Some(match self.machine.stop() {
-                Ok(o) => format!("it stopped (exit code {:?})", o.exit_code),
-                Err(e) => e.lines().next().unwrap_or_default().to_string(),
-            });
-        }
-        self.stopped.as_deref()
+/// Why the guest stopped on its own, if it did (the vCPU's error); remembered in `stopped`.
+fn check_stopped<'a>(machine: &mut Machine, stopped: &'a mut Option<String>) -> Option<&'a str> {
+    if stopped.is_none() && !machine.running() {
+        *stopped = Some(match machine.stop() {
+            Ok(o) => format!("it stopped (exit code {:?})", o.exit_code),
+            Err(e) => e.lines().next().unwrap_or_default().to_string(),
+        });
     }
+    stopped.as_deref()
 }
 
 impl BootedGuest for KvmGuest {
@@ -53,32 +51,11 @@ impl BootedGuest for KvmGuest {
     }
 
     fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self
-                .console_lines()
-                .into_iter()
-                .find(|l| l.starts_with(prefix))
-            {
-                return Ok((l, self.machine.uptime()));
-            }
-            if let Some(why) = self.check_stopped().map(str::to_string) {
-                return Err(format!(
-                    "{}: the guest stopped before `{prefix}`: {why}; console:\n{}",
-                    self.name,
-                    self.console()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{}: no `{prefix}` on the console within {timeout:?} under KVM; console \
-                     so far:\n{}",
-                    self.name,
-                    self.console()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (machine, stopped) = (&mut self.machine, &mut self.stopped);
+        let console = machine.serial_reader();
+        let mut why = || check_stopped(machine, stopped).map(str::to_string);
+        let line = wait_for_line(&self.name, "KVM guest", prefix, timeout, &console, &mut why)?;
+        Ok((line, self.machine.uptime()))
     }
 
     fn pid(&self) -> Option<u32> {
@@ -86,7 +63,7 @@ impl BootedGuest for KvmGuest {
     }
 
     fn is_running(&mut self) -> bool {
-        self.check_stopped().is_none()
+        check_stopped(&mut self.machine, &mut self.stopped).is_none()
     }
 
     fn kill(&mut self) {

@@ -233,7 +233,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
+/// The cluster file (or the defaults) with --nodes and --backend over it.
+fn cluster_with_flags(a: &UpArgs) -> Result<ClusterConfig, String> {
     let mut c = match &a.config {
         Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
         None => ClusterConfig::default(),
@@ -244,6 +245,11 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     if let Some(b) = a.backend {
         c.backend = b;
     }
+    Ok(c)
+}
+
+fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
+    let mut c = cluster_with_flags(a)?;
     c.vfio.extend(a.vfio.iter().cloned());
     if let Some(f) = &a.faults {
         c.faults = Some(f.clone());
@@ -479,17 +485,7 @@ fn dsm_app(
     keep: bool,
     args: Vec<String>,
 ) -> Result<(), String> {
-    // Nodes, backend and guest size from the flags, else the cluster file, else defaults.
-    let mut cfg = match &a.config {
-        Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
-        None => ClusterConfig::default(),
-    };
-    if let Some(n) = a.nodes {
-        cfg.nodes = n;
-    }
-    if let Some(b) = a.backend {
-        cfg.backend = b;
-    }
+    let cfg = cluster_with_flags(a)?;
     let (backend, why) = daemon::choose_backend(cfg.backend)?;
     println!("backend {backend} ({why})");
     dsmrun::run(&dsmrun::RunOpts {

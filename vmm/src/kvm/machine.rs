@@ -338,7 +338,13 @@ impl Machine {
 
     /// The serial output so far (its first MiB).
     pub fn serial_text(&self) -> String {
-        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+        serial_text(&self.console)
+    }
+
+    /// A reader of the serial output that does not borrow the machine.
+    pub fn serial_reader(&self) -> impl Fn() -> String + Send + 'static {
+        let buf = self.console.clone();
+        move || serial_text(&buf)
     }
 
     /// Waits until the guest stops running, `until` holds for its serial output, or
@@ -482,6 +488,11 @@ fn new_vcpu(
 fn lapic_bytes(l: &mut kvm_bindings::kvm_lapic_state) -> &mut [u8] {
     // SAFETY: i8 and u8 have the same size and alignment; the borrow covers the array.
     unsafe { std::slice::from_raw_parts_mut(l.regs.as_mut_ptr().cast::<u8>(), l.regs.len()) }
+}
+
+/// The captured serial output as text.
+fn serial_text(buf: &Mutex<Vec<u8>>) -> String {
+    String::from_utf8_lossy(&buf.lock().unwrap()).into_owned()
 }
 
 /// A stable GUID from the machine's name.
