@@ -31,7 +31,12 @@ while [ $# -gt 0 ]; do
 	--cpus) cpus=$2; shift ;;
 	--mem) mem=$2; shift ;;
 	--tcg) tcg=$2; shift ;;
-	-c) job=$(mktemp); printf '%s\n' "$2" > "$job"; shift ;;
+	-c)
+		job=$(mktemp)
+		trap 'rm -f "$job"' EXIT
+		printf '%s\n' "$2" > "$job"
+		shift
+		;;
 	-h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "nested-kvm: unknown option $1 (see --help)" >&2; exit 2 ;;
 	*) job=$1 ;;

@@ -19,6 +19,7 @@ Usage: images/nested.py --hcabench BIN --job FILE --out FILE [--with-qemu]
 """
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,8 +72,7 @@ def main():
     images = Path(args.images)
     kver = (images / "current").read_text().strip()
     guest = images / kver
-    manifest = (guest / "manifest.json").read_text()
-    kdeb = next(l.split('"')[3] for l in manifest.splitlines() if '"kernel_deb"' in l)
+    kdeb = json.loads((guest / "manifest.json").read_text())["kernel_deb"]
     kroot = images / "cache" / f"root-{Path(kdeb).stem}"
     moddir = kroot / "lib" / "modules" / kver
     if not moddir.is_dir():

@@ -36,6 +36,30 @@ pub enum Backend {
     Kvm,
 }
 
+/// What hosts a cluster's guests once `auto` is resolved (`daemon::choose_backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// QEMU processes, the HCAs in a device server.
+    Qemu,
+    /// hcabench's own VMM: every guest and HCA in one process.
+    Kvm,
+}
+
+impl Host {
+    pub fn name(self) -> &'static str {
+        match self {
+            Host::Qemu => "qemu",
+            Host::Kvm => "kvm",
+        }
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How a capture frames its IB packets (see hca_model::capture).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use device_server::qemu::{Guest, GuestSpec, Image};
 use device_server::{DeviceServer, NodeConfig};
 
-use crate::config::{Backend, ClusterConfig};
+use crate::config::{Backend, ClusterConfig, Host};
 use crate::control::Control;
 use crate::rundir::{ClusterState, NodeState, RunDir};
 
@@ -43,12 +43,12 @@ fn wait_for_stop_timeout(set: &libc::sigset_t, d: std::time::Duration) -> Option
 const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Which backend `auto` means here, and why; `kvm` where KVM cannot run Linux is an error.
-pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), String> {
+pub fn choose_backend(requested: Backend) -> Result<(Host, String), String> {
     use hcabench::kvm::{check_kvm, KvmCheck};
     match requested {
-        Backend::Qemu => Ok(("qemu", "asked for".into())),
+        Backend::Qemu => Ok((Host::Qemu, "asked for".into())),
         Backend::Kvm => match check_kvm() {
-            KvmCheck::Usable => Ok(("kvm", "asked for".into())),
+            KvmCheck::Usable => Ok((Host::Kvm, "asked for".into())),
             KvmCheck::Unusable(why) => Err(format!(
                 "backend kvm: KVM cannot run a Linux guest here ({why}); use --backend qemu \
                  or auto"
@@ -56,11 +56,11 @@ pub fn choose_backend(requested: Backend) -> Result<(&'static str, String), Stri
         },
         Backend::Auto => Ok(match check_kvm() {
             KvmCheck::Usable => (
-                "kvm",
+                Host::Kvm,
                 "auto: KVM runs guests at native speed here, so hcabench's own VMM".into(),
             ),
             KvmCheck::Unusable(why) => (
-                "qemu",
+                Host::Qemu,
                 format!("auto: KVM cannot run a Linux guest here ({why}), so QEMU with TCG"),
             ),
         }),
@@ -135,7 +135,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let (backend, why) = choose_backend(cfg.backend)?;
     eprintln!("daemon: backend {backend} ({why})");
     let image = Image::find(&cfg.image_dir)?;
-    if backend == "kvm" {
+    if backend == Host::Kvm {
         return run_kvm(run, cfg, &image, &signals);
     }
     let nodes = NodeConfig::cluster(run.dir(), cfg.nodes, cfg.memory_mib << 20);
@@ -148,7 +148,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let mut state = ClusterState {
         // SAFETY: getpid has no preconditions.
         daemon_pid: unsafe { libc::getpid() } as u32,
-        backend: backend.into(),
+        backend: backend.to_string(),
         kernel: image.kernel_version.clone(),
         config: cfg.clone(),
         nodes: Vec::new(),
@@ -215,17 +215,15 @@ fn run_kvm(
     image: &Image,
     signals: &libc::sigset_t,
 ) -> Result<(), String> {
-    use hcabench::kvm::linux::LinuxBoot;
-    use hcabench::kvm::machine::{Machine, MachineConfig};
+    use hcabench::kvm_guests::{start_node, NodeSpec};
     let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
     let fabric = hca_model::Fabric::new();
     let control = attach_fabric_tools(run, cfg, &fabric)?;
-    let vcpus = u8::try_from(cfg.vcpus).map_err(|_| format!("{} vCPUs: too many", cfg.vcpus))?;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let mut state = ClusterState {
         daemon_pid: pid,
-        backend: "kvm".into(),
+        backend: Host::Kvm.to_string(),
         kernel: image.kernel_version.clone(),
         config: cfg.clone(),
         nodes: Vec::new(),
@@ -240,25 +238,17 @@ fn run_kvm(
             console_log: run.path(&format!("{name}.console")),
             console_socket: run.path(&format!("{name}.serial")),
         };
-        let mut m = Machine::new(
-            &kvm,
-            MachineConfig {
-                name: name.clone(),
-                ram_bytes: (cfg.memory_mib << 20) as usize,
-                vcpus,
-                serial_log: Some(node.console_log.clone()),
-                console_socket: Some(node.console_socket.clone()),
-                vfio: cfg.vfio.get(&name).cloned().into_iter().collect(),
-            },
-            &fabric,
-        )?;
-        m.load_linux(&LinuxBoot {
-            kernel: image.bzimage.clone(),
-            initramfs: Some(image.initramfs.clone()),
-            cmdline: device_server::qemu::kernel_cmdline(&name, "shell", &cfg.kernel_args),
-        })?;
-        m.start()?;
-        machines.push(m);
+        let spec = NodeSpec {
+            name: &name,
+            ram_mib: cfg.memory_mib,
+            vcpus: cfg.vcpus,
+            cmd: "shell",
+            kernel_args: &cfg.kernel_args,
+            console_log: node.console_log.clone(),
+            console_socket: node.console_socket.clone(),
+            vfio: cfg.vfio.get(&name).cloned().into_iter().collect(),
+        };
+        machines.push(start_node(&kvm, image, spec, &fabric)?);
         state.nodes.push(node);
     }
     run.write_state(&state)

@@ -12,6 +12,8 @@ use device_server::dsm::{connect_mesh, run_app, AppResult};
 use device_server::qemu::{qemu_available, Image};
 use device_server::verbs::{QemuShape, Testbed};
 use hca_model::faults::FaultHook;
+
+use crate::config::Host;
 use hcabench::kvm_guests::{self, KvmShape};
 
 /// The applications, with what they compute.
@@ -26,15 +28,6 @@ pub const APPS: [(&str, &str); 5] = [
     ("nbody", "direct n-body steps, double-buffered positions"),
 ];
 
-/// Where a run's guests boot.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Booted {
-    /// QEMU with TCG, HCAs in a device server.
-    Qemu,
-    /// hcabench's own VMM on KVM, every guest and HCA in this process.
-    Kvm,
-}
-
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Transport {
     /// The hcabench HCA (hcab0)
@@ -47,7 +40,7 @@ pub struct RunOpts {
     pub app: String,
     pub nodes: usize,
     /// The backend `daemon::choose_backend` picked, and the guests' size.
-    pub backend: Booted,
+    pub backend: Host,
     pub memory_mib: u64,
     pub vcpus: u32,
     pub kernel_args: String,
@@ -77,14 +70,14 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
     if o.transport == Transport::Rxe && o.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
     }
-    if o.transport == Transport::Rxe && o.backend == Booted::Kvm {
+    if o.transport == Transport::Rxe && o.backend == Host::Kvm {
         return Err(
             "--transport rxe needs the qemu backend: hcabench's VMM gives its guests \
                     no NIC for SoftRoCE (add --backend qemu)"
                 .into(),
         );
     }
-    if o.backend == Booted::Kvm {
+    if o.backend == Host::Kvm {
         if let Some(f) = &o.faults {
             if !crate::faultrun::load_plan(f)?.nodes.is_empty() {
                 return Err(format!(
@@ -118,7 +111,7 @@ pub fn boot_dsm(
     let dir = std::env::temp_dir().join(format!("hcabench-run-{}", std::process::id()));
     let rxe = o.transport == Transport::Rxe;
     let mut tb = match o.backend {
-        Booted::Qemu => {
+        Host::Qemu => {
             qemu_available()?;
             let shape = QemuShape {
                 nodes: o.nodes,
@@ -129,12 +122,12 @@ pub fn boot_dsm(
             };
             Testbed::boot_qemu(&image, dir.clone(), shape, o.boot_timeout, progress)?
         }
-        Booted::Kvm => {
+        Host::Kvm => {
             let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
             let shape = KvmShape {
                 nodes: o.nodes,
                 ram_mib: o.memory_mib,
-                vcpus: u8::try_from(o.vcpus).map_err(|_| format!("{} vCPUs", o.vcpus))?,
+                vcpus: o.vcpus,
                 kernel_args: o.kernel_args.clone(),
             };
             let fabric = hca_model::Fabric::new();
@@ -213,8 +206,8 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     check(o)?;
     let started = Instant::now();
     let host = match o.backend {
-        Booted::Qemu => "QEMU (TCG)",
-        Booted::Kvm => "KVM (hcabench's VMM)",
+        Host::Qemu => "QEMU (TCG)",
+        Host::Kvm => "KVM (hcabench's VMM)",
     };
     println!(
         "booting {} {host} guests for `{}` ({})",

@@ -13,12 +13,56 @@ use hca_model::{Fabric, Hca};
 use crate::kvm::linux::LinuxBoot;
 use crate::kvm::machine::{Machine, MachineConfig};
 
+/// One node's guest under the VMM.
+pub struct NodeSpec<'a> {
+    pub name: &'a str,
+    pub ram_mib: u64,
+    pub vcpus: u32,
+    /// `hcabench.cmd=` for the guest's init (`shell`, `agent`).
+    pub cmd: &'a str,
+    pub kernel_args: &'a str,
+    pub console_log: PathBuf,
+    pub console_socket: PathBuf,
+    /// Host PCI functions passed through (the `vfio` feature).
+    pub vfio: Vec<PathBuf>,
+}
+
+/// Builds the node's machine on `fabric`, loads the guest image's kernel and initramfs with
+/// the node's command line, and starts its vCPUs: every KVM cluster starts its guests here.
+pub fn start_node(
+    kvm: &kvm_ioctls::Kvm,
+    image: &Image,
+    node: NodeSpec,
+    fabric: &Fabric,
+) -> Result<Machine, String> {
+    let vcpus = u8::try_from(node.vcpus).map_err(|_| format!("{} vCPUs: too many", node.vcpus))?;
+    let mut machine = Machine::new(
+        kvm,
+        MachineConfig {
+            name: node.name.to_string(),
+            ram_bytes: (node.ram_mib << 20) as usize,
+            vcpus,
+            serial_log: Some(node.console_log),
+            console_socket: Some(node.console_socket),
+            vfio: node.vfio,
+        },
+        fabric,
+    )?;
+    machine.load_linux(&LinuxBoot {
+        kernel: image.bzimage.clone(),
+        initramfs: Some(image.initramfs.clone()),
+        cmdline: kernel_cmdline(node.name, node.cmd, node.kernel_args),
+    })?;
+    machine.start()?;
+    Ok(machine)
+}
+
 /// How many guests and of what size.
 #[derive(Clone, Debug)]
 pub struct KvmShape {
     pub nodes: usize,
     pub ram_mib: u64,
-    pub vcpus: u8,
+    pub vcpus: u32,
     /// Appended to each guest's kernel command line.
     pub kernel_args: String,
 }
@@ -95,25 +139,18 @@ pub fn boot(
     let mut guests: Vec<Box<dyn BootedGuest>> = Vec::new();
     for i in 0..shape.nodes {
         let name = format!("node{}", i + 1);
-        let mut machine = Machine::new(
-            kvm,
-            MachineConfig {
-                name: name.clone(),
-                ram_bytes: (shape.ram_mib << 20) as usize,
-                vcpus: shape.vcpus,
-                serial_log: Some(dir.join(format!("{name}.console"))),
-                console_socket: Some(dir.join(format!("{name}.serial"))),
-                vfio: Vec::new(),
-            },
-            fabric,
-        )?;
-        machine.load_linux(&LinuxBoot {
-            kernel: image.bzimage.clone(),
-            initramfs: Some(image.initramfs.clone()),
-            cmdline: kernel_cmdline(&name, "agent", &shape.kernel_args),
-        })?;
         progress(&format!("starting {name} (hcabench's VMM)"));
-        machine.start()?;
+        let node = NodeSpec {
+            name: &name,
+            ram_mib: shape.ram_mib,
+            vcpus: shape.vcpus,
+            cmd: "agent",
+            kernel_args: &shape.kernel_args,
+            console_log: dir.join(format!("{name}.console")),
+            console_socket: dir.join(format!("{name}.serial")),
+            vfio: Vec::new(),
+        };
+        let machine = start_node(kvm, image, node, fabric)?;
         guests.push(Box::new(KvmGuest {
             name,
             machine,

@@ -264,7 +264,7 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     }
     c.validate()?;
     let (backend, why) = daemon::choose_backend(c.backend)?;
-    if backend == "qemu" {
+    if backend == config::Host::Qemu {
         if !c.vfio.is_empty() {
             return Err(format!(
                 "--vfio needs the kvm backend; the backend is qemu ({why})"
@@ -329,7 +329,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     for n in &state.nodes {
         print!("  {}: booting ...", n.name);
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        if backend == "kvm" {
+        if backend == config::Host::Kvm {
             let first = daemon::FIRST_USERSPACE_LINE;
             if let Err(e) = wait_console(&n.console_log, first, deadline, n.pid) {
                 println!(" failed");
@@ -491,11 +491,7 @@ fn dsm_app(
     dsmrun::run(&dsmrun::RunOpts {
         app,
         nodes: cfg.nodes,
-        backend: if backend == "kvm" {
-            dsmrun::Booted::Kvm
-        } else {
-            dsmrun::Booted::Qemu
-        },
+        backend,
         memory_mib: cfg.memory_mib,
         vcpus: cfg.vcpus,
         kernel_args: cfg.kernel_args,
