@@ -76,7 +76,8 @@ pub const FIRST_USERSPACE_LINE: &str = "HCABENCH-INIT";
 /// what happened, then what to do.
 pub fn kvm_boot_advice(err: &str, timeout: Duration) -> String {
     format!(
-        "{err}\n\nhcabench's VMM (KVM) did not bring this guest to userspace within {}s. \
+        "{err}\n\nhcabench's VMM (KVM) did not bring this guest to userspace (it stopped, or \
+         the {}s limit passed). \
          Linux needs a few seconds there on hardware KVM; nested or heavily loaded KVM can be \
          far slower. What to do: run the same command with --backend qemu (QEMU, which needs \
          no KVM), or give KVM longer with --timeout; the kernel's own lines above show where \
