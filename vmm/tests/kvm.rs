@@ -86,6 +86,27 @@ fn test_baremetal_guest_finds_the_hca_and_gets_its_msix_interrupt() {
 }
 
 #[test]
+fn test_a_triple_fault_is_reported_with_where_the_vcpu_stood() {
+    let Some(kvm) = kvm_or_skip("triple fault") else {
+        return;
+    };
+    let fabric = Fabric::new();
+    let mut m = test_machine(&kvm, "vm1", &fabric);
+    // ud2 with no IDT: #UD cannot be delivered, nor the #GP or the #DF after it.
+    m.load_flat(&[0x0f, 0x0b], TEST_GUEST_ENTRY, TEST_GUEST_STACK)
+        .unwrap();
+    let err = m.run(Duration::from_secs(60)).unwrap_err();
+    eprintln!("{err}");
+    assert!(err.contains("the guest triple-faulted"), "{err}");
+    // Intel keeps the faulting state; AMD's KVM resets the vCPU and the error says so.
+    let at_ud2 = format!("rip={TEST_GUEST_ENTRY:#x}");
+    assert!(
+        err.contains(&at_ud2) || err.contains("reset by KVM"),
+        "{err}"
+    );
+}
+
+#[test]
 fn test_two_vms_in_one_process_exchange_an_rdma_write() {
     let Some(kvm) = kvm_or_skip("two VMs") else {
         return;

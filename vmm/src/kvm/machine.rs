@@ -564,6 +564,26 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
     }
 }
 
+/// Where a vCPU stood when it stopped, for the error a user reads: the instruction pointer
+/// and the control registers say how far the kernel got (real mode, paging on, long mode).
+fn vcpu_state(vcpu: &VcpuFd) -> String {
+    match (vcpu.get_regs(), vcpu.get_sregs()) {
+        // After a shutdown intercept, KVM on AMD resets the vCPU (SVM leaves its state
+        // undefined), so the reset vector says nothing about where the guest failed.
+        (Ok(r), Ok(s)) if r.rip == 0xfff0 && s.cs.selector == 0xf000 => {
+            "the vCPU was reset by KVM (on AMD the faulting state is not kept; the console \
+             shows how far the kernel got)"
+                .into()
+        }
+        (Ok(r), Ok(s)) => format!(
+            "vCPU at rip={:#x} rsp={:#x} cs={:#x} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} \
+             efer={:#x}",
+            r.rip, r.rsp, s.cs.selector, s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+        ),
+        (Err(e), _) | (_, Err(e)) => format!("vCPU state unreadable ({e})"),
+    }
+}
+
 fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), String> {
     while !d.stop.load(Ordering::SeqCst) {
         match vcpu.run() {
@@ -572,11 +592,18 @@ fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), String> {
             Ok(VcpuExit::MmioRead(addr, data)) => mmio(d, addr, Some(data), None),
             Ok(VcpuExit::MmioWrite(addr, data)) => mmio(d, addr, None, Some(data)),
             Ok(VcpuExit::Hlt) => return Err("the guest halted with interrupts off".into()),
-            Ok(VcpuExit::Shutdown) => return Err("the guest triple-faulted (shutdown)".into()),
+            Ok(VcpuExit::Shutdown) => {
+                return Err(format!(
+                    "the guest triple-faulted (shutdown); {}",
+                    vcpu_state(&vcpu)
+                ))
+            }
             Ok(VcpuExit::InternalError) => {
-                return Err("KVM internal error: this host's KVM could not run an \
-                            instruction (emulation failure)"
-                    .into())
+                return Err(format!(
+                    "KVM internal error: this host's KVM could not run an instruction \
+                     (emulation failure); {}",
+                    vcpu_state(&vcpu)
+                ))
             }
             Ok(other) => return Err(format!("unexpected exit: {other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
