@@ -1,13 +1,16 @@
 #!/bin/busybox sh
 # Init of the nested KVM host (L1, see images/nested.py): loads Debian's kvm_amd, checks
 # that /dev/kvm is there, runs /job.sh and powers off. Lines for ci/nested-kvm.sh start
-# with "NESTED-".
+# with "NESTED-". L1's kernel writes to ttyS1 (console=ttyS1); this init and the commands
+# write to ttyS0, so that an alarm of L1's own kernel is never confused with an L2 guest's
+# console that the commands print.
 /bin/busybox mkdir -p /proc /sys /dev /tmp /run
 /bin/busybox --install -s /bin
 export PATH=/opt/hcabench/bin:/usr/bin:/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+exec > /dev/ttyS0 2>&1
 mount -t tmpfs tmpfs /run
 export XDG_RUNTIME_DIR=/run
 dmesg -n 1
