@@ -106,7 +106,7 @@ static int find_hca(void)
 		if (id == 0xffffffff)
 			continue;
 		say("pci-device", (unsigned long)dev << 32 | id);
-		if (id == (0x21a8u << 16 | 0x1234))
+		if (id == (HCA_PCI_DEVICE_HCABENCH << 16 | HCA_PCI_VENDOR_HCABENCH))
 			return dev;
 	}
 	return -1;

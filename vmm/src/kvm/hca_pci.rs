@@ -9,15 +9,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use hca_model::abi::{BAR2_SIZE, NUM_VECTORS};
+use hca_model::abi::{BAR2_SIZE, NUM_VECTORS, PCI_DEVICE_HCABENCH, PCI_VENDOR_HCABENCH};
 use hca_model::InterruptSink;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::irq::{GsiRouter, MsixTable};
 use super::pci::PciFunction;
 
-pub const VENDOR_ID: u32 = 0x1234;
-pub const DEVICE_ID: u32 = 0x21a8;
 /// Where the BARs start (the guest may move them; the machine follows).
 pub const BAR0_GPA: u64 = 0xe000_0000;
 pub const BAR1_GPA: u64 = 0xe000_1000;
@@ -177,14 +175,14 @@ impl HcaPci {
 impl PciFunction for HcaPci {
     fn config_read(&mut self, off: u32) -> u32 {
         match off {
-            0x00 => DEVICE_ID << 16 | VENDOR_ID,
+            0x00 => PCI_DEVICE_HCABENCH << 16 | PCI_VENDOR_HCABENCH,
             0x04 => self.command | 0x0010 << 16, // status: capability list
             0x08 => 0x0c06_0001,                 // class: InfiniBand controller, rev 1
             0x10 => self.bars[0] as u32,
             0x14 => self.bars[1] as u32,
             0x18 => self.bars[2] as u32 | 0xc, // 64-bit, prefetchable
             0x1c => (self.bars[2] >> 32) as u32,
-            0x2c => DEVICE_ID << 16 | VENDOR_ID,
+            0x2c => PCI_DEVICE_HCABENCH << 16 | PCI_VENDOR_HCABENCH,
             0x34 => MSIX_CAP,
             MSIX_CAP => 0x11 | self.msix.control() << 16,
             0x44 => 1,                     // table: BAR1 offset 0
