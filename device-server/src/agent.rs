@@ -8,6 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::console_protocol;
+
 /// One guest's shell.
 pub struct Agent {
     pub name: String,
@@ -18,7 +20,7 @@ pub struct Agent {
 
 impl Agent {
     /// Connects to the console socket (QEMU creates it at start-up) and checks the shell
-    /// answers. Call after the guest printed `HCABENCH-AGENT`.
+    /// answers. Call after the guest printed [`console_protocol::AGENT`].
     pub fn connect(name: &str, socket: &Path, timeout: Duration) -> Result<Agent, String> {
         let deadline = Instant::now() + timeout;
         let stream = loop {
@@ -64,7 +66,7 @@ impl Agent {
     /// Runs `cmd`; its exit status and output, whatever the status.
     pub fn status(&mut self, cmd: &str, timeout: Duration) -> Result<(i32, String), String> {
         self.seq += 1;
-        let marker = format!("HCABENCH-RC {} ", self.seq);
+        let marker = format!("{} {} ", console_protocol::RC, self.seq);
         // The command on its own line (it may end in `&`), then the marker. Its stdin is
         // /dev/null: the shell's stdin is the console, and the next commands must stay there.
         // The blank lines after it push the command through the guest's 16550 receive FIFO:

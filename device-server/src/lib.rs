@@ -9,6 +9,7 @@
 //! so an RDMA WRITE is one copy from one guest's RAM file into another's.
 
 pub mod agent;
+pub mod console_protocol;
 pub mod dsm;
 mod guest_ram;
 pub mod ivshmem;

@@ -3,7 +3,7 @@
 //! Each guest boots the image `images/build.py` made (the ELF vmlinux through PVH, the
 //! initramfs), has its RAM in a shared file the device server maps, and its HCA as an
 //! ivshmem-doorbell device on the node's socket. Its serial console goes to a log file; the
-//! guest's init prints lines starting with `HCABENCH-` that callers wait for.
+//! guest's init prints lines of [`crate::console_protocol`] that callers wait for.
 
 use std::fs;
 use std::io;

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::agent::Agent;
+use crate::console_protocol;
 use crate::qemu::{BootedGuest, Guest, GuestSpec, Image, NetSpec};
 use crate::{DeviceServer, NodeConfig};
 use hca_model::{Fabric, Hca};
@@ -245,7 +246,7 @@ impl Testbed {
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), String> {
         for g in &mut self.guests {
-            let (_, took) = g.wait_line("HCABENCH-AGENT", boot_timeout)?;
+            let (_, took) = g.wait_line(console_protocol::AGENT, boot_timeout)?;
             progress(&format!("{} booted ({took:.1?})", g.name()));
             let sock = self.dir.join(format!("{}.serial", g.name()));
             let agent = Agent::connect(g.name(), &sock, boot_timeout)

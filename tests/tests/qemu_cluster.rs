@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use device_server::console_protocol::{INIT, PCI, PROBE, READY};
 use e2e::{image_or_skip, Cluster, BOOT_TIMEOUT};
 
 /// Parses `key=value` out of a console line.
@@ -22,14 +23,14 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
     // Every guest boots, finds its HCA on PCI, reads its LID from BAR2, and gets MSI-X
     // interrupts back for doorbells it rings.
     for (i, g) in c.guests.iter_mut().enumerate() {
-        let (init, _) = g.wait_line("HCABENCH-INIT", BOOT_TIMEOUT).unwrap();
+        let (init, _) = g.wait_line(INIT, BOOT_TIMEOUT).unwrap();
         assert_eq!(
             field(&init, "node"),
             Some(format!("node{}", i + 1).as_str())
         );
-        g.wait_line("HCABENCH-PCI ", BOOT_TIMEOUT).unwrap();
+        g.wait_line(&format!("{PCI} "), BOOT_TIMEOUT).unwrap();
         let (found, _) = g
-            .wait_line("HCABENCH-PROBE HCA found", BOOT_TIMEOUT)
+            .wait_line(&format!("{PROBE} HCA found"), BOOT_TIMEOUT)
             .unwrap();
         assert_eq!(
             field(&found, "lid"),
@@ -42,11 +43,11 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
             "port ACTIVE: {found}"
         );
         let (rtt, _) = g
-            .wait_line("HCABENCH-PROBE doorbell-irq", BOOT_TIMEOUT)
+            .wait_line(&format!("{PROBE} doorbell-irq"), BOOT_TIMEOUT)
             .map_err(|e| format!("{e}\n{}", g.console()))
             .unwrap();
         eprintln!("{}: {rtt}", g.name);
-        let (ready, at) = g.wait_line("HCABENCH-READY", BOOT_TIMEOUT).unwrap();
+        let (ready, at) = g.wait_line(READY, BOOT_TIMEOUT).unwrap();
         eprintln!("{}: {ready} ({at:.2?} after QEMU started)", g.name);
     }
     eprintln!("2-node cluster up in {:.2?}", started.elapsed());

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use device_server::console_protocol::{INIT, PROBE, READY};
 use device_server::dsm::{close_all, configure, connect_mesh, run_everywhere};
 use device_server::qemu::{qemu_available, Image};
 use device_server::verbs::{float, BwResult, Mode, PingResult, QemuShape, Testbed};
@@ -52,9 +53,9 @@ pub fn run(b: &VerbsBench) -> Result<(), String> {
         if let Some(l) = g
             .console_lines()
             .into_iter()
-            .find(|l| l.starts_with("HCABENCH-PROBE doorbell-irq"))
+            .find(|l| l.starts_with(&format!("{PROBE} doorbell-irq")))
         {
-            println!("  {}: {}", g.name(), &l["HCABENCH-PROBE ".len()..]);
+            println!("  {}: {}", g.name(), &l[PROBE.len() + 1..]);
         }
     }
     tb.rxe_up()?;
@@ -373,8 +374,8 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         // when they were read, so the guest's own uptime in them is the measure.
         let mut boot = Vec::new();
         for g in &mut tb.guests {
-            let (user, _) = g.wait_line(crate::daemon::FIRST_USERSPACE_LINE, timeout)?;
-            let (ready, _) = g.wait_line("HCABENCH-READY", timeout)?;
+            let (user, _) = g.wait_line(INIT, timeout)?;
+            let (ready, _) = g.wait_line(READY, timeout)?;
             boot.push((float(&user, "uptime")?, float(&ready, "uptime")?));
         }
         tb.connect("hcab0")?;

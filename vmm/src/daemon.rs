@@ -67,11 +67,6 @@ pub fn choose_backend(requested: Backend) -> Result<(Host, String), String> {
     }
 }
 
-/// The first line a guest's userspace prints (images/init.sh): under KVM it comes seconds
-/// after the kernel starts, and a guest that has not printed it within the boot timeout is
-/// stuck in the kernel.
-pub const FIRST_USERSPACE_LINE: &str = "HCABENCH-INIT";
-
 /// What to tell a user whose guest did not reach userspace under hcabench's VMM in time:
 /// what happened, then what to do.
 pub fn kvm_boot_advice(err: &str, timeout: Duration) -> String {

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use device_server::console_protocol::{INIT, PROBE, READY};
 use device_server::qemu::complete_lines;
 
 use config::ClusterConfig;
@@ -330,15 +331,16 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
         print!("  {}: booting ...", n.name);
         let _ = std::io::Write::flush(&mut std::io::stdout());
         if backend == config::Host::Kvm {
-            let first = daemon::FIRST_USERSPACE_LINE;
-            if let Err(e) = wait_console(&n.console_log, first, deadline, n.pid) {
+            // The first userspace line comes seconds after the kernel starts under KVM: a
+            // guest that has not printed it by the deadline is stuck in the kernel.
+            if let Err(e) = wait_console(&n.console_log, INIT, deadline, n.pid) {
                 println!(" failed");
                 let _ = down(run);
                 let e = format!("{}: {e}", n.name);
                 return Err(daemon::kvm_boot_advice(&e, Duration::from_secs(a.timeout)));
             }
         }
-        match wait_console(&n.console_log, "HCABENCH-READY", deadline, n.pid) {
+        match wait_console(&n.console_log, READY, deadline, n.pid) {
             Ok(()) => println!(" ready ({:.1?})", started.elapsed()),
             Err(e) => {
                 println!(" failed");
@@ -434,7 +436,7 @@ fn status(run: &RunDir) -> Result<(), String> {
         let stopped = log.iter().any(|l| l.starts_with(daemon::GUEST_STOPPED));
         let state = if !pid_alive(n.pid) || stopped {
             "dead"
-        } else if log.iter().any(|l| l.starts_with("HCABENCH-READY")) {
+        } else if log.iter().any(|l| l.starts_with(READY)) {
             "ready"
         } else {
             "booting"
@@ -518,7 +520,7 @@ fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
     for n in &state.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
         for l in complete_lines(&String::from_utf8_lossy(&log)) {
-            if let Some(rest) = l.strip_prefix("HCABENCH-PROBE ") {
+            if let Some(rest) = l.strip_prefix(PROBE).and_then(|r| r.strip_prefix(' ')) {
                 if rest.starts_with("HCA found") || rest.starts_with("doorbell") {
                     println!("{}: {rest}", n.name);
                 }

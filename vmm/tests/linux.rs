@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use device_server::console_protocol::{ERROR, IB, READY};
 use e2e::{image_only_or_skip, skipped};
 use hca_model::Fabric;
 use hcabench::kvm::linux::LinuxBoot;
@@ -54,16 +55,17 @@ fn test_linux_boots_under_kvm_and_finds_the_hca() {
     let mut m = linux_machine(&kvm, 512, &boot);
     m.start().unwrap();
     let out = m
-        .wait(Duration::from_secs(120), |s| s.contains("HCABENCH-READY"))
+        .wait(Duration::from_secs(120), |s| s.contains(READY))
         .unwrap();
     eprintln!("{}", out.serial);
-    assert!(out.serial.contains("HCABENCH-READY"), "{}", out.serial);
+    assert!(out.serial.contains(READY), "{}", out.serial);
     assert!(
-        out.serial.contains("HCABENCH-IB hcab0 lid=1 state=ACTIVE"),
+        out.serial
+            .contains(&format!("{IB} hcab0 lid=0x1 state=ACTIVE")),
         "{}",
         out.serial
     );
-    assert!(!out.serial.contains("HCABENCH-ERROR"), "{}", out.serial);
+    assert!(!out.serial.contains(ERROR), "{}", out.serial);
     eprintln!("Linux booted to READY under KVM in {:.1?}", out.elapsed);
 }
 
