@@ -35,6 +35,7 @@ check "the LAPIC timer runs in TSC-deadline mode" "TSC deadline timer available"
 check "the CMOS RTC sets the wall clock" "rtc_cmos rtc_cmos: setting system clock to 20" "$c"
 check "userspace starts" "HCABENCH-INIT node=node1" "$c"
 check "hca_ib registers hcab0, port ACTIVE" "HCABENCH-IB hcab0 lid=0x1 state=ACTIVE" "$c"
+check "node1's GUID is its LID's, as under QEMU" "guid=0002:c903:0000:0001" "$c"
 check "doorbell ioeventfd -> MSI-X irqfd round trips" "HCABENCH-PROBE doorbell-irq rounds=200" "$c"
 hcabench down > /dev/null
 

@@ -57,7 +57,9 @@ if insmod $x/hca_ib.ko && insmod $x/vbench.ko && insmod $x/dsm.ko; then
 	for p in /sys/class/infiniband/*/ports/1; do
 		[ -e "$p" ] || { say "ERROR no ib_device registered"; break; }
 		dev=${p#/sys/class/infiniband/}
-		say "IB ${dev%%/*} lid=$(cat "$p/lid") state=$(cut -d' ' -f2 < "$p/state")"
+		dev=${dev%%/*}
+		say "IB $dev lid=$(cat "$p/lid") state=$(cut -d' ' -f2 < "$p/state")" \
+			"guid=$(cat "/sys/class/infiniband/$dev/node_guid")"
 	done
 else
 	say "ERROR hca_ib, vbench or dsm did not load"

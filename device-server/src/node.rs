@@ -211,7 +211,7 @@ impl NodeThread {
         let own: Vec<RawFd> = irqs.iter().map(|e| e.as_raw_fd()).collect();
         let device: Vec<RawFd> = doorbells.iter().map(|e| e.as_raw_fd()).collect();
         let ram = Arc::new(QemuRam::new(self.cfg.ram_path.clone(), self.cfg.ram_size));
-        let guid = 0x0002_c903_0000_0000 | u64::from(self.lid);
+        let guid = hca_model::abi::node_guid(self.lid);
         let hca = Hca::with_dma(ram, bar2, Arc::new(GuestIrqs(irqs)), guid);
         hca.set_doorbell_peer(u32::from(DEVICE_PEER));
         hca.attach_at(&self.fabric, self.lid)

@@ -50,8 +50,21 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-verbs", std::process::id()));
     let mut tb = Testbed::boot(&image, dir, 256, BOOT_TIMEOUT, &mut |_| {}).unwrap();
 
-    // The provider registered an IB device with ib_core, visible to the standard tools.
-    for a in tb.agents.iter_mut() {
+    // The provider registered an IB device with ib_core, visible to the standard tools,
+    // with the node GUID of its LID (the same on every backend and every run).
+    for (i, a) in tb.agents.iter_mut().enumerate() {
+        let guid = a
+            .run("cat /sys/class/infiniband/hcab0/node_guid", T)
+            .unwrap();
+        let want = hca_model::abi::node_guid(i as u16 + 1);
+        let want = format!(
+            "{:04x}:{:04x}:{:04x}:{:04x}",
+            want >> 48,
+            (want >> 32) & 0xffff,
+            (want >> 16) & 0xffff,
+            want & 0xffff
+        );
+        assert_eq!(guid.trim(), want);
         let link = a.run("rdma link show", T).unwrap();
         assert!(
             link.contains("hcab0/1") && link.contains("state ACTIVE"),

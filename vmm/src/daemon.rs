@@ -236,6 +236,7 @@ fn run_kvm(
         };
         let spec = NodeSpec {
             name: &name,
+            lid: node.lid,
             ram_mib: cfg.memory_mib,
             vcpus: cfg.vcpus,
             cmd: "shell",

@@ -16,6 +16,7 @@ use crate::kvm::machine::{Machine, MachineConfig};
 /// One node's guest under the VMM.
 pub struct NodeSpec<'a> {
     pub name: &'a str,
+    pub lid: hca_model::Lid,
     pub ram_mib: u64,
     pub vcpus: u32,
     /// `hcabench.cmd=` for the guest's init (`shell`, `agent`).
@@ -40,6 +41,7 @@ pub fn start_node(
         kvm,
         MachineConfig {
             name: node.name.to_string(),
+            lid: node.lid,
             ram_bytes: (node.ram_mib << 20) as usize,
             vcpus,
             serial_log: Some(node.console_log),
@@ -142,6 +144,7 @@ pub fn boot(
         progress(&format!("starting {name} (hcabench's VMM)"));
         let node = NodeSpec {
             name: &name,
+            lid: (i + 1) as u16,
             ram_mib: shape.ram_mib,
             vcpus: shape.vcpus,
             cmd: "agent",

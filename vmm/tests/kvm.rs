@@ -28,14 +28,15 @@ fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     }
 }
 
-/// A 16 MiB VM on `fabric` with the test guest loaded.
-fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, fabric: &Fabric) -> Machine {
-    test_machine_with_console(kvm, name, fabric, None)
+/// A 16 MiB VM on `fabric` at `lid` with the test guest loaded.
+fn test_machine(kvm: &kvm_ioctls::Kvm, name: &str, lid: u16, fabric: &Fabric) -> Machine {
+    test_machine_with_console(kvm, name, lid, fabric, None)
 }
 
 fn test_machine_with_console(
     kvm: &kvm_ioctls::Kvm,
     name: &str,
+    lid: u16,
     fabric: &Fabric,
     console_socket: Option<std::path::PathBuf>,
 ) -> Machine {
@@ -43,6 +44,7 @@ fn test_machine_with_console(
         kvm,
         MachineConfig {
             name: name.into(),
+            lid,
             ram_bytes: 16 << 20,
             vcpus: 1,
             serial_log: None,
@@ -71,7 +73,7 @@ fn test_baremetal_guest_finds_the_hca_and_gets_its_msix_interrupt() {
         return;
     };
     let fabric = Fabric::new();
-    let mut m = test_machine(&kvm, "vm1", &fabric);
+    let mut m = test_machine(&kvm, "vm1", 1, &fabric);
     let out = m.run(Duration::from_secs(120)).unwrap();
     eprintln!("{}", out.serial);
     assert_eq!(out.exit_code, Some(0), "{out:?}");
@@ -91,7 +93,7 @@ fn test_a_triple_fault_is_reported_with_where_the_vcpu_stood() {
         return;
     };
     let fabric = Fabric::new();
-    let mut m = test_machine(&kvm, "vm1", &fabric);
+    let mut m = test_machine(&kvm, "vm1", 1, &fabric);
     // ud2 with no IDT: #UD cannot be delivered, nor the #GP or the #DF after it.
     m.load_flat(&[0x0f, 0x0b], TEST_GUEST_ENTRY, TEST_GUEST_STACK)
         .unwrap();
@@ -112,8 +114,8 @@ fn test_two_vms_in_one_process_exchange_an_rdma_write() {
         return;
     };
     let fabric = Fabric::new();
-    let mut writer = test_machine(&kvm, "vm1", &fabric);
-    let mut target = test_machine(&kvm, "vm2", &fabric);
+    let mut writer = test_machine(&kvm, "vm1", 1, &fabric);
+    let mut target = test_machine(&kvm, "vm2", 2, &fabric);
     let (wmem, tmem) = (writer.memory(), target.memory());
     set_role(&wmem, Role::Writer).unwrap();
     set_role(&tmem, Role::Target).unwrap();
@@ -157,7 +159,7 @@ fn test_console_socket_shows_output_and_types_into_the_serial_port() {
     };
     let sock = std::env::temp_dir().join(format!("hcab-console-{}.sock", std::process::id()));
     let fabric = Fabric::new();
-    let mut m = test_machine_with_console(&kvm, "vm1", &fabric, Some(sock.clone()));
+    let mut m = test_machine_with_console(&kvm, "vm1", 1, &fabric, Some(sock.clone()));
     set_role(&m.memory(), Role::Echo).unwrap();
     // Attached before the guest starts: the client sees everything it prints.
     let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
@@ -206,6 +208,7 @@ fn test_passthrough_that_cannot_work_is_refused_with_the_reason() {
         &kvm,
         MachineConfig {
             name: "vfio".into(),
+            lid: 1,
             ram_bytes: 16 << 20,
             vcpus: 1,
             serial_log: None,

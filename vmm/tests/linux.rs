@@ -21,6 +21,7 @@ fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Mac
         kvm,
         MachineConfig {
             name: "node1".into(),
+            lid: 1,
             ram_bytes: ram_mib << 20,
             vcpus: 2,
             serial_log: None,

@@ -85,7 +85,7 @@ impl Driver {
             mem.clone(),
             DeviceMemory::new().expect("bar2"),
             irq.clone(),
-            0x0002_c903_0000_0000 | u64::from(rand_tag()),
+            hca_model::abi::NODE_GUID_PREFIX | u64::from(rand_tag()),
         );
         if let Some(f) = fabric {
             hca.attach(f);

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hca_model::abi::{BAR0_DOORBELL, BAR2_SIZE, DOORBELL_PEER_SHIFT, NUM_VECTORS};
+use hca_model::abi::{self, BAR0_DOORBELL, BAR2_SIZE, DOORBELL_PEER_SHIFT, NUM_VECTORS};
 use hca_model::DeviceMemory;
-use hca_model::Fabric;
 use hca_model::Hca;
+use hca_model::{Fabric, Lid};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vm_superio::Serial;
@@ -38,6 +38,8 @@ const DOORBELL_PEER: u32 = 0;
 
 pub struct MachineConfig {
     pub name: String,
+    /// The HCA's LID on the fabric; its node GUID follows from it ([`abi::node_guid`]).
+    pub lid: Lid,
     pub ram_bytes: usize,
     /// 1 to [`mptable::MAX_VCPUS`]; vCPU 0 boots, the others wait for the guest's SIPI.
     pub vcpus: u8,
@@ -161,9 +163,10 @@ impl Machine {
         let bar2 = DeviceMemory::new().map_err(|e| format!("BAR2: {e}"))?;
         let router = GsiRouter::new(vm.clone())?;
         let msix = Msix::new(router.clone())?;
-        let hca = Hca::new(mem.clone(), bar2, msix.clone(), node_guid(&cfg.name));
+        let hca = Hca::new(mem.clone(), bar2, msix.clone(), abi::node_guid(cfg.lid));
         hca.set_doorbell_peer(DOORBELL_PEER);
-        hca.attach(fabric);
+        hca.attach_at(fabric, cfg.lid)
+            .map_err(|e| format!("{}: {e}", cfg.name))?;
 
         let fds: Arc<Vec<EventFd>> = Arc::new(
             (0..NUM_VECTORS)
@@ -493,15 +496,6 @@ fn lapic_bytes(l: &mut kvm_bindings::kvm_lapic_state) -> &mut [u8] {
 /// The captured serial output as text.
 fn serial_text(buf: &Mutex<Vec<u8>>) -> String {
     String::from_utf8_lossy(&buf.lock().unwrap()).into_owned()
-}
-
-/// A stable GUID from the machine's name.
-fn node_guid(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    0x0002_c903_0000_0000 | (h & 0xffff_ffff)
 }
 
 fn io_out(d: &Devices, port: u16, data: &[u8]) {
