@@ -39,7 +39,15 @@ impl HcaState {
         let mut out = [0u8; 64];
         let status = match self.execute(&mb, &mut out) {
             Ok(()) => CMD_OK,
-            Err(s) => s,
+            Err(s) => {
+                log::debug!(
+                    "LID {}: command {:#x} (seq {}) refused with status {s:#x}",
+                    self.lid,
+                    mb.opcode,
+                    mb.seq
+                );
+                s
+            }
         };
         let off = |f: usize| BAR2_MAILBOX_OFFSET + f as u32;
         self.bar2

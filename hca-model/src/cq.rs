@@ -34,6 +34,17 @@ impl HcaState {
     /// Writes `cqe` (owner byte last) to CQ `cqn`. `solicited` marks a CQE that fires a CQ
     /// armed for solicited events only.
     pub(crate) fn post_cqe(&mut self, cqn: u32, mut cqe: HcaCqe, solicited: bool) {
+        if cqe.status != WC_SUCCESS as u8 {
+            log::debug!(
+                "LID {}: CQ {cqn:#x}: error completion, status {} opcode {} on QP {:#x} \
+                 (wr_id {:#x})",
+                self.lid,
+                cqe.status,
+                cqe.opcode,
+                cqe.qpn,
+                cqe.wr_id
+            );
+        }
         let mem = self.mem.clone();
         let ci = self.bar2.load_u32(cq_db(cqn));
         let Some(cq) = self.cqs.get_mut(cqn) else {

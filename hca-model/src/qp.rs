@@ -367,6 +367,11 @@ impl HcaState {
         let recv_cqn = qp.recv_cqn;
         let pending: Vec<Pending> = qp.pending.drain(..).collect();
         let cqn = qp.send_cqn;
+        log::debug!(
+            "LID {}: QP {qpn:#x} to ERR; {} outstanding WRs flushed",
+            self.lid,
+            pending.len()
+        );
         if let Some(wr_id) = half_received {
             self.post_status(recv_cqn, qpn, wr_id, CQE_OP_RECV, WC_WR_FLUSH_ERR);
         }
@@ -378,6 +383,10 @@ impl HcaState {
 
     /// A local catastrophic error (bad ring index, unreadable WQE): async event, then ERR.
     pub(crate) fn qp_fatal(&mut self, qpn: u32, reason: u32) {
+        log::debug!(
+            "LID {}: QP {qpn:#x} fatal error (reason {reason:#x})",
+            self.lid
+        );
         self.post_event(VEC_ASYNC, EV_QP_FATAL, qpn, reason);
         if let Some(qp) = self.qps.get_mut(qpn) {
             // The indices cannot be trusted: drop what is posted rather than flush garbage.

@@ -189,6 +189,12 @@ impl HcaState {
 
     /// NAKs `req` and, unless it is an RNR NAK, moves this QP to ERR.
     fn nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+        log::debug!(
+            "LID {}: QP {qpn:#x} NAKs PSN {:#x} from LID {} (syndrome {syndrome:#x})",
+            self.lid,
+            req.psn,
+            req.slid
+        );
         self.transmit_nak(qpn, req, syndrome);
         if syndrome & 0xe0 != AETH_RNR_NAK {
             if syndrome == AETH_NAK_REM_ACCESS {
