@@ -178,6 +178,9 @@ struct UpArgs {
 }
 
 fn main() -> ExitCode {
+    // What the device and the hosts decide goes to stderr (the daemon's: daemon.log):
+    // warnings by default, RUST_LOG=debug for every refused command, QP error and NAK.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let run = RunDir::resolve(cli.run_dir);
     let result = match cli.cmd {

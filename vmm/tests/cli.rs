@@ -7,7 +7,13 @@ use std::process::{Command, Output};
 use e2e::{image_or_skip, repo_root};
 
 fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
+    hcabench_with_log(run_dir, args, "warn")
+}
+
+/// `hcabench` with RUST_LOG set to `filter`.
+fn hcabench_with_log(run_dir: &Path, args: &[&str], filter: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hcabench"))
+        .env("RUST_LOG", filter)
         .arg("--run-dir")
         .arg(run_dir)
         .args(args)
@@ -81,9 +87,10 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let cfg = cfg.to_str().unwrap();
 
     let pcap = dir.0.join("fabric.pcap");
-    let up = hcabench(
+    let up = hcabench_with_log(
         &dir.0,
         &["up", "--config", cfg, "--capture", pcap.to_str().unwrap()],
+        "debug",
     );
     assert!(up.status.success(), "{}", text(&up));
     assert!(
@@ -123,6 +130,12 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     assert!(text(&job).contains("available: probe"), "{}", text(&job));
 
     live_faults_reach_the_running_cluster(&dir.0);
+    // RUST_LOG reaches the daemon: the device server's decisions are in its log.
+    let daemon_log = std::fs::read_to_string(dir.0.join("daemon.log")).unwrap();
+    assert!(
+        daemon_log.contains("node1: guest connected, HCA up at LID 1"),
+        "{daemon_log}"
+    );
 
     let qemu_pids: Vec<u32> = std::fs::read_to_string(dir.0.join("state.toml"))
         .unwrap()
