@@ -290,12 +290,51 @@ impl State {
         *c - 1
     }
 
-    fn log(&mut self, line: std::fmt::Arguments) {
+    fn log(&mut self, line: &LogLine) {
         if let Some(log) = self.log.as_mut() {
-            let _ = log.write_fmt(line);
-            let _ = log.write_all(b"\n");
+            if serde_json::to_writer(&mut *log, line).is_ok() {
+                let _ = log.write_all(b"\n");
+            }
         }
     }
+}
+
+/// One decision in the JSON-lines log: the time, where (a node, an HCA or a link), what,
+/// and the packet or event it hit. Absent fields are left out.
+#[derive(Default, serde::Serialize)]
+struct LogLine {
+    t_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hca: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    link: Option<String>,
+    /// Which draw of its stream (packet, doorbell, interrupt, WQE, CQE) this was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    n: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slid: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dlid: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opcode: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    qpn: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    psn: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    class: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vector: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cqn: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fault: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delay_ns: Option<u64>,
 }
 
 /// A plan at work: `fabric.set_hook(Some(hook.clone()))` for the links,
@@ -460,9 +499,12 @@ impl FaultHook {
                 "kill".to_string()
             }
         };
-        st.log(format_args!(
-            "{{\"t_ns\":{t},\"node\":\"lid{lid}\",\"live\":\"{what}\"}}"
-        ));
+        st.log(&LogLine {
+            t_ns: t,
+            node: Some(format!("lid{lid}")),
+            live: Some(what),
+            ..Default::default()
+        });
     }
 
     /// The live rule for node `lid`'s link, if a live change set one.
@@ -481,9 +523,12 @@ impl FaultHook {
                 st.dead.insert(n.lid, at);
                 st.counts.nodes_killed += 1;
                 let lid = n.lid;
-                st.log(format_args!(
-                    "{{\"t_ns\":{t},\"node\":\"lid{lid}\",\"fault\":\"kill\"}}"
-                ));
+                st.log(&LogLine {
+                    t_ns: t,
+                    node: Some(format!("lid{lid}")),
+                    fault: Some("kill"),
+                    ..Default::default()
+                });
             }
         }
         let fresh: Vec<u16> = st
@@ -560,7 +605,7 @@ impl FaultHook {
         lid: u16,
         n: u64,
         f: AdapterFault,
-        extra: &str,
+        mut line: LogLine,
     ) {
         let c = &mut st.counts;
         let (counter, what) = match f {
@@ -571,9 +616,11 @@ impl FaultHook {
             AdapterFault::CqOverflow => (&mut c.cq_overflows, "cq-overflow"),
         };
         *counter += 1;
-        st.log(format_args!(
-            "{{\"t_ns\":{t},\"hca\":\"lid{lid}\",\"n\":{n},{extra}\"fault\":\"{what}\"}}"
-        ));
+        line.t_ns = t;
+        line.hca = Some(format!("lid{lid}"));
+        line.n = Some(n);
+        line.fault = Some(what);
+        st.log(&line);
     }
 }
 
@@ -598,22 +645,22 @@ impl LinkHook for FaultHook {
             Fault::Reorder => c.reordered += 1,
             Fault::Delay(_) => c.delayed += 1,
         }
-        let extra = match fault {
-            Fault::Delay(ns) => format!(",\"delay_ns\":{ns}"),
-            _ => String::new(),
-        };
-        st.log(format_args!(
-            "{{\"t_ns\":{t},\"link\":\"lid{}-{}\",\"n\":{n},\"slid\":{},\"dlid\":{},\
-             \"opcode\":{},\"qpn\":{},\"psn\":{},\"fault\":\"{}\"{extra}}}",
-            link.lid,
-            dir_name(link.dir),
-            pkt.slid,
-            pkt.dlid,
-            pkt.opcode,
-            pkt.dest_qpn,
-            pkt.psn,
-            fault.name()
-        ));
+        st.log(&LogLine {
+            t_ns: t,
+            link: Some(format!("lid{}-{}", link.lid, dir_name(link.dir))),
+            n: Some(n),
+            slid: Some(pkt.slid),
+            dlid: Some(pkt.dlid),
+            opcode: Some(pkt.opcode),
+            qpn: Some(pkt.dest_qpn),
+            psn: Some(pkt.psn),
+            fault: Some(fault.name()),
+            delay_ns: match fault {
+                Fault::Delay(ns) => Some(ns),
+                _ => None,
+            },
+            ..Default::default()
+        });
         fault.verdict()
     }
 }
@@ -629,8 +676,11 @@ impl AdapterHook for FaultHook {
             return true;
         }
         let t = self.plan_ns(now_ns);
-        let extra = format!("\"class\":{class},");
-        self.adapter_fault(&mut st, t, lid, n, AdapterFault::DoorbellLost, &extra);
+        let line = LogLine {
+            class: Some(class),
+            ..Default::default()
+        };
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::DoorbellLost, line);
         false
     }
 
@@ -645,14 +695,17 @@ impl AdapterHook for FaultHook {
         let s = Stream::Interrupt(lid);
         let n = st.next(s);
         let t = self.plan_ns(now_ns);
-        let extra = format!("\"vector\":{vector},");
+        let line = LogLine {
+            vector: Some(vector),
+            ..Default::default()
+        };
         let seed = self.plan.seed;
         if uniform(seed, s, n, Draw::Lose) < a.lose_interrupt {
-            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLost, &extra);
+            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLost, line);
             return IrqFate::Lose;
         }
         if uniform(seed, s, n, Draw::Late) < a.late_interrupt {
-            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLate, &extra);
+            self.adapter_fault(&mut st, t, lid, n, AdapterFault::InterruptLate, line);
             return IrqFate::Late(a.late_interrupt_us * 1000);
         }
         IrqFate::Deliver
@@ -670,8 +723,11 @@ impl AdapterHook for FaultHook {
             return None;
         }
         let t = self.plan_ns(now_ns);
-        let extra = format!("\"qpn\":{qpn},");
-        self.adapter_fault(&mut st, t, lid, n, AdapterFault::WqeError, &extra);
+        let line = LogLine {
+            qpn: Some(qpn),
+            ..Default::default()
+        };
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::WqeError, line);
         Some(crate::abi::WC_GENERAL_ERR)
     }
 
@@ -688,8 +744,11 @@ impl AdapterHook for FaultHook {
             return false;
         }
         let t = self.plan_ns(now_ns);
-        let extra = format!("\"cqn\":{cqn},");
-        self.adapter_fault(&mut st, t, lid, n, AdapterFault::CqOverflow, &extra);
+        let line = LogLine {
+            cqn: Some(cqn),
+            ..Default::default()
+        };
+        self.adapter_fault(&mut st, t, lid, n, AdapterFault::CqOverflow, line);
         true
     }
 }

@@ -379,6 +379,17 @@ fn test_a_seeded_fault_plan_is_invisible_to_the_consumer_and_replays() {
         first.starts_with("{\"t_ns\":") && first.contains("\"fault\":\""),
         "{first}"
     );
+    // Every line is a JSON object a log tool can read: where, which packet, what.
+    for line in log1.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
+        assert!(v["t_ns"].is_u64() && v["fault"].is_string(), "{line}");
+        assert!(
+            v["link"].as_str().is_some_and(|l| l.starts_with("lid")),
+            "{line}"
+        );
+        assert!(v["psn"].is_u64() && v["opcode"].is_u64(), "{line}");
+        assert_eq!(v["fault"] == "delay", v["delay_ns"].is_u64(), "{line}");
+    }
     let (log2, counts2, _) = run_plan(PLAN);
     assert_eq!(counts, counts2);
     assert!(log1 == log2, "the same seed must replay the same decisions");
