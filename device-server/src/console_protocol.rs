@@ -45,28 +45,17 @@ mod tests {
             if line.starts_with('#') {
                 continue;
             }
-            let mut rest = line;
-            while let Some(i) = rest.find("say ") {
-                let word: String = rest[i + 4..]
-                    .trim_start_matches('"')
-                    .chars()
-                    .take_while(|c| c.is_ascii_uppercase())
-                    .collect();
-                if !word.is_empty() {
-                    kinds.insert(format!("{PREFIX}{word}"));
+            for marker in ["say ", PREFIX] {
+                for (i, _) in line.match_indices(marker) {
+                    let word: String = line[i + marker.len()..]
+                        .trim_start_matches('"')
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase())
+                        .collect();
+                    if !word.is_empty() {
+                        kinds.insert(format!("{PREFIX}{word}"));
+                    }
                 }
-                rest = &rest[i + 4..];
-            }
-            let mut rest = line;
-            while let Some(i) = rest.find(PREFIX) {
-                let word: String = rest[i + PREFIX.len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_uppercase())
-                    .collect();
-                if !word.is_empty() {
-                    kinds.insert(format!("{PREFIX}{word}"));
-                }
-                rest = &rest[i + PREFIX.len()..];
             }
         }
         kinds
