@@ -54,6 +54,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$cmds" ] || { echo "nested-kvm: no commands given (see --help)" >&2; exit 2; }
 job=$(mktemp)
+qemu_pid=
+trap 'rm -f "$job"; [ -z "$qemu_pid" ] || kill "$qemu_pid" 2> /dev/null' EXIT
 {
 	# The job's shell, and so every process it starts, on L1's CPU 0.
 	[ -n "$pin" ] && echo 'taskset -p 1 $$ > /dev/null || echo "NESTED-ERROR taskset"'
@@ -76,8 +78,6 @@ kver=$(cat target/images/current)
 # L1's own kernel alarms on its kernel log (ttyS1; the commands write to ttyS0): the nested
 # host broke, not the commands.
 broke_signs='soft lockup|Kernel panic|stack guard page was hit|corrupted stack end|BUG: '
-qemu_pid=
-trap 'rm -f "$job"; [ -z "$qemu_pid" ] || kill "$qemu_pid" 2> /dev/null' EXIT
 
 # Boots L1 once, showing its console as it goes; sets qemu_rc, and broke (the first alarm
 # seen) or timed_out. Stops L1 at its first alarm rather than waiting out the time limit.
