@@ -16,7 +16,7 @@ cargo fmt --all -- --check
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy -p hcabench --features vfio --all-targets -- -D warnings
+cargo clippy -p vmm -p hcabench --features vfio --all-targets -- -D warnings
 
 step "cargo test (end-to-end QEMU tests included; they may not skip here)"
 export HCABENCH_E2E_REQUIRED=1
@@ -25,7 +25,7 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
 step "the VMM built with VFIO passthrough (built and refused here: no IOMMU, no /dev/vfio)"
-cargo test -p hcabench --features vfio --lib --test kvm 2>&1 | tee -a "$log"
+cargo test -p vmm --features vfio --lib --test kvm 2>&1 | tee -a "$log"
 step "nested KVM: hcabench's VMM boots Linux with hcab0; 2 VMs run SOR and bench vmm (ci/nested-kvm.sh)"
 # This machine's /dev/kvm cannot run Linux; a QEMU TCG guest with SVM and Debian's kvm_amd
 # is a real KVM one level down (about 5 minutes: one node, then two for SOR and bench vmm).

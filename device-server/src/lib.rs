@@ -8,14 +8,9 @@
 //! turns into MSI-X vectors. Guest RAM is the file QEMU backs it with, mapped on first use,
 //! so an RDMA WRITE is one copy from one guest's RAM file into another's.
 
-pub mod agent;
-pub mod console_protocol;
-pub mod dsm;
 mod guest_ram;
 pub mod ivshmem;
 mod node;
-pub mod qemu;
-pub mod verbs;
 
 use std::fmt;
 use std::io;

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use device_server::console_protocol::{PREFIX, PROBE, READY};
+use cluster::console_protocol::{PREFIX, PROBE, READY};
 use e2e::{prerequisites, Cluster, BOOT_TIMEOUT};
 
 fn main() -> ExitCode {
@@ -31,14 +31,14 @@ fn main() -> ExitCode {
     );
     let t0 = Instant::now();
     let mut c = Cluster::start("boot-time", &image, nodes, 256, "shell");
-    for g in c.guests.iter_mut() {
+    for g in c.nodes_mut() {
         match g.wait_line(READY, BOOT_TIMEOUT) {
             Ok((_, at)) => {
                 let rtt = g
                     .wait_line(&format!("{PROBE} doorbell-irq"), BOOT_TIMEOUT)
                     .map(|(l, _)| l.replace(&format!("{PROBE} doorbell-irq "), ""))
                     .unwrap_or_default();
-                println!("  {}: ready {at:.2?} after start; {rtt}", g.name);
+                println!("  {}: ready {at:.2?} after start; {rtt}", g.name());
                 for line in g.console_lines().iter().filter(|l| l.starts_with(PREFIX)) {
                     println!("      {line}");
                 }

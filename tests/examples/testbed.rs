@@ -6,11 +6,12 @@ fn main() {
     let image = e2e::prerequisites().expect("prerequisites");
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().expect("usage: testbed DIR [N:CMD]..."));
+    let spec = cluster::ClusterSpec {
+        link: true,
+        ..cluster::ClusterSpec::new(cluster::Backend::Qemu, image, dir, 2)
+    };
     let mut tb =
-        device_server::verbs::Testbed::boot(&image, dir, 256, e2e::BOOT_TIMEOUT, &mut |m| {
-            eprintln!("{m}")
-        })
-        .unwrap();
+        cluster::verbs::Testbed::boot(&spec, e2e::BOOT_TIMEOUT, &mut |m| eprintln!("{m}")).unwrap();
     for a in args {
         let (n, cmd) = a.split_once(':').expect("N:CMD");
         let i: usize = n.parse().expect("node index");

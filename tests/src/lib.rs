@@ -1,5 +1,6 @@
-//! Shared set-up for the end-to-end tests: a device server and N QEMU guests booted from the
-//! image `images/build.py` made, in a scratch directory removed afterwards.
+//! Shared set-up for the end-to-end tests: clusters booted through the launcher
+//! (`cluster::Cluster`) from the image `images/build.py` made, in scratch directories
+//! removed afterwards.
 //!
 //! When QEMU or the image is missing the tests say so and stop. That is a skip with its
 //! reason printed, and it never happens in CI, whose script installs QEMU and builds the
@@ -9,8 +10,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use device_server::qemu::{qemu_available, Guest, GuestSpec, Image};
-use device_server::{DeviceServer, NodeConfig};
+use cluster::qemu::qemu_available;
+use cluster::{Backend, ClusterSpec, Image};
 
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -25,7 +26,7 @@ pub fn repo_root() -> PathBuf {
 /// The image to boot, or the reason there is none (QEMU missing, image not built).
 pub fn prerequisites() -> Result<Image, String> {
     qemu_available()?;
-    Image::find(&repo_root().join("target/images"))
+    Ok(Image::find(&repo_root().join("target/images"))?)
 }
 
 /// Returns the image, or prints why the test cannot run and returns None. With
@@ -36,7 +37,10 @@ pub fn image_or_skip(test: &str) -> Option<Image> {
 
 /// The image alone (for tests that boot it without QEMU), or None after saying why.
 pub fn image_only_or_skip(test: &str) -> Option<Image> {
-    or_skip(test, Image::find(&repo_root().join("target/images")))
+    or_skip(
+        test,
+        Image::find(&repo_root().join("target/images")).map_err(String::from),
+    )
 }
 
 fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
@@ -69,58 +73,58 @@ pub fn skipped(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
-/// A booted cluster: the device server and one guest per node.
+/// A scratch directory for test `name`, emptied first.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `nodes` QEMU guests of 256 MiB in the scratch directory of test `name`.
+pub fn qemu_spec(image: &Image, name: &str, nodes: usize) -> ClusterSpec {
+    ClusterSpec::new(Backend::Qemu, image.clone(), scratch_dir(name), nodes)
+}
+
+/// A cluster booted through the launcher whose scratch directory goes with it.
 pub struct Cluster {
-    pub server: Option<DeviceServer>,
-    pub guests: Vec<Guest>,
-    pub dir: PathBuf,
+    pub cluster: cluster::Cluster,
+    dir: PathBuf,
 }
 
 impl Cluster {
-    /// Starts the server and `nodes` guests (`ram_mib` each) that run `cmd` after boot.
-    pub fn start(name: &str, image: &Image, nodes: usize, ram_mib: u64, cmd: &str) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let configs = NodeConfig::cluster(&dir, nodes, ram_mib << 20);
-        let server = DeviceServer::start(configs.clone()).expect("device server");
-        let guests = configs
-            .into_iter()
-            .map(|node| {
-                let spec = GuestSpec {
-                    console_log: dir.join(format!("{}.console", node.name)),
-                    console_socket: None,
-                    node,
-                    image: image.clone(),
-                    vcpus: 1,
-                    kvm: false,
-                    cmd: cmd.to_string(),
-                    kernel_args: String::new(),
-                    net: None,
-                };
-                Guest::spawn(&spec).expect("start QEMU")
-            })
-            .collect();
+    /// `nodes` QEMU guests (`ram_mib` each) that run `job` after boot, consoles logged
+    /// only.
+    pub fn start(name: &str, image: &Image, nodes: usize, ram_mib: u64, job: &str) -> Cluster {
+        let spec = ClusterSpec {
+            ram_mib,
+            job: job.into(),
+            console_sockets: false,
+            ..qemu_spec(image, name, nodes)
+        };
+        let cluster = cluster::Cluster::boot(&spec, &mut |_| {}).expect("boot the cluster");
         Cluster {
-            server: Some(server),
-            guests,
-            dir,
+            cluster,
+            dir: spec.dir,
         }
     }
+}
 
-    pub fn server(&self) -> &DeviceServer {
-        self.server.as_ref().expect("server running")
+impl std::ops::Deref for Cluster {
+    type Target = cluster::Cluster;
+    fn deref(&self) -> &cluster::Cluster {
+        &self.cluster
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut cluster::Cluster {
+        &mut self.cluster
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for g in &mut self.guests {
-            g.kill();
-        }
-        if let Some(s) = self.server.take() {
-            let _ = s.shutdown();
-        }
+        self.cluster.kill_all();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

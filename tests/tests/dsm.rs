@@ -13,14 +13,14 @@
 
 use std::time::Duration;
 
-use device_server::dsm::{close_all, configure, connect_mesh, run_app, run_everywhere};
-use device_server::verbs::Testbed;
+use cluster::dsm::{close_all, configure, connect_mesh, run_app, run_everywhere};
+use cluster::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
 const T: Duration = Duration::from_secs(120);
 
 fn num(line: &str, key: &str) -> u64 {
-    device_server::verbs::num(line, key).unwrap()
+    cluster::verbs::num(line, key).unwrap()
 }
 
 #[test]
@@ -28,9 +28,8 @@ fn test_dsm_on_four_nodes() {
     let Some(image) = image_or_skip("dsm") else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-dsm", std::process::id()));
-    let mut tb =
-        Testbed::boot_nodes(&image, dir, 4, false, 256, BOOT_TIMEOUT, &mut |_| {}).unwrap();
+    let spec = e2e::qemu_spec(&image, "dsm", 4);
+    let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     // Every third PING is handled in process context instead of the interrupt handler.
     for a in tb.agents.iter_mut() {

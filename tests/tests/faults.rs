@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use device_server::verbs::{num, Mode, Testbed};
+use cluster::verbs::{num, Mode, Testbed};
 use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
@@ -23,11 +23,9 @@ fn test_capture_drops_and_a_killed_node_on_real_guests() {
     let Some(image) = image_or_skip("faults on real guests") else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("hcab-e2e-faults-{}", std::process::id()));
-    let mut tb = Testbed::boot_nodes(&image, dir.clone(), 3, false, 256, BOOT_TIMEOUT, &mut |m| {
-        eprintln!("  {m}")
-    })
-    .unwrap();
+    let spec = e2e::qemu_spec(&image, "faults", 3);
+    let dir = spec.dir.clone();
+    let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |m| eprintln!("  {m}")).unwrap();
     capture_is_decoded_by_tshark(&mut tb, &dir);
     ping_pong_survives_one_percent_drops(&mut tb);
     a_killed_node_fails_its_peers_work_only(&mut tb);
@@ -41,7 +39,7 @@ fn qpn(addr: &str) -> u32 {
 fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
     let addrs = tb.connect_pair(0, 1, "hcab0").unwrap();
     let (q1, q2) = (qpn(&addrs[0]), qpn(&addrs[1]));
-    let fabric = tb.server.as_ref().unwrap().fabric().clone();
+    let fabric = tb.fabric().clone();
     let pcap = dir.join("fabric.pcap");
     let file = std::fs::File::create(&pcap).unwrap();
     let cap = Arc::new(Capture::new(Box::new(file), CaptureFormat::Erf, fabric.now_ns()).unwrap());
@@ -97,16 +95,14 @@ fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
 }
 
 fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
-    let server = tb.server.as_ref().unwrap();
-    let fabric = server.fabric().clone();
+    let fabric = tb.fabric().clone();
     let plan = FaultPlan::parse("seed = 5\n[[link]]\ndrop = 0.01\n").unwrap();
     let hook = Arc::new(FaultHook::new(plan, None));
     hook.set_origin(fabric.now_ns());
     fabric.set_hook(Some(hook.clone()));
     let resent = |tb: &Testbed| -> u64 {
-        let s = tb.server.as_ref().unwrap();
         (0..2)
-            .filter_map(|i| s.hca(i))
+            .filter_map(|i| tb.hca(i))
             .map(|h| h.stats().retransmits)
             .sum()
     };
@@ -127,9 +123,9 @@ fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
-    tb.guests[1].kill();
+    assert!(tb.cluster.kill(1), "node2 was running");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tb.server.as_ref().unwrap().hca(1).is_some() {
+    while tb.hca(1).is_some() {
         assert!(
             Instant::now() < deadline,
             "the device server did not notice node2 die"
@@ -152,9 +148,8 @@ fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
             .ends_with("transport retry counter exceeded"),
         "{log}"
     );
-    let server = tb.server.as_ref().unwrap();
-    assert!(server.hca(0).is_some() && server.hca(2).is_some());
-    let failed = server.hca(0).unwrap().stats().retry_exceeded;
+    assert!(tb.hca(0).is_some() && tb.hca(2).is_some());
+    let failed = tb.hca(0).unwrap().stats().retry_exceeded;
     assert!(failed >= 1, "node1's HCA counts the WR that found no node2");
     // The survivors connect anew and run clean.
     let addrs = tb.connect_pair(0, 2, "hcab0").unwrap();

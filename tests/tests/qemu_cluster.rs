@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use device_server::console_protocol::{INIT, PCI, PROBE, READY};
+use cluster::console_protocol::{INIT, PCI, PROBE, READY};
 use e2e::{image_or_skip, Cluster, BOOT_TIMEOUT};
 
 /// Parses `key=value` out of a console line.
@@ -22,7 +22,7 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
 
     // Every guest boots, finds its HCA on PCI, reads its LID from BAR2, and gets MSI-X
     // interrupts back for doorbells it rings.
-    for (i, g) in c.guests.iter_mut().enumerate() {
+    for (i, g) in c.nodes_mut().enumerate() {
         let (init, _) = g.wait_line(INIT, BOOT_TIMEOUT).unwrap();
         assert_eq!(
             field(&init, "node"),
@@ -46,17 +46,17 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
             .wait_line(&format!("{PROBE} doorbell-irq"), BOOT_TIMEOUT)
             .map_err(|e| format!("{e}\n{}", g.console()))
             .unwrap();
-        eprintln!("{}: {rtt}", g.name);
+        eprintln!("{}: {rtt}", g.name());
         let (ready, at) = g.wait_line(READY, BOOT_TIMEOUT).unwrap();
-        eprintln!("{}: {ready} ({at:.2?} after QEMU started)", g.name);
+        eprintln!("{}: {ready} ({at:.2?} after QEMU started)", g.name());
     }
     eprintln!("2-node cluster up in {:.2?}", started.elapsed());
-    assert!(c.server().hca(0).is_some() && c.server().hca(1).is_some());
+    assert!(c.hca(0).is_some() && c.hca(1).is_some());
 
     // Killing one guest leaves the other guest and the server running.
-    c.guests[0].kill();
+    assert!(c.kill(0), "node1 was running");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while c.server().hca(0).is_some() {
+    while c.hca(0).is_some() {
         assert!(
             Instant::now() < deadline,
             "server did not notice node1 died"
@@ -64,8 +64,8 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
-    assert!(c.guests[1].is_running(), "node2 still runs");
-    assert!(c.server().hca(1).is_some(), "node2's HCA is still up");
-    let lid2 = c.server().hca(1).unwrap().lid();
+    assert!(c.node_mut(1).is_running(), "node2 still runs");
+    assert!(c.hca(1).is_some(), "node2's HCA is still up");
+    let lid2 = c.hca(1).unwrap().lid();
     assert_eq!(lid2, 2);
 }

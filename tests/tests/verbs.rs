@@ -8,8 +8,9 @@
 
 use std::time::Duration;
 
-use device_server::dsm::{close_all, configure, connect_mesh, run_app};
-use device_server::verbs::{Mode, Testbed};
+use cluster::dsm::{close_all, configure, connect_mesh, run_app};
+use cluster::verbs::{Mode, Testbed};
+use cluster::ClusterSpec;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
 const T: Duration = Duration::from_secs(120);
@@ -47,8 +48,11 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     let Some(image) = image_or_skip("verbs") else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("hcab-e2e-{}-verbs", std::process::id()));
-    let mut tb = Testbed::boot(&image, dir, 256, BOOT_TIMEOUT, &mut |_| {}).unwrap();
+    let spec = ClusterSpec {
+        link: true,
+        ..e2e::qemu_spec(&image, "verbs", 2)
+    };
+    let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
 
     // The provider registered an IB device with ib_core, visible to the standard tools,
     // with the node GUID of its LID (the same on every backend and every run).

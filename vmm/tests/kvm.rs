@@ -7,13 +7,19 @@
 use std::time::{Duration, Instant};
 
 use hca_model::Fabric;
-use hcabench::kvm::machine::{Machine, MachineConfig};
-use hcabench::kvm::test_guest::{mirror, set_role, Role};
-use hcabench::kvm::{check_kvm, TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
+use vmm::machine::{Machine, MachineConfig};
+use vmm::test_guest::{mirror, set_role, Role};
+use vmm::{check_kvm, TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
+
+/// Prints "SKIPPED test: why" straight to stderr, where a passing test's skip is seen.
+fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
 
 fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     if TEST_GUEST.is_empty() {
-        e2e::skipped(
+        skipped(
             test,
             "the bare-metal test guest was not built (no gcc at build time)",
         );
@@ -22,7 +28,7 @@ fn kvm_or_skip(test: &str) -> Option<kvm_ioctls::Kvm> {
     match kvm_ioctls::Kvm::new() {
         Ok(k) => Some(k),
         Err(e) => {
-            e2e::skipped(test, &format!("no usable /dev/kvm ({e})"));
+            skipped(test, &format!("no usable /dev/kvm ({e})"));
             None
         }
     }

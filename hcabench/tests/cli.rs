@@ -217,7 +217,7 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
 
 #[test]
 fn test_run_and_bench_vmm_refuse_kvm_where_kvm_cannot_run_linux() {
-    use hcabench::kvm::{check_kvm, KvmCheck};
+    use vmm::{check_kvm, KvmCheck};
     if check_kvm() == KvmCheck::Usable {
         e2e::skipped(
             "run --backend kvm refusal",
@@ -282,8 +282,8 @@ fn test_backend_choice_is_explained_and_kvm_refused_where_it_cannot_run_linux() 
         "{}",
         text(&bad)
     );
-    match hcabench::kvm::check_kvm() {
-        hcabench::kvm::KvmCheck::Unusable(why) => {
+    match vmm::check_kvm() {
+        vmm::KvmCheck::Unusable(why) => {
             let t = std::time::Instant::now();
             let kvm = hcabench(&dir.0, &["up", "--backend", "kvm"]);
             assert!(!kvm.status.success());
@@ -294,7 +294,7 @@ fn test_backend_choice_is_explained_and_kvm_refused_where_it_cannot_run_linux() 
             // Nothing was started.
             assert!(!dir.0.join("state.toml").exists());
         }
-        hcabench::kvm::KvmCheck::Usable => {
+        vmm::KvmCheck::Usable => {
             e2e::skipped("refusing --backend kvm", "KVM is usable on this host");
         }
     }
@@ -321,7 +321,7 @@ fn test_vfio_requests_are_checked_before_booting_anything() {
         assert!(!o.status.success(), "{args:?}");
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
-    if let hcabench::kvm::KvmCheck::Unusable(_) = hcabench::kvm::check_kvm() {
+    if let vmm::KvmCheck::Unusable(_) = vmm::check_kvm() {
         let o = hcabench(&dir.0, &["up", "--vfio", &format!("node1={dev}")]);
         assert!(!o.status.success());
         assert!(

@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn test_mptable_checksums_and_counts() {
-        let mem = crate::kvm::boot::guest_ram(1 << 20).unwrap();
+        let mem = crate::boot::guest_ram(1 << 20).unwrap();
         write(&mem, 4).unwrap();
         let mut fp = [0u8; 16];
         mem.read_slice(&mut fp, GuestAddress(MPTABLE_START))

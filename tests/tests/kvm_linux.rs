@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use device_server::console_protocol::{ERROR, IB, READY};
+use cluster::console_protocol::{ERROR, IB, READY};
 use e2e::{image_only_or_skip, skipped};
 use hca_model::Fabric;
-use hcabench::kvm::linux::LinuxBoot;
-use hcabench::kvm::machine::{Machine, MachineConfig};
-use hcabench::kvm::{check_kvm, KvmCheck};
+use vmm::linux::LinuxBoot;
+use vmm::machine::{Machine, MachineConfig};
+use vmm::{check_kvm, KvmCheck};
 
 fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Machine {
     let fabric = Fabric::new();

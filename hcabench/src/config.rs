@@ -36,27 +36,14 @@ pub enum Backend {
     Kvm,
 }
 
-/// What hosts a cluster's guests once `auto` is resolved (`daemon::choose_backend`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Host {
-    /// QEMU processes, the HCAs in a device server.
-    Qemu,
-    /// hcabench's own VMM: every guest and HCA in one process.
-    Kvm,
-}
-
-impl Host {
-    pub fn name(self) -> &'static str {
+impl Backend {
+    /// The backend this asks for; None for auto (see `cluster::backend::choose`).
+    pub fn request(self) -> Option<cluster::Backend> {
         match self {
-            Host::Qemu => "qemu",
-            Host::Kvm => "kvm",
+            Backend::Auto => None,
+            Backend::Qemu => Some(cluster::Backend::Qemu),
+            Backend::Kvm => Some(cluster::Backend::Kvm),
         }
-    }
-}
-
-impl fmt::Display for Host {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -1,20 +1,15 @@
-//! `hcabench run <app>`: a DSM application (guest-kmod/apps) on a fresh cluster of QEMU
-//! guests. The DSM module opens on every node's HCA (or on SoftRoCE, to show it is a plain
+//! `hcabench run <app>`: a DSM application (guest-kmod/apps) on a fresh cluster, booted
+//! through the launcher on the backend the user chose. The DSM module opens on every node's HCA (or on SoftRoCE, to show it is a plain
 //! verbs consumer), the harness connects the mesh, the application's processes start
 //! together, and node 1 checks the result against a sequential run.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use device_server::dsm::{connect_mesh, run_app, AppResult};
-use device_server::qemu::{qemu_available, Image};
-use device_server::verbs::{QemuShape, Testbed};
+use cluster::dsm::{connect_mesh, run_app, AppResult};
+use cluster::verbs::Testbed;
+use cluster::{Backend, ClusterSpec, Image};
 use hca_model::faults::FaultHook;
-
-use crate::config::Host;
-use hcabench::kvm_guests::{self, KvmShape};
 
 /// The applications, with what they compute.
 pub const APPS: [(&str, &str); 5] = [
@@ -40,7 +35,7 @@ pub struct RunOpts {
     pub app: String,
     pub nodes: usize,
     /// The backend `daemon::choose_backend` picked, and the guests' size.
-    pub backend: Host,
+    pub backend: Backend,
     pub memory_mib: u64,
     pub vcpus: u32,
     pub kernel_args: String,
@@ -70,23 +65,12 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
     if o.transport == Transport::Rxe && o.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
     }
-    if o.transport == Transport::Rxe && o.backend == Host::Kvm {
+    if o.transport == Transport::Rxe && o.backend == Backend::Kvm {
         return Err(
             "--transport rxe needs the qemu backend: hcabench's VMM gives its guests \
                     no NIC for SoftRoCE (add --backend qemu)"
                 .into(),
         );
-    }
-    if o.backend == Host::Kvm {
-        if let Some(f) = &o.faults {
-            if !crate::faultrun::load_plan(f)?.nodes.is_empty() {
-                return Err(format!(
-                    "{}: node kills in `run` need the qemu backend (`hcabench up --backend \
-                     kvm --faults` runs them)",
-                    f.display()
-                ));
-            }
-        }
     }
     if (o.faults.is_some() || o.capture.is_some()) && o.transport == Transport::Rxe {
         return Err(
@@ -110,39 +94,17 @@ pub fn boot_dsm(
     let image = Image::find(&o.image_dir)?;
     let dir = std::env::temp_dir().join(format!("hcabench-run-{}", std::process::id()));
     let rxe = o.transport == Transport::Rxe;
-    let mut tb = match o.backend {
-        Host::Qemu => {
-            qemu_available()?;
-            let shape = QemuShape {
-                nodes: o.nodes,
-                link: rxe,
-                ram_mib: o.memory_mib,
-                vcpus: o.vcpus,
-                kvm: false,
-            };
-            Testbed::boot_qemu(&image, dir.clone(), shape, o.boot_timeout, progress)?
-        }
-        Host::Kvm => {
-            let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
-            let shape = KvmShape {
-                nodes: o.nodes,
-                ram_mib: o.memory_mib,
-                vcpus: o.vcpus,
-                kernel_args: o.kernel_args.clone(),
-            };
-            let fabric = hca_model::Fabric::new();
-            let tb = kvm_guests::boot(
-                &kvm,
-                &image,
-                dir.clone(),
-                &shape,
-                &fabric,
-                o.boot_timeout,
-                progress,
-            );
-            tb.map_err(|e| crate::daemon::kvm_boot_advice(&e, o.boot_timeout))?
-        }
+    let spec = ClusterSpec {
+        ram_mib: o.memory_mib,
+        vcpus: o.vcpus,
+        kernel_args: o.kernel_args.clone(),
+        link: rxe,
+        ..ClusterSpec::new(o.backend, image, dir.clone(), o.nodes)
     };
+    let mut tb = Testbed::boot(&spec, o.boot_timeout, progress).map_err(|e| match o.backend {
+        Backend::Kvm => cluster::backend::kvm_boot_advice(&e, o.boot_timeout),
+        Backend::Qemu => e,
+    })?;
     if o.keep {
         tb.keep_dir();
         progress(&format!("keeping {} (consoles)", dir.display()));
@@ -160,55 +122,40 @@ pub fn boot_dsm(
     Ok((tb, dev))
 }
 
-/// Stops the guests a fault plan kills while an application runs (a thread polling the
-/// plan every 100 ms; it ends when dropped). A killed guest's QEMU goes, the device server
-/// takes its HCA off the fabric, and the application fails on every node: the DSM has no
-/// recovery (a peer's lost WR makes it dead, and its waiting faults SIGBUS).
-struct NodeKiller {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl NodeKiller {
-    fn start(hook: Arc<FaultHook>, fabric: hca_model::Fabric, pids: Vec<u32>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                for lid in hook.due_kills(fabric.now_ns()) {
-                    let Some(&pid) = pids.get(usize::from(lid).wrapping_sub(1)) else {
-                        continue;
-                    };
+/// Runs `cmd` on every node while carrying out the plan's node kills (polled every 100 ms
+/// on this thread while the application runs on another). A killed node's HCA leaves the
+/// fabric, and the application fails on every node: the DSM has no recovery (a peer's lost
+/// WR makes it dead, and its waiting faults SIGBUS).
+fn run_with_kills(
+    tb: &mut Testbed,
+    cmd: &str,
+    hook: Option<&FaultHook>,
+) -> Result<Vec<AppResult>, String> {
+    let timeout = Duration::from_secs(900);
+    let Some(hook) = hook else {
+        return run_app(&mut tb.agents, cmd, timeout);
+    };
+    let (agents, cluster) = (&mut tb.agents, &mut tb.cluster);
+    std::thread::scope(|s| {
+        let app = s.spawn(|| run_app(agents, cmd, timeout));
+        while !app.is_finished() {
+            for lid in hook.due_kills(cluster.fabric().now_ns()) {
+                let i = usize::from(lid).wrapping_sub(1);
+                if cluster.kill(i) {
                     println!("  node{lid} killed by the fault plan");
-                    // SAFETY: kill only signals the QEMU process this run started.
-                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                 }
-                std::thread::sleep(Duration::from_millis(100));
             }
-        });
-        Self {
-            stop,
-            thread: Some(thread),
+            std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for NodeKiller {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+        app.join()
+            .unwrap_or_else(|_| Err("the application's driver thread panicked".into()))
+    })
 }
 
 pub fn run(o: &RunOpts) -> Result<(), String> {
     check(o)?;
     let started = Instant::now();
-    let host = match o.backend {
-        Host::Qemu => "QEMU (TCG)",
-        Host::Kvm => "KVM (hcabench's VMM)",
-    };
+    let host = o.backend.describe();
     println!(
         "booting {} {host} guests for `{}` ({})",
         o.nodes,
@@ -224,15 +171,15 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     if o.faults.is_some() {
         tb.keep_dir();
     }
-    let faults = match (&o.faults, tb.fabric()) {
-        (Some(plan), Some(fabric)) => {
+    let faults = match &o.faults {
+        Some(plan) => {
             let log = tb.dir.join(crate::faultrun::LOG);
-            Some(crate::faultrun::attach(&log, plan, fabric)?)
+            Some(crate::faultrun::attach(&log, plan, tb.fabric())?)
         }
-        _ => None,
+        None => None,
     };
-    if let (Some((path, format)), Some(fabric)) = (&o.capture, tb.fabric()) {
-        crate::faultrun::attach_capture(path, *format, fabric)?;
+    if let Some((path, format)) = &o.capture {
+        crate::faultrun::attach_capture(path, *format, tb.fabric())?;
     }
     let cmd = std::iter::once(o.app.clone())
         .chain(o.args.iter().cloned())
@@ -242,21 +189,13 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         "  running `{cmd}` on every node ({:.1?} so far)",
         started.elapsed()
     );
-    let killer = match (&faults, tb.server.as_ref()) {
-        (Some(h), Some(server)) => {
-            let pids: Vec<u32> = tb.guests.iter().filter_map(|g| g.pid()).collect();
-            Some(NodeKiller::start(h.clone(), server.fabric().clone(), pids))
-        }
-        _ => None,
-    };
-    let res = run_app(&mut tb.agents, &cmd, Duration::from_secs(900));
-    drop(killer);
+    let hcas = tb.cluster.hcas();
+    let res = run_with_kills(&mut tb, &cmd, faults.as_deref());
     if let Ok(r) = &res {
         print_results(&o.app, dev, r);
     }
     // The report comes whether or not the application survived the plan.
     if let Some(h) = &faults {
-        let hcas: Vec<_> = (0..o.nodes).filter_map(|i| tb.hca(i)).collect();
         print!("{}", crate::faultrun::report(h, &hcas));
     }
     let res = res.map_err(|e| match &faults {
@@ -266,15 +205,8 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         ),
         _ => e,
     })?;
-    if faults.is_some() && !o.keep {
-        // The directory stays for its fault log, not for the guests' RAM files.
-        drop(tb.guests.drain(..));
-        for e in std::fs::read_dir(&tb.dir).into_iter().flatten().flatten() {
-            if e.path().extension().is_some_and(|x| x == "ram") {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    // With a plan the directory stays for its fault log; the cluster removes the guests'
+    // RAM files and sockets when it goes.
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
         Some(false) => Err(format!(

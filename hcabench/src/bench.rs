@@ -6,11 +6,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use device_server::console_protocol::{INIT, PROBE, READY};
-use device_server::dsm::{close_all, configure, connect_mesh, run_everywhere};
-use device_server::qemu::{qemu_available, Image};
-use device_server::verbs::{float, BwResult, Mode, PingResult, QemuShape, Testbed};
-use hcabench::kvm_guests::{self, KvmShape};
+use cluster::console_protocol::{INIT, PROBE, READY};
+use cluster::dsm::{close_all, configure, connect_mesh, run_everywhere};
+use cluster::verbs::{float, num, BwResult, Mode, PingResult, Testbed};
+use cluster::{Backend, ClusterSpec, Image, QemuAccel};
 
 /// What `bench verbs` measures.
 #[derive(Clone, Debug)]
@@ -32,24 +31,21 @@ struct DevResults {
 }
 
 pub fn run(b: &VerbsBench) -> Result<(), String> {
-    qemu_available()?;
     let image = Image::find(&b.image_dir)?;
     let dir = std::env::temp_dir().join(format!("hcabench-bench-{}", std::process::id()));
     let started = Instant::now();
     println!("booting 2 QEMU (TCG) guests, each with the hcabench HCA and a virtio-net link");
-    let mut tb = Testbed::boot(
-        &image,
-        dir.clone(),
-        256,
-        std::time::Duration::from_secs(180),
-        &mut |m| println!("  {m}"),
-    )?;
+    let spec = ClusterSpec {
+        link: true,
+        ..ClusterSpec::new(Backend::Qemu, image, dir.clone(), 2)
+    };
+    let mut tb = Testbed::boot(&spec, Duration::from_secs(180), &mut |m| println!("  {m}"))?;
     if b.keep {
         tb.keep_dir();
         println!("  keeping {} (consoles)", dir.display());
     }
     // What one interrupt costs here, for reading the interrupt-driven rows.
-    for g in &tb.guests {
+    for g in tb.cluster.nodes() {
         if let Some(l) = g
             .console_lines()
             .into_iter()
@@ -203,19 +199,11 @@ const DSM_CONFIGS: [(&str, &str); 4] = [
 /// `bench dsm`: remote fault latency per protocol configuration on three guests, and the
 /// page-protection primitive against mprotect.
 pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<(), String> {
-    qemu_available()?;
     let image = Image::find(image_dir)?;
     let dir = std::env::temp_dir().join(format!("hcabench-bench-dsm-{}", std::process::id()));
     println!("booting 3 QEMU (TCG) guests with the hcabench HCA");
-    let mut tb = Testbed::boot_nodes(
-        &image,
-        dir,
-        3,
-        false,
-        256,
-        std::time::Duration::from_secs(180),
-        &mut |m| println!("  {m}"),
-    )?;
+    let spec = ClusterSpec::new(Backend::Qemu, image, dir, 3);
+    let mut tb = Testbed::boot(&spec, Duration::from_secs(180), &mut |m| println!("  {m}"))?;
     let t = std::time::Duration::from_secs(600);
     let mut rows = Vec::new();
     for (handler, readfault) in DSM_CONFIGS {
@@ -230,13 +218,13 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<()
             .lines()
             .find(|l| l.starts_with("DSM-FAULTS"))
             .ok_or_else(|| format!("dsm-bench printed no result:\n{text}"))?;
-        let get = |k: &str| device_server::verbs::float(line, k);
+        let get = |k: &str| float(line, k);
         if get("bad")? != 0.0 {
             return Err(format!("dsm-bench saw wrong page contents: {line}"));
         }
         // Node 2's counters: how its read faults' pages travelled, where messages ran.
         let st = tb.agents[1].run("dsmctl stats", t)?;
-        let n = |k: &str| device_server::verbs::num(&st, k);
+        let n = |k: &str| num(&st, k);
         if readfault == "read" && n("rdma_reads")? < pages {
             return Err(format!("RDMA Read configured but not used: {st}"));
         }
@@ -290,7 +278,7 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<()
         "pages", "primitive", "mprotect", "mprotect/prim"
     );
     for line in out.lines().filter(|l| l.starts_with("prot-bench")) {
-        let get = |k: &str| device_server::verbs::num(line, k);
+        let get = |k: &str| num(line, k);
         let (n, d, m) = (get("pages")?, get("dsm_ns")?, get("mprotect_ns")?);
         println!(
             "{n:>6}  {d:>12}  {m:>12}  {:>14.1}",
@@ -317,14 +305,14 @@ const VMM_MODES: [Mode; 2] = [Mode::Poll, Mode::Isr];
 /// under QEMU with `-accel kvm` (HCAs in the device server), one after the other in one
 /// run: each guest's boot time to userspace, and verified RC ping-pong round trips.
 pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
-    use hcabench::kvm::{check_kvm, KvmCheck};
-    if let KvmCheck::Unusable(why) = check_kvm() {
+    use cluster::BackendError;
+    if let Err(BackendError::KvmUnusable(why)) = cluster::backend::choose(Some(Backend::Kvm)) {
         return Err(format!(
             "bench vmm compares two KVM hosts, and KVM cannot run Linux here ({why}); \
              ci/nested-kvm.sh runs it inside a nested KVM"
         ));
     }
-    qemu_available()?;
+    cluster::qemu::qemu_available()?;
     let image = Image::find(&b.image_dir)?;
     let started = Instant::now();
     let timeout = Duration::from_secs(600);
@@ -338,34 +326,15 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         println!("booting 2 guests under {host}");
         let t = Instant::now();
         let mut progress = |m: &str| println!("  {m} ({:.1?})", t.elapsed());
-        let mut tb = if host == "QEMU/KVM" {
-            let shape = QemuShape {
-                nodes: 2,
-                link: false,
-                ram_mib: 256,
-                vcpus: 1,
-                kvm: true,
-            };
-            Testbed::boot_qemu(&image, dir.clone(), shape, timeout, &mut progress)?
+        let spec = if host == "QEMU/KVM" {
+            ClusterSpec {
+                qemu_accel: QemuAccel::Kvm,
+                ..ClusterSpec::new(Backend::Qemu, image.clone(), dir.clone(), 2)
+            }
         } else {
-            let kvm = kvm_ioctls::Kvm::new().map_err(|e| format!("/dev/kvm: {e}"))?;
-            let shape = KvmShape {
-                nodes: 2,
-                ram_mib: 256,
-                vcpus: 1,
-                kernel_args: String::new(),
-            };
-            let fabric = hca_model::Fabric::new();
-            kvm_guests::boot(
-                &kvm,
-                &image,
-                dir.clone(),
-                &shape,
-                &fabric,
-                timeout,
-                &mut progress,
-            )?
+            ClusterSpec::new(Backend::Kvm, image.clone(), dir.clone(), 2)
         };
+        let mut tb = Testbed::boot(&spec, timeout, &mut progress)?;
         if b.keep {
             tb.keep_dir();
             println!("  keeping {} (consoles)", dir.display());
@@ -373,7 +342,7 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         // The lines are there already (the shells answered): wait_line's clock would say
         // when they were read, so the guest's own uptime in them is the measure.
         let mut boot = Vec::new();
-        for g in &mut tb.guests {
+        for g in tb.cluster.nodes_mut() {
             let (user, _) = g.wait_line(INIT, timeout)?;
             let (ready, _) = g.wait_line(READY, timeout)?;
             boot.push((float(&user, "uptime")?, float(&ready, "uptime")?));

@@ -7,56 +7,23 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use device_server::NodeConfig;
 use hca_model::abi::NUM_VECTORS;
 
-use crate::NodeConfig;
+use crate::node::{complete_lines, wait_for_line, Node};
+use crate::Image;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
-/// A built guest image.
-#[derive(Clone, Debug)]
-pub struct Image {
-    pub kernel_version: String,
-    pub vmlinux: PathBuf,
-    /// Debian's compressed kernel as shipped (the KVM backend boots it).
-    pub bzimage: PathBuf,
-    pub initramfs: PathBuf,
-}
-
-impl Image {
-    /// The image `images/build.py` last built under `dir` (default target/images).
-    pub fn find(dir: &Path) -> Result<Image, String> {
-        let how = "build it with: python3 images/build.py";
-        let ver = fs::read_to_string(dir.join("current"))
-            .map_err(|_| format!("no guest image in {} ({how})", dir.display()))?;
-        let ver = ver.trim().to_string();
-        let img = Image {
-            vmlinux: dir.join(&ver).join("vmlinux"),
-            bzimage: dir.join(&ver).join("bzImage"),
-            initramfs: dir.join(&ver).join("initramfs.cpio.gz"),
-            kernel_version: ver,
-        };
-        if !img.vmlinux.exists() || !img.bzimage.exists() || !img.initramfs.exists() {
-            return Err(format!(
-                "guest image {} is incomplete ({how})",
-                img.kernel_version
-            ));
-        }
-        Ok(img)
-    }
-}
-
-/// Whether QEMU can be run here; the error says how to install it.
-pub fn qemu_available() -> Result<(), String> {
+/// Whether QEMU can be run here.
+pub fn qemu_available() -> Result<(), crate::BackendError> {
     match Command::new(QEMU).arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
-        _ => Err(format!(
-            "{QEMU} not found: install it with `sudo apt-get install -y qemu-system-x86`"
-        )),
+        _ => Err(crate::BackendError::NoQemu),
     }
 }
 
@@ -163,81 +130,16 @@ impl GuestSpec {
     }
 }
 
-/// The newline-terminated lines of `text`, without their line ends.
-pub fn complete_lines(text: &str) -> Vec<String> {
-    let done = text.rfind('\n').map_or("", |end| &text[..end]);
-    done.lines().map(|l| l.trim_end().to_string()).collect()
-}
-
-/// A booted guest, whatever hosts it (a QEMU process, or a VM in hcabench's own VMM): what
-/// the harness needs of it.
-pub trait BootedGuest: Send {
-    fn name(&self) -> &str;
-    /// The serial console so far.
-    fn console(&self) -> String;
-    /// The console's complete lines so far.
-    fn console_lines(&self) -> Vec<String> {
-        complete_lines(&self.console())
-    }
-    /// Waits for a console line starting with `prefix`; returns it and when it came (time
-    /// since the guest started). Fails on timeout or if the guest stops first.
-    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String>;
-    /// The guest's own host process, where it has one (QEMU's).
-    fn pid(&self) -> Option<u32>;
-    fn is_running(&mut self) -> bool;
-    /// Stops the guest at once (as a crash would); its HCA leaves the fabric.
-    fn kill(&mut self);
-    /// The guest's HCA where the guest's host holds it (None: the device server does).
-    fn hca(&self) -> Option<hca_model::Hca> {
-        None
-    }
-}
-
-/// Polls `console` until a complete line starts with `prefix` (the line), `stopped` says
-/// why the guest stopped, or `timeout` passes; `who` and `host` name the guest in errors.
-pub fn wait_for_line(
-    who: &str,
-    host: &str,
-    prefix: &str,
-    timeout: Duration,
-    console: &dyn Fn() -> String,
-    stopped: &mut dyn FnMut() -> Option<String>,
-) -> Result<String, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(l) = complete_lines(&console())
-            .into_iter()
-            .find(|l| l.starts_with(prefix))
-        {
-            return Ok(l);
-        }
-        if let Some(why) = stopped() {
-            return Err(format!(
-                "{who}: {host} stopped before `{prefix}`: {why}; console:\n{}",
-                console()
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{who}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
-                 far:\n{}",
-                console()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A running QEMU guest.
-pub struct Guest {
+pub struct QemuNode {
     pub name: String,
     child: Child,
     console: PathBuf,
     started: Instant,
 }
 
-impl Guest {
-    pub fn spawn(spec: &GuestSpec) -> io::Result<Guest> {
+impl QemuNode {
+    pub fn spawn(spec: &GuestSpec) -> io::Result<QemuNode> {
         let _ = fs::remove_file(&spec.console_log);
         let child = spec
             .command()
@@ -245,7 +147,7 @@ impl Guest {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?;
-        Ok(Guest {
+        Ok(QemuNode {
             name: spec.node.name.clone(),
             child,
             console: spec.console_log.clone(),
@@ -294,10 +196,6 @@ impl Guest {
         self.child.id()
     }
 
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
     /// Stops the guest at once (as a crash would).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -305,49 +203,35 @@ impl Guest {
     }
 }
 
-impl BootedGuest for Guest {
+impl Node for QemuNode {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn console(&self) -> String {
-        Guest::console(self)
+        QemuNode::console(self)
     }
 
     fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
-        Guest::wait_line(self, prefix, timeout)
+        QemuNode::wait_line(self, prefix, timeout)
     }
 
     fn pid(&self) -> Option<u32> {
-        Some(Guest::pid(self))
+        Some(QemuNode::pid(self))
     }
 
-    fn is_running(&mut self) -> bool {
-        Guest::is_running(self)
+    fn stopped(&mut self) -> Option<String> {
+        let status = self.child.try_wait().ok().flatten()?;
+        Some(format!("QEMU exited ({status})"))
     }
 
     fn kill(&mut self) {
-        Guest::kill(self)
+        QemuNode::kill(self)
     }
 }
 
-impl Drop for Guest {
+impl Drop for QemuNode {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_a_line_still_being_written_is_not_a_line_yet() {
-        assert_eq!(
-            complete_lines("a\nHCABENCH-PROBE HCA found lid=1 por"),
-            vec!["a"]
-        );
-        assert_eq!(complete_lines("a\r\nb\n"), vec!["a", "b"]);
-        assert!(complete_lines("no newline").is_empty());
     }
 }

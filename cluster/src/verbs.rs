@@ -1,7 +1,7 @@
-//! Kernel verbs runs between two guests: a testbed (device server, two QEMU guests with the
-//! hcabench HCA and a virtio-net link between them, both under agent control) and the
-//! operations of the guest's `vbench` module over any ib_device: our `hcab0`, or `rxe0`
-//! (SoftRoCE over the virtio-net link), so that the same module measures both.
+//! Kernel verbs runs between guests: a testbed (a [`Cluster`] whose guests run the agent
+//! job, a shell in each) and the operations of the guest's `vbench` module over any
+//! ib_device: our `hcab0`, or `rxe0` (SoftRoCE over a virtio-net link between two QEMU
+//! guests), so that the same module measures both.
 //!
 //! The guest side is `guest-kmod/vbench` (the verbs consumer), `vbench-user` (the user
 //! process of mode "user"), `vb` and `rxe-up` (shell helpers in the image).
@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::agent::Agent;
 use crate::console_protocol;
-use crate::qemu::{BootedGuest, Guest, GuestSpec, Image, NetSpec};
-use crate::{DeviceServer, NodeConfig};
+use crate::node::tail;
+use crate::{Cluster, ClusterSpec};
 use hca_model::{Fabric, Hca};
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -103,152 +103,51 @@ pub struct BwResult {
     pub errors: u64,
 }
 
-/// How many QEMU guests a testbed boots and how.
-#[derive(Clone, Copy, Debug)]
-pub struct QemuShape {
-    pub nodes: usize,
-    /// A virtio-net link between the two guests (for SoftRoCE); needs `nodes == 2`.
-    pub link: bool,
-    pub ram_mib: u64,
-    pub vcpus: u32,
-    /// QEMU with `-accel kvm` (only where KVM runs Linux guests) instead of TCG.
-    pub kvm: bool,
-}
-
-/// Booted guests under agent control, and the device server behind their HCAs when they
-/// are QEMU guests (hcabench's own VMM hosts its HCAs in-process: `server` is None).
+/// Booted guests under agent control: the cluster, and a shell in each guest.
 pub struct Testbed {
     pub agents: Vec<Agent>,
-    pub guests: Vec<Box<dyn BootedGuest>>,
-    pub server: Option<DeviceServer>,
-    /// The fabric of guests whose host runs it in this process (the VMM's).
-    fabric: Option<Fabric>,
+    pub cluster: Cluster,
     pub dir: PathBuf,
     keep_dir: bool,
 }
 
 impl Testbed {
-    /// Boots two guests (`ram_mib` each) in `dir`, linked by virtio-net, and connects to
-    /// their shells. `progress` hears about each step.
+    /// Boots the cluster `spec` describes with every guest running the agent job, and
+    /// connects to their shells. `progress` hears about each step. The directory goes with
+    /// the testbed unless [`Testbed::keep_dir`] is called.
     pub fn boot(
-        image: &Image,
-        dir: PathBuf,
-        ram_mib: u64,
+        spec: &ClusterSpec,
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Testbed, String> {
-        Self::boot_nodes(image, dir, 2, true, ram_mib, boot_timeout, progress)
-    }
-
-    /// Boots `n` guests; with `link`, `n` must be 2 and they share a virtio-net link.
-    pub fn boot_nodes(
-        image: &Image,
-        dir: PathBuf,
-        n: usize,
-        link: bool,
-        ram_mib: u64,
-        boot_timeout: Duration,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Testbed, String> {
-        let shape = QemuShape {
-            nodes: n,
-            link,
-            ram_mib,
-            vcpus: 1,
-            kvm: false,
+        let spec = ClusterSpec {
+            job: "agent".into(),
+            console_sockets: true,
+            ..spec.clone()
         };
-        Self::boot_qemu(image, dir, shape, boot_timeout, progress)
-    }
-
-    /// Boots QEMU guests as `shape` says, each with its HCA in a device server.
-    pub fn boot_qemu(
-        image: &Image,
-        dir: PathBuf,
-        shape: QemuShape,
-        boot_timeout: Duration,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Testbed, String> {
-        let QemuShape {
-            nodes: n,
-            link,
-            ram_mib,
-            ..
-        } = shape;
-        if link && n != 2 {
-            return Err("a virtio-net link joins exactly two guests".into());
-        }
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let nodes = NodeConfig::cluster(&dir, n, ram_mib << 20);
-        let server = DeviceServer::start(nodes.clone()).map_err(|e| e.to_string())?;
+        let cluster = Cluster::boot(&spec, progress)?;
         let mut tb = Testbed {
             agents: Vec::new(),
-            guests: Vec::new(),
-            server: Some(server),
-            fabric: None,
-            dir: dir.clone(),
+            cluster,
+            dir: spec.dir.clone(),
             keep_dir: false,
         };
-        let eth = dir.join("eth.sock");
-        let _ = std::fs::remove_file(&eth);
-        for (i, node) in nodes.into_iter().enumerate() {
-            let spec = GuestSpec {
-                console_log: dir.join(format!("{}.console", node.name)),
-                console_socket: Some(dir.join(format!("{}.serial", node.name))),
-                node,
-                image: image.clone(),
-                vcpus: shape.vcpus,
-                kvm: shape.kvm,
-                cmd: "agent".into(),
-                kernel_args: String::new(),
-                net: link.then(|| NetSpec {
-                    socket: eth.clone(),
-                    listen: i == 0,
-                    mac: format!("52:54:00:12:34:{:02x}", i + 1),
-                }),
-            };
-            progress(&format!("starting {}", spec.node.name));
-            tb.guests.push(Box::new(
-                Guest::spawn(&spec).map_err(|e| format!("cannot start QEMU: {e}"))?,
-            ));
-            if i == 0 && link {
-                // The second guest connects to the link socket the first one listens on.
-                wait_for_path(&eth, Duration::from_secs(10))?;
-            }
-        }
-        tb.connect_agents(boot_timeout, progress)?;
-        Ok(tb)
-    }
-
-    /// A testbed of guests started elsewhere (booted with `hcabench.cmd=agent`, each
-    /// console on `dir/<name>.serial`): waits for their shells and connects to them.
-    pub fn from_guests(
-        guests: Vec<Box<dyn BootedGuest>>,
-        dir: PathBuf,
-        fabric: Option<Fabric>,
-        boot_timeout: Duration,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Testbed, String> {
-        let mut tb = Testbed {
-            agents: Vec::new(),
-            guests,
-            server: None,
-            fabric,
-            dir,
-            keep_dir: false,
-        };
-        tb.connect_agents(boot_timeout, progress)?;
+        tb.connect_agents(&spec, boot_timeout, progress)?;
         Ok(tb)
     }
 
     fn connect_agents(
         &mut self,
+        spec: &ClusterSpec,
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), String> {
-        for g in &mut self.guests {
+        for (i, g) in self.cluster.nodes_mut().enumerate() {
             let (_, took) = g.wait_line(console_protocol::AGENT, boot_timeout)?;
             progress(&format!("{} booted ({took:.1?})", g.name()));
-            let sock = self.dir.join(format!("{}.serial", g.name()));
+            let sock = spec
+                .console_socket(i)
+                .expect("agents talk over console sockets");
             let agent = Agent::connect(g.name(), &sock, boot_timeout)
                 .map_err(|e| format!("{e}\nconsole of {}:\n{}", g.name(), tail(&g.console())))?;
             self.agents.push(agent);
@@ -256,20 +155,14 @@ impl Testbed {
         Ok(())
     }
 
-    /// The fabric between the guests' HCAs (the device server's, or the VMM's).
-    pub fn fabric(&self) -> Option<&Fabric> {
-        self.server
-            .as_ref()
-            .map(DeviceServer::fabric)
-            .or(self.fabric.as_ref())
+    /// The fabric between the guests' HCAs.
+    pub fn fabric(&self) -> &Fabric {
+        self.cluster.fabric()
     }
 
     /// Guest `i`'s HCA, while it is on the fabric.
     pub fn hca(&self, i: usize) -> Option<Hca> {
-        match &self.server {
-            Some(s) => s.hca(i),
-            None => self.guests.get(i).and_then(|g| g.hca()),
-        }
+        self.cluster.hca(i)
     }
 
     /// Keeps the directory (consoles, logs) after the testbed goes, for a post-mortem.
@@ -279,7 +172,7 @@ impl Testbed {
 
     /// The end of the guest's console log (for error reports).
     pub fn console(&self, i: usize) -> String {
-        tail(&self.guests[i].console())
+        tail(&self.cluster.node(i).console())
     }
 
     /// Brings up SoftRoCE on both guests: device rxe0 over the virtio-net link.
@@ -387,12 +280,6 @@ impl Testbed {
     }
 }
 
-/// The last 40 lines of a console log.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
 /// Agents `i` and `j` (i != j), both mutable.
 fn pair(agents: &mut [Agent], i: usize, j: usize) -> (&mut Agent, &mut Agent) {
     assert_ne!(i, j, "a ping needs two nodes");
@@ -405,25 +292,9 @@ fn pair(agents: &mut [Agent], i: usize, j: usize) -> (&mut Agent, &mut Agent) {
     }
 }
 
-fn wait_for_path(p: &std::path::Path, timeout: Duration) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + timeout;
-    while !p.exists() {
-        if std::time::Instant::now() > deadline {
-            return Err(format!("{} did not appear", p.display()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
 impl Drop for Testbed {
     fn drop(&mut self) {
-        for g in &mut self.guests {
-            g.kill();
-        }
-        if let Some(s) = self.server.take() {
-            let _ = s.shutdown();
-        }
+        self.cluster.kill_all();
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
         }

@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use device_server::console_protocol::{INIT, PROBE, READY};
-use device_server::qemu::complete_lines;
+use cluster::console_protocol::{INIT, PROBE, READY};
+use cluster::node::complete_lines;
+use cluster::Backend;
 
 use config::ClusterConfig;
 use rundir::{pid_alive, ClusterState, RunDir};
@@ -267,16 +268,16 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         c.capture_format = a.capture_format;
     }
     c.validate()?;
-    let (backend, why) = daemon::choose_backend(c.backend)?;
-    if backend == config::Host::Qemu {
+    let (backend, why) = daemon::choose_backend(&c)?;
+    if backend == Backend::Qemu {
         if !c.vfio.is_empty() {
             return Err(format!(
                 "--vfio needs the kvm backend; the backend is qemu ({why})"
             ));
         }
-        device_server::qemu::qemu_available()?;
+        cluster::qemu::qemu_available()?;
     }
-    device_server::qemu::Image::find(&c.image_dir)?;
+    cluster::Image::find(&c.image_dir)?;
     Ok(c)
 }
 
@@ -309,7 +310,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
         ));
     }
     let mut cfg = load_config(a)?;
-    let (backend, why) = daemon::choose_backend(cfg.backend)?;
+    let (backend, why) = daemon::choose_backend(&cfg)?;
     cfg.image_dir = std::fs::canonicalize(&cfg.image_dir).unwrap_or(cfg.image_dir);
     std::fs::create_dir_all(run.dir())
         .map_err(|e| format!("cannot create {}: {e}", run.dir().display()))?;
@@ -333,14 +334,17 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     for n in &state.nodes {
         print!("  {}: booting ...", n.name);
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        if backend == config::Host::Kvm {
+        if backend == Backend::Kvm {
             // The first userspace line comes seconds after the kernel starts under KVM: a
             // guest that has not printed it by the deadline is stuck in the kernel.
             if let Err(e) = wait_console(&n.console_log, INIT, deadline, n.pid) {
                 println!(" failed");
                 let _ = down(run);
                 let e = format!("{}: {e}", n.name);
-                return Err(daemon::kvm_boot_advice(&e, Duration::from_secs(a.timeout)));
+                return Err(cluster::backend::kvm_boot_advice(
+                    &e,
+                    Duration::from_secs(a.timeout),
+                ));
             }
         }
         match wait_console(&n.console_log, READY, deadline, n.pid) {
@@ -491,7 +495,7 @@ fn dsm_app(
     args: Vec<String>,
 ) -> Result<(), String> {
     let cfg = cluster_with_flags(a)?;
-    let (backend, why) = daemon::choose_backend(cfg.backend)?;
+    let (backend, why) = daemon::choose_backend(&cfg)?;
     println!("backend {backend} ({why})");
     dsmrun::run(&dsmrun::RunOpts {
         app,

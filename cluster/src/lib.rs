@@ -1,0 +1,470 @@
+//! One launcher for every hcabench cluster: `hcabench up` (its daemon), `run <app>`, every
+//! `bench`, and the end-to-end tests boot N Linux guests here, under either backend:
+//!
+//! - [`Backend::Qemu`]: a QEMU process per guest ([`qemu`]), its HCA in a
+//!   [`device_server::DeviceServer`] in this process over ivshmem;
+//! - [`Backend::Kvm`]: a VM per guest in hcabench's own VMM ([`kvm`]), HCA and all in this
+//!   process.
+//!
+//! Either way node `k` (from 0) is `node{k+1}` at LID `k + 1` on one [`Fabric`], its serial
+//! console is logged to `dir/node{k+1}.console` (and served on `dir/node{k+1}.serial` when
+//! asked), and a [`Cluster`] kills, watches and tears down its nodes the same way. On top:
+//! the guest's console protocol ([`console_protocol`]), its agent shell ([`agent`]), and the
+//! verbs and DSM jobs run through it ([`verbs`], [`dsm`]).
+
+pub mod agent;
+pub mod backend;
+pub mod console_protocol;
+pub mod dsm;
+mod image;
+pub mod kvm;
+pub mod node;
+pub mod qemu;
+pub mod verbs;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use device_server::{DeviceServer, NodeConfig, ServerError};
+use hca_model::{Fabric, Hca};
+
+pub use backend::{Backend, BackendError};
+pub use image::{Image, ImageError};
+pub use node::Node;
+
+use kvm::{KvmNode, KvmNodeSpec};
+use qemu::{GuestSpec, NetSpec, QemuNode};
+
+/// Which accelerator QEMU guests run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QemuAccel {
+    /// TCG: works everywhere.
+    Tcg,
+    /// `-accel kvm -cpu host` (only where KVM runs Linux; `bench vmm` compares it with the VMM).
+    Kvm,
+}
+
+/// What to boot.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub backend: Backend,
+    pub image: Image,
+    /// Consoles, sockets and RAM files go here (created if missing).
+    pub dir: PathBuf,
+    pub nodes: usize,
+    pub ram_mib: u64,
+    pub vcpus: u32,
+    /// Appended to every guest's kernel command line.
+    pub kernel_args: String,
+    /// What the guests' init runs after boot (`hcabench.cmd=`): `shell`, `agent`, ...
+    pub job: String,
+    /// Serve every console on `dir/<node>.serial` (for `hcabench console` and the agent).
+    pub console_sockets: bool,
+    /// A virtio-net link between the two guests, for SoftRoCE (QEMU, exactly 2 nodes).
+    pub link: bool,
+    pub qemu_accel: QemuAccel,
+    /// Node name -> host PCI function passed through (the VMM, `vfio` feature).
+    pub vfio: BTreeMap<String, PathBuf>,
+}
+
+impl ClusterSpec {
+    /// `nodes` guests of 256 MiB and one vCPU each, running the shell job, consoles on
+    /// sockets.
+    pub fn new(backend: Backend, image: Image, dir: PathBuf, nodes: usize) -> ClusterSpec {
+        ClusterSpec {
+            backend,
+            image,
+            dir,
+            nodes,
+            ram_mib: 256,
+            vcpus: 1,
+            kernel_args: String::new(),
+            job: "shell".into(),
+            console_sockets: true,
+            link: false,
+            qemu_accel: QemuAccel::Tcg,
+            vfio: BTreeMap::new(),
+        }
+    }
+
+    /// Node `i`'s name.
+    pub fn node_name(i: usize) -> String {
+        format!("node{}", i + 1)
+    }
+
+    pub fn console_log(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("{}.console", Self::node_name(i)))
+    }
+
+    pub fn console_socket(&self, i: usize) -> Option<PathBuf> {
+        self.console_sockets
+            .then(|| self.dir.join(format!("{}.serial", Self::node_name(i))))
+    }
+
+    fn check(&self) -> Result<(), BootError> {
+        let bad = |why: String| Err(BootError::Spec(why));
+        if self.nodes == 0 {
+            return bad("a cluster needs at least one node".into());
+        }
+        if self.link && (self.nodes != 2 || self.backend != Backend::Qemu) {
+            return bad(
+                "a virtio-net link joins exactly two QEMU guests (hcabench's VMM gives its \
+                 guests no NIC)"
+                    .into(),
+            );
+        }
+        if !self.vfio.is_empty() && self.backend != Backend::Kvm {
+            return bad("VFIO passthrough needs the kvm backend".into());
+        }
+        if self.qemu_accel == QemuAccel::Kvm && self.backend != Backend::Qemu {
+            return bad("-accel kvm is a QEMU setting".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why a cluster did not boot.
+#[derive(Debug)]
+pub enum BootError {
+    /// The spec asks for something the backend cannot do.
+    Spec(String),
+    Backend(BackendError),
+    Dir {
+        dir: PathBuf,
+        source: io::Error,
+    },
+    DeviceServer(ServerError),
+    /// /dev/kvm would not open.
+    Kvm(io::Error),
+    /// A node's QEMU or VM would not start.
+    Start {
+        node: String,
+        why: String,
+    },
+    /// The virtio-net link's socket never appeared.
+    Link(PathBuf),
+}
+
+impl fmt::Display for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BootError::Spec(why) => f.write_str(why),
+            BootError::Backend(e) => write!(f, "{e}"),
+            BootError::Dir { dir, source } => {
+                write!(f, "cannot create {}: {source}", dir.display())
+            }
+            BootError::DeviceServer(e) => write!(f, "device server: {e}"),
+            BootError::Kvm(e) => write!(f, "/dev/kvm: {e}"),
+            BootError::Start { node, why } => write!(f, "{node}: cannot start its guest: {why}"),
+            BootError::Link(p) => write!(
+                f,
+                "the virtio-net link socket {} did not appear (the first QEMU failed?)",
+                p.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BootError {}
+
+impl From<BootError> for String {
+    fn from(e: BootError) -> String {
+        e.to_string()
+    }
+}
+
+/// A booted cluster. Dropping it stops every guest and removes its sockets and RAM files;
+/// the console logs stay.
+pub struct Cluster {
+    backend: Backend,
+    nodes: Vec<Box<dyn Node>>,
+    server: Option<DeviceServer>,
+    fabric: Fabric,
+    /// Guests that stopped or were killed, already reported by [`Cluster::newly_stopped`].
+    gone: Vec<bool>,
+    /// Sockets and RAM files that go with the cluster.
+    files: Vec<PathBuf>,
+}
+
+impl Cluster {
+    /// Starts every node's guest (it does not wait for them: see [`Cluster::wait_all`]).
+    /// `progress` hears about each step.
+    pub fn boot(spec: &ClusterSpec, progress: &mut dyn FnMut(&str)) -> Result<Cluster, BootError> {
+        spec.check()?;
+        std::fs::create_dir_all(&spec.dir).map_err(|source| BootError::Dir {
+            dir: spec.dir.clone(),
+            source,
+        })?;
+        let mut files: Vec<PathBuf> = (0..spec.nodes)
+            .filter_map(|i| spec.console_socket(i))
+            .collect();
+        let mut cluster = match spec.backend {
+            Backend::Qemu => {
+                qemu::qemu_available().map_err(BootError::Backend)?;
+                let configs = NodeConfig::cluster(&spec.dir, spec.nodes, spec.ram_mib << 20);
+                for n in &configs {
+                    files.extend([n.socket.clone(), n.ram_path.clone()]);
+                }
+                remove_all(&files);
+                let server =
+                    DeviceServer::start(configs.clone()).map_err(BootError::DeviceServer)?;
+                Cluster {
+                    backend: spec.backend,
+                    nodes: Vec::new(),
+                    fabric: server.fabric().clone(),
+                    server: Some(server),
+                    gone: Vec::new(),
+                    files,
+                }
+                .start_qemu(spec, configs, progress)?
+            }
+            Backend::Kvm => {
+                remove_all(&files);
+                let kvm = kvm_ioctls::Kvm::new()
+                    .map_err(|e| BootError::Kvm(io::Error::from_raw_os_error(e.errno())))?;
+                let mut c = Cluster {
+                    backend: spec.backend,
+                    nodes: Vec::new(),
+                    server: None,
+                    fabric: Fabric::new(),
+                    gone: Vec::new(),
+                    files,
+                };
+                for i in 0..spec.nodes {
+                    let name = ClusterSpec::node_name(i);
+                    progress(&format!("starting {name} (hcabench's VMM)"));
+                    let node = KvmNodeSpec {
+                        name: &name,
+                        lid: (i + 1) as u16,
+                        ram_mib: spec.ram_mib,
+                        vcpus: spec.vcpus,
+                        cmd: &spec.job,
+                        kernel_args: &spec.kernel_args,
+                        console_log: spec.console_log(i),
+                        console_socket: spec.console_socket(i),
+                        vfio: spec.vfio.get(&name).cloned().into_iter().collect(),
+                    };
+                    let n = KvmNode::start(&kvm, &spec.image, node, &c.fabric)
+                        .map_err(|why| BootError::Start { node: name, why })?;
+                    c.nodes.push(Box::new(n));
+                }
+                c
+            }
+        };
+        cluster.gone = vec![false; cluster.nodes.len()];
+        Ok(cluster)
+    }
+
+    fn start_qemu(
+        mut self,
+        spec: &ClusterSpec,
+        configs: Vec<NodeConfig>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Cluster, BootError> {
+        let eth = spec.dir.join("eth.sock");
+        if spec.link {
+            let _ = std::fs::remove_file(&eth);
+            self.files.push(eth.clone());
+        }
+        for (i, node) in configs.into_iter().enumerate() {
+            let name = node.name.clone();
+            let g = GuestSpec {
+                console_log: spec.console_log(i),
+                console_socket: spec.console_socket(i),
+                node,
+                image: spec.image.clone(),
+                vcpus: spec.vcpus,
+                kvm: spec.qemu_accel == QemuAccel::Kvm,
+                cmd: spec.job.clone(),
+                kernel_args: spec.kernel_args.clone(),
+                net: spec.link.then(|| NetSpec {
+                    socket: eth.clone(),
+                    listen: i == 0,
+                    mac: format!("52:54:00:12:34:{:02x}", i + 1),
+                }),
+            };
+            progress(&format!("starting {name}"));
+            let guest = QemuNode::spawn(&g).map_err(|e| BootError::Start {
+                node: name,
+                why: format!("cannot start QEMU: {e}"),
+            })?;
+            self.nodes.push(Box::new(guest));
+            if i == 0 && spec.link && !wait_for_path(&eth, Duration::from_secs(10)) {
+                // The second guest connects to the link socket the first one listens on.
+                return Err(BootError::Link(eth));
+            }
+        }
+        Ok(self)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The fabric between the guests' HCAs (the device server's, or the VMM's).
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    pub fn node(&self, i: usize) -> &dyn Node {
+        self.nodes[i].as_ref()
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut dyn Node {
+        self.nodes[i].as_mut()
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &dyn Node> {
+        self.nodes.iter().map(|n| n.as_ref())
+    }
+
+    pub fn nodes_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Node>> {
+        self.nodes.iter_mut()
+    }
+
+    /// Node `i`'s HCA while it is on the fabric.
+    pub fn hca(&self, i: usize) -> Option<Hca> {
+        match &self.server {
+            Some(s) => s.hca(i),
+            None => self.nodes.get(i).and_then(|n| n.hca()),
+        }
+    }
+
+    /// Every HCA on the fabric now.
+    pub fn hcas(&self) -> Vec<Hca> {
+        (0..self.nodes.len()).filter_map(|i| self.hca(i)).collect()
+    }
+
+    /// Waits until every guest printed a console line starting with `prefix`; says when
+    /// each did.
+    pub fn wait_all(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), String> {
+        for n in &mut self.nodes {
+            let (_, took) = n.wait_line(prefix, timeout)?;
+            progress(&format!("{} booted ({took:.1?})", n.name()));
+        }
+        Ok(())
+    }
+
+    /// Stops node `i`'s guest at once, as a crash would: its HCA leaves the fabric and its
+    /// peers' work requests to it fail. False if it was gone already.
+    pub fn kill(&mut self, i: usize) -> bool {
+        match self.gone.get_mut(i) {
+            Some(gone) if !*gone => {
+                *gone = true;
+                self.nodes[i].kill();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Nodes whose guests stopped on their own since the last call, with why.
+    pub fn newly_stopped(&mut self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for (i, (n, gone)) in self.nodes.iter_mut().zip(&mut self.gone).enumerate() {
+            if !*gone {
+                if let Some(why) = n.stopped() {
+                    *gone = true;
+                    out.push((i, why));
+                }
+            }
+        }
+        out
+    }
+
+    /// Stops every guest now (the cluster's files go when it is dropped).
+    pub fn kill_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+fn remove_all(files: &[PathBuf]) {
+    for f in files {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+fn wait_for_path(p: &Path, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while !p.exists() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_all();
+        // The VMs (and their HCAs) go before their files; the server stops after its guests.
+        self.nodes.clear();
+        if let Some(s) = self.server.take() {
+            let _ = s.shutdown();
+        }
+        remove_all(&self.files);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(backend: Backend) -> ClusterSpec {
+        let image = Image {
+            kernel_version: "6.1".into(),
+            vmlinux: "/nonexistent/vmlinux".into(),
+            bzimage: "/nonexistent/bzImage".into(),
+            initramfs: "/nonexistent/initramfs".into(),
+        };
+        ClusterSpec::new(backend, image, std::env::temp_dir().join("hcab-spec"), 3)
+    }
+
+    #[test]
+    fn test_a_spec_the_backend_cannot_honour_is_refused_before_anything_starts() {
+        let mut s = spec(Backend::Kvm);
+        s.link = true;
+        let e = Cluster::boot(&s, &mut |_| {}).err().unwrap().to_string();
+        assert!(e.contains("exactly two QEMU guests"), "{e}");
+        let mut s = spec(Backend::Qemu);
+        s.vfio
+            .insert("node1".into(), "/sys/bus/pci/devices/x".into());
+        let e = Cluster::boot(&s, &mut |_| {}).err().unwrap().to_string();
+        assert!(e.contains("needs the kvm backend"), "{e}");
+        let mut s = spec(Backend::Qemu);
+        s.nodes = 0;
+        assert!(matches!(
+            Cluster::boot(&s, &mut |_| {}),
+            Err(BootError::Spec(_))
+        ));
+    }
+
+    #[test]
+    fn test_nodes_are_named_and_their_consoles_placed_one_way() {
+        let mut s = spec(Backend::Qemu);
+        assert_eq!(ClusterSpec::node_name(2), "node3");
+        assert_eq!(s.console_log(0), s.dir.join("node1.console"));
+        assert_eq!(s.console_socket(1), Some(s.dir.join("node2.serial")));
+        s.console_sockets = false;
+        assert_eq!(s.console_socket(1), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! What the launcher needs of one booted guest, whatever hosts it: a QEMU process
+//! ([`crate::qemu::QemuNode`]) or a VM in hcabench's own VMM ([`crate::kvm::KvmNode`]).
+
+use std::time::{Duration, Instant};
+
+use hca_model::Hca;
+
+/// A booted guest: node `k` (from 0) of a cluster is named `node{k+1}` and has LID `k + 1`.
+pub trait Node: Send {
+    fn name(&self) -> &str;
+    /// The serial console so far.
+    fn console(&self) -> String;
+    /// The console's complete lines so far.
+    fn console_lines(&self) -> Vec<String> {
+        complete_lines(&self.console())
+    }
+    /// Waits for a console line starting with `prefix`; returns it and when it came (time
+    /// since the guest started). Fails on timeout or if the guest stops first.
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String>;
+    /// The guest's own host process, where it has one (QEMU's).
+    fn pid(&self) -> Option<u32>;
+    /// Why the guest stopped on its own (its host process exited, a vCPU failed), or None
+    /// while it runs.
+    fn stopped(&mut self) -> Option<String>;
+    fn is_running(&mut self) -> bool {
+        self.stopped().is_none()
+    }
+    /// Stops the guest at once (as a crash would); its HCA leaves the fabric.
+    fn kill(&mut self);
+    /// The guest's HCA where the guest's host holds it and it is on the fabric (None: the
+    /// device server holds it, or the guest stopped).
+    fn hca(&self) -> Option<Hca> {
+        None
+    }
+}
+
+/// The newline-terminated lines of `text`, without their line ends.
+pub fn complete_lines(text: &str) -> Vec<String> {
+    let done = text.rfind('\n').map_or("", |end| &text[..end]);
+    done.lines().map(|l| l.trim_end().to_string()).collect()
+}
+
+/// The last 40 lines of a console log (for error reports).
+pub fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Polls `console` until a complete line starts with `prefix` (the line), `stopped` says
+/// why the guest stopped, or `timeout` passes; `who` and `host` name the guest in errors.
+pub fn wait_for_line(
+    who: &str,
+    host: &str,
+    prefix: &str,
+    timeout: Duration,
+    console: &dyn Fn() -> String,
+    stopped: &mut dyn FnMut() -> Option<String>,
+) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = complete_lines(&console())
+            .into_iter()
+            .find(|l| l.starts_with(prefix))
+        {
+            return Ok(l);
+        }
+        if let Some(why) = stopped() {
+            return Err(format!(
+                "{who}: {host} stopped before `{prefix}`: {why}; console:\n{}",
+                console()
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{who}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
+                 far:\n{}",
+                console()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_line_still_being_written_is_not_a_line_yet() {
+        assert_eq!(
+            complete_lines("a\nHCABENCH-PROBE HCA found lid=1 por"),
+            vec!["a"]
+        );
+        assert_eq!(complete_lines("a\r\nb\n"), vec!["a", "b"]);
+        assert!(complete_lines("no newline").is_empty());
+    }
+
+    #[test]
+    fn test_waiting_for_a_line_ends_when_the_guest_stops() {
+        let console = || "booting\n".to_string();
+        let e = wait_for_line(
+            "node1",
+            "QEMU",
+            "READY",
+            Duration::from_secs(60),
+            &console,
+            &mut || Some("exit 1".into()),
+        )
+        .unwrap_err();
+        assert!(e.contains("stopped before `READY`: exit 1"), "{e}");
+        let l = wait_for_line(
+            "node1",
+            "QEMU",
+            "boot",
+            Duration::ZERO,
+            &console,
+            &mut || None,
+        );
+        assert_eq!(l.unwrap(), "booting");
+    }
+}

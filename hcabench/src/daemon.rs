@@ -1,0 +1,180 @@
+//! The background process behind `hcabench up`: it boots the cluster through the launcher
+//! (`cluster::Cluster`: QEMU guests with the device server, or every guest and HCA in its
+//! own VMM), records the nodes in the run directory, carries out the fault plan's and
+//! `hcabench fault`'s node kills, notes guests that stop, and tears everything down on
+//! SIGTERM or SIGINT (`hcabench down`).
+
+use std::io;
+
+use cluster::{Backend, Cluster, ClusterSpec, Image};
+
+use crate::config::ClusterConfig;
+use crate::control::Control;
+use crate::rundir::{ClusterState, NodeState, RunDir};
+
+/// Blocks SIGTERM and SIGINT in this thread (and the threads it starts), so that
+/// [`wait_for_stop`] receives them.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it before use and
+    // pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// A stop signal within `d`, or None.
+fn wait_for_stop_timeout(set: &libc::sigset_t, d: std::time::Duration) -> Option<i32> {
+    let t = libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `set` was initialised by block_stop_signals; a null siginfo is allowed.
+    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &t) };
+    (sig > 0).then_some(sig)
+}
+
+/// How often the daemon looks for nodes to kill and guests that stopped.
+const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Which backend the cluster file asks for means here, and why; `kvm` where KVM cannot run
+/// Linux is an error.
+pub fn choose_backend(cfg: &ClusterConfig) -> Result<(Backend, String), String> {
+    Ok(cluster::backend::choose(cfg.backend.request())?)
+}
+
+/// The cluster's fault plan and capture on `fabric`, if it has them, and the control
+/// socket for live faults; the log and report of an earlier run go.
+fn attach_fabric_tools(
+    run: &RunDir,
+    cfg: &ClusterConfig,
+    fabric: &hca_model::Fabric,
+) -> Result<std::sync::Arc<Control>, String> {
+    use crate::faultrun::{attach, attach_capture, LOG, REPORT};
+    let _ = std::fs::remove_file(run.path(REPORT));
+    let _ = std::fs::remove_file(run.path(LOG));
+    if let Some(path) = &cfg.capture {
+        attach_capture(path, cfg.capture_format, fabric)?;
+    }
+    let hook = cfg
+        .faults
+        .as_ref()
+        .map(|p| attach(&run.path(LOG), p, fabric))
+        .transpose()?;
+    let control = Control::new(fabric.clone(), hook, run.path(LOG), cfg.nodes);
+    control.serve(&run.path(crate::control::SOCKET))?;
+    Ok(control)
+}
+
+/// Ends a fault run: the report written, the control socket gone.
+fn finish_faults(run: &RunDir, control: &Control, hcas: &[hca_model::Hca]) {
+    if let Some(h) = control.hook() {
+        crate::faultrun::finish(run, &h, hcas);
+    }
+    let _ = std::fs::remove_file(run.path(crate::control::SOCKET));
+}
+
+/// Marks a killed node's console log so that `status` and `up` see it dead.
+fn note_killed(node: &NodeState) {
+    eprintln!("daemon: {}: killed by the fault plan", node.name);
+    append(
+        &node.console_log,
+        &format!("\n{GUEST_STOPPED} killed by the fault plan\n"),
+    );
+}
+
+/// The line the daemon appends to a node's console log when its guest stops (QEMU exited, a vCPU
+/// failed, the guest shut down); `hcabench up` and `status` look for it.
+pub const GUEST_STOPPED: &str = "[hcabench] guest stopped:";
+
+pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
+    let signals = block_stop_signals();
+    let (backend, why) = choose_backend(cfg)?;
+    eprintln!("daemon: backend {backend} ({why})");
+    let image = Image::find(&cfg.image_dir)?;
+    let spec = ClusterSpec {
+        ram_mib: cfg.memory_mib,
+        vcpus: cfg.vcpus,
+        kernel_args: cfg.kernel_args.clone(),
+        vfio: cfg.vfio.clone(),
+        ..ClusterSpec::new(backend, image.clone(), run.dir().to_path_buf(), cfg.nodes)
+    };
+    let mut cluster = Cluster::boot(&spec, &mut |m| eprintln!("daemon: {m}"))?;
+    let control = attach_fabric_tools(run, cfg, cluster.fabric())?;
+    // SAFETY: getpid has no preconditions.
+    let daemon_pid = unsafe { libc::getpid() } as u32;
+    let state = ClusterState {
+        daemon_pid,
+        backend: backend.to_string(),
+        kernel: image.kernel_version.clone(),
+        config: cfg.clone(),
+        nodes: (0..cluster.len())
+            .map(|i| NodeState {
+                name: ClusterSpec::node_name(i),
+                lid: (i + 1) as u16,
+                // A QEMU guest is its own process; the VMM's guests live in this one.
+                pid: cluster.node(i).pid().unwrap_or(daemon_pid),
+                console_log: spec.console_log(i),
+                console_socket: spec.console_socket(i).unwrap_or_default(),
+            })
+            .collect(),
+    };
+    run.write_state(&state)
+        .map_err(|e| format!("cannot write {}: {e}", run.state_file().display()))?;
+    eprintln!("daemon: {} guests started", cluster.len());
+
+    let sig = loop {
+        if let Some(sig) = wait_for_stop_timeout(&signals, POLL) {
+            break sig;
+        }
+        // A killed guest's HCA leaves the fabric, so peers' packets to it go nowhere.
+        for i in control.due_kills() {
+            if cluster.kill(i) {
+                note_killed(&state.nodes[i]);
+            }
+        }
+        for (i, why) in cluster.newly_stopped() {
+            let n = &state.nodes[i];
+            eprintln!("daemon: {}: guest stopped: {why}", n.name);
+            append(&n.console_log, &format!("\n{GUEST_STOPPED} {why}\n"));
+        }
+    };
+    eprintln!("daemon: signal {sig}, stopping");
+    let hcas = cluster.hcas();
+    cluster.kill_all();
+    finish_faults(run, &control, &hcas);
+    // Console logs and daemon.log stay for post-mortems; sockets and RAM files go.
+    drop(cluster);
+    let _ = std::fs::remove_file(run.state_file());
+    Ok(())
+}
+
+fn append(path: &std::path::Path, line: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// Starts the daemon as a background process in its own process group, logging to
+/// daemon.log in the run directory.
+pub fn spawn(run: &RunDir, config_file: &std::path::Path) -> io::Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::File::create(run.path("daemon.log"))?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--run-dir")
+        .arg(run.dir())
+        .arg("daemon")
+        .arg("--config")
+        .arg(config_file)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    Ok(child.id())
+}
