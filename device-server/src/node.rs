@@ -1,7 +1,8 @@
 //! One node: its unix socket, the QEMU guest connected to it, and that guest's HCA.
 //!
 //! A node thread waits (epoll) on its listening socket, a stop eventfd and, while a guest is
-//! connected, on the guest's socket and the device's doorbell eventfds. Each connection is a
+//! connected, on the guest's socket; the guest's doorbell eventfds have a
+//! [`DoorbellPump`] of their own. Each connection is a
 //! fresh device (a guest that reboots gets a reset HCA) at the node's fixed LID. A guest that
 //! goes away takes only its own HCA off the fabric: peers' packets to it fail, the server and
 //! the other nodes go on.
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hca_model::abi::NUM_VECTORS;
-use hca_model::{DeviceMemory, Fabric, Hca, InterruptSink, Lid};
+use hca_model::{DeviceMemory, DoorbellPump, Fabric, Hca, InterruptSink, Lid};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -68,13 +69,14 @@ impl InterruptSink for GuestIrqs {
 struct Session {
     stream: UnixStream,
     hca: Hca,
-    doorbells: Vec<EventFd>,
+    /// Stops (and is waited for) before the HCA leaves the fabric.
+    pump: Option<DoorbellPump>,
 }
 
 /// Epoll tokens.
-const TOKEN_LISTEN: u64 = 1 << 32;
-const TOKEN_STOP: u64 = (1 << 32) + 1;
-const TOKEN_GUEST: u64 = (1 << 32) + 2;
+const TOKEN_LISTEN: u64 = 0;
+const TOKEN_STOP: u64 = 1;
+const TOKEN_GUEST: u64 = 2;
 
 pub(crate) struct NodeThread {
     pub cfg: NodeConfig,
@@ -133,14 +135,6 @@ impl NodeThread {
                             self.end(&epoll, s);
                         }
                     }
-                    v if v < u64::from(NUM_VECTORS) => {
-                        if let Some(s) = &session {
-                            // Coalesced doorbells read as one count: the model rescans anyway.
-                            if s.doorbells[v as usize].read().is_ok() {
-                                s.hca.doorbell(v as u32);
-                            }
-                        }
-                    }
                     _ => {}
                 }
             }
@@ -165,22 +159,13 @@ impl NodeThread {
         }
         match self.start(stream) {
             Ok(s) => {
-                let mut ok = epoll
+                let ok = epoll
                     .ctl(
                         ControlOperation::Add,
                         s.stream.as_raw_fd(),
                         EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, TOKEN_GUEST),
                     )
                     .is_ok();
-                for (v, d) in s.doorbells.iter().enumerate() {
-                    ok &= epoll
-                        .ctl(
-                            ControlOperation::Add,
-                            d.as_raw_fd(),
-                            EpollEvent::new(EventSet::IN, v as u64),
-                        )
-                        .is_ok();
-                }
                 if ok {
                     log::info!(
                         "{}: guest connected, HCA up at LID {}",
@@ -226,11 +211,18 @@ impl NodeThread {
             hca.detach();
             return Err(e);
         }
+        let pump = match DoorbellPump::start(&self.cfg.name, hca.clone(), doorbells) {
+            Ok(p) => p,
+            Err(e) => {
+                hca.detach();
+                return Err(e);
+            }
+        };
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(hca.clone());
         Ok(Session {
             stream,
             hca,
-            doorbells,
+            pump: Some(pump),
         })
     }
 
@@ -248,19 +240,13 @@ impl NodeThread {
         }
     }
 
-    fn end(&self, epoll: &Epoll, s: Session) {
+    fn end(&self, epoll: &Epoll, mut s: Session) {
         let _ = epoll.ctl(
             ControlOperation::Delete,
             s.stream.as_raw_fd(),
             EpollEvent::default(),
         );
-        for d in &s.doorbells {
-            let _ = epoll.ctl(
-                ControlOperation::Delete,
-                d.as_raw_fd(),
-                EpollEvent::default(),
-            );
-        }
+        drop(s.pump.take());
         s.hca.detach();
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         log::info!(

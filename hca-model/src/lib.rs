@@ -15,6 +15,7 @@ mod command;
 mod cq;
 pub mod devmem;
 pub mod dma;
+pub mod doorbell;
 mod eq;
 pub mod fabric;
 pub mod faults;
@@ -29,6 +30,7 @@ mod responder;
 pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
 pub use dma::{DmaFault, DmaSpace, GuestRam};
+pub use doorbell::DoorbellPump;
 pub use fabric::{
     Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
 };

@@ -8,13 +8,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hca_model::abi::{self, BAR0_DOORBELL, BAR2_SIZE, DOORBELL_PEER_SHIFT, NUM_VECTORS};
-use hca_model::DeviceMemory;
 use hca_model::Hca;
+use hca_model::{DeviceMemory, DoorbellPump};
 use hca_model::{Fabric, Lid};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vm_superio::Serial;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
@@ -85,8 +84,7 @@ pub struct Machine {
     ram_bytes: u64,
     devices: Arc<Devices>,
     console: Arc<Mutex<Vec<u8>>>,
-    doorbell_stop: Arc<EventFd>,
-    doorbell_thread: Option<JoinHandle<()>>,
+    doorbell_pump: Option<DoorbellPump>,
     console_thread: Option<JoinHandle<()>>,
     vcpu_threads: Vec<JoinHandle<Result<(), String>>>,
     started: Option<Instant>,
@@ -105,40 +103,6 @@ fn doorbell_ioevents(vm: &VmFd, fds: &[EventFd], bar0: u64, remove: bool) -> Res
         r.map_err(|e| format!("doorbell ioeventfd (class {class}): {e}"))?;
     }
     Ok(())
-}
-
-/// The doorbell thread: each ioeventfd that fires is one doorbell class for the model.
-fn doorbell_loop(hca: Hca, fds: Arc<Vec<EventFd>>, stop: Arc<EventFd>) {
-    let epoll = Epoll::new().expect("epoll");
-    for (i, fd) in fds.iter().enumerate() {
-        let _ = epoll.ctl(
-            ControlOperation::Add,
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            EpollEvent::new(EventSet::IN, i as u64),
-        );
-    }
-    let _ = epoll.ctl(
-        ControlOperation::Add,
-        std::os::fd::AsRawFd::as_raw_fd(&*stop),
-        EpollEvent::new(EventSet::IN, u64::MAX),
-    );
-    let mut events = vec![EpollEvent::default(); fds.len() + 1];
-    loop {
-        let n = match epoll.wait(-1, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        for ev in &events[..n] {
-            if ev.data() == u64::MAX {
-                return;
-            }
-            let class = ev.data() as usize;
-            if fds[class].read().is_ok() {
-                hca.doorbell(class as u32);
-            }
-        }
-    }
 }
 
 extern "C" fn kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
@@ -230,15 +194,13 @@ impl Machine {
             .map(|id| new_vcpu(&vm, &cpuid, id, tsc_deadline))
             .collect::<Result<Vec<_>, _>>()?;
 
-        let doorbell_stop =
-            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?);
-        let doorbell_thread = {
-            let (hca, fds, stop) = (hca.clone(), fds.clone(), doorbell_stop.clone());
-            std::thread::Builder::new()
-                .name(format!("{}-doorbell", cfg.name))
-                .spawn(move || doorbell_loop(hca, fds, stop))
-                .map_err(|e| format!("doorbell thread: {e}"))?
-        };
+        let pump_fds = fds
+            .iter()
+            .map(EventFd::try_clone)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("eventfd: {e}"))?;
+        let doorbell_pump = DoorbellPump::start(&cfg.name, hca.clone(), pump_fds)
+            .map_err(|e| format!("doorbell thread: {e}"))?;
         Ok(Machine {
             name: cfg.name,
             devices: Arc::new(Devices {
@@ -257,8 +219,7 @@ impl Machine {
             vcpus,
             ram_bytes: cfg.ram_bytes as u64,
             console,
-            doorbell_stop,
-            doorbell_thread: Some(doorbell_thread),
+            doorbell_pump: Some(doorbell_pump),
             console_thread,
             vcpu_threads: Vec::new(),
             started: None,
@@ -404,10 +365,7 @@ impl Drop for Machine {
         if let Some(t) = self.console_thread.take() {
             let _ = t.join();
         }
-        let _ = self.doorbell_stop.write(1);
-        if let Some(t) = self.doorbell_thread.take() {
-            let _ = t.join();
-        }
+        drop(self.doorbell_pump.take());
         self.devices.hca.detach();
     }
 }
