@@ -13,7 +13,8 @@ use device_server::ivshmem::{read_greeting, ClientView};
 use device_server::{DeviceServer, NodeConfig, DEVICE_PEER, GUEST_PEER};
 use hca_model::abi::*;
 use hca_model::DeviceMemory;
-use vm_memory::{ByteValued, Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
+use hca_test_driver::{send_wr, sge, CqH, Driver, Port, QpH};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 
 const RAM: u64 = 8 << 20;
 const WAIT: Duration = Duration::from_secs(10);
@@ -38,26 +39,54 @@ fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
     NodeConfig::cluster(dir, n, RAM)
 }
 
+/// The device as a QEMU guest reaches it: BAR2 mapped from the memfd the greeting carried,
+/// doorbells as writes to the device's eventfds.
+struct Ivshmem {
+    bar2: DeviceMemory,
+    doorbells: Vec<File>,
+}
+
+impl Port for Ivshmem {
+    const SYNCHRONOUS: bool = false;
+    fn bar2(&self) -> &DeviceMemory {
+        &self.bar2
+    }
+    /// A BAR0 doorbell write of `peer << 16 | class`, as QEMU turns it into an eventfd write.
+    fn doorbell(&self, class: u32) {
+        (&self.doorbells[class as usize])
+            .write_all(&1u64.to_ne_bytes())
+            .unwrap();
+    }
+}
+
 struct FakeGuest {
     _sock: UnixStream,
     view: ClientView,
-    bar2: DeviceMemory,
     cfg: NodeConfig,
-    seq: u32,
 }
 
 impl FakeGuest {
     fn connect(cfg: &NodeConfig) -> Self {
         let sock = UnixStream::connect(&cfg.socket).expect("connect to the node socket");
         let view = read_greeting(&sock, NUM_VECTORS as usize).expect("greeting");
-        let bar2 = DeviceMemory::from_file(view.shm.try_clone().unwrap()).unwrap();
         FakeGuest {
             _sock: sock,
             view,
-            bar2,
             cfg: cfg.clone(),
-            seq: 0,
         }
+    }
+
+    /// The guest's driver over `mem`, its view of its RAM.
+    fn driver(&self, mem: GuestMemoryMmap) -> Driver<Ivshmem> {
+        let port = Ivshmem {
+            bar2: DeviceMemory::from_file(self.view.shm.try_clone().unwrap()).unwrap(),
+            doorbells: self.view.peers[0]
+                .1
+                .iter()
+                .map(|f| f.try_clone().unwrap())
+                .collect(),
+        };
+        Driver::with_port(port, mem)
     }
 
     /// What QEMU does when it creates the RAM backend (after connecting).
@@ -79,15 +108,9 @@ impl FakeGuest {
     }
 
     fn info(&self) -> HcaDevInfo {
-        self.bar2.read_obj(BAR2_INFO_OFFSET)
-    }
-
-    /// A BAR0 doorbell write of `peer << 16 | class`, as QEMU turns it into an eventfd write.
-    fn ring(&self, class: u32) {
-        let (_, fds) = &self.view.peers[0];
-        (&fds[class as usize])
-            .write_all(&1u64.to_ne_bytes())
-            .unwrap();
+        DeviceMemory::from_file(self.view.shm.try_clone().unwrap())
+            .unwrap()
+            .read_obj(BAR2_INFO_OFFSET)
     }
 
     /// Waits for MSI-X vector `v` (the eventfd QEMU would turn into it).
@@ -101,46 +124,6 @@ impl FakeGuest {
             std::thread::sleep(Duration::from_millis(1));
         }
         false
-    }
-
-    fn cmd(&mut self, opcode: u32, input: &[u8], flags: u32) -> (u32, [u8; 64]) {
-        self.seq += 1;
-        let mut mb = HcaCmdMailbox {
-            opcode,
-            flags,
-            ..Default::default()
-        };
-        mb.input[..input.len()].copy_from_slice(input);
-        self.bar2.write_obj(BAR2_MAILBOX_OFFSET, &mb);
-        self.bar2.store_u32(BAR2_MAILBOX_OFFSET + 8, self.seq);
-        self.ring(DB_CMD);
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let done: HcaCmdMailbox = self.bar2.read_obj(BAR2_MAILBOX_OFFSET);
-            if done.done_seq == self.seq {
-                return (done.status, done.output);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "command {opcode:#x} never completed"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn handle(&mut self, opcode: u32, input: &[u8]) -> u32 {
-        let (st, out) = self.cmd(opcode, input, 0);
-        assert_eq!(st, CMD_OK, "command {opcode:#x}");
-        u32::from_le_bytes(out[..4].try_into().unwrap())
-    }
-
-    fn modify(&mut self, qpn: u32, mask: u32, attr: HcaQpAttr) {
-        let m = HcaCmdModifyQp {
-            qpn,
-            attr_mask: mask,
-            attr,
-        };
-        assert_eq!(self.cmd(CMD_MODIFY_QP, m.as_slice(), 0).0, CMD_OK);
     }
 }
 
@@ -172,9 +155,10 @@ fn test_doorbell_reaches_the_model_and_its_interrupt_comes_back() {
     let dir = scratch("irq");
     let cfgs = configs(&dir.0, 1);
     let _server = DeviceServer::start(cfgs.clone()).unwrap();
-    let mut g = FakeGuest::connect(&cfgs[0]);
+    let g = FakeGuest::connect(&cfgs[0]);
     assert!(g.wait_irq(VEC_ASYNC), "port-active event raised vector 0");
-    let (st, out) = g.cmd(CMD_ALLOC_PD, &[], CMD_FLAG_EVENT);
+    let mut d = g.driver(scratch_ram());
+    let (st, out) = d.cmd_raw(CMD_ALLOC_PD, &[], CMD_FLAG_EVENT);
     assert_eq!((st, out[0]), (CMD_OK, 1));
     assert!(g.wait_irq(VEC_ASYNC), "command completion raised vector 0");
 }
@@ -184,21 +168,24 @@ fn test_guest_ram_is_mapped_once_qemu_has_created_it() {
     let dir = scratch("ram");
     let cfgs = configs(&dir.0, 1);
     let _server = DeviceServer::start(cfgs.clone()).unwrap();
-    let mut g = FakeGuest::connect(&cfgs[0]);
+    let g = FakeGuest::connect(&cfgs[0]);
+    // Before QEMU creates the RAM file the driver's view of RAM is its own scratch memory.
+    let mut early = g.driver(scratch_ram());
     let cq = HcaCmdCreateCq {
         ring_addr: 0x10_0000,
         log_entries: 4,
         vector: 1,
     };
     assert_eq!(
-        g.cmd(CMD_CREATE_CQ, cq.as_slice(), 0).0,
+        early.cmd(CMD_CREATE_CQ, &cq).0,
         CMD_BAD_ADDRESS,
         "no RAM file yet"
     );
     let ram = g.create_ram();
     ram.write_slice(&[0xee; 512], GuestAddress(0x10_0000))
         .unwrap();
-    assert_eq!(g.cmd(CMD_CREATE_CQ, cq.as_slice(), 0).0, CMD_OK);
+    let mut d = g.driver(ram.clone());
+    assert_eq!(d.cmd(CMD_CREATE_CQ, &cq).0, CMD_OK);
     let mut ring = [1u8; 512];
     ram.read_slice(&mut ring, GuestAddress(0x10_0000)).unwrap();
     assert_eq!(
@@ -209,122 +196,40 @@ fn test_guest_ram_is_mapped_once_qemu_has_created_it() {
         ring_addr: RAM - 64,
         ..cq
     };
-    assert_eq!(
-        g.cmd(CMD_CREATE_CQ, beyond.as_slice(), 0).0,
-        CMD_BAD_ADDRESS
-    );
+    assert_eq!(d.cmd(CMD_CREATE_CQ, &beyond).0, CMD_BAD_ADDRESS);
 }
 
-/// Sets up PD, physical MR, CQ and an RC QP to `(dlid, dqpn)`; returns (key, cq ring, qpn, sq).
-fn rc_endpoint(g: &mut FakeGuest, dlid: u16, dqpn: u32) -> (u32, u64, u32, u64) {
-    let pd = g.handle(CMD_ALLOC_PD, &[]);
-    let mr = HcaCmdRegMr {
-        length: u64::MAX,
-        pdn: pd,
-        access: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ,
-        flags: MR_FLAG_PHYS,
-        ..Default::default()
-    };
-    let key = g.handle(CMD_REG_MR, mr.as_slice());
-    let cq_ring = 0x1_0000;
-    let cq = HcaCmdCreateCq {
-        ring_addr: cq_ring,
-        log_entries: 4,
-        vector: 1,
-    };
-    let cqn = g.handle(CMD_CREATE_CQ, cq.as_slice());
-    let sq = 0x2_0000;
-    let qp = HcaCmdCreateQp {
-        sq_addr: sq,
-        rq_addr: 0x3_0000,
-        pdn: pd,
-        send_cqn: cqn,
-        recv_cqn: cqn,
-        qp_type: QPT_RC,
-        sq_log_entries: 4,
-        sq_wqe_shift: 7,
-        rq_log_entries: 4,
-        rq_wqe_shift: 5,
-        ..Default::default()
-    };
-    let qpn = g.handle(CMD_CREATE_QP, qp.as_slice());
-    if dqpn != 0 {
-        connect_rc(g, qpn, dlid, dqpn);
-    }
-    (key, cq_ring, qpn, sq)
+/// One guest's RC endpoint: its driver, the DMA MR's key, CQ and QP.
+struct Endpoint {
+    d: Driver<Ivshmem>,
+    key: u32,
+    cq: CqH,
+    qp: QpH,
 }
 
-fn connect_rc(g: &mut FakeGuest, qpn: u32, dlid: u16, dqpn: u32) {
-    let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-    let a = |state: u32| HcaQpAttr {
-        state: state as u8,
-        port_num: 1,
-        access_flags: access,
-        dlid,
-        dest_qpn: dqpn,
-        path_mtu: MTU_4096 as u8,
-        ..Default::default()
-    };
-    g.modify(
-        qpn,
-        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
-        a(QPS_INIT),
-    );
-    g.modify(
-        qpn,
-        QP_ATTR_STATE
-            | QP_ATTR_AV
-            | QP_ATTR_PATH_MTU
-            | QP_ATTR_DEST_QPN
-            | QP_ATTR_RQ_PSN
-            | QP_ATTR_MAX_DEST_RD_ATOMIC
-            | QP_ATTR_MIN_RNR_TIMER,
-        a(QPS_RTR),
-    );
-    g.modify(
-        qpn,
-        QP_ATTR_STATE
-            | QP_ATTR_SQ_PSN
-            | QP_ATTR_TIMEOUT
-            | QP_ATTR_RETRY_CNT
-            | QP_ATTR_RNR_RETRY
-            | QP_ATTR_MAX_QP_RD_ATOMIC,
-        a(QPS_RTS),
-    );
+/// Sets up PD, physical MR, CQ and an RC QP in `g`'s RAM file.
+fn rc_endpoint(g: &FakeGuest) -> Endpoint {
+    let mut d = g.driver(g.create_ram());
+    let pd = d.alloc_pd();
+    let key = d.reg_dma_mr(pd, ACCESS);
+    let cq = d.create_cq(4);
+    let qp = d.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    Endpoint { d, key, cq, qp }
 }
 
-/// Posts an RDMA WRITE of `len` bytes and waits for its CQE; returns the CQE.
-fn rdma_write(
-    g: &FakeGuest,
-    ram: &GuestMemoryMmap,
-    (key, cq_ring, qpn, sq): (u32, u64, u32, u64),
-    (src, dst, rkey, len): (u64, u64, u32, u32),
-    index: u32,
-) -> HcaCqe {
+const ACCESS: u32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+
+/// Posts an RDMA WRITE of `len` bytes from `src` to the peer's `dst` and waits for its CQE.
+fn rdma_write(e: &mut Endpoint, (src, dst, rkey, len): (u64, u64, u32, u32)) -> HcaCqe {
     let wqe = HcaSendWqe {
-        wr_id: 77,
-        opcode: WR_RDMA_WRITE as u8,
-        flags: WQE_SIGNALED as u8,
-        num_sge: 1,
         remote_addr: dst,
         rkey,
-        ..Default::default()
+        ..send_wr(77, WR_RDMA_WRITE, WQE_SIGNALED)
     };
-    let slot = sq + (u64::from(index) << 7);
-    ram.write_obj(wqe, GuestAddress(slot)).unwrap();
-    let sge = HcaSge {
-        addr: src,
-        length: len,
-        lkey: key,
-    };
-    ram.write_obj(sge, GuestAddress(slot + 64)).unwrap();
-    g.bar2.store_u32(BAR2_QP_DB_OFFSET + qpn * 8, index + 1);
-    g.ring(DB_SQ);
-    let cqe_at = GuestAddress(cq_ring + u64::from(index) * 32);
+    e.d.post_send(&mut e.qp, wqe, &[sge(src, len, e.key)]);
     let deadline = Instant::now() + WAIT;
     loop {
-        let c: HcaCqe = ram.read_obj(cqe_at).unwrap();
-        if c.owner == owner_bit(index, 4) {
+        if let Some(c) = e.d.poll_cq(&mut e.cq) {
             return c;
         }
         assert!(Instant::now() < deadline, "no CQE for the RDMA WRITE");
@@ -335,13 +240,11 @@ fn rdma_write(
 /// A server with two guests whose RC QPs are connected to each other.
 struct TwoGuests {
     server: DeviceServer,
-    a: FakeGuest,
-    b: FakeGuest,
-    ram_a: GuestMemoryMmap,
-    ram_b: GuestMemoryMmap,
-    /// (key, CQ ring, QPN, SQ) of each side.
-    ea: (u32, u64, u32, u64),
-    eb: (u32, u64, u32, u64),
+    a: Endpoint,
+    b: Endpoint,
+    /// node2's QEMU: dropping it is node2 dying.
+    gb: FakeGuest,
+    _ga: FakeGuest,
     dir: Scratch,
 }
 
@@ -349,41 +252,37 @@ fn two_connected_guests(name: &str) -> TwoGuests {
     let dir = scratch(name);
     let cfgs = configs(&dir.0, 2);
     let server = DeviceServer::start(cfgs.clone()).unwrap();
-    let mut a = FakeGuest::connect(&cfgs[0]);
-    let mut b = FakeGuest::connect(&cfgs[1]);
-    let (ram_a, ram_b) = (a.create_ram(), b.create_ram());
-    let ea = rc_endpoint(&mut a, 0, 0);
-    let eb = rc_endpoint(&mut b, 1, ea.2);
-    connect_rc(&mut a, ea.2, 2, eb.2);
+    let ga = FakeGuest::connect(&cfgs[0]);
+    let gb = FakeGuest::connect(&cfgs[1]);
+    let (mut a, mut b) = (rc_endpoint(&ga), rc_endpoint(&gb));
+    let (qa, qb) = (a.qp.qpn, b.qp.qpn);
+    a.d.bring_up_rc(qa, 2, qb, ACCESS, MTU_4096 as u8);
+    b.d.bring_up_rc(qb, 1, qa, ACCESS, MTU_4096 as u8);
     TwoGuests {
         server,
         a,
         b,
-        ram_a,
-        ram_b,
-        ea,
-        eb,
+        gb,
+        _ga: ga,
         dir,
     }
 }
 
+/// Anonymous memory for a driver whose guest has no RAM file yet.
+fn scratch_ram() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap()
+}
+
 #[test]
 fn test_rdma_write_goes_from_one_guest_ram_file_into_another() {
-    let g = two_connected_guests("rdma");
-    let (a, ram_a, ram_b, ea, eb) = (&g.a, &g.ram_a, &g.ram_b, g.ea, g.eb);
+    let mut g = two_connected_guests("rdma");
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
-    ram_a.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
-    let c = rdma_write(
-        a,
-        ram_a,
-        ea,
-        (0x10_0000, 0x40_0000, eb.0, data.len() as u32),
-        0,
-    );
+    let len = data.len() as u64;
+    let (src, dst) = (g.a.d.alloc(len, 4096), g.b.d.alloc(len, 4096));
+    g.a.d.write(src, &data);
+    let c = rdma_write(&mut g.a, (src, dst, g.b.key, len as u32));
     assert_eq!((u32::from(c.status), c.wr_id), (WC_SUCCESS, 77));
-    let mut got = vec![0u8; data.len()];
-    ram_b.read_slice(&mut got, GuestAddress(0x40_0000)).unwrap();
-    assert_eq!(got, data);
+    assert_eq!(g.b.d.read(dst, data.len()), data);
 }
 
 #[test]
@@ -391,7 +290,7 @@ fn test_a_dead_guest_takes_only_its_own_hca_down() {
     let mut g = two_connected_guests("kill");
     let cfgs = configs(&g.dir.0, 2);
 
-    drop(g.b); // node2's QEMU dies
+    drop(g.gb); // node2's QEMU dies
     let deadline = Instant::now() + WAIT;
     while g.server.hca(1).is_some() {
         assert!(
@@ -401,10 +300,11 @@ fn test_a_dead_guest_takes_only_its_own_hca_down() {
         std::thread::sleep(Duration::from_millis(5));
     }
     // node1 sees an error completion for its connection to the dead node, and goes on.
-    let c = rdma_write(&g.a, &g.ram_a, g.ea, (0x10_0000, 0x40_0000, g.eb.0, 64), 0);
+    let (src, dst) = (g.a.d.alloc(64, 64), g.b.d.alloc(64, 64));
+    let c = rdma_write(&mut g.a, (src, dst, g.b.key, 64));
     assert_eq!(u32::from(c.status), WC_RETRY_EXC_ERR);
     assert_eq!(
-        g.a.cmd(CMD_QUERY_PORT, &[], 0).0,
+        g.a.d.cmd_raw(CMD_QUERY_PORT, &[], 0).0,
         CMD_OK,
         "node1 still served"
     );

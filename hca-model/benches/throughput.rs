@@ -5,14 +5,11 @@
 //!
 //! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run).
 
-#[path = "../tests/driver/mod.rs"]
-mod driver;
-
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use driver::*;
 use hca_model::abi::*;
+use hca_test_driver::*;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// Times `op` over `iters` iterations, `rounds` times, returning the best time per iteration.

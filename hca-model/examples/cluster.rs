@@ -5,15 +5,12 @@
 //!
 //! `cargo run --release -p hca-model --example cluster -- [--nodes N] [--rounds R]`
 
-#[path = "../tests/driver/mod.rs"]
-mod driver;
-
 use std::process::ExitCode;
 use std::time::Instant;
 
-use driver::*;
 use hca_model::abi::*;
 use hca_model::Fabric;
+use hca_test_driver::*;
 
 const BLOCK: u64 = 64 << 10;
 

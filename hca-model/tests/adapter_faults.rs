@@ -2,16 +2,14 @@
 //! doorbells, lost and late interrupts, CQ overflow) and on whole nodes (a planned kill, live
 //! link-down/up and kill), in virtual time.
 
-mod driver;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use driver::*;
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats};
+use hca_test_driver::*;
 
 const MS: Duration = Duration::from_millis(1);
 

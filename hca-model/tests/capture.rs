@@ -2,15 +2,13 @@
 //! packets come out with IB's opcodes, QPNs, PSNs and extended headers where tshark looks for
 //! them. Where tshark is missing the test says so and skips (ci/setup.sh installs it).
 
-mod driver;
-
 use std::path::Path;
 use std::sync::Arc;
 
-use driver::*;
 use hca_model::abi::*;
 use hca_model::capture::{tshark_fields, Capture, CaptureFormat, TsharkError};
 use hca_model::Fabric;
+use hca_test_driver::*;
 
 /// tshark's fields for each frame of `pcap`, or None (with the reason printed) where
 /// tshark is missing; HCABENCH_E2E_REQUIRED=1 (CI) makes that a failure.

@@ -1,10 +1,8 @@
 //! Every error path: protection, lengths, states, overflow, broken indices, bad commands.
 
-mod driver;
-
-use driver::*;
 use hca_model::abi::*;
 use hca_model::Fabric;
+use hca_test_driver::*;
 
 fn status(c: &HcaCqe) -> u32 {
     u32::from(c.status)

@@ -1,14 +1,12 @@
 //! The fabric's per-link hook: it sees every MTU-sized packet, may rewrite or drop it, and
 //! the transport reacts as IB's would.
 
-mod driver;
-
 use std::sync::{Arc, Mutex};
 
-use driver::*;
 use hca_model::abi::*;
 use hca_model::packet::*;
 use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_test_driver::*;
 
 /// Records (link, opcode, psn, payload length) of every packet, and can drop or own them.
 #[derive(Default)]

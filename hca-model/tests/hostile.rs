@@ -2,11 +2,9 @@
 //! random keys and addresses. The device must not panic, must not touch any memory a peer
 //! did not open to it, and must keep serving everyone else.
 
-mod driver;
-
-use driver::*;
 use hca_model::abi::*;
 use hca_model::Fabric;
+use hca_test_driver::*;
 use proptest::prelude::*;
 
 /// What a hostile guest does, one step at a time.

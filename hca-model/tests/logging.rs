@@ -1,12 +1,10 @@
 //! What the device decides is logged (`log`, debug level), so that `RUST_LOG=debug` on
 //! the hosts shows why a guest's command was refused, a WR failed or a QP went to ERR.
 
-mod driver;
-
 use std::sync::Mutex;
 
-use driver::*;
 use hca_model::abi::*;
+use hca_test_driver::*;
 
 /// Keeps every record this test binary logs.
 struct Capture(Mutex<Vec<String>>);

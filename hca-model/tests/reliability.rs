@@ -3,18 +3,16 @@
 //! within the bound the QP's attributes give; a link that flaps costs time, not data; RNR
 //! NAKs wait for a receive WQE, or run out.
 
-mod driver;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use driver::*;
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::{Packet, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
+use hca_test_driver::*;
 
 /// Drops each packet with probability `per_mille`/1000 (a seeded xorshift), or every packet
 /// while `down`; `acks_only` limits the drops to ACKs.

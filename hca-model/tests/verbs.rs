@@ -1,10 +1,8 @@
 //! Every verb through the Rust test driver, on two and more HCAs sharing one fabric.
 
-mod driver;
-
-use driver::*;
 use hca_model::abi::*;
 use hca_model::Fabric;
+use hca_test_driver::*;
 
 #[test]
 fn test_bar2_header_identifies_the_hca_and_its_lid() {

@@ -1,14 +1,45 @@
 //! A Rust test driver that plays the guest: it owns a guest memory, writes WQEs and commands
-//! the way the C driver will, rings doorbells, and reads CQEs and EQEs back. Shared by the
-//! integration tests and the benchmark.
-#![allow(dead_code)]
+//! the way the kernel's hca_ib does, rings doorbells, and reads CQEs and EQEs back. The
+//! device is reached through a [`Port`]: an in-process [`Hca`] (the model's tests, bench and
+//! example), or BAR2 and doorbell eventfds a device server handed over (its tests).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hca_model::abi::*;
 use hca_model::{DeviceMemory, Fabric, Hca, InterruptSink};
+use vm_memory::{Address, GuestMemoryBackend};
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+/// How the driver reaches its device.
+pub trait Port {
+    /// Commands complete inside the doorbell call (in-process); otherwise the driver polls
+    /// the mailbox for them.
+    const SYNCHRONOUS: bool;
+    fn bar2(&self) -> &DeviceMemory;
+    fn doorbell(&self, class: u32);
+    /// The port's LID, as the device publishes it in BAR2.
+    fn lid(&self) -> u16 {
+        self.bar2().read_obj::<HcaDevInfo>(BAR2_INFO_OFFSET).lid
+    }
+}
+
+impl Port for Hca {
+    const SYNCHRONOUS: bool = true;
+    fn bar2(&self) -> &DeviceMemory {
+        Hca::bar2(self)
+    }
+    fn doorbell(&self, class: u32) {
+        Hca::doorbell(self, class)
+    }
+    fn lid(&self) -> u16 {
+        Hca::lid(self)
+    }
+}
+
+/// How long a remote device may take to complete a command.
+const COMMAND_WAIT: Duration = Duration::from_secs(10);
 
 /// Counts interrupts per vector.
 #[derive(Default)]
@@ -60,9 +91,11 @@ pub const RC_RTR_MASK: u32 = QP_ATTR_STATE
     | QP_ATTR_MAX_DEST_RD_ATOMIC
     | QP_ATTR_MIN_RNR_TIMER;
 
-pub struct Driver {
-    pub hca: Hca,
+pub struct Driver<P: Port = Hca> {
+    /// The device (an in-process HCA, or a remote port).
+    pub hca: P,
     pub mem: GuestMemoryMmap,
+    /// Interrupts an in-process HCA raised (a remote device raises its own eventfds).
     pub irq: Arc<IrqCount>,
     next_free: u64,
     mem_end: u64,
@@ -97,6 +130,26 @@ impl Driver {
             next_free: 0x1000,
             mem_end: mib * MIB,
             seq: 0,
+            eq_ci: [0; NUM_VECTORS as usize],
+        }
+    }
+}
+
+impl<P: Port> Driver<P> {
+    /// A driver for a device reached through `port`, over guest memory `mem` (all of it
+    /// free for the driver's rings and buffers from 4 KiB up). It goes on from the device's
+    /// last command, as a reloaded driver must: the device ignores a sequence number it has
+    /// completed.
+    pub fn with_port(port: P, mem: GuestMemoryMmap) -> Self {
+        let mem_end = mem.last_addr().raw_value() + 1;
+        let done: HcaCmdMailbox = port.bar2().read_obj(BAR2_MAILBOX_OFFSET);
+        Self {
+            hca: port,
+            mem,
+            irq: Arc::new(IrqCount::default()),
+            next_free: 0x1000,
+            mem_end,
+            seq: done.done_seq,
             eq_ci: [0; NUM_VECTORS as usize],
         }
     }
@@ -138,12 +191,19 @@ impl Driver {
         bar2.write_obj(BAR2_MAILBOX_OFFSET, &mb);
         bar2.store_u32(BAR2_MAILBOX_OFFSET + 8, self.seq);
         self.hca.doorbell(DB_CMD);
-        let done: HcaCmdMailbox = bar2.read_obj(BAR2_MAILBOX_OFFSET);
-        assert_eq!(
-            done.done_seq, self.seq,
-            "command did not complete synchronously"
-        );
-        (done.status, done.output)
+        let deadline = Instant::now() + COMMAND_WAIT;
+        loop {
+            let done: HcaCmdMailbox = bar2.read_obj(BAR2_MAILBOX_OFFSET);
+            if done.done_seq == self.seq {
+                return (done.status, done.output);
+            }
+            assert!(!P::SYNCHRONOUS, "command did not complete synchronously");
+            assert!(
+                Instant::now() < deadline,
+                "command {opcode:#x} did not complete within {COMMAND_WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     pub fn cmd<T: ByteValued>(&mut self, opcode: u32, input: &T) -> (u32, [u8; 64]) {
