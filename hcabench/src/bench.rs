@@ -1,9 +1,10 @@
 //! `hcabench bench verbs`: the paper's Table 1 (ping-pong round trip by receive context) and
 //! RDMA bandwidth, measured with the same kernel module over our HCA (`hcab0`) and over
 //! SoftRoCE (`rxe0`, rdma_rxe on a virtio-net link) between the same two QEMU guests in one
-//! run, printed side by side with their ratios.
+//! run, printed side by side with their ratios (hcab0 alone under hcabench's VMM). `bench
+//! dsm`: the DSM's fault latency and protection primitive. `bench vmm`: hcabench's VMM
+//! against QEMU/KVM. All boot through the launcher (`crate::session`).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cluster::console_protocol::{INIT, PROBE, READY};
@@ -11,10 +12,34 @@ use cluster::dsm::{close_all, configure, connect_mesh, run_everywhere};
 use cluster::verbs::{float, num, BwResult, Mode, PingResult, Testbed};
 use cluster::{Backend, ClusterSpec, Image, QemuAccel};
 
-/// What `bench verbs` measures.
+use crate::config::ClusterConfig;
+use crate::session::{Session, Shape};
+
+/// The benchmarks; the doc comments are the help text.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Kind {
+    /// Kernel verbs round trips and RDMA bandwidth, hcab0 against SoftRoCE
+    Verbs,
+    /// DSM fault latency per protocol configuration, and the protection primitive
+    Dsm,
+    /// hcabench's VMM against QEMU/KVM (needs KVM that runs Linux)
+    Vmm,
+}
+
+impl Kind {
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// What a bench measures, and on what guests.
 #[derive(Clone, Debug)]
 pub struct VerbsBench {
-    pub image_dir: PathBuf,
+    /// The cluster file and flags (guest size, image, capture, fault plan).
+    pub cfg: ClusterConfig,
+    pub boot_timeout: Duration,
     pub iters: u64,
     pub sizes: Vec<u32>,
     pub bw_sizes: Vec<u32>,
@@ -23,27 +48,33 @@ pub struct VerbsBench {
     pub keep: bool,
 }
 
-const DEVICES: [&str; 2] = ["hcab0", "rxe0"];
-
 struct DevResults {
     ping: Vec<PingResult>,
     bw: Vec<BwResult>,
 }
 
-pub fn run(b: &VerbsBench) -> Result<(), String> {
-    let image = Image::find(&b.image_dir)?;
-    let dir = std::env::temp_dir().join(format!("hcabench-bench-{}", std::process::id()));
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
     let started = Instant::now();
-    println!("booting 2 QEMU (TCG) guests, each with the hcabench HCA and a virtio-net link");
-    let spec = ClusterSpec {
-        link: true,
-        ..ClusterSpec::new(Backend::Qemu, image, dir.clone(), 2)
-    };
-    let mut tb = Testbed::boot(&spec, Duration::from_secs(180), &mut |m| println!("  {m}"))?;
-    if b.keep {
-        tb.keep_dir();
-        println!("  keeping {} (consoles)", dir.display());
+    // SoftRoCE needs a NIC: a virtio-net link between two QEMU guests.
+    let rxe = backend == Backend::Qemu;
+    if rxe {
+        println!("booting 2 QEMU (TCG) guests, each with the hcabench HCA and a virtio-net link");
+    } else {
+        println!(
+            "booting 2 {} guests with the hcabench HCA (hcab0 only: SoftRoCE needs a \
+             virtio-net link between QEMU guests; --backend qemu measures it)",
+            backend.describe()
+        );
     }
+    let shape = Shape {
+        what: "bench",
+        nodes: 2,
+        link: rxe,
+    };
+    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
+        println!("  {m}")
+    })?;
+    let tb = &mut s.tb;
     // What one interrupt costs here, for reading the interrupt-driven rows.
     for g in tb.cluster.nodes() {
         if let Some(l) = g
@@ -54,13 +85,21 @@ pub fn run(b: &VerbsBench) -> Result<(), String> {
             println!("  {}: {}", g.name(), &l[PROBE.len() + 1..]);
         }
     }
-    tb.rxe_up()?;
-    println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
+    let mut devices = vec!["hcab0"];
+    if rxe {
+        tb.rxe_up()?;
+        println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
+        devices.push("rxe0");
+    }
+    s.start_fabric_tools()?;
     let mut all = Vec::new();
-    for dev in DEVICES {
-        all.push(measure(&mut tb, b, dev)?);
+    for dev in devices {
+        all.push(measure(&mut s.tb, b, dev)?);
     }
     print_tables(b, &all);
+    if let Some(h) = s.faults() {
+        print!("{}", crate::faultrun::report(h, &s.tb.cluster.hcas()));
+    }
     println!("total {:.1?}", started.elapsed());
     let errors: u64 = all
         .iter()
@@ -108,7 +147,24 @@ fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, St
 }
 
 fn print_tables(b: &VerbsBench, all: &[DevResults]) {
-    let (ours, rxe) = (&all[0], &all[1]);
+    let ours = &all[0];
+    let Some(rxe) = all.get(1) else {
+        println!();
+        println!(
+            "hcab0: RC SEND ping-pong round trip in us, {} iterations per cell; median / mean",
+            b.iters
+        );
+        for o in &ours.ping {
+            println!("{:<5} {:>6}  {:>17}", o.mode.name(), o.size, us(o));
+        }
+        println!("hcab0: {}", shape(b, ours));
+        println!("hcab0: RDMA bandwidth (MB/s = 10^6 bytes/s), polled, 16 operations in flight");
+        for o in &ours.bw {
+            let op = if o.read { "read" } else { "write" };
+            println!("{op:<5} {:>8}  {:>10.1}", o.size, o.mb_per_s);
+        }
+        return;
+    };
     println!();
     println!(
         "RC SEND ping-pong round trip in us, {} iterations per cell, both sides handling \
@@ -198,12 +254,22 @@ const DSM_CONFIGS: [(&str, &str); 4] = [
 
 /// `bench dsm`: remote fault latency per protocol configuration on three guests, and the
 /// page-protection primitive against mprotect.
-pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<(), String> {
-    let image = Image::find(image_dir)?;
-    let dir = std::env::temp_dir().join(format!("hcabench-bench-dsm-{}", std::process::id()));
-    println!("booting 3 QEMU (TCG) guests with the hcabench HCA");
-    let spec = ClusterSpec::new(Backend::Qemu, image, dir, 3);
-    let mut tb = Testbed::boot(&spec, Duration::from_secs(180), &mut |m| println!("  {m}"))?;
+pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+    let (iters, pages) = (b.iters, b.pages);
+    println!(
+        "booting 3 {} guests with the hcabench HCA",
+        backend.describe()
+    );
+    let shape = Shape {
+        what: "bench-dsm",
+        nodes: 3,
+        link: false,
+    };
+    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
+        println!("  {m}")
+    })?;
+    s.start_fabric_tools()?;
+    let tb = &mut s.tb;
     let t = std::time::Duration::from_secs(600);
     let mut rows = Vec::new();
     for (handler, readfault) in DSM_CONFIGS {
@@ -286,6 +352,9 @@ pub fn run_dsm(image_dir: &std::path::Path, iters: u64, pages: u64) -> Result<()
         );
     }
     println!("(the paper: about 2x for one page, more than 10x for 16-32 pages)");
+    if let Some(h) = s.faults() {
+        print!("{}", crate::faultrun::report(h, &s.tb.cluster.hcas()));
+    }
     Ok(())
 }
 
@@ -313,7 +382,7 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         ));
     }
     cluster::qemu::qemu_available()?;
-    let image = Image::find(&b.image_dir)?;
+    let image = Image::find(&b.cfg.image_dir)?;
     let started = Instant::now();
     let timeout = Duration::from_secs(600);
     let mut all = Vec::new();
@@ -326,13 +395,17 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         println!("booting 2 guests under {host}");
         let t = Instant::now();
         let mut progress = |m: &str| println!("  {m} ({:.1?})", t.elapsed());
-        let spec = if host == "QEMU/KVM" {
-            ClusterSpec {
-                qemu_accel: QemuAccel::Kvm,
-                ..ClusterSpec::new(Backend::Qemu, image.clone(), dir.clone(), 2)
-            }
+        let (backend, accel) = if host == "QEMU/KVM" {
+            (Backend::Qemu, QemuAccel::Kvm)
         } else {
-            ClusterSpec::new(Backend::Kvm, image.clone(), dir.clone(), 2)
+            (Backend::Kvm, QemuAccel::Tcg)
+        };
+        let spec = ClusterSpec {
+            qemu_accel: accel,
+            ram_mib: b.cfg.memory_mib,
+            vcpus: b.cfg.vcpus,
+            kernel_args: b.cfg.kernel_args.clone(),
+            ..ClusterSpec::new(backend, image.clone(), dir.clone(), 2)
         };
         let mut tb = Testbed::boot(&spec, timeout, &mut progress)?;
         if b.keep {

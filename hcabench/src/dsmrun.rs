@@ -1,27 +1,49 @@
 //! `hcabench run <app>`: a DSM application (guest-kmod/apps) on a fresh cluster, booted
-//! through the launcher on the backend the user chose. The DSM module opens on every node's HCA (or on SoftRoCE, to show it is a plain
-//! verbs consumer), the harness connects the mesh, the application's processes start
-//! together, and node 1 checks the result against a sequential run.
+//! through the launcher on the backend the user chose, with the cluster file's guests,
+//! capture and fault plan. The DSM module opens on every node's HCA (or on SoftRoCE, to show
+//! it is a plain verbs consumer), the harness connects the mesh, the application's processes
+//! start together, and node 1 checks the result against a sequential run.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cluster::dsm::{connect_mesh, run_app, AppResult};
-use cluster::verbs::Testbed;
-use cluster::{Backend, ClusterSpec, Image};
-use hca_model::faults::FaultHook;
+use cluster::Backend;
 
-/// The applications, with what they compute.
-pub const APPS: [(&str, &str); 5] = [
-    ("sor", "red-black SOR on a grid, row bands per node"),
-    ("is", "integer sort (ranking), histogram under a DSM lock"),
-    ("lu", "LU decomposition, a barrier per pivot"),
-    (
-        "tsp",
-        "travelling salesman, branch and bound from a shared job counter",
-    ),
-    ("nbody", "direct n-body steps, double-buffered positions"),
-];
+use crate::config::ClusterConfig;
+use crate::session::{Session, Shape};
+
+/// What `hcabench run` runs; the doc comments are the help text.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Job {
+    /// The HCA probe of every node of the running cluster (booting one if none is up)
+    Probe,
+    /// Red-black SOR on a grid, row bands per node
+    Sor,
+    /// Integer sort (ranking), histogram under a DSM lock
+    Is,
+    /// LU decomposition, a barrier per pivot
+    Lu,
+    /// Travelling salesman, branch and bound from a shared job counter
+    Tsp,
+    /// Direct n-body steps, double-buffered positions
+    Nbody,
+}
+
+impl Job {
+    /// The name the guest's program and the command line use.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// What it computes (its help line).
+    pub fn about(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .and_then(|v| v.get_help().map(|h| h.to_string()))
+            .unwrap_or_default()
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Transport {
@@ -32,53 +54,40 @@ pub enum Transport {
 }
 
 pub struct RunOpts {
-    pub app: String,
-    pub nodes: usize,
-    /// The backend `daemon::choose_backend` picked, and the guests' size.
+    /// A DSM application (not `probe`).
+    pub app: Job,
+    /// The cluster file with the command's flags over it (nodes, faults, capture, image).
+    pub cfg: ClusterConfig,
+    /// The backend `daemon::choose_backend` picked.
     pub backend: Backend,
-    pub memory_mib: u64,
-    pub vcpus: u32,
-    pub kernel_args: String,
     pub transport: Transport,
     pub args: Vec<String>,
-    pub image_dir: PathBuf,
     pub boot_timeout: Duration,
     pub keep: bool,
-    /// A fault plan for the fabric while the application runs (hcab0 only).
-    pub faults: Option<PathBuf>,
-    /// A pcap file for the fabric's packets while the application runs (hcab0 only).
-    pub capture: Option<(PathBuf, crate::config::CaptureFormat)>,
 }
 
 pub fn check(o: &RunOpts) -> Result<(), String> {
-    if !APPS.iter().any(|(a, _)| *a == o.app) {
-        let names: Vec<_> = APPS.iter().map(|(a, _)| *a).collect();
-        return Err(format!(
-            "unknown job `{}`; available: probe, {}",
-            o.app,
-            names.join(", ")
-        ));
+    if o.app == Job::Probe {
+        return Err("probe runs on the cluster `up` boots, not as a DSM application".into());
     }
-    if !(2..=16).contains(&o.nodes) {
-        return Err(format!("--nodes {} is outside 2..=16", o.nodes));
+    if !(2..=16).contains(&o.cfg.nodes) {
+        return Err(format!("--nodes {} is outside 2..=16", o.cfg.nodes));
     }
-    if o.transport == Transport::Rxe && o.nodes != 2 {
+    let rxe = o.transport == Transport::Rxe;
+    if rxe && o.cfg.nodes != 2 {
         return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
     }
-    if o.transport == Transport::Rxe && o.backend == Backend::Kvm {
+    if rxe && o.backend == Backend::Kvm {
         return Err(
             "--transport rxe needs the qemu backend: hcabench's VMM gives its guests \
                     no NIC for SoftRoCE (add --backend qemu)"
                 .into(),
         );
     }
-    if (o.faults.is_some() || o.capture.is_some()) && o.transport == Transport::Rxe {
+    if (o.cfg.faults.is_some() || o.cfg.capture.is_some()) && rxe {
         return Err(
             "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network".into(),
         );
-    }
-    if let Some(f) = &o.faults {
-        crate::faultrun::load_plan(f)?;
     }
     if let Some(a) = o.args.iter().find(|a| a.parse::<u64>().is_err()) {
         return Err(format!("application argument `{a}` is not a number"));
@@ -90,98 +99,42 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
 pub fn boot_dsm(
     o: &RunOpts,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Testbed, &'static str), String> {
-    let image = Image::find(&o.image_dir)?;
-    let dir = std::env::temp_dir().join(format!("hcabench-run-{}", std::process::id()));
+) -> Result<(Session, &'static str), String> {
     let rxe = o.transport == Transport::Rxe;
-    let spec = ClusterSpec {
-        ram_mib: o.memory_mib,
-        vcpus: o.vcpus,
-        kernel_args: o.kernel_args.clone(),
+    let shape = Shape {
+        what: "run",
+        nodes: o.cfg.nodes,
         link: rxe,
-        ..ClusterSpec::new(o.backend, image, dir.clone(), o.nodes)
     };
-    let mut tb = Testbed::boot(&spec, o.boot_timeout, progress).map_err(|e| match o.backend {
-        Backend::Kvm => cluster::backend::kvm_boot_advice(&e, o.boot_timeout),
-        Backend::Qemu => e,
-    })?;
-    if o.keep {
-        tb.keep_dir();
-        progress(&format!("keeping {} (consoles)", dir.display()));
-    }
+    let mut s = Session::boot(&o.cfg, o.backend, shape, o.boot_timeout, o.keep, progress)?;
     let dev = if rxe {
-        tb.rxe_up()?;
+        s.tb.rxe_up()?;
         "rxe0"
     } else {
         "hcab0"
     };
-    connect_mesh(&mut tb.agents, dev)?;
+    connect_mesh(&mut s.tb.agents, dev)?;
     progress(&format!(
         "DSM open on {dev} on every node, RC mesh connected"
     ));
-    Ok((tb, dev))
-}
-
-/// Runs `cmd` on every node while carrying out the plan's node kills (polled every 100 ms
-/// on this thread while the application runs on another). A killed node's HCA leaves the
-/// fabric, and the application fails on every node: the DSM has no recovery (a peer's lost
-/// WR makes it dead, and its waiting faults SIGBUS).
-fn run_with_kills(
-    tb: &mut Testbed,
-    cmd: &str,
-    hook: Option<&FaultHook>,
-) -> Result<Vec<AppResult>, String> {
-    let timeout = Duration::from_secs(900);
-    let Some(hook) = hook else {
-        return run_app(&mut tb.agents, cmd, timeout);
-    };
-    let (agents, cluster) = (&mut tb.agents, &mut tb.cluster);
-    std::thread::scope(|s| {
-        let app = s.spawn(|| run_app(agents, cmd, timeout));
-        while !app.is_finished() {
-            for lid in hook.due_kills(cluster.fabric().now_ns()) {
-                let i = usize::from(lid).wrapping_sub(1);
-                if cluster.kill(i) {
-                    println!("  node{lid} killed by the fault plan");
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        app.join()
-            .unwrap_or_else(|_| Err("the application's driver thread panicked".into()))
-    })
+    Ok((s, dev))
 }
 
 pub fn run(o: &RunOpts) -> Result<(), String> {
     check(o)?;
     let started = Instant::now();
-    let host = o.backend.describe();
+    let app = o.app.name();
     println!(
-        "booting {} {host} guests for `{}` ({})",
-        o.nodes,
-        o.app,
-        APPS.iter()
-            .find(|(a, _)| *a == o.app)
-            .map(|x| x.1)
-            .unwrap_or("")
+        "booting {} {} guests for `{app}` ({})",
+        o.cfg.nodes,
+        o.backend.describe(),
+        o.app.about()
     );
-    let (mut tb, dev) = boot_dsm(o, &mut |m| println!("  {m}"))?;
-    // The plan starts with the application (boot and connection setup run clean); its
-    // log stays in the run's directory.
-    if o.faults.is_some() {
-        tb.keep_dir();
-    }
-    let faults = match &o.faults {
-        Some(plan) => {
-            let log = tb.dir.join(crate::faultrun::LOG);
-            Some(crate::faultrun::attach(&log, plan, tb.fabric())?)
-        }
-        None => None,
-    };
-    if let Some((path, format)) = &o.capture {
-        crate::faultrun::attach_capture(path, *format, tb.fabric())?;
-    }
-    let cmd = std::iter::once(o.app.clone())
+    let (mut s, dev) = boot_dsm(o, &mut |m| println!("  {m}"))?;
+    // The plan and capture start with the application (boot and connection setup run
+    // clean).
+    s.start_fabric_tools()?;
+    let cmd = std::iter::once(app.clone())
         .chain(o.args.iter().cloned())
         .collect::<Vec<_>>()
         .join(" ");
@@ -189,16 +142,17 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         "  running `{cmd}` on every node ({:.1?} so far)",
         started.elapsed()
     );
-    let hcas = tb.cluster.hcas();
-    let res = run_with_kills(&mut tb, &cmd, faults.as_deref());
+    let hcas = s.tb.cluster.hcas();
+    let timeout = Duration::from_secs(900);
+    let res = s.with_kills(|agents| run_app(agents, &cmd, timeout));
     if let Ok(r) = &res {
-        print_results(&o.app, dev, r);
+        print_results(&app, dev, r);
     }
     // The report comes whether or not the application survived the plan.
-    if let Some(h) = &faults {
+    if let Some(h) = s.faults() {
         print!("{}", crate::faultrun::report(h, &hcas));
     }
-    let res = res.map_err(|e| match &faults {
+    let res = res.map_err(|e| match s.faults() {
         Some(h) if h.counts().nodes_killed > 0 => format!(
             "{e}\n(the fault plan killed a node: the DSM cannot go on without one, so its \
              peers' faults and calls fail)"
@@ -210,10 +164,9 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
         Some(false) => Err(format!(
-            "{}: the DSM result differs from the sequential run",
-            o.app
+            "{app}: the DSM result differs from the sequential run"
         )),
-        None => Err(format!("{}: no node verified the result", o.app)),
+        None => Err(format!("{app}: no node verified the result")),
     }
 }
 

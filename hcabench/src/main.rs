@@ -9,6 +9,7 @@ mod daemon;
 mod dsmrun;
 mod faultrun;
 mod rundir;
+mod session;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -77,16 +78,17 @@ enum Cmd {
     /// application: sor ROWS COLS ITERS, is KEYS MAXKEY ITERS, lu N, tsp CITIES,
     /// nbody BODIES STEPS).
     Run {
-        /// The job: probe, sor, is, lu, tsp or nbody
-        app: String,
+        /// The job
+        #[arg(value_enum)]
+        app: dsmrun::Job,
         #[command(flatten)]
         up: UpArgs,
         /// DSM transport: the hcabench HCA, or SoftRoCE on 2 nodes
         #[arg(long, value_enum, default_value = "hca")]
         transport: dsmrun::Transport,
-        /// Guest image directory (DSM applications)
-        #[arg(long, default_value = "target/images")]
-        image_dir: PathBuf,
+        /// Guest image directory (overrides the cluster file's image_dir)
+        #[arg(long)]
+        image_dir: Option<PathBuf>,
         /// Keep the guests' console logs afterwards (DSM applications)
         #[arg(long)]
         keep: bool,
@@ -109,9 +111,15 @@ enum Cmd {
     /// `vmm` (needs KVM that runs Linux): two guests under hcabench's own VMM, then two
     /// under QEMU with -accel kvm and the device server: boot time to userspace and
     /// verified RC ping-pong round trips (poll and interrupt handler) side by side.
+    ///
+    /// `verbs` and `dsm` boot on the backend --backend or the cluster file chooses, with the
+    /// file's guest size, kernel arguments, capture and fault plan (link faults; node kills
+    /// need `up` or `run`); over hcabench's VMM `verbs` measures hcab0 alone, since SoftRoCE
+    /// needs a virtio-net link between QEMU guests.
     Bench {
-        /// The benchmark: verbs, dsm or vmm
-        what: String,
+        /// The benchmark
+        #[arg(value_enum)]
+        what: bench::Kind,
         /// Round trips per mode and size (at most 100000)
         #[arg(long, default_value_t = 500)]
         iters: u64,
@@ -127,12 +135,14 @@ enum Cmd {
         /// dsm: pages faulted per fault-latency cell (1..=1024)
         #[arg(long, default_value_t = 128)]
         pages: u64,
-        /// Guest image directory
-        #[arg(long, default_value = "target/images")]
-        image_dir: PathBuf,
+        /// Guest image directory (overrides the cluster file's image_dir)
+        #[arg(long)]
+        image_dir: Option<PathBuf>,
         /// Keep the guests' console logs afterwards
         #[arg(long)]
         keep: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// (internal) the background process `up` starts
     #[command(hide = true)]
@@ -142,23 +152,16 @@ enum Cmd {
     },
 }
 
+/// The cluster file and what overrides it, for every command that boots guests.
 #[derive(clap::Args, Clone)]
-struct UpArgs {
+struct ClusterArgs {
     /// Cluster file (TOML); without it every field takes its default
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Number of guests (overrides the file)
-    #[arg(long)]
-    nodes: Option<usize>,
     /// Which VMM runs the guests (overrides the file): auto picks kvm where KVM can run a
     /// Linux guest at native speed and qemu (TCG) elsewhere, and says why
     #[arg(long, value_enum)]
     backend: Option<config::Backend>,
-    /// Pass a host PCI function through to a node's guest, next to its emulated HCA:
-    /// NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0 (bound to vfio-pci).
-    /// Repeatable; needs the kvm backend and an hcabench built with `--features vfio`
-    #[arg(long, value_name = "NODE=PATH", value_parser = parse_vfio)]
-    vfio: Vec<(String, PathBuf)>,
     /// Run the fabric under this seeded fault plan (TOML: per-link drop, duplicate,
     /// reorder, corrupt, delay, link-down windows; see README). Decisions are logged to
     /// faults.jsonl in the run directory; `hcabench down` prints a report
@@ -176,6 +179,20 @@ struct UpArgs {
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
+}
+
+#[derive(clap::Args, Clone)]
+struct UpArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Number of guests (overrides the file)
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Pass a host PCI function through to a node's guest, next to its emulated HCA:
+    /// NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0 (bound to vfio-pci).
+    /// Repeatable; needs the kvm backend and an hcabench built with `--features vfio`
+    #[arg(long, value_name = "NODE=PATH", value_parser = parse_vfio)]
+    vfio: Vec<(String, PathBuf)>,
 }
 
 fn main() -> ExitCode {
@@ -197,13 +214,10 @@ fn main() -> ExitCode {
             image_dir,
             keep,
             args,
-        } => {
-            if app == "probe" {
-                run_probe(&run, &a)
-            } else {
-                dsm_app(&a, app, transport, image_dir, keep, args)
-            }
-        }
+        } => match app {
+            dsmrun::Job::Probe => run_probe(&run, &a),
+            app => dsm_app(&a, app, transport, image_dir, keep, args),
+        },
         Cmd::Bench {
             what,
             iters,
@@ -213,18 +227,23 @@ fn main() -> ExitCode {
             pages,
             image_dir,
             keep,
-        } => bench_cmd(
-            &what,
-            bench::VerbsBench {
-                image_dir,
-                iters,
-                sizes,
-                bw_sizes,
-                bw_bytes,
-                pages,
-                keep,
-            },
-        ),
+            cluster,
+        } => resolve(&cluster, None, image_dir).and_then(|cfg| {
+            bench_cmd(
+                what,
+                &cluster,
+                bench::VerbsBench {
+                    cfg,
+                    iters,
+                    sizes,
+                    bw_sizes,
+                    bw_bytes,
+                    pages,
+                    keep,
+                    boot_timeout: Duration::from_secs(cluster.timeout),
+                },
+            )
+        }),
         Cmd::Daemon { config } => ClusterConfig::load(&config)
             .map_err(|e| e.to_string())
             .and_then(|c| daemon::run(&run, &c)),
@@ -238,24 +257,26 @@ fn main() -> ExitCode {
     }
 }
 
-/// The cluster file (or the defaults) with --nodes and --backend over it.
-fn cluster_with_flags(a: &UpArgs) -> Result<ClusterConfig, String> {
+/// The cluster file (or the defaults) with the flags over it: backend, nodes, image
+/// directory, fault plan (checked; made absolute) and capture (made absolute).
+fn resolve(
+    a: &ClusterArgs,
+    nodes: Option<usize>,
+    image_dir: Option<PathBuf>,
+) -> Result<ClusterConfig, String> {
     let mut c = match &a.config {
         Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
         None => ClusterConfig::default(),
     };
-    if let Some(n) = a.nodes {
+    if let Some(n) = nodes {
         c.nodes = n;
     }
     if let Some(b) = a.backend {
         c.backend = b;
     }
-    Ok(c)
-}
-
-fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
-    let mut c = cluster_with_flags(a)?;
-    c.vfio.extend(a.vfio.iter().cloned());
+    if let Some(d) = image_dir {
+        c.image_dir = d;
+    }
     if let Some(f) = &a.faults {
         c.faults = Some(f.clone());
     }
@@ -267,6 +288,12 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         c.capture = Some(absolute(p)?);
         c.capture_format = a.capture_format;
     }
+    Ok(c)
+}
+
+fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
+    let mut c = resolve(&a.cluster, a.nodes, None)?;
+    c.vfio.extend(a.vfio.iter().cloned());
     c.validate()?;
     let (backend, why) = daemon::choose_backend(&c)?;
     if backend == Backend::Qemu {
@@ -320,7 +347,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     println!("booting {} nodes ({backend}: {why})", cfg.nodes);
     let started = Instant::now();
     let pid = daemon::spawn(run, &cfg_file).map_err(|e| format!("cannot start the daemon: {e}"))?;
-    let deadline = started + Duration::from_secs(a.timeout);
+    let deadline = started + Duration::from_secs(a.cluster.timeout);
     let state = loop {
         if let Some(s) = run.read_state().filter(|s| s.daemon_pid == pid) {
             break s;
@@ -343,7 +370,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
                 let e = format!("{}: {e}", n.name);
                 return Err(cluster::backend::kvm_boot_advice(
                     &e,
-                    Duration::from_secs(a.timeout),
+                    Duration::from_secs(a.cluster.timeout),
                 ));
             }
         }
@@ -488,34 +515,23 @@ fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), String> 
 
 fn dsm_app(
     a: &UpArgs,
-    app: String,
+    app: dsmrun::Job,
     transport: dsmrun::Transport,
-    image_dir: PathBuf,
+    image_dir: Option<PathBuf>,
     keep: bool,
     args: Vec<String>,
 ) -> Result<(), String> {
-    let cfg = cluster_with_flags(a)?;
+    let cfg = resolve(&a.cluster, a.nodes, image_dir)?;
     let (backend, why) = daemon::choose_backend(&cfg)?;
     println!("backend {backend} ({why})");
     dsmrun::run(&dsmrun::RunOpts {
         app,
-        nodes: cfg.nodes,
+        cfg,
         backend,
-        memory_mib: cfg.memory_mib,
-        vcpus: cfg.vcpus,
-        kernel_args: cfg.kernel_args,
         transport,
         args,
-        image_dir,
-        boot_timeout: Duration::from_secs(a.timeout),
+        boot_timeout: Duration::from_secs(a.cluster.timeout),
         keep,
-        faults: a.faults.clone(),
-        capture: a
-            .capture
-            .as_deref()
-            .map(absolute)
-            .transpose()?
-            .map(|p| (p, a.capture_format)),
     })
 }
 
@@ -537,35 +553,45 @@ fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_cmd(what: &str, b: bench::VerbsBench) -> Result<(), String> {
-    if what == "dsm" {
+fn bench_cmd(what: bench::Kind, a: &ClusterArgs, b: bench::VerbsBench) -> Result<(), String> {
+    use bench::Kind;
+    if what == Kind::Dsm {
         if b.iters == 0 || b.iters > 100_000 {
             return Err(format!("--iters {} is outside 1..=100000", b.iters));
         }
         if b.pages == 0 || b.pages > 1024 {
             return Err(format!("--pages {} is outside 1..=1024", b.pages));
         }
-        return bench::run_dsm(&b.image_dir, b.iters, b.pages);
+    } else {
+        if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
+            return Err("--iters, --sizes and --bw-sizes need at least one value".into());
+        }
+        if b.iters > 100_000 {
+            return Err(format!("--iters {} is over vbench's 100000", b.iters));
+        }
+        if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
+            return Err(format!("ping-pong size {s} is outside 8..=4096"));
+        }
     }
-    if what != "verbs" && what != "vmm" {
-        return Err(format!(
-            "unknown benchmark `{what}`; available: verbs, dsm, vmm"
-        ));
-    }
-    if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
-        return Err("--iters, --sizes and --bw-sizes need at least one value".into());
-    }
-    if b.iters > 100_000 {
-        return Err(format!("--iters {} is over vbench's 100000", b.iters));
-    }
-    if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
-        return Err(format!("ping-pong size {s} is outside 8..=4096"));
-    }
-    if what == "vmm" {
+    if what == Kind::Vmm {
+        if a.backend.is_some() {
+            return Err(
+                "bench vmm compares both backends (hcabench's VMM and QEMU/KVM); --backend \
+                 does not apply"
+                    .into(),
+            );
+        }
         return bench::run_vmm(&b);
     }
     if let Some(s) = b.bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
         return Err(format!("RDMA size {s} is outside 1..=1048576"));
     }
-    bench::run(&b)
+    session::refuse_node_kills(&b.cfg, &format!("bench {}", what.name()))?;
+    let (backend, why) = daemon::choose_backend(&b.cfg)?;
+    println!("backend {backend} ({why})");
+    match what {
+        Kind::Verbs => bench::run(&b, backend),
+        Kind::Dsm => bench::run_dsm(&b, backend),
+        Kind::Vmm => unreachable!("handled above"),
+    }
 }
