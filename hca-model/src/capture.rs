@@ -138,20 +138,20 @@ fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
     }
 }
 
-/// CRC-32 (IEEE 802.3, reflected), continuing from `crc`.
-fn crc32_update(mut crc: u32, bytes: &[u8]) -> u32 {
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                crc >> 1 ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
+/// The ICRC's CRC-32: IEEE 802.3's (reflected, as Ethernet's FCS).
+const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+
+/// The VCRC's CRC-16: IBA's polynomial 0x100B, MSB first, all ones in, inverted out.
+const CRC16_IB: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::Algorithm {
+    width: 16,
+    poly: 0x100b,
+    init: 0xffff,
+    refin: false,
+    refout: false,
+    xorout: 0xffff,
+    check: 0x4591,
+    residue: 0xf6aa,
+});
 
 /// The invariant CRC: CRC-32 over the frame with the fields a switch may change (LRH VL, BTH
 /// resv8a) read as all ones.
@@ -160,24 +160,15 @@ fn icrc(frame: &[u8]) -> u32 {
     head.copy_from_slice(&frame[..20]);
     head[0] |= 0xf0;
     head[12] = 0xff;
-    let crc = crc32_update(0xffff_ffff, &head);
-    !crc32_update(crc, &frame[20..])
+    let mut d = CRC32.digest();
+    d.update(&head);
+    d.update(&frame[20..]);
+    d.finalize()
 }
 
-/// The variant CRC: CRC-16 (polynomial 0x100B) over the frame through its ICRC.
+/// The variant CRC: CRC-16 over the frame through its ICRC.
 fn vcrc(frame: &[u8]) -> u16 {
-    let mut crc: u16 = 0xffff;
-    for &b in frame {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                crc << 1 ^ 0x100b
-            } else {
-                crc << 1
-            };
-        }
-    }
-    !crc
+    CRC16_IB.checksum(frame)
 }
 
 /// A pcap writer on the fabric (`fabric.set_tap(Some(Arc::new(capture)))`).
@@ -306,8 +297,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_crc32_is_the_ieee_one() {
-        assert_eq!(!crc32_update(0xffff_ffff, b"123456789"), 0xcbf4_3926);
+    fn test_the_crcs_are_ieee_crc32_and_ibas_crc16() {
+        assert_eq!(CRC32.checksum(b"123456789"), 0xcbf4_3926);
+        // The VCRC's polynomial bit by bit (x^16 + x^12 + x^3 + x + 1), as IBA 7.8.2 gives it.
+        let mut crc: u16 = 0xffff;
+        for &b in b"123456789" {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    crc << 1 ^ 0x100b
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        assert_eq!(CRC16_IB.checksum(b"123456789"), !crc);
     }
 
     #[test]
