@@ -3,16 +3,66 @@
 //! other node's address).
 
 use std::collections::HashMap;
+use std::fmt;
 use std::time::Duration;
 
-use crate::agent::Agent;
-use crate::verbs::{fields, float, num};
+use crate::agent::{Agent, AgentError};
+use crate::verbs::{fields, float, num, AnswerError};
+
+/// Why driving the DSM in the guests failed.
+#[derive(Debug)]
+pub enum DsmError {
+    Shell(AgentError),
+    Answer(AnswerError),
+    /// An application exited non-zero for another reason than its own failed check.
+    Exited {
+        node: String,
+        cmd: String,
+        status: i32,
+        output: String,
+    },
+}
+
+impl fmt::Display for DsmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DsmError::Shell(e) => write!(f, "{e}"),
+            DsmError::Answer(e) => write!(f, "{e}"),
+            DsmError::Exited {
+                node,
+                cmd,
+                status,
+                output,
+            } => write!(f, "{node}: `{cmd}` exited {status}:\n{output}"),
+        }
+    }
+}
+
+impl std::error::Error for DsmError {}
+
+impl From<AgentError> for DsmError {
+    fn from(e: AgentError) -> Self {
+        DsmError::Shell(e)
+    }
+}
+
+impl From<AnswerError> for DsmError {
+    fn from(e: AnswerError) -> Self {
+        DsmError::Answer(e)
+    }
+}
+
+impl From<DsmError> for String {
+    fn from(e: DsmError) -> String {
+        e.to_string()
+    }
+}
 
 const T: Duration = Duration::from_secs(120);
 
 /// Opens the DSM on `dev` in every guest (node ids 1..=n in agent order) and connects
 /// every pair.
-pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), String> {
+pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), DsmError> {
     let n = agents.len();
     let mut addrs: Vec<HashMap<String, String>> = Vec::new();
     for (i, a) in agents.iter_mut().enumerate() {
@@ -20,7 +70,11 @@ pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), String> {
         let line = out
             .lines()
             .find(|l| l.starts_with("node="))
-            .ok_or_else(|| format!("{}: dsm open: no address in `{out}`", a.name))?;
+            .ok_or_else(|| AnswerError::NoLine {
+                node: a.name.clone(),
+                what: format!("dsmctl open {dev}"),
+                output: out.clone(),
+            })?;
         addrs.push(fields(line));
     }
     for (i, a) in agents.iter_mut().enumerate() {
@@ -32,7 +86,10 @@ pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), String> {
             let qpn = peer
                 .get("qpns")
                 .and_then(|q| q.split(',').nth(i))
-                .ok_or_else(|| format!("node {}: no qpns in its address", j + 1))?;
+                .ok_or_else(|| AnswerError::MissingField {
+                    key: format!("qpns (entry {})", i + 1),
+                    line: format!("node{}'s address {peer:?}", j + 1),
+                })?;
             a.run(
                 &format!(
                     "dsmctl connect {} lid={} qpn={qpn} psn={} rkey={} gid={}",
@@ -73,7 +130,7 @@ pub struct AppResult {
 }
 
 impl AppResult {
-    pub fn parse(line: &str) -> Result<AppResult, String> {
+    pub fn parse(line: &str) -> Result<AppResult, AnswerError> {
         let f = fields(line);
         let u = |k: &str| num(line, k);
         let x = |k: &str| float(line, k);
@@ -106,7 +163,7 @@ pub fn run_everywhere(
     agents: &mut [Agent],
     cmd: &str,
     timeout: Duration,
-) -> Vec<Result<(i32, String), String>> {
+) -> Vec<Result<(i32, String), AgentError>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = agents
             .iter_mut()
@@ -114,10 +171,7 @@ pub fn run_everywhere(
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("agent thread panicked".into()))
-            })
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     })
 }
@@ -129,7 +183,7 @@ pub fn run_app(
     agents: &mut [Agent],
     cmd: &str,
     timeout: Duration,
-) -> Result<Vec<AppResult>, String> {
+) -> Result<Vec<AppResult>, DsmError> {
     let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
     let mut out = Vec::new();
     for (name, r) in names.iter().zip(run_everywhere(agents, cmd, timeout)) {
@@ -137,10 +191,19 @@ pub fn run_app(
         let line = text
             .lines()
             .find(|l| l.starts_with("DSM-RESULT "))
-            .ok_or_else(|| format!("{name}: `{cmd}` exited {rc} without a result:\n{text}"))?;
+            .ok_or_else(|| AnswerError::NoLine {
+                node: name.clone(),
+                what: format!("`{cmd}` (exit {rc})"),
+                output: text.clone(),
+            })?;
         let res = AppResult::parse(line)?;
         if rc != 0 && res.verified != Some(false) {
-            return Err(format!("{name}: `{cmd}` exited {rc}:\n{text}"));
+            return Err(DsmError::Exited {
+                node: name.clone(),
+                cmd: cmd.to_string(),
+                status: rc,
+                output: text,
+            });
         }
         out.push(res);
     }
@@ -148,7 +211,7 @@ pub fn run_app(
 }
 
 /// Sets the protocol's knobs on every guest (`dsmctl config handler=... readfault=...`).
-pub fn configure(agents: &mut [Agent], config: &str) -> Result<(), String> {
+pub fn configure(agents: &mut [Agent], config: &str) -> Result<(), DsmError> {
     for a in agents.iter_mut() {
         a.run(&format!("dsmctl config {config}"), T)?;
     }
@@ -156,7 +219,7 @@ pub fn configure(agents: &mut [Agent], config: &str) -> Result<(), String> {
 }
 
 /// Closes the DSM session on every guest (so the next application starts from fresh memory).
-pub fn close_all(agents: &mut [Agent]) -> Result<(), String> {
+pub fn close_all(agents: &mut [Agent]) -> Result<(), DsmError> {
     for a in agents.iter_mut() {
         a.run("dsmctl close", T)?;
     }

@@ -8,7 +8,7 @@ use hca_model::{Fabric, Hca};
 use vmm::linux::LinuxBoot;
 use vmm::machine::{Machine, MachineConfig};
 
-use crate::node::{wait_for_line, Node};
+use crate::node::{wait_for_line, Node, WaitError};
 use crate::qemu::kernel_cmdline;
 use crate::Image;
 
@@ -92,7 +92,11 @@ impl Node for KvmNode {
         self.machine.serial_text()
     }
 
-    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
+    fn wait_line(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(String, Duration), WaitError> {
         let (machine, stopped) = (&mut self.machine, &mut self.stopped);
         let console = machine.serial_reader();
         let mut why = || check_stopped(machine, stopped).map(str::to_string);

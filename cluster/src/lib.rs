@@ -353,7 +353,7 @@ impl Cluster {
         prefix: &str,
         timeout: Duration,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<(), String> {
+    ) -> Result<(), node::WaitError> {
         for n in &mut self.nodes {
             let (_, took) = n.wait_line(prefix, timeout)?;
             progress(&format!("{} booted ({took:.1?})", n.name()));

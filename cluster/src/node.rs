@@ -1,6 +1,7 @@
 //! What the launcher needs of one booted guest, whatever hosts it: a QEMU process
 //! ([`crate::qemu::QemuNode`]) or a VM in hcabench's own VMM ([`crate::kvm::KvmNode`]).
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use hca_model::Hca;
@@ -16,7 +17,11 @@ pub trait Node: Send {
     }
     /// Waits for a console line starting with `prefix`; returns it and when it came (time
     /// since the guest started). Fails on timeout or if the guest stops first.
-    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String>;
+    fn wait_line(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(String, Duration), WaitError>;
     /// The guest's own host process, where it has one (QEMU's).
     fn pid(&self) -> Option<u32>;
     /// Why the guest stopped on its own (its host process exited, a vCPU failed), or None
@@ -31,6 +36,62 @@ pub trait Node: Send {
     /// device server holds it, or the guest stopped).
     fn hca(&self) -> Option<Hca> {
         None
+    }
+}
+
+/// Why an awaited console line never came; the console so far goes with it.
+#[derive(Debug)]
+pub enum WaitError {
+    /// The guest stopped first (`why`: its host's words).
+    Stopped {
+        node: String,
+        host: String,
+        prefix: String,
+        why: String,
+        console: String,
+    },
+    TimedOut {
+        node: String,
+        host: String,
+        prefix: String,
+        timeout: Duration,
+        console: String,
+    },
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitError::Stopped {
+                node,
+                host,
+                prefix,
+                why,
+                console,
+            } => write!(
+                f,
+                "{node}: {host} stopped before `{prefix}`: {why}; console:\n{console}"
+            ),
+            WaitError::TimedOut {
+                node,
+                host,
+                prefix,
+                timeout,
+                console,
+            } => write!(
+                f,
+                "{node}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
+                 far:\n{console}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WaitError {}
+
+impl From<WaitError> for String {
+    fn from(e: WaitError) -> String {
+        e.to_string()
     }
 }
 
@@ -55,7 +116,7 @@ pub fn wait_for_line(
     timeout: Duration,
     console: &dyn Fn() -> String,
     stopped: &mut dyn FnMut() -> Option<String>,
-) -> Result<String, String> {
+) -> Result<String, WaitError> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(l) = complete_lines(&console())
@@ -65,17 +126,22 @@ pub fn wait_for_line(
             return Ok(l);
         }
         if let Some(why) = stopped() {
-            return Err(format!(
-                "{who}: {host} stopped before `{prefix}`: {why}; console:\n{}",
-                console()
-            ));
+            return Err(WaitError::Stopped {
+                node: who.to_string(),
+                host: host.to_string(),
+                prefix: prefix.to_string(),
+                why,
+                console: console(),
+            });
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "{who}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
-                 far:\n{}",
-                console()
-            ));
+            return Err(WaitError::TimedOut {
+                node: who.to_string(),
+                host: host.to_string(),
+                prefix: prefix.to_string(),
+                timeout,
+                console: console(),
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -107,7 +173,14 @@ mod tests {
             &mut || Some("exit 1".into()),
         )
         .unwrap_err();
-        assert!(e.contains("stopped before `READY`: exit 1"), "{e}");
+        assert!(
+            matches!(&e, WaitError::Stopped { why, .. } if why == "exit 1"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("stopped before `READY`: exit 1"),
+            "{e}"
+        );
         let l = wait_for_line(
             "node1",
             "QEMU",

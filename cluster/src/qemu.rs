@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use device_server::NodeConfig;
 use hca_model::abi::NUM_VECTORS;
 
-use crate::node::{complete_lines, wait_for_line, Node};
+use crate::node::{complete_lines, wait_for_line, Node, WaitError};
 use crate::Image;
 
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -173,7 +173,7 @@ impl QemuNode {
         &mut self,
         prefix: &str,
         timeout: Duration,
-    ) -> Result<(String, Duration), String> {
+    ) -> Result<(String, Duration), WaitError> {
         let (child, path) = (&mut self.child, &self.console);
         let console = || {
             fs::read(path)
@@ -212,7 +212,11 @@ impl Node for QemuNode {
         QemuNode::console(self)
     }
 
-    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<(String, Duration), String> {
+    fn wait_line(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(String, Duration), WaitError> {
         QemuNode::wait_line(self, prefix, timeout)
     }
 

@@ -11,10 +11,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::agent::Agent;
+use crate::agent::{Agent, AgentError};
 use crate::console_protocol;
-use crate::node::tail;
-use crate::{Cluster, ClusterSpec};
+use crate::node::{tail, WaitError};
+use crate::{BootError, Cluster, ClusterSpec};
 use hca_model::{Fabric, Hca};
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -59,20 +59,124 @@ pub fn fields(line: &str) -> HashMap<String, String> {
         .collect()
 }
 
-fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, String> {
+/// A guest program's answer that lacks what the harness reads from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerError {
+    /// No `key=` (or not a number) in a result line.
+    MissingField { key: String, line: String },
+    /// No result line at all in a command's output.
+    NoLine {
+        node: String,
+        what: String,
+        output: String,
+    },
+}
+
+impl fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnswerError::MissingField { key, line } => {
+                write!(f, "no {key}= in the guest's answer `{}`", line.trim())
+            }
+            AnswerError::NoLine { node, what, output } => {
+                write!(f, "{node}: {what}: no result in `{}`", output.trim())
+            }
+        }
+    }
+}
+
+impl std::error::Error for AnswerError {}
+
+/// Why a verbs run between guests failed.
+#[derive(Debug)]
+pub enum VerbsError {
+    Boot(BootError),
+    /// A guest never reached its shell.
+    Wait(WaitError),
+    /// A guest's shell failed; `console` is the end of its console log.
+    Shell {
+        source: AgentError,
+        console: Option<String>,
+    },
+    Answer(AnswerError),
+}
+
+impl fmt::Display for VerbsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerbsError::Boot(e) => write!(f, "{e}"),
+            VerbsError::Wait(e) => write!(f, "{e}"),
+            VerbsError::Shell {
+                source,
+                console: None,
+            } => write!(f, "{source}"),
+            VerbsError::Shell {
+                source,
+                console: Some(c),
+            } => write!(f, "{source}\nconsole of {}:\n{c}", source.node()),
+            VerbsError::Answer(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for VerbsError {}
+
+impl From<BootError> for VerbsError {
+    fn from(e: BootError) -> Self {
+        VerbsError::Boot(e)
+    }
+}
+
+impl From<WaitError> for VerbsError {
+    fn from(e: WaitError) -> Self {
+        VerbsError::Wait(e)
+    }
+}
+
+impl From<AgentError> for VerbsError {
+    fn from(source: AgentError) -> Self {
+        VerbsError::Shell {
+            source,
+            console: None,
+        }
+    }
+}
+
+impl From<AnswerError> for VerbsError {
+    fn from(e: AnswerError) -> Self {
+        VerbsError::Answer(e)
+    }
+}
+
+impl From<AnswerError> for String {
+    fn from(e: AnswerError) -> String {
+        e.to_string()
+    }
+}
+
+impl From<VerbsError> for String {
+    fn from(e: VerbsError) -> String {
+        e.to_string()
+    }
+}
+
+fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, AnswerError> {
     fields(line)
         .get(key)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("no {key}= in the guest's answer `{}`", line.trim()))
+        .ok_or_else(|| AnswerError::MissingField {
+            key: key.to_string(),
+            line: line.to_string(),
+        })
 }
 
 /// The number after `key=` in a vbench (or dsm) result line.
-pub fn num(line: &str, key: &str) -> Result<u64, String> {
+pub fn num(line: &str, key: &str) -> Result<u64, AnswerError> {
     field(line, key)
 }
 
 /// Like [`num`], for a decimal fraction.
-pub fn float(line: &str, key: &str) -> Result<f64, String> {
+pub fn float(line: &str, key: &str) -> Result<f64, AnswerError> {
     field(line, key)
 }
 
@@ -119,7 +223,7 @@ impl Testbed {
         spec: &ClusterSpec,
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<Testbed, String> {
+    ) -> Result<Testbed, VerbsError> {
         let spec = ClusterSpec {
             job: "agent".into(),
             console_sockets: true,
@@ -141,15 +245,19 @@ impl Testbed {
         spec: &ClusterSpec,
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<(), String> {
+    ) -> Result<(), VerbsError> {
         for (i, g) in self.cluster.nodes_mut().enumerate() {
             let (_, took) = g.wait_line(console_protocol::AGENT, boot_timeout)?;
             progress(&format!("{} booted ({took:.1?})", g.name()));
             let sock = spec
                 .console_socket(i)
                 .expect("agents talk over console sockets");
-            let agent = Agent::connect(g.name(), &sock, boot_timeout)
-                .map_err(|e| format!("{e}\nconsole of {}:\n{}", g.name(), tail(&g.console())))?;
+            let agent = Agent::connect(g.name(), &sock, boot_timeout).map_err(|source| {
+                VerbsError::Shell {
+                    source,
+                    console: Some(tail(&g.console())),
+                }
+            })?;
             self.agents.push(agent);
         }
         Ok(())
@@ -176,7 +284,7 @@ impl Testbed {
     }
 
     /// Brings up SoftRoCE on both guests: device rxe0 over the virtio-net link.
-    pub fn rxe_up(&mut self) -> Result<(), String> {
+    pub fn rxe_up(&mut self) -> Result<(), VerbsError> {
         for (i, a) in self.agents.iter_mut().enumerate() {
             a.run(&format!("rxe-up 10.77.0.{}/24", i + 1), CMD_TIMEOUT)?;
         }
@@ -185,21 +293,30 @@ impl Testbed {
 
     /// Opens `dev` on both guests and connects their RC QPs (the harness hands each side
     /// the other's address).
-    pub fn connect(&mut self, dev: &str) -> Result<(), String> {
+    pub fn connect(&mut self, dev: &str) -> Result<(), VerbsError> {
         self.connect_pair(0, 1, dev).map(|_| ())
     }
 
     /// Opens `dev` on guests `i` and `j` (re-opening drops an earlier connection) and
     /// connects their RC QPs; their addresses (`lid=.. qpn=.. ...`).
-    pub fn connect_pair(&mut self, i: usize, j: usize, dev: &str) -> Result<[String; 2], String> {
+    pub fn connect_pair(
+        &mut self,
+        i: usize,
+        j: usize,
+        dev: &str,
+    ) -> Result<[String; 2], VerbsError> {
         let mut addrs = [String::new(), String::new()];
         for (k, &n) in [i, j].iter().enumerate() {
             let a = &mut self.agents[n];
             let out = a.run(&format!("vb open {dev}"), CMD_TIMEOUT)?;
-            let line = out
-                .lines()
-                .find(|l| l.starts_with("lid="))
-                .ok_or_else(|| format!("{}: vb open {dev}: no address in `{out}`", a.name))?;
+            let line =
+                out.lines()
+                    .find(|l| l.starts_with("lid="))
+                    .ok_or_else(|| AnswerError::NoLine {
+                        node: a.name.clone(),
+                        what: format!("vb open {dev}"),
+                        output: out.clone(),
+                    })?;
             addrs[k] = line.trim().to_string();
         }
         self.agents[i].run(&format!("vb connect {}", addrs[1]), CMD_TIMEOUT)?;
@@ -214,7 +331,7 @@ impl Testbed {
         size: u32,
         iters: u64,
         verify: bool,
-    ) -> Result<PingResult, String> {
+    ) -> Result<PingResult, VerbsError> {
         self.ping_between(0, 1, mode, size, iters, verify)
     }
 
@@ -227,7 +344,7 @@ impl Testbed {
         size: u32,
         iters: u64,
         verify: bool,
-    ) -> Result<PingResult, String> {
+    ) -> Result<PingResult, VerbsError> {
         let v = if verify { " verify" } else { "" };
         let (client, server) = pair(&mut self.agents, i, j);
         server.run(&format!("vb serve {mode}{v}"), CMD_TIMEOUT)?;
@@ -266,7 +383,7 @@ impl Testbed {
 
     /// RDMA Write or Read bandwidth from guest 0 against guest 1's region, then a check of
     /// the bytes moved.
-    pub fn bw(&mut self, read: bool, size: u32, iters: u64) -> Result<BwResult, String> {
+    pub fn bw(&mut self, read: bool, size: u32, iters: u64) -> Result<BwResult, VerbsError> {
         let op = if read { "read" } else { "write" };
         let out = self.agents[0].run(&format!("vb bw {op} {size} {iters}"), CMD_TIMEOUT)?;
         let line = out.lines().find(|l| l.starts_with("op=")).unwrap_or("");

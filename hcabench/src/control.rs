@@ -8,7 +8,8 @@
 //! the daemon's main loop, which polls [`FaultHook::due_kills`] for planned and live kills
 //! alike.
 
-use std::io::{BufRead, BufReader, Write};
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,57 @@ pub const SOCKET: &str = "control.sock";
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
                            delay US [JITTER_US], clear, kill";
+
+/// Why the control socket could not be served, or a request got no answer.
+#[derive(Debug)]
+pub enum ControlError {
+    Listen {
+        socket: PathBuf,
+        source: io::Error,
+    },
+    Thread(io::Error),
+    /// `hcabench fault` found no daemon on the socket.
+    Connect {
+        socket: PathBuf,
+        source: io::Error,
+    },
+    Send(io::Error),
+    Receive(io::Error),
+    /// The daemon refused the request; its words.
+    Refused(String),
+    /// The daemon answered something that is not the protocol.
+    Garbled(String),
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::Listen { socket, source } => {
+                write!(f, "cannot listen on {}: {source}", socket.display())
+            }
+            ControlError::Thread(e) => write!(f, "cannot start the control thread: {e}"),
+            ControlError::Connect { socket, source } => write!(
+                f,
+                "cannot reach the cluster's daemon at {}: {source}",
+                socket.display()
+            ),
+            ControlError::Send(e) => write!(f, "cannot send to the daemon: {e}"),
+            ControlError::Receive(e) => write!(f, "no reply from the daemon: {e}"),
+            ControlError::Refused(why) => f.write_str(why),
+            ControlError::Garbled(reply) => {
+                write!(f, "unexpected reply from the daemon: `{reply}`")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+impl From<ControlError> for String {
+    fn from(e: ControlError) -> String {
+        e.to_string()
+    }
+}
 
 /// The daemon's side: the fabric, the plan on it (if any yet) and where its log goes.
 pub struct Control {
@@ -65,10 +117,12 @@ impl Control {
     }
 
     /// Serves requests on `path` from a thread of its own.
-    pub fn serve(self: &Arc<Self>, path: &Path) -> Result<(), String> {
+    pub fn serve(self: &Arc<Self>, path: &Path) -> Result<(), ControlError> {
         let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)
-            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        let listener = UnixListener::bind(path).map_err(|source| ControlError::Listen {
+            socket: path.to_path_buf(),
+            source,
+        })?;
         let me = self.clone();
         std::thread::Builder::new()
             .name("control".into())
@@ -77,7 +131,7 @@ impl Control {
                     me.answer(stream);
                 }
             })
-            .map_err(|e| format!("cannot start the control thread: {e}"))?;
+            .map_err(ControlError::Thread)?;
         Ok(())
     }
 
@@ -179,28 +233,23 @@ fn micros(s: &str) -> Result<u64, String> {
 
 /// The client's side: sends `request` to the daemon of the cluster in `run_dir` and returns
 /// its reply.
-pub fn request(run_dir: &Path, request: &str) -> Result<String, String> {
+pub fn request(run_dir: &Path, request: &str) -> Result<String, ControlError> {
     let path = run_dir.join(SOCKET);
-    let mut s = UnixStream::connect(&path).map_err(|e| {
-        format!(
-            "cannot reach the cluster's daemon at {}: {e}",
-            path.display()
-        )
+    let mut s = UnixStream::connect(&path).map_err(|source| ControlError::Connect {
+        socket: path.clone(),
+        source,
     })?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     s.write_all(format!("{request}\n").as_bytes())
-        .map_err(|e| format!("cannot send to the daemon: {e}"))?;
+        .map_err(ControlError::Send)?;
     let mut reply = String::new();
     BufReader::new(&s)
         .read_line(&mut reply)
-        .map_err(|e| format!("no reply from the daemon: {e}"))?;
+        .map_err(ControlError::Receive)?;
     match reply.trim().split_once(' ') {
         Some(("ok", rest)) => Ok(rest.to_string()),
-        Some(("error", rest)) => Err(rest.to_string()),
-        _ => Err(format!(
-            "unexpected reply from the daemon: `{}`",
-            reply.trim()
-        )),
+        Some(("error", rest)) => Err(ControlError::Refused(rest.to_string())),
+        _ => Err(ControlError::Garbled(reply.trim().to_string())),
     }
 }
 
@@ -257,8 +306,10 @@ mod tests {
             request(&dir, "fault node1 link-up").unwrap(),
             "node1: link-up"
         );
-        let e = request(&dir, "fault nodeX link-up").unwrap_err();
-        assert!(e.contains("no node `nodeX`"), "{e}");
+        match request(&dir, "fault nodeX link-up").unwrap_err() {
+            ControlError::Refused(e) => assert!(e.contains("no node `nodeX`"), "{e}"),
+            e => panic!("not the daemon's refusal: {e}"),
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -4,7 +4,9 @@
 //! and error completions the HCAs counted, the seed) that `hcabench down` prints. Also the
 //! fabric capture (`--capture`), which rides on the same fabric.
 
-use std::path::Path;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hca_model::capture::Capture;
@@ -16,15 +18,60 @@ use crate::rundir::RunDir;
 pub const LOG: &str = "faults.jsonl";
 pub const REPORT: &str = "faults.report";
 
+/// Why a plan or a capture could not start.
+#[derive(Debug)]
+pub enum FaultRunError {
+    ReadPlan { path: PathBuf, source: io::Error },
+    BadPlan { path: PathBuf, why: String },
+    OpenLog { path: PathBuf, source: io::Error },
+    Capture { path: PathBuf, source: io::Error },
+}
+
+impl fmt::Display for FaultRunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultRunError::ReadPlan { path, source } => {
+                write!(f, "cannot read fault plan {}: {source}", path.display())
+            }
+            FaultRunError::BadPlan { path, why } => {
+                write!(f, "fault plan {}: {why}", path.display())
+            }
+            FaultRunError::OpenLog { path, source } => {
+                write!(f, "cannot open {}: {source}", path.display())
+            }
+            FaultRunError::Capture { path, source } => {
+                write!(f, "cannot create capture {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for FaultRunError {}
+
+impl From<FaultRunError> for String {
+    fn from(e: FaultRunError) -> String {
+        e.to_string()
+    }
+}
+
 /// Reads and checks a plan file.
-pub fn load_plan(path: &Path) -> Result<FaultPlan, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read fault plan {}: {e}", path.display()))?;
-    FaultPlan::parse(&text).map_err(|e| format!("fault plan {}: {e}", path.display()))
+pub fn load_plan(path: &Path) -> Result<FaultPlan, FaultRunError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FaultRunError::ReadPlan {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    FaultPlan::parse(&text).map_err(|e| FaultRunError::BadPlan {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })
 }
 
 /// Puts the plan at `path` on `fabric`, logging its decisions to `log_path`.
-pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<FaultHook>, String> {
+pub fn attach(
+    log_path: &Path,
+    path: &Path,
+    fabric: &Fabric,
+) -> Result<Arc<FaultHook>, FaultRunError> {
     let hook = start(log_path, load_plan(path)?, fabric)?;
     eprintln!(
         "fault plan {} (seed {}), decisions in {}",
@@ -37,12 +84,19 @@ pub fn attach(log_path: &Path, path: &Path, fabric: &Fabric) -> Result<Arc<Fault
 
 /// Starts `plan` now on `fabric`'s links and HCAs, logging to `log_path` (appended to: live
 /// changes may start a plan on a cluster that already logged one).
-pub fn start(log_path: &Path, plan: FaultPlan, fabric: &Fabric) -> Result<Arc<FaultHook>, String> {
+pub fn start(
+    log_path: &Path,
+    plan: FaultPlan,
+    fabric: &Fabric,
+) -> Result<Arc<FaultHook>, FaultRunError> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)
-        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        .map_err(|source| FaultRunError::OpenLog {
+            path: log_path.to_path_buf(),
+            source,
+        })?;
     let hook = Arc::new(FaultHook::new(
         plan,
         Some(Box::new(std::io::LineWriter::new(log))),
@@ -58,15 +112,18 @@ pub fn attach_capture(
     path: &Path,
     format: crate::config::CaptureFormat,
     fabric: &Fabric,
-) -> Result<Arc<Capture>, String> {
-    let file = std::fs::File::create(path)
-        .map_err(|e| format!("cannot create capture {}: {e}", path.display()))?;
+) -> Result<Arc<Capture>, FaultRunError> {
+    let err = |source| FaultRunError::Capture {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(err)?;
     let cap = Capture::new(
         Box::new(std::io::BufWriter::new(file)),
         format.model(),
         fabric.now_ns(),
     )
-    .map_err(|e| format!("capture {}: {e}", path.display()))?;
+    .map_err(err)?;
     let cap = Arc::new(cap);
     fabric.set_tap(Some(cap.clone()));
     eprintln!(

@@ -53,8 +53,8 @@ impl Session {
             ..ClusterSpec::new(backend, image, dir.clone(), shape.nodes)
         };
         let mut tb = Testbed::boot(&spec, boot_timeout, progress).map_err(|e| match backend {
-            Backend::Kvm => cluster::backend::kvm_boot_advice(&e, boot_timeout),
-            Backend::Qemu => e,
+            Backend::Kvm => cluster::backend::kvm_boot_advice(&e.to_string(), boot_timeout),
+            Backend::Qemu => e.to_string(),
         })?;
         if keep {
             tb.keep_dir();
@@ -89,12 +89,12 @@ impl Session {
     /// Runs `work` on the guests' shells while carrying out the plan's node kills (polled
     /// every 100 ms on this thread while `work` runs on another). A killed node's guest
     /// stops and its HCA leaves the fabric, so its peers' work requests fail.
-    pub fn with_kills<T: Send>(
+    pub fn with_kills<T: Send, E: Into<String> + Send>(
         &mut self,
-        work: impl FnOnce(&mut [Agent]) -> Result<T, String> + Send,
+        work: impl FnOnce(&mut [Agent]) -> Result<T, E> + Send,
     ) -> Result<T, String> {
         let Some(hook) = &self.faults else {
-            return work(&mut self.tb.agents);
+            return work(&mut self.tb.agents).map_err(Into::into);
         };
         let (agents, cluster) = (&mut self.tb.agents, &mut self.tb.cluster);
         std::thread::scope(|s| {
@@ -109,7 +109,8 @@ impl Session {
                 std::thread::sleep(Duration::from_millis(100));
             }
             job.join()
-                .unwrap_or_else(|_| Err("the job's driver thread panicked".into()))
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+                .map_err(Into::into)
         })
     }
 }
