@@ -14,7 +14,7 @@ use hca_model::InterruptSink;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::irq::{GsiRouter, MsixTable};
-use super::pci::PciFunction;
+use super::pci::{ConfigSpace, PciFunction};
 
 /// Where the BARs start (the guest may move them; the machine follows).
 pub const BAR0_GPA: u64 = 0xe000_0000;
@@ -128,22 +128,36 @@ pub type BarMoved = Box<dyn FnMut(usize, u64, u64) + Send>;
 
 /// The function's configuration space.
 pub struct HcaPci {
-    command: u32,
-    /// Guest-physical base of BAR0, BAR1, BAR2 (64-bit, BAR2+BAR3) as programmed, and as
-    /// mapped (moves take effect while memory decoding is on, so BAR sizing never maps).
-    bars: [u64; 3],
+    config: ConfigSpace,
+    /// Guest-physical base of BAR0, BAR1, BAR2 (64-bit) as mapped (moves take effect while
+    /// memory decoding is on, so BAR sizing never maps).
     mapped: [u64; 3],
     msix: Arc<Msix>,
     on_move: BarMoved,
 }
 
-const SIZES: [u64; 3] = [BAR0_SIZE, BAR1_SIZE, BAR2_SIZE as u64];
+/// The BAR numbers of BAR0, BAR1 and BAR2 (BAR2 is 64-bit: BAR3 is its upper half).
+const BARS: [usize; 3] = [0, 1, 2];
+const COMMAND_WRITABLE: u32 = 0x0547;
+const STATUS_CAP_LIST: u32 = 0x0010 << 16;
 
 impl HcaPci {
     pub fn new(msix: Arc<Msix>, on_move: BarMoved) -> Self {
+        let ids = PCI_DEVICE_HCABENCH << 16 | PCI_VENDOR_HCABENCH;
+        let mut config = ConfigSpace::new();
+        config.set(0x00, ids, 0);
+        config.set(0x04, STATUS_CAP_LIST, COMMAND_WRITABLE);
+        config.set(0x08, 0x0c06_0001, 0); // class: InfiniBand controller, rev 1
+        config.set_bar(0, BAR0_GPA, BAR0_SIZE, false, false);
+        config.set_bar(1, BAR1_GPA, BAR1_SIZE, false, false);
+        config.set_bar(2, BAR2_GPA, u64::from(BAR2_SIZE), true, true);
+        config.set(0x2c, ids, 0);
+        config.set(0x34, MSIX_CAP, 0);
+        // MSI-X: the capability header reads from the table's state (below).
+        config.set(MSIX_CAP + 4, 1, 0); // table: BAR1 offset 0
+        config.set(MSIX_CAP + 8, PBA_OFFSET as u32 | 1, 0); // PBA: BAR1
         Self {
-            command: 0,
-            bars: [BAR0_GPA, BAR1_GPA, BAR2_GPA],
+            config,
             mapped: [BAR0_GPA, BAR1_GPA, BAR2_GPA],
             msix,
             on_move,
@@ -155,18 +169,15 @@ impl HcaPci {
         self.mapped
     }
 
-    fn set_bar(&mut self, i: usize, base: u64) {
-        self.bars[i] = base & !(SIZES[i] - 1);
-    }
-
     fn apply_moves(&mut self) {
-        if self.command & 2 == 0 {
+        if self.config.read(0x04) & 2 == 0 {
             return;
         }
-        for i in 0..3 {
-            if self.bars[i] != self.mapped[i] {
-                (self.on_move)(i, self.mapped[i], self.bars[i]);
-                self.mapped[i] = self.bars[i];
+        for (i, &bar) in BARS.iter().enumerate() {
+            let now = self.config.bar_base(bar);
+            if now != self.mapped[i] {
+                (self.on_move)(i, self.mapped[i], now);
+                self.mapped[i] = now;
             }
         }
     }
@@ -175,42 +186,18 @@ impl HcaPci {
 impl PciFunction for HcaPci {
     fn config_read(&mut self, off: u32) -> u32 {
         match off {
-            0x00 => PCI_DEVICE_HCABENCH << 16 | PCI_VENDOR_HCABENCH,
-            0x04 => self.command | 0x0010 << 16, // status: capability list
-            0x08 => 0x0c06_0001,                 // class: InfiniBand controller, rev 1
-            0x10 => self.bars[0] as u32,
-            0x14 => self.bars[1] as u32,
-            0x18 => self.bars[2] as u32 | 0xc, // 64-bit, prefetchable
-            0x1c => (self.bars[2] >> 32) as u32,
-            0x2c => PCI_DEVICE_HCABENCH << 16 | PCI_VENDOR_HCABENCH,
-            0x34 => MSIX_CAP,
             MSIX_CAP => 0x11 | self.msix.control() << 16,
-            0x44 => 1,                     // table: BAR1 offset 0
-            0x48 => PBA_OFFSET as u32 | 1, // PBA: BAR1
-            _ => 0,
+            _ => self.config.read(off),
         }
     }
 
     fn config_write(&mut self, off: u32, val: u32, mask: u32) {
-        let merge = |old: u32| (old & !mask) | (val & mask);
-        match off {
-            0x04 => self.command = merge(self.command) & 0x0547,
-            // Sizing writes all ones; the base is masked to the BAR's size either way.
-            0x10 => self.set_bar(0, u64::from(merge(self.bars[0] as u32))),
-            0x14 => self.set_bar(1, u64::from(merge(self.bars[1] as u32))),
-            0x18 => {
-                let hi = self.bars[2] & !0xffff_ffff;
-                self.set_bar(2, hi | u64::from(merge(self.bars[2] as u32) & !0xf));
-            }
-            0x1c => {
-                let lo = self.bars[2] & 0xffff_ffff;
-                self.set_bar(2, u64::from(merge((self.bars[2] >> 32) as u32)) << 32 | lo);
-            }
-            MSIX_CAP => {
-                let ctl = merge(self.config_read(MSIX_CAP)) >> 16;
-                self.msix.set_control(ctl);
-            }
-            _ => {}
+        if off == MSIX_CAP {
+            let ctl = ((self.config_read(MSIX_CAP) & !mask) | (val & mask)) >> 16;
+            self.msix.set_control(ctl);
+        } else {
+            // Sizing writes all ones; a BAR's writable bits keep it aligned to its size.
+            self.config.write(off, val, mask);
         }
         self.apply_moves();
     }

@@ -3,7 +3,10 @@
 //! space; the VMM maps the device's regions there), the MSI-X enable and mask bits are the
 //! VMM's (it routes the vectors), MSI is hidden (only MSI-X is wired), and there is no
 //! expansion ROM and no INTx pin. Pure logic over the device's config dwords, so it is
-//! tested without a device.
+//! tested without a device. The virtual BAR registers are a [`ConfigSpace`], the register
+//! file the HCA's function keeps its own configuration in.
+
+use super::pci::{ConfigSpace, BAR0_REG};
 
 /// What a BAR register pair holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +62,9 @@ pub enum ConfigWrite {
 
 pub struct VirtualConfig {
     pub bars: [Bar; 6],
-    /// The guest-programmed bases (a 64-bit BAR's whole base sits at its lower index).
-    base: [u64; 6],
+    /// The BAR registers as the guest programs them (the rest of `regs` is unused: those
+    /// reads come from the device).
+    regs: ConfigSpace,
     /// Capabilities as (offset, id), in list order.
     caps: Vec<(u32, u8)>,
     pub msix: Option<MsixCap>,
@@ -115,9 +119,17 @@ impl VirtualConfig {
                 pba_offset: u64::from(pba & !7),
             }
         });
+        let mut regs = ConfigSpace::new();
+        for (i, b) in bars.iter().enumerate() {
+            match b.kind {
+                BarKind::Mem32 { prefetch } => regs.set_bar(i, 0, b.size, false, prefetch),
+                BarKind::Mem64 { prefetch } => regs.set_bar(i, 0, b.size, true, prefetch),
+                BarKind::Absent | BarKind::Upper => {}
+            }
+        }
         Self {
             bars,
-            base: [0; 6],
+            regs,
             caps,
             msix,
         }
@@ -129,12 +141,12 @@ impl VirtualConfig {
             self.bars[i].kind,
             BarKind::Mem32 { .. } | BarKind::Mem64 { .. }
         )
-        .then_some(self.base[i])
+        .then(|| self.regs.bar_base(i))
     }
 
     /// Sets BAR `i`'s base as firmware would before the guest boots.
     pub fn set_bar_base(&mut self, i: usize, base: u64) {
-        self.base[i] = base & !(self.bars[i].size.max(1) - 1);
+        self.regs.place_bar(i, base);
     }
 
     /// The next capability after `off` that the guest may see (MSI is skipped).
@@ -146,20 +158,11 @@ impl VirtualConfig {
             .map_or(0, |c| c.0)
     }
 
-    fn bar_dword(&self, i: usize) -> u32 {
-        match self.bars[i].kind {
-            BarKind::Absent => 0,
-            BarKind::Mem32 { prefetch } => self.base[i] as u32 | u32::from(prefetch) << 3,
-            BarKind::Mem64 { prefetch } => self.base[i] as u32 | 4 | u32::from(prefetch) << 3,
-            BarKind::Upper => (self.base[i - 1] >> 32) as u32,
-        }
-    }
-
     /// The dword the guest reads at `off`, given the device's own value there and, for
     /// MSI-X Message Control, the VMM's control word.
     pub fn read(&self, off: u32, device: u32, msix_control: u32) -> u32 {
         match off {
-            0x10..=0x27 => self.bar_dword(((off - 0x10) / 4) as usize),
+            BAR0_REG..=0x27 => self.regs.read(off),
             0x30 => 0,                // no expansion ROM
             0x3c => device & !0xff00, // no INTx pin
             0x34 => (device & !0xff) | self.visible_next(None),
@@ -183,21 +186,9 @@ impl VirtualConfig {
             0x04 if mask & 2 != 0 => ConfigWrite::Command {
                 memory: val & 2 != 0,
             },
-            0x10..=0x27 => {
-                let i = ((off - 0x10) / 4) as usize;
-                let cur = self.bar_dword(i);
-                let v = u64::from((cur & !mask) | (val & mask));
-                match self.bars[i].kind {
-                    BarKind::Absent => {}
-                    BarKind::Upper => {
-                        let lo = self.base[i - 1] & 0xffff_ffff;
-                        self.set_bar_base(i - 1, v << 32 | lo);
-                    }
-                    _ => {
-                        let hi = self.base[i] & !0xffff_ffff;
-                        self.set_bar_base(i, hi | (v & !0xf));
-                    }
-                }
+            BAR0_REG..=0x27 => {
+                // Absent BARs have no writable bits; sizing reads back the size mask.
+                self.regs.write(off, val, mask);
                 ConfigWrite::Bar
             }
             0x30 => ConfigWrite::Dropped,
