@@ -5,9 +5,27 @@
  * Locking overview (details next to each lock):
  * - dev->cmd_mutex serialises the one command mailbox; commands sleep.
  * - dev->table_lock guards the QPN -> QP and CQN -> CQ lookup tables,
- *   which interrupt handlers and poll_cq read.
+ *   which interrupt handlers read (poll_cq reads the QP table locklessly).
  * - cq->lock guards a CQ's consumer index and arming sequence.
  * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
+ *
+ * Lock order (outermost first):
+ *
+ *   dev->cmd_mutex
+ *     dev->table_lock
+ *       cq->lock | qp->sq_lock | qp->rq_lock
+ *
+ * table_lock is held across the consumer's completion and event handlers
+ * (eq.c), which keeps the CQ or QP alive while they run; those handlers
+ * call poll_cq and req_notify_cq (cq->lock) and post_send / post_recv
+ * (qp->sq_lock, qp->rq_lock), so these three nest inside table_lock and
+ * never the other way round: nothing takes table_lock while holding one of
+ * them (hca_qp_unpublish takes table_lock, drops it, then takes each CQ's
+ * lock alone), and none of them is held while another of them is taken.
+ * cmd_mutex sleeps, so it is never taken under a spinlock; verbs that issue
+ * commands (create, modify, destroy) take the spinlocks only after or
+ * between commands. The handlers run in hard interrupt context, so every
+ * process-context user of these spinlocks disables interrupts (irqsave).
  */
 #ifndef HCA_IB_H
 #define HCA_IB_H
