@@ -26,12 +26,11 @@ pub enum Kind {
     Vmm,
 }
 
-impl Kind {
-    pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
-    }
+/// Boots a bench's guests, with progress lines.
+fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, String> {
+    Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
+        println!("  {m}")
+    })
 }
 
 /// What a bench measures, and on what guests.
@@ -71,9 +70,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         nodes: 2,
         link: rxe,
     };
-    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
-        println!("  {m}")
-    })?;
+    let mut s = boot(b, backend, shape)?;
     let tb = &mut s.tb;
     // What one interrupt costs here, for reading the interrupt-driven rows.
     for g in tb.cluster.nodes() {
@@ -97,9 +94,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         all.push(measure(&mut s.tb, b, dev)?);
     }
     print_tables(b, &all);
-    if let Some(h) = s.faults() {
-        print!("{}", crate::faultrun::report(h, &s.tb.cluster.hcas()));
-    }
+    s.print_fault_report();
     println!("total {:.1?}", started.elapsed());
     let errors: u64 = all
         .iter()
@@ -265,9 +260,7 @@ pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         nodes: 3,
         link: false,
     };
-    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
-        println!("  {m}")
-    })?;
+    let mut s = boot(b, backend, shape)?;
     s.start_fabric_tools()?;
     let tb = &mut s.tb;
     let t = std::time::Duration::from_secs(600);
@@ -352,9 +345,7 @@ pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         );
     }
     println!("(the paper: about 2x for one page, more than 10x for 16-32 pages)");
-    if let Some(h) = s.faults() {
-        print!("{}", crate::faultrun::report(h, &s.tb.cluster.hcas()));
-    }
+    s.print_fault_report();
     Ok(())
 }
 

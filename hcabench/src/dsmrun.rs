@@ -32,9 +32,7 @@ pub enum Job {
 impl Job {
     /// The name the guest's program and the command line use.
     pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
+        crate::session::value_name(&self)
     }
 
     /// What it computes (its help line).

@@ -586,7 +586,7 @@ fn bench_cmd(what: bench::Kind, a: &ClusterArgs, b: bench::VerbsBench) -> Result
     if let Some(s) = b.bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
         return Err(format!("RDMA size {s} is outside 1..=1048576"));
     }
-    session::refuse_node_kills(&b.cfg, &format!("bench {}", what.name()))?;
+    session::refuse_node_kills(&b.cfg, &format!("bench {}", session::value_name(&what)))?;
     let (backend, why) = daemon::choose_backend(&b.cfg)?;
     println!("backend {backend} ({why})");
     match what {

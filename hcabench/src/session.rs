@@ -86,6 +86,13 @@ impl Session {
         self.faults.as_ref()
     }
 
+    /// Prints the fault plan's report, if a plan ran.
+    pub fn print_fault_report(&self) {
+        if let Some(h) = &self.faults {
+            print!("{}", crate::faultrun::report(h, &self.tb.cluster.hcas()));
+        }
+    }
+
     /// Runs `work` on the guests' shells while carrying out the plan's node kills (polled
     /// every 100 ms on this thread while `work` runs on another). A killed node's guest
     /// stops and its HCA leaves the fabric, so its peers' work requests fail.
@@ -127,4 +134,11 @@ pub fn refuse_node_kills(cfg: &ClusterConfig, command: &str) -> Result<(), Strin
         }
     }
     Ok(())
+}
+
+/// The command-line name of a value enum's variant (`Job::Sor` is "sor").
+pub fn value_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
 }
