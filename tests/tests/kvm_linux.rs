@@ -1,6 +1,6 @@
 //! Linux under the KVM backend. Where KVM is real (hardware virtualisation), Debian's
-//! bzImage boots with the initramfs on 2 vCPUs, the guest's init loads the HCA driver on
-//! the VMM's PCI device and reports the port ACTIVE. Where it is not (this project's build
+//! bzImage boots through the launcher with the initramfs on 2 vCPUs, the guest's init loads
+//! the HCA driver on the VMM's PCI device and reports the port ACTIVE. Where it is not (this project's build
 //! machines: /dev/kvm emulates instruction by instruction), that test is skipped with the
 //! reason, and an honest partial check runs instead: the uncompressed vmlinux (decompressing
 //! the bzImage would take hours at that speed) must print its first boot lines on the VMM's
@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use cluster::console_protocol::{ERROR, IB, READY};
+use cluster::{Backend, Cluster, ClusterSpec};
 use e2e::{image_only_or_skip, skipped};
 use hca_model::Fabric;
 use vmm::linux::LinuxBoot;
@@ -47,27 +48,29 @@ fn test_linux_boots_under_kvm_and_finds_the_hca() {
         );
         return;
     }
-    let kvm = kvm_ioctls::Kvm::new().unwrap();
-    let boot = LinuxBoot {
-        kernel: image.bzimage.clone(),
-        initramfs: Some(image.initramfs.clone()),
-        cmdline: "console=ttyS0 panic=-1 hcabench.node=node1 hcabench.cmd=poweroff".into(),
+    // Through the launcher, as `hcabench up --backend kvm` boots it: 2 vCPUs, 512 MiB.
+    let spec = ClusterSpec {
+        ram_mib: 512,
+        vcpus: 2,
+        console_sockets: false,
+        job: "poweroff".into(),
+        ..ClusterSpec::new(Backend::Kvm, image, e2e::scratch_dir("kvm-linux"), 1)
     };
-    let mut m = linux_machine(&kvm, 512, &boot);
-    m.start().unwrap();
-    let out = m
-        .wait(Duration::from_secs(120), |s| s.contains(READY))
+    let mut c = Cluster::boot(&spec, &mut |m| eprintln!("{m}")).unwrap();
+    let (_, at) = c
+        .node_mut(0)
+        .wait_line(READY, Duration::from_secs(120))
         .unwrap();
-    eprintln!("{}", out.serial);
-    assert!(out.serial.contains(READY), "{}", out.serial);
+    let serial = c.node(0).console();
+    eprintln!("{serial}");
     assert!(
-        out.serial
-            .contains(&format!("{IB} hcab0 lid=0x1 state=ACTIVE")),
-        "{}",
-        out.serial
+        serial.contains(&format!("{IB} hcab0 lid=0x1 state=ACTIVE")),
+        "{serial}"
     );
-    assert!(!out.serial.contains(ERROR), "{}", out.serial);
-    eprintln!("Linux booted to READY under KVM in {:.1?}", out.elapsed);
+    assert!(!serial.contains(ERROR), "{serial}");
+    eprintln!("Linux booted to READY under KVM in {at:.1?}");
+    drop(c);
+    let _ = std::fs::remove_dir_all(&spec.dir);
 }
 
 #[test]
