@@ -106,8 +106,12 @@ impl HcaState {
             gid_prefix: 0xfe80_0000_0000_0000,
             port_guid: self.node_guid,
             lid: self.lid,
-            // The fabric is its own subnet manager; it answers as LID 1's port would.
-            sm_lid: if self.fabric.is_some() { 1 } else { 0 },
+            // The fabric is the subnet manager; its SA answers at SM_LID.
+            sm_lid: if self.fabric.is_some() {
+                crate::sa::SM_LID
+            } else {
+                0
+            },
             state: self.port_state() as u8,
             max_mtu: MTU_4096 as u8,
             active_mtu: MTU_4096 as u8,

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::adapter_hook::AdapterHook;
 use crate::packet::Packet;
+use crate::sa::{SubnetAdmin, SM_LID};
 
 /// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
 pub type Lid = u16;
@@ -65,6 +66,10 @@ pub trait PacketSink: Send + Sync {
     fn undeliverable(&self, pkt: Packet, why: DropReason);
     /// The fabric's clock reads `now_ns`: fire the timers that are due.
     fn tick(&self, _now_ns: u64) {}
+    /// The port's GUID (its GID's interface ID), for the subnet administrator.
+    fn port_guid(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// How often a real-time fabric runs its ports' timers.
@@ -175,6 +180,56 @@ struct Inner {
     clock: Clock,
     /// Packets a hook delayed: (due time, where they resume, the packet).
     held: Mutex<Vec<(u64, Stage, Packet)>>,
+    /// The subnet administrator's port, at [`SM_LID`].
+    sa: Arc<SaPort>,
+}
+
+/// The port the subnet administrator answers on: a packet for [`SM_LID`] is a query, and
+/// its answer goes back onto the fabric like any port's packet.
+struct SaPort {
+    fabric: Weak<Inner>,
+    sa: Mutex<SubnetAdmin>,
+}
+
+impl PacketSink for SaPort {
+    fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
+        let Some(inner) = self.fabric.upgrade() else {
+            return Err(Rejected);
+        };
+        let fabric = Fabric { inner };
+        let answer = {
+            let mut sa = self.sa.lock().unwrap_or_else(|e| e.into_inner());
+            sa.answer(&pkt, &fabric)
+        };
+        match answer {
+            // Queued behind what is in flight; the pump that delivered the query moves it.
+            Some(a) => {
+                fabric.enqueue(a);
+                Ok(())
+            }
+            None => Err(Rejected),
+        }
+    }
+
+    fn undeliverable(&self, _pkt: Packet, _why: DropReason) {}
+
+    fn port_guid(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl crate::sa::Ports for Fabric {
+    fn lid_of(&self, guid: u64) -> Option<Lid> {
+        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        ports.iter().enumerate().find_map(|(lid, p)| {
+            let sink = p.as_ref()?.upgrade()?;
+            (sink.port_guid() == Some(guid)).then_some(lid as Lid)
+        })
+    }
+
+    fn guid_of(&self, lid: Lid) -> Option<u64> {
+        self.port(lid)?.port_guid()
+    }
 }
 
 #[derive(Default)]
@@ -225,7 +280,7 @@ impl Fabric {
 
     fn with_clock(clock: Clock) -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak| Inner {
                 ports: RwLock::new(vec![None]),
                 queue: Mutex::new(Queue::default()),
                 hook: Attachment::default(),
@@ -234,8 +289,17 @@ impl Fabric {
                 stats: Counters::default(),
                 clock,
                 held: Mutex::new(Vec::new()),
+                sa: Arc::new(SaPort {
+                    fabric: weak.clone(),
+                    sa: Mutex::new(SubnetAdmin::new()),
+                }),
             }),
         }
+    }
+
+    /// Runs `f` on the subnet administrator's state (its multicast groups).
+    pub fn with_sa<T>(&self, f: impl FnOnce(&SubnetAdmin) -> T) -> T {
+        f(&self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Nanoseconds since the fabric was made (its clock, real or manual).
@@ -298,7 +362,8 @@ impl Fabric {
     /// holds that LID already.
     pub fn attach_at(&self, lid: Lid, sink: Weak<dyn PacketSink>) -> Result<(), LidTaken> {
         let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
-        if lid == 0 {
+        // 0 is no LID; the SM's and the multicast LIDs are not a port's.
+        if lid == 0 || lid >= SM_LID {
             return Err(LidTaken(lid));
         }
         if ports.len() <= lid as usize {
@@ -390,6 +455,9 @@ impl Fabric {
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
+        if lid == SM_LID {
+            return Some(self.inner.sa.clone());
+        }
         let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
         ports.get(lid as usize)?.as_ref()?.upgrade()
     }

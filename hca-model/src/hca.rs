@@ -286,6 +286,8 @@ struct Shared {
     timer_hint: AtomicU64,
     bar2: Arc<DeviceMemory>,
     irq: Arc<dyn InterruptSink>,
+    /// The port's GUID (the node GUID: one port), fixed for the device's life.
+    guid: u64,
 }
 
 impl Shared {
@@ -337,6 +339,10 @@ impl PacketSink for Shared {
             self.with_state(|st| st.on_timer(now_ns))
         }
     }
+
+    fn port_guid(&self) -> Option<u64> {
+        Some(self.guid)
+    }
 }
 
 /// One emulated HCA with one port. Cheap to clone; clones are the same device.
@@ -370,6 +376,7 @@ impl Hca {
                 timer_hint: AtomicU64::new(crate::reliability::NEVER),
                 bar2,
                 irq,
+                guid: node_guid,
             }),
         }
     }

@@ -26,6 +26,7 @@ mod qp;
 pub mod reliability;
 mod requester;
 mod responder;
+pub mod sa;
 
 pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
