@@ -75,6 +75,8 @@
 #define HCA_MAX_MSG_SIZE		(1U << 31)
 #define HCA_LOCAL_DMA_LKEY		0x00000001
 #define HCA_UD_GRH_BYTES		40
+#define HCA_MCAST_LID_FIRST		0xc000
+#define HCA_MAX_MCAST_ATTACH		1024
 #define HCA_GSI_QPN			1
 #define HCA_GSI_QKEY			0x80010000
 
@@ -104,6 +106,8 @@
 #define HCA_CMD_MODIFY_QP		0x41
 #define HCA_CMD_QUERY_QP		0x42
 #define HCA_CMD_DESTROY_QP		0x43
+#define HCA_CMD_ATTACH_MCAST		0x44
+#define HCA_CMD_DETACH_MCAST		0x45
 #define HCA_CMD_FLAG_EVENT		(1 << 0)
 
 /* Command status */
@@ -276,6 +280,14 @@ struct hca_port_attr {
 	__u8 active_mtu;
 	__u8 rsvd0;
 	__u64 rsvd1;
+};
+
+/* ATTACH_MCAST / DETACH_MCAST: a UD QP and a multicast group */
+struct hca_cmd_mcast {
+	__u8 mgid[16];
+	__u32 qpn;
+	__u16 mlid;
+	__u16 rsvd;
 };
 
 /* One handle in or out: pdn, key, cqn, qpn */

@@ -100,6 +100,10 @@ pub const MAX_MSG_SIZE: u32 = 1 << 31;
 pub const LOCAL_DMA_LKEY: u32 = 0x0000_0001;
 /// Bytes reserved at the start of every UD receive buffer for the GRH.
 pub const UD_GRH_BYTES: u32 = 40;
+/// Multicast LIDs run from here to 0xfffe (0xffff is the permissive LID).
+pub const MCAST_LID_FIRST: u32 = 0xc000;
+/// Multicast attachments (QP, group) one HCA holds at most.
+pub const MAX_MCAST_ATTACH: u32 = 1024;
 /// The GSI QP (QP1) always has this number and Q_Key.
 pub const GSI_QPN: u32 = 1;
 pub const GSI_QKEY: u32 = 0x8001_0000;
@@ -131,6 +135,9 @@ pub const CMD_CREATE_QP: u32 = 0x40;
 pub const CMD_MODIFY_QP: u32 = 0x41;
 pub const CMD_QUERY_QP: u32 = 0x42;
 pub const CMD_DESTROY_QP: u32 = 0x43;
+/// Attach a UD QP to a multicast group (MGID, MLID): it receives the group's packets.
+pub const CMD_ATTACH_MCAST: u32 = 0x44;
+pub const CMD_DETACH_MCAST: u32 = 0x45;
 /// Mailbox flag: post an EV_CMD_DONE event on EQ 0 and raise vector 0 when done.
 pub const CMD_FLAG_EVENT: u32 = 1 << 0;
 
@@ -364,6 +371,17 @@ pub struct HcaPortAttr {
     pub rsvd1: u64,
 }
 abi_struct!(HcaPortAttr, 32);
+
+/// ATTACH_MCAST / DETACH_MCAST input: QP `qpn` (UD) and the group's MGID and MLID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdMcast {
+    pub mgid: [u8; 16],
+    pub qpn: u32,
+    pub mlid: u16,
+    pub rsvd: u16,
+}
+abi_struct!(HcaCmdMcast, 24);
 
 /// Input (ALLOC_PD output, DEALLOC_PD/DEREG_MR/DESTROY_* input, CREATE_* output): one handle.
 #[repr(C)]
@@ -666,6 +684,8 @@ pub fn layout() -> Vec<(String, u64)> {
         MAX_MSG_SIZE,
         LOCAL_DMA_LKEY,
         UD_GRH_BYTES,
+        MCAST_LID_FIRST,
+        MAX_MCAST_ATTACH,
         GSI_QPN,
         GSI_QKEY,
         CAP_RC,
@@ -689,6 +709,8 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_MODIFY_QP,
         CMD_QUERY_QP,
         CMD_DESTROY_QP,
+        CMD_ATTACH_MCAST,
+        CMD_DETACH_MCAST,
         CMD_FLAG_EVENT,
         CMD_OK,
         CMD_BAD_OPCODE,
@@ -791,6 +813,7 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaPortAttr => "hca_port_attr" { gid_prefix, port_guid, lid, sm_lid, state,
         max_mtu, active_mtu, rsvd0, rsvd1 });
     layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
+    layout_of!(HcaCmdMcast => "hca_cmd_mcast" { mgid, qpn, mlid, rsvd });
     layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
         npages, page_shift, flags, rsvd });
     layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector });

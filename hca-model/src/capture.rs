@@ -69,14 +69,20 @@ fn erf_record(ts_ns: u64, frame: &[u8]) -> Vec<u8> {
     r
 }
 const SNAPLEN: u32 = 65_535;
-/// LRH Link Next Header: a BTH follows directly (no GRH).
+/// LRH Link Next Header: a BTH follows directly (no GRH), or a GRH comes first.
 const LNH_IBA_LOCAL: u8 = 2;
+const LNH_IBA_GLOBAL: u8 = 3;
+const LRH_BYTES: usize = 8;
+const GRH_BYTES: usize = 40;
 const DEFAULT_PKEY: u16 = 0xffff;
 
 /// The frame an IB link would carry for `pkt` (one MTU packet, not a train).
 pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(64 + payload.len());
-    f.extend_from_slice(&[0; 8]); // LRH, filled in once the length is known
+    let mut f = Vec::with_capacity(104 + payload.len());
+    f.extend_from_slice(&[0; LRH_BYTES]); // LRH, filled in once the length is known
+    if pkt.grh.is_some() {
+        f.extend_from_slice(&[0; GRH_BYTES]); // GRH, likewise
+    }
     encode_bth(&mut f, pkt, payload.len());
     encode_ext_headers(&mut f, pkt);
     f.extend_from_slice(payload);
@@ -84,12 +90,21 @@ pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
     f.resize(f.len() + pad, 0);
     // PktLen counts 4-byte words from the LRH through the ICRC.
     let words = ((f.len() + 4) / 4) as u16;
+    let lnh = match &pkt.grh {
+        Some(g) => {
+            // PayLen: from the end of the GRH through the ICRC.
+            let pay_len = (f.len() - LRH_BYTES - GRH_BYTES + 4) as u16;
+            f[LRH_BYTES..LRH_BYTES + GRH_BYTES].copy_from_slice(&g.to_bytes(pay_len));
+            LNH_IBA_GLOBAL
+        }
+        None => LNH_IBA_LOCAL,
+    };
     f[0] = 0; // VL 0, LVer 0
-    f[1] = (pkt.sl & 0xf) << 4 | LNH_IBA_LOCAL;
+    f[1] = (pkt.sl & 0xf) << 4 | lnh;
     f[2..4].copy_from_slice(&pkt.dlid.to_be_bytes());
     f[4..6].copy_from_slice(&(words & 0x7ff).to_be_bytes());
     f[6..8].copy_from_slice(&pkt.slid.to_be_bytes());
-    let icrc = icrc(&f);
+    let icrc = icrc(&f, pkt.grh.is_some());
     f.extend_from_slice(&icrc.to_le_bytes());
     let vcrc = vcrc(&f);
     f.extend_from_slice(&vcrc.to_be_bytes());
@@ -153,16 +168,23 @@ const CRC16_IB: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::Algorithm {
     residue: 0xf6aa,
 });
 
-/// The invariant CRC: CRC-32 over the frame with the fields a switch may change (LRH VL, BTH
-/// resv8a) read as all ones.
-fn icrc(frame: &[u8]) -> u32 {
-    let mut head = [0u8; 20];
-    head.copy_from_slice(&frame[..20]);
+/// The invariant CRC: CRC-32 over the frame with the fields a switch or router may change
+/// (LRH VL; GRH traffic class, flow label and hop limit; BTH resv8a) read as all ones.
+fn icrc(frame: &[u8], grh: bool) -> u32 {
+    let bth = LRH_BYTES + if grh { GRH_BYTES } else { 0 };
+    let mut head = [0u8; LRH_BYTES + GRH_BYTES + 12];
+    let head = &mut head[..bth + 12];
+    head.copy_from_slice(&frame[..bth + 12]);
     head[0] |= 0xf0;
-    head[12] = 0xff;
+    if grh {
+        head[LRH_BYTES] |= 0x0f;
+        head[LRH_BYTES + 1..LRH_BYTES + 4].fill(0xff);
+        head[LRH_BYTES + 7] = 0xff;
+    }
+    head[bth + 4] = 0xff;
     let mut d = CRC32.digest();
-    d.update(&head);
-    d.update(&frame[20..]);
+    d.update(head);
+    d.update(&frame[bth + 12..]);
     d.finalize()
 }
 
@@ -347,9 +369,9 @@ mod tests {
         let mut g = f.clone();
         g[0] |= 0x30;
         g[12] = 7;
-        assert_eq!(icrc(&g[..44]), icrc(&f[..44]));
+        assert_eq!(icrc(&g[..44], false), icrc(&f[..44], false));
         g[40] ^= 1;
-        assert_ne!(icrc(&g[..44]), icrc(&f[..44]));
+        assert_ne!(icrc(&g[..44], false), icrc(&f[..44], false));
     }
 
     #[derive(Clone, Default)]

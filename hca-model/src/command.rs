@@ -77,6 +77,8 @@ impl HcaState {
             CMD_MODIFY_QP => self.cmd_modify_qp(&input(mb))?,
             CMD_QUERY_QP => output(out, &self.cmd_query_qp(h)?),
             CMD_DESTROY_QP => self.cmd_destroy_qp(h)?,
+            CMD_ATTACH_MCAST => self.cmd_attach_mcast(&input(mb))?,
+            CMD_DETACH_MCAST => self.cmd_detach_mcast(&input(mb))?,
             _ => return Err(CMD_BAD_OPCODE),
         }
         Ok(())

@@ -113,8 +113,9 @@ pub enum Verdict {
 enum Stage {
     /// It passed its uplink: route it, then the downlink.
     Routed,
-    /// It passed its downlink: deliver it.
-    Arrived,
+    /// It passed the downlink of the port at this LID: deliver it there (a multicast
+    /// packet's copies each go to their own port).
+    Arrived(Lid),
 }
 
 /// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
@@ -528,20 +529,50 @@ impl Fabric {
     }
 
     /// Takes a packet on from `stage`: route and downlink, or delivery.
-    fn resume(&self, mut pkt: Packet, stage: Stage, hook: Option<&Arc<dyn LinkHook>>) {
-        let Some(dst) = self.port(pkt.dlid) else {
+    fn resume(&self, pkt: Packet, stage: Stage, hook: Option<&Arc<dyn LinkHook>>) {
+        match stage {
+            Stage::Arrived(lid) => match self.port(lid) {
+                Some(dst) => self.deliver(&dst, pkt),
+                None => self.bounce(pkt, DropReason::NoRoute),
+            },
+            Stage::Routed if pkt.is_multicast() => {
+                // To every member port the SA lists, the sender's own included.
+                let members = self.with_sa(|sa| {
+                    sa.group_by_mlid(pkt.dlid)
+                        .map(|g| g.members.keys().copied().collect::<Vec<u64>>())
+                        .unwrap_or_default()
+                });
+                let lids: Vec<Lid> = members
+                    .into_iter()
+                    .filter_map(|guid| crate::sa::Ports::lid_of(self, guid))
+                    .collect();
+                if lids.is_empty() {
+                    return self.bounce(pkt, DropReason::NoRoute);
+                }
+                for lid in lids {
+                    self.down_and_deliver(pkt.clone(), lid, hook);
+                }
+            }
+            Stage::Routed => {
+                let lid = pkt.dlid;
+                self.down_and_deliver(pkt, lid, hook);
+            }
+        }
+    }
+
+    /// The downlink of the port at `lid`, then delivery there.
+    fn down_and_deliver(&self, mut pkt: Packet, lid: Lid, hook: Option<&Arc<dyn LinkHook>>) {
+        let Some(dst) = self.port(lid) else {
             return self.bounce(pkt, DropReason::NoRoute);
         };
-        if stage == Stage::Routed {
-            let down = LinkId {
-                lid: pkt.dlid,
-                dir: LinkDir::Down,
-            };
-            match self.judge(hook, down, &mut pkt, Stage::Arrived) {
-                None => return,
-                Some(true) => self.deliver(&dst, pkt.clone()),
-                Some(false) => {}
-            }
+        let down = LinkId {
+            lid,
+            dir: LinkDir::Down,
+        };
+        match self.judge(hook, down, &mut pkt, Stage::Arrived(lid)) {
+            None => return,
+            Some(true) => self.deliver(&dst, pkt.clone()),
+            Some(false) => {}
         }
         self.deliver(&dst, pkt);
     }

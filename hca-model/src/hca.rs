@@ -147,6 +147,8 @@ pub(crate) struct HcaState {
     pub late_irqs: Vec<(u64, u32)>,
     /// Late interrupts now due: raised without being judged again.
     pub late_due: u32,
+    /// UD QPs attached to multicast groups.
+    pub mcast: Vec<crate::mcast::Attachment>,
 }
 
 impl HcaState {
@@ -174,6 +176,7 @@ impl HcaState {
             timer_hint: crate::reliability::NEVER,
             late_irqs: Vec::new(),
             late_due: 0,
+            mcast: Vec::new(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();

@@ -20,6 +20,7 @@ mod eq;
 pub mod fabric;
 pub mod faults;
 mod hca;
+mod mcast;
 mod mr;
 pub mod packet;
 mod qp;

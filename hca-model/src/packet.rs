@@ -234,12 +234,39 @@ fn merge_copy(
     Ok(())
 }
 
+/// A global route header: what a multicast datagram carries (this fabric is one subnet, so
+/// unicast packets go without).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grh {
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+}
+
+/// GRH "next header" for an IBA transport header.
+pub const GRH_NEXT_HEADER_IBA: u8 = 0x1b;
+
+impl Grh {
+    /// The 40 bytes on the wire for a packet whose transport headers, payload and ICRC come
+    /// to `pay_len` bytes (traffic class, flow label and hop limit 0).
+    pub fn to_bytes(&self, pay_len: u16) -> [u8; 40] {
+        let mut b = [0u8; 40];
+        b[0] = 6 << 4; // IP version 6
+        b[4..6].copy_from_slice(&pay_len.to_be_bytes());
+        b[6] = GRH_NEXT_HEADER_IBA;
+        b[8..24].copy_from_slice(&self.sgid);
+        b[24..40].copy_from_slice(&self.dgid);
+        b
+    }
+}
+
 /// One packet. Fields an opcode does not carry are zero/None.
 #[derive(Clone, Debug, Default)]
 pub struct Packet {
     pub slid: u16,
     pub dlid: u16,
     pub sl: u8,
+    /// The GRH of a multicast datagram.
+    pub grh: Option<Grh>,
     pub opcode: u8,
     /// BTH solicited-event bit.
     pub solicited: bool,
@@ -353,6 +380,7 @@ impl Packet {
             slid: self.slid,
             dlid: self.dlid,
             sl: self.sl,
+            grh: self.grh,
             opcode: self.opcode,
             solicited: self.solicited,
             dest_qpn: self.dest_qpn,
@@ -403,6 +431,11 @@ impl Packet {
     /// PSNs this packet or train occupies.
     pub fn span(&self) -> u32 {
         self.count.max(1)
+    }
+
+    /// Whether the packet goes to a multicast group.
+    pub fn is_multicast(&self) -> bool {
+        (crate::abi::MCAST_LID_FIRST..0xffff).contains(&u32::from(self.dlid))
     }
 
     pub fn is_ud(&self) -> bool {

@@ -291,6 +291,7 @@ impl HcaState {
     pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), u32> {
         let qp = self.qps.remove(qpn).ok_or(CMD_BAD_HANDLE)?;
         self.live_qps.retain(|&q| q != qpn);
+        self.detach_qp(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {
             if let Some(cq) = self.cqs.get_mut(cqn) {
                 cq.users -= 1;

@@ -386,8 +386,11 @@ impl HcaState {
         };
         let mut payload = src.into_payload(self);
         payload.make_owned().map_err(|_| WC_LOC_PROT_ERR)?;
+        let grh = self.multicast_grh(w.ud_dlid);
+        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
+            grh,
             opcode: if op == WR_SEND_IMM {
                 UD_SEND_ONLY_IMM
             } else {

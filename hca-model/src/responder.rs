@@ -12,8 +12,10 @@
 //! EV_QP_ACCESS_ERR where IB raises it, and moves this QP to ERR too. A SEND with no receive
 //! WQE posted gets an RNR NAK and leaves the QP as it was.
 //!
-//! UD: checked against the Q_Key; with no receive WQE, or a bad Q_Key, it is dropped
-//! silently and counted, as UD allows. Receive buffers start with UD_GRH_BYTES of GRH room.
+//! UD: checked against the Q_Key; with no receive WQE, a bad Q_Key, or more data than the
+//! receive WQE holds, it is dropped silently and counted, as UD allows (the WQE stays).
+//! Receive buffers start with UD_GRH_BYTES of GRH room, which holds a multicast datagram's
+//! GRH. A group's datagram goes to every QP attached to the group here.
 
 use crate::abi::*;
 use crate::dma::read_obj;
@@ -328,11 +330,8 @@ impl HcaState {
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
             opcode: opcode as u8,
-            flags: if pkt.imm.is_some() {
-                CQE_FLAG_IMM as u8
-            } else {
-                0
-            },
+            flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
+                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
             ..Default::default()
         };
         self.post_recv_cqe(qpn, cqe, pkt.solicited);
@@ -512,7 +511,16 @@ impl HcaState {
     }
 
     fn receive_ud(&mut self, pkt: Packet) {
-        let qpn = pkt.dest_qpn;
+        if !pkt.is_multicast() {
+            return self.receive_ud_on(pkt.dest_qpn, &pkt);
+        }
+        // A group's datagram: a copy to every QP attached here (each checks its Q_Key).
+        for qpn in self.attached(pkt.dlid) {
+            self.receive_ud_on(qpn, &pkt);
+        }
+    }
+
+    fn receive_ud_on(&mut self, qpn: u32, pkt: &Packet) {
         let ok = self.qps.get(qpn).is_some_and(|q| {
             q.is_ud()
                 && matches!(u32::from(q.attr.state), QPS_RTR | QPS_RTS)
@@ -536,12 +544,21 @@ impl HcaState {
         let grh = u64::from(UD_GRH_BYTES);
         let len = u64::from(pkt.payload.len());
         if r.cap < grh + len {
-            self.fail_recv(qpn, r.wr_id, WC_LOC_LEN_ERR);
-            return self.qp_to_error(qpn);
+            // A datagram too long for the buffer is dropped and the WQE stays for the next:
+            // a remote sender (QP1's Q_Key is public) must never break this QP.
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                qp.rq.ci = qp.rq.ci.wrapping_sub(1);
+            }
+            self.stats.ud_dropped += 1;
+            return;
         }
-        // No GRH on this fabric: the room stays zeroed and CQE_FLAG_GRH clear.
-        let zero = [0u8; UD_GRH_BYTES as usize];
-        let placed = Payload::Bytes(zero.to_vec())
+        // A multicast datagram's GRH as on the wire (BTH, DETH, payload, ICRC after it);
+        // a unicast one has none: the room is zeroed and CQE_FLAG_GRH clear.
+        let room = match &pkt.grh {
+            Some(g) => g.to_bytes((12 + 8 + len + 4) as u16).to_vec(),
+            None => vec![0u8; UD_GRH_BYTES as usize],
+        };
+        let placed = Payload::Bytes(room)
             .scatter(self.mem.as_ref(), &sub_segs(&r.segs, 0, grh))
             .and_then(|()| {
                 pkt.payload
@@ -560,11 +577,8 @@ impl HcaState {
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
             opcode: CQE_OP_RECV as u8,
-            flags: if pkt.imm.is_some() {
-                CQE_FLAG_IMM as u8
-            } else {
-                0
-            },
+            flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
+                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
             ..Default::default()
         };
         self.post_recv_cqe(qpn, cqe, pkt.solicited);

@@ -1,0 +1,314 @@
+//! Subnet services on the fabric. The subnet administrator, asked the way ib_sa asks: a MAD
+//! from a guest's GSI QP to the SM LID its port reports, the answer back on the same QP. And
+//! multicast as IPoIB uses it: join through the SA, attach a UD QP, send to the MLID.
+
+use hca_model::abi::*;
+use hca_model::sa::{port_gid, IPOIB_BROADCAST_MGID, SM_LID};
+use hca_model::Fabric;
+use hca_test_driver::*;
+
+/// A guest whose QP1 is ready, with a CQ for it.
+struct Gsi {
+    d: Driver,
+    cq: CqH,
+    qp: QpH,
+    /// The port GUID (the interface ID of its GID).
+    guid: u64,
+}
+
+fn gsi(fabric: &Fabric) -> Gsi {
+    let mut d = Driver::new(Some(fabric), 4);
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(6);
+    let qp = d.create_qp(QPT_GSI, pd, cq.cqn, cq.cqn);
+    d.bring_up_ud(qp.qpn, GSI_QKEY, true);
+    let port: HcaPortAttr = decode(&d.cmd_raw(CMD_QUERY_PORT, &[], 0).1);
+    Gsi {
+        d,
+        cq,
+        qp,
+        guid: port.port_guid,
+    }
+}
+
+/// Sends `mad` to the SA and returns its answer (the 256 bytes after the GRH room).
+fn ask(g: &mut Gsi, mad: &[u8; 256]) -> Vec<u8> {
+    let rbuf = g.d.alloc(40 + 256, 64);
+    g.d.post_recv(&mut g.qp, 1, &[sge(rbuf, 40 + 256, LOCAL_DMA_LKEY)]);
+    let sbuf = g.d.alloc(256, 64);
+    g.d.write(sbuf, mad);
+    let mut wr = send_wr(2, WR_SEND, WQE_SIGNALED);
+    let port: HcaPortAttr = decode(&g.d.cmd_raw(CMD_QUERY_PORT, &[], 0).1);
+    wr.ud_dlid = port.sm_lid;
+    wr.ud_remote_qpn = GSI_QPN;
+    wr.ud_qkey = GSI_QKEY;
+    g.d.post_send(&mut g.qp, wr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let done = g.d.drain_cq(&mut g.cq);
+    let recv = done
+        .iter()
+        .find(|c| u32::from(c.opcode) == CQE_OP_RECV)
+        .expect("the SA answered");
+    assert_eq!(
+        (recv.slid, recv.src_qp, recv.byte_len),
+        (SM_LID, GSI_QPN, 296)
+    );
+    g.d.read(rbuf + 40, 256)
+}
+
+fn sa_mad(method: u8, attr: u16, comp_mask: u64, tid: u64) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x03, 2, method]);
+    m[8..16].copy_from_slice(&tid.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    m[48..56].copy_from_slice(&comp_mask.to_be_bytes());
+    m
+}
+
+#[test]
+fn test_the_port_names_the_sa_and_a_path_record_query_is_answered() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let b = gsi(&fabric);
+    let port: HcaPortAttr = decode(&a.d.cmd_raw(CMD_QUERY_PORT, &[], 0).1);
+    assert_eq!(port.sm_lid, SM_LID);
+    let gid_b = port_gid(b.guid);
+    // PathRecord Get by DGID (component mask bit 2).
+    let mut q = sa_mad(0x01, 0x0035, 1 << 2, 42);
+    q[56 + 8..56 + 24].copy_from_slice(&gid_b);
+    let r = ask(&mut a, &q);
+    assert_eq!(
+        (r[3], u16::from_be_bytes([r[4], r[5]])),
+        (0x81, 0),
+        "GetResp, OK"
+    );
+    assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), 42);
+    assert_eq!(r[56 + 8..56 + 24], gid_b);
+    assert_eq!(
+        u16::from_be_bytes([r[56 + 40], r[56 + 41]]),
+        b.d.lid(),
+        "DLID"
+    );
+    assert_eq!(u16::from_be_bytes([r[56 + 42], r[56 + 43]]), a.d.lid());
+}
+
+/// Joins the IPoIB broadcast group through the SA, as IPoIB does; the group's MLID.
+fn join_broadcast(g: &mut Gsi, tid: u64) -> u16 {
+    let mut q = sa_mad(0x02, 0x0038, 1 | 2 | 1 << 7 | 1 << 16, tid);
+    q[56..72].copy_from_slice(&IPOIB_BROADCAST_MGID);
+    q[72..88].copy_from_slice(&port_gid(g.guid));
+    q[56 + 40..56 + 42].copy_from_slice(&0xffffu16.to_be_bytes());
+    q[56 + 48] = 1; // full member
+    let r = ask(g, &q);
+    assert_eq!(u16::from_be_bytes([r[4], r[5]]), 0, "joined");
+    u16::from_be_bytes([r[56 + 36], r[56 + 37]])
+}
+
+#[test]
+fn test_members_join_the_broadcast_group_and_the_fabric_shows_them() {
+    let fabric = Fabric::with_manual_clock();
+    let mut nodes: Vec<Gsi> = (0..3).map(|_| gsi(&fabric)).collect();
+    for (i, g) in nodes.iter_mut().enumerate() {
+        assert_eq!(join_broadcast(g, i as u64), 0xc000);
+    }
+    let members = fabric.with_sa(|sa| {
+        sa.groups()
+            .find(|g| g.mgid == IPOIB_BROADCAST_MGID)
+            .map(|g| g.members.len())
+    });
+    assert_eq!(members, Some(3));
+}
+
+/// IPoIB's Q_Key for the default partition's groups.
+const IPOIB_QKEY: u32 = 0x0b;
+
+/// A UD QP with its own CQ and `n` receives of `size` bytes (after the GRH room) posted.
+struct Ud {
+    cq: CqH,
+    qp: QpH,
+    bufs: Vec<u64>,
+}
+
+fn ud(g: &mut Gsi, n: usize, size: u32) -> Ud {
+    let pd = g.d.alloc_pd();
+    let cq = g.d.create_cq(6);
+    let mut qp = g.d.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+    g.d.bring_up_ud(qp.qpn, IPOIB_QKEY, false);
+    let mut bufs = Vec::new();
+    for i in 0..n {
+        let b = g.d.alloc(u64::from(40 + size), 64);
+        g.d.post_recv(&mut qp, i as u64, &[sge(b, 40 + size, LOCAL_DMA_LKEY)]);
+        bufs.push(b);
+    }
+    Ud { cq, qp, bufs }
+}
+
+fn mcast(qpn: u32, mgid: [u8; 16], mlid: u16) -> HcaCmdMcast {
+    HcaCmdMcast {
+        mgid,
+        qpn,
+        mlid,
+        rsvd: 0,
+    }
+}
+
+fn send_to(g: &mut Gsi, u: &mut Ud, dlid: u16, data: &[u8]) {
+    let buf = g.d.alloc(data.len() as u64, 64);
+    g.d.write(buf, data);
+    let mut wr = send_wr(9, WR_SEND, 0);
+    wr.ud_dlid = dlid;
+    wr.ud_remote_qpn = 0xff_ffff; // the multicast QPN
+    wr.ud_qkey = IPOIB_QKEY;
+    g.d.post_send(
+        &mut u.qp,
+        wr,
+        &[sge(buf, data.len() as u32, LOCAL_DMA_LKEY)],
+    );
+}
+
+#[test]
+fn test_a_datagram_to_the_group_reaches_every_attached_member_with_its_grh() {
+    let fabric = Fabric::with_manual_clock();
+    let mut nodes: Vec<Gsi> = (0..4).map(|_| gsi(&fabric)).collect();
+    let mut uds: Vec<Ud> = nodes.iter_mut().map(|g| ud(g, 2, 2048)).collect();
+    // Nodes 0-2 join through the SA; node 3 only attaches (no join: the fabric does not
+    // forward to it); node 2 joins but does not attach (its port gets it, no QP takes it).
+    for (i, (g, u)) in nodes.iter_mut().zip(&uds).enumerate() {
+        let mlid = if i < 3 {
+            join_broadcast(g, i as u64)
+        } else {
+            0xc000
+        };
+        if i != 2 {
+            let (st, _) = g.d.cmd(
+                CMD_ATTACH_MCAST,
+                &mcast(u.qp.qpn, IPOIB_BROADCAST_MGID, mlid),
+            );
+            assert_eq!(st, CMD_OK);
+        }
+    }
+    let data = pattern(1000, 5);
+    let (first, rest) = nodes.split_at_mut(1);
+    send_to(&mut first[0], &mut uds[0], 0xc000, &data);
+    let sender_gid = port_gid(first[0].guid);
+    let sender_qpn = uds[0].qp.qpn;
+    for (i, (g, u)) in std::iter::once(&mut first[0])
+        .chain(rest.iter_mut())
+        .zip(uds.iter_mut())
+        .enumerate()
+    {
+        let got: Vec<HcaCqe> =
+            g.d.drain_cq(&mut u.cq)
+                .into_iter()
+                .filter(|c| u32::from(c.opcode) == CQE_OP_RECV)
+                .collect();
+        if i >= 2 {
+            assert!(got.is_empty(), "node {i}: not a receiving member");
+            continue;
+        }
+        // The sender's own attached QP gets it too (IPoIB drops its own by SLID and QPN).
+        assert_eq!(got.len(), 1, "node {i}");
+        let c = got[0];
+        assert_eq!(u32::from(c.flags) & CQE_FLAG_GRH, CQE_FLAG_GRH);
+        assert_eq!((c.byte_len, c.src_qp), (1040, sender_qpn));
+        let grh = g.d.read(u.bufs[c.wr_id as usize], 40);
+        assert_eq!(
+            (grh[0] >> 4, grh[6]),
+            (6, 0x1b),
+            "IPv6-shaped, next header IBA"
+        );
+        assert_eq!(grh[8..24], sender_gid, "SGID: the sender's port");
+        assert_eq!(grh[24..40], IPOIB_BROADCAST_MGID, "DGID: the group");
+        assert_eq!(g.d.read(u.bufs[c.wr_id as usize] + 40, 1000), data);
+    }
+}
+
+#[test]
+fn test_attachments_are_checked_and_go_with_their_qp() {
+    let fabric = Fabric::with_manual_clock();
+    let mut g = gsi(&fabric);
+    let u = ud(&mut g, 1, 256);
+    let m = IPOIB_BROADCAST_MGID;
+    let cases = [
+        (mcast(u.qp.qpn, m, 0xbfff), CMD_BAD_PARAM, "a unicast LID"),
+        (
+            mcast(u.qp.qpn, m, 0xffff),
+            CMD_BAD_PARAM,
+            "the permissive LID",
+        ),
+        (
+            mcast(u.qp.qpn, [0; 16], 0xc000),
+            CMD_BAD_PARAM,
+            "not a multicast GID",
+        ),
+        (mcast(g.qp.qpn, m, 0xc000), CMD_BAD_PARAM, "the GSI QP"),
+        (mcast(77, m, 0xc000), CMD_BAD_HANDLE, "no such QP"),
+    ];
+    for (c, want, why) in cases {
+        assert_eq!(g.d.cmd(CMD_ATTACH_MCAST, &c).0, want, "{why}");
+    }
+    let ok = mcast(u.qp.qpn, m, 0xc000);
+    assert_eq!(g.d.cmd(CMD_ATTACH_MCAST, &ok).0, CMD_OK);
+    assert_eq!(
+        g.d.cmd(CMD_ATTACH_MCAST, &ok).0,
+        CMD_BUSY,
+        "attached already"
+    );
+    assert_eq!(g.d.cmd(CMD_DETACH_MCAST, &ok).0, CMD_OK);
+    assert_eq!(
+        g.d.cmd(CMD_DETACH_MCAST, &ok).0,
+        CMD_BAD_PARAM,
+        "not attached"
+    );
+    // A full table refuses; destroying the QP frees its attachments.
+    for i in 0..MAX_MCAST_ATTACH {
+        let mut mg = m;
+        mg[12..].copy_from_slice(&i.to_be_bytes());
+        let c = mcast(u.qp.qpn, mg, 0xc000 + (i % 0x3000) as u16);
+        assert_eq!(g.d.cmd(CMD_ATTACH_MCAST, &c).0, CMD_OK);
+    }
+    let one_more = mcast(u.qp.qpn, [0xff; 16], 0xc000);
+    assert_eq!(g.d.cmd(CMD_ATTACH_MCAST, &one_more).0, CMD_NO_RESOURCES);
+    assert_eq!(
+        g.d.cmd_raw(CMD_DESTROY_QP, &u.qp.qpn.to_le_bytes(), 0).0,
+        CMD_OK
+    );
+    let u2 = ud(&mut g, 1, 256);
+    let again = mcast(u2.qp.qpn, [0xff; 16], 0xc000);
+    assert_eq!(g.d.cmd(CMD_ATTACH_MCAST, &again).0, CMD_OK);
+}
+
+#[test]
+fn test_a_datagram_too_long_for_the_receive_is_dropped_and_the_qp_goes_on() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let mut b = gsi(&fabric);
+    let mut ua = ud(&mut a, 0, 0);
+    let mut ub = ud(&mut b, 1, 100);
+    let dlid = b.d.lid();
+    let unicast = |g: &mut Gsi, u: &mut Ud, len: usize| {
+        let buf = g.d.alloc(len as u64, 64);
+        g.d.write(buf, &pattern(len, 1));
+        let mut wr = send_wr(1, WR_SEND, 0);
+        wr.ud_dlid = dlid;
+        wr.ud_remote_qpn = 2;
+        wr.ud_qkey = IPOIB_QKEY;
+        g.d.post_send(&mut u.qp, wr, &[sge(buf, len as u32, LOCAL_DMA_LKEY)]);
+    };
+    unicast(&mut a, &mut ua, 1000);
+    assert!(
+        b.d.drain_cq(&mut ub.cq).is_empty(),
+        "dropped, no completion"
+    );
+    assert_eq!(
+        b.d.qp_state(ub.qp.qpn),
+        QPS_RTS,
+        "a remote sender cannot break the QP"
+    );
+    unicast(&mut a, &mut ua, 100);
+    let c = b.d.drain_cq(&mut ub.cq);
+    assert_eq!(
+        (c.len(), c[0].byte_len, c[0].wr_id),
+        (1, 140, 0),
+        "the same WQE"
+    );
+}
