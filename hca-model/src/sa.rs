@@ -201,16 +201,16 @@ impl Request<'_> {
     }
 }
 
-/// A selector (0: greater than, 1: less than, 2: exactly, 3: largest) over `value`, against
-/// what the fabric offers (`have`): Some(what it gives) or None (nothing meets it).
-fn select(selector: u8, value: u8, have: u8) -> Option<u8> {
-    let ok = match selector {
-        0 => have > value,
-        1 => have < value,
-        2 => have == value,
-        _ => true,
-    };
-    ok.then_some(have)
+/// A selector (0: greater than, 1: less than, 2: exactly, 3: largest available) over
+/// `value`, against the most the fabric offers (`max`; every enum value from 1 up to it
+/// works): the best value that meets it, or None.
+fn select(selector: u8, value: u8, max: u8) -> Option<u8> {
+    match selector {
+        0 => (value < max).then_some(max),
+        1 => (value > 1).then(|| (value - 1).min(max)),
+        2 => (1..=max).contains(&value).then_some(value),
+        _ => Some(max),
+    }
 }
 
 impl SubnetAdmin {
@@ -397,8 +397,9 @@ impl SubnetAdmin {
         {
             return status::REQ_INVALID;
         }
-        if req.has(mc::MTU_SELECTOR | mc::MTU) && select(d[38] >> 6, d[38] & 0x3f, g.mtu).is_none()
-        {
+        // The group's MTU must meet the member's selector (IPoIB asks for exactly the
+        // broadcast group's).
+        if req.has(mc::MTU_SELECTOR | mc::MTU) && !meets(d[38] >> 6, d[38] & 0x3f, g.mtu) {
             return status::REQ_INVALID;
         }
         *g.members.entry(guid).or_insert(0) |= join_state;
@@ -449,6 +450,16 @@ impl SubnetAdmin {
             }
             None => status::NO_RECORDS,
         }
+    }
+}
+
+/// Whether `have` meets selector `selector` over `value`.
+fn meets(selector: u8, value: u8, have: u8) -> bool {
+    match selector {
+        0 => have > value,
+        1 => have < value,
+        2 => have == value,
+        _ => true,
     }
 }
 
@@ -608,15 +619,18 @@ mod tests {
         assert_eq!(r[24..40], gid(2), "from the asker");
         assert_eq!((be16(&r, 40), be16(&r, 42)), (3, 2));
         assert_eq!((be16(&r, 50), r[54] & 0x3f), (0xffff, MTU_4096));
-        // MTU exactly 2048: this fabric's paths are 4096.
+        // MTU exactly 2048: a 4096 path carries that too.
         d[54] = 2 << 6 | MTU_2048;
         let exact = pr::DGID | pr::MTU_SELECTOR | pr::MTU;
-        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, ATTR_PATH_RECORD, exact, &d));
-        assert_eq!(st, status::NO_RECORDS);
-        // Greater than 2048: 4096 will do.
+        let (_, st, r) = ask(&mut sa, &mad(METHOD_GET, ATTR_PATH_RECORD, exact, &d));
+        assert_eq!((st, r[54] & 0x3f), (0, MTU_2048));
+        // Greater than 2048: 4096 will do; greater than 4096 nothing does.
         d[54] = MTU_2048;
         let (_, st, r) = ask(&mut sa, &mad(METHOD_GET, ATTR_PATH_RECORD, exact, &d));
         assert_eq!((st, r[54] & 0x3f), (0, MTU_4096));
+        d[54] = MTU_4096;
+        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, ATTR_PATH_RECORD, exact, &d));
+        assert_eq!(st, status::NO_RECORDS);
         // An unknown GID has no path; a query naming no destination is incomplete.
         d[8..24].copy_from_slice(&gid(9));
         let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, ATTR_PATH_RECORD, pr::DGID, &d));
