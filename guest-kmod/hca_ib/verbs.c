@@ -40,6 +40,9 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
 	a->device_cap_flags = IB_DEVICE_MEM_MGT_EXTENSIONS;
 	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
+	a->max_mcast_grp = HCA_MAX_MCAST_ATTACH;
+	a->max_mcast_qp_attach = HCA_MAX_MCAST_ATTACH;
+	a->max_total_mcast_qp_attach = HCA_MAX_MCAST_ATTACH;
 	return 0;
 }
 
@@ -133,13 +136,16 @@ static int hca_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 			      to_hpd(ibpd)->pdn);
 }
 
-/* Address handles live in the driver only: a UD WQE carries the DLID. */
+/*
+ * Address handles live in the driver only: a UD WQE carries the DLID, and the
+ * device adds the GRH a multicast LID needs.
+ */
 static int hca_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 			 struct ib_udata *udata)
 {
 	u16 dlid = rdma_ah_get_dlid(init->ah_attr);
 
-	if (dlid == 0 || dlid >= 0xc000)
+	if (dlid == 0 || dlid == 0xffff)
 		return -EINVAL;
 	to_hah(ibah)->dlid = dlid;
 	return 0;
@@ -157,6 +163,27 @@ static int hca_query_ah(struct ib_ah *ibah, struct rdma_ah_attr *attr)
 static int hca_destroy_ah(struct ib_ah *ibah, u32 flags)
 {
 	return 0;
+}
+
+static int hca_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid, u32 op)
+{
+	struct hca_cmd_mcast in = {
+		.qpn = to_hqp(ibqp)->qpn,
+		.mlid = lid,
+	};
+
+	memcpy(in.mgid, gid->raw, sizeof(in.mgid));
+	return hca_cmd(to_hdev(ibqp->device), op, &in, sizeof(in), NULL, 0);
+}
+
+static int hca_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	return hca_mcast(ibqp, gid, lid, HCA_CMD_ATTACH_MCAST);
+}
+
+static int hca_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	return hca_mcast(ibqp, gid, lid, HCA_CMD_DETACH_MCAST);
 }
 
 const struct ib_device_ops hca_dev_ops = {
@@ -188,6 +215,8 @@ const struct ib_device_ops hca_dev_ops = {
 	.destroy_qp = hca_destroy_qp,
 	.post_send = hca_post_send,
 	.post_recv = hca_post_recv,
+	.attach_mcast = hca_attach_mcast,
+	.detach_mcast = hca_detach_mcast,
 	INIT_RDMA_OBJ_SIZE(ib_pd, hca_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_ah, hca_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, hca_cq, ibcq),
