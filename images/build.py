@@ -34,10 +34,12 @@ KMOD = ROOT / "guest-kmod"
 KERNEL_MODULES = ["ib_core"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
+# IPoIB over hcab0 (`ipoib-up`): Debian's ib_ipoib and what it needs.
+IPOIB_MODULES = ["ib_ipoib"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
@@ -137,6 +139,8 @@ def module_closure(moddir, names):
     order, seen = [], set()
 
     def visit(name):
+        # .modinfo spells some names with '-' (nvme-core); files and /proc use '_'.
+        name = name.replace("-", "_")
         if name in seen:
             return
         seen.add(name)
@@ -322,11 +326,12 @@ def main():
         img.file(f"bin/{name}", data, 0o755)
     for path, data in rdma.items():
         img.file(path, data, 0o755)
-    load_order, rxe_order = [], []
-    for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order)):
+    load_order, rxe_order, ipoib_order = [], [], []
+    for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order),
+                         (IPOIB_MODULES, ipoib_order)):
         for rel in module_closure(moddir, names):
             name = Path(rel).name
-            if f"kernel/{name}" in load_order + rxe_order:
+            if f"kernel/{name}" in load_order + rxe_order + ipoib_order:
                 continue
             img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
             order.append(f"kernel/{name}")
@@ -334,10 +339,11 @@ def main():
         img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
     img.file(f"lib/modules/{kver}/load-order", ("\n".join(load_order) + "\n").encode())
     img.file(f"lib/modules/{kver}/rxe-order", ("\n".join(rxe_order) + "\n").encode())
+    img.file(f"lib/modules/{kver}/ipoib-order", ("\n".join(ipoib_order) + "\n").encode())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
-        "kernel_modules": load_order, "rxe_modules": rxe_order,
+        "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order,
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(rdma),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")
