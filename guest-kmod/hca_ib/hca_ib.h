@@ -9,6 +9,8 @@
  * - cq->lock guards a CQ's consumer index and arming sequence.
  * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
  *
+ * port_lock is a leaf lock, taken alone.
+ *
  * Lock order (outermost first):
  *
  *   dev->cmd_mutex
@@ -64,6 +66,14 @@ struct hca_dev {
 	spinlock_t table_lock;
 	struct hca_qp *qps[HCA_MAX_QP];
 	struct hca_cq *cqs[HCA_MAX_CQ];
+
+	/*
+	 * The port's capability bits, which consumers set and clear through
+	 * ib_modify_port (ib_cm sets CM_SUP, ib_srpt DEVICE_MGMT_SUP); a leaf
+	 * lock, taken alone.
+	 */
+	spinlock_t port_lock;
+	u32 port_cap_flags;
 };
 
 struct hca_pd {

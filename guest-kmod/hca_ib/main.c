@@ -92,6 +92,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&dev->cmd_mutex);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->table_lock);
+	spin_lock_init(&dev->port_lock);
 	err = hca_map(dev);
 	if (err)
 		goto err_free;

@@ -51,6 +51,7 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 {
 	struct hca_dev *dev = to_hdev(ibdev);
 	u8 state = ioread8(dev->bar2 + INFO(port_state));
+	unsigned long flags;
 
 	/* ib_core zeroed *a. State and LID are live in BAR2. */
 	a->state = state == HCA_PORT_ACTIVE ? IB_PORT_ACTIVE : IB_PORT_DOWN;
@@ -62,12 +63,34 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	a->active_mtu = dev->port.active_mtu;
 	a->gid_tbl_len = 1;
 	a->pkey_tbl_len = 1;
-	a->port_cap_flags = IB_PORT_CM_SUP;
+	spin_lock_irqsave(&dev->port_lock, flags);
+	a->port_cap_flags = dev->port_cap_flags;
+	spin_unlock_irqrestore(&dev->port_lock, flags);
 	a->max_msg_sz = HCA_MAX_MSG_SIZE;
 	a->max_vl_num = 1;
 	a->active_width = IB_WIDTH_4X;
 	a->active_speed = IB_SPEED_EDR;
 	a->subnet_timeout = 18;
+	return 0;
+}
+
+/*
+ * Capability bits are the port's to advertise (the SA's PortInfoRecord shows
+ * them); a port cannot be shut down from here, and there is no Q_Key
+ * violation counter to reset.
+ */
+static int hca_modify_port(struct ib_device *ibdev, u32 port, int mask,
+			   struct ib_port_modify *props)
+{
+	struct hca_dev *dev = to_hdev(ibdev);
+	unsigned long flags;
+
+	if (mask & ~IB_PORT_RESET_QKEY_CNTR)
+		return -EOPNOTSUPP;
+	spin_lock_irqsave(&dev->port_lock, flags);
+	dev->port_cap_flags |= props->set_port_cap_mask;
+	dev->port_cap_flags &= ~props->clr_port_cap_mask;
+	spin_unlock_irqrestore(&dev->port_lock, flags);
 	return 0;
 }
 
@@ -191,6 +214,7 @@ const struct ib_device_ops hca_dev_ops = {
 	.driver_id = RDMA_DRIVER_UNKNOWN,
 	.query_device = hca_query_device,
 	.query_port = hca_query_port,
+	.modify_port = hca_modify_port,
 	.get_port_immutable = hca_get_port_immutable,
 	.get_link_layer = hca_get_link_layer,
 	.query_gid = hca_query_gid,
