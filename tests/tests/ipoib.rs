@@ -1,8 +1,9 @@
-//! End-to-end: the kernel's own IPoIB (Debian's ib_ipoib, unmodified) over hcab0, in datagram
-//! mode, on three QEMU guests. The fabric's subnet administrator lets each port join the
-//! partition's broadcast group, so ib0 gets carrier; then every pair pings, TCP moves 16 MiB
-//! intact (busybox httpd and wget), also under 1% packet drops, and a port that goes down
-//! leaves the group and comes back.
+//! End-to-end: the kernel's own IPoIB (Debian's ib_ipoib, unmodified) over hcab0 on three
+//! QEMU guests. The fabric's subnet administrator lets each port join the partition's
+//! broadcast group, so ib0 gets carrier; then, in datagram mode, every pair pings, TCP moves
+//! 16 MiB intact (busybox httpd and wget), also under 1% packet drops, and a port that goes
+//! down leaves the group and comes back; and in connected mode (ib_cm's REQ/REP/RTU over QP1,
+//! then RC QPs, MTU 65520) the same 16 MiB arrive intact.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -131,4 +132,27 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         .run(&format!("ping -c 2 -W 5 {}", addr(0)), T)
         .unwrap();
     assert!(out.contains("2 packets received"), "{out}");
+
+    // Connected mode: an MTU over the datagram limit is taken only there, and TCP rides
+    // RC connections that ib_cm set up through the SA's path records.
+    for a in tb.agents.iter_mut() {
+        let out = a
+            .run(
+                "echo connected > /sys/class/net/ib0/mode && ip link set ib0 mtu 65520 && \
+                 cat /sys/class/net/ib0/mode /sys/class/net/ib0/mtu",
+                T,
+            )
+            .unwrap();
+        assert_eq!(
+            out.split_whitespace().collect::<Vec<_>>(),
+            ["connected", "65520"]
+        );
+    }
+    let out = tb.agents[0]
+        .run(&format!("ping -c 2 -W 5 -s 30000 {}", addr(2)), T)
+        .unwrap();
+    assert!(out.contains("2 packets received"), "{out}");
+    assert_eq!(fetch(&mut tb, 0, 2), sum, "connected mode");
+    let log = tb.agents[0].run("dmesg", T).unwrap();
+    assert!(!log.contains("failed to send cm req"), "{log}");
 }
