@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster::verbs::Testbed;
-use e2e::{image_or_skip, BOOT_TIMEOUT};
+use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
+use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::sa::IPOIB_BROADCAST_MGID;
 
@@ -62,6 +63,12 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     };
     let spec = e2e::qemu_spec(&image, "ipoib", NODES);
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
+    // Everything IPoIB puts on the fabric until the pings are done, for tshark.
+    let pcap = spec.dir.join("ipoib.pcap");
+    let file = std::fs::File::create(&pcap).unwrap();
+    let fabric = tb.fabric().clone();
+    let cap = Capture::new(Box::new(file), CaptureFormat::Erf, fabric.now_ns()).unwrap();
+    fabric.set_tap(Some(Arc::new(cap)));
 
     // ib0 comes up with carrier on every node: the SA answered the broadcast join.
     for i in 0..NODES {
@@ -83,6 +90,8 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
             assert!(out.contains("2 packets received"), "{i}->{j}: {out}");
         }
     }
+    fabric.set_tap(None);
+    the_capture_shows_sa_queries_joins_and_ipoib_datagrams(&pcap);
 
     // 16 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
     let sum = tb.agents[2]
@@ -148,11 +157,90 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
             ["connected", "65520"]
         );
     }
+    let pcap_cm = spec.dir.join("cm.pcap");
+    let file = std::fs::File::create(&pcap_cm).unwrap();
+    let cap = Capture::new(Box::new(file), CaptureFormat::Erf, fabric.now_ns()).unwrap();
+    fabric.set_tap(Some(Arc::new(cap)));
     let out = tb.agents[0]
         .run(&format!("ping -c 2 -W 5 -s 30000 {}", addr(2)), T)
         .unwrap();
+    fabric.set_tap(None);
     assert!(out.contains("2 packets received"), "{out}");
+    the_capture_shows_a_cm_handshake(&pcap_cm);
     assert_eq!(fetch(&mut tb, 0, 2), sum, "connected mode");
     let log = tb.agents[0].run("dmesg", T).unwrap();
     assert!(!log.contains("failed to send cm req"), "{log}");
+}
+
+/// Wireshark decodes what IPoIB's start-up and pings put on the wire: SA PathRecord and
+/// MCMemberRecord exchanges with the fabric's SA, and IPoIB datagrams carrying ARP and ICMP.
+fn the_capture_shows_sa_queries_joins_and_ipoib_datagrams(pcap: &std::path::Path) {
+    let fields = [
+        "infiniband.mad.method",
+        "infiniband.mad.attributeid",
+        "infiniband.mad.status",
+        "infiniband.mcmemberrecord.mgid",
+        "infiniband.pathrecord.dgid",
+        "arp.opcode",
+        "icmp.type",
+    ];
+    let Some(rows) = tshark_or_skip("ipoib capture decoded by tshark", pcap, &fields) else {
+        return;
+    };
+    let has = |f: &dyn Fn(&[String]) -> bool| rows.iter().any(|r| r.len() == fields.len() && f(r));
+    // MCMemberRecord (0x0038) Set (0x02), answered OK by a GetResp (0x81).
+    assert!(
+        has(&|r| r[0] == "0x02" && r[1] == "0x0038"),
+        "no join: {rows:?}"
+    );
+    assert!(
+        has(&|r| r[0] == "0x81"
+            && r[1] == "0x0038"
+            && r[2] == "0x0000"
+            && r[3].starts_with("ff12:401b:ffff")),
+        "no join answer for the broadcast group: {rows:?}"
+    );
+    // PathRecord (0x0035) Get and its answer.
+    assert!(
+        has(&|r| r[0] == "0x01" && r[1] == "0x0035"),
+        "no path query"
+    );
+    assert!(
+        has(&|r| r[0] == "0x81" && r[1] == "0x0035" && r[4].starts_with("fe80::")),
+        "no path answer: {rows:?}"
+    );
+    assert!(
+        has(&|r| r[5] == "1") && has(&|r| r[5] == "2"),
+        "no ARP request and reply"
+    );
+    assert!(
+        has(&|r| r[6] == "8") && has(&|r| r[6] == "0"),
+        "no ICMP echo and reply"
+    );
+}
+
+/// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
+/// QP1, the REQ for an RC QP.
+fn the_capture_shows_a_cm_handshake(pcap: &std::path::Path) {
+    let fields = [
+        "infiniband.mad.mgmtclass",
+        "infiniband.mad.attributeid",
+        "infiniband.cm.req.transpsvctype",
+    ];
+    let Some(rows) = tshark_or_skip("ipoib-cm capture decoded by tshark", pcap, &fields) else {
+        return;
+    };
+    let cm: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.len() == fields.len() && r[0] == "0x07")
+        .map(|r| r[1].as_str())
+        .collect();
+    for (attr, name) in [("0x0010", "REQ"), ("0x0013", "REP"), ("0x0014", "RTU")] {
+        assert!(cm.contains(&attr), "no CM {name} in {cm:?}");
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r.len() == fields.len() && r[1] == "0x0010" && r[2] == "0x00"),
+        "the REQ is for RC (transport service type 0): {rows:?}"
+    );
 }
