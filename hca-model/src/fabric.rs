@@ -70,6 +70,8 @@ pub trait PacketSink: Send + Sync {
     fn port_guid(&self) -> Option<u64> {
         None
     }
+    /// The port's link went down (false) or came back up (true).
+    fn link_changed(&self, _up: bool) {}
 }
 
 /// How often a real-time fabric runs its ports' timers.
@@ -122,6 +124,10 @@ enum Stage {
 /// fabric's clock.
 pub trait LinkHook: Send + Sync {
     fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict;
+    /// Whether the link of the port at `lid` is up (its port is ACTIVE) at `now_ns`.
+    fn link_up(&self, _lid: Lid, _now_ns: u64) -> bool {
+        true
+    }
 }
 
 /// Sees every packet once, as its sender put it on its uplink, before any hook: a capture.
@@ -183,6 +189,8 @@ struct Inner {
     held: Mutex<Vec<(u64, Stage, Packet)>>,
     /// The subnet administrator's port, at [`SM_LID`].
     sa: Arc<SaPort>,
+    /// LIDs whose link the hook has down (their ports were told).
+    links_down: Mutex<Vec<Lid>>,
 }
 
 /// The port the subnet administrator answers on: a packet for [`SM_LID`] is a query, and
@@ -294,6 +302,7 @@ impl Fabric {
                     fabric: weak.clone(),
                     sa: Mutex::new(SubnetAdmin::new()),
                 }),
+                links_down: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -336,11 +345,16 @@ impl Fabric {
         for (_, stage, pkt) in due {
             self.resume(pkt, stage, hook.as_ref());
         }
-        let ports: Vec<Arc<dyn PacketSink>> = {
+        let ports: Vec<(Lid, Arc<dyn PacketSink>)> = {
             let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
-            ports.iter().flatten().filter_map(Weak::upgrade).collect()
+            ports
+                .iter()
+                .enumerate()
+                .filter_map(|(lid, p)| Some((lid as Lid, p.as_ref()?.upgrade()?)))
+                .collect()
         };
-        for p in ports {
+        self.follow_links(&ports, hook.as_ref(), now);
+        for (_, p) in ports {
             p.tick(now);
         }
         // A port whose timers fired moved its packets itself. Pump only for what the held
@@ -348,6 +362,39 @@ impl Fabric {
         // sender, which then finds its packets still queued when it returns.
         if released {
             self.pump();
+        }
+    }
+
+    /// Tells ports whose link the hook took down or brought back up (a link-down window, a
+    /// live link-down): their port state follows, as a real port's does.
+    fn follow_links(
+        &self,
+        ports: &[(Lid, Arc<dyn PacketSink>)],
+        hook: Option<&Arc<dyn LinkHook>>,
+        now: u64,
+    ) {
+        let mut changed = Vec::new();
+        {
+            let mut down = self
+                .inner
+                .links_down
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (lid, p) in ports {
+                let up = hook.is_none_or(|h| h.link_up(*lid, now));
+                let was_up = !down.contains(lid);
+                if up != was_up {
+                    if up {
+                        down.retain(|l| l != lid);
+                    } else {
+                        down.push(*lid);
+                    }
+                    changed.push((p.clone(), up));
+                }
+            }
+        }
+        for (p, up) in changed {
+            p.link_changed(up);
         }
     }
 
@@ -375,6 +422,12 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         *slot = Some(sink);
+        // A new port starts up; the next tick tells it if its link is down.
+        self.inner
+            .links_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&l| l != lid);
         Ok(())
     }
 

@@ -625,6 +625,26 @@ impl FaultHook {
 }
 
 impl LinkHook for FaultHook {
+    /// Down while a live link-down holds or one of the plan's down windows (either
+    /// direction) covers plan time.
+    fn link_up(&self, lid: u16, now_ns: u64) -> bool {
+        let ms = self.plan_ns(now_ns) as f64 / 1e6;
+        let st = self.lock();
+        if st.live_down.contains(&lid) {
+            return false;
+        }
+        let rule = |dir| {
+            let link = LinkId { lid, dir };
+            match st.live_rules.get(&lid) {
+                Some(r) => Some(r),
+                None => self.plan.links.iter().find(|l| l.applies(link)),
+            }
+        };
+        ![LinkDir::Up, LinkDir::Down]
+            .into_iter()
+            .any(|dir| rule(dir).is_some_and(|l| l.down.iter().any(|w| (w[0]..w[1]).contains(&ms))))
+    }
+
     fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict {
         let t = self.plan_ns(now_ns);
         let mut st = self.lock();

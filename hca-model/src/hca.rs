@@ -149,6 +149,8 @@ pub(crate) struct HcaState {
     pub late_due: u32,
     /// UD QPs attached to multicast groups.
     pub mcast: Vec<crate::mcast::Attachment>,
+    /// The fabric has this port's link down (a fault): the port is DOWN until it returns.
+    pub link_down: bool,
 }
 
 impl HcaState {
@@ -177,6 +179,7 @@ impl HcaState {
             late_irqs: Vec::new(),
             late_due: 0,
             mcast: Vec::new(),
+            link_down: false,
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -207,7 +210,7 @@ impl HcaState {
     }
 
     pub fn port_state(&self) -> u32 {
-        if self.fabric.is_some() {
+        if self.fabric.is_some() && !self.link_down {
             PORT_ACTIVE
         } else {
             PORT_DOWN
@@ -345,6 +348,18 @@ impl PacketSink for Shared {
 
     fn port_guid(&self) -> Option<u64> {
         Some(self.guid)
+    }
+
+    fn link_changed(&self, up: bool) {
+        self.with_state(|st| {
+            if st.link_down != up || st.fabric.is_none() {
+                return;
+            }
+            st.link_down = !up;
+            st.publish_info();
+            let ev = if up { EV_PORT_ACTIVE } else { EV_PORT_DOWN };
+            st.post_event(VEC_ASYNC, ev, 1, 0);
+        })
     }
 }
 

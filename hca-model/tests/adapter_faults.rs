@@ -176,3 +176,65 @@ fn test_live_link_down_stalls_and_link_up_resumes() {
     assert_eq!(wait_cqe(&mut p, 40 * MS), Some((2, WC_RETRY_EXC_ERR)));
     assert_eq!(hook.due_kills(fabric.now_ns()), [2]);
 }
+
+/// The port state of `d`'s HCA, as QUERY_PORT and BAR2 say it.
+fn port_state(d: &mut Driver) -> u32 {
+    let port: HcaPortAttr = decode(&d.cmd_raw(CMD_QUERY_PORT, &[], 0).1);
+    let info: HcaDevInfo = d.hca.bar2().read_obj(BAR2_INFO_OFFSET);
+    assert_eq!(u32::from(port.state), u32::from(info.port_state));
+    u32::from(port.state)
+}
+
+fn port_events(d: &mut Driver) -> Vec<u32> {
+    d.drain_eq(VEC_ASYNC)
+        .iter()
+        .map(|e| u32::from(e.event_type))
+        .filter(|&t| t == EV_PORT_DOWN || t == EV_PORT_ACTIVE)
+        .collect()
+}
+
+#[test]
+fn test_the_port_goes_down_with_its_link_and_comes_back_with_it() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let mut b = Driver::new(Some(&fabric), 4);
+    port_events(&mut a);
+    port_events(&mut b);
+    let plan = FaultPlan::parse("[[link]]\nlid = 2\ndown = [[10.0, 20.0]]\n").unwrap();
+    let hook = Arc::new(FaultHook::new(plan, None));
+    hook.set_origin(fabric.now_ns());
+    fabric.set_hook(Some(hook.clone()));
+    fabric.advance(5 * MS);
+    assert_eq!(port_state(&mut b), PORT_ACTIVE, "before the window");
+    fabric.advance(10 * MS);
+    assert_eq!(port_state(&mut b), PORT_DOWN, "in the down window");
+    assert_eq!(port_events(&mut b), [EV_PORT_DOWN]);
+    assert_eq!(
+        port_state(&mut a),
+        PORT_ACTIVE,
+        "the other port is not touched"
+    );
+    assert!(port_events(&mut a).is_empty());
+    fabric.advance(10 * MS);
+    assert_eq!(port_state(&mut b), PORT_ACTIVE, "after the window");
+    assert_eq!(port_events(&mut b), [EV_PORT_ACTIVE]);
+    // Live, as `hcabench fault node1 link-down` does it.
+    hook.live(1, LiveFault::LinkDown, fabric.now_ns());
+    fabric.advance(MS);
+    assert_eq!(
+        (port_state(&mut a), port_events(&mut a)),
+        (PORT_DOWN, vec![EV_PORT_DOWN])
+    );
+    hook.live(1, LiveFault::LinkUp, fabric.now_ns());
+    fabric.advance(MS);
+    assert_eq!(
+        (port_state(&mut a), port_events(&mut a)),
+        (PORT_ACTIVE, vec![EV_PORT_ACTIVE])
+    );
+    // Taking the plan off brings a downed link back.
+    hook.live(1, LiveFault::LinkDown, fabric.now_ns());
+    fabric.advance(MS);
+    fabric.set_hook(None);
+    fabric.advance(MS);
+    assert_eq!(port_state(&mut a), PORT_ACTIVE);
+}
