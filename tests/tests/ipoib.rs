@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cluster::verbs::Testbed;
 use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
-use hca_model::faults::{FaultHook, FaultPlan};
+use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
 use hca_model::sa::IPOIB_BROADCAST_MGID;
 
 const T: Duration = Duration::from_secs(120);
@@ -142,6 +142,28 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         .unwrap();
     assert!(out.contains("2 packets received"), "{out}");
 
+    // The link goes down (`hcabench fault node2 link-down`): the port goes DOWN, IPoIB drops
+    // carrier; link-up brings both back and node 2 talks again.
+    let hook = Arc::new(FaultHook::new(FaultPlan::default(), None));
+    fabric.set_hook(Some(hook.clone()));
+    hook.live(2, LiveFault::LinkDown, fabric.now_ns());
+    let state = |tb: &mut Testbed| {
+        tb.agents[1]
+            .run(
+                "cat /sys/class/infiniband/hcab0/ports/1/state /sys/class/net/ib0/carrier",
+                T,
+            )
+            .unwrap()
+    };
+    wait_for(&mut tb, &state, "1: DOWN\n0\n");
+    hook.live(2, LiveFault::LinkUp, fabric.now_ns());
+    wait_for(&mut tb, &state, "4: ACTIVE\n1\n");
+    fabric.set_hook(None);
+    let out = tb.agents[1]
+        .run(&format!("ping -c 2 -W 5 {}", addr(2)), T)
+        .unwrap();
+    assert!(out.contains("2 packets received"), "{out}");
+
     // Connected mode: an MTU over the datagram limit is taken only there, and TCP rides
     // RC connections that ib_cm set up through the SA's path records.
     for a in tb.agents.iter_mut() {
@@ -243,4 +265,17 @@ fn the_capture_shows_a_cm_handshake(pcap: &std::path::Path) {
             .any(|r| r.len() == fields.len() && r[1] == "0x0010" && r[2] == "0x00"),
         "the REQ is for RC (transport service type 0): {rows:?}"
     );
+}
+
+/// Polls `probe` until it answers `want` (20 s at most).
+fn wait_for(tb: &mut Testbed, probe: &dyn Fn(&mut Testbed) -> String, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = probe(tb);
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "wanted {want:?}, still {got:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
