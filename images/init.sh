@@ -64,6 +64,17 @@ if insmod $x/hca_ib.ko && insmod $x/vbench.ko && insmod $x/dsm.ko; then
 else
 	say "ERROR hca_ib, vbench or dsm did not load"
 fi
+# A user's cluster (the shell job) has its IP network over the fabric at once: Debian's
+# IPoIB on ib0, 10.78.0.0/16, the host part the LID.
+if [ "$cmd" = shell ]; then
+	lid=$(($(cat /sys/class/infiniband/hcab0/ports/1/lid 2>/dev/null || echo 0)))
+	addr=10.78.$((lid / 256)).$((lid % 256))/16
+	if ipoib-up "$addr" > /dev/null 2>&1; then
+		say "IPOIB ib0 addr=$addr"
+	else
+		say "ERROR ipoib-up $addr: ib0 got no carrier"
+	fi
+fi
 say "READY node=$node uptime=$(cut -d' ' -f1 /proc/uptime)"
 
 case "$cmd" in

@@ -15,6 +15,8 @@ pub const ERROR: &str = "HCABENCH-ERROR";
 pub const PROBE: &str = "HCABENCH-PROBE";
 /// An ib_core device's port: `HCABENCH-IB hcab0 lid=0x1 state=ACTIVE`.
 pub const IB: &str = "HCABENCH-IB";
+/// IPoIB is up on the shell job's ib0: `HCABENCH-IPOIB ib0 addr=10.78.0.1/16`.
+pub const IPOIB: &str = "HCABENCH-IPOIB";
 /// Init is done (drivers loaded): `HCABENCH-READY node=NAME uptime=SECONDS`.
 pub const READY: &str = "HCABENCH-READY";
 /// The agent's command channel is open (`hcabench.cmd=agent`).
@@ -24,7 +26,7 @@ pub const AGENT: &str = "HCABENCH-AGENT";
 pub const RC: &str = "HCABENCH-RC";
 
 /// Every kind of line init.sh prints.
-pub const INIT_KINDS: [&str; 7] = [INIT, PCI, ERROR, PROBE, IB, READY, AGENT];
+pub const INIT_KINDS: [&str; 8] = [INIT, PCI, ERROR, PROBE, IB, IPOIB, READY, AGENT];
 
 #[cfg(test)]
 mod tests {
