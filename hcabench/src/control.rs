@@ -149,12 +149,16 @@ impl Control {
         let _ = (&stream).write_all(reply.as_bytes());
     }
 
-    /// Carries out one request: `fault NODE ACTION [ARGS]`.
+    /// Carries out one request: `fault NODE ACTION [ARGS]`, or `groups` (the subnet
+    /// administrator's multicast groups).
     fn handle(&self, line: &str) -> Result<String, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
+        if words == ["groups"] {
+            return Ok(self.groups());
+        }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(
-                "cannot parse `{line}` (want: fault NODE ACTION [ARGS])"
+                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], or groups)"
             ));
         };
         let lid = self.lid_of(node)?;
@@ -192,6 +196,35 @@ impl Control {
         };
         hook.live(lid, change, self.fabric.now_ns());
         Ok(format!("{node}: {}", words[2..].join(" ")))
+    }
+
+    /// The SA's groups on one line: `MGID MLID QKEY MEMBERS` per group, `;` between
+    /// groups, members as node names (`-` for none).
+    fn groups(&self) -> String {
+        let name = |guid: u64| {
+            (1..=self.nodes as u16)
+                .find(|&l| hca_model::abi::node_guid(l) == guid)
+                .map_or(format!("{guid:#x}"), |l| format!("node{l}"))
+        };
+        self.fabric.with_sa(|sa| {
+            sa.groups()
+                .map(|g| {
+                    let members: Vec<String> = g.members.keys().map(|&m| name(m)).collect();
+                    format!(
+                        "{} {:#06x} {:#x} {}",
+                        gid_text(&g.mgid),
+                        g.mlid,
+                        g.qkey,
+                        if members.is_empty() {
+                            "-".to_string()
+                        } else {
+                            members.join(",")
+                        }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(";")
+        })
     }
 
     fn lid_of(&self, node: &str) -> Result<u16, String> {
@@ -251,6 +284,14 @@ pub fn request(run_dir: &Path, request: &str) -> Result<String, ControlError> {
         Some(("error", rest)) => Err(ControlError::Refused(rest.to_string())),
         _ => Err(ControlError::Garbled(reply.trim().to_string())),
     }
+}
+
+/// A GID as IPv6 text, in full groups (ff12:401b:ffff:0000:...).
+pub fn gid_text(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use cluster::console_protocol::{INIT, PROBE, READY};
+use cluster::console_protocol::{INIT, IPOIB, PROBE, READY};
 use cluster::node::complete_lines;
 use cluster::Backend;
 
@@ -48,6 +48,9 @@ enum Cmd {
     Down,
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
+    /// Show the fabric's subnet administration: its multicast groups (MGID, MLID, Q_Key)
+    /// and which nodes joined them (IPoIB joins its broadcast group on every node)
+    Fabric,
     /// Attach to a guest's serial console (Ctrl-] detaches)
     Console {
         /// The node, e.g. node2
@@ -205,6 +208,7 @@ fn main() -> ExitCode {
         Cmd::Up(a) => up(&run, &a).map(|_| ()),
         Cmd::Down => down(&run),
         Cmd::Status => status(&run),
+        Cmd::Fabric => fabric_cmd(&run),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Run {
@@ -461,8 +465,8 @@ fn status(run: &RunDir) -> Result<(), String> {
         s.daemon_pid
     );
     println!(
-        "  {:<8} {:>4} {:>9} {:<8} console log",
-        "node", "LID", "pid", "state"
+        "  {:<8} {:>4} {:>9} {:<8} {:<16} console log",
+        "node", "LID", "pid", "state", "ib0 (IPoIB)"
     );
     for n in &s.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
@@ -475,12 +479,20 @@ fn status(run: &RunDir) -> Result<(), String> {
         } else {
             "booting"
         };
+        // init.sh's IPOIB line: `HCABENCH-IPOIB ib0 addr=10.78.0.1/16`.
+        let ib0 = log
+            .iter()
+            .filter_map(|l| l.strip_prefix(IPOIB))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .unwrap_or("-")
+            .to_string();
         println!(
-            "  {:<8} {:>4} {:>9} {:<8} {}",
+            "  {:<8} {:>4} {:>9} {:<8} {:<16} {}",
             n.name,
             n.lid,
             n.pid,
             state,
+            ib0,
             n.console_log.display()
         );
     }
@@ -510,6 +522,25 @@ fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), String> 
     }
     let reply = control::request(run.dir(), &format!("fault {node} {}", action.join(" ")))?;
     println!("{reply}");
+    Ok(())
+}
+
+fn fabric_cmd(run: &RunDir) -> Result<(), String> {
+    if run.live_state().is_none() {
+        return Err(format!("no cluster is up in {}", run.dir().display()));
+    }
+    let reply = control::request(run.dir(), "groups")?;
+    println!(
+        "multicast groups (the fabric's subnet administrator, SM LID {:#x}):",
+        hca_model::sa::SM_LID
+    );
+    println!("  {:<40} {:>6} {:>10}  members", "MGID", "MLID", "Q_Key");
+    for g in reply.split(';').filter(|g| !g.is_empty()) {
+        let f: Vec<&str> = g.split_whitespace().collect();
+        if let [mgid, mlid, qkey, members] = f.as_slice() {
+            println!("  {mgid:<40} {mlid:>6} {qkey:>10}  {members}");
+        }
+    }
     Ok(())
 }
 

@@ -105,6 +105,22 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
 
     let st = hcabench(&dir.0, &["status"]);
     assert_eq!(text(&st).matches(" ready ").count(), 2, "{}", text(&st));
+    // Every node came up with IPoIB on ib0 (its address from its LID), members of the
+    // partition's broadcast group at the fabric's SA.
+    for addr in ["10.78.0.1/16", "10.78.0.2/16"] {
+        assert!(text(&st).contains(addr), "{}", text(&st));
+    }
+    let fabric = hcabench(&dir.0, &["fabric"]);
+    assert!(fabric.status.success(), "{}", text(&fabric));
+    assert!(
+        text(&fabric)
+            .lines()
+            .any(|l| l.contains("ff12:401b:ffff:0000:0000:0000:ffff:ffff")
+                && l.contains("0xc000")
+                && l.contains("node1,node2")),
+        "{}",
+        text(&fabric)
+    );
 
     let probe = hcabench(&dir.0, &["run", "probe"]);
     let out = text(&probe);
@@ -152,11 +168,20 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     assert!(down.status.success(), "{}", text(&down));
     let report = text(&down);
     assert!(report.contains("fabric capture: "), "{report}");
-    // An idle cluster sends nothing on the fabric: the capture is a pcap header of link
-    // type 197 (ERF) and no frames.
+    // The capture (link type 197, ERF) holds the cluster's start-up: each node's IPoIB
+    // joining the broadcast group through the SA (MCMemberRecord, 0x0038).
     let cap = std::fs::read(&pcap).unwrap();
-    assert_eq!(cap.len(), 24, "pcap header only");
     assert_eq!(&cap[20..24], &197u32.to_le_bytes());
+    let fields = ["infiniband.lrh.slid", "infiniband.mad.attributeid"];
+    if let Some(rows) = e2e::tshark_or_skip("up's capture", &pcap, &fields) {
+        for lid in ["1", "2"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r.len() == 2 && r[0] == lid && r[1] == "0x0038"),
+                "node{lid}'s join: {rows:?}"
+            );
+        }
+    }
     assert!(
         report.contains("nodes killed 1") && report.contains("fault plan report (seed 0)"),
         "the live changes' report: {report}"
@@ -184,6 +209,9 @@ fn test_commands_without_a_cluster_say_so() {
     let c = hcabench(&dir.0, &["console", "node1"]);
     assert!(!c.status.success());
     assert!(text(&c).contains("no cluster is up"), "{}", text(&c));
+    let f = hcabench(&dir.0, &["fabric"]);
+    assert!(!f.status.success());
+    assert!(text(&f).contains("no cluster is up"), "{}", text(&f));
     assert!(text(&hcabench(&dir.0, &["down"])).contains("no cluster is up"));
     let bad = hcabench(&dir.0, &["up", "--nodes", "99"]);
     assert!(!bad.status.success());
