@@ -44,6 +44,9 @@ void vb_close(void)
 	if (!vb->dev)
 		return;
 	vb_stop();
+	/* A connection rdma_cm made: it owns the QP and the id. */
+	if (vb_cm_close_connection())
+		vb->qp = NULL;
 	if (vb->qp)
 		ib_destroy_qp(vb->qp);
 	if (vb->cq)
@@ -67,9 +70,10 @@ static void vb_qp_event(struct ib_event *ev, void *ctx)
 	pr_info("vbench: QP event %s\n", ib_event_msg(ev->event));
 }
 
-static int vb_create_qp(void)
+/* The RC QP's attributes, on the shared CQ (which must exist). */
+void vb_qp_init_attr(struct ib_qp_init_attr *init)
 {
-	struct ib_qp_init_attr init = {
+	*init = (struct ib_qp_init_attr) {
 		.event_handler = vb_qp_event,
 		.cap = {
 			.max_send_wr = VB_SQ_DEPTH,
@@ -79,8 +83,15 @@ static int vb_create_qp(void)
 		},
 		.sq_sig_type = IB_SIGNAL_REQ_WR,
 		.qp_type = IB_QPT_RC,
+		.send_cq = vb->cq,
+		.recv_cq = vb->cq,
 	};
+}
+
+static int vb_create_qp(bool own_qp)
+{
 	struct ib_cq_init_attr cq_attr = { .cqe = 2 * (VB_SQ_DEPTH + VB_RECVS) };
+	struct ib_qp_init_attr init;
 
 	vb->cq = ib_create_cq(vb->dev, vb_comp_handler, vb_cq_event, NULL, &cq_attr);
 	if (IS_ERR(vb->cq)) {
@@ -89,8 +100,10 @@ static int vb_create_qp(void)
 		vb->cq = NULL;
 		return err;
 	}
-	init.send_cq = vb->cq;
-	init.recv_cq = vb->cq;
+	/* rdma_cm creates a connection's QP itself (vb_cm_* in cm.c). */
+	if (!own_qp)
+		return 0;
+	vb_qp_init_attr(&init);
 	vb->qp = ib_create_qp(vb->pd, &init);
 	if (IS_ERR(vb->qp)) {
 		int err = PTR_ERR(vb->qp);
@@ -102,12 +115,15 @@ static int vb_create_qp(void)
 	return 0;
 }
 
-int vb_open(struct ib_device *dev)
+/*
+ * PD, buffers and CQ on dev, and with own_qp the RC QP the harness connects;
+ * without, the caller (rdma_cm) makes the QP.
+ */
+int vb_open_on(struct ib_device *dev, bool own_qp)
 {
 	struct ib_port_attr pa;
 	int err;
 
-	vb_close();
 	vb->dev = dev;
 	err = ib_query_port(dev, 1, &pa);
 	if (err)
@@ -130,12 +146,18 @@ int vb_open(struct ib_device *dev)
 	}
 	err = vb_alloc_buffers();
 	if (!err)
-		err = vb_create_qp();
+		err = vb_create_qp(own_qp);
 	if (!err)
 		return 0;
 err:
 	vb_close();
 	return err;
+}
+
+int vb_open(struct ib_device *dev)
+{
+	vb_close();
+	return vb_open_on(dev, true);
 }
 
 int vb_addr(char *out, size_t len)
@@ -163,26 +185,33 @@ static int vb_to_rts(const struct vb_peer *p)
 	return rcconn_to_rts(vb->qp, &path);
 }
 
-int vb_connect(const struct vb_peer *p)
+/* Receives go in before any peer can send (RC would see RNR). */
+int vb_post_recvs(void)
 {
 	u32 i;
 	int err;
 
-	if (!vb->qp)
-		return -ENOTCONN;
-	err = vb_to_rts(p);
-	if (err)
-		return err;
-	/* Receives go in before any peer can send (RC would see RNR). */
 	for (i = 0; i < VB_RECVS; i++) {
 		err = vb_post_recv(i);
 		if (err)
 			return err;
 	}
+	vb->sends = 0;
+	return 0;
+}
+
+int vb_connect(const struct vb_peer *p)
+{
+	int err;
+
+	if (!vb->qp)
+		return -ENOTCONN;
+	err = vb_to_rts(p) ?: vb_post_recvs();
+	if (err)
+		return err;
 	vb->peer.qpn = p->qpn;
 	vb->peer.rkey = p->rkey;
 	vb->peer.raddr = p->raddr;
-	vb->sends = 0;
 	return 0;
 }
 

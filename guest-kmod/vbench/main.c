@@ -8,7 +8,8 @@
  * Commands: open DEV | connect lid= qpn= psn= rkey= raddr= gid= |
  *   serve poll|isr|wq|user [verify] | stop |
  *   ping poll|isr|wq SIZE ITERS [verify] | bw write|read SIZE ITERS |
- *   badrkey | fastreg | udloop | mad | close | devices
+ *   badrkey | fastreg | udloop | mad | close | devices |
+ *   cm listen PORT | cm wait | cm connect IPV4 PORT  (rdma_cm, cm.c)
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -75,6 +76,26 @@ static int vb_cmd_open(const char *name)
 	return vb_open(dev) ?: vb_addr(vb_ctl.result, sizeof(vb_ctl.result));
 }
 
+/* cm listen PORT | cm wait | cm connect IPV4 PORT */
+static int vb_cmd_cm(char *args)
+{
+	char op[8] = "", addr[16] = "";
+	u16 port;
+
+	if (sscanf(args, "%7s", op) != 1)
+		return -EINVAL;
+	if (!strcmp(op, "listen") && sscanf(args, "%*s %hu", &port) == 1)
+		return vb_cm_listen(port);
+	if (!strcmp(op, "wait"))
+		return vb_cm_wait(vb_ctl.result, sizeof(vb_ctl.result));
+	if (!strcmp(op, "connect") && sscanf(args, "%*s %15s %hu", addr, &port) == 2)
+		return vb_cm_connect(addr, port) ?:
+		       scnprintf(vb_ctl.result, sizeof(vb_ctl.result),
+				 "connected qpn=%u peer_rkey=%u\n", vb->qp->qp_num,
+				 vb->peer.rkey);
+	return -EINVAL;
+}
+
 static int vb_cmd_run(char *cmd, char *args)
 {
 	char a[8] = "", b[8] = "";
@@ -88,8 +109,11 @@ static int vb_cmd_run(char *cmd, char *args)
 		return ctldev_list(&vb_ctl);
 	if (!strcmp(cmd, "close")) {
 		vb_close();
+		vb_cm_close_listener();
 		return 0;
 	}
+	if (!strcmp(cmd, "cm"))
+		return vb_cmd_cm(args);
 	if (!strcmp(cmd, "stop")) {
 		vb_stop();
 		return scnprintf(vb_ctl.result, sizeof(vb_ctl.result), "served=%u errors=%u\n",
@@ -216,6 +240,7 @@ static int __init vb_init(void)
 	err = ctldev_register(&vb_ctl, "vbench");
 	if (err)
 		goto err_ctx;
+	vb_cm_init(&vb_ctl.lock);
 	err = misc_register(&vb_msg_dev);
 	if (err)
 		goto err_ctl;
@@ -239,6 +264,7 @@ static void __exit vb_exit(void)
 	ctldev_deregister(&vb_ctl);
 	mutex_lock(&vb_ctl.lock);
 	vb_close();
+	vb_cm_close_listener();
 	mutex_unlock(&vb_ctl.lock);
 	ib_unregister_client(&vb_client);
 	vb_free_ctx();

@@ -93,6 +93,9 @@ extern const u8 *vb_pattern;
 
 /* conn.c */
 int vb_open(struct ib_device *dev);
+int vb_open_on(struct ib_device *dev, bool own_qp);
+void vb_qp_init_attr(struct ib_qp_init_attr *init);
+int vb_post_recvs(void);
 void vb_close(void);
 int vb_connect(const struct vb_peer *peer);
 int vb_addr(char *out, size_t len);
@@ -121,5 +124,13 @@ int vb_udloop(char *out, size_t len);
 
 /* mad.c */
 int vb_mad(char *out, size_t len);
+
+/* cm.c */
+void vb_cm_init(struct mutex *ctl_lock);
+int vb_cm_listen(u16 port);
+int vb_cm_connect(const char *addr, u16 port);
+int vb_cm_wait(char *out, size_t len);
+void vb_cm_close_listener(void);
+bool vb_cm_close_connection(void);
 
 #endif /* VBENCH_H */
