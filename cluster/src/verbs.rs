@@ -297,6 +297,30 @@ impl Testbed {
         self.connect_pair(0, 1, dev).map(|_| ())
     }
 
+    /// Brings up IPoIB on hcab0 on every guest: ib0 at 10.78.0.k/24 for guest k (from 1).
+    pub fn ipoib_up(&mut self) -> Result<(), VerbsError> {
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            a.run(&format!("ipoib-up 10.78.0.{}/24", i + 1), CMD_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Connects guest `client` to guest `server` through rdma_cm: the server listens on
+    /// `port`, the client resolves `server_ip` (an address of the server's: IPoIB's for
+    /// hcab0, the NIC's for rxe0) and its route, and connects. Later pings run over it.
+    pub fn connect_cm(
+        &mut self,
+        client: usize,
+        server: usize,
+        server_ip: &str,
+        port: u16,
+    ) -> Result<(), VerbsError> {
+        self.agents[server].run(&format!("vb cm listen {port}"), CMD_TIMEOUT)?;
+        self.agents[client].run(&format!("vb cm connect {server_ip} {port}"), CMD_TIMEOUT)?;
+        self.agents[server].run("vb cm wait", CMD_TIMEOUT)?;
+        Ok(())
+    }
+
     /// Opens `dev` on guests `i` and `j` (re-opening drops an earlier connection) and
     /// connects their RC QPs; their addresses (`lid=.. qpn=.. ...`).
     pub fn connect_pair(

@@ -2,8 +2,10 @@
 //! and the vbench consumer; the harness connects RC QPs between them and checks that data
 //! moves intact in every completion mode and at every size, that UD datagrams and address
 //! handles work, that ib_mad's MADs travel over the GSI QP, that fast-registered kernel
-//! buffers work, that a bad rkey fails the way IB says, that the driver and the module unload and reload, and that the same module runs
-//! unchanged over SoftRoCE (rdma_rxe on a virtio-net link), and so does the DSM module with
+//! buffers work, that a bad rkey fails the way IB says, that the driver and the module unload
+//! and reload, that its rdma_cm mode connects by IPoIB address (address and route resolved
+//! through IPoIB and the fabric's SA), and that the same module runs unchanged over SoftRoCE
+//! (rdma_rxe on a virtio-net link, rdma_cm by IP address), and so does the DSM module with
 //! its applications. One booted pair serves all.
 
 use std::time::Duration;
@@ -147,6 +149,13 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     ping_ok(&mut tb, "hcab0", Mode::Isr, 512, 20);
     bw_ok(&mut tb, "hcab0", false, 65536, 8);
 
+    // rdma_cm over hcab0, as storage protocols connect: the server's IPoIB address is
+    // resolved over IPoIB, the route through the fabric's SA, the CM handshake on QP1.
+    tb.ipoib_up().unwrap();
+    tb.connect_cm(0, 1, "10.78.0.2", 7471).unwrap();
+    ping_ok(&mut tb, "hcab0 (rdma_cm)", Mode::Isr, 1024, 20);
+    bw_ok(&mut tb, "hcab0 (rdma_cm)", true, 65536, 8);
+
     // The same vbench.ko, unchanged, over SoftRoCE between the same two guests.
     tb.rxe_up().unwrap();
     for a in tb.agents.iter_mut() {
@@ -159,6 +168,9 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     bw_ok(&mut tb, "rxe0", true, 65536, 4);
     let fr = tb.agents[0].run("vb fastreg", T).unwrap();
     assert!(fr.contains("errors=0"), "rxe0: {fr}");
+    // ... and its rdma_cm mode connects over rxe0 by the NIC's IP address.
+    tb.connect_cm(0, 1, "10.77.0.2", 7472).unwrap();
+    ping_ok(&mut tb, "rxe0 (rdma_cm)", Mode::Poll, 64, 10);
 
     // The DSM module is a plain verbs consumer too: over rxe0 its protocol gives the same
     // verified results as over hcab0 (page data by RDMA Write, and by RDMA Read).
