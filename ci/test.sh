@@ -42,6 +42,9 @@ step "verbs benchmark, hcab0 vs SoftRoCE (quick run; figures for reading, not as
 cargo run --release -q -p hcabench -- bench verbs --iters 50 --sizes 64,4096 \
 	--bw-sizes 65536 --bw-bytes 4194304
 
+step "IP over the fabric: IPoIB datagram and connected mode vs virtio-net (quick run; figures for reading)"
+cargo run --release -q -p hcabench -- bench ipoib --iters 20 --bw-bytes 4194304
+
 step "DSM fault latency and protection primitive vs mprotect (quick run; figures for reading)"
 cargo run --release -q -p hcabench -- bench dsm --iters 100 --pages 32
 

@@ -24,6 +24,8 @@ pub enum Kind {
     Dsm,
     /// hcabench's VMM against QEMU/KVM (needs KVM that runs Linux)
     Vmm,
+    /// IP over the fabric: ping and TCP over IPoIB (datagram, connected) vs virtio-net
+    Ipoib,
 }
 
 /// Boots a bench's guests, with progress lines.

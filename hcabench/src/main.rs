@@ -8,6 +8,7 @@ mod control;
 mod daemon;
 mod dsmrun;
 mod faultrun;
+mod ipoib_bench;
 mod rundir;
 mod session;
 
@@ -115,7 +116,11 @@ enum Cmd {
     /// under QEMU with -accel kvm and the device server: boot time to userspace and
     /// verified RC ping-pong round trips (poll and interrupt handler) side by side.
     ///
-    /// `verbs` and `dsm` boot on the backend --backend or the cluster file chooses, with the
+    /// `ipoib`: Debian's IPoIB on hcab0 between two guests, in datagram and in connected
+    /// mode, against the guests' virtio-net link: ping round trip (--iters pings) and TCP
+    /// throughput (--bw-bytes, checked by md5), with ratios.
+    ///
+    /// `verbs`, `dsm` and `ipoib` boot on the backend --backend or the cluster file chooses, with the
     /// file's guest size, kernel arguments, capture and fault plan (link faults; node kills
     /// need `up` or `run`); over hcabench's VMM `verbs` measures hcab0 alone, since SoftRoCE
     /// needs a virtio-net link between QEMU guests.
@@ -623,6 +628,7 @@ fn bench_cmd(what: bench::Kind, a: &ClusterArgs, b: bench::VerbsBench) -> Result
     match what {
         Kind::Verbs => bench::run(&b, backend),
         Kind::Dsm => bench::run_dsm(&b, backend),
+        Kind::Ipoib => ipoib_bench::run(&b, backend),
         Kind::Vmm => unreachable!("handled above"),
     }
 }

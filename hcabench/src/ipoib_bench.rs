@@ -1,0 +1,202 @@
+//! `hcabench bench ipoib`: what a user gets from IP over the emulated InfiniBand fabric.
+//! Two guests run Debian's IPoIB on hcab0, first in datagram mode, then in connected mode
+//! (RC connections through ib_cm, MTU 65520); under QEMU the same two guests also have a
+//! virtio-net link, the network a user would have without hcabench. For each: ping round
+//! trips and a TCP transfer (busybox httpd to wget) whose bytes are checked, side by side,
+//! with ratios against virtio-net.
+
+use std::time::Duration;
+
+use cluster::verbs::Testbed;
+use cluster::Backend;
+
+use crate::bench::VerbsBench;
+use crate::session::{Session, Shape};
+
+const T: Duration = Duration::from_secs(600);
+const PORT: u16 = 8080;
+
+/// One transport's figures.
+struct Row {
+    name: &'static str,
+    ping_avg_us: f64,
+    tcp_mb_s: f64,
+}
+
+/// The average of busybox ping's summary (`round-trip min/avg/max = a/b/c ms`), in us.
+fn ping_avg_us(out: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.contains("min/avg/max"))?;
+    let nums = line.split('=').nth(1)?.trim().trim_end_matches("ms").trim();
+    let avg: f64 = nums.split('/').nth(1)?.parse().ok()?;
+    Some(avg * 1e3)
+}
+
+/// Seconds of /proc/uptime around a command: `<seconds> <command's output>`.
+fn timed(cmd: &str) -> String {
+    format!(
+        "a=$(cut -d' ' -f1 /proc/uptime); {cmd}; b=$(cut -d' ' -f1 /proc/uptime); \
+         echo elapsed=$(echo \"$b - $a\" | bc)"
+    )
+}
+
+fn measure(
+    tb: &mut Testbed,
+    name: &'static str,
+    server_ip: &str,
+    pings: u64,
+    sum: &str,
+    bytes: u64,
+) -> Result<Row, String> {
+    // Warm-up: the neighbour's address, its path from the SA and, in connected mode, the RC
+    // connection are set up by the first packets, which IPoIB may drop while it waits.
+    tb.agents[0].run(&format!("ping -q -c 3 -W 5 {server_ip} > /dev/null"), T)?;
+    let out = tb.agents[0].run(&format!("ping -q -c {pings} -i 0.01 -W 5 {server_ip}"), T)?;
+    if !out.contains(&format!("{pings} packets received")) {
+        return Err(format!("{name}: pings lost: {out}"));
+    }
+    let ping_avg_us =
+        ping_avg_us(&out).ok_or_else(|| format!("{name}: no ping summary in `{out}`"))?;
+    let fetch = format!(
+        "rm -f /tmp/got; wget -q -O /tmp/got http://{server_ip}:{PORT}/blob && md5sum /tmp/got"
+    );
+    let out = tb.agents[0].run(&timed(&fetch), T)?;
+    if !out.contains(sum) {
+        return Err(format!("{name}: the TCP transfer arrived changed: {out}"));
+    }
+    let secs: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("elapsed="))
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
+    let row = Row {
+        name,
+        ping_avg_us,
+        tcp_mb_s: bytes as f64 / 1e6 / secs.max(0.01),
+    };
+    println!(
+        "  {name:<22} ping {:>9.1} us   TCP {:>8.1} MB/s",
+        row.ping_avg_us, row.tcp_mb_s
+    );
+    Ok(row)
+}
+
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+    let nic = backend == Backend::Qemu;
+    println!(
+        "booting 2 {} guests{}",
+        backend.describe(),
+        if nic {
+            " with the hcabench HCA and a virtio-net link"
+        } else {
+            " with the hcabench HCA (no virtio-net baseline: hcabench's VMM gives guests no \
+             NIC; --backend qemu measures it)"
+        }
+    );
+    let shape = Shape {
+        what: "bench-ipoib",
+        nodes: 2,
+        link: nic,
+    };
+    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
+        println!("  {m}")
+    })?;
+    let tb = &mut s.tb;
+    tb.ipoib_up()?;
+    if nic {
+        // eth0 at 10.77.0.k, as SoftRoCE's bench uses it.
+        tb.rxe_up()?;
+    }
+    s.start_fabric_tools()?;
+    let tb = &mut s.tb;
+    let mib = (b.bw_bytes >> 20).max(1);
+    let bytes = mib << 20;
+    let out = tb.agents[1].run(
+        &format!(
+            "dd if=/dev/urandom of=/tmp/blob bs=1M count={mib} 2>/dev/null && md5sum /tmp/blob \
+             && httpd -p {PORT} -h /tmp"
+        ),
+        T,
+    )?;
+    let sum = out
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let pings = b.iters.clamp(1, 1000);
+    println!("{pings} pings and {mib} MiB over TCP per transport");
+    let mut rows = Vec::new();
+    if nic {
+        rows.push(measure(
+            tb,
+            "eth0 (virtio-net)",
+            "10.77.0.2",
+            pings,
+            &sum,
+            bytes,
+        )?);
+    }
+    rows.push(measure(
+        tb,
+        "ib0 datagram",
+        "10.78.0.2",
+        pings,
+        &sum,
+        bytes,
+    )?);
+    for a in tb.agents.iter_mut() {
+        a.run(
+            "echo connected > /sys/class/net/ib0/mode && ip link set ib0 mtu 65520",
+            T,
+        )?;
+    }
+    rows.push(measure(
+        tb,
+        "ib0 connected",
+        "10.78.0.2",
+        pings,
+        &sum,
+        bytes,
+    )?);
+    print_table(&rows, nic);
+    s.print_fault_report();
+    Ok(())
+}
+
+fn print_table(rows: &[Row], nic: bool) {
+    println!();
+    println!("IP between two guests: ping round trip (mean) and TCP throughput (one wget)");
+    println!(
+        "{:<22} {:>14} {:>12} {:>16} {:>14}",
+        "transport", "ping us", "TCP MB/s", "ping vs eth0", "TCP vs eth0"
+    );
+    let base = nic.then(|| &rows[0]);
+    for r in rows {
+        let (p, t) = match base {
+            Some(e) => (
+                format!("{:.2}", r.ping_avg_us / e.ping_avg_us.max(1e-3)),
+                format!("{:.2}", r.tcp_mb_s / e.tcp_mb_s.max(1e-3)),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<22} {:>14.1} {:>12.1} {:>16} {:>14}",
+            r.name, r.ping_avg_us, r.tcp_mb_s, p, t
+        );
+    }
+    if nic {
+        println!("(ping ratio below 1 and TCP ratio above 1: IPoIB on hcab0 is the faster)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_busybox_ping_summary_is_read() {
+        let out = "--- 10.78.0.2 ping statistics ---\n3 packets transmitted, 3 packets \
+                   received, 0% packet loss\nround-trip min/avg/max = 2.899/10.521/24.449 ms\n";
+        assert_eq!(ping_avg_us(out), Some(10_521.0));
+        assert_eq!(ping_avg_us("no summary"), None);
+    }
+}
