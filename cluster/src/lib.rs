@@ -19,6 +19,7 @@ pub mod dsm;
 mod image;
 pub mod kvm;
 pub mod node;
+mod private_dir;
 pub mod qemu;
 pub mod verbs;
 
@@ -34,6 +35,7 @@ use hca_model::{Fabric, Hca};
 pub use backend::{Backend, BackendError};
 pub use image::{Image, ImageError};
 pub use node::Node;
+pub use private_dir::create_private_dir;
 
 use kvm::{KvmNode, KvmNodeSpec};
 use qemu::{GuestSpec, NetSpec, QemuNode};
@@ -194,7 +196,7 @@ impl Cluster {
     /// `progress` hears about each step.
     pub fn boot(spec: &ClusterSpec, progress: &mut dyn FnMut(&str)) -> Result<Cluster, BootError> {
         spec.check()?;
-        std::fs::create_dir_all(&spec.dir).map_err(|source| BootError::Dir {
+        create_private_dir(&spec.dir).map_err(|source| BootError::Dir {
             dir: spec.dir.clone(),
             source,
         })?;

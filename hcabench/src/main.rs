@@ -348,7 +348,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     let mut cfg = load_config(a)?;
     let (backend, why) = daemon::choose_backend(&cfg)?;
     cfg.image_dir = std::fs::canonicalize(&cfg.image_dir).unwrap_or(cfg.image_dir);
-    std::fs::create_dir_all(run.dir())
+    cluster::create_private_dir(run.dir())
         .map_err(|e| format!("cannot create {}: {e}", run.dir().display()))?;
     let cfg_file = run.path("cluster.toml");
     std::fs::write(&cfg_file, toml::to_string(&cfg).map_err(|e| e.to_string())?)
