@@ -9,7 +9,7 @@
 //! alike.
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,32 @@ use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
 use hca_model::Fabric;
 
 pub const SOCKET: &str = "control.sock";
+
+/// The longest request line the daemon reads.
+const MAX_REQUEST: u64 = 4096;
+
+/// Whether the peer of `stream` runs as this process's user (SO_PEERCRED).
+fn same_user(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writing and len says cred's size; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: getuid cannot fail and has no preconditions.
+    rc == 0 && cred.uid == unsafe { libc::getuid() }
+}
 
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
@@ -127,8 +153,12 @@ impl Control {
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
+                // A client of its own thread each, so a slow one holds up no other.
                 for stream in listener.incoming().flatten() {
-                    me.answer(stream);
+                    let me = me.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("control-client".into())
+                        .spawn(move || me.answer(stream));
                 }
             })
             .map_err(ControlError::Thread)?;
@@ -136,9 +166,16 @@ impl Control {
     }
 
     fn answer(&self, stream: UnixStream) {
+        if !same_user(&stream) {
+            eprintln!("daemon: control: a connection from another user, refused");
+            return;
+        }
         let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        // One request line, bounded: a client cannot make the daemon buffer without end.
         let mut line = String::new();
-        if BufReader::new(&stream).read_line(&mut line).is_err() {
+        let mut reader = BufReader::new(&stream).take(MAX_REQUEST);
+        if reader.read_line(&mut line).is_err() || !line.ends_with('\n') {
+            let _ = (&stream).write_all(b"error request too long or cut off\n");
             return;
         }
         let reply = match self.handle(line.trim()) {
@@ -351,6 +388,18 @@ mod tests {
             ControlError::Refused(e) => assert!(e.contains("no node `nodeX`"), "{e}"),
             e => panic!("not the daemon's refusal: {e}"),
         }
+        // A client that connects and says nothing holds up no other one; an endless line
+        // is cut off, not buffered.
+        let _idle = UnixStream::connect(dir.join(SOCKET)).unwrap();
+        assert_eq!(
+            request(&dir, "fault node1 link-down").unwrap(),
+            "node1: link-down"
+        );
+        let mut flood = UnixStream::connect(dir.join(SOCKET)).unwrap();
+        let _ = flood.write_all(&vec![b'x'; 1 << 20]);
+        let mut reply = String::new();
+        let _ = BufReader::new(&flood).read_line(&mut reply);
+        assert!(reply.starts_with("error request too long"), "{reply}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
