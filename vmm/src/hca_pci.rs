@@ -123,6 +123,15 @@ impl InterruptSink for Msix {
     }
 }
 
+/// The dword offsets an access of `len` bytes at BAR1 offset `off` touches: the MSI-X table
+/// and PBA take aligned dword and qword accesses (a qword is two dwords, low first); any
+/// other access touches nothing (reads as zero, writes are dropped).
+pub fn msix_dwords(off: u64, len: usize) -> impl Iterator<Item = u64> {
+    let ok = off % 4 == 0 && (len == 4 || (len == 8 && off % 8 == 0));
+    let n = if ok { len as u64 / 4 } else { 0 };
+    (0..n).map(move |k| off + 4 * k)
+}
+
 /// A BAR the guest moved: the machine re-registers what hangs off it.
 pub type BarMoved = Box<dyn FnMut(usize, u64, u64) + Send>;
 
@@ -200,5 +209,24 @@ impl PciFunction for HcaPci {
             self.config.write(off, val, mask);
         }
         self.apply_moves();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_msix_takes_aligned_dwords_and_qwords_only() {
+        let d = |off, len| msix_dwords(off, len).collect::<Vec<_>>();
+        assert_eq!(d(0x10, 4), [0x10]);
+        assert_eq!(d(0x10, 8), [0x10, 0x14], "a qword's high half is not lost");
+        assert!(d(0x14, 8).is_empty(), "a misaligned qword");
+        assert!(d(0x11, 4).is_empty(), "a misaligned dword");
+        assert!(
+            d(0x10, 2).is_empty() && d(0x10, 1).is_empty(),
+            "a partial write"
+        );
+        assert!(d(0x10, 16).is_empty());
     }
 }

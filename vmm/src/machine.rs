@@ -487,22 +487,25 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
 /// address.
 fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]>) {
     let bars = d.hca_pci.lock().unwrap().mapped_bars();
-    let mut val = 0u32;
-    if let Some(w) = write {
-        for (i, b) in w.iter().enumerate().take(4) {
-            val |= u32::from(*b) << (8 * i);
-        }
-    }
     if (bars[1]..bars[1] + BAR1_SIZE).contains(&addr) {
-        let off = (addr - bars[1]) & !3;
+        let len = read
+            .as_deref()
+            .map_or(write.map_or(0, <[u8]>::len), <[u8]>::len);
+        let dwords = crate::hca_pci::msix_dwords(addr - bars[1], len);
         match read.as_deref_mut() {
             Some(r) => {
-                let v = d.msix.bar_read(off).to_le_bytes();
-                for (i, b) in r.iter_mut().enumerate() {
-                    *b = v.get(i).copied().unwrap_or(0);
+                r.fill(0);
+                for (k, off) in dwords.enumerate() {
+                    r[4 * k..4 * k + 4].copy_from_slice(&d.msix.bar_read(off).to_le_bytes());
                 }
             }
-            None => d.msix.bar_write(off, val),
+            None => {
+                let w = write.unwrap_or_default();
+                for (k, off) in dwords.enumerate() {
+                    let v = u32::from_le_bytes(w[4 * k..4 * k + 4].try_into().unwrap());
+                    d.msix.bar_write(off, v);
+                }
+            }
         }
         return;
     }

@@ -181,8 +181,9 @@ impl PciBus {
             },
             _ => return false,
         };
+        // String I/O (`rep insb`) hands over more than 4 bytes: the register has 4.
         for (i, b) in data.iter_mut().enumerate() {
-            *b = (v >> (8 * i)) as u8;
+            *b = v.checked_shr(8 * i as u32).unwrap_or(0) as u8;
         }
         true
     }
@@ -211,6 +212,24 @@ impl PciBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_string_io_on_the_config_ports_never_panics() {
+        let mut bus = PciBus::new();
+        bus.io_write(CONFIG_ADDRESS, &0x8000_0000u32.to_le_bytes());
+        let mut long = [0u8; 64];
+        assert!(bus.io_read(CONFIG_DATA, &mut long));
+        assert_eq!(
+            &long[..4],
+            &0x29c0_8086u32.to_le_bytes(),
+            "the host bridge's ID"
+        );
+        assert!(long[4..].iter().all(|&b| b == 0));
+        assert!(bus.io_write(CONFIG_DATA + 3, &[0xff; 64]));
+        let mut one = [0u8; 1];
+        assert!(bus.io_read(CONFIG_ADDRESS + 3, &mut one));
+        assert_eq!(one[0], 0x80);
+    }
 
     #[test]
     fn test_read_only_bits_survive_writes_and_bars_size_like_hardware() {
