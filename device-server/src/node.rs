@@ -91,12 +91,23 @@ pub(crate) struct NodeThread {
 fn memfd(name: &str) -> io::Result<File> {
     let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
     // SAFETY: memfd_create reads a NUL-terminated name we own and returns a new fd or -1.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fd is a fresh descriptor that nothing else owns.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Seals a memfd's size (F_SEAL_SHRINK, F_SEAL_GROW) and its seals.
+fn seal_size(f: &File) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS on an fd we own takes an int argument and touches no memory.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl NodeThread {
@@ -186,6 +197,9 @@ impl NodeThread {
     fn start(&self, stream: UnixStream) -> io::Result<Session> {
         let bar2_file = memfd(&format!("hcabench-bar2-{}", self.cfg.name))?;
         let bar2 = DeviceMemory::from_file(bar2_file.try_clone()?).map_err(io::Error::other)?;
+        // Its size is fixed from here: a guest's QEMU (or anyone it hands the fd to) cannot
+        // truncate it under the device's mapping (that would be SIGBUS in this server).
+        seal_size(&bar2_file)?;
         let vectors = NUM_VECTORS as usize;
         let doorbells = (0..vectors)
             .map(|_| EventFd::new(EFD_NONBLOCK))

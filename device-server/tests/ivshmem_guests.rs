@@ -145,6 +145,10 @@ fn test_greeting_follows_the_ivshmem_protocol_and_bar2_names_the_node() {
         assert_eq!((info.signature, info.abi_version), (SIGNATURE, ABI_VERSION));
         assert_eq!((info.lid, u32::from(info.port_state)), (lid, PORT_ACTIVE));
         assert_eq!(info.doorbell_peer, u32::from(DEVICE_PEER));
+        // BAR2's size is sealed: a guest's side cannot truncate it under the server.
+        let e = g.view.shm.set_len(0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert!(g.view.shm.set_len(1 << 30).is_err());
     }
     server.shutdown().unwrap();
     assert!(!cfgs[0].socket.exists(), "shutdown removes the sockets");
