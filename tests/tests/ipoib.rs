@@ -1,9 +1,10 @@
 //! End-to-end: the kernel's own IPoIB (Debian's ib_ipoib, unmodified) over hcab0 on three
 //! QEMU guests. The fabric's subnet administrator lets each port join the partition's
 //! broadcast group, so ib0 gets carrier; then, in datagram mode, every pair pings, TCP moves
-//! 16 MiB intact (busybox httpd and wget), also under 1% packet drops, and a port that goes
-//! down leaves the group and comes back; and in connected mode (ib_cm's REQ/REP/RTU over QP1,
-//! then RC QPs, MTU 65520) the same 16 MiB arrive intact.
+//! 64 MiB intact (busybox httpd and wget), also under 1% packet drops and across a link that
+//! goes down for a while (the port goes DOWN, ib0 loses carrier, TCP resumes after link-up),
+//! and a port taken down leaves the group and comes back; and in connected mode (ib_cm's
+//! REQ/REP/RTU over QP1, then RC QPs, MTU 65520) the same 64 MiB arrive intact.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,14 +43,12 @@ fn wait_members(tb: &Testbed, want: usize) {
     }
 }
 
-/// node `from` fetches node `to`'s file over TCP through ib0; its md5sum.
+/// node `from` fetches node `to`'s file over TCP through ib0; its md5sum (computed as it
+/// arrives: guest RAM holds the file system).
 fn fetch(tb: &mut Testbed, from: usize, to: usize) -> String {
     let out = tb.agents[from]
         .run(
-            &format!(
-                "rm -f /tmp/got; wget -q -O /tmp/got http://{}:8080/blob && md5sum /tmp/got",
-                addr(to)
-            ),
+            &format!("wget -q -O - http://{}:8080/blob | md5sum", addr(to)),
             T,
         )
         .unwrap();
@@ -93,10 +92,10 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     fabric.set_tap(None);
     the_capture_shows_sa_queries_joins_and_ipoib_datagrams(&pcap);
 
-    // 16 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
+    // 64 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
     let sum = tb.agents[2]
         .run(
-            "dd if=/dev/urandom of=/tmp/blob bs=1M count=16 2>/dev/null && \
+            "dd if=/dev/urandom of=/tmp/blob bs=1M count=64 2>/dev/null && \
              md5sum /tmp/blob && httpd -p 8080 -h /tmp",
             T,
         )
@@ -142,8 +141,27 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         .unwrap();
     assert!(out.contains("2 packets received"), "{out}");
 
-    // The link goes down (`hcabench fault node2 link-down`): the port goes DOWN, IPoIB drops
-    // carrier; link-up brings both back and node 2 talks again.
+    // The link goes down (`hcabench fault node2 link-down`) while node 2 fetches: the port
+    // goes DOWN, IPoIB drops carrier; link-up brings both back, and TCP resumes and
+    // delivers every byte.
+    tb.agents[1]
+        .run(
+            &format!(
+                "rm -f /tmp/bg.md5; (wget -q -O /tmp/bg http://{}:8080/blob; \
+                 md5sum /tmp/bg > /tmp/bg.md5) > /dev/null 2>&1 &",
+                addr(2)
+            ),
+            T,
+        )
+        .unwrap();
+    // Under way (past its first MiB) before the link goes.
+    tb.agents[1]
+        .run(
+            "for i in $(seq 200); do [ $(stat -c %s /tmp/bg 2>/dev/null || echo 0) -gt 1048576 ] \
+             && break; sleep 0.1; done; stat -c %s /tmp/bg",
+            T,
+        )
+        .unwrap();
     let hook = Arc::new(FaultHook::new(FaultPlan::default(), None));
     fabric.set_hook(Some(hook.clone()));
     hook.live(2, LiveFault::LinkDown, fabric.now_ns());
@@ -156,9 +174,32 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
             .unwrap()
     };
     wait_for(&mut tb, &state, "1: DOWN\n0\n");
+    let mid = tb.agents[1]
+        .run("ls /tmp/bg.md5 2>/dev/null; stat -c %s /tmp/bg", T)
+        .unwrap();
+    // Down for a while: the sender's retransmissions meet the dead link.
+    std::thread::sleep(Duration::from_secs(2));
     hook.live(2, LiveFault::LinkUp, fabric.now_ns());
     wait_for(&mut tb, &state, "4: ACTIVE\n1\n");
     fabric.set_hook(None);
+    let resumed = tb.agents[1]
+        .run(
+            "for i in $(seq 600); do [ -s /tmp/bg.md5 ] && break; sleep 0.1; done; \
+             cat /tmp/bg.md5",
+            T,
+        )
+        .unwrap();
+    if !resumed.starts_with(&sum) {
+        let why = tb.agents[1]
+            .run("ls -la /tmp/bg*; dmesg | tail -20", T)
+            .unwrap_or_default();
+        panic!("across the link-down: `{resumed}`\n{why}");
+    }
+    let c = hook.counts();
+    assert!(
+        c.link_down > 0,
+        "the link-down held packets back: {c:?}\n{mid}"
+    );
     let out = tb.agents[1]
         .run(&format!("ping -c 2 -W 5 {}", addr(2)), T)
         .unwrap();
