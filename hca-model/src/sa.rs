@@ -9,10 +9,12 @@
 //!   and packet-lifetime selectors honoured);
 //! - MCMemberRecord Set (join, creating the group and its MLID when the request carries what
 //!   a group needs), Delete (leave; a group with no members goes, except the IPoIB broadcast
-//!   group of the default partition, which exists from the start as OpenSM creates it), Get.
+//!   group of the default partition, which exists from the start as OpenSM creates it), Get;
+//! - NodeRecord Get (by LID or node GUID).
 //!
-//! Every answer fits one MAD. Queries the SA does not serve get "method/attribute not
-//! supported" rather than silence, so a caller never waits out its timeout.
+//! Every answer fits one MAD. Queries the SA does not serve (GetTable, which needs RMPP;
+//! PortInfoRecord, ServiceRecord, InformInfo) get "method/attribute not supported" rather
+//! than silence, so a caller never waits out its timeout.
 //!
 //! MADs are big-endian on the wire; offsets below are bytes from the MAD's start.
 
@@ -44,6 +46,13 @@ const METHOD_DELETE_RESP: u8 = 0x95;
 const ATTR_CLASS_PORT_INFO: u16 = 0x0001;
 const ATTR_PATH_RECORD: u16 = 0x0035;
 const ATTR_MCMEMBER_RECORD: u16 = 0x0038;
+const ATTR_NODE_RECORD: u16 = 0x0011;
+
+/// NodeRecord component mask bits (IBA 15.2.5.2): the LID, or NodeInfo's node GUID.
+mod nr {
+    pub const LID: u64 = 1 << 0;
+    pub const NODE_GUID: u64 = 1 << 7;
+}
 
 /// MAD status: common codes (bits 2-4) and SA codes (bits 8-14).
 pub mod status {
@@ -316,6 +325,7 @@ impl SubnetAdmin {
             (METHOD_SET, ATTR_MCMEMBER_RECORD) => self.join(&req, ports, data),
             (METHOD_DELETE, ATTR_MCMEMBER_RECORD) => self.leave(&req, data),
             (METHOD_GET, ATTR_MCMEMBER_RECORD) => self.get_group(&req, data),
+            (METHOD_GET, ATTR_NODE_RECORD) => node_record(&req, ports, data),
             (METHOD_GET | METHOD_SET | METHOD_DELETE, _) => status::METHOD_ATTR_UNSUPPORTED,
             _ => status::METHOD_UNSUPPORTED,
         };
@@ -479,6 +489,47 @@ fn write_member(out: &mut [u8], g: &Group, port_gid: &[u8; 16], join_state: u8) 
     out[44..48].copy_from_slice(&sl_flow_hop.to_be_bytes());
     // Scope: link-local (2), as IPoIB's groups are.
     out[48] = 2 << 4 | join_state;
+}
+
+/// A NodeRecord Get, by LID or by node GUID: the node's NodeInfo (one port, a channel
+/// adapter) and a NodeDescription naming it.
+fn node_record(req: &Request, ports: &dyn Ports, out: &mut [u8]) -> u16 {
+    let d = req.data();
+    let lid = if req.has(nr::LID) {
+        be16(d, 0)
+    } else if req.has(nr::NODE_GUID) {
+        match ports.lid_of(be64(d, 4 + 12)) {
+            Some(l) => l,
+            None => return status::NO_RECORDS,
+        }
+    } else {
+        // A Get names one record; all nodes is a GetTable.
+        return status::INSUFFICIENT_COMPONENTS;
+    };
+    let Some(guid) = ports.guid_of(lid) else {
+        return status::NO_RECORDS;
+    };
+    out[..108].fill(0);
+    out[0..2].copy_from_slice(&lid.to_be_bytes());
+    // NodeInfo (40 bytes at 4): versions, type CA (1), one port, the GUIDs, 64 P_Keys'
+    // room, the device and vendor IDs of the ABI, port 1.
+    let ni = &mut out[4..44];
+    ni[0] = 1; // BaseVersion
+    ni[1] = 1; // ClassVersion
+    ni[2] = 1; // NodeType: channel adapter
+    ni[3] = 1; // NumPorts
+    ni[4..12].copy_from_slice(&guid.to_be_bytes()); // SystemImageGUID
+    ni[12..20].copy_from_slice(&guid.to_be_bytes()); // NodeGUID
+    ni[20..28].copy_from_slice(&guid.to_be_bytes()); // PortGUID
+    ni[28..30].copy_from_slice(&1u16.to_be_bytes()); // PartitionCap
+    ni[30..32].copy_from_slice(&(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
+    ni[32..36].copy_from_slice(&crate::abi::ABI_VERSION.to_be_bytes()); // Revision
+    ni[36] = 1; // LocalPortNum
+    let vendor = crate::abi::PCI_VENDOR_HCABENCH;
+    ni[37..40].copy_from_slice(&vendor.to_be_bytes()[1..]);
+    let desc = format!("hcabench HCA, LID {lid}");
+    out[44..44 + desc.len()].copy_from_slice(desc.as_bytes());
+    0
 }
 
 /// ClassPortInfo: the SA's versions and its answer time; no redirection, no traps.
@@ -737,12 +788,103 @@ mod tests {
     }
 
     #[test]
+    fn test_a_node_record_by_lid_or_guid_describes_the_node() {
+        let mut sa = SubnetAdmin::new();
+        let mut d = [0u8; 108];
+        d[0..2].copy_from_slice(&3u16.to_be_bytes());
+        let (m, st, r) = ask(&mut sa, &mad(METHOD_GET, ATTR_NODE_RECORD, nr::LID, &d));
+        assert_eq!((m, st), (METHOD_GET_RESP, 0));
+        assert_eq!(be16(&r, 0), 3);
+        assert_eq!(
+            (r[4 + 2], r[4 + 3]),
+            (1, 1),
+            "a channel adapter with one port"
+        );
+        assert_eq!(be64(&r, 4 + 12), crate::abi::node_guid(3));
+        assert!(r[44..108].starts_with(b"hcabench HCA, LID 3"));
+        let mut d = [0u8; 108];
+        d[16..24].copy_from_slice(&crate::abi::node_guid(2).to_be_bytes());
+        let (_, st, r) = ask(
+            &mut sa,
+            &mad(METHOD_GET, ATTR_NODE_RECORD, nr::NODE_GUID, &d),
+        );
+        assert_eq!((st, be16(&r, 0)), (0, 2));
+        d[0..2].copy_from_slice(&9u16.to_be_bytes());
+        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, ATTR_NODE_RECORD, nr::LID, &d));
+        assert_eq!(st, status::NO_RECORDS);
+        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, ATTR_NODE_RECORD, 0, &d));
+        assert_eq!(st, status::INSUFFICIENT_COMPONENTS);
+    }
+
+    /// Sixteen ports, joining and leaving eight groups in a seeded order: the SA's members
+    /// are exactly the joins not yet left, and groups go with their last member.
+    #[test]
+    fn test_many_members_join_and_leave_many_groups() {
+        struct Sixteen;
+        impl Ports for Sixteen {
+            fn lid_of(&self, guid: u64) -> Option<Lid> {
+                (1..=16).find(|&l| crate::abi::node_guid(l) == guid)
+            }
+            fn guid_of(&self, lid: Lid) -> Option<u64> {
+                (1..=16).contains(&lid).then(|| crate::abi::node_guid(lid))
+            }
+        }
+        let mut sa = SubnetAdmin::new();
+        let mgid = |g: u8| {
+            [
+                0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, g,
+            ]
+        };
+        let mut want: std::collections::BTreeSet<(u8, Lid)> = Default::default();
+        let mut x = 0x2545_f491_u32;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let (g, lid) = ((x % 8) as u8, (x >> 8) as u16 % 16 + 1);
+            let mut d = member(mgid(g), 1, 1);
+            d[16..32].copy_from_slice(&gid(lid));
+            d[32..36].copy_from_slice(&IPOIB_QKEY.to_be_bytes());
+            let joined = want.contains(&(g, lid));
+            let (method, mask) = if joined {
+                (METHOD_DELETE, mc::MGID | mc::PORT_GID | mc::JOIN_STATE)
+            } else {
+                (METHOD_SET, mc::MGID | mc::PORT_GID | mc::CREATE)
+            };
+            let p = Packet {
+                slid: lid,
+                ..mad(method, ATTR_MCMEMBER_RECORD, mask, &d)
+            };
+            let r = sa.answer(&p, &Sixteen).unwrap();
+            let Payload::Bytes(b) = r.payload else {
+                panic!()
+            };
+            assert_eq!(be16(&b, 4), 0, "{method:#x} of node{lid} in group {g}");
+            if joined {
+                want.remove(&(g, lid));
+            } else {
+                want.insert((g, lid));
+            }
+        }
+        let mut have: std::collections::BTreeSet<(u8, Lid)> = Default::default();
+        for grp in sa.groups().filter(|grp| !grp.permanent) {
+            assert!(!grp.members.is_empty(), "an empty group was kept");
+            for guid in grp.members.keys() {
+                have.insert((grp.mgid[15], Sixteen.lid_of(*guid).unwrap()));
+            }
+        }
+        assert_eq!(have, want);
+        let mlids: std::collections::BTreeSet<Lid> = sa.groups().map(|g| g.mlid).collect();
+        assert_eq!(mlids.len(), sa.groups().count(), "every group its own MLID");
+    }
+
+    #[test]
     fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
         let mut sa = SubnetAdmin::new();
         let (_, st, r) = ask(&mut sa, &mad(METHOD_GET, ATTR_CLASS_PORT_INFO, 0, &[]));
         assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(LIFE_TIME)));
-        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, 0x0011, 0, &[]));
-        assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "NodeRecord");
+        let (_, st, _) = ask(&mut sa, &mad(METHOD_GET, 0x0031, 0, &[]));
+        assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "ServiceRecord");
         let (_, st, _) = ask(&mut sa, &mad(0x07, ATTR_PATH_RECORD, 0, &[]));
         assert_eq!(st, status::METHOD_UNSUPPORTED);
         let mut p = mad(METHOD_GET, ATTR_CLASS_PORT_INFO, 0, &[]);
