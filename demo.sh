@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # README command 1: sets up what is missing, boots a Linux cluster under QEMU with hcabench
 # HCAs (each guest prints its init banner, finds its HCA, reads its LID from BAR2 and times
-# doorbell -> MSI-X round trips, loads the ib_core provider and the vbench verbs module),
-# shows it, stops it; runs the paper's SOR on the kernel DSM across the guests, verified
-# against a sequential run; runs kernel verbs ping-pong and RDMA between two guests over our
+# doorbell -> MSI-X round trips, loads the ib_core provider and the vbench verbs module, and
+# brings up Debian's IPoIB on ib0 through the fabric's subnet administrator), shows it and
+# the administrator's multicast groups, stops it; runs the paper's SOR on the kernel DSM
+# across the guests, verified against a sequential run; runs kernel verbs ping-pong and RDMA between two guests over our
 # HCA and over SoftRoCE side by side; then the paper's traffic pattern on a 4-node model cluster.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,6 +19,8 @@ printf '\n==> hcabench up: %s guests under QEMU\n' "${NODES:-2}"
 "$hcabench" --run-dir "$run" up --nodes "${NODES:-2}"
 printf '\n==> hcabench status\n'
 "$hcabench" --run-dir "$run" status
+printf '\n==> hcabench fabric: the subnet administrator'"'"'s groups (IPoIB joined on every node)\n'
+"$hcabench" --run-dir "$run" fabric
 printf '\n==> what the guests printed on their consoles\n'
 grep -h '^HCABENCH-' "$run"/node*.console | grep -v 'taints kernel\|verification failed'
 printf '\n==> hcabench run probe\n'
