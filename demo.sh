@@ -4,8 +4,9 @@
 # doorbell -> MSI-X round trips, loads the ib_core provider and the vbench verbs module, and
 # brings up Debian's IPoIB on ib0 through the fabric's subnet administrator), shows it and
 # the administrator's multicast groups, stops it; runs the paper's SOR on the kernel DSM
-# across the guests, verified against a sequential run; runs kernel verbs ping-pong and RDMA between two guests over our
-# HCA and over SoftRoCE side by side; then the paper's traffic pattern on a 4-node model cluster.
+# across the guests, verified against a sequential run; runs kernel verbs ping-pong and RDMA
+# between two guests over our HCA and over SoftRoCE side by side; then the paper's traffic
+# pattern on a 4-node model cluster.
 set -euo pipefail
 cd "$(dirname "$0")"
 ci/setup.sh
