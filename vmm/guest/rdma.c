@@ -16,7 +16,12 @@
 #define SQ_LOG		2
 #define SQ_SHIFT	7	/* 64-byte header + one SGE fits in 128 */
 #define CQ_LOG		2
-#define SPIN_LIMIT	200000000UL
+/*
+ * Waits are bounded in time (the TSC), not in spins: under an emulating KVM the
+ * guest may run far slower, or far faster, than the host threads it waits for.
+ * 60e9 cycles is 60 s at 1 GHz, 20 s at 3 GHz.
+ */
+#define WAIT_CYCLES	60000000000ULL
 #define MTU_1024	3
 
 static unsigned char buf[BUF_BYTES] __attribute__((aligned(4096)));
@@ -26,6 +31,20 @@ static struct hca_cqe cq[1 << CQ_LOG] __attribute__((aligned(4096)));
 
 static unsigned long bar0_base, bar2_base;
 static unsigned int db_peer, cmd_seq, cq_num;
+
+static unsigned long long rdtsc(void)
+{
+	unsigned int lo, hi;
+
+	__asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+	return (unsigned long long)hi << 32 | lo;
+}
+
+/* True once a wait begun at @t0 has run out (the TSC read every 4096 spins). */
+static int waited_too_long(unsigned long *spins, unsigned long long t0)
+{
+	return (++*spins & 0xfff) == 0 && rdtsc() - t0 > WAIT_CYCLES;
+}
 
 static unsigned char pattern(unsigned int i)
 {
@@ -50,6 +69,7 @@ static unsigned int cmd(unsigned int op, const void *in, unsigned int len,
 {
 	volatile struct hca_cmd_mailbox *mb = mailbox();
 	const unsigned char *src = in;
+	unsigned long long t0;
 	unsigned long spins;
 	unsigned int i;
 
@@ -59,8 +79,8 @@ static unsigned int cmd(unsigned int op, const void *in, unsigned int len,
 		mb->input[i] = i < len ? src[i] : 0;
 	mb->seq = ++cmd_seq;
 	ring(HCA_DB_CMD);
-	for (spins = 0; mb->done_seq != cmd_seq; spins++)
-		if (spins > SPIN_LIMIT)
+	for (spins = 0, t0 = rdtsc(); mb->done_seq != cmd_seq;)
+		if (waited_too_long(&spins, t0))
 			return ~0u;
 	if (handle)
 		*handle = *(volatile __u32 *)mb->output;
@@ -151,6 +171,7 @@ static const char *write_to_peer(unsigned int qpn, unsigned int lkey,
 	struct hca_send_wqe *w = (struct hca_send_wqe *)sq;
 	struct hca_sge *sge = (struct hca_sge *)(sq + sizeof(*w));
 	volatile struct hca_cqe *c = cq;
+	unsigned long long t0;
 	unsigned long spins;
 	unsigned int i;
 
@@ -165,8 +186,8 @@ static const char *write_to_peer(unsigned int qpn, unsigned int lkey,
 				 .length = BUF_BYTES, .lkey = lkey };
 	mmio_write32(bar2_base + HCA_BAR2_QP_DB_OFFSET + qpn * 8, 1);
 	ring(HCA_DB_SQ);
-	for (spins = 0; c->owner != hca_owner_bit(0, CQ_LOG); spins++)
-		if (spins > SPIN_LIMIT)
+	for (spins = 0, t0 = rdtsc(); c->owner != hca_owner_bit(0, CQ_LOG);)
+		if (waited_too_long(&spins, t0))
 			return "no completion for the RDMA Write";
 	mmio_write32(bar2_base + HCA_BAR2_CQ_DB_OFFSET + cq_num * 8, 1);
 	say("rdma-write-cqe-status", c->status);
@@ -180,11 +201,12 @@ static const char *write_to_peer(unsigned int qpn, unsigned int lkey,
 static const char *wait_for_data(void)
 {
 	volatile unsigned char *b = buf;
+	unsigned long long t0;
 	unsigned long spins;
 	unsigned int i;
 
-	for (spins = 0; b[BUF_BYTES - 1] != pattern(BUF_BYTES - 1); spins++)
-		if (spins > SPIN_LIMIT)
+	for (spins = 0, t0 = rdtsc(); b[BUF_BYTES - 1] != pattern(BUF_BYTES - 1);)
+		if (waited_too_long(&spins, t0))
 			return "the peer's RDMA Write never arrived";
 	for (i = 0; i < BUF_BYTES; i++)
 		if (b[i] != pattern(i)) {
@@ -203,6 +225,7 @@ static const char *sync_phase(volatile struct xchg *x,
 			      const struct xchg_side *self, unsigned int phase,
 			      struct xchg_side *other)
 {
+	unsigned long long t0;
 	unsigned long spins;
 
 	x->self.lid = self->lid;
@@ -211,8 +234,8 @@ static const char *sync_phase(volatile struct xchg *x,
 	x->self.addr = self->addr;
 	__asm__ volatile("" ::: "memory");
 	x->self.ready = phase;
-	for (spins = 0; x->peer.ready < phase; spins++)
-		if (spins > SPIN_LIMIT)
+	for (spins = 0, t0 = rdtsc(); x->peer.ready < phase;)
+		if (waited_too_long(&spins, t0))
 			return "the host never mirrored the peer's side";
 	__asm__ volatile("" ::: "memory");
 	other->lid = x->peer.lid;
