@@ -29,7 +29,7 @@ pub enum Kind {
 }
 
 /// Boots a bench's guests, with progress lines.
-fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, String> {
+pub(crate) fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, String> {
     Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
         println!("  {m}")
     })

@@ -11,7 +11,7 @@ use cluster::verbs::Testbed;
 use cluster::Backend;
 
 use crate::bench::VerbsBench;
-use crate::session::{Session, Shape};
+use crate::session::Shape;
 
 const T: Duration = Duration::from_secs(600);
 const PORT: u16 = 8080;
@@ -111,9 +111,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         nodes: 2,
         link: nic,
     };
-    let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
-        println!("  {m}")
-    })?;
+    let mut s = crate::bench::boot(b, backend, shape)?;
     let tb = &mut s.tb;
     tb.ipoib_up()?;
     if nic {
