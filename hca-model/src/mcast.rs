@@ -84,6 +84,8 @@ impl HcaState {
             .filter(|a| a.mlid == mlid)
             .map(|a| a.qpn)
             .collect();
+        // One QP may be attached under two MGIDs that share the MLID: it gets one copy.
+        q.sort_unstable();
         q.dedup();
         q
     }
