@@ -606,17 +606,21 @@ fn path_record(req: &Request, from: Lid, ports: &dyn Ports, out: &mut [u8]) -> u
 mod tests {
     use super::*;
 
-    /// Nodes 1..=3 with the GUIDs hca_model::abi gives them.
-    struct ThreeNodes;
+    /// Nodes 1..=n with the GUIDs hca_model::abi gives them.
+    struct Nodes(Lid);
 
-    impl Ports for ThreeNodes {
+    impl Ports for Nodes {
         fn lid_of(&self, guid: u64) -> Option<Lid> {
-            (1..=3).find(|&l| crate::abi::node_guid(l) == guid)
+            (1..=self.0).find(|&l| crate::abi::node_guid(l) == guid)
         }
         fn guid_of(&self, lid: Lid) -> Option<u64> {
-            (1..=3).contains(&lid).then(|| crate::abi::node_guid(lid))
+            (1..=self.0)
+                .contains(&lid)
+                .then(|| crate::abi::node_guid(lid))
         }
     }
+
+    const THREE_NODES: Nodes = Nodes(3);
 
     fn mad(method: u8, attr: u16, comp_mask: u64, data: &[u8]) -> Packet {
         let mut m = vec![0u8; MAD_SIZE];
@@ -642,7 +646,7 @@ mod tests {
 
     /// (method, status, data) of the answer.
     fn ask(sa: &mut SubnetAdmin, p: &Packet) -> (u8, u16, Vec<u8>) {
-        let r = sa.answer(p, &ThreeNodes).expect("an answer");
+        let r = sa.answer(p, &THREE_NODES).expect("an answer");
         assert_eq!(
             (r.dlid, r.slid, r.dest_qpn, r.qkey),
             (2, SM_LID, 1, GSI_QKEY)
@@ -820,15 +824,7 @@ mod tests {
     /// are exactly the joins not yet left, and groups go with their last member.
     #[test]
     fn test_many_members_join_and_leave_many_groups() {
-        struct Sixteen;
-        impl Ports for Sixteen {
-            fn lid_of(&self, guid: u64) -> Option<Lid> {
-                (1..=16).find(|&l| crate::abi::node_guid(l) == guid)
-            }
-            fn guid_of(&self, lid: Lid) -> Option<u64> {
-                (1..=16).contains(&lid).then(|| crate::abi::node_guid(lid))
-            }
-        }
+        let sixteen = Nodes(16);
         let mut sa = SubnetAdmin::new();
         let mgid = |g: u8| {
             [
@@ -855,7 +851,7 @@ mod tests {
                 slid: lid,
                 ..mad(method, ATTR_MCMEMBER_RECORD, mask, &d)
             };
-            let r = sa.answer(&p, &Sixteen).unwrap();
+            let r = sa.answer(&p, &sixteen).unwrap();
             let Payload::Bytes(b) = r.payload else {
                 panic!()
             };
@@ -870,7 +866,7 @@ mod tests {
         for grp in sa.groups().filter(|grp| !grp.permanent) {
             assert!(!grp.members.is_empty(), "an empty group was kept");
             for guid in grp.members.keys() {
-                have.insert((grp.mgid[15], Sixteen.lid_of(*guid).unwrap()));
+                have.insert((grp.mgid[15], sixteen.lid_of(*guid).unwrap()));
             }
         }
         assert_eq!(have, want);
@@ -897,14 +893,14 @@ mod tests {
         if let Payload::Bytes(b) = &mut other.payload {
             b[1] = 0x07;
         }
-        assert!(sa.answer(&other, &ThreeNodes).is_none());
+        assert!(sa.answer(&other, &THREE_NODES).is_none());
         let mut resp = mad(METHOD_GET_RESP, ATTR_CLASS_PORT_INFO, 0, &[]);
-        assert!(sa.answer(&resp, &ThreeNodes).is_none());
+        assert!(sa.answer(&resp, &THREE_NODES).is_none());
         resp = mad(METHOD_GET, ATTR_CLASS_PORT_INFO, 0, &[]);
         resp.qkey = 0;
-        assert!(sa.answer(&resp, &ThreeNodes).is_none());
+        assert!(sa.answer(&resp, &THREE_NODES).is_none());
         resp.qkey = GSI_QKEY;
         resp.payload = Payload::Bytes(vec![1, 3, 2, 1]);
-        assert!(sa.answer(&resp, &ThreeNodes).is_none());
+        assert!(sa.answer(&resp, &THREE_NODES).is_none());
     }
 }
