@@ -72,6 +72,11 @@ pub trait PacketSink: Send + Sync {
     }
     /// The port's link went down (false) or came back up (true).
     fn link_changed(&self, _up: bool) {}
+    /// The capability bits the port advertises (PortInfo:CapabilityMask), which its driver
+    /// sets; the SA's PortInfoRecords show them.
+    fn capability_mask(&self) -> u32 {
+        0
+    }
 }
 
 /// How often a real-time fabric runs its ports' timers.
@@ -212,8 +217,10 @@ impl PacketSink for SaPort {
         };
         match answer {
             // Queued behind what is in flight; the pump that delivered the query moves it.
-            Some(a) => {
-                fabric.enqueue(a);
+            Some(packets) => {
+                for a in packets {
+                    fabric.enqueue(a);
+                }
                 Ok(())
             }
             None => Err(Rejected),
@@ -238,6 +245,35 @@ impl crate::sa::Ports for Fabric {
 
     fn guid_of(&self, lid: Lid) -> Option<u64> {
         self.port(lid)?.port_guid()
+    }
+
+    fn lids(&self) -> Vec<Lid> {
+        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        ports
+            .iter()
+            .enumerate()
+            .filter_map(|(lid, p)| {
+                let sink = p.as_ref()?.upgrade()?;
+                sink.port_guid().map(|_| lid as Lid)
+            })
+            .collect()
+    }
+
+    fn link_up(&self, lid: Lid) -> bool {
+        let down = self
+            .inner
+            .links_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        !down.contains(&lid)
+    }
+
+    fn capability_mask(&self, lid: Lid) -> u32 {
+        self.port(lid).map_or(0, |p| p.capability_mask())
+    }
+
+    fn now_ns(&self) -> u64 {
+        Fabric::now_ns(self)
     }
 }
 
@@ -340,7 +376,7 @@ impl Fabric {
             *held = keep;
             due
         };
-        let released = !due.is_empty();
+        let mut released = !due.is_empty();
         let hook = self.hook();
         for (_, stage, pkt) in due {
             self.resume(pkt, stage, hook.as_ref());
@@ -353,12 +389,12 @@ impl Fabric {
                 .filter_map(|(lid, p)| Some((lid as Lid, p.as_ref()?.upgrade()?)))
                 .collect()
         };
-        self.follow_links(&ports, hook.as_ref(), now);
+        released |= self.follow_links(&ports, hook.as_ref(), now);
         for (_, p) in ports {
             p.tick(now);
         }
         // A port whose timers fired moved its packets itself. Pump only for what the held
-        // packets queued (bounces): an idle tick must not take the pumping over from a
+        // packets queued (bounces) and the SA's trap Reports: an idle tick must not take the pumping over from a
         // sender, which then finds its packets still queued when it returns.
         if released {
             self.pump();
@@ -367,12 +403,13 @@ impl Fabric {
 
     /// Tells ports whose link the hook took down or brought back up (a link-down window, a
     /// live link-down): their port state follows, as a real port's does.
+    /// Returns whether it queued Reports of the change for the SA's trap subscribers.
     fn follow_links(
         &self,
         ports: &[(Lid, Arc<dyn PacketSink>)],
         hook: Option<&Arc<dyn LinkHook>>,
         now: u64,
-    ) {
+    ) -> bool {
         let mut changed = Vec::new();
         {
             let mut down = self
@@ -389,13 +426,21 @@ impl Fabric {
                     } else {
                         down.push(*lid);
                     }
-                    changed.push((p.clone(), up));
+                    changed.push((*lid, p.clone(), up));
                 }
             }
         }
-        for (p, up) in changed {
+        let mut reports = Vec::new();
+        for (lid, p, up) in changed {
             p.link_changed(up);
+            let mut sa = self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner());
+            reports.extend(sa.port_changed(lid, up, self));
         }
+        let any = !reports.is_empty();
+        for r in reports {
+            self.enqueue(r);
+        }
+        any
     }
 
     /// Attaches a port and assigns it the next free LID (node number k gets LID k).

@@ -1,0 +1,120 @@
+//! Trap subscriptions (InformInfo Set, IBA 13.4.8.3 and 15.2.5.12) and the Reports the SA
+//! sends to subscribers: trap 64 when a port's GID comes into service (its link came up)
+//! and trap 65 when it goes out of service (its link went down), as srp_daemon and other
+//! fabric watchers subscribe to them.
+//!
+//! A Report is sent once (the SA does not resend it for want of a ReportResp).
+//! Bounded: [`MAX_SUBSCRIPTIONS`] in all, [`MAX_SUBSCRIPTIONS_PER_PORT`] per subscribing port.
+
+use super::{
+    attr, be16, be32, gid_at, gid_guid, method, status, Found, Peer, Ports, Request,
+    CLASS_SUBN_ADM, DATA_OFFSET, MAD_SIZE, SA_CLASS_VERSION, SM_LID,
+};
+use crate::fabric::Lid;
+
+pub const MAX_SUBSCRIPTIONS: usize = 256;
+pub const MAX_SUBSCRIPTIONS_PER_PORT: usize = 16;
+pub const TRAP_GID_IN_SERVICE: u16 = 64;
+pub const TRAP_GID_OUT_OF_SERVICE: u16 = 65;
+/// A subscription to every generic trap, or for every LID.
+const ALL: u16 = 0xffff;
+const RECORD_SIZE: usize = 36;
+/// Notice type "subnet management", from a class manager (the SM).
+const NOTICE_TYPE_SUBN_MGMT: u8 = 3;
+const PRODUCER_CLASS_MANAGER: u32 = 4;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Subscription {
+    to: Peer,
+    trap: u16,
+    /// The LIDs whose traps are wanted (inclusive); None: every LID.
+    lids: Option<(Lid, Lid)>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Subscriptions {
+    live: Vec<Subscription>,
+}
+
+impl Subscriptions {
+    pub(super) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// InformInfo Set: subscribes (Subscribe = 1) or unsubscribes (0) the asker.
+    pub(super) fn set(&mut self, req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+        let d = req.data();
+        if d[22] != 1 {
+            // Vendor-specific traps: the fabric produces none.
+            return Err(status::REQ_INVALID);
+        }
+        let gid = gid_at(d, 0);
+        let (begin, end) = (be16(d, 16), be16(d, 18));
+        let lids = if gid != [0; 16] {
+            // A GID names one port.
+            let lid = gid_guid(&gid)
+                .and_then(|g| ports.lid_of(g))
+                .ok_or(status::INVALID_GID)?;
+            Some((lid, lid))
+        } else if begin == ALL {
+            None
+        } else {
+            Some((begin, end.max(begin)))
+        };
+        let qpn = be32(d, 28) >> 8;
+        let sub = Subscription {
+            to: Peer {
+                lid: req.from.lid,
+                qpn: if qpn == 0 { req.from.qpn } else { qpn },
+            },
+            trap: be16(d, 26),
+            lids,
+        };
+        if d[23] == 0 {
+            self.live.retain(|s| s != &sub);
+        } else if !self.live.contains(&sub) {
+            let mine = self.live.iter().filter(|s| s.to.lid == sub.to.lid).count();
+            if self.live.len() >= MAX_SUBSCRIPTIONS || mine >= MAX_SUBSCRIPTIONS_PER_PORT {
+                return Err(status::NO_RESOURCES);
+            }
+            self.live.push(sub);
+        }
+        Ok(Found::One(d[..RECORD_SIZE].to_vec()))
+    }
+
+    /// Who subscribed to `trap` from the port at `lid`.
+    pub(super) fn subscribers(&self, trap: u16, lid: Lid) -> Vec<Peer> {
+        let mut to: Vec<Peer> = self
+            .live
+            .iter()
+            .filter(|s| s.trap == trap || s.trap == ALL)
+            .filter(|s| s.lids.is_none_or(|(b, e)| (b..=e).contains(&lid)))
+            .map(|s| s.to)
+            .collect();
+        to.sort();
+        to.dedup();
+        to
+    }
+}
+
+/// A Report of generic trap `trap` about the port whose GID is `gid` (traps 64 and 65
+/// carry the GID in their data details).
+pub(super) fn report(tid: u64, trap: u16, gid: &[u8; 16]) -> Vec<u8> {
+    let mut m = vec![0u8; MAD_SIZE];
+    m[0] = 1;
+    m[1] = CLASS_SUBN_ADM;
+    m[2] = SA_CLASS_VERSION;
+    m[3] = method::REPORT;
+    m[8..16].copy_from_slice(&tid.to_be_bytes());
+    m[16..18].copy_from_slice(&attr::NOTICE.to_be_bytes());
+    let n = &mut m[DATA_OFFSET..DATA_OFFSET + 80];
+    // IsGeneric | Type, then the 24-bit ProducerType.
+    n[0..4].copy_from_slice(
+        &(0x8000_0000 | u32::from(NOTICE_TYPE_SUBN_MGMT) << 24 | PRODUCER_CLASS_MANAGER)
+            .to_be_bytes(),
+    );
+    n[4..6].copy_from_slice(&trap.to_be_bytes());
+    n[6..8].copy_from_slice(&SM_LID.to_be_bytes()); // IssuerLID
+    n[16..32].copy_from_slice(gid); // DataDetails: 6 reserved bytes, then the GID
+    m
+}

@@ -1,0 +1,424 @@
+//! The fabric's subnet administrator (IBA volume 1, chapter 15): the fabric is the subnet
+//! manager, and answers SA queries that guests send to [`SM_LID`] through their GSI QP (QP1)
+//! as a real SA would, so that the kernel's own `ib_sa` consumers (IPoIB, rdma_cm) and
+//! user-space tools over `ib_umad` (saquery, srp_daemon) find what they ask for.
+//!
+//! What it answers, each with the status a real SA gives when it cannot:
+//! - ClassPortInfo Get;
+//! - PathRecord Get and GetTable (by DGID or DLID, from SGID or SLID or, for a Get, the
+//!   asker; P_Key, and the MTU, rate and packet-lifetime selectors honoured);
+//! - MCMemberRecord Set (join), Delete (leave), Get and GetTable ([`groups`]);
+//! - NodeRecord and PortInfoRecord Get and GetTable ([`records`]);
+//! - ServiceRecord Set, Get, GetTable and Delete ([`services`]);
+//! - InformInfo Set: subscriptions to traps 64 and 65 (a port's GID in and out of service),
+//!   which the SA reports when a port's link comes up or goes down ([`inform`]).
+//!
+//! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
+//! that matches more than one record gets "too many records", one that matches none "no
+//! records". Unsupported queries get "method/attribute not supported" rather than silence,
+//! so a caller never waits out its timeout.
+//!
+//! Everything the SA keeps is bounded, whatever guests send: groups by the MLID range,
+//! service records, subscriptions and RMPP transfers by the limits in their modules, and a
+//! table by [`MAX_TABLE_RECORDS`].
+//!
+//! MADs are big-endian on the wire; offsets below are bytes from the MAD's start.
+
+mod groups;
+mod inform;
+mod records;
+mod rmpp;
+mod services;
+#[cfg(test)]
+mod tests;
+
+pub use groups::Group;
+
+use crate::abi::{GSI_QKEY, GSI_QPN};
+use crate::fabric::Lid;
+use crate::packet::{Packet, Payload, UD_SEND_ONLY};
+
+/// The SM's (and SA's) LID: the highest unicast LID, clear of the nodes' 1, 2, ...
+pub const SM_LID: Lid = 0xbfff;
+/// A MAD is 256 bytes on a GSI QP.
+pub const MAD_SIZE: usize = 256;
+/// The subnet prefix every port's GID starts with (link-local).
+pub const SUBNET_PREFIX: u64 = 0xfe80_0000_0000_0000;
+/// The first multicast LID.
+pub const MLID_BASE: Lid = 0xc000;
+/// The most records one GetTable answer carries (about 110 KiB of path records); a query
+/// that matches more gets "no resources".
+pub const MAX_TABLE_RECORDS: usize = 2048;
+
+/// Management class of the SA, and its class version.
+const CLASS_SUBN_ADM: u8 = 0x03;
+const SA_CLASS_VERSION: u8 = 2;
+
+/// SA methods (IBA 15.4.2); a response sets bit 7.
+mod method {
+    pub const GET: u8 = 0x01;
+    pub const SET: u8 = 0x02;
+    pub const REPORT: u8 = 0x06;
+    pub const GET_TABLE: u8 = 0x12;
+    pub const DELETE: u8 = 0x15;
+    pub const RESP: u8 = 0x80;
+}
+
+/// SA attribute IDs (IBA 15.2.5).
+mod attr {
+    pub const CLASS_PORT_INFO: u16 = 0x0001;
+    pub const NOTICE: u16 = 0x0002;
+    pub const INFORM_INFO: u16 = 0x0003;
+    pub const NODE_RECORD: u16 = 0x0011;
+    pub const PORT_INFO_RECORD: u16 = 0x0012;
+    pub const SERVICE_RECORD: u16 = 0x0031;
+    pub const PATH_RECORD: u16 = 0x0035;
+    pub const MCMEMBER_RECORD: u16 = 0x0038;
+}
+
+/// MAD status: common codes (bits 2-4) and SA codes (bits 8-14).
+pub mod status {
+    pub const BAD_VERSION: u16 = 1 << 2;
+    pub const METHOD_UNSUPPORTED: u16 = 2 << 2;
+    pub const METHOD_ATTR_UNSUPPORTED: u16 = 3 << 2;
+    pub const INVALID_FIELD: u16 = 7 << 2;
+    pub const NO_RESOURCES: u16 = 1 << 8;
+    pub const REQ_INVALID: u16 = 2 << 8;
+    pub const NO_RECORDS: u16 = 3 << 8;
+    pub const TOO_MANY_RECORDS: u16 = 4 << 8;
+    pub const INVALID_GID: u16 = 5 << 8;
+    pub const INSUFFICIENT_COMPONENTS: u16 = 6 << 8;
+}
+
+/// Where the SA header's fields and the data sit in a MAD.
+const ATTR_OFFSET_AT: usize = 44;
+const COMP_MASK_OFFSET: usize = 48;
+const DATA_OFFSET: usize = 56;
+
+/// IB MTU enums (1: 256 .. 5: 4096) and rate enums, as path and group records carry them.
+const MTU_4096: u8 = 5;
+const MTU_2048: u8 = 4;
+/// 4x QDR, 40 Gb/s.
+const RATE_40G: u8 = 7;
+/// 10 Gb/s (OpenSM's default for IPoIB groups).
+const RATE_10G: u8 = 3;
+/// 4.096 us * 2^18: about one second, the SA's answer time and a path's packet lifetime.
+const LIFE_TIME: u8 = 18;
+const DEFAULT_PKEY: u16 = 0xffff;
+
+/// The IPoIB broadcast group of the default partition (RFC 4391), with OpenSM's defaults.
+pub const IPOIB_BROADCAST_MGID: [u8; 16] = [
+    0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+];
+/// The IPv4 broadcast group's Q_Key (OpenSM's default).
+const IPOIB_QKEY: u32 = 0x0000_000b;
+
+/// The port GID of the port whose GUID is `guid`.
+pub fn port_gid(guid: u64) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&SUBNET_PREFIX.to_be_bytes());
+    g[8..].copy_from_slice(&guid.to_be_bytes());
+    g
+}
+
+/// The GUID in a link-local GID of this subnet.
+fn gid_guid(gid: &[u8; 16]) -> Option<u64> {
+    (be64(gid, 0) == SUBNET_PREFIX).then(|| be64(gid, 8))
+}
+
+// Readers of fixed offsets inside a MAD, which is always MAD_SIZE bytes by the time any
+// handler sees it (`answer` checks), so the offsets below are in range by construction.
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
+}
+
+fn gid_at(b: &[u8], at: usize) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g.copy_from_slice(&b[at..at + 16]);
+    g
+}
+
+/// What the SA needs to know about the fabric's ports.
+pub trait Ports {
+    /// The LID of the port with this GUID, if it is on the fabric.
+    fn lid_of(&self, guid: u64) -> Option<Lid>;
+    /// The GUID of the port at `lid`, if there is one.
+    fn guid_of(&self, lid: Lid) -> Option<u64>;
+    /// The LIDs of every port on the fabric, ascending.
+    fn lids(&self) -> Vec<Lid>;
+    /// Whether the port at `lid` has its link up.
+    fn link_up(&self, lid: Lid) -> bool;
+    /// The capability bits the port at `lid` advertises (PortInfo:CapabilityMask).
+    fn capability_mask(&self, lid: Lid) -> u32;
+    /// The fabric's clock, in nanoseconds (service leases run on it).
+    fn now_ns(&self) -> u64;
+}
+
+/// A port and QP that MADs come from and go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Peer {
+    lid: Lid,
+    qpn: u32,
+}
+
+/// One decoded SA request.
+struct Request<'a> {
+    mad: &'a [u8],
+    method: u8,
+    attr: u16,
+    comp_mask: u64,
+    from: Peer,
+}
+
+impl Request<'_> {
+    /// The record the request carries (its template).
+    fn data(&self) -> &[u8] {
+        &self.mad[DATA_OFFSET..]
+    }
+    fn has(&self, bits: u64) -> bool {
+        self.comp_mask & bits == bits
+    }
+    fn is_table(&self) -> bool {
+        self.method == method::GET_TABLE
+    }
+}
+
+/// What a handler found for a query.
+enum Found {
+    /// The records that match a Get or GetTable, each `size` bytes (a multiple of 8, so
+    /// the SA header's AttributeOffset can count them).
+    Records { size: usize, rows: Vec<Vec<u8>> },
+    /// The one record a Set or Delete answers with.
+    One(Vec<u8>),
+}
+
+/// A selector (0: greater than, 1: less than, 2: exactly, 3: largest available) over
+/// `value`, against the most the fabric offers (`max`; every enum value from 1 up to it
+/// works): the best value that meets it, or None.
+fn select(selector: u8, value: u8, max: u8) -> Option<u8> {
+    match selector {
+        0 => (value < max).then_some(max),
+        1 => (value > 1).then(|| (value - 1).min(max)),
+        2 => (1..=max).contains(&value).then_some(value),
+        _ => Some(max),
+    }
+}
+
+/// Whether `have` meets selector `selector` over `value`.
+fn meets(selector: u8, value: u8, have: u8) -> bool {
+    match selector {
+        0 => have > value,
+        1 => have < value,
+        2 => have == value,
+        _ => true,
+    }
+}
+
+/// The SA's state: multicast groups, service records, trap subscriptions and the RMPP
+/// transfers under way.
+#[derive(Debug, Default)]
+pub struct SubnetAdmin {
+    groups: groups::Groups,
+    services: services::Services,
+    informs: inform::Subscriptions,
+    transfers: rmpp::Transfers,
+    /// Transaction IDs of the SA's own requests (Reports).
+    next_tid: u64,
+}
+
+impl SubnetAdmin {
+    /// The SA as the subnet comes up: the default partition's IPoIB broadcast group exists.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups.iter()
+    }
+
+    /// The group with multicast LID `mlid`.
+    pub fn group_by_mlid(&self, mlid: Lid) -> Option<&Group> {
+        self.groups.by_mlid(mlid)
+    }
+
+    /// How many service records and trap subscriptions the SA holds.
+    pub fn registrations(&self) -> (usize, usize) {
+        (self.services.len(), self.informs.len())
+    }
+
+    /// Answers a packet sent to the SA's QP1: the packets that go back (none for an RMPP
+    /// acknowledgement that ends a transfer, or a response to the SA's Report). None for
+    /// what is not the SA's (not an SA MAD for QP1, or a response the SA did not ask for).
+    pub fn answer(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Vec<Packet>> {
+        let Payload::Bytes(mad) = &pkt.payload else {
+            return None;
+        };
+        if pkt.dest_qpn != GSI_QPN
+            || pkt.qkey != GSI_QKEY
+            || mad.len() < MAD_SIZE
+            || mad[1] != CLASS_SUBN_ADM
+        {
+            return None;
+        }
+        let mad = &mad[..MAD_SIZE];
+        let from = Peer {
+            lid: pkt.slid,
+            qpn: pkt.src_qpn,
+        };
+        let mut out = Vec::new();
+        match rmpp::Header::of(mad) {
+            // An acknowledgement, stop or abort of one of the SA's own transfers.
+            Some(h) if h.kind != rmpp::DATA => {
+                let more = self.transfers.control(from, be64(mad, 8), &h);
+                return Some(more.into_iter().map(|m| to(from, m)).collect());
+            }
+            // A request sent as an RMPP transfer: the SA takes one-segment requests (every
+            // SA record fits one) and acknowledges them as the receiver does.
+            Some(h) => {
+                if !h.is_single() {
+                    let mut refuse = mad.to_vec();
+                    rmpp::abort(&mut refuse);
+                    return Some(vec![to(from, refuse)]);
+                }
+                out.push(to(from, rmpp::ack_of(mad)));
+            }
+            None => {}
+        }
+        if mad[3] & method::RESP != 0 {
+            // A subscriber's ReportResp ends nothing the SA waits for (it sends a Report
+            // once); any other response is not the SA's to take.
+            return (mad[3] == method::REPORT | method::RESP).then_some(out);
+        }
+        let req = Request {
+            mad,
+            method: mad[3],
+            attr: be16(mad, 16),
+            comp_mask: be64(mad, COMP_MASK_OFFSET),
+            from,
+        };
+        let mut resp = mad.to_vec();
+        // The answer is never an RMPP segment unless `rmpp` makes it one.
+        resp[24..36].fill(0);
+        let reply = if req.method == method::DELETE || req.method == method::GET_TABLE {
+            req.method | method::RESP
+        } else {
+            method::GET | method::RESP
+        };
+        resp[3] = reply;
+        let found = if mad[0] != 1 || mad[2] != SA_CLASS_VERSION {
+            Err(status::BAD_VERSION)
+        } else {
+            self.handle(&req, ports)
+        };
+        match found {
+            Err(st) => {
+                resp[4..6].copy_from_slice(&st.to_be_bytes());
+                out.push(to(from, resp));
+            }
+            Ok(Found::One(rec)) => {
+                put_data(&mut resp, &rec);
+                out.push(to(from, resp));
+            }
+            Ok(Found::Records { size, rows }) if req.is_table() => {
+                if rows.len() > MAX_TABLE_RECORDS {
+                    resp[4..6].copy_from_slice(&status::NO_RESOURCES.to_be_bytes());
+                    out.push(to(from, resp));
+                } else {
+                    resp[ATTR_OFFSET_AT..ATTR_OFFSET_AT + 2]
+                        .copy_from_slice(&((size / 8) as u16).to_be_bytes());
+                    let mut data = Vec::with_capacity(size * rows.len());
+                    for r in &rows {
+                        data.extend_from_slice(r);
+                        data.resize(data.len() + size - r.len().min(size), 0);
+                    }
+                    let first = self.transfers.start(from, &resp, &data);
+                    out.extend(first.into_iter().map(|m| to(from, m)));
+                }
+            }
+            Ok(Found::Records { size, rows }) => {
+                let st = match rows.as_slice() {
+                    [one] => {
+                        put_data(&mut resp, one);
+                        resp[ATTR_OFFSET_AT..ATTR_OFFSET_AT + 2]
+                            .copy_from_slice(&((size / 8) as u16).to_be_bytes());
+                        0
+                    }
+                    [] => status::NO_RECORDS,
+                    _ => status::TOO_MANY_RECORDS,
+                };
+                resp[4..6].copy_from_slice(&st.to_be_bytes());
+                out.push(to(from, resp));
+            }
+        }
+        Some(out)
+    }
+
+    /// The Reports that a port's link going up (trap 64, its GID in service) or down (trap
+    /// 65, out of service) sends to the subscribers of that trap.
+    pub fn port_changed(&mut self, lid: Lid, up: bool, ports: &dyn Ports) -> Vec<Packet> {
+        let Some(guid) = ports.guid_of(lid) else {
+            return Vec::new();
+        };
+        let trap = if up {
+            inform::TRAP_GID_IN_SERVICE
+        } else {
+            inform::TRAP_GID_OUT_OF_SERVICE
+        };
+        let mut out = Vec::new();
+        for sub in self.informs.subscribers(trap, lid) {
+            self.next_tid += 1;
+            let mad = inform::report(self.next_tid, trap, &port_gid(guid));
+            out.push(to(sub, mad));
+        }
+        out
+    }
+
+    fn handle(&mut self, req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+        use method::*;
+        match (req.method, req.attr) {
+            (GET, attr::CLASS_PORT_INFO) => Ok(Found::One(records::class_port_info())),
+            (GET | GET_TABLE, attr::PATH_RECORD) => records::paths(req, ports),
+            (GET | GET_TABLE, attr::NODE_RECORD) => records::nodes(req, ports),
+            (GET | GET_TABLE, attr::PORT_INFO_RECORD) => records::port_infos(req, ports),
+            (SET, attr::MCMEMBER_RECORD) => self.groups.join(req, ports),
+            (DELETE, attr::MCMEMBER_RECORD) => self.groups.leave(req),
+            (GET | GET_TABLE, attr::MCMEMBER_RECORD) => Ok(self.groups.find(req)),
+            (SET, attr::SERVICE_RECORD) => self.services.set(req, ports),
+            (DELETE, attr::SERVICE_RECORD) => self.services.delete(req, ports.now_ns()),
+            (GET | GET_TABLE, attr::SERVICE_RECORD) => Ok(self.services.find(req, ports.now_ns())),
+            (SET, attr::INFORM_INFO) => self.informs.set(req, ports),
+            (GET | SET | GET_TABLE | DELETE, _) => Err(status::METHOD_ATTR_UNSUPPORTED),
+            _ => Err(status::METHOD_UNSUPPORTED),
+        }
+    }
+}
+
+/// Writes `rec` as the data of `mad`, clearing the rest of the data area.
+fn put_data(mad: &mut [u8], rec: &[u8]) {
+    let data = &mut mad[DATA_OFFSET..];
+    data.fill(0);
+    let n = rec.len().min(data.len());
+    data[..n].copy_from_slice(&rec[..n]);
+}
+
+/// A MAD from the SA's QP1 to `peer`.
+fn to(peer: Peer, mad: Vec<u8>) -> Packet {
+    Packet {
+        slid: SM_LID,
+        dlid: peer.lid,
+        opcode: UD_SEND_ONLY,
+        dest_qpn: peer.qpn,
+        src_qpn: GSI_QPN,
+        qkey: GSI_QKEY,
+        payload: Payload::Bytes(mad),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,257 @@
+//! The records the SA derives from the fabric itself, with nothing stored: ClassPortInfo,
+//! PathRecord, NodeRecord and PortInfoRecord. The subnet is one switch: every port reaches
+//! every other in one hop, at 4x QDR with a 4096-byte MTU.
+
+use super::{
+    be16, be32, be64, gid_at, gid_guid, port_gid, select, status, Found, Ports, Request,
+    DEFAULT_PKEY, LIFE_TIME, MTU_4096, RATE_40G, SA_CLASS_VERSION, SM_LID, SUBNET_PREFIX,
+};
+use crate::fabric::Lid;
+
+/// PathRecord component mask bits (IBA 15.2.5.16).
+pub(super) mod pr {
+    pub const DGID: u64 = 1 << 2;
+    pub const SGID: u64 = 1 << 3;
+    pub const DLID: u64 = 1 << 4;
+    pub const SLID: u64 = 1 << 5;
+    pub const PKEY: u64 = 1 << 13;
+    pub const MTU_SELECTOR: u64 = 1 << 16;
+    pub const MTU: u64 = 1 << 17;
+    pub const RATE_SELECTOR: u64 = 1 << 18;
+    pub const RATE: u64 = 1 << 19;
+    pub const LIFE_SELECTOR: u64 = 1 << 20;
+    pub const LIFE: u64 = 1 << 21;
+}
+
+/// NodeRecord component mask bits (IBA 15.2.5.2): the LID, NodeInfo's node and port GUIDs.
+pub(super) mod nr {
+    pub const LID: u64 = 1 << 0;
+    pub const NODE_GUID: u64 = 1 << 7;
+    pub const PORT_GUID: u64 = 1 << 8;
+}
+
+/// PortInfoRecord component mask bits (IBA 15.2.5.3): the port's LID and number, and
+/// PortInfo's CapabilityMask (srp_daemon finds targets by IsDeviceManagementSupported).
+pub(super) mod pir {
+    pub const LID: u64 = 1 << 0;
+    pub const PORT_NUM: u64 = 1 << 1;
+    pub const CAPABILITY_MASK: u64 = 1 << 7;
+}
+
+const PATH_SIZE: usize = 64;
+/// A NodeRecord is 108 bytes, carried in 112; a PortInfoRecord 68, in 72.
+const NODE_SIZE: usize = 112;
+const PORT_INFO_SIZE: usize = 72;
+
+/// ClassPortInfo: the SA's versions and its answer time; no redirection.
+pub(super) fn class_port_info() -> Vec<u8> {
+    let mut out = vec![0u8; 72];
+    out[0] = 1; // BaseVersion
+    out[1] = SA_CLASS_VERSION;
+    // CapabilityMask: IsTrapSupported (bit 0; InformInfo subscriptions are served), none
+    // of the optional records.
+    out[2..4].copy_from_slice(&1u16.to_be_bytes());
+    // CapabilityMask2 (27 bits) | RespTimeValue (5 bits).
+    out[4..8].copy_from_slice(&u32::from(LIFE_TIME).to_be_bytes());
+    out
+}
+
+/// The LIDs a record names: one, none (an unknown GID) or, unnamed, `all`.
+fn named_lid(
+    req: &Request,
+    gid_bit: u64,
+    gid_at_: usize,
+    lid_bit: u64,
+    lid_at: usize,
+    ports: &dyn Ports,
+) -> Option<Option<Lid>> {
+    let d = req.data();
+    if req.has(gid_bit) {
+        Some(gid_guid(&gid_at(d, gid_at_)).and_then(|g| ports.lid_of(g)))
+    } else if req.has(lid_bit) {
+        Some(Some(be16(d, lid_at)))
+    } else {
+        None
+    }
+}
+
+/// PathRecord Get/GetTable: paths from the sources (SGID, SLID; unnamed, the asker for a
+/// Get and every port for a GetTable) to the destinations (DGID, DLID; unnamed, every port
+/// for a GetTable; a Get must name one).
+pub(super) fn paths(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+    let d = req.data();
+    let every = ports.lids();
+    let dsts = match named_lid(req, pr::DGID, 8, pr::DLID, 40, ports) {
+        Some(one) => one.into_iter().collect(),
+        None if req.is_table() => every.clone(),
+        None => return Err(status::INSUFFICIENT_COMPONENTS),
+    };
+    let srcs: Vec<Lid> = match named_lid(req, pr::SGID, 24, pr::SLID, 42, ports) {
+        Some(one) => one.into_iter().collect(),
+        None if req.is_table() => every,
+        None => vec![req.from.lid],
+    };
+    let none = Found::Records {
+        size: PATH_SIZE,
+        rows: Vec::new(),
+    };
+    if req.has(pr::PKEY) && be16(d, 50) & 0x7fff != DEFAULT_PKEY & 0x7fff {
+        return Ok(none);
+    }
+    let pick = |sel_bit: u64, val_bit: u64, byte: u8, have: u8| {
+        if req.has(sel_bit | val_bit) {
+            select(byte >> 6, byte & 0x3f, have)
+        } else {
+            Some(have)
+        }
+    };
+    let (Some(mtu), Some(rate), Some(life)) = (
+        pick(pr::MTU_SELECTOR, pr::MTU, d[54], MTU_4096),
+        pick(pr::RATE_SELECTOR, pr::RATE, d[55], RATE_40G),
+        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], LIFE_TIME),
+    ) else {
+        return Ok(none);
+    };
+    let mut rows = Vec::new();
+    for &src in &srcs {
+        let Some(sguid) = ports.guid_of(src) else {
+            continue;
+        };
+        for &dst in &dsts {
+            let Some(dguid) = ports.guid_of(dst) else {
+                continue;
+            };
+            let mut out = vec![0u8; PATH_SIZE];
+            out[0..8].copy_from_slice(&d[0..8]); // ServiceID, as asked
+            out[8..24].copy_from_slice(&port_gid(dguid));
+            out[24..40].copy_from_slice(&port_gid(sguid));
+            out[40..42].copy_from_slice(&dst.to_be_bytes());
+            out[42..44].copy_from_slice(&src.to_be_bytes());
+            // RawTraffic 0, FlowLabel 0, HopLimit 0: one subnet, no GRH needed.
+            out[49] = 0x80 | 1; // reversible, one path
+            out[50..52].copy_from_slice(&DEFAULT_PKEY.to_be_bytes());
+            out[54] = 2 << 6 | mtu;
+            out[55] = 2 << 6 | rate;
+            out[56] = 2 << 6 | life;
+            rows.push(out);
+            if rows.len() > super::MAX_TABLE_RECORDS {
+                // Enough to refuse; the SA answers "no resources".
+                return Ok(Found::Records {
+                    size: PATH_SIZE,
+                    rows,
+                });
+            }
+        }
+    }
+    Ok(Found::Records {
+        size: PATH_SIZE,
+        rows,
+    })
+}
+
+/// The ports a NodeRecord or PortInfoRecord query names by LID, or all of them.
+fn ports_named(req: &Request, lid_bit: u64, ports: &dyn Ports) -> Vec<(Lid, u64)> {
+    let lids = if req.has(lid_bit) {
+        vec![be16(req.data(), 0)]
+    } else {
+        ports.lids()
+    };
+    lids.into_iter()
+        .filter_map(|l| Some((l, ports.guid_of(l)?)))
+        .collect()
+}
+
+/// NodeRecord Get/GetTable, by LID, node GUID or port GUID: the node's NodeInfo (one port,
+/// a channel adapter) and a NodeDescription naming it.
+pub(super) fn nodes(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+    let d = req.data();
+    let rows = ports_named(req, nr::LID, ports)
+        .into_iter()
+        .filter(|&(_, guid)| {
+            (!req.has(nr::NODE_GUID) || be64(d, 4 + 12) == guid)
+                && (!req.has(nr::PORT_GUID) || be64(d, 4 + 20) == guid)
+        })
+        .map(|(lid, guid)| node_record(lid, guid))
+        .collect();
+    Ok(Found::Records {
+        size: NODE_SIZE,
+        rows,
+    })
+}
+
+fn node_record(lid: Lid, guid: u64) -> Vec<u8> {
+    let mut out = vec![0u8; 108];
+    out[0..2].copy_from_slice(&lid.to_be_bytes());
+    // NodeInfo (40 bytes at 4): versions, type CA (1), one port, the GUIDs, 64 P_Keys'
+    // room, the device and vendor IDs of the ABI, port 1.
+    let ni = &mut out[4..44];
+    ni[0] = 1; // BaseVersion
+    ni[1] = 1; // ClassVersion
+    ni[2] = 1; // NodeType: channel adapter
+    ni[3] = 1; // NumPorts
+    ni[4..12].copy_from_slice(&guid.to_be_bytes()); // SystemImageGUID
+    ni[12..20].copy_from_slice(&guid.to_be_bytes()); // NodeGUID
+    ni[20..28].copy_from_slice(&guid.to_be_bytes()); // PortGUID
+    ni[28..30].copy_from_slice(&1u16.to_be_bytes()); // PartitionCap
+    ni[30..32].copy_from_slice(&(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
+    ni[32..36].copy_from_slice(&crate::abi::ABI_VERSION.to_be_bytes()); // Revision
+    ni[36] = 1; // LocalPortNum
+    let vendor = crate::abi::PCI_VENDOR_HCABENCH;
+    ni[37..40].copy_from_slice(&vendor.to_be_bytes()[1..]);
+    let desc = format!("hcabench HCA, LID {lid}");
+    out[44..44 + desc.len()].copy_from_slice(desc.as_bytes());
+    out
+}
+
+/// PortInfoRecord Get/GetTable, by LID (port number 1 or 0, a CA's only port) and by
+/// capability bits (a port matches when it has every bit asked for).
+pub(super) fn port_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+    let d = req.data();
+    let port_ok = !req.has(pir::PORT_NUM) || d[2] <= 1;
+    // CapabilityMask sits at PortInfo offset 20, after the record's 4-byte key.
+    let want_caps = if req.has(pir::CAPABILITY_MASK) {
+        be32(d, 4 + 20)
+    } else {
+        0
+    };
+    let rows = ports_named(req, pir::LID, ports)
+        .into_iter()
+        .filter(|_| port_ok)
+        .map(|(lid, _)| (lid, ports.capability_mask(lid)))
+        .filter(|&(_, caps)| caps & want_caps == want_caps)
+        .map(|(lid, caps)| port_info_record(lid, caps, ports.link_up(lid)))
+        .collect();
+    Ok(Found::Records {
+        size: PORT_INFO_SIZE,
+        rows,
+    })
+}
+
+/// A PortInfoRecord: EndPortLID, PortNum, then PortInfo (IBA 14.2.5.6) as a 4x QDR CA
+/// port at `lid` reports it.
+fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
+    let mut out = vec![0u8; 68];
+    out[0..2].copy_from_slice(&lid.to_be_bytes());
+    out[2] = 1;
+    let pi = &mut out[4..68];
+    pi[8..16].copy_from_slice(&SUBNET_PREFIX.to_be_bytes()); // GidPrefix
+    pi[16..18].copy_from_slice(&lid.to_be_bytes()); // LID
+    pi[18..20].copy_from_slice(&SM_LID.to_be_bytes()); // MasterSMLID
+    pi[20..24].copy_from_slice(&caps.to_be_bytes()); // CapabilityMask
+    pi[28] = 1; // LocalPortNum
+    pi[29] = 2; // LinkWidthEnabled: 4x
+    pi[30] = 2; // LinkWidthSupported
+    pi[31] = 2; // LinkWidthActive
+                // LinkSpeedSupported (SDR..QDR) | PortState (4 Active, 1 Down).
+    pi[32] = 0x7 << 4 | if up { 4 } else { 1 };
+    // PortPhysicalState (5 LinkUp, 3 Disabled) | LinkDownDefaultState (2 Polling).
+    pi[33] = if up { 5 } else { 3 } << 4 | 2;
+    pi[35] = 0x4 << 4 | 0x7; // LinkSpeedActive QDR | LinkSpeedEnabled
+    pi[36] = 5 << 4; // NeighborMTU 4096 | MasterSMSL 0
+    pi[37] = 1 << 4; // VLCap: VL0
+    pi[41] = 5; // InitTypeReply 0 | MTUCap 4096
+    pi[43] = 1 << 4; // OperationalVLs: VL0
+    pi[51] = LIFE_TIME; // SubnetTimeOut
+    pi[52] = LIFE_TIME; // RespTimeValue
+    out
+}

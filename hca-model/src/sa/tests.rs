@@ -1,0 +1,767 @@
+//! The SA, query by query, through `SubnetAdmin::answer` as the fabric calls it.
+
+use std::cell::Cell;
+
+use super::groups::mc;
+use super::records::{nr, pir, pr};
+use super::services::sr;
+use super::*;
+
+/// Nodes 1..=n with the GUIDs hca_model::abi gives them; links up unless taken down.
+struct Nodes {
+    n: Lid,
+    down: Cell<Option<Lid>>,
+    now: Cell<u64>,
+}
+
+impl Nodes {
+    fn new(n: Lid) -> Self {
+        Self {
+            n,
+            down: Cell::new(None),
+            now: Cell::new(0),
+        }
+    }
+}
+
+impl Ports for Nodes {
+    fn lid_of(&self, guid: u64) -> Option<Lid> {
+        (1..=self.n).find(|&l| crate::abi::node_guid(l) == guid)
+    }
+    fn guid_of(&self, lid: Lid) -> Option<u64> {
+        (1..=self.n)
+            .contains(&lid)
+            .then(|| crate::abi::node_guid(lid))
+    }
+    fn lids(&self) -> Vec<Lid> {
+        (1..=self.n).collect()
+    }
+    fn link_up(&self, lid: Lid) -> bool {
+        self.down.get() != Some(lid)
+    }
+    /// Node 3 says it is a device-management agent (as ib_srpt makes a port); all do CM.
+    fn capability_mask(&self, lid: Lid) -> u32 {
+        CM_SUPPORTED | if lid == 3 { DEV_MGMT_SUPPORTED } else { 0 }
+    }
+    fn now_ns(&self) -> u64 {
+        self.now.get()
+    }
+}
+
+const CM_SUPPORTED: u32 = 1 << 16;
+const DEV_MGMT_SUPPORTED: u32 = 1 << 19;
+
+fn three() -> Nodes {
+    Nodes::new(3)
+}
+
+fn mad(method: u8, attr: u16, comp_mask: u64, data: &[u8]) -> Packet {
+    let mut m = vec![0u8; MAD_SIZE];
+    m[0] = 1;
+    m[1] = CLASS_SUBN_ADM;
+    m[2] = SA_CLASS_VERSION;
+    m[3] = method;
+    m[8..16].copy_from_slice(&0x1234_5678_9abc_def0u64.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    m[COMP_MASK_OFFSET..DATA_OFFSET].copy_from_slice(&comp_mask.to_be_bytes());
+    m[DATA_OFFSET..DATA_OFFSET + data.len()].copy_from_slice(data);
+    Packet {
+        slid: 2,
+        dlid: SM_LID,
+        opcode: UD_SEND_ONLY,
+        dest_qpn: 1,
+        src_qpn: 1,
+        qkey: GSI_QKEY,
+        payload: Payload::Bytes(m),
+        ..Default::default()
+    }
+}
+
+/// (method, status, data) of the answer.
+fn ask(sa: &mut SubnetAdmin, p: &Packet) -> (u8, u16, Vec<u8>) {
+    let r = sa.answer(p, &three()).expect("an answer").remove(0);
+    assert_eq!(
+        (r.dlid, r.slid, r.dest_qpn, r.qkey),
+        (2, SM_LID, 1, GSI_QKEY)
+    );
+    let Payload::Bytes(b) = r.payload else {
+        panic!("bytes")
+    };
+    assert_eq!(b.len(), MAD_SIZE);
+    assert_eq!(be64(&b, 8), 0x1234_5678_9abc_def0, "the TID comes back");
+    (b[3], be16(&b, 4), b[DATA_OFFSET..].to_vec())
+}
+
+fn gid(lid: Lid) -> [u8; 16] {
+    port_gid(crate::abi::node_guid(lid))
+}
+
+#[test]
+fn test_a_path_record_by_dgid_names_both_ends_and_honours_selectors() {
+    let mut sa = SubnetAdmin::new();
+    let mut d = [0u8; 64];
+    d[8..24].copy_from_slice(&gid(3));
+    let (m, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, pr::DGID, &d));
+    assert_eq!((m, st), ((method::GET | method::RESP), 0));
+    assert_eq!(r[8..24], gid(3));
+    assert_eq!(r[24..40], gid(2), "from the asker");
+    assert_eq!((be16(&r, 40), be16(&r, 42)), (3, 2));
+    assert_eq!((be16(&r, 50), r[54] & 0x3f), (0xffff, MTU_4096));
+    // MTU exactly 2048: a 4096 path carries that too.
+    d[54] = 2 << 6 | MTU_2048;
+    let exact = pr::DGID | pr::MTU_SELECTOR | pr::MTU;
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    assert_eq!((st, r[54] & 0x3f), (0, MTU_2048));
+    // Greater than 2048: 4096 will do; greater than 4096 nothing does.
+    d[54] = MTU_2048;
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    assert_eq!((st, r[54] & 0x3f), (0, MTU_4096));
+    d[54] = MTU_4096;
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    assert_eq!(st, status::NO_RECORDS);
+    // An unknown GID has no path; a query naming no destination is incomplete.
+    d[8..24].copy_from_slice(&gid(9));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, pr::DGID, &d));
+    assert_eq!(st, status::NO_RECORDS);
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, 0, &d));
+    assert_eq!(st, status::INSUFFICIENT_COMPONENTS);
+    // By DLID and SLID.
+    let mut d = [0u8; 64];
+    d[40..42].copy_from_slice(&1u16.to_be_bytes());
+    d[42..44].copy_from_slice(&3u16.to_be_bytes());
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::PATH_RECORD, pr::DLID | pr::SLID, &d),
+    );
+    assert_eq!((st, r[24..40].to_vec()), (0, gid(3).to_vec()));
+}
+
+fn member(mgid: [u8; 16], lid: Lid, join: u8) -> [u8; 52] {
+    let mut d = [0u8; 52];
+    d[0..16].copy_from_slice(&mgid);
+    d[16..32].copy_from_slice(&gid(lid));
+    d[40..42].copy_from_slice(&0xffffu16.to_be_bytes());
+    d[48] = join;
+    d
+}
+
+#[test]
+fn test_ipoib_joins_the_broadcast_group_that_exists_from_the_start() {
+    let mut sa = SubnetAdmin::new();
+    let d = member(IPOIB_BROADCAST_MGID, 2, 1);
+    let mask = mc::MGID | mc::PORT_GID | mc::PKEY | mc::JOIN_STATE;
+    let (m, st, r) = ask(&mut sa, &mad(method::SET, attr::MCMEMBER_RECORD, mask, &d));
+    assert_eq!((m, st), ((method::GET | method::RESP), 0));
+    assert_eq!(r[0..16], IPOIB_BROADCAST_MGID);
+    assert_eq!(be32(&r, 32), IPOIB_QKEY);
+    assert_eq!(be16(&r, 36), MLID_BASE);
+    assert_eq!((r[38] & 0x3f, r[48] & 0xf), (MTU_2048, 1));
+    // Leaving keeps the permanent group.
+    let (m, st, _) = ask(
+        &mut sa,
+        &mad(method::DELETE, attr::MCMEMBER_RECORD, mask, &d),
+    );
+    assert_eq!((m, st), ((method::DELETE | method::RESP), 0));
+    assert!(sa.group_by_mlid(MLID_BASE).unwrap().members.is_empty());
+}
+
+#[test]
+fn test_a_group_is_created_by_a_full_join_and_goes_with_its_last_member() {
+    let mut sa = SubnetAdmin::new();
+    let mgid = [
+        0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+    ];
+    let partial = mc::MGID | mc::PORT_GID | mc::JOIN_STATE;
+    let mut d = member(mgid, 2, 1);
+    let (_, st, _) = ask(
+        &mut sa,
+        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &d),
+    );
+    assert_eq!(
+        st,
+        status::REQ_INVALID,
+        "no group, and not enough to create one"
+    );
+    d[32..36].copy_from_slice(&IPOIB_QKEY.to_be_bytes());
+    let full = partial | mc::CREATE;
+    let (_, st, r) = ask(&mut sa, &mad(method::SET, attr::MCMEMBER_RECORD, full, &d));
+    assert_eq!(st, 0);
+    let mlid = be16(&r, 36);
+    assert!(mlid > MLID_BASE, "a new MLID");
+    let d3 = member(mgid, 3, 1);
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &d3),
+    );
+    assert_eq!(
+        (st, be16(&r, 36)),
+        (0, mlid),
+        "the second member joins the group"
+    );
+    assert_eq!(sa.group_by_mlid(mlid).unwrap().members.len(), 2);
+    // Get by MGID.
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::MCMEMBER_RECORD, mc::MGID, &d),
+    );
+    assert_eq!((st, be16(&r, 36)), (0, mlid));
+    for x in [&d, &d3] {
+        let (_, st, _) = ask(
+            &mut sa,
+            &mad(method::DELETE, attr::MCMEMBER_RECORD, partial, x),
+        );
+        assert_eq!(st, 0);
+    }
+    assert!(
+        sa.group_by_mlid(mlid).is_none(),
+        "the group went with its last member"
+    );
+    let (_, st, _) = ask(
+        &mut sa,
+        &mad(method::DELETE, attr::MCMEMBER_RECORD, partial, &d),
+    );
+    assert_eq!(st, status::NO_RECORDS);
+    // A stranger's GID cannot join.
+    let stranger = member(IPOIB_BROADCAST_MGID, 9, 1);
+    let (_, st, _) = ask(
+        &mut sa,
+        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &stranger),
+    );
+    assert_eq!(st, status::INVALID_GID);
+}
+
+#[test]
+fn test_a_node_record_by_lid_or_guid_describes_the_node() {
+    let mut sa = SubnetAdmin::new();
+    let mut d = [0u8; 108];
+    d[0..2].copy_from_slice(&3u16.to_be_bytes());
+    let (m, st, r) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, nr::LID, &d));
+    assert_eq!((m, st), ((method::GET | method::RESP), 0));
+    assert_eq!(be16(&r, 0), 3);
+    assert_eq!(
+        (r[4 + 2], r[4 + 3]),
+        (1, 1),
+        "a channel adapter with one port"
+    );
+    assert_eq!(be64(&r, 4 + 12), crate::abi::node_guid(3));
+    assert!(r[44..108].starts_with(b"hcabench HCA, LID 3"));
+    let mut d = [0u8; 108];
+    d[16..24].copy_from_slice(&crate::abi::node_guid(2).to_be_bytes());
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::NODE_RECORD, nr::NODE_GUID, &d),
+    );
+    assert_eq!((st, be16(&r, 0)), (0, 2));
+    d[0..2].copy_from_slice(&9u16.to_be_bytes());
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, nr::LID, &d));
+    assert_eq!(st, status::NO_RECORDS);
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, 0, &d));
+    assert_eq!(st, status::TOO_MANY_RECORDS, "all three match");
+}
+
+/// Sixteen ports, joining and leaving eight groups in a seeded order: the SA's members
+/// are exactly the joins not yet left, and groups go with their last member.
+#[test]
+fn test_many_members_join_and_leave_many_groups() {
+    let sixteen = Nodes::new(16);
+    let mut sa = SubnetAdmin::new();
+    let mgid = |g: u8| {
+        [
+            0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, g,
+        ]
+    };
+    let mut want: std::collections::BTreeSet<(u8, Lid)> = Default::default();
+    let mut x = 0x2545_f491_u32;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let (g, lid) = ((x % 8) as u8, (x >> 8) as u16 % 16 + 1);
+        let mut d = member(mgid(g), 1, 1);
+        d[16..32].copy_from_slice(&gid(lid));
+        d[32..36].copy_from_slice(&IPOIB_QKEY.to_be_bytes());
+        let joined = want.contains(&(g, lid));
+        let (method, mask) = if joined {
+            (method::DELETE, mc::MGID | mc::PORT_GID | mc::JOIN_STATE)
+        } else {
+            (method::SET, mc::MGID | mc::PORT_GID | mc::CREATE)
+        };
+        let p = Packet {
+            slid: lid,
+            ..mad(method, attr::MCMEMBER_RECORD, mask, &d)
+        };
+        let r = sa.answer(&p, &sixteen).unwrap().remove(0);
+        let Payload::Bytes(b) = r.payload else {
+            panic!()
+        };
+        assert_eq!(be16(&b, 4), 0, "{method:#x} of node{lid} in group {g}");
+        if joined {
+            want.remove(&(g, lid));
+        } else {
+            want.insert((g, lid));
+        }
+    }
+    let mut have: std::collections::BTreeSet<(u8, Lid)> = Default::default();
+    for grp in sa.groups().filter(|grp| !grp.permanent) {
+        assert!(!grp.members.is_empty(), "an empty group was kept");
+        for guid in grp.members.keys() {
+            have.insert((grp.mgid[15], sixteen.lid_of(*guid).unwrap()));
+        }
+    }
+    assert_eq!(have, want);
+    let mlids: std::collections::BTreeSet<Lid> = sa.groups().map(|g| g.mlid).collect();
+    assert_eq!(mlids.len(), sa.groups().count(), "every group its own MLID");
+}
+
+#[test]
+fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
+    let mut sa = SubnetAdmin::new();
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
+    assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(LIFE_TIME)));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, 0x0030, 0, &[]));
+    assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "GuidInfoRecord");
+    let (_, st, _) = ask(&mut sa, &mad(0x07, attr::PATH_RECORD, 0, &[]));
+    assert_eq!(st, status::METHOD_UNSUPPORTED);
+    let mut p = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
+    if let Payload::Bytes(b) = &mut p.payload {
+        b[2] = 9;
+    }
+    assert_eq!(ask(&mut sa, &p).1, status::BAD_VERSION);
+    // Not for the SA: another class, a response, the wrong Q_Key, a short MAD.
+    let mut other = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
+    if let Payload::Bytes(b) = &mut other.payload {
+        b[1] = 0x07;
+    }
+    assert!(sa.answer(&other, &three()).is_none());
+    let mut resp = mad(method::GET | method::RESP, attr::CLASS_PORT_INFO, 0, &[]);
+    assert!(sa.answer(&resp, &three()).is_none());
+    resp = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
+    resp.qkey = 0;
+    assert!(sa.answer(&resp, &three()).is_none());
+    resp.qkey = GSI_QKEY;
+    resp.payload = Payload::Bytes(vec![1, 3, 2, 1]);
+    assert!(sa.answer(&resp, &three()).is_none());
+}
+
+/// Every packet of the SA's answer, as (method, status, the whole MAD).
+fn answers(sa: &mut SubnetAdmin, p: &Packet, ports: &Nodes) -> Vec<(u8, u16, Vec<u8>)> {
+    sa.answer(p, ports)
+        .expect("the SA's to answer")
+        .into_iter()
+        .map(|r| {
+            assert_eq!((r.dlid, r.dest_qpn, r.qkey), (p.slid, p.src_qpn, GSI_QKEY));
+            let Payload::Bytes(b) = r.payload else {
+                panic!("bytes")
+            };
+            (b[3], be16(&b, 4), b)
+        })
+        .collect()
+}
+
+/// The ACK a receiver sends for segments up to `seg`, opening the window to `window`.
+fn ack(seg: u32, window: u32) -> Packet {
+    let mut p = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    if let Payload::Bytes(m) = &mut p.payload {
+        m[24] = 1;
+        m[25] = rmpp::wire::ACK;
+        m[26] = rmpp::wire::ACTIVE;
+        m[28..32].copy_from_slice(&seg.to_be_bytes());
+        m[32..36].copy_from_slice(&window.to_be_bytes());
+    }
+    p
+}
+
+/// (segment number, flags, PayloadLength) of an RMPP DATA segment.
+fn segment(m: &[u8]) -> (u32, u8, u32) {
+    assert_eq!((m[24], m[25]), (1, 1), "an RMPP DATA segment");
+    (be32(m, 28), m[26] & 7, be32(m, 32))
+}
+
+/// Receives a whole GetTable answer as ib_mad's receiver does (window of 64 after the first
+/// segment): the records and their size.
+fn table(sa: &mut SubnetAdmin, q: &Packet, ports: &Nodes) -> (usize, Vec<Vec<u8>>) {
+    let first = answers(sa, q, ports);
+    assert_eq!(first.len(), 1, "one segment before the first ACK");
+    let (m, st, seg1) = &first[0];
+    assert_eq!((*m, *st), (method::GET_TABLE | method::RESP, 0));
+    let (n, flags, total) = segment(seg1);
+    assert_eq!(n, 1);
+    assert_ne!(flags & rmpp::wire::FIRST, 0);
+    let mut segs = vec![seg1.clone()];
+    if flags & rmpp::wire::LAST == 0 {
+        let rest = answers(sa, &ack(1, 64), ports);
+        segs.extend(rest.into_iter().map(|(_, _, b)| b));
+    }
+    let last = segs.last().unwrap();
+    let (n, flags, last_len) = segment(last);
+    assert_eq!(n as usize, segs.len(), "segments in order, none missing");
+    assert_ne!(flags & rmpp::wire::LAST, 0);
+    // The final ACK ends the transfer: nothing more comes.
+    assert!(answers(sa, &ack(n, n + 64), ports).is_empty());
+    let size = be16(seg1, ATTR_OFFSET_AT) as usize * 8;
+    let data_len = total as usize - segs.len() * 20;
+    assert_eq!(last_len as usize, 20 + data_len - (segs.len() - 1) * 200);
+    let data: Vec<u8> = segs
+        .iter()
+        .flat_map(|s| s[DATA_OFFSET..].to_vec())
+        .collect();
+    let rows = data[..data_len]
+        .chunks(size.max(1))
+        .map(<[u8]>::to_vec)
+        .collect();
+    (size, rows)
+}
+
+#[test]
+fn test_a_path_table_comes_back_in_rmpp_segments_paced_by_acks() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    // Every path on three nodes: nine records of 64 bytes, three segments.
+    let (size, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]),
+        &ports,
+    );
+    assert_eq!((size, rows.len()), (64, 9));
+    let pairs: std::collections::BTreeSet<(u16, u16)> =
+        rows.iter().map(|r| (be16(r, 42), be16(r, 40))).collect();
+    assert_eq!(pairs.len(), 9, "each (source, destination) once");
+    // From one source: three records.
+    let mut d = [0u8; 64];
+    d[42..44].copy_from_slice(&2u16.to_be_bytes());
+    let q = mad(method::GET_TABLE, attr::PATH_RECORD, pr::SLID, &d);
+    let (_, rows) = table(&mut sa, &q, &ports);
+    assert!(rows.len() == 3 && rows.iter().all(|r| r[24..40] == gid(2)));
+    assert_eq!(sa.transfers.len(), 0, "finished transfers are gone");
+}
+
+#[test]
+fn test_a_lost_segment_is_sent_again_from_a_duplicate_ack_and_stop_ends_a_transfer() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    assert_eq!(answers(&mut sa, &q, &ports).len(), 1);
+    // A window of one after segment 1 sends nothing yet; opened to 3, two more segments.
+    assert!(answers(&mut sa, &ack(1, 1), &ports).is_empty());
+    let two = answers(&mut sa, &ack(1, 3), &ports);
+    assert_eq!(
+        two.iter().map(|a| segment(&a.2).0).collect::<Vec<_>>(),
+        [2, 3]
+    );
+    // Segment 2 was lost: the receiver acknowledges 1 again; 2 and 3 come again.
+    let again = answers(&mut sa, &ack(1, 3), &ports);
+    assert_eq!(
+        again.iter().map(|a| segment(&a.2).0).collect::<Vec<_>>(),
+        [2, 3]
+    );
+    // A STOP ends it.
+    let mut stop = ack(1, 3);
+    if let Payload::Bytes(m) = &mut stop.payload {
+        m[25] = rmpp::wire::STOP;
+    }
+    assert!(answers(&mut sa, &stop, &ports).is_empty());
+    assert_eq!(sa.transfers.len(), 0);
+    assert!(answers(&mut sa, &ack(1, 3), &ports).is_empty());
+}
+
+#[test]
+fn test_transfers_under_way_are_bounded() {
+    let mut sa = SubnetAdmin::new();
+    let ports = Nodes::new(40);
+    for tid in 0..200u64 {
+        let mut q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+        if let Payload::Bytes(m) = &mut q.payload {
+            m[8..16].copy_from_slice(&tid.to_be_bytes());
+        }
+        assert_eq!(answers(&mut sa, &q, &ports).len(), 1);
+    }
+    assert_eq!(sa.transfers.len(), rmpp::MAX_TRANSFERS);
+    // 40 nodes is 1600 paths (under the table limit); 60 nodes' 3600 are refused.
+    let big = Nodes::new(60);
+    let q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    let a = answers(&mut sa, &q, &big);
+    assert_eq!((a.len(), a[0].1), (1, status::NO_RESOURCES));
+}
+
+#[test]
+fn test_node_and_member_tables_list_every_node_and_membership() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let (size, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::NODE_RECORD, 0, &[]),
+        &ports,
+    );
+    assert_eq!(size, 112);
+    let lids: Vec<u16> = rows.iter().map(|r| be16(r, 0)).collect();
+    assert_eq!(lids, [1, 2, 3]);
+    // A Get that matches three is refused; by port GUID it finds one.
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, 0, &[]));
+    assert_eq!(st, status::TOO_MANY_RECORDS);
+    let mut d = [0u8; 108];
+    d[24..32].copy_from_slice(&crate::abi::node_guid(3).to_be_bytes());
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::NODE_RECORD, nr::PORT_GUID, &d),
+    );
+    assert_eq!((st, be16(&r, 0)), (0, 3));
+    // The broadcast group with no members is one record; with two, one per member.
+    let q = mad(method::GET_TABLE, attr::MCMEMBER_RECORD, 0, &[]);
+    let (size, rows) = table(&mut sa, &q, &ports);
+    assert_eq!(
+        (size, rows.len(), rows[0][16..32].to_vec()),
+        (56, 1, vec![0; 16])
+    );
+    for lid in [1, 3] {
+        let p = Packet {
+            slid: lid,
+            ..mad(
+                method::SET,
+                attr::MCMEMBER_RECORD,
+                mc::MGID | mc::PORT_GID | mc::JOIN_STATE,
+                &member(IPOIB_BROADCAST_MGID, lid, 1),
+            )
+        };
+        assert_eq!(answers(&mut sa, &p, &ports)[0].1, 0);
+    }
+    let (_, rows) = table(&mut sa, &q, &ports);
+    let members: Vec<[u8; 16]> = rows.iter().map(|r| gid_at(r, 16)).collect();
+    assert_eq!(members, [gid(1), gid(3)]);
+    // By port GID: that port's memberships only.
+    let q = mad(
+        method::GET_TABLE,
+        attr::MCMEMBER_RECORD,
+        mc::PORT_GID,
+        &member([0; 16], 3, 0),
+    );
+    let (_, rows) = table(&mut sa, &q, &ports);
+    assert_eq!((rows.len(), rows[0][48] & 0xf), (1, 1));
+}
+
+#[test]
+fn test_port_info_records_show_state_and_capabilities() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&2u16.to_be_bytes());
+    let (m, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::PORT_INFO_RECORD, pir::LID, &d),
+    );
+    assert_eq!((m, st), (method::GET | method::RESP, 0));
+    let pi = &r[4..];
+    assert_eq!(
+        (be16(pi, 16), be16(pi, 18)),
+        (2, SM_LID),
+        "LID and master SM LID"
+    );
+    assert_eq!((pi[32] & 0xf, pi[33] >> 4), (4, 5), "Active, LinkUp");
+    assert_eq!(be32(pi, 20), CM_SUPPORTED);
+    ports.down.set(Some(2));
+    let q = mad(method::GET, attr::PORT_INFO_RECORD, pir::LID, &d);
+    let r = &answers(&mut sa, &q, &ports)[0].2[DATA_OFFSET..];
+    assert_eq!((r[4 + 32] & 0xf, r[4 + 33] >> 4), (1, 3), "Down, Disabled");
+    // srp_daemon's question: which ports are device-management agents?
+    d[4 + 20..4 + 24].copy_from_slice(&DEV_MGMT_SUPPORTED.to_be_bytes());
+    let q = mad(
+        method::GET_TABLE,
+        attr::PORT_INFO_RECORD,
+        pir::CAPABILITY_MASK,
+        &d,
+    );
+    let (size, rows) = table(&mut sa, &q, &ports);
+    assert_eq!((size, rows.len(), be16(&rows[0], 0)), (72, 1, 3));
+}
+
+fn service(id: u64, lid: Lid, name: &str, lease: u32) -> [u8; 176] {
+    let mut d = [0u8; 176];
+    d[0..8].copy_from_slice(&id.to_be_bytes());
+    d[8..24].copy_from_slice(&gid(lid));
+    d[24..26].copy_from_slice(&0xffffu16.to_be_bytes());
+    d[28..32].copy_from_slice(&lease.to_be_bytes());
+    d[32] = 0x5a; // ServiceKey
+    d[48..48 + name.len()].copy_from_slice(name.as_bytes());
+    d
+}
+
+#[test]
+fn test_service_records_are_registered_found_leased_and_deleted() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let set = sr::ID | sr::GID | sr::PKEY | sr::NAME;
+    let from = |lid: Lid, p: Packet| Packet { slid: lid, ..p };
+    for (id, lid, name, lease) in [(0x10, 2, "nvme", u32::MAX), (0x11, 3, "srp", 10)] {
+        let p = from(
+            lid,
+            mad(
+                method::SET,
+                attr::SERVICE_RECORD,
+                set,
+                &service(id, lid, name, lease),
+            ),
+        );
+        assert_eq!(answers(&mut sa, &p, &ports)[0].1, 0);
+    }
+    let (size, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::SERVICE_RECORD, 0, &[]),
+        &ports,
+    );
+    assert_eq!((size, rows.len()), (176, 2));
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(
+            method::GET,
+            attr::SERVICE_RECORD,
+            sr::NAME,
+            &service(0, 1, "srp", 0),
+        ),
+    );
+    assert_eq!((st, be64(&r, 0)), (0, 0x11));
+    // The 10-second lease runs out; the lease of all ones does not.
+    ports.now.set(11_000_000_000);
+    let (_, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::SERVICE_RECORD, 0, &[]),
+        &ports,
+    );
+    assert_eq!(rows.len(), 1);
+    // Node 3 may not delete node 2's record without its key; node 2 may.
+    let del = sr::ID | sr::GID;
+    let p = from(
+        3,
+        mad(
+            method::DELETE,
+            attr::SERVICE_RECORD,
+            del,
+            &service(0x10, 2, "", 0),
+        ),
+    );
+    assert_eq!(answers(&mut sa, &p, &ports)[0].1, status::NO_RECORDS);
+    let p = from(
+        2,
+        mad(
+            method::DELETE,
+            attr::SERVICE_RECORD,
+            del,
+            &service(0x10, 2, "", 0),
+        ),
+    );
+    let a = answers(&mut sa, &p, &ports);
+    assert_eq!((a[0].0, a[0].1), (method::DELETE | method::RESP, 0));
+    assert_eq!(sa.registrations().0, 0);
+    // A stranger's GID is refused, and one port's records are bounded.
+    let p = mad(
+        method::SET,
+        attr::SERVICE_RECORD,
+        set,
+        &service(1, 9, "x", 0),
+    );
+    assert_eq!(answers(&mut sa, &p, &ports)[0].1, status::INVALID_GID);
+    let mut last = 0;
+    for id in 0..services::MAX_SERVICES_PER_PORT as u64 + 5 {
+        let p = mad(
+            method::SET,
+            attr::SERVICE_RECORD,
+            set,
+            &service(id, 2, "x", u32::MAX),
+        );
+        last = answers(&mut sa, &p, &ports)[0].1;
+    }
+    assert_eq!(last, status::NO_RESOURCES);
+    assert_eq!(sa.registrations().0, services::MAX_SERVICES_PER_PORT);
+}
+
+fn inform(trap: u16, subscribe: u8) -> [u8; 36] {
+    let mut d = [0u8; 36];
+    d[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+    d[22] = 1; // generic
+    d[23] = subscribe;
+    d[26..28].copy_from_slice(&trap.to_be_bytes());
+    d[28..32].copy_from_slice(&(1u32 << 8).to_be_bytes()); // QP1
+    d
+}
+
+#[test]
+fn test_trap_subscribers_get_a_report_when_a_port_goes_down_or_up() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let sub = mad(method::SET, attr::INFORM_INFO, 0, &inform(65, 1));
+    let (m, st, r) = ask(&mut sa, &sub);
+    assert_eq!((m, st, r[23]), (method::GET | method::RESP, 0, 1));
+    assert!(
+        sa.port_changed(3, true, &ports).is_empty(),
+        "no one asked for trap 64"
+    );
+    let reports = sa.port_changed(3, false, &ports);
+    assert_eq!(reports.len(), 1);
+    let r = &reports[0];
+    assert_eq!((r.dlid, r.dest_qpn, r.slid), (2, 1, SM_LID));
+    let Payload::Bytes(b) = &r.payload else {
+        panic!()
+    };
+    assert_eq!((b[3], be16(b, 16)), (method::REPORT, attr::NOTICE));
+    let notice = &b[DATA_OFFSET..];
+    assert_eq!(
+        (notice[0] >> 7, be16(notice, 4)),
+        (1, 65),
+        "generic trap 65"
+    );
+    assert_eq!(
+        gid_at(notice, 16),
+        gid(3),
+        "the port that went out of service"
+    );
+    // The subscriber's ReportResp is taken, and answered with nothing.
+    let resp = mad(method::REPORT | method::RESP, attr::NOTICE, 0, &[]);
+    assert_eq!(sa.answer(&resp, &ports).map(|v| v.len()), Some(0));
+    // Unsubscribed: no more Reports. Subscriptions are bounded per port.
+    ask(
+        &mut sa,
+        &mad(method::SET, attr::INFORM_INFO, 0, &inform(65, 0)),
+    );
+    assert!(sa.port_changed(3, false, &ports).is_empty());
+    let mut last = 0;
+    for trap in 0..inform::MAX_SUBSCRIPTIONS_PER_PORT as u16 + 3 {
+        last = ask(
+            &mut sa,
+            &mad(method::SET, attr::INFORM_INFO, 0, &inform(trap, 1)),
+        )
+        .1;
+    }
+    assert_eq!(last, status::NO_RESOURCES);
+    // Vendor traps are not the fabric's.
+    let mut vendor = inform(64, 1);
+    vendor[22] = 0;
+    let (_, st, _) = ask(&mut sa, &mad(method::SET, attr::INFORM_INFO, 0, &vendor));
+    assert_eq!(st, status::REQ_INVALID);
+}
+
+#[test]
+fn test_a_request_sent_as_rmpp_is_acknowledged_and_a_long_one_aborted() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let mut q = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
+    if let Payload::Bytes(m) = &mut q.payload {
+        m[24] = 1;
+        m[25] = 1;
+        m[26] = rmpp::wire::ACTIVE | rmpp::wire::FIRST | rmpp::wire::LAST;
+        m[28..32].copy_from_slice(&1u32.to_be_bytes());
+    }
+    let a = answers(&mut sa, &q, &ports);
+    assert_eq!(a.len(), 2);
+    assert_eq!(
+        (a[0].0, a[0].2[25], be32(&a[0].2, 28)),
+        (method::GET | method::RESP, rmpp::wire::ACK, 1)
+    );
+    assert_eq!(
+        (a[1].0, a[1].1, a[1].2[24]),
+        (method::GET | method::RESP, 0, 0),
+        "then the answer"
+    );
+    if let Payload::Bytes(m) = &mut q.payload {
+        m[26] = rmpp::wire::ACTIVE | rmpp::wire::FIRST;
+    }
+    let a = answers(&mut sa, &q, &ports);
+    assert_eq!((a.len(), a[0].2[25]), (1, 4), "ABORT");
+}
