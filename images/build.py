@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KMOD = ROOT / "guest-kmod"
 # Kernel modules from Debian's package that guests load at boot (with their dependencies).
-KERNEL_MODULES = ["ib_core", "rdma_cm"]
+KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # IPoIB over hcab0 (`ipoib-up`): Debian's ib_ipoib and what it needs.
@@ -44,10 +44,14 @@ SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up"]
 USER_TOOLS = ["vbench-user", "dsm-prot"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "litmus", "dsm-bench"]
-# iproute2's `rdma` (to add rxe links and show `rdma link`) and the libraries it needs.
-RDMA_TOOL_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6"]
-RDMA_TOOL_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
-                  "ld-linux-x86-64.so.2"]
+# Debian's user-space tools the guests carry, from their packages, with the shared
+# libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
+# infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad).
+USERLAND_TOOLS = ["rdma", "saquery", "ibstat"]
+USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
+                 "infiniband-diags", "libibmad5", "libibumad3"]
+USERLAND_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
+                 "ld-linux-x86-64.so.2", "libibmad.so.5", "libibumad.so.3"]
 
 quiet = False
 
@@ -214,22 +218,24 @@ def build_dsm_apps():
     return out
 
 
-def rdma_tool(cache):
-    """`rdma` and its shared libraries, from Debian's packages: {path in image: bytes}."""
-    roots = [extract(download(p, cache), cache / f"root-{p}") for p in RDMA_TOOL_DEBS]
+def userland(cache):
+    """USERLAND_TOOLS and their shared libraries, from Debian's packages:
+    {path in image: bytes}."""
+    roots = [extract(download(p, cache), cache / f"root-{p}") for p in USERLAND_DEBS]
     files = {}
-    for r in roots:
-        for cand in [r / "bin" / "rdma", r / "usr" / "bin" / "rdma", r / "sbin" / "rdma"]:
-            if cand.exists():
-                files["bin/rdma"] = cand.read_bytes()
-    for lib in RDMA_TOOL_LIBS:
+    for tool in USERLAND_TOOLS:
+        for r in roots:
+            for d in ["bin", "sbin", "usr/bin", "usr/sbin"]:
+                if (r / d / tool).is_file():
+                    files[f"bin/{tool}"] = (r / d / tool).read_bytes()
+        if f"bin/{tool}" not in files:
+            die(f"{tool} is in none of {', '.join(USERLAND_DEBS)}")
+    for lib in USERLAND_LIBS:
         hits = [f for r in roots for f in r.rglob(lib) if f.resolve().is_file()]
         if not hits:
-            die(f"{lib} is in none of {', '.join(RDMA_TOOL_DEBS)}")
+            die(f"{lib} is in none of {', '.join(USERLAND_DEBS)}")
         dest = "lib64" if lib.startswith("ld-linux") else "lib/x86_64-linux-gnu"
         files[f"{dest}/{lib}"] = hits[0].resolve().read_bytes()
-    if "bin/rdma" not in files:
-        die("iproute2 carries no rdma binary")
     return files
 
 
@@ -311,7 +317,7 @@ def main():
     ours = build_our_modules(kver)
     tools = build_user_tools()
     tools.update(build_dsm_apps())
-    rdma = rdma_tool(cache)
+    debian_tools = userland(cache)
     moddir = kroot / "lib" / "modules" / kver
     img = Cpio()
     for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu",
@@ -324,7 +330,7 @@ def main():
         img.file(f"bin/{script}", (ROOT / "images" / script).read_bytes(), 0o755)
     for name, data in tools.items():
         img.file(f"bin/{name}", data, 0o755)
-    for path, data in rdma.items():
+    for path, data in debian_tools.items():
         img.file(path, data, 0o755)
     load_order, rxe_order, ipoib_order = [], [], []
     for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order),
@@ -344,7 +350,7 @@ def main():
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
         "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order,
-        "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(rdma),
+        "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")
     say(f"{kver}: built in {time.monotonic() - started:.1f}s -> {dest}")

@@ -3,6 +3,8 @@
  * hca_ib: the ib_core provider for the hcabench HCA.
  *
  * Locking overview (details next to each lock):
+ * - dev->port_mutex serialises ib_modify_port, so that the device hears
+ *   capability changes in the order they were made.
  * - dev->cmd_mutex serialises the one command mailbox; commands sleep.
  * - dev->table_lock guards the QPN -> QP and CQN -> CQ lookup tables,
  *   which interrupt handlers read (poll_cq reads the QP table locklessly).
@@ -13,9 +15,10 @@
  *
  * Lock order (outermost first):
  *
- *   dev->cmd_mutex
- *     dev->table_lock
- *       cq->lock | qp->sq_lock | qp->rq_lock
+ *   dev->port_mutex
+ *     dev->cmd_mutex
+ *       dev->table_lock
+ *         cq->lock | qp->sq_lock | qp->rq_lock
  *
  * table_lock is held across the consumer's completion and event handlers
  * (eq.c), which keeps the CQ or QP alive while they run; those handlers
@@ -69,9 +72,11 @@ struct hca_dev {
 
 	/*
 	 * The port's capability bits, which consumers set and clear through
-	 * ib_modify_port (ib_cm sets CM_SUP, ib_srpt DEVICE_MGMT_SUP); a leaf
-	 * lock, taken alone.
+	 * ib_modify_port (ib_cm sets CM_SUP, ib_srpt DEVICE_MGMT_SUP) and the
+	 * device reports in the SA's PortInfoRecords. port_lock is a leaf lock,
+	 * taken alone; port_mutex orders the changes (see above).
 	 */
+	struct mutex port_mutex;
 	spinlock_t port_lock;
 	u32 port_cap_flags;
 };

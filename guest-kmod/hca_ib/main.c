@@ -90,6 +90,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		return -ENOMEM;
 	dev->pdev = pdev;
 	mutex_init(&dev->cmd_mutex);
+	mutex_init(&dev->port_mutex);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->table_lock);
 	spin_lock_init(&dev->port_lock);

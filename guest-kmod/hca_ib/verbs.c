@@ -69,29 +69,41 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	a->max_msg_sz = HCA_MAX_MSG_SIZE;
 	a->max_vl_num = 1;
 	a->active_width = IB_WIDTH_4X;
-	a->active_speed = IB_SPEED_EDR;
+	a->active_speed = IB_SPEED_QDR;	/* 4x QDR, 40 Gb/s, as the SA says */
 	a->subnet_timeout = 18;
 	return 0;
 }
 
 /*
- * Capability bits are the port's to advertise (the SA's PortInfoRecord shows
- * them); a port cannot be shut down from here, and there is no Q_Key
- * violation counter to reset.
+ * Capability bits are the port's to advertise: the device hears them
+ * (SET_PORT_CAP) and the SA's PortInfoRecord shows them. A port cannot be
+ * shut down from here, and there is no Q_Key violation counter to reset.
  */
 static int hca_modify_port(struct ib_device *ibdev, u32 port, int mask,
 			   struct ib_port_modify *props)
 {
 	struct hca_dev *dev = to_hdev(ibdev);
+	struct hca_cmd_port_cap in = {};
 	unsigned long flags;
+	u32 old;
+	int err;
 
 	if (mask & ~IB_PORT_RESET_QKEY_CNTR)
 		return -EOPNOTSUPP;
+	mutex_lock(&dev->port_mutex);
 	spin_lock_irqsave(&dev->port_lock, flags);
-	dev->port_cap_flags |= props->set_port_cap_mask;
-	dev->port_cap_flags &= ~props->clr_port_cap_mask;
+	old = dev->port_cap_flags;
+	in.cap_mask = (old | props->set_port_cap_mask) &
+		      ~props->clr_port_cap_mask;
 	spin_unlock_irqrestore(&dev->port_lock, flags);
-	return 0;
+	err = hca_cmd(dev, HCA_CMD_SET_PORT_CAP, &in, sizeof(in), NULL, 0);
+	if (!err) {
+		spin_lock_irqsave(&dev->port_lock, flags);
+		dev->port_cap_flags = in.cap_mask;
+		spin_unlock_irqrestore(&dev->port_lock, flags);
+	}
+	mutex_unlock(&dev->port_mutex);
+	return err;
 }
 
 static int hca_get_port_immutable(struct ib_device *ibdev, u32 port,

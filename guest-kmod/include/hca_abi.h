@@ -108,6 +108,7 @@
 #define HCA_CMD_DESTROY_QP		0x43
 #define HCA_CMD_ATTACH_MCAST		0x44
 #define HCA_CMD_DETACH_MCAST		0x45
+#define HCA_CMD_SET_PORT_CAP		0x46
 #define HCA_CMD_FLAG_EVENT		(1 << 0)
 
 /* Command status */
@@ -288,6 +289,12 @@ struct hca_cmd_mcast {
 	__u32 qpn;
 	__u16 mlid;
 	__u16 rsvd;
+};
+
+/* SET_PORT_CAP: the port's PortInfo:CapabilityMask (the SA shows it) */
+struct hca_cmd_port_cap {
+	__u32 cap_mask;
+	__u32 rsvd;
 };
 
 /* One handle in or out: pdn, key, cqn, qpn */

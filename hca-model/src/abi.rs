@@ -138,6 +138,7 @@ pub const CMD_DESTROY_QP: u32 = 0x43;
 /// Attach a UD QP to a multicast group (MGID, MLID): it receives the group's packets.
 pub const CMD_ATTACH_MCAST: u32 = 0x44;
 pub const CMD_DETACH_MCAST: u32 = 0x45;
+pub const CMD_SET_PORT_CAP: u32 = 0x46;
 /// Mailbox flag: post an EV_CMD_DONE event on EQ 0 and raise vector 0 when done.
 pub const CMD_FLAG_EVENT: u32 = 1 << 0;
 
@@ -382,6 +383,16 @@ pub struct HcaCmdMcast {
     pub rsvd: u16,
 }
 abi_struct!(HcaCmdMcast, 24);
+
+/// SET_PORT_CAP input: the port's PortInfo:CapabilityMask, as its driver advertises it
+/// (ib_modify_port); the subnet administrator's PortInfoRecords show it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdPortCap {
+    pub cap_mask: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaCmdPortCap, 8);
 
 /// Input (ALLOC_PD output, DEALLOC_PD/DEREG_MR/DESTROY_* input, CREATE_* output): one handle.
 #[repr(C)]
@@ -711,6 +722,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_DESTROY_QP,
         CMD_ATTACH_MCAST,
         CMD_DETACH_MCAST,
+        CMD_SET_PORT_CAP,
         CMD_FLAG_EVENT,
         CMD_OK,
         CMD_BAD_OPCODE,
@@ -814,6 +826,7 @@ pub fn layout() -> Vec<(String, u64)> {
         max_mtu, active_mtu, rsvd0, rsvd1 });
     layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
     layout_of!(HcaCmdMcast => "hca_cmd_mcast" { mgid, qpn, mlid, rsvd });
+    layout_of!(HcaCmdPortCap => "hca_cmd_port_cap" { cap_mask, rsvd });
     layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
         npages, page_shift, flags, rsvd });
     layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector });

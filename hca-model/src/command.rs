@@ -79,6 +79,11 @@ impl HcaState {
             CMD_DESTROY_QP => self.cmd_destroy_qp(h)?,
             CMD_ATTACH_MCAST => self.cmd_attach_mcast(&input(mb))?,
             CMD_DETACH_MCAST => self.cmd_detach_mcast(&input(mb))?,
+            CMD_SET_PORT_CAP => {
+                let c: HcaCmdPortCap = input(mb);
+                self.port_caps
+                    .store(c.cap_mask, std::sync::atomic::Ordering::Relaxed);
+            }
             _ => return Err(CMD_BAD_OPCODE),
         }
         Ok(())

@@ -9,7 +9,7 @@
 //! PD/MR and key checks (mr.rs), CQ rings (cq.rs), event queues (eq.rs), QP state machine (qp.rs),
 //! the send engine (requester.rs), incoming requests (responder.rs).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vm_memory::GuestMemory;
@@ -151,6 +151,9 @@ pub(crate) struct HcaState {
     pub mcast: Vec<crate::mcast::Attachment>,
     /// The fabric has this port's link down (a fault): the port is DOWN until it returns.
     pub link_down: bool,
+    /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
+    /// sink, which the SA asks without taking the device lock.
+    pub port_caps: Arc<AtomicU32>,
 }
 
 impl HcaState {
@@ -180,6 +183,7 @@ impl HcaState {
             late_due: 0,
             mcast: Vec::new(),
             link_down: false,
+            port_caps: Arc::default(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -294,6 +298,8 @@ struct Shared {
     irq: Arc<dyn InterruptSink>,
     /// The port's GUID (the node GUID: one port), fixed for the device's life.
     guid: u64,
+    /// HcaState::port_caps.
+    port_caps: Arc<AtomicU32>,
 }
 
 impl Shared {
@@ -350,6 +356,10 @@ impl PacketSink for Shared {
         Some(self.guid)
     }
 
+    fn capability_mask(&self) -> u32 {
+        self.port_caps.load(Ordering::Relaxed)
+    }
+
     fn link_changed(&self, up: bool) {
         self.with_state(|st| {
             if st.link_down != up || st.fabric.is_none() {
@@ -388,6 +398,7 @@ impl Hca {
     ) -> Self {
         let bar2 = Arc::new(bar2);
         let state = HcaState::new(mem, bar2.clone(), node_guid);
+        let port_caps = state.port_caps.clone();
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
@@ -395,6 +406,7 @@ impl Hca {
                 bar2,
                 irq,
                 guid: node_guid,
+                port_caps,
             }),
         }
     }

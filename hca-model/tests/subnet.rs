@@ -312,3 +312,94 @@ fn test_a_datagram_too_long_for_the_receive_is_dropped_and_the_qp_goes_on() {
         "the same WQE"
     );
 }
+
+/// Capability bits the driver sets (as ib_modify_port does) show in the SA's PortInfoRecord.
+#[test]
+fn test_a_port_info_record_carries_the_capabilities_the_driver_set() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let mut b = gsi(&fabric);
+    let caps = 1 << 16 | 1 << 19; // CM and device management (ib_cm, ib_srpt)
+    let set = HcaCmdPortCap {
+        cap_mask: caps,
+        rsvd: 0,
+    };
+    assert_eq!(b.d.cmd(CMD_SET_PORT_CAP, &set).0, CMD_OK);
+    // PortInfoRecord Get by EndPortLID (component bit 0).
+    let mut q = sa_mad(0x01, 0x0012, 1, 7);
+    q[56..58].copy_from_slice(&b.d.lid().to_be_bytes());
+    let r = ask(&mut a, &q);
+    assert_eq!(u16::from_be_bytes([r[4], r[5]]), 0);
+    let pi = &r[56 + 4..];
+    assert_eq!(u32::from_be_bytes(pi[20..24].try_into().unwrap()), caps);
+    assert_eq!(pi[32] & 0xf, 4, "Active");
+}
+
+/// Takes one port's link down while a flag says so.
+struct LinkDown {
+    lid: u16,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl hca_model::LinkHook for LinkDown {
+    fn on_packet(
+        &self,
+        _: hca_model::LinkId,
+        _: u64,
+        _: &mut hca_model::packet::Packet,
+    ) -> hca_model::Verdict {
+        hca_model::Verdict::Pass
+    }
+    fn link_up(&self, lid: u16, _: u64) -> bool {
+        lid != self.lid || !self.down.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A guest that subscribed to traps 64 and 65 hears, on its QP1, a port go out of service
+/// and come back, as srp_daemon does.
+#[test]
+fn test_a_subscriber_hears_a_port_go_out_of_service_and_back() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let b = gsi(&fabric);
+    for (tid, trap) in [(1u64, 64u16), (2, 65)] {
+        let mut q = sa_mad(0x02, 0x0003, 0, tid);
+        let d = &mut q[56..];
+        d[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+        d[22] = 1; // generic
+        d[23] = 1; // subscribe
+        d[26..28].copy_from_slice(&trap.to_be_bytes());
+        d[28..32].copy_from_slice(&(GSI_QPN << 8).to_be_bytes());
+        let r = ask(&mut a, &q);
+        assert_eq!((r[3], u16::from_be_bytes([r[4], r[5]])), (0x81, 0));
+    }
+    let hook = std::sync::Arc::new(LinkDown {
+        lid: b.d.lid(),
+        down: false.into(),
+    });
+    fabric.set_hook(Some(hook.clone()));
+    let rbuf = a.d.alloc(2 * 296, 64);
+    for i in 0..2u64 {
+        a.d.post_recv(
+            &mut a.qp,
+            10 + i,
+            &[sge(rbuf + i * 296, 296, LOCAL_DMA_LKEY)],
+        );
+    }
+    for (i, (down, trap)) in [(true, 65u16), (false, 64)].into_iter().enumerate() {
+        hook.down.store(down, Relaxed);
+        fabric.advance(std::time::Duration::from_millis(2));
+        let got = a.d.drain_cq(&mut a.cq);
+        assert_eq!(got.len(), 1, "one Report for trap {trap}");
+        assert_eq!((got[0].slid, got[0].src_qp), (SM_LID, GSI_QPN));
+        let m = a.d.read(rbuf + i as u64 * 296 + 40, 256);
+        assert_eq!(
+            (m[1], m[3], &m[16..18]),
+            (0x03, 0x06, &[0u8, 2][..]),
+            "SA Report(Notice)"
+        );
+        assert_eq!(u16::from_be_bytes([m[56 + 4], m[56 + 5]]), trap);
+        assert_eq!(m[56 + 16..56 + 32], port_gid(b.guid), "about node b");
+    }
+}

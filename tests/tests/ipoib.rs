@@ -91,6 +91,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     }
     fabric.set_tap(None);
     the_capture_shows_sa_queries_joins_and_ipoib_datagrams(&pcap);
+    debians_saquery_reads_the_sa_tables(&mut tb);
 
     // 64 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
     let sum = tb.agents[2]
@@ -284,6 +285,29 @@ fn the_capture_shows_sa_queries_joins_and_ipoib_datagrams(pcap: &std::path::Path
 
 /// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
 /// QP1, the REQ for an RC QP.
+/// Debian's saquery (infiniband-diags, over ib_umad) asks the SA as it would ask OpenSM:
+/// its GetTable answers come back whole over RMPP and list every node, path and member.
+fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
+    let ask = |tb: &mut Testbed, q: &str| {
+        tb.agents[0]
+            .run(&format!("saquery {q}"), T)
+            .unwrap_or_else(|e| panic!("saquery {q}: {e}"))
+    };
+    let gids: Vec<String> = (1..=NODES).map(|l| format!("fe80::2:c903:0:{l:x}")).collect();
+    let out = ask(tb, "");
+    assert_eq!(out.matches("NodeRecord dump").count(), NODES, "{out}");
+    let out = ask(tb, "-p");
+    assert_eq!(out.matches("PathRecord dump").count(), NODES * NODES, "{out}");
+    let out = ask(tb, "-m");
+    for g in &gids {
+        assert!(out.contains(&format!("PortGid.................{g}\n")), "{g}: {out}");
+    }
+    // ib_cm set IsCommunicationManagementSupported through ib_modify_port.
+    let out = ask(tb, "PIR");
+    assert_eq!(out.matches("PortInfoRecord dump").count(), NODES, "{out}");
+    assert_eq!(out.matches("IsCommunicatonManagementSupported").count(), NODES, "{out}");
+}
+
 fn the_capture_shows_a_cm_handshake(pcap: &std::path::Path) {
     let fields = [
         "infiniband.mad.mgmtclass",

@@ -240,7 +240,7 @@ fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
     pi[20..24].copy_from_slice(&caps.to_be_bytes()); // CapabilityMask
     pi[28] = 1; // LocalPortNum
     pi[29] = 2; // LinkWidthEnabled: 4x
-    pi[30] = 2; // LinkWidthSupported
+    pi[30] = 3; // LinkWidthSupported: 1x, 4x
     pi[31] = 2; // LinkWidthActive
                 // LinkSpeedSupported (SDR..QDR) | PortState (4 Active, 1 Down).
     pi[32] = 0x7 << 4 | if up { 4 } else { 1 };

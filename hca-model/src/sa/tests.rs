@@ -388,9 +388,14 @@ fn table(sa: &mut SubnetAdmin, q: &Packet, ports: &Nodes) -> (usize, Vec<Vec<u8>
     assert_eq!(n, 1);
     assert_ne!(flags & rmpp::wire::FIRST, 0);
     let mut segs = vec![seg1.clone()];
-    if flags & rmpp::wire::LAST == 0 {
-        let rest = answers(sa, &ack(1, 64), ports);
+    let mut last_flags = flags;
+    // ACK at each window's end, opening the next 64 segments.
+    while last_flags & rmpp::wire::LAST == 0 {
+        let n = segs.len() as u32;
+        let rest = answers(sa, &ack(n, n + 64), ports);
+        assert!(!rest.is_empty(), "an ACK within the transfer brings more");
         segs.extend(rest.into_iter().map(|(_, _, b)| b));
+        last_flags = segment(segs.last().unwrap()).1;
     }
     let last = segs.last().unwrap();
     let (n, flags, last_len) = segment(last);
@@ -476,7 +481,10 @@ fn test_transfers_under_way_are_bounded() {
         assert_eq!(answers(&mut sa, &q, &ports).len(), 1);
     }
     assert_eq!(sa.transfers.len(), rmpp::MAX_TRANSFERS);
-    // 40 nodes is 1600 paths (under the table limit); 60 nodes' 3600 are refused.
+    // 40 nodes is 1600 paths (under the table limit): 512 segments, eight windows.
+    let (_, rows) = table(&mut sa, &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]), &ports);
+    assert_eq!(rows.len(), 1600);
+    // 60 nodes' 3600 are refused.
     let big = Nodes::new(60);
     let q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
     let a = answers(&mut sa, &q, &big);
