@@ -119,6 +119,10 @@ static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 	}
 	if (c->flags & HCA_CQE_FLAG_GRH)
 		wc->wc_flags |= IB_WC_GRH;
+	if (c->flags & HCA_CQE_FLAG_INV) {
+		wc->wc_flags |= IB_WC_WITH_INVALIDATE;
+		wc->ex.invalidate_rkey = c->imm;
+	}
 	if (c->opcode & HCA_CQE_OP_RECV) {
 		wc->opcode = c->opcode == HCA_CQE_OP_RECV_RDMA_IMM ?
 			     IB_WC_RECV_RDMA_WITH_IMM : IB_WC_RECV;

@@ -44,6 +44,10 @@ static int hca_wr_opcode(enum ib_wr_opcode op)
 		return HCA_WR_ATOMIC_FETCH_ADD;
 	case IB_WR_REG_MR:
 		return HCA_WR_REG_MR;
+	case IB_WR_LOCAL_INV:
+		return HCA_WR_LOCAL_INV;
+	case IB_WR_SEND_WITH_INV:
+		return HCA_WR_SEND_INV;
 	default:
 		return -EINVAL;
 	}
@@ -160,6 +164,11 @@ static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 		w->flags |= HCA_WQE_FENCE;
 	if (op == HCA_WR_SEND_IMM || op == HCA_WR_RDMA_WRITE_IMM)
 		w->imm = (__force u32)wr->ex.imm_data;
+	/* The key to invalidate, here or (SEND_INV) at the responder. */
+	if (op == HCA_WR_LOCAL_INV || op == HCA_WR_SEND_INV)
+		w->imm = wr->ex.invalidate_rkey;
+	if (op == HCA_WR_LOCAL_INV)
+		return 0;
 	hca_wqe_remote(qp, w, wr);
 	if (wr->send_flags & IB_SEND_INLINE)
 		return hca_copy_inline(wq, w, wr);

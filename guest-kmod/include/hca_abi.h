@@ -171,6 +171,8 @@
 #define HCA_WR_ATOMIC_CMP_SWP		5
 #define HCA_WR_ATOMIC_FETCH_ADD		6
 #define HCA_WR_REG_MR			7
+#define HCA_WR_LOCAL_INV		8
+#define HCA_WR_SEND_INV			9
 #define HCA_WQE_SIGNALED		(1 << 0)
 #define HCA_WQE_SOLICITED		(1 << 1)
 #define HCA_WQE_INLINE			(1 << 2)
@@ -182,11 +184,13 @@
 #define HCA_CQE_OP_RDMA_READ		2
 #define HCA_CQE_OP_COMP_SWAP		3
 #define HCA_CQE_OP_FETCH_ADD		4
+#define HCA_CQE_OP_LOCAL_INV		6
 #define HCA_CQE_OP_REG_MR		8
 #define HCA_CQE_OP_RECV			0x80
 #define HCA_CQE_OP_RECV_RDMA_IMM	0x81
 #define HCA_CQE_FLAG_IMM		(1 << 0)
 #define HCA_CQE_FLAG_GRH		(1 << 1)
+#define HCA_CQE_FLAG_INV		(1 << 2)
 #define HCA_WC_SUCCESS			0
 #define HCA_WC_LOC_LEN_ERR		1
 #define HCA_WC_LOC_QP_OP_ERR		2

@@ -211,6 +211,10 @@ pub const WR_ATOMIC_CMP_SWP: u32 = 5;
 pub const WR_ATOMIC_FETCH_ADD: u32 = 6;
 /// Maps a fast-registration MR; the WQE is an `HcaRegMrWqe`.
 pub const WR_REG_MR: u32 = 7;
+/// Invalidates the fast-registration MR whose key is in `imm` (ib_post_send's LOCAL_INV).
+pub const WR_LOCAL_INV: u32 = 8;
+/// A SEND (RC) that makes the responder invalidate the MR whose rkey is in `imm` (IETH).
+pub const WR_SEND_INV: u32 = 9;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
 pub const WQE_SOLICITED: u32 = 1 << 1;
@@ -223,6 +227,7 @@ pub const CQE_OP_RDMA_WRITE: u32 = 1;
 pub const CQE_OP_RDMA_READ: u32 = 2;
 pub const CQE_OP_COMP_SWAP: u32 = 3;
 pub const CQE_OP_FETCH_ADD: u32 = 4;
+pub const CQE_OP_LOCAL_INV: u32 = 6;
 pub const CQE_OP_REG_MR: u32 = 8;
 pub const CQE_OP_RECV: u32 = 0x80;
 pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
@@ -230,6 +235,8 @@ pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
 pub const CQE_FLAG_IMM: u32 = 1 << 0;
 /// The entry's receive buffer begins with a (zeroed) GRH slot.
 pub const CQE_FLAG_GRH: u32 = 1 << 1;
+/// The received SEND invalidated the rkey in `imm` (SEND with Invalidate).
+pub const CQE_FLAG_INV: u32 = 1 << 2;
 
 pub const WC_SUCCESS: u32 = 0;
 pub const WC_LOC_LEN_ERR: u32 = 1;
@@ -774,6 +781,8 @@ pub fn layout() -> Vec<(String, u64)> {
         WR_ATOMIC_CMP_SWP,
         WR_ATOMIC_FETCH_ADD,
         WR_REG_MR,
+        WR_LOCAL_INV,
+        WR_SEND_INV,
         WQE_SIGNALED,
         WQE_SOLICITED,
         WQE_INLINE,
@@ -783,11 +792,13 @@ pub fn layout() -> Vec<(String, u64)> {
         CQE_OP_RDMA_READ,
         CQE_OP_COMP_SWAP,
         CQE_OP_FETCH_ADD,
+        CQE_OP_LOCAL_INV,
         CQE_OP_REG_MR,
         CQE_OP_RECV,
         CQE_OP_RECV_RDMA_IMM,
         CQE_FLAG_IMM,
         CQE_FLAG_GRH,
+        CQE_FLAG_INV,
         WC_SUCCESS,
         WC_LOC_LEN_ERR,
         WC_LOC_QP_OP_ERR,

@@ -151,6 +151,9 @@ fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
     if let Some(imm) = pkt.imm {
         f.extend_from_slice(&imm.to_be_bytes());
     }
+    if let Some(rkey) = pkt.ieth {
+        f.extend_from_slice(&rkey.to_be_bytes());
+    }
 }
 
 /// The ICRC's CRC-32: IEEE 802.3's (reflected, as Ethernet's FCS).

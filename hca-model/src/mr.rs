@@ -290,6 +290,24 @@ impl HcaState {
         Ok(())
     }
 
+    /// Invalidates the fast-registration MR whose current key is `key` (LOCAL_INV, or a SEND
+    /// with Invalidate naming it): it reaches no byte until the next WR_REG_MR. Only a
+    /// fast-registration MR of `pdn` can be invalidated; false otherwise.
+    pub(crate) fn invalidate(&mut self, pdn: u32, key: u32) -> bool {
+        let idx = key >> 8;
+        let tag_ok = self
+            .mr_tags
+            .get(idx as usize)
+            .is_some_and(|&t| t == (key & 0xff) as u8);
+        match self.mrs.get_mut(idx) {
+            Some(mr) if tag_ok && mr.fast_reg_pages > 0 && mr.pdn == pdn => {
+                (mr.access, mr.length) = (0, 0);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Reads and checks a page list: every page aligned and inside guest memory, and the
     /// pages covering `[iova, iova + length)`. Errors are command statuses.
     fn read_pages(

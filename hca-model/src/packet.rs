@@ -38,6 +38,8 @@ pub const RC_ACK: u8 = 0x11;
 pub const RC_ATOMIC_ACK: u8 = 0x12;
 pub const RC_CMP_SWAP: u8 = 0x13;
 pub const RC_FETCH_ADD: u8 = 0x14;
+pub const RC_SEND_LAST_INV: u8 = 0x16;
+pub const RC_SEND_ONLY_INV: u8 = 0x17;
 // UD opcodes (transport 011).
 pub const UD_SEND_ONLY: u8 = 0x64;
 pub const UD_SEND_ONLY_IMM: u8 = 0x65;
@@ -283,6 +285,8 @@ pub struct Packet {
     /// AtomicAckETH: the original remote value.
     pub atomic_ack: Option<u64>,
     pub imm: Option<u32>,
+    /// IETH: the rkey a SEND with Invalidate makes the responder invalidate.
+    pub ieth: Option<u32>,
     /// DETH Q_Key (UD).
     pub qkey: u32,
     pub payload: Payload,
@@ -304,15 +308,43 @@ enum Family {
 
 fn family(opcode: u8) -> Option<Family> {
     match opcode {
-        RC_SEND_FIRST..=RC_SEND_ONLY_IMM => Some(Family::Send),
+        RC_SEND_FIRST..=RC_SEND_ONLY_IMM | RC_SEND_LAST_INV | RC_SEND_ONLY_INV => {
+            Some(Family::Send)
+        }
         RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => Some(Family::Write),
         RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => Some(Family::ReadResp),
         _ => None,
     }
 }
 
-/// The opcode of packet `i` of an `n`-packet message.
-fn message_opcode(f: Family, i: u32, n: u32, imm: bool) -> u8 {
+/// The opcode of packet `i` of an `n`-packet message whose last packet carries `tail`.
+fn message_opcode(f: Family, i: u32, n: u32, tail: Tail) -> u8 {
+    match (tail, base_opcode(f, i, n, tail == Tail::Imm)) {
+        (Tail::Inv, RC_SEND_LAST) => RC_SEND_LAST_INV,
+        (Tail::Inv, RC_SEND_ONLY) => RC_SEND_ONLY_INV,
+        (_, op) => op,
+    }
+}
+
+/// What a message's last packet carries beyond the payload.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    None,
+    Imm,
+    Inv,
+}
+
+impl Packet {
+    fn tail(&self) -> Tail {
+        match (self.imm, self.ieth) {
+            (Some(_), _) => Tail::Imm,
+            (None, Some(_)) => Tail::Inv,
+            _ => Tail::None,
+        }
+    }
+}
+
+fn base_opcode(f: Family, i: u32, n: u32, imm: bool) -> u8 {
     let (first, last) = (i == 0, i + 1 == n);
     match (f, first, last, imm) {
         (Family::Send, true, true, false) => RC_SEND_ONLY,
@@ -341,7 +373,7 @@ impl Packet {
     pub fn message(mut head: Packet, kind: u8, len: u64, mtu: u32) -> Packet {
         let f = family(kind).expect("a multi-packet opcode");
         let n = len.div_ceil(u64::from(mtu)).max(1) as u32;
-        head.opcode = message_opcode(f, 0, n, head.imm.is_some());
+        head.opcode = message_opcode(f, 0, n, head.tail());
         head.count = n;
         head.mtu = mtu;
         head
@@ -360,11 +392,12 @@ impl Packet {
                 let (first, last) = (i == 0, i + 1 == n);
                 let off = u64::from(i) * mtu;
                 Packet {
-                    opcode: message_opcode(f, i, n, self.imm.is_some()),
+                    opcode: message_opcode(f, i, n, self.tail()),
                     psn: psn_add(self.psn, i),
                     solicited: last && self.solicited,
                     reth: self.reth.filter(|_| first),
                     imm: self.imm.filter(|_| last),
+                    ieth: self.ieth.filter(|_| last),
                     aeth: self.aeth.filter(|_| first || last),
                     payload: self.payload.slice(off, total.saturating_sub(off).min(mtu)),
                     count: 1,
@@ -391,6 +424,7 @@ impl Packet {
             aeth: self.aeth,
             atomic_ack: self.atomic_ack,
             imm: self.imm,
+            ieth: self.ieth,
             qkey: self.qkey,
             payload: Payload::Empty,
             count: self.count,
@@ -406,6 +440,7 @@ impl Packet {
             RC_SEND_FIRST
                 | RC_SEND_ONLY
                 | RC_SEND_ONLY_IMM
+                | RC_SEND_ONLY_INV
                 | RC_WRITE_FIRST
                 | RC_WRITE_ONLY
                 | RC_WRITE_ONLY_IMM

@@ -139,12 +139,13 @@ pub(crate) fn qp_db(qpn: u32) -> u32 {
 /// Maps a WR opcode to the opcode its CQE reports.
 pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
     Some(match wr_opcode {
-        WR_SEND | WR_SEND_IMM => CQE_OP_SEND,
+        WR_SEND | WR_SEND_IMM | WR_SEND_INV => CQE_OP_SEND,
         WR_RDMA_WRITE | WR_RDMA_WRITE_IMM => CQE_OP_RDMA_WRITE,
         WR_RDMA_READ => CQE_OP_RDMA_READ,
         WR_ATOMIC_CMP_SWP => CQE_OP_COMP_SWAP,
         WR_ATOMIC_FETCH_ADD => CQE_OP_FETCH_ADD,
         WR_REG_MR => CQE_OP_REG_MR,
+        WR_LOCAL_INV => CQE_OP_LOCAL_INV,
         _ => return None,
     })
 }

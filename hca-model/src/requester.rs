@@ -115,6 +115,16 @@ impl HcaState {
         if op == WR_REG_MR {
             return self.execute_reg_mr(qpn, addr);
         }
+        if op == WR_LOCAL_INV {
+            let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
+            if !self.invalidate(qp.pdn, w.imm) {
+                return Err(WC_LOC_PROT_ERR);
+            }
+            return self.complete_local(qpn, w.wr_id, CQE_OP_LOCAL_INV, signaled);
+        }
+        if op == WR_SEND_INV && qp.is_ud() {
+            return Err(WC_LOC_QP_OP_ERR);
+        }
         let cqe_op = cqe_op_of(op).ok_or(WC_LOC_QP_OP_ERR)?;
         let flags = u32::from(w.flags);
         let is_read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
@@ -180,9 +190,15 @@ impl HcaState {
         let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
         let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
         self.fast_register(qp.pdn, &w)?;
+        self.complete_local(qpn, w.wr_id, CQE_OP_REG_MR, signaled)
+    }
+
+    /// A local operation (REG_MR, LOCAL_INV), already done: it completes in send order, after
+    /// the WRs before it that are still in flight.
+    fn complete_local(&mut self, qpn: u32, wr_id: u64, cqe_op: u32, signaled: bool) -> Result<(), u32> {
         let pend = Pending {
-            wr_id: w.wr_id,
-            cqe_op: CQE_OP_REG_MR,
+            wr_id,
+            cqe_op,
             signaled,
             first_psn: 0,
             last_psn: 0,
@@ -267,6 +283,7 @@ impl HcaState {
             len: len as u32,
         });
         head.imm = imm.then_some(w.imm);
+        head.ieth = (op == WR_SEND_INV).then_some(w.imm);
         head.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
         let kind = if write { RC_WRITE_ONLY } else { RC_SEND_ONLY };
         let train = Packet::message(head, kind, len, mtu as u32);

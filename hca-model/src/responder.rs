@@ -74,7 +74,9 @@ impl HcaState {
             qp.nak_sent = false;
         }
         match pkt.opcode {
-            RC_SEND_FIRST..=RC_SEND_ONLY_IMM => self.rc_send(qpn, pkt),
+            RC_SEND_FIRST..=RC_SEND_ONLY_IMM | RC_SEND_LAST_INV | RC_SEND_ONLY_INV => {
+                self.rc_send(qpn, pkt)
+            }
             RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(qpn, pkt),
             RC_READ_REQUEST => self.rc_read(qpn, pkt, true),
             RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(qpn, pkt),
@@ -295,6 +297,18 @@ impl HcaState {
             }
             return self.nak(qpn, &pkt, syndrome);
         }
+        // A SEND with Invalidate invalidates its rkey as the message completes; an rkey that
+        // is not one of this QP's PD's fast-registration MRs is an invalid request.
+        if let Some(rkey) = pkt.ieth.filter(|_| last) {
+            let pdn = self.qps.get(qpn).map_or(0, |q| q.pdn);
+            if !self.invalidate(pdn, rkey) {
+                let (wr_id, _) = self.abort_inbound(qpn, AETH_NAK_INV_REQ);
+                if let Some(wr_id) = wr_id {
+                    self.fail_recv(qpn, wr_id, WC_REM_INV_REQ_ERR);
+                }
+                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            }
+        }
         self.advance_epsn(qpn, pkt.span());
         // One ACK per message, at its last packet (IB lets ACKs coalesce).
         if last {
@@ -325,13 +339,14 @@ impl HcaState {
         let cqe = HcaCqe {
             wr_id,
             byte_len: msg.offset as u32,
-            imm: pkt.imm.unwrap_or(0),
+            imm: pkt.imm.or(pkt.ieth).unwrap_or(0),
             qpn,
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
             opcode: opcode as u8,
             flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
-                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
+                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }
+                | if pkt.ieth.is_some() { CQE_FLAG_INV } else { 0 }) as u8,
             ..Default::default()
         };
         self.post_recv_cqe(qpn, cqe, pkt.solicited);

@@ -751,3 +751,123 @@ fn test_fast_registration_rejects_a_foreign_or_oversized_mapping() {
     let c = p.b.drain_cq(&mut p.cq_b);
     assert_eq!(u32::from(c[0].status), WC_LOC_PROT_ERR);
 }
+
+/// Maps a one-page fast-registration MR on b at iova 0x20_0000 for remote writes, under the
+/// key tag `tag`; returns the key.
+fn map_frmr(p: &mut Pair, tag: u32) -> u32 {
+    let frmr = fast_reg_mr(p, 1);
+    let page = p.b.alloc(4096, 4096);
+    let list = p.b.alloc(8, 8);
+    p.b.write(list, &page.to_le_bytes());
+    let key = (frmr & !0xff) | tag;
+    p.b.post_reg_mr(
+        &mut p.qb,
+        HcaRegMrWqe {
+            wr_id: 1,
+            flags: WQE_SIGNALED as u8,
+            access: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+            iova: 0x20_0000,
+            key,
+            npages: 1,
+            length: 4096,
+            page_list: list,
+            page_shift: 12,
+            ..Default::default()
+        },
+    );
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(u32::from(c[0].status), WC_SUCCESS);
+    key
+}
+
+/// An RDMA WRITE from a to b's iova 0x20_0000 under `rkey`: its completion status.
+fn write_to(p: &mut Pair, rkey: u32) -> u32 {
+    let src = p.a.alloc(64, 64);
+    let w = HcaSendWqe {
+        wr_id: 9,
+        opcode: WR_RDMA_WRITE as u8,
+        flags: WQE_SIGNALED as u8,
+        remote_addr: 0x20_0000,
+        rkey,
+        ..Default::default()
+    };
+    p.a.post_send(&mut p.qa, w, &[sge(src, 64, p.key_a)]);
+    u32::from(p.a.drain_cq(&mut p.cq_a)[0].status)
+}
+
+/// A SEND from a naming `rkey` for b to invalidate: (a's status, b's receive CQE).
+fn send_inv(p: &mut Pair, rkey: u32) -> (u32, HcaCqe) {
+    let rbuf = p.b.alloc(64, 64);
+    p.b.post_recv(&mut p.qb, 5, &[sge(rbuf, 64, p.key_b)]);
+    let src = p.a.alloc(16, 64);
+    let w = HcaSendWqe {
+        wr_id: 4,
+        opcode: WR_SEND_INV as u8,
+        flags: WQE_SIGNALED as u8,
+        imm: rkey,
+        ..Default::default()
+    };
+    p.a.post_send(&mut p.qa, w, &[sge(src, 16, p.key_a)]);
+    let a = p.a.drain_cq(&mut p.cq_a);
+    let b = p.b.drain_cq(&mut p.cq_b);
+    (u32::from(a[0].status), b[0])
+}
+
+/// What NVMe-oF, NFS/RDMA and SRP do with a fast-registered MR once an I/O is done: the
+/// target's SEND with Invalidate, or the host's own LOCAL_INV, revokes the key, and no
+/// remote access reaches the pages after that.
+#[test]
+fn test_a_send_with_invalidate_or_a_local_invalidate_revokes_a_fast_registered_key() {
+    let mut p = Pair::new(5);
+    let key = map_frmr(&mut p, 0x11);
+    assert_eq!(write_to(&mut p, key), WC_SUCCESS);
+    let (st, recv) = send_inv(&mut p, key);
+    assert_eq!(st, WC_SUCCESS);
+    assert_eq!(
+        (u32::from(recv.status), u32::from(recv.opcode), recv.byte_len),
+        (WC_SUCCESS, CQE_OP_RECV, 16)
+    );
+    assert_ne!(u32::from(recv.flags) & CQE_FLAG_INV, 0, "{recv:?}");
+    assert_eq!(recv.imm, key, "the invalidated rkey");
+    assert_eq!(write_to(&mut p, key), WC_REM_ACCESS_ERR, "revoked");
+
+    let mut p = Pair::new(5);
+    let key = map_frmr(&mut p, 0x12);
+    let w = HcaSendWqe {
+        wr_id: 3,
+        opcode: WR_LOCAL_INV as u8,
+        flags: WQE_SIGNALED as u8,
+        imm: key,
+        ..Default::default()
+    };
+    p.b.post_send(&mut p.qb, w, &[]);
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(
+        (c[0].wr_id, u32::from(c[0].opcode), u32::from(c[0].status)),
+        (3, CQE_OP_LOCAL_INV, WC_SUCCESS)
+    );
+    assert_eq!(write_to(&mut p, key), WC_REM_ACCESS_ERR, "revoked");
+}
+
+/// Only a fast-registration MR of the QP's PD, under its current key, can be invalidated.
+#[test]
+fn test_invalidating_an_ordinary_or_stale_key_is_an_error() {
+    let mut p = Pair::new(5);
+    let key_b = p.key_b;
+    let (st, recv) = send_inv(&mut p, key_b);
+    assert_eq!(st, WC_REM_INV_REQ_ERR);
+    assert_eq!(u32::from(recv.status), WC_REM_INV_REQ_ERR);
+
+    let mut p = Pair::new(5);
+    let key = map_frmr(&mut p, 0x13);
+    let w = HcaSendWqe {
+        wr_id: 3,
+        opcode: WR_LOCAL_INV as u8,
+        flags: WQE_SIGNALED as u8,
+        imm: key ^ 1, // a stale tag
+        ..Default::default()
+    };
+    p.b.post_send(&mut p.qb, w, &[]);
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!(u32::from(c[0].status), WC_LOC_PROT_ERR);
+}
