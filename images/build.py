@@ -36,10 +36,13 @@ KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad"]
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # IPoIB over hcab0 (`ipoib-up`): Debian's ib_ipoib and what it needs.
 IPOIB_MODULES = ["ib_ipoib"]
+# NVMe over Fabrics on RDMA (`nvmeof`): Debian's target and host, and brd for a RAM disk
+# to export.
+NVME_MODULES = ["nvmet_rdma", "nvme_rdma", "brd"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
@@ -332,12 +335,12 @@ def main():
         img.file(f"bin/{name}", data, 0o755)
     for path, data in debian_tools.items():
         img.file(path, data, 0o755)
-    load_order, rxe_order, ipoib_order = [], [], []
+    load_order, rxe_order, ipoib_order, nvme_order = [], [], [], []
     for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order),
-                         (IPOIB_MODULES, ipoib_order)):
+                         (IPOIB_MODULES, ipoib_order), (NVME_MODULES, nvme_order)):
         for rel in module_closure(moddir, names):
             name = Path(rel).name
-            if f"kernel/{name}" in load_order + rxe_order + ipoib_order:
+            if f"kernel/{name}" in load_order + rxe_order + ipoib_order + nvme_order:
                 continue
             img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
             order.append(f"kernel/{name}")
@@ -346,10 +349,13 @@ def main():
     img.file(f"lib/modules/{kver}/load-order", ("\n".join(load_order) + "\n").encode())
     img.file(f"lib/modules/{kver}/rxe-order", ("\n".join(rxe_order) + "\n").encode())
     img.file(f"lib/modules/{kver}/ipoib-order", ("\n".join(ipoib_order) + "\n").encode())
+    # brd takes its size as a parameter: `nvmeof` loads it itself.
+    nvme_order = [m for m in nvme_order if m != "kernel/brd.ko"]
+    img.file(f"lib/modules/{kver}/nvme-order", ("\n".join(nvme_order) + "\n").encode())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
-        "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order,
+        "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order, "nvme_modules": nvme_order,
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")

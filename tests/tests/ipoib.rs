@@ -4,7 +4,9 @@
 //! 64 MiB intact (busybox httpd and wget), also under 1% packet drops and across a link that
 //! goes down for a while (the port goes DOWN, ib0 loses carrier, TCP resumes after link-up),
 //! and a port taken down leaves the group and comes back; and in connected mode (ib_cm's
-//! REQ/REP/RTU over QP1, then RC QPs, MTU 65520) the same 64 MiB arrive intact.
+//! REQ/REP/RTU over QP1, then RC QPs, MTU 65520) the same 64 MiB arrive intact. Debian's
+//! saquery reads the SA's tables, and NVMe over Fabrics (nvmet-rdma, nvme-rdma) moves 32 MiB
+//! through a namespace over rdma_cm on IPoIB addresses.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -234,6 +236,59 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     assert_eq!(fetch(&mut tb, 0, 2), sum, "connected mode");
     let log = tb.agents[0].run("dmesg", T).unwrap();
     assert!(!log.contains("failed to send cm req"), "{log}");
+
+    nvme_over_fabrics(&mut tb, &spec.dir);
+}
+
+/// NVMe over Fabrics with Debian's nvmet-rdma and nvme-rdma: rdma_cm finds the target by its
+/// IPoIB address, the host registers each I/O's pages with FRWR and the target answers with
+/// a SEND with Invalidate; 32 MiB written through the namespace read back the same on the
+/// host and on the target's RAM disk.
+fn nvme_over_fabrics(tb: &mut Testbed, dir: &std::path::Path) {
+    let out = tb.agents[2].run("nvmeof target 48", T).unwrap();
+    assert!(out.contains(&format!("at rdma {}:4420", addr(2))), "{out}");
+    let fabric = tb.fabric().clone();
+    let pcap = dir.join("nvme.pcap");
+    let file = std::fs::File::create(&pcap).unwrap();
+    let cap = Capture::new(Box::new(file), CaptureFormat::Erf, fabric.now_ns()).unwrap();
+    fabric.set_tap(Some(Arc::new(cap)));
+    let dev = tb.agents[0]
+        .run(&format!("nvmeof connect {}", addr(2)), T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(0)));
+    let dev = dev.trim().to_string();
+    assert!(dev.starts_with("nvme") && dev.ends_with("n1"), "{dev}");
+    tb.agents[0]
+        .run(
+            &format!("dd if=/dev/{dev} of=/dev/null bs=4k count=1 iflag=direct 2>&1"),
+            T,
+        )
+        .unwrap();
+    fabric.set_tap(None);
+    if let Some(rows) = tshark_or_skip("NVMe-oF capture", &pcap, &["infiniband.bth.opcode"]) {
+        let inv = rows
+            .iter()
+            .filter(|r| r[0] == "23" || r[0] == "0x17")
+            .count();
+        assert!(inv > 0, "no RC SEND Only with Invalidate: {rows:?}");
+    }
+    let sums = tb.agents[0]
+        .run(
+            &format!(
+                "dd if=/dev/urandom of=/tmp/nv bs=1M count=32 2>/dev/null && md5sum < /tmp/nv && \
+                 dd if=/tmp/nv of=/dev/{dev} bs=1M oflag=direct 2>/dev/null && rm /tmp/nv && \
+                 dd if=/dev/{dev} bs=1M count=32 iflag=direct 2>/dev/null | md5sum"
+            ),
+            T,
+        )
+        .unwrap();
+    let sums: Vec<&str> = sums.split_whitespace().filter(|w| w.len() == 32).collect();
+    assert_eq!(sums.len(), 2, "{sums:?}");
+    assert_eq!(sums[0], sums[1], "read back through NVMe-oF");
+    let target = tb.agents[2]
+        .run("dd if=/dev/ram0 bs=1M count=32 2>/dev/null | md5sum", T)
+        .unwrap();
+    assert!(target.starts_with(sums[0]), "on the target's disk: {target}");
+    tb.agents[0].run("nvmeof disconnect", T).unwrap();
 }
 
 /// Wireshark decodes what IPoIB's start-up and pings put on the wire: SA PathRecord and
@@ -283,8 +338,6 @@ fn the_capture_shows_sa_queries_joins_and_ipoib_datagrams(pcap: &std::path::Path
     );
 }
 
-/// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
-/// QP1, the REQ for an RC QP.
 /// Debian's saquery (infiniband-diags, over ib_umad) asks the SA as it would ask OpenSM:
 /// its GetTable answers come back whole over RMPP and list every node, path and member.
 fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
@@ -308,6 +361,8 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
     assert_eq!(out.matches("IsCommunicatonManagementSupported").count(), NODES, "{out}");
 }
 
+/// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
+/// QP1, the REQ for an RC QP.
 fn the_capture_shows_a_cm_handshake(pcap: &std::path::Path) {
     let fields = [
         "infiniband.mad.mgmtclass",
