@@ -68,6 +68,9 @@ pub struct HcaStats {
     pub duplicates: u64,
     /// Packets dropped on arrival for a bad ICRC (corrupted on the wire).
     pub icrc_errors: u64,
+    /// Remote accesses stopped because their MR was deregistered, invalidated or re-mapped
+    /// after the key was checked: read responses not copied, write packets refused.
+    pub revoked: u64,
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.

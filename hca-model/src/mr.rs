@@ -8,7 +8,9 @@
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::HcaState;
-use crate::packet::{Seg, SegList};
+use std::sync::Arc;
+
+use crate::packet::{Grant, Seg, SegList};
 
 /// SGEs read from one WQE, kept inline for the usual few.
 pub(crate) type SgeList = smallvec::SmallVec<[HcaSge; 4]>;
@@ -40,6 +42,14 @@ pub(crate) struct Mr {
     pub budget: u64,
     /// A fast-registration MR's capacity in pages; 0 for ordinary MRs.
     pub fast_reg_pages: u32,
+    /// Remote access under the current mapping; revoked when the MR goes or changes.
+    pub grant: Arc<Grant>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.grant.revoke();
+    }
 }
 
 /// What a key is about to be used for.
@@ -240,6 +250,7 @@ impl HcaState {
             xlat: Translation::Phys,
             budget: 0,
             fast_reg_pages: 0,
+            grant: Arc::default(),
         };
         if kind == MR_FLAG_FAST_REG {
             if a.npages == 0 || a.npages > MAX_MR_PAGES {
@@ -286,6 +297,8 @@ impl HcaState {
             .map_err(|_| WC_LOC_PROT_ERR)?;
         let mr = self.mrs.get_mut(idx).ok_or(WC_LOC_PROT_ERR)?;
         (mr.access, mr.iova, mr.length, mr.xlat) = (w.access, w.iova, w.length, xlat);
+        mr.grant.revoke();
+        mr.grant = Arc::default();
         self.mr_tags[idx as usize] = tag;
         Ok(())
     }
@@ -302,10 +315,18 @@ impl HcaState {
         match self.mrs.get_mut(idx) {
             Some(mr) if tag_ok && mr.fast_reg_pages > 0 && mr.pdn == pdn => {
                 (mr.access, mr.length) = (0, 0);
+                mr.grant.revoke();
+                mr.grant = Arc::default();
                 true
             }
             _ => false,
         }
+    }
+
+    /// The grant of remote access through `key` as it stands now (after `resolve_key`
+    /// accepted the key).
+    pub(crate) fn grant_of(&self, key: u32) -> Option<Arc<Grant>> {
+        self.mrs.get(key >> 8).map(|mr| mr.grant.clone())
     }
 
     /// Reads and checks a page list: every page aligned and inside guest memory, and the
@@ -378,6 +399,7 @@ mod tests {
                 pages: vec![0x5000, 0x9000, 0xa000].into_boxed_slice(),
             },
             budget: 3,
+            grant: Arc::default(),
             fast_reg_pages: 0,
         };
         let mut out = SegList::new();

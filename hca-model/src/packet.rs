@@ -115,7 +115,27 @@ pub enum Payload {
     Dma {
         mem: Arc<dyn DmaSpace>,
         segs: SegList,
+        /// The remote access that reached these bytes (a READ's rkey), when it can be
+        /// revoked before they are copied: then they are never copied.
+        grant: Option<Arc<Grant>>,
     },
+}
+
+/// Permission for remote access through one MR key, as it stood when the key was checked.
+/// Deregistering, invalidating or re-mapping the MR revokes it; bytes that a revoked grant
+/// covers are never copied, so no remote access touches an MR's pages once the command or
+/// work request that ended the access has run.
+#[derive(Debug, Default)]
+pub struct Grant(std::sync::atomic::AtomicBool);
+
+impl Grant {
+    pub fn revoke(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn is_revoked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl std::fmt::Debug for Payload {
@@ -143,9 +163,17 @@ impl Payload {
         self.len() == 0
     }
 
+    /// Whether the payload refers to memory whose remote access was revoked.
+    pub fn is_revoked(&self) -> bool {
+        matches!(self, Payload::Dma { grant: Some(g), .. } if g.is_revoked())
+    }
+
     /// Replaces a memory reference by a copy of the bytes, as a wire would carry them.
     pub fn make_owned(&mut self) -> Result<&mut Vec<u8>, DmaFault> {
-        if let Payload::Dma { mem, segs } = self {
+        if self.is_revoked() {
+            return Err(DmaFault { addr: 0, len: 0 });
+        }
+        if let Payload::Dma { mem, segs, .. } = self {
             let mut bytes = vec![0u8; segs.iter().map(|s| s.len as usize).sum()];
             let mut off = 0;
             for s in segs.iter() {
@@ -171,20 +199,27 @@ impl Payload {
                 let (a, e) = (off as usize, (off + n) as usize);
                 Payload::Bytes(b.get(a..e).unwrap_or_default().to_vec())
             }
-            Payload::Dma { mem, segs } if off == 0 && n == self.len() as u64 => Payload::Dma {
-                mem: mem.clone(),
-                segs: segs.clone(),
-            },
-            Payload::Dma { mem, segs } => Payload::Dma {
+            Payload::Dma { mem, segs, grant } if off == 0 && n == self.len() as u64 => {
+                Payload::Dma {
+                    mem: mem.clone(),
+                    segs: segs.clone(),
+                    grant: grant.clone(),
+                }
+            }
+            Payload::Dma { mem, segs, grant } => Payload::Dma {
                 mem: mem.clone(),
                 segs: sub_segs(segs, off, n),
+                grant: grant.clone(),
             },
         }
     }
 
     /// Copies the payload into `dst` at the concatenation of `segs` (which must hold at least
-    /// `len()` bytes).
+    /// `len()` bytes). Revoked bytes are not copied: a fault.
     pub fn scatter(&self, dst: &dyn DmaSpace, segs: &[Seg]) -> Result<(), DmaFault> {
+        if self.is_revoked() {
+            return Err(DmaFault { addr: 0, len: 0 });
+        }
         match self {
             Payload::Empty => Ok(()),
             Payload::Bytes(b) => {
@@ -199,7 +234,7 @@ impl Payload {
                 }
                 Ok(())
             }
-            Payload::Dma { mem, segs: src } => merge_copy(mem.as_ref(), src, dst, segs),
+            Payload::Dma { mem, segs: src, .. } => merge_copy(mem.as_ref(), src, dst, segs),
         }
     }
 }

@@ -79,6 +79,8 @@ pub(crate) struct Inbound {
     pub cap: u64,
     /// The receive WR a SEND consumed (None for an RDMA WRITE).
     pub recv_wr_id: Option<u64>,
+    /// An RDMA WRITE's rkey grant, checked again for each later packet.
+    pub grant: Option<std::sync::Arc<crate::packet::Grant>>,
 }
 
 pub(crate) struct Qp {

@@ -34,6 +34,7 @@ impl Source {
             Source::Gather(segs) => Payload::Dma {
                 mem: st.mem.clone(),
                 segs,
+                grant: None,
             },
         }
     }
@@ -195,7 +196,13 @@ impl HcaState {
 
     /// A local operation (REG_MR, LOCAL_INV), already done: it completes in send order, after
     /// the WRs before it that are still in flight.
-    fn complete_local(&mut self, qpn: u32, wr_id: u64, cqe_op: u32, signaled: bool) -> Result<(), u32> {
+    fn complete_local(
+        &mut self,
+        qpn: u32,
+        wr_id: u64,
+        cqe_op: u32,
+        signaled: bool,
+    ) -> Result<(), u32> {
         let pend = Pending {
             wr_id,
             cqe_op,
@@ -527,6 +534,14 @@ impl HcaState {
         let n = u64::from(pkt.payload.len());
         if off + n > u64::from(front.byte_len) {
             return self.fail_front(qpn, WC_BAD_RESP_ERR);
+        }
+        if pkt.payload.is_revoked() {
+            // The responder's MR went while this response was on the wire: its bytes are
+            // not read. Lost, as far as the requester can tell: it asks again, and the
+            // responder now answers with a remote access error.
+            self.stats.revoked += 1;
+            front.next_resp_psn = pkt.psn;
+            return;
         }
         let target = sub_segs(dst, off, n);
         if pkt.payload.scatter(mem.as_ref(), &target).is_err() {

@@ -253,6 +253,11 @@ impl HcaState {
         let mem = self.mem.clone();
         let qp = self.qps.get_mut(qpn).ok_or(AETH_NAK_INV_REQ)?;
         let msg = qp.inbound.as_mut().ok_or(AETH_NAK_INV_REQ)?;
+        if msg.grant.as_ref().is_some_and(|g| g.is_revoked()) {
+            // The MR this WRITE was let into went since its first packet.
+            self.stats.revoked += 1;
+            return Err(AETH_NAK_REM_ACCESS);
+        }
         let n = u64::from(pkt.payload.len());
         if msg.offset + n > msg.cap {
             return Err(AETH_NAK_INV_REQ);
@@ -287,6 +292,7 @@ impl HcaState {
                     offset: 0,
                     cap: r.cap,
                     recv_wr_id: Some(r.wr_id),
+                    grant: None,
                 });
             }
         }
@@ -381,12 +387,14 @@ impl HcaState {
             {
                 return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
             }
+            let grant = self.grant_of(reth.rkey);
             if let Some(qp) = self.qps.get_mut(qpn) {
                 qp.inbound = Some(Inbound {
                     segs,
                     offset: 0,
                     cap: len,
                     recv_wr_id: None,
+                    grant,
                 });
             }
         }
@@ -452,6 +460,7 @@ impl HcaState {
         {
             return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
         }
+        let grant = self.grant_of(reth.rkey);
         let head = Packet {
             dlid: pkt.slid,
             dest_qpn: pkt.src_qpn,
@@ -461,6 +470,7 @@ impl HcaState {
             payload: Payload::Dma {
                 mem: self.mem.clone(),
                 segs,
+                grant,
             },
             ..Default::default()
         };

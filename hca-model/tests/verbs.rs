@@ -824,7 +824,11 @@ fn test_a_send_with_invalidate_or_a_local_invalidate_revokes_a_fast_registered_k
     let (st, recv) = send_inv(&mut p, key);
     assert_eq!(st, WC_SUCCESS);
     assert_eq!(
-        (u32::from(recv.status), u32::from(recv.opcode), recv.byte_len),
+        (
+            u32::from(recv.status),
+            u32::from(recv.opcode),
+            recv.byte_len
+        ),
         (WC_SUCCESS, CQE_OP_RECV, 16)
     );
     assert_ne!(u32::from(recv.flags) & CQE_FLAG_INV, 0, "{recv:?}");

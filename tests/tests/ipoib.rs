@@ -287,7 +287,10 @@ fn nvme_over_fabrics(tb: &mut Testbed, dir: &std::path::Path) {
     let target = tb.agents[2]
         .run("dd if=/dev/ram0 bs=1M count=32 2>/dev/null | md5sum", T)
         .unwrap();
-    assert!(target.starts_with(sums[0]), "on the target's disk: {target}");
+    assert!(
+        target.starts_with(sums[0]),
+        "on the target's disk: {target}"
+    );
     tb.agents[0].run("nvmeof disconnect", T).unwrap();
 }
 
@@ -346,19 +349,32 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
             .run(&format!("saquery {q}"), T)
             .unwrap_or_else(|e| panic!("saquery {q}: {e}"))
     };
-    let gids: Vec<String> = (1..=NODES).map(|l| format!("fe80::2:c903:0:{l:x}")).collect();
+    let gids: Vec<String> = (1..=NODES)
+        .map(|l| format!("fe80::2:c903:0:{l:x}"))
+        .collect();
     let out = ask(tb, "");
     assert_eq!(out.matches("NodeRecord dump").count(), NODES, "{out}");
     let out = ask(tb, "-p");
-    assert_eq!(out.matches("PathRecord dump").count(), NODES * NODES, "{out}");
+    assert_eq!(
+        out.matches("PathRecord dump").count(),
+        NODES * NODES,
+        "{out}"
+    );
     let out = ask(tb, "-m");
     for g in &gids {
-        assert!(out.contains(&format!("PortGid.................{g}\n")), "{g}: {out}");
+        assert!(
+            out.contains(&format!("PortGid.................{g}\n")),
+            "{g}: {out}"
+        );
     }
     // ib_cm set IsCommunicationManagementSupported through ib_modify_port.
     let out = ask(tb, "PIR");
     assert_eq!(out.matches("PortInfoRecord dump").count(), NODES, "{out}");
-    assert_eq!(out.matches("IsCommunicatonManagementSupported").count(), NODES, "{out}");
+    assert_eq!(
+        out.matches("IsCommunicatonManagementSupported").count(),
+        NODES,
+        "{out}"
+    );
 }
 
 /// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over

@@ -482,7 +482,11 @@ fn test_transfers_under_way_are_bounded() {
     }
     assert_eq!(sa.transfers.len(), rmpp::MAX_TRANSFERS);
     // 40 nodes is 1600 paths (under the table limit): 512 segments, eight windows.
-    let (_, rows) = table(&mut sa, &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]), &ports);
+    let (_, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]),
+        &ports,
+    );
     assert_eq!(rows.len(), 1600);
     // 60 nodes' 3600 are refused.
     let big = Nodes::new(60);
