@@ -186,16 +186,21 @@ impl Control {
         let _ = (&stream).write_all(reply.as_bytes());
     }
 
-    /// Carries out one request: `fault NODE ACTION [ARGS]`, or `groups` (the subnet
-    /// administrator's multicast groups).
+    /// Carries out one request: `fault NODE ACTION [ARGS]`, `groups` (the subnet
+    /// administrator's multicast groups) or `registrations` (how many service records and
+    /// trap subscriptions it holds).
     fn handle(&self, line: &str) -> Result<String, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
         if words == ["groups"] {
             return Ok(self.groups());
         }
+        if words == ["registrations"] {
+            let (services, informs) = self.fabric.with_sa(|sa| sa.registrations());
+            return Ok(format!("{services} {informs}"));
+        }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(
-                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], or groups)"
+                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups or registrations)"
             ));
         };
         let lid = self.lid_of(node)?;

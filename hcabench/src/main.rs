@@ -50,7 +50,8 @@ enum Cmd {
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
     /// Show the fabric's subnet administration: its multicast groups (MGID, MLID, Q_Key)
-    /// and which nodes joined them (IPoIB joins its broadcast group on every node)
+    /// and which nodes joined them (IPoIB joins its broadcast group on every node), and how
+    /// many service records and trap subscriptions it holds
     Fabric,
     /// Attach to a guest's serial console (Ctrl-] detaches)
     Console {
@@ -545,6 +546,13 @@ fn fabric_cmd(run: &RunDir) -> Result<(), String> {
         if let [mgid, mlid, qkey, members] = f.as_slice() {
             println!("  {mgid:<40} {mlid:>6} {qkey:>10}  {members}");
         }
+    }
+    let reply = control::request(run.dir(), "registrations")?;
+    if let [services, informs] = reply.split_whitespace().collect::<Vec<_>>().as_slice() {
+        println!(
+            "service records: {services}; trap subscriptions: {informs} \
+             (in a guest, `saquery SR` lists the records)"
+        );
     }
     Ok(())
 }

@@ -121,6 +121,11 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
         "{}",
         text(&fabric)
     );
+    assert!(
+        text(&fabric).contains("service records: 0; trap subscriptions: 0"),
+        "{}",
+        text(&fabric)
+    );
 
     let probe = hcabench(&dir.0, &["run", "probe"]);
     let out = text(&probe);
