@@ -104,6 +104,10 @@ pub const UD_GRH_BYTES: u32 = 40;
 pub const MCAST_LID_FIRST: u32 = 0xc000;
 /// Multicast attachments (QP, group) one HCA holds at most.
 pub const MAX_MCAST_ATTACH: u32 = 1024;
+/// Host memory one device holds for requests in flight (payload copies and gather lists
+/// kept to resend from): past it, send queues wait for completions. One WR may overshoot by
+/// its own size (at most one gather record per page of a 2 GiB message).
+pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 /// The GSI QP (QP1) always has this number and Q_Key.
 pub const GSI_QPN: u32 = 1;
 pub const GSI_QKEY: u32 = 0x8001_0000;

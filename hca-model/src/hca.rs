@@ -478,4 +478,18 @@ impl Hca {
     pub fn stats(&self) -> HcaStats {
         self.shared.lock().stats
     }
+
+    /// What the device holds for its guest's WRs in flight now: (WRs sent and not yet
+    /// completed, host bytes their requests keep), the latter bounded by
+    /// [`MAX_IN_FLIGHT_BYTES`] plus one WR.
+    pub fn in_flight(&self) -> (usize, usize) {
+        let st = self.shared.lock();
+        let wrs = st
+            .live_qps
+            .iter()
+            .filter_map(|&q| st.qps.get(q))
+            .map(|q| q.pending.len())
+            .sum();
+        (wrs, st.in_flight_bytes())
+    }
 }

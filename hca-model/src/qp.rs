@@ -70,6 +70,105 @@ pub(crate) struct Pending {
     pub reread_from: Option<u32>,
 }
 
+impl Pending {
+    /// Host bytes the WR holds while in flight: its request's payload (owned bytes, or the
+    /// records of the guest memory it gathers from) and a read's scatter list.
+    fn host_bytes(&self) -> usize {
+        let seg = std::mem::size_of::<Seg>();
+        let request = match self.request.as_ref().map(|r| &r.payload) {
+            Some(crate::packet::Payload::Bytes(b)) => b.len(),
+            Some(crate::packet::Payload::Dma { segs, .. }) => segs.len() * seg,
+            _ => 0,
+        };
+        let dst = match &self.kind {
+            PendKind::Read { dst } => dst.len() * seg,
+            _ => 0,
+        };
+        request + dst
+    }
+}
+
+/// The WRs a QP has sent and not yet completed, in send order, with what they hold: the
+/// count of READs and atomics (against `max_rd_atomic`), of WRs that a FENCE waits for, and
+/// the host bytes their requests keep (against the device's bound). Reads go through
+/// `Deref`; changes through the methods, which keep the counts.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    list: VecDeque<(Pending, usize)>,
+    reads: usize,
+    fenced: usize,
+    bytes: usize,
+}
+
+impl InFlight {
+    fn counts(p: &Pending) -> (usize, usize) {
+        let read = matches!(p.kind, PendKind::Read { .. } | PendKind::Atomic { .. });
+        (
+            usize::from(read),
+            usize::from(!matches!(p.kind, PendKind::Ack)),
+        )
+    }
+
+    pub fn push_back(&mut self, p: Pending) {
+        let (r, f) = Self::counts(&p);
+        let b = p.host_bytes();
+        (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
+        self.list.push_back((p, b));
+    }
+
+    pub fn pop_front(&mut self) -> Option<Pending> {
+        let (p, b) = self.list.pop_front()?;
+        let (r, f) = Self::counts(&p);
+        self.reads -= r;
+        self.fenced -= f;
+        self.bytes -= b;
+        Some(p)
+    }
+
+    /// Empties the list (flush, reset), oldest first.
+    pub fn take_all(&mut self) -> Vec<Pending> {
+        (self.reads, self.fenced, self.bytes) = (0, 0, 0);
+        self.list.drain(..).map(|(p, _)| p).collect()
+    }
+
+    pub fn front(&self) -> Option<&Pending> {
+        self.list.front().map(|(p, _)| p)
+    }
+
+    /// The oldest WR, to update its progress (a read's response PSNs); its kind and
+    /// request stay as they were pushed.
+    pub fn front_mut(&mut self) -> Option<&mut Pending> {
+        self.list.front_mut().map(|(p, _)| p)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Pending> {
+        self.list.iter().map(|(p, _)| p)
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// READs and atomics in flight.
+    pub fn reads(&self) -> usize {
+        self.reads
+    }
+
+    /// WRs a FENCE waits for (READs, atomics, local operations).
+    pub fn fenced(&self) -> usize {
+        self.fenced
+    }
+
+    /// Host bytes held (see [`Pending::host_bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// A message the responder is receiving across several packets.
 pub(crate) struct Inbound {
     /// Where the message's bytes go, in order.
@@ -95,9 +194,11 @@ pub(crate) struct Qp {
     pub attr: HcaQpAttr,
     // Requester.
     pub next_psn: u32,
-    pub pending: VecDeque<Pending>,
-    /// A FENCE WR waits for earlier READs/atomics to finish.
-    pub fence_wait: bool,
+    pub pending: InFlight,
+    /// The send queue waits for WRs in flight to complete before it executes its next WQE:
+    /// a FENCE waits for earlier READs/atomics, or a limit is reached (the send window, the
+    /// READ/atomic credits, the device's in-flight memory bound).
+    pub sq_waits: bool,
     pub retry: Retry,
     // Responder.
     pub epsn: u32,
@@ -261,8 +362,8 @@ impl HcaState {
                 ..Default::default()
             },
             next_psn: 0,
-            pending: VecDeque::new(),
-            fence_wait: false,
+            pending: InFlight::default(),
+            sq_waits: false,
             retry: Retry::default(),
             epsn: 0,
             msn: 0,
@@ -350,9 +451,9 @@ impl HcaState {
             qp.attr.state = QPS_RESET as u8;
             qp.sq.ci = 0;
             qp.rq.ci = 0;
-            qp.pending.clear();
+            qp.pending.take_all();
             qp.inbound = None;
-            qp.fence_wait = false;
+            qp.sq_waits = false;
             qp.msn = 0;
         }
         self.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
@@ -364,12 +465,12 @@ impl HcaState {
             return;
         };
         qp.attr.state = QPS_ERR as u8;
-        qp.fence_wait = false;
+        qp.sq_waits = false;
         qp.retry = Retry::default();
         // A message half received has consumed a receive WQE: it is flushed too.
         let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
         let recv_cqn = qp.recv_cqn;
-        let pending: Vec<Pending> = qp.pending.drain(..).collect();
+        let pending: Vec<Pending> = qp.pending.take_all();
         let cqn = qp.send_cqn;
         log::debug!(
             "LID {}: QP {qpn:#x} to ERR; {} outstanding WRs flushed",

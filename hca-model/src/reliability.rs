@@ -173,7 +173,7 @@ impl HcaState {
         };
         let mtu = qp.mtu();
         let mut out = Vec::new();
-        for p in &qp.pending {
+        for p in qp.pending.iter() {
             let Some(req) = &p.request else {
                 continue;
             };

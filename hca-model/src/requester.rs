@@ -56,7 +56,7 @@ impl HcaState {
                 return;
             };
             match u32::from(qp.attr.state) {
-                QPS_RTS if !qp.fence_wait => {}
+                QPS_RTS if !qp.sq_waits => {}
                 QPS_ERR => return self.flush_queues(qpn),
                 _ => return,
             }
@@ -72,10 +72,9 @@ impl HcaState {
             let Ok(wqe) = read_obj::<HcaSendWqe>(self.mem.as_ref(), addr) else {
                 return self.qp_fatal(qpn, ERR_RING_ACCESS);
             };
-            let waits_for_reads = qp.pending.iter().any(|p| !matches!(p.kind, PendKind::Ack));
-            if u32::from(wqe.flags) & WQE_FENCE != 0 && waits_for_reads {
+            if self.sq_must_wait(qpn, &wqe) {
                 if let Some(qp) = self.qps.get_mut(qpn) {
-                    qp.fence_wait = true;
+                    qp.sq_waits = true;
                 }
                 return;
             }
@@ -94,6 +93,39 @@ impl HcaState {
         }
     }
 
+    /// Whether `qpn`'s next WQE `wqe` must wait for WRs in flight to complete: a FENCE
+    /// behind READs or atomics; a full send window (no more WRs in flight than the send
+    /// queue holds, as a slot is the guest's again only at its completion); a READ or atomic
+    /// beyond the QP's `max_rd_atomic` (at least one); or the device holding
+    /// [`MAX_IN_FLIGHT_BYTES`] for requests in flight. A well-behaved guest meets only the
+    /// last two; each wait ends when this QP's WRs complete.
+    fn sq_must_wait(&self, qpn: u32, wqe: &HcaSendWqe) -> bool {
+        let Some(qp) = self.qps.get(qpn) else {
+            return true;
+        };
+        let op = u32::from(wqe.opcode);
+        let read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
+        let fence = u32::from(wqe.flags) & WQE_FENCE != 0 && qp.pending.fenced() > 0;
+        let window = qp.pending.len() >= qp.sq.size() as usize;
+        let credits = read_like
+            && !qp.is_ud()
+            && qp.pending.reads() >= usize::from(qp.attr.max_rd_atomic.max(1));
+        // Only a QP that holds much itself looks at the device's total (the fast path stays
+        // O(1)); it always has WRs in flight whose completions end its wait.
+        let memory = qp.pending.bytes() >= MAX_IN_FLIGHT_BYTES / 64
+            && self.in_flight_bytes() >= MAX_IN_FLIGHT_BYTES;
+        fence || window || credits || memory
+    }
+
+    /// Host bytes every QP's WRs in flight hold.
+    pub(crate) fn in_flight_bytes(&self) -> usize {
+        self.live_qps
+            .iter()
+            .filter_map(|&q| self.qps.get(q))
+            .map(|q| q.pending.bytes())
+            .sum()
+    }
+
     /// Completes a WR that failed locally with `status` (always, signaled or not), then ERR.
     /// Earlier WRs still in flight complete (flushed) before it, in order.
     fn fail_wr(&mut self, qpn: u32, wqe: &HcaSendWqe, status: u32) {
@@ -101,7 +133,7 @@ impl HcaState {
             return;
         };
         let cqn = qp.send_cqn;
-        let pending: Vec<Pending> = qp.pending.drain(..).collect();
+        let pending: Vec<Pending> = qp.pending.take_all();
         for p in pending {
             self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WC_WR_FLUSH_ERR);
         }
@@ -473,7 +505,7 @@ impl HcaState {
             RC_ATOMIC_ACK => self.on_atomic_ack(qpn, pkt),
             _ => return Err(Rejected),
         }
-        self.resume_after_fence(qpn);
+        self.resume_sq(qpn);
         Ok(())
     }
 
@@ -600,14 +632,15 @@ impl HcaState {
         self.qp_to_error(qpn);
     }
 
-    fn resume_after_fence(&mut self, qpn: u32) {
+    /// After WRs completed: a send queue that waited for them looks again (and waits
+    /// again if it still must).
+    fn resume_sq(&mut self, qpn: u32) {
         self.complete_locals(qpn);
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
-        let reads_left = qp.pending.iter().any(|p| !matches!(p.kind, PendKind::Ack));
-        if qp.fence_wait && !reads_left {
-            qp.fence_wait = false;
+        if qp.sq_waits {
+            qp.sq_waits = false;
             self.process_sq(qpn);
         }
     }

@@ -1,0 +1,149 @@
+//! What one guest's send queue can make the device hold is bounded: no more WRs in flight
+//! than its send queue has slots (however far a hostile guest moves its producer index),
+//! no more READs/atomics in flight than `max_rd_atomic`, and no more host memory for
+//! requests in flight than `MAX_IN_FLIGHT_BYTES` (plus one WR). A send queue that reaches
+//! a limit waits, and goes on as WRs complete.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hca_model::abi::*;
+use hca_model::packet::Packet;
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_test_driver::*;
+
+/// Drops everything one port sends while `on` (its peer hears nothing back).
+struct Mute {
+    lid: u16,
+    on: AtomicBool,
+}
+
+impl LinkHook for Mute {
+    fn on_packet(&self, link: LinkId, _now: u64, _pkt: &mut Packet) -> Verdict {
+        if self.on.load(Relaxed) && link.dir == LinkDir::Up && link.lid == self.lid {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+fn mute(fabric: &Fabric, lid: u16) -> Arc<Mute> {
+    let m = Arc::new(Mute {
+        lid,
+        on: true.into(),
+    });
+    fabric.set_hook(Some(m.clone()));
+    m
+}
+
+#[test]
+fn test_a_producer_index_run_ahead_never_puts_more_wrs_in_flight_than_the_queue_holds() {
+    let mut p = Pair::new(3);
+    // B answers nothing: every SEND stays in flight.
+    mute(&p.fabric, p.b.lid());
+    let src = p.a.alloc(64, 64);
+    let size = 1usize << p.qa.sq_log;
+    // A hostile guest rings its producer index three queues ahead, reusing every slot.
+    for i in 0..3 * size {
+        let w = HcaSendWqe {
+            wr_id: i as u64,
+            opcode: WR_SEND as u8,
+            ..Default::default()
+        };
+        p.a.post_send(&mut p.qa, w, &[sge(src, 64, p.key_a)]);
+    }
+    let (wrs, _) = p.a.hca.in_flight();
+    assert_eq!(wrs, size, "one queue's worth in flight");
+    assert_eq!(p.a.hca.stats().wqes, size as u64, "the rest wait");
+}
+
+#[test]
+fn test_reads_beyond_max_rd_atomic_wait_for_responses_then_all_complete() {
+    let mut p = Pair::new(3); // the pair's QPs have max_rd_atomic 4
+    let m = mute(&p.fabric, p.b.lid());
+    let src = p.b.alloc(8 * 256, 64);
+    p.b.write(src, &pattern(8 * 256, 5));
+    let dst = p.a.alloc(8 * 256, 64);
+    for i in 0..8u64 {
+        let w = HcaSendWqe {
+            wr_id: i,
+            opcode: WR_RDMA_READ as u8,
+            flags: WQE_SIGNALED as u8,
+            remote_addr: src + i * 256,
+            rkey: p.key_b,
+            ..Default::default()
+        };
+        p.a.post_send(&mut p.qa, w, &[sge(dst + i * 256, 256, p.key_a)]);
+    }
+    assert_eq!(p.a.hca.in_flight().0, 4, "four READs out, four wait");
+    // Responses flow again (the timer resends the lost ones): every READ completes.
+    m.on.store(false, Relaxed);
+    let mut done = Vec::new();
+    for _ in 0..50 {
+        p.fabric.advance(Duration::from_millis(20));
+        done.extend(p.a.drain_cq(&mut p.cq_a));
+        if done.len() == 8 {
+            break;
+        }
+    }
+    assert_eq!(done.len(), 8, "{done:?}");
+    assert!(done.iter().all(|c| u32::from(c.status) == WC_SUCCESS));
+    assert_eq!(p.a.read(dst, 8 * 256), pattern(8 * 256, 5));
+}
+
+/// An MR whose page list names one page `npages` times: a big message over few bytes of
+/// guest memory, and one gather record per page.
+fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
+    let page = d.alloc(4096, 4096);
+    let list = d.alloc(npages * 8, 8);
+    for i in 0..npages {
+        d.write(list + i * 8, &page.to_le_bytes());
+    }
+    let iova = 0x4000_0000;
+    let key = d
+        .try_reg_mr(&HcaCmdRegMr {
+            iova,
+            length: npages * 4096,
+            page_list: list,
+            pdn,
+            access: ACCESS_LOCAL_WRITE,
+            npages: npages as u32,
+            page_shift: 12,
+            ..Default::default()
+        })
+        .expect("repeated-page MR");
+    (key, iova)
+}
+
+#[test]
+fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
+    // B posts no receives: its RNR NAKs keep every SEND in flight (rnr_retry 7: forever).
+    let mut p = Pair::new(3);
+    // A send queue of 1024 slots, so that its window is no bound here.
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
+    // 64 MiB SENDs gathered from one page: 16K records (256 KiB of host memory) each.
+    let npages = 16384u64;
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let per_wr = npages as usize * 16;
+    let posted = 512usize; // 128 MiB of records if all were in flight
+    for i in 0..posted {
+        let w = HcaSendWqe {
+            wr_id: i as u64,
+            opcode: WR_SEND as u8,
+            ..Default::default()
+        };
+        p.a.post_send(&mut qa, w, &[sge(iova, (npages * 4096) as u32, lkey)]);
+    }
+    let (wrs, bytes) = p.a.hca.in_flight();
+    assert!(
+        bytes <= MAX_IN_FLIGHT_BYTES + per_wr,
+        "{bytes} bytes held for {wrs} WRs"
+    );
+    assert!(wrs < posted, "the rest wait: {wrs}");
+    assert!(
+        bytes >= MAX_IN_FLIGHT_BYTES / 2,
+        "and the bound is not tiny: {bytes}"
+    );
+}
