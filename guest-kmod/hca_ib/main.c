@@ -75,7 +75,9 @@ static int hca_register(struct hca_dev *dev)
 	ibdev->num_comp_vectors = HCA_IB_NUM_COMP_VECTORS;
 	ibdev->local_dma_lkey = dev->attr.local_dma_lkey;
 	ibdev->node_guid = cpu_to_be64(dev->attr.node_guid);
-	strscpy(ibdev->node_desc, "hcabench HCA", sizeof(ibdev->node_desc));
+	/* As the fabric's SA describes the node in its NodeRecord. */
+	snprintf(ibdev->node_desc, sizeof(ibdev->node_desc),
+		 "hcabench HCA, LID %u", dev->port.lid);
 	ib_set_device_ops(ibdev, &hca_dev_ops);
 	return ib_register_device(ibdev, "hcab%d", &dev->pdev->dev);
 }
