@@ -16,7 +16,7 @@
 //! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -196,6 +196,9 @@ struct Inner {
     sa: Arc<SaPort>,
     /// LIDs whose link the hook has down (their ports were told).
     links_down: Mutex<Vec<Lid>>,
+    /// The SA queued trap Reports from where no pump may run (a port attaching or leaving
+    /// under its device's lock): the next tick moves them.
+    reports_waiting: AtomicBool,
 }
 
 /// The port the subnet administrator answers on: a packet for [`SM_LID`] is a query, and
@@ -339,6 +342,7 @@ impl Fabric {
                     sa: Mutex::new(SubnetAdmin::new()),
                 }),
                 links_down: Mutex::new(Vec::new()),
+                reports_waiting: AtomicBool::new(false),
             }),
         }
     }
@@ -390,6 +394,7 @@ impl Fabric {
                 .collect()
         };
         released |= self.follow_links(&ports, hook.as_ref(), now);
+        released |= self.inner.reports_waiting.swap(false, Relaxed);
         for (_, p) in ports {
             p.tick(now);
         }
@@ -445,10 +450,29 @@ impl Fabric {
 
     /// Attaches a port and assigns it the next free LID (node number k gets LID k).
     pub fn attach(&self, sink: Weak<dyn PacketSink>) -> Lid {
-        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
-        let lid = ports.len() as Lid;
-        ports.push(Some(sink));
+        let lid = {
+            let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+            let lid = ports.len() as Lid;
+            ports.push(Some(sink));
+            lid
+        };
+        self.report_port(lid, true);
         lid
+    }
+
+    /// Queues the SA's trap Reports for a port coming into service or going out of it
+    /// (trap 64 or 65); the next tick moves them.
+    fn report_port(&self, lid: Lid, up: bool) {
+        let reports = {
+            let mut sa = self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner());
+            sa.port_changed(lid, up, self)
+        };
+        if !reports.is_empty() {
+            for r in reports {
+                self.enqueue(r);
+            }
+            self.inner.reports_waiting.store(true, Relaxed);
+        }
     }
 
     /// Attaches a port at a given LID (a node coming back keeps its LID). Fails if a live port
@@ -467,17 +491,21 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         *slot = Some(sink);
+        drop(ports);
         // A new port starts up; the next tick tells it if its link is down.
         self.inner
             .links_down
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&l| l != lid);
+        self.report_port(lid, true);
         Ok(())
     }
 
-    /// Takes a port off the fabric: packets for its LID are then undeliverable.
+    /// Takes a port off the fabric: packets for its LID are then undeliverable. The SA
+    /// reports its GID out of service to subscribers.
     pub fn detach(&self, lid: Lid) {
+        self.report_port(lid, false);
         let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = ports.get_mut(lid as usize) {
             *p = None;

@@ -403,3 +403,40 @@ fn test_a_subscriber_hears_a_port_go_out_of_service_and_back() {
         assert_eq!(m[56 + 16..56 + 32], port_gid(b.guid), "about node b");
     }
 }
+
+/// A node that joins the fabric, or leaves it (killed), is reported too: trap 64 when its
+/// port attaches, 65 when it goes.
+#[test]
+fn test_a_subscriber_hears_a_node_arrive_and_leave() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let mut q = sa_mad(0x02, 0x0003, 0, 1);
+    let d = &mut q[56..];
+    d[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+    (d[22], d[23]) = (1, 1); // generic, subscribe
+    d[26..28].copy_from_slice(&0xffffu16.to_be_bytes()); // every trap
+    d[28..32].copy_from_slice(&(GSI_QPN << 8).to_be_bytes());
+    assert_eq!(
+        u16::from_be_bytes(ask(&mut a, &q)[4..6].try_into().unwrap()),
+        0
+    );
+    let rbuf = a.d.alloc(2 * 296, 64);
+    for i in 0..2u64 {
+        a.d.post_recv(
+            &mut a.qp,
+            10 + i,
+            &[sge(rbuf + i * 296, 296, LOCAL_DMA_LKEY)],
+        );
+    }
+    let c = gsi(&fabric);
+    let guid = c.guid;
+    c.d.hca.detach();
+    fabric.advance(std::time::Duration::from_millis(2));
+    let got = a.d.drain_cq(&mut a.cq);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (i, trap) in [64u16, 65].into_iter().enumerate() {
+        let m = a.d.read(rbuf + i as u64 * 296 + 40, 256);
+        assert_eq!(u16::from_be_bytes([m[56 + 4], m[56 + 5]]), trap);
+        assert_eq!(m[56 + 16..56 + 32], port_gid(guid));
+    }
+}

@@ -1,7 +1,7 @@
 //! Trap subscriptions (InformInfo Set, IBA 13.4.8.3 and 15.2.5.12) and the Reports the SA
-//! sends to subscribers: trap 64 when a port's GID comes into service (its link came up)
-//! and trap 65 when it goes out of service (its link went down), as srp_daemon and other
-//! fabric watchers subscribe to them.
+//! sends to subscribers: trap 64 when a port's GID comes into service (its link came up, or
+//! its node joined the fabric) and trap 65 when it goes out of service (its link went down,
+//! or its node left), as srp_daemon and other fabric watchers subscribe to them.
 //!
 //! A Report is sent once (the SA does not resend it for want of a ReportResp).
 //! Bounded: [`MAX_SUBSCRIPTIONS`] in all, [`MAX_SUBSCRIPTIONS_PER_PORT`] per subscribing port.

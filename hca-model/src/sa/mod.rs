@@ -11,7 +11,8 @@
 //! - NodeRecord and PortInfoRecord Get and GetTable ([`records`]);
 //! - ServiceRecord Set, Get, GetTable and Delete ([`services`]);
 //! - InformInfo Set: subscriptions to traps 64 and 65 (a port's GID in and out of service),
-//!   which the SA reports when a port's link comes up or goes down ([`inform`]).
+//!   which the SA reports when a port's link comes up or goes down, or a node joins or
+//!   leaves the fabric ([`inform`]).
 //!
 //! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
 //! that matches more than one record gets "too many records", one that matches none "no
@@ -361,8 +362,8 @@ impl SubnetAdmin {
         Some(out)
     }
 
-    /// The Reports that a port's link going up (trap 64, its GID in service) or down (trap
-    /// 65, out of service) sends to the subscribers of that trap.
+    /// The Reports that a port coming into service (trap 64: its link up, or its node on the
+    /// fabric) or going out of it (trap 65) sends to the subscribers of that trap.
     pub fn port_changed(&mut self, lid: Lid, up: bool, ports: &dyn Ports) -> Vec<Packet> {
         let Some(guid) = ports.guid_of(lid) else {
             return Vec::new();
