@@ -71,6 +71,9 @@ pub struct HcaStats {
     /// Remote accesses stopped because their MR was deregistered, invalidated or re-mapped
     /// after the key was checked: read responses not copied, write packets refused.
     pub revoked: u64,
+    /// Further turns that send queues took because their work was more than one turn
+    /// allows (the device lock was let go between turns).
+    pub extra_turns: u64,
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.
@@ -154,6 +157,11 @@ pub(crate) struct HcaState {
     pub mcast: Vec<crate::mcast::Attachment>,
     /// The fabric has this port's link down (a fault): the port is DOWN until it returns.
     pub link_down: bool,
+    /// Work units left in this turn (a WQE, a page-list entry read, a gather record made);
+    /// see `WORK_PER_TURN`.
+    pub turn_left: u64,
+    /// A send queue stopped for want of budget: more turns follow.
+    pub more_work: bool,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -187,6 +195,8 @@ impl HcaState {
             mcast: Vec::new(),
             link_down: false,
             port_caps: Arc::default(),
+            turn_left: WORK_PER_TURN,
+            more_work: false,
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -293,6 +303,12 @@ impl HcaState {
     }
 }
 
+/// How much one turn under the device lock may do: WQEs executed, page-list entries read
+/// (a fast registration), gather records made (a message over a repeated-page MR). A guest
+/// with more queued waits for the next turn, so no single doorbell holds the device for long
+/// (16K fast registrations of 1M pages each, say).
+const WORK_PER_TURN: u64 = 1 << 16;
+
 struct Shared {
     state: Mutex<HcaState>,
     /// HcaState::timer_hint as of the last unlock, so that ticks skip the lock when idle.
@@ -312,9 +328,32 @@ impl Shared {
     }
 
     /// Runs `f` under the lock, then raises interrupts and moves packets with it released.
+    /// Send queues that had more work than one turn allows go on in further turns, the
+    /// lock let go between them (so that packets for this device get in, and its own packets
+    /// move, while a guest's long queue is worked through).
     fn with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> R {
+        let r = self.turn(self.lock(), f);
+        while self.turn(self.lock(), HcaState::continue_send_queues) {}
+        r
+    }
+
+    /// Like `with_state` for one turn, unless another thread holds the device: then None
+    /// at once (the fabric's timer never waits for a busy device; its timers run at the
+    /// next tick).
+    fn try_with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> Option<R> {
+        let st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(self.turn(st, f))
+    }
+
+    /// One turn: `f` with a fresh work budget, then interrupts raised and packets moved with
+    /// the lock released.
+    fn turn<R>(&self, mut st: MutexGuard<'_, HcaState>, f: impl FnOnce(&mut HcaState) -> R) -> R {
         let (r, irqs, fabric) = {
-            let mut st = self.lock();
+            st.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
             while !st.stranded.is_empty() {
                 for pkt in std::mem::take(&mut st.stranded) {
@@ -325,9 +364,12 @@ impl Shared {
             let irqs = if irqs != 0 { st.judge_irqs(irqs) } else { 0 };
             let irqs = irqs | std::mem::take(&mut st.late_due);
             st.stats.interrupts += u64::from(irqs.count_ones());
-            self.timer_hint.store(st.timer_hint, Ordering::Relaxed);
+            // Work left over is due at once: the next tick goes on with it if no caller does.
+            let hint = if st.more_work { 0 } else { st.timer_hint };
+            self.timer_hint.store(hint, Ordering::Relaxed);
             (r, irqs, st.fabric.clone())
         };
+        drop(st);
         for v in 0..NUM_VECTORS {
             if irqs & (1 << v) != 0 {
                 self.irq.raise(v);
@@ -351,7 +393,10 @@ impl PacketSink for Shared {
 
     fn tick(&self, now_ns: u64) {
         if now_ns >= self.timer_hint.load(Ordering::Relaxed) {
-            self.with_state(|st| st.on_timer(now_ns))
+            self.try_with_state(|st| {
+                st.on_timer(now_ns);
+                st.continue_send_queues();
+            });
         }
     }
 

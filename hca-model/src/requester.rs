@@ -41,6 +41,16 @@ impl Source {
 }
 
 impl HcaState {
+    /// Goes on with send queues that the last turn left work in; whether it did any.
+    pub(crate) fn continue_send_queues(&mut self) -> bool {
+        if !std::mem::take(&mut self.more_work) {
+            return false;
+        }
+        self.stats.extra_turns += 1;
+        self.scan_send_queues();
+        true
+    }
+
     /// DB_SQ: runs every QP's send queue.
     pub(crate) fn scan_send_queues(&mut self) {
         for i in 0..self.live_qps.len() {
@@ -65,6 +75,10 @@ impl HcaState {
             if posted == 0 {
                 return;
             }
+            if self.turn_left == 0 {
+                self.more_work = true;
+                return;
+            }
             if posted > qp.sq.size() {
                 return self.qp_fatal(qpn, ERR_WQ_INDEX);
             }
@@ -82,6 +96,7 @@ impl HcaState {
                 qp.sq.ci = qp.sq.ci.wrapping_add(1);
             }
             self.stats.wqes += 1;
+            self.turn_left = self.turn_left.saturating_sub(1);
             if let Some((hook, now)) = self.adapter_hook() {
                 if let Some(status) = hook.send_wqe(self.lid, qpn, now) {
                     return self.fail_wr(qpn, &wqe, status);
@@ -185,6 +200,7 @@ impl HcaState {
             let mut segs = SegList::new();
             self.resolve_sges(&sges, pdn, use_, &mut segs)
                 .map_err(|_| WC_LOC_PROT_ERR)?;
+            self.turn_left = self.turn_left.saturating_sub(segs.len() as u64);
             Source::Gather(segs)
         };
         let len = match &src {
@@ -222,6 +238,7 @@ impl HcaState {
         let w: HcaRegMrWqe = read_obj(self.mem.as_ref(), addr).map_err(|_| WC_LOC_QP_OP_ERR)?;
         let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
         let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
+        self.turn_left = self.turn_left.saturating_sub(u64::from(w.npages));
         self.fast_register(qp.pdn, &w)?;
         self.complete_local(qpn, w.wr_id, CQE_OP_REG_MR, signaled)
     }

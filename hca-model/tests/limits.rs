@@ -147,3 +147,54 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
         "and the bound is not tiny: {bytes}"
     );
 }
+
+/// Fast registrations of 64K pages each: one doorbell's worth is 4M page-list reads, which
+/// the device does over many turns of its lock, never in one.
+#[test]
+fn test_a_long_send_queue_is_worked_through_in_bounded_turns() {
+    let mut p = Pair::new(3);
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 7, 0);
+    let npages = 65536u32;
+    let frmr =
+        p.a.try_reg_mr(&HcaCmdRegMr {
+            pdn: p.pd_a,
+            npages,
+            flags: MR_FLAG_FAST_REG,
+            ..Default::default()
+        })
+        .expect("fast-reg MR");
+    let page = p.a.alloc(4096, 4096);
+    let list = p.a.alloc(u64::from(npages) * 8, 8);
+    for i in 0..u64::from(npages) {
+        p.a.write(list + i * 8, &page.to_le_bytes());
+    }
+    let before = p.a.hca.stats();
+    for i in 0..64u64 {
+        p.a.write_reg_mr(
+            &mut qa,
+            HcaRegMrWqe {
+                wr_id: i,
+                access: ACCESS_LOCAL_WRITE,
+                iova: 0x1000_0000,
+                key: frmr,
+                npages,
+                length: u64::from(npages) * 4096,
+                page_list: list,
+                page_shift: 12,
+                ..Default::default()
+            },
+        );
+    }
+    p.a.ring_sq(&qa);
+    let after = p.a.hca.stats();
+    assert_eq!(
+        after.wqes - before.wqes,
+        64,
+        "all done by the time the doorbell returns"
+    );
+    assert!(
+        after.extra_turns - before.extra_turns >= 32,
+        "4M page reads in turns of 64K units: {} extra turns",
+        after.extra_turns - before.extra_turns
+    );
+}

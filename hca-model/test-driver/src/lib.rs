@@ -466,12 +466,17 @@ impl<P: Port> Driver<P> {
     }
 
     /// Posts a WR_REG_MR WQE (its opcode is set here).
-    pub fn post_reg_mr(&mut self, qp: &mut QpH, mut w: HcaRegMrWqe) {
+    pub fn post_reg_mr(&mut self, qp: &mut QpH, w: HcaRegMrWqe) {
+        self.write_reg_mr(qp, w);
+        self.ring_sq(qp);
+    }
+
+    /// Writes a WR_REG_MR WQE (its opcode is set here) without ringing the doorbell.
+    pub fn write_reg_mr(&mut self, qp: &mut QpH, mut w: HcaRegMrWqe) {
         w.opcode = WR_REG_MR as u8;
         let slot = qp.sq + (u64::from(qp.sq_pi & ((1 << qp.sq_log) - 1)) << qp.sq_shift);
         self.mem.write_obj(w, GuestAddress(slot)).unwrap();
         qp.sq_pi = qp.sq_pi.wrapping_add(1);
-        self.ring_sq(qp);
     }
 
     /// Publishes the SQ producer index and rings DB_SQ.
