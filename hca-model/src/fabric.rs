@@ -603,7 +603,7 @@ impl Fabric {
             return self.forward_one(pkt, None);
         }
         // Hooks and taps see every MTU packet of a train, one by one.
-        for p in pkt.split() {
+        for p in pkt.packets() {
             if let Some(t) = &tap {
                 t.on_wire(self.now_ns(), &p);
             }

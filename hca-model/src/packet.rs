@@ -271,6 +271,30 @@ fn merge_copy(
     Ok(())
 }
 
+/// The packets of a train, made as they are taken (see [`Packet::packets`]).
+pub struct Packets {
+    train: Option<Packet>,
+    family: Option<Family>,
+    next: u32,
+}
+
+impl Iterator for Packets {
+    type Item = Packet;
+
+    fn next(&mut self) -> Option<Packet> {
+        let Some(f) = self.family else {
+            // A single packet: itself, once.
+            return self.train.take();
+        };
+        let t = self.train.as_ref()?;
+        if self.next >= t.count {
+            return None;
+        }
+        self.next += 1;
+        Some(t.packet_at(f, self.next - 1))
+    }
+}
+
 /// A global route header: what a multicast datagram carries (this fabric is one subnet, so
 /// unicast packets go without).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -417,29 +441,38 @@ impl Packet {
     /// The single packets a train stands for, each with its own opcode, PSN, headers and
     /// payload slice. A single packet comes back as it is.
     pub fn split(self) -> Vec<Packet> {
-        let Some(f) = family(self.opcode).filter(|_| self.count > 1) else {
-            return vec![self];
-        };
+        self.packets().collect()
+    }
+
+    /// Like [`Packet::split`], made one packet at a time as they are taken: a 2 GiB
+    /// message at a 256-byte MTU is 8M packets, which a hook sees one by one, never all
+    /// at once.
+    pub fn packets(self) -> Packets {
+        Packets {
+            family: family(self.opcode).filter(|_| self.count > 1),
+            train: Some(self),
+            next: 0,
+        }
+    }
+
+    /// Packet `i` of this `n`-packet train of family `f`.
+    fn packet_at(&self, f: Family, i: u32) -> Packet {
         let (n, mtu) = (self.count, u64::from(self.mtu));
         let total = u64::from(self.payload.len());
-        (0..n)
-            .map(|i| {
-                let (first, last) = (i == 0, i + 1 == n);
-                let off = u64::from(i) * mtu;
-                Packet {
-                    opcode: message_opcode(f, i, n, self.tail()),
-                    psn: psn_add(self.psn, i),
-                    solicited: last && self.solicited,
-                    reth: self.reth.filter(|_| first),
-                    imm: self.imm.filter(|_| last),
-                    ieth: self.ieth.filter(|_| last),
-                    aeth: self.aeth.filter(|_| first || last),
-                    payload: self.payload.slice(off, total.saturating_sub(off).min(mtu)),
-                    count: 1,
-                    ..self.clone_header()
-                }
-            })
-            .collect()
+        let (first, last) = (i == 0, i + 1 == n);
+        let off = u64::from(i) * mtu;
+        Packet {
+            opcode: message_opcode(f, i, n, self.tail()),
+            psn: psn_add(self.psn, i),
+            solicited: last && self.solicited,
+            reth: self.reth.filter(|_| first),
+            imm: self.imm.filter(|_| last),
+            ieth: self.ieth.filter(|_| last),
+            aeth: self.aeth.filter(|_| first || last),
+            payload: self.payload.slice(off, total.saturating_sub(off).min(mtu)),
+            count: 1,
+            ..self.clone_header()
+        }
     }
 
     /// The packet without its payload.

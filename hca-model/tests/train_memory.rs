@@ -1,0 +1,89 @@
+//! With a hook attached (any fault plan, any capture), the fabric hands a long message to
+//! the hook one MTU packet at a time, making each as it goes: the host never holds all of a
+//! message's packets at once. Measured with a counting allocator (this test binary's own).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use hca_model::abi::*;
+use hca_model::packet::Packet;
+use hca_model::{Fabric, LinkHook, LinkId, Verdict};
+use hca_test_driver::*;
+
+struct Counting;
+
+static NOW: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call goes to the system allocator with the caller's layout unchanged; the
+// counters are bookkeeping only.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            let now = NOW.fetch_add(l.size(), Relaxed) + l.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `alloc` above with this layout (the caller's contract).
+        unsafe { System.dealloc(p, l) };
+        NOW.fetch_sub(l.size(), Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Counts the packets it passes.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl LinkHook for Count {
+    fn on_packet(&self, _: LinkId, _: u64, _: &mut Packet) -> Verdict {
+        self.0.fetch_add(1, Relaxed);
+        Verdict::Pass
+    }
+}
+
+#[test]
+fn test_a_long_message_meets_the_hook_one_packet_at_a_time() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 48);
+    let mut b = Driver::new(Some(&fabric), 48);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (mut ca, cb) = (a.create_cq(8), b.create_cq(8));
+    let mut qa = a.create_qp(QPT_RC, pa, ca.cqn, ca.cqn);
+    let qb = b.create_qp(QPT_RC, pb, cb.cqn, cb.cqn);
+    // MTU 256 (enum 1): 32 MiB is 131072 packets.
+    a.bring_up_rc_tuned(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, 1, DEFAULT_RTS);
+    b.bring_up_rc_tuned(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, 1, DEFAULT_RTS);
+    let (ka, kb) = (a.reg_dma_mr(pa, ALL_ACCESS), b.reg_dma_mr(pb, ALL_ACCESS));
+    let len = 32u64 << 20;
+    let (src, dst) = (a.alloc(len, 4096), b.alloc(len, 4096));
+    let hook = Arc::new(Count::default());
+    fabric.set_hook(Some(hook.clone()));
+    let base = NOW.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let w = HcaSendWqe {
+        wr_id: 1,
+        opcode: WR_RDMA_WRITE as u8,
+        flags: WQE_SIGNALED as u8,
+        remote_addr: dst,
+        rkey: kb,
+        ..Default::default()
+    };
+    a.post_send(&mut qa, w, &[sge(src, len as u32, ka)]);
+    let c = a.drain_cq(&mut ca);
+    assert_eq!(u32::from(c[0].status), WC_SUCCESS);
+    let packets = hook.0.load(Relaxed);
+    assert!(packets >= 131072, "{packets} packets");
+    let peak = PEAK.load(Relaxed) - base;
+    assert!(
+        peak < 4 << 20,
+        "{peak} bytes allocated at once for {packets} packets"
+    );
+}
