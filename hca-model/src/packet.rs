@@ -84,26 +84,67 @@ pub type SegList = smallvec::SmallVec<[Seg; 2]>;
 
 /// Cuts `[off, off + n)` out of a gather list.
 pub fn sub_segs(segs: &[Seg], off: u64, n: u64) -> SegList {
-    let mut out = SegList::new();
-    let (mut skip, mut left) = (off, n);
-    for s in segs {
-        if left == 0 {
-            break;
+    SegCursor::default().cut(segs, off, n)
+}
+
+/// A place in a gather list, so that cutting it piece after piece in order (a message's
+/// packets) costs the pieces' own length, not a walk from the start each time (a message
+/// over a repeated-page MR has a record per page).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SegCursor {
+    /// Byte offset in the list, the record it falls in, and the offset in that record.
+    off: u64,
+    idx: usize,
+    skip: u64,
+}
+
+impl SegCursor {
+    /// Cuts `[off, off + n)` out of `segs`, from this cursor when `off` is at or past it
+    /// (from the start otherwise), and leaves the cursor at `off + n`.
+    pub fn cut(&mut self, segs: &[Seg], off: u64, n: u64) -> SegList {
+        if off < self.off {
+            *self = SegCursor::default();
         }
-        let len = u64::from(s.len);
-        if skip >= len {
-            skip -= len;
-            continue;
+        // Move to `off`.
+        let mut ahead = off - self.off;
+        while ahead > 0 {
+            let Some(s) = segs.get(self.idx) else {
+                break;
+            };
+            let rest = u64::from(s.len) - self.skip;
+            if ahead < rest {
+                self.skip += ahead;
+                ahead = 0;
+            } else {
+                ahead -= rest;
+                (self.idx, self.skip) = (self.idx + 1, 0);
+            }
         }
-        let take = (len - skip).min(left);
-        out.push(Seg {
-            addr: s.addr + skip,
-            len: take as u32,
-        });
-        left -= take;
-        skip = 0;
+        self.off = off;
+        let mut out = SegList::new();
+        let mut left = n;
+        while left > 0 {
+            let Some(s) = segs.get(self.idx) else {
+                break;
+            };
+            let rest = u64::from(s.len) - self.skip;
+            let take = rest.min(left);
+            if take > 0 {
+                out.push(Seg {
+                    addr: s.addr + self.skip,
+                    len: take as u32,
+                });
+            }
+            left -= take;
+            self.off += take;
+            if take == rest {
+                (self.idx, self.skip) = (self.idx + 1, 0);
+            } else {
+                self.skip += take;
+            }
+        }
+        out
     }
-    out
 }
 
 /// Packet data: none, owned bytes, or a gather list in the sender's memory.
@@ -275,7 +316,10 @@ fn merge_copy(
 pub struct Packets {
     train: Option<Packet>,
     family: Option<Family>,
+    /// The train's payload length.
+    total: u64,
     next: u32,
+    cursor: SegCursor,
 }
 
 impl Iterator for Packets {
@@ -291,7 +335,7 @@ impl Iterator for Packets {
             return None;
         }
         self.next += 1;
-        Some(t.packet_at(f, self.next - 1))
+        Some(t.packet_at(f, self.next - 1, self.total, &mut self.cursor))
     }
 }
 
@@ -450,17 +494,28 @@ impl Packet {
     pub fn packets(self) -> Packets {
         Packets {
             family: family(self.opcode).filter(|_| self.count > 1),
+            total: u64::from(self.payload.len()),
             train: Some(self),
             next: 0,
+            cursor: SegCursor::default(),
         }
     }
 
-    /// Packet `i` of this `n`-packet train of family `f`.
-    fn packet_at(&self, f: Family, i: u32) -> Packet {
+    /// Packet `i` of this `n`-packet train of family `f`; `cursor` follows the payload's
+    /// gather list from packet to packet.
+    fn packet_at(&self, f: Family, i: u32, total: u64, cursor: &mut SegCursor) -> Packet {
         let (n, mtu) = (self.count, u64::from(self.mtu));
-        let total = u64::from(self.payload.len());
         let (first, last) = (i == 0, i + 1 == n);
         let off = u64::from(i) * mtu;
+        let len = total.saturating_sub(off).min(mtu);
+        let payload = match &self.payload {
+            Payload::Dma { mem, segs, grant } => Payload::Dma {
+                mem: mem.clone(),
+                segs: cursor.cut(segs, off, len),
+                grant: grant.clone(),
+            },
+            p => p.slice(off, len),
+        };
         Packet {
             opcode: message_opcode(f, i, n, self.tail()),
             psn: psn_add(self.psn, i),
@@ -469,7 +524,7 @@ impl Packet {
             imm: self.imm.filter(|_| last),
             ieth: self.ieth.filter(|_| last),
             aeth: self.aeth.filter(|_| first || last),
-            payload: self.payload.slice(off, total.saturating_sub(off).min(mtu)),
+            payload,
             count: 1,
             ..self.clone_header()
         }
@@ -554,6 +609,67 @@ impl Packet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain walk from the start that a cursor must agree with.
+    fn cut_from_start(segs: &[Seg], off: u64, n: u64) -> Vec<(u64, u32)> {
+        let mut bytes: Vec<u64> = Vec::new();
+        for s in segs {
+            bytes.extend((0..u64::from(s.len)).map(|k| s.addr + k));
+        }
+        let picked: Vec<u64> = bytes
+            .into_iter()
+            .skip(off as usize)
+            .take(n as usize)
+            .collect();
+        let mut out: Vec<(u64, u32)> = Vec::new();
+        for a in picked {
+            match out.last_mut() {
+                Some((start, len)) if *start + u64::from(*len) == a => *len += 1,
+                _ => out.push((a, 1)),
+            }
+        }
+        out
+    }
+
+    fn merged(l: &[Seg]) -> Vec<(u64, u32)> {
+        let mut out: Vec<(u64, u32)> = Vec::new();
+        for s in l {
+            match out.last_mut() {
+                Some((start, len)) if *start + u64::from(*len) == s.addr => *len += s.len,
+                _ => out.push((s.addr, s.len)),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn test_a_cursor_cuts_a_gather_list_as_a_walk_from_the_start_does() {
+        let segs: Vec<Seg> = (0..40u64)
+            .map(|i| Seg {
+                addr: 0x1000 * (i * 7 % 40) + i % 3,
+                len: (i % 5 + 1) as u32 * 3,
+            })
+            .collect();
+        let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+        let mut x = 0x9e37_79b9u64;
+        let mut cursor = SegCursor::default();
+        let mut off = 0u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly in order, as packets come; now and then back or past the end.
+            let n = x % 23;
+            off = match x % 10 {
+                0 => x % (total + 5),
+                _ if off + n > total => 0,
+                _ => off,
+            };
+            let got = cursor.cut(&segs, off, n);
+            assert_eq!(merged(&got), cut_from_start(&segs, off, n), "at {off}+{n}");
+            off += n;
+        }
+    }
 
     #[test]
     fn test_psn_order_wraps_at_24_bits() {

@@ -42,8 +42,11 @@ impl WorkQueue {
 pub(crate) enum PendKind {
     /// An ACK (SEND, RDMA WRITE).
     Ack,
-    /// Read response data, scattered into these pieces.
-    Read { dst: SegList },
+    /// Read response data, scattered into these pieces (`cursor` follows the responses).
+    Read {
+        dst: SegList,
+        cursor: crate::packet::SegCursor,
+    },
     /// The original value of an atomic, written here.
     Atomic { dst: Seg },
     /// A local operation (WR_REG_MR), already done; completes when it reaches the front,
@@ -81,7 +84,7 @@ impl Pending {
             _ => 0,
         };
         let dst = match &self.kind {
-            PendKind::Read { dst } => dst.len() * seg,
+            PendKind::Read { dst, .. } => dst.len() * seg,
             _ => 0,
         };
         request + dst
@@ -180,6 +183,8 @@ pub(crate) struct Inbound {
     pub recv_wr_id: Option<u64>,
     /// An RDMA WRITE's rkey grant, checked again for each later packet.
     pub grant: Option<std::sync::Arc<crate::packet::Grant>>,
+    /// Where `offset` falls in `segs`.
+    pub cursor: crate::packet::SegCursor,
 }
 
 pub(crate) struct Qp {

@@ -379,7 +379,10 @@ impl HcaState {
         pend.first_psn = psn;
         pend.last_psn = psn_add(psn, npk - 1);
         pend.next_resp_psn = psn;
-        pend.kind = PendKind::Read { dst };
+        pend.kind = PendKind::Read {
+            dst,
+            cursor: Default::default(),
+        };
         self.push_pending(qpn, pend, npk);
         Ok(())
     }
@@ -561,7 +564,7 @@ impl HcaState {
         let Some(front) = qp.pending.front_mut() else {
             return;
         };
-        let PendKind::Read { dst } = &front.kind else {
+        let PendKind::Read { dst, cursor } = &mut front.kind else {
             return; // A response nobody asked for: dropped.
         };
         // In order only: a duplicate is ignored; one past a gap means the responses before
@@ -592,7 +595,7 @@ impl HcaState {
             front.next_resp_psn = pkt.psn;
             return;
         }
-        let target = sub_segs(dst, off, n);
+        let target = cursor.cut(dst, off, n);
         if pkt.payload.scatter(mem.as_ref(), &target).is_err() {
             self.stats.dma_faults += 1;
             return self.fail_front(qpn, WC_LOC_PROT_ERR);

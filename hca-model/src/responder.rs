@@ -265,8 +265,8 @@ impl HcaState {
         let placed = if msg.offset == 0 {
             pkt.payload.scatter(mem.as_ref(), &msg.segs)
         } else {
-            pkt.payload
-                .scatter(mem.as_ref(), &sub_segs(&msg.segs, msg.offset, n))
+            let piece = msg.cursor.cut(&msg.segs, msg.offset, n);
+            pkt.payload.scatter(mem.as_ref(), &piece)
         };
         msg.offset += n;
         if placed.is_err() {
@@ -293,6 +293,7 @@ impl HcaState {
                     cap: r.cap,
                     recv_wr_id: Some(r.wr_id),
                     grant: None,
+                    cursor: Default::default(),
                 });
             }
         }
@@ -395,6 +396,7 @@ impl HcaState {
                     cap: len,
                     recv_wr_id: None,
                     grant,
+                    cursor: Default::default(),
                 });
             }
         }
