@@ -15,6 +15,7 @@
 //! ticks from its own thread every [`TICK`]; a manual one ([`Fabric::with_manual_clock`])
 //! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -77,6 +78,15 @@ pub trait PacketSink: Send + Sync {
     fn capability_mask(&self) -> u32 {
         0
     }
+}
+
+/// The most queued items a sender may leave behind it (see
+/// [`Fabric::pump_with_backpressure`]): about 64 MiB of full-size datagrams.
+pub const MAX_BACKLOG: usize = 16384;
+
+thread_local! {
+    /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
+    static PUMPING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// How often a real-time fabric runs its ports' timers.
@@ -545,6 +555,26 @@ impl Fabric {
         self.queue().items.push_back(Item::Packet(pkt));
     }
 
+    /// Packets and bounces queued, not yet moved.
+    pub fn backlog(&self) -> usize {
+        self.queue().items.len()
+    }
+
+    /// Like [`Fabric::pump`]; then, while more than [`MAX_BACKLOG`] items wait, a sender
+    /// that out-runs the fabric waits for it (pumping itself when no one else does), so one
+    /// guest's flood of datagrams cannot grow the queue without bound. Never waits inside a
+    /// pump (a delivery's own sends). Call it with no HCA lock held.
+    pub fn pump_with_backpressure(&self) {
+        self.pump();
+        if PUMPING.with(Cell::get) {
+            return;
+        }
+        while self.backlog() > MAX_BACKLOG {
+            self.pump();
+            std::thread::yield_now();
+        }
+    }
+
     /// Delivers queued packets until the queue is empty, unless another thread (or an outer
     /// frame of this one) is already doing so. Call it with no HCA lock held.
     pub fn pump(&self) {
@@ -555,6 +585,7 @@ impl Fabric {
             }
             q.pumping = true;
         }
+        PUMPING.with(|p| p.set(true));
         loop {
             let item = {
                 let mut q = self.queue();
@@ -562,6 +593,7 @@ impl Fabric {
                     Some(i) => i,
                     None => {
                         q.pumping = false;
+                        PUMPING.with(|p| p.set(false));
                         return;
                     }
                 }

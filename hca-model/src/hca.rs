@@ -376,7 +376,7 @@ impl Shared {
             }
         }
         if let Some(f) = fabric {
-            f.pump();
+            f.pump_with_backpressure();
         }
         r
     }

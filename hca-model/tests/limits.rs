@@ -198,3 +198,89 @@ fn test_a_long_send_queue_is_worked_through_in_bounded_turns() {
         after.extra_turns - before.extra_turns
     );
 }
+
+/// Slows every delivery down (as a busy receiver would), and notes the longest queue seen.
+struct Slow {
+    fabric: Fabric,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+impl LinkHook for Slow {
+    fn on_packet(&self, link: LinkId, _: u64, _: &mut Packet) -> Verdict {
+        if link.dir == LinkDir::Down {
+            self.peak.fetch_max(self.fabric.backlog(), Relaxed);
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Verdict::Pass
+    }
+}
+
+/// A guest that floods datagrams faster than the fabric moves them waits for it: the queue
+/// never holds much more than MAX_BACKLOG items.
+#[test]
+fn test_a_datagram_flood_waits_for_the_fabric_instead_of_growing_its_queue() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 8);
+    let mut b = Driver::new(Some(&fabric), 8);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(12), b.create_cq(6));
+    let mut ua = a
+        .try_create_qp(QPT_UD, pa, (ca.cqn, ca.cqn), (12, 6), 0)
+        .expect("UD QP");
+    let ub = b.create_qp(QPT_UD, pb, cb.cqn, cb.cqn);
+    a.bring_up_ud(ua.qpn, 7, false);
+    b.bring_up_ud(ub.qpn, 7, false);
+    let slow = Arc::new(Slow {
+        fabric: fabric.clone(),
+        peak: 0.into(),
+    });
+    fabric.set_hook(Some(slow.clone()));
+    // Another sender keeps the fabric busy (it pumps, slowly) while A floods.
+    let started = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (f, started) = (fabric.clone(), started.clone());
+        let lid = b.lid();
+        std::thread::spawn(move || {
+            for _ in 0..2000 {
+                f.enqueue(Packet {
+                    slid: 1,
+                    dlid: lid,
+                    opcode: hca_model::packet::UD_SEND_ONLY,
+                    dest_qpn: 0xffff,
+                    ..Default::default()
+                });
+            }
+            started.store(true, Relaxed);
+            f.pump();
+        })
+    };
+    while !started.load(Relaxed) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    let src = a.alloc(64, 64);
+    let size = 1usize << 12;
+    let mut sent = 0;
+    for _ in 0..10 {
+        for _ in 0..size {
+            let w = HcaSendWqe {
+                opcode: WR_SEND as u8,
+                ud_dlid: b.lid(),
+                ud_remote_qpn: ub.qpn,
+                ud_qkey: 7,
+                ..Default::default()
+            };
+            a.write_send(&mut ua, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
+            sent += 1;
+        }
+        a.ring_sq(&ua);
+    }
+    busy.join().unwrap();
+    fabric.pump();
+    let peak = slow.peak.load(Relaxed);
+    assert!(sent >= 40000);
+    assert!(
+        peak <= hca_model::fabric::MAX_BACKLOG + size + 200,
+        "the queue reached {peak} items"
+    );
+}
