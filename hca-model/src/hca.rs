@@ -246,6 +246,15 @@ impl HcaState {
         f.enqueue(pkt);
     }
 
+    /// Sends a message's train in pieces of about [`PIECE_BYTES`]: the fabric moves, and the
+    /// peer takes, one piece at a time, so no message holds them for its whole length.
+    pub fn transmit_train(&mut self, train: Packet) {
+        let max = (PIECE_BYTES / train.mtu.max(1)).max(1);
+        for piece in train.chunks(max) {
+            self.transmit(piece);
+        }
+    }
+
     /// The fabric's adapter-fault hook and clock, when the port is on a fabric that has one.
     pub fn adapter_hook(&self) -> Option<(Arc<dyn AdapterHook>, u64)> {
         let f = self.fabric.as_ref()?;
@@ -302,6 +311,9 @@ impl HcaState {
         }
     }
 }
+
+/// The longest piece of a message the fabric moves as one item (see `transmit_train`).
+const PIECE_BYTES: u32 = 1 << 20;
 
 /// How much one turn under the device lock may do: WQEs executed, page-list entries read
 /// (a fast registration), gather records made (a message over a repeated-page MR). A guest

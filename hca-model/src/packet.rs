@@ -397,6 +397,11 @@ pub struct Packet {
     pub count: u32,
     /// The path MTU a train is cut at.
     pub mtu: u32,
+    /// A train that is a piece of a longer message (see [`Packet::chunks`]): the index of
+    /// its first packet in the message, and the message's packet count (0: the train ends
+    /// the message, `first + count`).
+    pub first: u32,
+    pub of: u32,
     /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
     pub corrupt: bool,
 }
@@ -479,7 +484,80 @@ impl Packet {
         head.opcode = message_opcode(f, 0, n, head.tail());
         head.count = n;
         head.mtu = mtu;
+        (head.first, head.of) = (0, n);
         head
+    }
+
+    /// The message's packet count (a whole train's own count, or what a piece says).
+    fn message_packets(&self) -> u32 {
+        if self.of == 0 {
+            self.first + self.count.max(1)
+        } else {
+            self.of
+        }
+    }
+
+    /// Packets `[start, start + n)` of this train as a train of their own (a piece of the
+    /// message: its opcodes, PSNs, headers and payload slice as those packets have them).
+    /// `cursor` follows the payload's gather list from piece to piece.
+    fn cut(&self, f: Family, start: u32, n: u32, cursor: &mut SegCursor) -> Packet {
+        let of = self.message_packets();
+        let (abs, mtu) = (self.first + start, u64::from(self.mtu));
+        let (has_first, has_last) = (abs == 0, abs + n == of);
+        let off = u64::from(start) * mtu;
+        let len = (u64::from(self.payload.len()).saturating_sub(off)).min(u64::from(n) * mtu);
+        let payload = match &self.payload {
+            Payload::Dma { mem, segs, grant } => Payload::Dma {
+                mem: mem.clone(),
+                segs: cursor.cut(segs, off, len),
+                grant: grant.clone(),
+            },
+            p => p.slice(off, len),
+        };
+        Packet {
+            opcode: message_opcode(f, abs, of, self.tail()),
+            psn: psn_add(self.psn, start),
+            solicited: has_last && self.solicited,
+            reth: self.reth.filter(|_| has_first),
+            imm: self.imm.filter(|_| has_last),
+            ieth: self.ieth.filter(|_| has_last),
+            aeth: self.aeth.filter(|_| has_first || has_last),
+            payload,
+            count: n,
+            first: abs,
+            of,
+            ..self.clone_header()
+        }
+    }
+
+    /// The train in pieces of at most `max` packets, in order: a long message moves, and is
+    /// received, a piece at a time (each piece under its receiver's lock on its own), so one
+    /// guest's 2 GiB message never holds the fabric or a peer for its whole length. A single
+    /// packet, or a train no longer than `max`, comes back as it is.
+    pub fn chunks(self, max: u32) -> Vec<Packet> {
+        let max = max.max(1);
+        let Some(f) = family(self.opcode).filter(|_| self.count > max) else {
+            return vec![self];
+        };
+        let mut cursor = SegCursor::default();
+        (0..self.count.div_ceil(max))
+            .map(|k| {
+                let start = k * max;
+                self.cut(f, start, max.min(self.count - start), &mut cursor)
+            })
+            .collect()
+    }
+
+    /// The train without its packets before PSN `psn` (which it must span): what is sent
+    /// again after the peer took the first part of a message.
+    pub fn from_psn(self, psn: u32) -> Packet {
+        let skip = psn.wrapping_sub(self.psn) & PSN_MASK;
+        match family(self.opcode) {
+            Some(f) if skip > 0 && skip < self.count => {
+                self.cut(f, skip, self.count - skip, &mut SegCursor::default())
+            }
+            _ => self,
+        }
     }
 
     /// The single packets a train stands for, each with its own opcode, PSN, headers and
@@ -504,8 +582,9 @@ impl Packet {
     /// Packet `i` of this `n`-packet train of family `f`; `cursor` follows the payload's
     /// gather list from packet to packet.
     fn packet_at(&self, f: Family, i: u32, total: u64, cursor: &mut SegCursor) -> Packet {
-        let (n, mtu) = (self.count, u64::from(self.mtu));
-        let (first, last) = (i == 0, i + 1 == n);
+        let (n, mtu) = (self.message_packets(), u64::from(self.mtu));
+        let abs = self.first + i;
+        let (first, last) = (abs == 0, abs + 1 == n);
         let off = u64::from(i) * mtu;
         let len = total.saturating_sub(off).min(mtu);
         let payload = match &self.payload {
@@ -517,7 +596,7 @@ impl Packet {
             p => p.slice(off, len),
         };
         Packet {
-            opcode: message_opcode(f, i, n, self.tail()),
+            opcode: message_opcode(f, abs, n, self.tail()),
             psn: psn_add(self.psn, i),
             solicited: last && self.solicited,
             reth: self.reth.filter(|_| first),
@@ -526,6 +605,8 @@ impl Packet {
             aeth: self.aeth.filter(|_| first || last),
             payload,
             count: 1,
+            first: abs,
+            of: n,
             ..self.clone_header()
         }
     }
@@ -552,6 +633,8 @@ impl Packet {
             payload: Payload::Empty,
             count: self.count,
             mtu: self.mtu,
+            first: self.first,
+            of: self.of,
             corrupt: self.corrupt,
         }
     }
@@ -574,16 +657,18 @@ impl Packet {
 
     /// Whether this (packet or train) ends a message.
     pub fn ends_message(&self) -> bool {
-        self.count > 1
-            || !matches!(
-                self.opcode,
-                RC_SEND_FIRST
-                    | RC_SEND_MIDDLE
-                    | RC_WRITE_FIRST
-                    | RC_WRITE_MIDDLE
-                    | RC_READ_RESP_FIRST
-                    | RC_READ_RESP_MIDDLE
-            )
+        if self.count > 1 && family(self.opcode).is_some() {
+            return self.first + self.count >= self.message_packets();
+        }
+        !matches!(
+            self.opcode,
+            RC_SEND_FIRST
+                | RC_SEND_MIDDLE
+                | RC_WRITE_FIRST
+                | RC_WRITE_MIDDLE
+                | RC_READ_RESP_FIRST
+                | RC_READ_RESP_MIDDLE
+        )
     }
 
     /// PSNs this packet or train occupies.
@@ -714,6 +799,68 @@ mod tests {
         };
         assert_eq!(b[0], 0);
         assert_eq!(b[1], 1);
+    }
+
+    /// What a receiver sees of a packet: every header and the payload bytes.
+    type Wire = (u8, u32, bool, Option<Reth>, Option<u32>, Option<u32>, Vec<u8>);
+
+    fn wire(p: &Packet) -> Wire {
+        let mut b = p.payload.clone();
+        let bytes = b.make_owned().unwrap().clone();
+        (p.opcode, p.psn, p.solicited, p.reth, p.imm, p.ieth, bytes)
+    }
+
+    /// A message cut into pieces (or resent from a PSN inside it) splits into exactly the
+    /// packets the whole train does, whatever the piece size, for every message kind.
+    #[test]
+    fn test_pieces_of_a_train_are_the_trains_own_packets() {
+        let payload: Vec<u8> = (0..2500u32).map(|i| (i * 7) as u8).collect();
+        for (kind, imm, ieth, reth) in [
+            (RC_SEND_ONLY, None, None, false),
+            (RC_SEND_ONLY, Some(5), None, false),
+            (RC_SEND_ONLY, None, Some(0x77), false),
+            (RC_WRITE_ONLY, Some(6), None, true),
+            (RC_READ_RESP_ONLY, None, None, false),
+        ] {
+            let head = Packet {
+                psn: PSN_MASK - 3,
+                imm,
+                ieth,
+                solicited: true,
+                aeth: (kind == RC_READ_RESP_ONLY).then_some((AETH_ACK, 0)),
+                reth: reth.then_some(Reth {
+                    va: 1,
+                    rkey: 2,
+                    len: 2500,
+                }),
+                payload: Payload::Bytes(payload.clone()),
+                ..Default::default()
+            };
+            let t = Packet::message(head, kind, 2500, 256);
+            let want: Vec<_> = t.clone().split().iter().map(wire).collect();
+            assert_eq!(want.len(), 10);
+            for max in [1, 3, 4, 9, 10, 64] {
+                let pieces = t.clone().chunks(max);
+                assert_eq!(pieces.len(), 10usize.div_ceil(max as usize));
+                let ends: Vec<bool> = pieces.iter().map(|p| p.ends_message()).collect();
+                assert!(ends[..ends.len() - 1].iter().all(|e| !e) && ends[ends.len() - 1]);
+                assert!(pieces[0].starts_message());
+                assert!(pieces[1..].iter().all(|p| !p.starts_message()));
+                let got: Vec<_> = pieces
+                    .into_iter()
+                    .flat_map(|p| p.split())
+                    .map(|p| wire(&p))
+                    .collect();
+                assert_eq!(got, want, "kind {kind:#x} in pieces of {max}");
+            }
+            for skip in [0u32, 1, 4, 9] {
+                let rest = t.clone().from_psn(psn_add(t.psn, skip));
+                assert_eq!(rest.span(), 10 - skip);
+                assert!(rest.ends_message());
+                let got: Vec<_> = rest.split().iter().map(wire).collect();
+                assert_eq!(got, want[skip as usize..], "kind {kind:#x} from {skip}");
+            }
+        }
     }
 
     #[test]

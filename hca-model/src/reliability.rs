@@ -198,19 +198,14 @@ impl HcaState {
                     out.push(r);
                 }
                 _ if psn_le(from, p.first_psn) => out.push(req.clone()),
-                // Part of a multi-packet message went through: the rest, packet by packet.
-                _ => out.extend(
-                    req.clone()
-                        .split()
-                        .into_iter()
-                        .filter(|s| psn_le(from, s.psn)),
-                ),
+                // Part of a multi-packet message went through: the rest of it.
+                _ => out.push(req.clone().from_psn(from)),
             }
         }
         let timeout = ack_timeout_ns(qp.attr.timeout);
         self.stats.retransmits += out.len() as u64;
         for pkt in out {
-            self.transmit(pkt);
+            self.transmit_train(pkt);
         }
         if restart {
             let wait = timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t));

@@ -345,7 +345,7 @@ impl HcaState {
         let train = Packet::message(head, kind, len, mtu as u32);
         let npk = train.span();
         pend.request = Some(train.clone());
-        self.transmit(train);
+        self.transmit_train(train);
         pend.first_psn = first_psn;
         pend.last_psn = psn_add(first_psn, npk - 1);
         self.push_pending(qpn, pend, npk);

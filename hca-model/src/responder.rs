@@ -478,7 +478,7 @@ impl HcaState {
         };
         let resp = Packet::message(head, RC_READ_RESP_ONLY, len, mtu as u32);
         let npk = resp.span();
-        self.transmit(resp);
+        self.transmit_train(resp);
         if fresh {
             self.advance_epsn(qpn, npk);
         }
