@@ -802,7 +802,15 @@ mod tests {
     }
 
     /// What a receiver sees of a packet: every header and the payload bytes.
-    type Wire = (u8, u32, bool, Option<Reth>, Option<u32>, Option<u32>, Vec<u8>);
+    type Wire = (
+        u8,
+        u32,
+        bool,
+        Option<Reth>,
+        Option<u32>,
+        Option<u32>,
+        Vec<u8>,
+    );
 
     fn wire(p: &Packet) -> Wire {
         let mut b = p.payload.clone();

@@ -1,0 +1,94 @@
+//! Live changes to a running plan (`hcabench fault`), and the plan's node kills.
+
+use super::log::LogLine;
+use super::plan::LinkFaults;
+use super::FaultHook;
+
+/// A change to a running plan (`hcabench fault NODE ...`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LiveFault {
+    /// The node's link goes down (both directions) until LinkUp.
+    LinkDown,
+    LinkUp,
+    /// The node's link follows this rule instead of the plan's.
+    Rule(LinkFaults),
+    /// Back to the plan for this node's link (and its link up).
+    Clear,
+    /// The node dies: its link goes dead for good.
+    Kill,
+}
+
+impl FaultHook {
+    /// Applies a live change to node `lid`'s link at fabric time `now_ns`, and logs it.
+    pub fn live(&self, lid: u16, change: LiveFault, now_ns: u64) {
+        let t = self.plan_ns(now_ns);
+        let mut st = self.lock();
+        let what = match &change {
+            LiveFault::LinkDown => {
+                st.live_down.insert(lid);
+                "link-down".to_string()
+            }
+            LiveFault::LinkUp => {
+                st.live_down.remove(&lid);
+                "link-up".to_string()
+            }
+            LiveFault::Rule(r) => {
+                st.live_rules.insert(lid, r.clone());
+                format!(
+                    "rule drop={} duplicate={} reorder={} corrupt={} delay_us={} jitter_us={}",
+                    r.drop, r.duplicate, r.reorder, r.corrupt, r.delay_us, r.jitter_us
+                )
+            }
+            LiveFault::Clear => {
+                st.live_down.remove(&lid);
+                st.live_rules.remove(&lid);
+                "clear".to_string()
+            }
+            LiveFault::Kill => {
+                st.dead.entry(lid).or_insert(t);
+                st.counts.nodes_killed += 1;
+                "kill".to_string()
+            }
+        };
+        st.log(&LogLine {
+            t_ns: t,
+            node: Some(format!("lid{lid}")),
+            live: Some(what),
+            ..Default::default()
+        });
+    }
+
+    /// The live rule for node `lid`'s link, if a live change set one.
+    pub fn live_rule(&self, lid: u16) -> Option<LinkFaults> {
+        self.lock().live_rules.get(&lid).cloned()
+    }
+
+    /// Nodes the plan has killed by fabric time `now_ns` that were not yet returned: the
+    /// caller stops their guests. Each comes back once.
+    pub fn due_kills(&self, now_ns: u64) -> Vec<u16> {
+        let t = self.plan_ns(now_ns);
+        let mut st = self.lock();
+        for n in &self.plan.nodes {
+            let at = (n.kill_ms * 1e6) as u64;
+            if at <= t && !st.dead.contains_key(&n.lid) {
+                st.dead.insert(n.lid, at);
+                st.counts.nodes_killed += 1;
+                let lid = n.lid;
+                st.log(&LogLine {
+                    t_ns: t,
+                    node: Some(format!("lid{lid}")),
+                    fault: Some("kill"),
+                    ..Default::default()
+                });
+            }
+        }
+        let fresh: Vec<u16> = st
+            .dead
+            .keys()
+            .copied()
+            .filter(|l| !st.kills_reported.contains(l))
+            .collect();
+        st.kills_reported.extend(&fresh);
+        fresh
+    }
+}

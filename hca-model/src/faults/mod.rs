@@ -1,0 +1,189 @@
+//! Seeded fault plans: a [`LinkHook`] that drops, duplicates, reorders, delays and corrupts
+//! packets, takes links down on a schedule and kills nodes, and an [`AdapterHook`] that makes
+//! HCAs fail WQEs, lose doorbells, lose or delay interrupts and overflow CQs. Every decision
+//! is drawn from the plan's seed and logged as one JSON line; times in the plan and the log
+//! count from the moment the plan starts ([`FaultHook::set_origin`]).
+//!
+//! A decision is a pure function of (seed, where, the event's index there, the kind of
+//! fault), not of a shared random stream, so the k-th packet on a link (or the k-th doorbell
+//! of an HCA) meets the same fate in every run with that seed however traffic interleaves: a
+//! run replays, and two runs' logs compare line by line per link.
+//!
+//! Live injection ([`FaultHook::live`]) changes a running plan: a link down or up, a node's
+//! link rule replaced, a node killed; each change is logged too.
+//!
+//! ```toml
+//! seed = 42
+//! [[link]]              # the first [[link]] naming a link is the one that applies
+//! lid = 2               # node2's link (omit: every link)
+//! dir = "up"            # "up" (node to switch), "down", or "both" (default)
+//! drop = 0.01           # probabilities per packet
+//! duplicate = 0.001
+//! reorder = 0.01        # held until the next tick, so later packets overtake it
+//! corrupt = 0.001       # bits flipped: the receiver drops it for its ICRC
+//! delay_us = 200        # every packet, plus up to jitter_us more
+//! jitter_us = 100
+//! down = [[1000, 1500]] # link down from 1000 ms to 1500 ms after the plan starts
+//!
+//! [[node]]
+//! lid = 3
+//! kill_ms = 5000        # node3 dies: its links go dead, its guest is stopped
+//!
+//! [[adapter]]           # the first [[adapter]] naming an HCA is the one that applies
+//! lid = 2               # node2's HCA (omit: every HCA)
+//! error_wqe = 100       # the 100th send WQE of each QP (or of `qpn` only) fails, QP to ERR
+//! qpn = 5
+//! lose_doorbell = 0.01  # probabilities per doorbell / interrupt
+//! lose_interrupt = 0.01
+//! late_interrupt = 0.1  # this share of interrupts comes late_interrupt_us late
+//! late_interrupt_us = 500
+//! cq_overflow_after = 1000  # the CQ (`cqn`, or each) overflows at its 1001st CQE
+//! ```
+//!
+//! By concern: `plan` (the file's schema and checks), `draw` (seeded decisions), `link` and
+//! `adapter` (the two hooks), `live` (changes to a running plan, node kills), `log` (the
+//! JSON-lines log); this module holds the hook's shared state and counts.
+
+mod adapter;
+mod draw;
+mod link;
+mod live;
+mod log;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+pub use live::LiveFault;
+pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults};
+
+use draw::Stream;
+use log::LogLine;
+
+/// What a plan did, for the end-of-run report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub link_down: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub corrupted: u64,
+    pub delayed: u64,
+    /// Packets lost to or from a killed node.
+    pub node_dead: u64,
+    pub nodes_killed: u64,
+    pub wqe_errors: u64,
+    pub doorbells_lost: u64,
+    pub interrupts_lost: u64,
+    pub interrupts_late: u64,
+    pub cq_overflows: u64,
+}
+
+impl FaultCounts {
+    pub fn total(&self) -> u64 {
+        self.link_down
+            + self.dropped
+            + self.duplicated
+            + self.reordered
+            + self.corrupted
+            + self.delayed
+            + self.node_dead
+            + self.nodes_killed
+            + self.adapter()
+    }
+
+    /// Faults of the HCAs themselves.
+    pub fn adapter(&self) -> u64 {
+        self.wqe_errors
+            + self.doorbells_lost
+            + self.interrupts_lost
+            + self.interrupts_late
+            + self.cq_overflows
+    }
+}
+
+#[derive(Default)]
+struct State {
+    seen: HashMap<Stream, u64>,
+    counts: FaultCounts,
+    log: Option<Box<dyn Write + Send>>,
+    live_down: HashSet<u16>,
+    live_rules: HashMap<u16, LinkFaults>,
+    /// Dead nodes and since when (ns after the origin).
+    dead: HashMap<u16, u64>,
+    /// Kills already handed to whoever stops the guests.
+    kills_reported: HashSet<u16>,
+}
+
+impl State {
+    /// The index of this event in its stream.
+    fn next(&mut self, s: Stream) -> u64 {
+        let c = self.seen.entry(s).or_insert(0);
+        *c += 1;
+        *c - 1
+    }
+
+    fn log(&mut self, line: &LogLine) {
+        if let Some(log) = self.log.as_mut() {
+            if serde_json::to_writer(&mut *log, line).is_ok() {
+                let _ = log.write_all(b"\n");
+            }
+        }
+    }
+}
+
+/// A plan at work: `fabric.set_hook(Some(hook.clone()))` for the links,
+/// `fabric.set_adapter_hook(Some(hook))` for the HCAs.
+pub struct FaultHook {
+    plan: FaultPlan,
+    /// Fabric time at which the plan starts; plan and log times count from here.
+    origin_ns: AtomicU64,
+    state: Mutex<State>,
+}
+
+impl FaultHook {
+    /// `log`: where the decisions go, one JSON object a line (None: counted only).
+    pub fn new(plan: FaultPlan, log: Option<Box<dyn Write + Send>>) -> Self {
+        Self {
+            plan,
+            origin_ns: AtomicU64::new(0),
+            state: Mutex::new(State {
+                log,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// The plan starts at fabric time `now_ns` (its windows and kills count from here).
+    pub fn set_origin(&self, now_ns: u64) {
+        self.origin_ns.store(now_ns, Relaxed);
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.plan.seed
+    }
+
+    pub fn counts(&self) -> FaultCounts {
+        self.lock().counts
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plan time (ns since the origin) at fabric time `now_ns`.
+    fn plan_ns(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.origin_ns.load(Relaxed))
+    }
+
+    /// Pushes buffered log lines out (the end of a run).
+    pub fn flush(&self) {
+        if let Some(log) = self.lock().log.as_mut() {
+            let _ = log.flush();
+        }
+    }
+}

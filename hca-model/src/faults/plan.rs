@@ -1,0 +1,143 @@
+//! The plan file's schema (TOML) and its checks.
+
+use serde::Deserialize;
+
+use crate::fabric::{LinkDir, LinkId};
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultPlan {
+    pub seed: u64,
+    #[serde(rename = "link")]
+    pub links: Vec<LinkFaults>,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeFaults>,
+    #[serde(rename = "adapter")]
+    pub adapters: Vec<AdapterFaults>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFaults {
+    pub lid: u16,
+    /// When the node dies, in milliseconds after the plan starts.
+    pub kill_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdapterFaults {
+    pub lid: Option<u16>,
+    /// The Nth send WQE (from 1) of a QP completes with WC_GENERAL_ERR.
+    pub error_wqe: Option<u64>,
+    /// Limits `error_wqe` to one QP.
+    pub qpn: Option<u32>,
+    pub lose_doorbell: f64,
+    pub lose_interrupt: f64,
+    pub late_interrupt: f64,
+    pub late_interrupt_us: u64,
+    /// A CQ overflows when it is handed CQE number N + 1.
+    pub cq_overflow_after: Option<u64>,
+    /// Limits `cq_overflow_after` to one CQ.
+    pub cqn: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Dirs {
+    Up,
+    Down,
+    #[default]
+    Both,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkFaults {
+    pub lid: Option<u16>,
+    pub dir: Dirs,
+    pub drop: f64,
+    pub duplicate: f64,
+    pub reorder: f64,
+    pub corrupt: f64,
+    pub delay_us: u64,
+    pub jitter_us: u64,
+    /// [from, to) in milliseconds of fabric time.
+    pub down: Vec<[f64; 2]>,
+}
+
+impl LinkFaults {
+    pub(super) fn applies(&self, link: LinkId) -> bool {
+        let dir = match self.dir {
+            Dirs::Both => true,
+            Dirs::Up => link.dir == LinkDir::Up,
+            Dirs::Down => link.dir == LinkDir::Down,
+        };
+        dir && self.lid.is_none_or(|l| l == link.lid)
+    }
+}
+
+impl FaultPlan {
+    /// Parses and checks a plan; errors name the field and what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let plan: FaultPlan = toml::from_str(text).map_err(|e| e.to_string())?;
+        for (i, l) in plan.links.iter().enumerate() {
+            for (name, p) in [
+                ("drop", l.drop),
+                ("duplicate", l.duplicate),
+                ("reorder", l.reorder),
+                ("corrupt", l.corrupt),
+            ] {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(format!(
+                        "link {}: {name} = {p} (a probability, 0 to 1)",
+                        i + 1
+                    ));
+                }
+            }
+            if let Some(w) = l.down.iter().find(|w| !(w[0] >= 0.0 && w[0] < w[1])) {
+                return Err(format!(
+                    "link {}: down window {w:?} (want [from_ms, to_ms] with from < to)",
+                    i + 1
+                ));
+            }
+        }
+        for (i, n) in plan.nodes.iter().enumerate() {
+            if n.lid == 0 || !(n.kill_ms.is_finite() && n.kill_ms >= 0.0) {
+                return Err(format!(
+                    "node {}: lid = {}, kill_ms = {} (want a LID from 1 and a time >= 0)",
+                    i + 1,
+                    n.lid,
+                    n.kill_ms
+                ));
+            }
+        }
+        for (i, a) in plan.adapters.iter().enumerate() {
+            for (name, p) in [
+                ("lose_doorbell", a.lose_doorbell),
+                ("lose_interrupt", a.lose_interrupt),
+                ("late_interrupt", a.late_interrupt),
+            ] {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(format!(
+                        "adapter {}: {name} = {p} (a probability, 0 to 1)",
+                        i + 1
+                    ));
+                }
+            }
+            if a.error_wqe == Some(0) {
+                return Err(format!(
+                    "adapter {}: error_wqe counts from 1 (the first WQE)",
+                    i + 1
+                ));
+            }
+            if a.late_interrupt > 0.0 && a.late_interrupt_us == 0 {
+                return Err(format!(
+                    "adapter {}: late_interrupt without late_interrupt_us",
+                    i + 1
+                ));
+            }
+        }
+        Ok(plan)
+    }
+}
