@@ -28,7 +28,7 @@ pub trait AdapterHook: Send + Sync {
     }
     /// A send WQE on `qpn` is about to execute: Some(status) completes it with that error
     /// status instead (the QP then goes to ERR, as for any local error).
-    fn send_wqe(&self, _lid: Lid, _qpn: u32, _now_ns: u64) -> Option<u32> {
+    fn send_wqe(&self, _lid: Lid, _qpn: u32, _now_ns: u64) -> Option<crate::WcError> {
         None
     }
     /// A CQE is about to be written to `cqn`: true overflows the CQ instead.

@@ -9,6 +9,7 @@ use vm_memory::ByteValued;
 
 use crate::abi::*;
 use crate::hca::HcaState;
+use crate::status::CmdError;
 
 /// Reads a command's input struct from the mailbox's input bytes.
 fn input<T: ByteValued + Default>(mb: &HcaCmdMailbox) -> T {
@@ -39,14 +40,14 @@ impl HcaState {
         let mut out = [0u8; 64];
         let status = match self.execute(&mb, &mut out) {
             Ok(()) => CMD_OK,
-            Err(s) => {
+            Err(e) => {
                 log::debug!(
-                    "LID {}: command {:#x} (seq {}) refused with status {s:#x}",
+                    "LID {}: command {:#x} (seq {}) refused: {e:?}",
                     self.lid,
                     mb.opcode,
                     mb.seq
                 );
-                s
+                e.code()
             }
         };
         let off = |f: usize| BAR2_MAILBOX_OFFSET + f as u32;
@@ -62,7 +63,7 @@ impl HcaState {
         }
     }
 
-    fn execute(&mut self, mb: &HcaCmdMailbox, out: &mut [u8; 64]) -> Result<(), u32> {
+    fn execute(&mut self, mb: &HcaCmdMailbox, out: &mut [u8; 64]) -> Result<(), CmdError> {
         let h = input::<HcaCmdHandle>(mb).handle;
         match mb.opcode {
             CMD_QUERY_DEVICE => output(out, &self.device_attr()),
@@ -84,7 +85,7 @@ impl HcaState {
                 self.port_caps
                     .store(c.cap_mask, std::sync::atomic::Ordering::Relaxed);
             }
-            _ => return Err(CMD_BAD_OPCODE),
+            _ => return Err(CmdError::BadOpcode),
         }
         Ok(())
     }

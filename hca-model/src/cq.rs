@@ -11,6 +11,7 @@ use std::sync::atomic::{fence, Ordering};
 use crate::abi::*;
 use crate::dma::write_obj;
 use crate::hca::HcaState;
+use crate::status::{CmdError, WcError};
 
 pub(crate) struct Cq {
     pub ring: u64,
@@ -96,12 +97,19 @@ impl HcaState {
     }
 
     /// Posts a completion that carries only its WR, QP, opcode and status (errors, flushes).
-    pub(crate) fn post_status(&mut self, cqn: u32, qpn: u32, wr_id: u64, opcode: u32, status: u32) {
+    pub(crate) fn post_status(
+        &mut self,
+        cqn: u32,
+        qpn: u32,
+        wr_id: u64,
+        opcode: u32,
+        status: WcError,
+    ) {
         let cqe = HcaCqe {
             wr_id,
             qpn,
             opcode: opcode as u8,
-            status: status as u8,
+            status: status.code() as u8,
             ..Default::default()
         };
         self.post_cqe(cqn, cqe, false);
@@ -141,13 +149,13 @@ impl HcaState {
         }
     }
 
-    pub(crate) fn cmd_create_cq(&mut self, a: &HcaCmdCreateCq) -> Result<u32, u32> {
+    pub(crate) fn cmd_create_cq(&mut self, a: &HcaCmdCreateCq) -> Result<u32, CmdError> {
         if a.log_entries > MAX_CQ_LOG_CQE || !(VEC_COMP_FIRST..NUM_VECTORS).contains(&a.vector) {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         let bytes = 32u64 << a.log_entries;
         if !self.mem.check(a.ring_addr, bytes) {
-            return Err(CMD_BAD_ADDRESS);
+            return Err(CmdError::BadAddress);
         }
         // Zero the ring so that no stale entry looks valid.
         let zero = [0u8; 4096];
@@ -167,16 +175,16 @@ impl HcaState {
             error: false,
             users: 0,
         };
-        let cqn = self.cqs.alloc(cq).ok_or(CMD_NO_RESOURCES)?;
+        let cqn = self.cqs.alloc(cq).ok_or(CmdError::NoResources)?;
         self.bar2.write_obj(cq_db(cqn), &HcaCqDb::default());
         self.live_cqs.push(cqn);
         Ok(cqn)
     }
 
-    pub(crate) fn cmd_destroy_cq(&mut self, cqn: u32) -> Result<(), u32> {
+    pub(crate) fn cmd_destroy_cq(&mut self, cqn: u32) -> Result<(), CmdError> {
         match self.cqs.get(cqn) {
-            None => Err(CMD_BAD_HANDLE),
-            Some(cq) if cq.users > 0 => Err(CMD_BUSY),
+            None => Err(CmdError::BadHandle),
+            Some(cq) if cq.users > 0 => Err(CmdError::Busy),
             Some(_) => {
                 self.cqs.remove(cqn);
                 self.live_cqs.retain(|&c| c != cqn);

@@ -61,7 +61,7 @@ pub struct HcaStats {
     /// Read responses that arrived past a gap (the read was asked again at once).
     pub read_gaps: u64,
     pub rnr_naks: u64,
-    /// WRs that ended in WC_RETRY_EXC_ERR: their retries ran out, or the peer's port is
+    /// WRs that ended in WcError::RetryExc: their retries ran out, or the peer's port is
     /// gone from the fabric (no route: retrying cannot help).
     pub retry_exceeded: u64,
     /// Requests seen twice (a resend of something that had arrived) and answered again.

@@ -28,6 +28,7 @@ pub mod reliability;
 mod requester;
 mod responder;
 pub mod sa;
+mod status;
 
 pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
@@ -37,3 +38,4 @@ pub use fabric::{
     Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
 };
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};
+pub use status::{CmdError, WcError};

@@ -5,6 +5,7 @@
 use crate::abi::*;
 use crate::hca::HcaState;
 use crate::packet::Grh;
+use crate::status::CmdError;
 
 /// One QP attached to one group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,14 +16,14 @@ pub(crate) struct Attachment {
 }
 
 impl HcaState {
-    fn mcast_target(&self, c: &HcaCmdMcast) -> Result<Attachment, u32> {
+    fn mcast_target(&self, c: &HcaCmdMcast) -> Result<Attachment, CmdError> {
         let mlid = u32::from(c.mlid);
         if !(MCAST_LID_FIRST..0xffff).contains(&mlid) || c.mgid[0] != 0xff {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
-        let qp = self.qps.get(c.qpn).ok_or(CMD_BAD_HANDLE)?;
+        let qp = self.qps.get(c.qpn).ok_or(CmdError::BadHandle)?;
         if qp.qp_type != QPT_UD {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         Ok(Attachment {
             mgid: c.mgid,
@@ -31,25 +32,25 @@ impl HcaState {
         })
     }
 
-    pub(crate) fn cmd_attach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), u32> {
+    pub(crate) fn cmd_attach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), CmdError> {
         let a = self.mcast_target(c)?;
         if self.mcast.contains(&a) {
-            return Err(CMD_BUSY);
+            return Err(CmdError::Busy);
         }
         if self.mcast.len() >= MAX_MCAST_ATTACH as usize {
-            return Err(CMD_NO_RESOURCES);
+            return Err(CmdError::NoResources);
         }
         self.mcast.push(a);
         Ok(())
     }
 
-    pub(crate) fn cmd_detach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), u32> {
+    pub(crate) fn cmd_detach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), CmdError> {
         let a = self.mcast_target(c)?;
         let at = self
             .mcast
             .iter()
             .position(|x| *x == a)
-            .ok_or(CMD_BAD_PARAM)?;
+            .ok_or(CmdError::BadParam)?;
         self.mcast.swap_remove(at);
         Ok(())
     }

@@ -8,6 +8,7 @@
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::HcaState;
+use crate::status::{CmdError, WcError};
 use std::sync::Arc;
 
 use crate::packet::{Grant, Seg, SegList};
@@ -219,14 +220,14 @@ impl HcaState {
         Ok(total)
     }
 
-    pub(crate) fn cmd_alloc_pd(&mut self) -> Result<u32, u32> {
-        self.pds.alloc(Pd::default()).ok_or(CMD_NO_RESOURCES)
+    pub(crate) fn cmd_alloc_pd(&mut self) -> Result<u32, CmdError> {
+        self.pds.alloc(Pd::default()).ok_or(CmdError::NoResources)
     }
 
-    pub(crate) fn cmd_dealloc_pd(&mut self, pdn: u32) -> Result<(), u32> {
+    pub(crate) fn cmd_dealloc_pd(&mut self, pdn: u32) -> Result<(), CmdError> {
         match self.pds.get(pdn) {
-            None => Err(CMD_BAD_HANDLE),
-            Some(pd) if pd.users > 0 => Err(CMD_BUSY),
+            None => Err(CmdError::BadHandle),
+            Some(pd) if pd.users > 0 => Err(CmdError::Busy),
             Some(_) => {
                 self.pds.remove(pdn);
                 Ok(())
@@ -234,13 +235,13 @@ impl HcaState {
         }
     }
 
-    pub(crate) fn cmd_reg_mr(&mut self, a: &HcaCmdRegMr) -> Result<u32, u32> {
+    pub(crate) fn cmd_reg_mr(&mut self, a: &HcaCmdRegMr) -> Result<u32, CmdError> {
         if self.pds.get(a.pdn).is_none() {
-            return Err(CMD_BAD_HANDLE);
+            return Err(CmdError::BadHandle);
         }
         let kind = a.flags & (MR_FLAG_PHYS | MR_FLAG_FAST_REG);
         if !access_ok(a.access) || a.flags & !kind != 0 || kind == MR_FLAG_PHYS | MR_FLAG_FAST_REG {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         let mut mr = Mr {
             pdn: a.pdn,
@@ -254,7 +255,7 @@ impl HcaState {
         };
         if kind == MR_FLAG_FAST_REG {
             if a.npages == 0 || a.npages > MAX_MR_PAGES {
-                return Err(CMD_BAD_PARAM);
+                return Err(CmdError::BadParam);
             }
             // Nothing mapped yet: no range, no rights, until a WR_REG_MR.
             (mr.access, mr.iova, mr.length) = (0, 0, 0);
@@ -265,10 +266,10 @@ impl HcaState {
             mr.budget = u64::from(a.npages);
         }
         if self.mr_pages + mr.budget > u64::from(MAX_TOTAL_MR_PAGES) {
-            return Err(CMD_NO_RESOURCES);
+            return Err(CmdError::NoResources);
         }
         let budget = mr.budget;
-        let idx = self.mrs.alloc(mr).ok_or(CMD_NO_RESOURCES)?;
+        let idx = self.mrs.alloc(mr).ok_or(CmdError::NoResources)?;
         self.mr_pages += budget;
         if let Some(pd) = self.pds.get_mut(a.pdn) {
             pd.users += 1;
@@ -281,21 +282,21 @@ impl HcaState {
 
     /// WR_REG_MR: maps the fast-registration MR `w.key >> 8`, which must belong to `pdn`,
     /// and gives it the key `w.key`. Errors are completion statuses.
-    pub(crate) fn fast_register(&mut self, pdn: u32, w: &HcaRegMrWqe) -> Result<(), u32> {
+    pub(crate) fn fast_register(&mut self, pdn: u32, w: &HcaRegMrWqe) -> Result<(), WcError> {
         let idx = w.key >> 8;
         let tag = (w.key & 0xff) as u8;
         let cap = match self.mrs.get(idx) {
             Some(mr) if mr.fast_reg_pages > 0 && mr.pdn == pdn => mr.fast_reg_pages,
-            _ => return Err(WC_LOC_PROT_ERR),
+            _ => return Err(WcError::LocProt),
         };
         // Any tag, as ib_inc_rkey wraps through them all, but never LOCAL_DMA_LKEY's value.
         if w.key <= LOCAL_DMA_LKEY || !access_ok(w.access) || w.npages > cap {
-            return Err(WC_LOC_PROT_ERR);
+            return Err(WcError::LocProt);
         }
         let xlat = self
             .read_pages(w.iova, w.length, w.page_list, w.npages, w.page_shift)
-            .map_err(|_| WC_LOC_PROT_ERR)?;
-        let mr = self.mrs.get_mut(idx).ok_or(WC_LOC_PROT_ERR)?;
+            .map_err(|_| WcError::LocProt)?;
+        let mr = self.mrs.get_mut(idx).ok_or(WcError::LocProt)?;
         (mr.access, mr.iova, mr.length, mr.xlat) = (w.access, w.iova, w.length, xlat);
         mr.grant.revoke();
         mr.grant = Arc::default();
@@ -338,26 +339,28 @@ impl HcaState {
         page_list: u64,
         npages: u32,
         page_shift: u32,
-    ) -> Result<Translation, u32> {
+    ) -> Result<Translation, CmdError> {
         if !(MIN_MR_PAGE_SHIFT..=MAX_MR_PAGE_SHIFT).contains(&page_shift)
             || npages == 0
             || npages > MAX_MR_PAGES
             || length == 0
         {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         let psize = 1u64 << page_shift;
         let fbo = iova & (psize - 1);
         let span = u64::from(npages) << page_shift;
         if iova.checked_add(length).is_none() || fbo + length > span {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         let mut pages = vec![0u64; npages as usize].into_boxed_slice();
         for (i, p) in pages.iter_mut().enumerate() {
-            let at = page_list.checked_add(8 * i as u64).ok_or(CMD_BAD_ADDRESS)?;
-            *p = read_obj::<u64>(self.mem.as_ref(), at).map_err(|_| CMD_BAD_ADDRESS)?;
+            let at = page_list
+                .checked_add(8 * i as u64)
+                .ok_or(CmdError::BadAddress)?;
+            *p = read_obj::<u64>(self.mem.as_ref(), at).map_err(|_| CmdError::BadAddress)?;
             if *p & (psize - 1) != 0 || !self.mem.check(*p, psize) {
-                return Err(CMD_BAD_ADDRESS);
+                return Err(CmdError::BadAddress);
             }
         }
         Ok(Translation::Pages {
@@ -367,13 +370,13 @@ impl HcaState {
         })
     }
 
-    pub(crate) fn cmd_dereg_mr(&mut self, key: u32) -> Result<(), u32> {
+    pub(crate) fn cmd_dereg_mr(&mut self, key: u32) -> Result<(), CmdError> {
         let idx = key >> 8;
         let valid = self.mrs.get(idx).is_some() && self.mr_tags[idx as usize] == (key & 0xff) as u8;
         if !valid {
-            return Err(CMD_BAD_HANDLE);
+            return Err(CmdError::BadHandle);
         }
-        let mr = self.mrs.remove(idx).ok_or(CMD_BAD_HANDLE)?;
+        let mr = self.mrs.remove(idx).ok_or(CmdError::BadHandle)?;
         self.mr_pages -= mr.budget;
         if let Some(pd) = self.pds.get_mut(mr.pdn) {
             pd.users -= 1;

@@ -4,7 +4,7 @@
 //! the QP's doorbell record and the device keeps its consumer indices here. A producer index
 //! more than a ring's size ahead of the consumer is a broken driver: the QP gets EV_QP_FATAL
 //! and goes to ERR. Entering ERR completes every outstanding and posted WR with
-//! WC_WR_FLUSH_ERR (signaled or not), and WRs posted while in ERR are flushed the same way.
+//! WcError::WrFlush (signaled or not), and WRs posted while in ERR are flushed the same way.
 //! Entering RESET empties both queues without completions and zeroes the doorbell record.
 
 use std::collections::VecDeque;
@@ -14,6 +14,7 @@ use crate::dma::read_obj;
 use crate::hca::HcaState;
 use crate::packet::{Packet, Seg, SegList, PSN_MASK};
 use crate::reliability::Retry;
+use crate::status::{CmdError, WcError};
 
 pub(crate) struct WorkQueue {
     pub addr: u64,
@@ -318,27 +319,27 @@ fn attrs_valid(mask: u32, a: &HcaQpAttr) -> bool {
 }
 
 impl HcaState {
-    pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, u32> {
+    pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
         if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI) || a.flags & !QP_FLAG_SIG_ALL != 0 {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         if self.pds.get(a.pdn).is_none()
             || self.cqs.get(a.send_cqn).is_none()
             || self.cqs.get(a.recv_cqn).is_none()
         {
-            return Err(CMD_BAD_HANDLE);
+            return Err(CmdError::BadHandle);
         }
         let shapes_ok = u32::from(a.sq_log_entries) <= MAX_QP_LOG_WR
             && u32::from(a.rq_log_entries) <= MAX_QP_LOG_WR
             && (MIN_SQ_WQE_SHIFT..=MAX_SQ_WQE_SHIFT).contains(&u32::from(a.sq_wqe_shift))
             && (MIN_RQ_WQE_SHIFT..=MAX_RQ_WQE_SHIFT).contains(&u32::from(a.rq_wqe_shift));
         if !shapes_ok {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         let sq_bytes = 1u64 << (a.sq_log_entries + a.sq_wqe_shift);
         let rq_bytes = 1u64 << (a.rq_log_entries + a.rq_wqe_shift);
         if !self.mem.check(a.sq_addr, sq_bytes) || !self.mem.check(a.rq_addr, rq_bytes) {
-            return Err(CMD_BAD_ADDRESS);
+            return Err(CmdError::BadAddress);
         }
         let qp = Qp {
             qp_type: a.qp_type,
@@ -378,11 +379,11 @@ impl HcaState {
         };
         let qpn = if a.qp_type == QPT_GSI {
             if !self.qps.insert_at(GSI_QPN, qp) {
-                return Err(CMD_BUSY);
+                return Err(CmdError::Busy);
             }
             GSI_QPN
         } else {
-            self.qps.alloc(qp).ok_or(CMD_NO_RESOURCES)?
+            self.qps.alloc(qp).ok_or(CmdError::NoResources)?
         };
         for cqn in [a.send_cqn, a.recv_cqn] {
             if let Some(cq) = self.cqs.get_mut(cqn) {
@@ -397,8 +398,8 @@ impl HcaState {
         Ok(qpn)
     }
 
-    pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), u32> {
-        let qp = self.qps.remove(qpn).ok_or(CMD_BAD_HANDLE)?;
+    pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), CmdError> {
+        let qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
         self.live_qps.retain(|&q| q != qpn);
         self.detach_qp(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {
@@ -412,35 +413,35 @@ impl HcaState {
         Ok(())
     }
 
-    pub(crate) fn cmd_query_qp(&self, qpn: u32) -> Result<HcaQpAttr, u32> {
-        let qp = self.qps.get(qpn).ok_or(CMD_BAD_HANDLE)?;
+    pub(crate) fn cmd_query_qp(&self, qpn: u32) -> Result<HcaQpAttr, CmdError> {
+        let qp = self.qps.get(qpn).ok_or(CmdError::BadHandle)?;
         let mut a = qp.attr;
         a.cur_state = a.state;
         Ok(a)
     }
 
-    pub(crate) fn cmd_modify_qp(&mut self, m: &HcaCmdModifyQp) -> Result<(), u32> {
-        let qp = self.qps.get(m.qpn).ok_or(CMD_BAD_HANDLE)?;
+    pub(crate) fn cmd_modify_qp(&mut self, m: &HcaCmdModifyQp) -> Result<(), CmdError> {
+        let qp = self.qps.get(m.qpn).ok_or(CmdError::BadHandle)?;
         let cur = u32::from(qp.attr.state);
         let mask = m.attr_mask;
         let a = &m.attr;
         if mask & QP_ATTR_CUR_STATE != 0 && u32::from(a.cur_state) != cur {
-            return Err(CMD_BAD_STATE);
+            return Err(CmdError::BadState);
         }
         let next = if mask & QP_ATTR_STATE != 0 {
             u32::from(a.state)
         } else {
             cur
         };
-        let (required, optional) = transition(qp.qp_type, cur, next).ok_or(CMD_BAD_STATE)?;
+        let (required, optional) = transition(qp.qp_type, cur, next).ok_or(CmdError::BadState)?;
         let allowed = required | optional | QP_ATTR_STATE | QP_ATTR_CUR_STATE;
         if mask & required != required || mask & !allowed != 0 {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
         if !attrs_valid(mask, a) {
-            return Err(CMD_BAD_PARAM);
+            return Err(CmdError::BadParam);
         }
-        let qp = self.qps.get_mut(m.qpn).ok_or(CMD_BAD_HANDLE)?;
+        let qp = self.qps.get_mut(m.qpn).ok_or(CmdError::BadHandle)?;
         apply_attrs(qp, mask, a);
         match next {
             QPS_RESET => self.reset_qp(m.qpn),
@@ -483,10 +484,10 @@ impl HcaState {
             pending.len()
         );
         if let Some(wr_id) = half_received {
-            self.post_status(recv_cqn, qpn, wr_id, CQE_OP_RECV, WC_WR_FLUSH_ERR);
+            self.post_status(recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
         }
         for p in pending {
-            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WC_WR_FLUSH_ERR);
+            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WcError::WrFlush);
         }
         self.flush_queues(qpn);
     }
@@ -507,7 +508,7 @@ impl HcaState {
         self.qp_to_error(qpn);
     }
 
-    /// Completes every WR posted to an ERR QP's queues with WC_WR_FLUSH_ERR.
+    /// Completes every WR posted to an ERR QP's queues with WcError::WrFlush.
     pub(crate) fn flush_queues(&mut self, qpn: u32) {
         let db: HcaQpDb = self.bar2.read_obj(qp_db(qpn));
         let mem = self.mem.clone();
@@ -536,7 +537,7 @@ impl HcaState {
             }
         }
         for (cqn, wr_id, op) in flushed {
-            self.post_status(cqn, qpn, wr_id, op, WC_WR_FLUSH_ERR);
+            self.post_status(cqn, qpn, wr_id, op, WcError::WrFlush);
         }
     }
 

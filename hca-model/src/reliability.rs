@@ -5,7 +5,7 @@
 //!   infinite). Progress (an ACK or response that completes something) restarts it and
 //!   refills the retry budget; expiry resends everything unacknowledged, from the oldest
 //!   unacknowledged PSN, and spends one retry. With none left the oldest WR completes with
-//!   WC_RETRY_EXC_ERR and the QP goes to ERR: at most (retry_cnt + 1) timeouts after the
+//!   WcError::RetryExc and the QP goes to ERR: at most (retry_cnt + 1) timeouts after the
 //!   last progress.
 //! - A PSN sequence NAK acknowledges everything before its PSN and asks for a resend from
 //!   there (a packet was lost on the way): resent at once, without spending a retry or
@@ -13,7 +13,7 @@
 //!   still runs the QP into the timeout bound.
 //! - An RNR NAK (no receive WQE posted) acknowledges what came before and waits the delay
 //!   its syndrome encodes before resending; rnr_retry 7 retries forever, otherwise the
-//!   budget runs out into WC_RNR_RETRY_EXC_ERR.
+//!   budget runs out into WcError::RnrRetryExc.
 //!
 //! Resending re-reads the WR's memory, as hardware does; a read resumes at the first
 //! response PSN not yet received (its RETH advanced to match).
@@ -22,6 +22,7 @@ use crate::abi::*;
 use crate::hca::HcaState;
 use crate::packet::*;
 use crate::qp::PendKind;
+use crate::status::WcError;
 
 /// No timer armed.
 pub(crate) const NEVER: u64 = u64::MAX;
@@ -116,7 +117,7 @@ impl HcaState {
         };
         if qp.retry.retries_left == 0 {
             self.stats.retry_exceeded += 1;
-            self.fail_front(qpn, WC_RETRY_EXC_ERR);
+            self.fail_front(qpn, WcError::RetryExc);
             return false;
         }
         qp.retry.retries_left -= 1;
@@ -229,7 +230,7 @@ impl HcaState {
         // rnr_retry 7 means retry forever.
         if qp.attr.rnr_retry != 7 {
             if qp.retry.rnr_left == 0 {
-                return self.fail_front(qpn, WC_RNR_RETRY_EXC_ERR);
+                return self.fail_front(qpn, WcError::RnrRetryExc);
             }
             qp.retry.rnr_left -= 1;
         }

@@ -16,6 +16,7 @@ use crate::hca::HcaState;
 use crate::mr::{SgeList, Use};
 use crate::packet::*;
 use crate::qp::{cqe_op_of, qp_db, PendKind, Pending};
+use crate::status::WcError;
 
 /// Largest UD message: the port MTU.
 const UD_MTU: u64 = 4096;
@@ -143,22 +144,22 @@ impl HcaState {
 
     /// Completes a WR that failed locally with `status` (always, signaled or not), then ERR.
     /// Earlier WRs still in flight complete (flushed) before it, in order.
-    fn fail_wr(&mut self, qpn: u32, wqe: &HcaSendWqe, status: u32) {
+    fn fail_wr(&mut self, qpn: u32, wqe: &HcaSendWqe, status: WcError) {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
         let cqn = qp.send_cqn;
         let pending: Vec<Pending> = qp.pending.take_all();
         for p in pending {
-            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WC_WR_FLUSH_ERR);
+            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WcError::WrFlush);
         }
         let op = cqe_op_of(wqe.opcode.into()).unwrap_or(CQE_OP_SEND);
         self.post_status(cqn, qpn, wqe.wr_id, op, status);
         self.qp_to_error(qpn);
     }
 
-    fn execute_send(&mut self, qpn: u32, addr: u64, w: &HcaSendWqe) -> Result<(), u32> {
-        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+    fn execute_send(&mut self, qpn: u32, addr: u64, w: &HcaSendWqe) -> Result<(), WcError> {
+        let qp = self.qps.get(qpn).ok_or(WcError::General)?;
         let op = u32::from(w.opcode);
         if op == WR_REG_MR {
             return self.execute_reg_mr(qpn, addr);
@@ -166,30 +167,30 @@ impl HcaState {
         if op == WR_LOCAL_INV {
             let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
             if !self.invalidate(qp.pdn, w.imm) {
-                return Err(WC_LOC_PROT_ERR);
+                return Err(WcError::LocProt);
             }
             return self.complete_local(qpn, w.wr_id, CQE_OP_LOCAL_INV, signaled);
         }
         if op == WR_SEND_INV && qp.is_ud() {
-            return Err(WC_LOC_QP_OP_ERR);
+            return Err(WcError::LocQpOp);
         }
-        let cqe_op = cqe_op_of(op).ok_or(WC_LOC_QP_OP_ERR)?;
+        let cqe_op = cqe_op_of(op).ok_or(WcError::LocQpOp)?;
         let flags = u32::from(w.flags);
         let is_read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
         let (pdn, stride) = (qp.pdn, 1u32 << qp.sq.wqe_shift);
         let max_sge = qp.sq.max_sge(64);
         let src = if flags & WQE_INLINE != 0 {
             if is_read_like || w.inline_len > MAX_INLINE || 64 + w.inline_len > stride {
-                return Err(WC_LOC_QP_OP_ERR);
+                return Err(WcError::LocQpOp);
             }
             let mut b = vec![0u8; w.inline_len as usize];
             self.mem
                 .read(addr + 64, &mut b)
-                .map_err(|_| WC_LOC_QP_OP_ERR)?;
+                .map_err(|_| WcError::LocQpOp)?;
             Source::Inline(b)
         } else {
             if u32::from(w.num_sge) > max_sge {
-                return Err(WC_LOC_QP_OP_ERR);
+                return Err(WcError::LocQpOp);
             }
             let sges = self.read_sges(addr + 64, w.num_sge.into())?;
             let use_ = if is_read_like {
@@ -199,7 +200,7 @@ impl HcaState {
             };
             let mut segs = SegList::new();
             self.resolve_sges(&sges, pdn, use_, &mut segs)
-                .map_err(|_| WC_LOC_PROT_ERR)?;
+                .map_err(|_| WcError::LocProt)?;
             self.turn_left = self.turn_left.saturating_sub(segs.len() as u64);
             Source::Gather(segs)
         };
@@ -208,7 +209,7 @@ impl HcaState {
             Source::Gather(segs) => segs.iter().map(|s| u64::from(s.len)).sum(),
         };
         if len > u64::from(MAX_MSG_SIZE) {
-            return Err(WC_LOC_LEN_ERR);
+            return Err(WcError::LocLen);
         }
         let signaled = flags & WQE_SIGNALED != 0 || qp.sig_all;
         if qp.is_ud() {
@@ -234,9 +235,9 @@ impl HcaState {
     }
 
     /// WR_REG_MR: maps the MR now (later WRs may use it); completes in send order.
-    fn execute_reg_mr(&mut self, qpn: u32, addr: u64) -> Result<(), u32> {
-        let w: HcaRegMrWqe = read_obj(self.mem.as_ref(), addr).map_err(|_| WC_LOC_QP_OP_ERR)?;
-        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+    fn execute_reg_mr(&mut self, qpn: u32, addr: u64) -> Result<(), WcError> {
+        let w: HcaRegMrWqe = read_obj(self.mem.as_ref(), addr).map_err(|_| WcError::LocQpOp)?;
+        let qp = self.qps.get(qpn).ok_or(WcError::General)?;
         let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || qp.sig_all;
         self.turn_left = self.turn_left.saturating_sub(u64::from(w.npages));
         self.fast_register(qp.pdn, &w)?;
@@ -251,7 +252,7 @@ impl HcaState {
         wr_id: u64,
         cqe_op: u32,
         signaled: bool,
-    ) -> Result<(), u32> {
+    ) -> Result<(), WcError> {
         let pend = Pending {
             wr_id,
             cqe_op,
@@ -264,7 +265,7 @@ impl HcaState {
             next_resp_psn: 0,
             reread_from: None,
         };
-        let qp = self.qps.get_mut(qpn).ok_or(WC_GENERAL_ERR)?;
+        let qp = self.qps.get_mut(qpn).ok_or(WcError::General)?;
         let cqn = qp.send_cqn;
         if !qp.pending.is_empty() {
             qp.pending.push_back(pend);
@@ -295,11 +296,11 @@ impl HcaState {
         }
     }
 
-    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, u32> {
+    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, WcError> {
         (0..n)
             .map(|i| read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * u64::from(i)))
             .collect::<Result<_, _>>()
-            .map_err(|_| WC_LOC_QP_OP_ERR)
+            .map_err(|_| WcError::LocQpOp)
     }
 
     fn rc_packet(&self, qpn: u32, opcode: u8, psn: u32) -> Packet {
@@ -323,10 +324,10 @@ impl HcaState {
         src: Source,
         len: u64,
         mut pend: Pending,
-    ) -> Result<(), u32> {
+    ) -> Result<(), WcError> {
         let op = u32::from(w.opcode);
         let (mtu, first_psn) = {
-            let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+            let qp = self.qps.get(qpn).ok_or(WcError::General)?;
             (u64::from(qp.mtu()), qp.next_psn)
         };
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
@@ -359,12 +360,12 @@ impl HcaState {
         src: Source,
         len: u64,
         mut pend: Pending,
-    ) -> Result<(), u32> {
+    ) -> Result<(), WcError> {
         let Source::Gather(dst) = src else {
-            return Err(WC_LOC_QP_OP_ERR);
+            return Err(WcError::LocQpOp);
         };
         let (mtu, psn) = {
-            let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+            let qp = self.qps.get(qpn).ok_or(WcError::General)?;
             (u64::from(qp.mtu()), qp.next_psn)
         };
         let npk = len.div_ceil(mtu).max(1) as u32;
@@ -394,15 +395,15 @@ impl HcaState {
         src: Source,
         len: u64,
         mut pend: Pending,
-    ) -> Result<(), u32> {
+    ) -> Result<(), WcError> {
         let Source::Gather(dst) = src else {
-            return Err(WC_LOC_QP_OP_ERR);
+            return Err(WcError::LocQpOp);
         };
         // The result lands in one 8-byte local buffer.
         if len != 8 || dst.len() != 1 {
-            return Err(WC_LOC_LEN_ERR);
+            return Err(WcError::LocLen);
         }
-        let psn = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?.next_psn;
+        let psn = self.qps.get(qpn).ok_or(WcError::General)?.next_psn;
         let opcode = if u32::from(w.opcode) == WR_ATOMIC_CMP_SWP {
             RC_CMP_SWAP
         } else {
@@ -445,15 +446,15 @@ impl HcaState {
         src: Source,
         len: u64,
         signaled: bool,
-    ) -> Result<(), u32> {
+    ) -> Result<(), WcError> {
         let op = u32::from(w.opcode);
         if !matches!(op, WR_SEND | WR_SEND_IMM) {
-            return Err(WC_LOC_QP_OP_ERR);
+            return Err(WcError::LocQpOp);
         }
         if len > UD_MTU {
-            return Err(WC_LOC_LEN_ERR);
+            return Err(WcError::LocLen);
         }
-        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+        let qp = self.qps.get(qpn).ok_or(WcError::General)?;
         // IB: a Q_Key with its high bit set means "use the QP's own".
         let qkey = if w.ud_qkey & 0x8000_0000 != 0 {
             qp.attr.qkey
@@ -461,9 +462,9 @@ impl HcaState {
             w.ud_qkey
         };
         let mut payload = src.into_payload(self);
-        payload.make_owned().map_err(|_| WC_LOC_PROT_ERR)?;
+        payload.make_owned().map_err(|_| WcError::LocProt)?;
         let grh = self.multicast_grh(w.ud_dlid);
-        let qp = self.qps.get(qpn).ok_or(WC_GENERAL_ERR)?;
+        let qp = self.qps.get(qpn).ok_or(WcError::General)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
             grh,
@@ -585,7 +586,7 @@ impl HcaState {
         let ends = pkt.ends_message();
         let n = u64::from(pkt.payload.len());
         if off + n > u64::from(front.byte_len) {
-            return self.fail_front(qpn, WC_BAD_RESP_ERR);
+            return self.fail_front(qpn, WcError::BadResp);
         }
         if pkt.payload.is_revoked() {
             // The responder's MR went while this response was on the wire: its bytes are
@@ -598,7 +599,7 @@ impl HcaState {
         let target = cursor.cut(dst, off, n);
         if pkt.payload.scatter(mem.as_ref(), &target).is_err() {
             self.stats.dma_faults += 1;
-            return self.fail_front(qpn, WC_LOC_PROT_ERR);
+            return self.fail_front(qpn, WcError::LocProt);
         }
         if ends {
             self.complete_front(qpn);
@@ -617,7 +618,7 @@ impl HcaState {
         let orig = pkt.atomic_ack.unwrap_or(0);
         if self.mem.write(dst.addr, &orig.to_le_bytes()).is_err() {
             self.stats.dma_faults += 1;
-            return self.fail_front(qpn, WC_LOC_PROT_ERR);
+            return self.fail_front(qpn, WcError::LocProt);
         }
         self.complete_front(qpn);
     }
@@ -638,7 +639,7 @@ impl HcaState {
 
     /// The oldest outstanding WR failed remotely (or can never finish): it completes with
     /// `status` and the QP goes to ERR, flushing the rest.
-    pub(crate) fn fail_front(&mut self, qpn: u32, status: u32) {
+    pub(crate) fn fail_front(&mut self, qpn: u32, status: WcError) {
         let Some(qp) = self.qps.get_mut(qpn) else {
             return;
         };
@@ -647,7 +648,7 @@ impl HcaState {
             return self.qp_to_error(qpn);
         };
         let mut cqe = ok_cqe(qpn, &p);
-        cqe.status = status as u8;
+        cqe.status = status.code() as u8;
         self.post_cqe(cqn, cqe, false);
         self.qp_to_error(qpn);
     }
@@ -668,7 +669,7 @@ impl HcaState {
     /// One of our packets reached no receiver. UD: counted. RC: lost on a link (a fault),
     /// the transport timer resends it. RC request with no route or refused by the receiving
     /// QP: every resend would meet the same fate, so the WR ends now as it would once the
-    /// retries ran out (WC_RETRY_EXC_ERR) and the QP goes to ERR.
+    /// retries ran out (WcError::RetryExc) and the QP goes to ERR.
     pub(crate) fn bounced(&mut self, pkt: Packet, why: DropReason) {
         if pkt.is_ud() {
             self.stats.ud_dropped += 1;
@@ -685,19 +686,19 @@ impl HcaState {
             .is_some_and(|q| !q.is_ud() && u32::from(q.attr.state) == QPS_RTS);
         if live {
             self.stats.retry_exceeded += 1;
-            self.fail_front(qpn, WC_RETRY_EXC_ERR);
+            self.fail_front(qpn, WcError::RetryExc);
         }
     }
 }
 
 /// WC status for a fatal NAK's syndrome (RNR and sequence NAKs are retried, in
 /// reliability.rs).
-fn nak_status(syndrome: u8) -> u32 {
+fn nak_status(syndrome: u8) -> WcError {
     match syndrome {
-        AETH_NAK_INV_REQ => WC_REM_INV_REQ_ERR,
-        AETH_NAK_REM_ACCESS => WC_REM_ACCESS_ERR,
-        AETH_NAK_REM_OP => WC_REM_OP_ERR,
-        _ => WC_BAD_RESP_ERR,
+        AETH_NAK_INV_REQ => WcError::RemInvReq,
+        AETH_NAK_REM_ACCESS => WcError::RemAccess,
+        AETH_NAK_REM_OP => WcError::RemOp,
+        _ => WcError::BadResp,
     }
 }
 

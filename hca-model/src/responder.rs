@@ -24,6 +24,7 @@ use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
 use crate::qp::{qp_db, Inbound};
+use crate::status::WcError;
 
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
 struct Recv {
@@ -37,7 +38,7 @@ enum RecvError {
     /// None posted (RNR for RC, drop for UD).
     Empty,
     /// The WQE completes with this status and the QP goes to ERR.
-    Bad { wr_id: u64, status: u32 },
+    Bad { wr_id: u64, status: WcError },
     /// Broken indices or ring: the QP already went to ERR.
     Fatal,
 }
@@ -143,15 +144,15 @@ impl HcaState {
             status,
         };
         if u32::from(hdr.num_sge) > max_sge {
-            return Err(bad(WC_LOC_QP_OP_ERR));
+            return Err(bad(WcError::LocQpOp));
         }
         let sges = self
             .read_sges(addr + 16, hdr.num_sge.into())
-            .map_err(|_| bad(WC_LOC_QP_OP_ERR))?;
+            .map_err(|_| bad(WcError::LocQpOp))?;
         let mut segs = SegList::new();
         let cap = self
             .resolve_sges(&sges, pdn, Use::LocalWrite, &mut segs)
-            .map_err(|_| bad(WC_LOC_PROT_ERR))?;
+            .map_err(|_| bad(WcError::LocProt))?;
         Ok(Recv {
             wr_id: hdr.wr_id,
             segs,
@@ -221,7 +222,7 @@ impl HcaState {
         }
     }
 
-    fn fail_recv(&mut self, qpn: u32, wr_id: u64, status: u32) {
+    fn fail_recv(&mut self, qpn: u32, wr_id: u64, status: WcError) {
         if let Some(cqn) = self.qps.get(qpn).map(|q| q.recv_cqn) {
             self.post_status(cqn, qpn, wr_id, CQE_OP_RECV, status);
         }
@@ -311,7 +312,7 @@ impl HcaState {
             if !self.invalidate(pdn, rkey) {
                 let (wr_id, _) = self.abort_inbound(qpn, AETH_NAK_INV_REQ);
                 if let Some(wr_id) = wr_id {
-                    self.fail_recv(qpn, wr_id, WC_REM_INV_REQ_ERR);
+                    self.fail_recv(qpn, wr_id, WcError::RemInvReq);
                 }
                 return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
             }
@@ -325,12 +326,12 @@ impl HcaState {
     }
 
     /// Drops the inbound message; returns its receive WR and the status it fails with.
-    fn abort_inbound(&mut self, qpn: u32, syndrome: u8) -> (Option<u64>, u32) {
+    fn abort_inbound(&mut self, qpn: u32, syndrome: u8) -> (Option<u64>, WcError) {
         let msg = self.qps.get_mut(qpn).and_then(|q| q.inbound.take());
         let status = if syndrome == AETH_NAK_INV_REQ {
-            WC_LOC_LEN_ERR
+            WcError::LocLen
         } else {
-            WC_LOC_PROT_ERR
+            WcError::LocProt
         };
         (msg.and_then(|m| m.recv_wr_id), status)
     }
@@ -593,7 +594,7 @@ impl HcaState {
             });
         if placed.is_err() {
             self.stats.dma_faults += 1;
-            self.fail_recv(qpn, r.wr_id, WC_LOC_PROT_ERR);
+            self.fail_recv(qpn, r.wr_id, WcError::LocProt);
             return self.qp_to_error(qpn);
         }
         let cqe = HcaCqe {

@@ -98,7 +98,7 @@ impl AdapterHook for FaultHook {
         IrqFate::Deliver
     }
 
-    fn send_wqe(&self, lid: u16, qpn: u32, now_ns: u64) -> Option<u32> {
+    fn send_wqe(&self, lid: u16, qpn: u32, now_ns: u64) -> Option<crate::WcError> {
         let a = self.adapter(lid)?;
         let nth = a.error_wqe?;
         if a.qpn.is_some_and(|q| q != qpn) {
@@ -115,7 +115,7 @@ impl AdapterHook for FaultHook {
             ..Default::default()
         };
         self.adapter_fault(&mut st, t, lid, n, AdapterFault::WqeError, line);
-        Some(crate::abi::WC_GENERAL_ERR)
+        Some(crate::WcError::General)
     }
 
     fn cqe(&self, lid: u16, cqn: u32, now_ns: u64) -> bool {
