@@ -27,6 +27,9 @@ pub enum Job {
     Tsp,
     /// Direct n-body steps, double-buffered positions
     Nbody,
+    /// N-body with write sharing (the paper's NbodyW): every pair once, forces added into
+    /// shared blocks under DSM locks
+    Nbodyw,
 }
 
 impl Job {
