@@ -30,6 +30,9 @@ pub enum Job {
     /// N-body with write sharing (the paper's NbodyW): every pair once, forces added into
     /// shared blocks under DSM locks
     Nbodyw,
+    /// Water molecules after SPLASH-2's water-nsquared: bonds, and Lennard-Jones and
+    /// Coulomb within a cutoff, pair forces added into shared blocks under DSM locks
+    Water,
 }
 
 impl Job {
