@@ -46,7 +46,7 @@ SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
-DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "litmus", "dsm-bench"]
+DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad).

@@ -33,6 +33,9 @@ pub enum Job {
     /// Water molecules after SPLASH-2's water-nsquared: bonds, and Lennard-Jones and
     /// Coulomb within a cutoff, pair forces added into shared blocks under DSM locks
     Water,
+    /// Barnes-Hut after SPLASH-2's barnes: an octree built in shared memory each step,
+    /// a DSM lock per cell
+    Barnes,
 }
 
 impl Job {

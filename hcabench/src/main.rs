@@ -77,11 +77,11 @@ enum Cmd {
     /// on a fresh cluster of its own
     ///
     /// DSM applications (static guest programs over the kernel DSM): sor, is, lu, tsp,
-    /// nbody, nbodyw, water. Each node runs one process; node 1 checks the result against a sequential
+    /// nbody, nbodyw, water, barnes. Each node runs one process; node 1 checks the result against a sequential
     /// run; the table shows each node's time, DSM faults, messages and page data.
     /// Example: `hcabench run sor --nodes 4 -- 258 1024 20` (arguments after `--` go to the
     /// application: sor ROWS COLS ITERS, is KEYS MAXKEY ITERS, lu N, tsp CITIES,
-    /// nbody BODIES STEPS, nbodyw BODIES STEPS, water MOLECULES STEPS).
+    /// nbody BODIES STEPS, nbodyw BODIES STEPS, water MOLECULES STEPS, barnes BODIES STEPS).
     Run {
         /// The job
         #[arg(value_enum)]

@@ -94,7 +94,7 @@ fn test_dsm_on_four_nodes() {
     app_verified(&mut tb, "lu", "64", "handler=process readfault=read");
 }
 
-const APPS: [(&str, &str); 7] = [
+const APPS: [(&str, &str); 8] = [
     ("sor", "66 1024 6"),
     ("is", "32768 1024 2"),
     ("lu", "96"),
@@ -102,6 +102,7 @@ const APPS: [(&str, &str); 7] = [
     ("nbody", "128 3"),
     ("nbodyw", "128 3"),
     ("water", "64 3"),
+    ("barnes", "128 2"),
 ];
 
 /// A fresh DSM session on every node, configured.
