@@ -173,10 +173,17 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     ping_ok(&mut tb, "rxe0 (rdma_cm)", Mode::Poll, 64, 10);
 
     // The DSM module is a plain verbs consumer too: over rxe0 its protocol gives the same
-    // verified results as over hcab0 (page data by RDMA Write, and by RDMA Read).
+    // verified results as over hcab0 (page data by RDMA Write, and by RDMA Read), for every
+    // application.
     for (cmd, config) in [
         ("sor 34 1024 4", "handler=irq readfault=write"),
         ("lu 64", "handler=irq readfault=read"),
+        ("is 16384 1024 2", "handler=irq readfault=write"),
+        ("tsp 8", "handler=irq readfault=write"),
+        ("nbody 64 2", "handler=irq readfault=write"),
+        ("nbodyw 64 2", "handler=irq readfault=read"),
+        ("water 27 2", "handler=irq readfault=write"),
+        ("barnes 64 2", "handler=irq readfault=write"),
     ] {
         connect_mesh(&mut tb.agents, "rxe0").unwrap();
         configure(&mut tb.agents, config).unwrap();
