@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KMOD = ROOT / "guest-kmod"
 # Kernel modules from Debian's package that guests load at boot (with their dependencies).
-KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad"]
+KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad", "rdma_ucm"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # IPoIB over hcab0 (`ipoib-up`): Debian's ib_ipoib and what it needs.

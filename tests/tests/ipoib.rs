@@ -349,6 +349,12 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
             .run(&format!("saquery {q}"), T)
             .unwrap_or_else(|e| panic!("saquery {q}: {e}"))
     };
+    // The user-space faces of the stack are there: ib_umad's devices (saquery's) and
+    // rdma_ucm's (librdmacm's).
+    let devs = tb.agents[0].run("ls /dev/infiniband", T).unwrap();
+    for d in ["umad0", "issm0", "rdma_cm"] {
+        assert!(devs.split_whitespace().any(|x| x == d), "no {d}: {devs}");
+    }
     let gids: Vec<String> = (1..=NODES)
         .map(|l| format!("fe80::2:c903:0:{l:x}"))
         .collect();
