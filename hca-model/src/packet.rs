@@ -335,7 +335,7 @@ impl Iterator for Packets {
             return None;
         }
         self.next += 1;
-        Some(t.packet_at(f, self.next - 1, self.total, &mut self.cursor))
+        Some(t.cut(f, self.next - 1, 1, self.total, &mut self.cursor))
     }
 }
 
@@ -498,14 +498,15 @@ impl Packet {
     }
 
     /// Packets `[start, start + n)` of this train as a train of their own (a piece of the
-    /// message: its opcodes, PSNs, headers and payload slice as those packets have them).
-    /// `cursor` follows the payload's gather list from piece to piece.
-    fn cut(&self, f: Family, start: u32, n: u32, cursor: &mut SegCursor) -> Packet {
+    /// message, or one packet: its opcodes, PSNs, headers and payload slice as those packets
+    /// have them). `total` is the train's payload length; `cursor` follows the payload's
+    /// gather list from piece to piece.
+    fn cut(&self, f: Family, start: u32, n: u32, total: u64, cursor: &mut SegCursor) -> Packet {
         let of = self.message_packets();
         let (abs, mtu) = (self.first + start, u64::from(self.mtu));
         let (has_first, has_last) = (abs == 0, abs + n == of);
         let off = u64::from(start) * mtu;
-        let len = (u64::from(self.payload.len()).saturating_sub(off)).min(u64::from(n) * mtu);
+        let len = total.saturating_sub(off).min(u64::from(n) * mtu);
         let payload = match &self.payload {
             Payload::Dma { mem, segs, grant } => Payload::Dma {
                 mem: mem.clone(),
@@ -539,11 +540,11 @@ impl Packet {
         let Some(f) = family(self.opcode).filter(|_| self.count > max) else {
             return vec![self];
         };
-        let mut cursor = SegCursor::default();
+        let (total, mut cursor) = (u64::from(self.payload.len()), SegCursor::default());
         (0..self.count.div_ceil(max))
             .map(|k| {
                 let start = k * max;
-                self.cut(f, start, max.min(self.count - start), &mut cursor)
+                self.cut(f, start, max.min(self.count - start), total, &mut cursor)
             })
             .collect()
     }
@@ -554,7 +555,8 @@ impl Packet {
         let skip = psn.wrapping_sub(self.psn) & PSN_MASK;
         match family(self.opcode) {
             Some(f) if skip > 0 && skip < self.count => {
-                self.cut(f, skip, self.count - skip, &mut SegCursor::default())
+                let total = u64::from(self.payload.len());
+                self.cut(f, skip, self.count - skip, total, &mut SegCursor::default())
             }
             _ => self,
         }
@@ -576,38 +578,6 @@ impl Packet {
             train: Some(self),
             next: 0,
             cursor: SegCursor::default(),
-        }
-    }
-
-    /// Packet `i` of this `n`-packet train of family `f`; `cursor` follows the payload's
-    /// gather list from packet to packet.
-    fn packet_at(&self, f: Family, i: u32, total: u64, cursor: &mut SegCursor) -> Packet {
-        let (n, mtu) = (self.message_packets(), u64::from(self.mtu));
-        let abs = self.first + i;
-        let (first, last) = (abs == 0, abs + 1 == n);
-        let off = u64::from(i) * mtu;
-        let len = total.saturating_sub(off).min(mtu);
-        let payload = match &self.payload {
-            Payload::Dma { mem, segs, grant } => Payload::Dma {
-                mem: mem.clone(),
-                segs: cursor.cut(segs, off, len),
-                grant: grant.clone(),
-            },
-            p => p.slice(off, len),
-        };
-        Packet {
-            opcode: message_opcode(f, abs, n, self.tail()),
-            psn: psn_add(self.psn, i),
-            solicited: last && self.solicited,
-            reth: self.reth.filter(|_| first),
-            imm: self.imm.filter(|_| last),
-            ieth: self.ieth.filter(|_| last),
-            aeth: self.aeth.filter(|_| first || last),
-            payload,
-            count: 1,
-            first: abs,
-            of: n,
-            ..self.clone_header()
         }
     }
 
