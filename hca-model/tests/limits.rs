@@ -290,15 +290,16 @@ fn test_a_datagram_flood_waits_for_the_fabric_instead_of_growing_its_queue() {
 #[test]
 fn test_a_long_message_moves_in_pieces_and_arrives_whole() {
     let fabric = Fabric::with_manual_clock();
-    let mut a = Driver::new(Some(&fabric), 24);
-    let mut b = Driver::new(Some(&fabric), 24);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (mut ca, cb) = (a.create_cq(8), b.create_cq(8));
-    let mut qa = a.create_qp(QPT_RC, pa, ca.cqn, ca.cqn);
-    let qb = b.create_qp(QPT_RC, pb, cb.cqn, cb.cqn);
-    a.bring_up_rc_tuned(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, 5, DEFAULT_RTS);
-    b.bring_up_rc_tuned(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, 5, DEFAULT_RTS);
-    let (ka, kb) = (a.reg_dma_mr(pa, ALL_ACCESS), b.reg_dma_mr(pb, ALL_ACCESS));
+    let p = Pair::build_with_memory(fabric.clone(), 24, 5, ALL_ACCESS, DEFAULT_RTS);
+    let Pair {
+        mut a,
+        mut b,
+        mut cq_a,
+        mut qa,
+        key_a: ka,
+        key_b: kb,
+        ..
+    } = p;
     let len = 8u64 << 20;
     let (src, dst) = (a.alloc(len, 4096), b.alloc(len, 4096));
     a.write(src, &pattern(len as usize, 11));
@@ -312,7 +313,7 @@ fn test_a_long_message_moves_in_pieces_and_arrives_whole() {
         ..Default::default()
     };
     a.post_send(&mut qa, w, &[sge(src, len as u32, ka)]);
-    let c = a.drain_cq(&mut ca);
+    let c = a.drain_cq(&mut cq_a);
     assert_eq!((c.len(), u32::from(c[0].status)), (1, WC_SUCCESS));
     // Eight 1 MiB pieces, and the ACK.
     assert_eq!(fabric.stats().delivered - before, 9);

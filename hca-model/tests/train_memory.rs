@@ -52,16 +52,17 @@ impl LinkHook for Count {
 #[test]
 fn test_a_long_message_meets_the_hook_one_packet_at_a_time() {
     let fabric = Fabric::with_manual_clock();
-    let mut a = Driver::new(Some(&fabric), 48);
-    let mut b = Driver::new(Some(&fabric), 48);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (mut ca, cb) = (a.create_cq(8), b.create_cq(8));
-    let mut qa = a.create_qp(QPT_RC, pa, ca.cqn, ca.cqn);
-    let qb = b.create_qp(QPT_RC, pb, cb.cqn, cb.cqn);
     // MTU 256 (enum 1): 32 MiB is 131072 packets.
-    a.bring_up_rc_tuned(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, 1, DEFAULT_RTS);
-    b.bring_up_rc_tuned(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, 1, DEFAULT_RTS);
-    let (ka, kb) = (a.reg_dma_mr(pa, ALL_ACCESS), b.reg_dma_mr(pb, ALL_ACCESS));
+    let p = Pair::build_with_memory(fabric.clone(), 48, 1, ALL_ACCESS, DEFAULT_RTS);
+    let Pair {
+        mut a,
+        mut b,
+        mut cq_a,
+        mut qa,
+        key_a: ka,
+        key_b: kb,
+        ..
+    } = p;
     let len = 32u64 << 20;
     let (src, dst) = (a.alloc(len, 4096), b.alloc(len, 4096));
     let hook = Arc::new(Count::default());
@@ -77,7 +78,7 @@ fn test_a_long_message_meets_the_hook_one_packet_at_a_time() {
         ..Default::default()
     };
     a.post_send(&mut qa, w, &[sge(src, len as u32, ka)]);
-    let c = a.drain_cq(&mut ca);
+    let c = a.drain_cq(&mut cq_a);
     assert_eq!(u32::from(c[0].status), WC_SUCCESS);
     let packets = hook.0.load(Relaxed);
     assert!(packets >= 131072, "{packets} packets");

@@ -624,8 +624,19 @@ impl Pair {
     /// A pair on `fabric` (a manual clock, say) with the QPs' (timeout, retry_cnt,
     /// rnr_retry) given.
     pub fn build(fabric: Fabric, mtu: u8, qp_access: u32, rts: (u8, u8, u8)) -> Self {
-        let mut a = Driver::new(Some(&fabric), 8);
-        let mut b = Driver::new(Some(&fabric), 8);
+        Self::build_with_memory(fabric, 8, mtu, qp_access, rts)
+    }
+
+    /// Like [`Pair::build`] with `mib` MiB of guest memory on each side (long messages).
+    pub fn build_with_memory(
+        fabric: Fabric,
+        mib: u64,
+        mtu: u8,
+        qp_access: u32,
+        rts: (u8, u8, u8),
+    ) -> Self {
+        let mut a = Driver::new(Some(&fabric), mib);
+        let mut b = Driver::new(Some(&fabric), mib);
         let pd_a = a.alloc_pd();
         let pd_b = b.alloc_pd();
         let cq_a = a.create_cq(8);
