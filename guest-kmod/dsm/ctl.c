@@ -5,7 +5,7 @@
  * Applications use /dev/dsm (region.c, sync.c).
  *
  * Commands: open DEV SELF NODES [PAGES] | connect PEER lid= qpn= psn= rkey= gid= |
- *   config handler=irq|process readfault=write|read | selftest MSGS SIZE |
+ *   config handler=irq|process|user-sim readfault=write|read | selftest MSGS SIZE |
  *   defer N | stats | close | devices
  */
 #include <linux/module.h>
@@ -97,16 +97,22 @@ static int dsm_cmd_connect(char *args)
 static int dsm_cmd_config(char *args)
 {
 	char handler[16], readfault[16];
+	enum dsm_mode mode;
 
 	if (!comm->proto ||
 	    sscanf(args, "handler=%15s readfault=%15s", handler, readfault) != 2)
 		return -EINVAL;
-	if ((strcmp(handler, "irq") && strcmp(handler, "process")) ||
-	    (strcmp(readfault, "write") && strcmp(readfault, "read")))
+	if (!strcmp(handler, "irq"))
+		mode = DSM_MODE_IRQ;
+	else if (!strcmp(handler, "process"))
+		mode = DSM_MODE_TASK_QUEUE;
+	else if (!strcmp(handler, "user-sim"))
+		mode = DSM_MODE_USER_SIM;
+	else
 		return -EINVAL;
-	dsm_proto_config(comm->proto, !strcmp(handler, "process"),
-			 !strcmp(readfault, "read"));
-	return 0;
+	if (strcmp(readfault, "write") && strcmp(readfault, "read"))
+		return -EINVAL;
+	return dsm_proto_config(comm->proto, mode, !strcmp(readfault, "read"));
 }
 
 static int dsm_cmd_stats(void)

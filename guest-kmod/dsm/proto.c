@@ -70,11 +70,77 @@ static int out_reserve_n(struct dsm_proto *d, struct dsm_out *o, const u32 *to,
 	return 0;
 }
 
+static void post_now(struct dsm_proto *d, u32 to, u32 slot, u32 type, u64 src,
+		     u64 dst)
+{
+	int err;
+
+	if (dst)
+		err = dsm_msg_send_data(d->c, to, slot, sizeof(struct dsm_pmsg), src,
+					dst, PAGE_SIZE);
+	else
+		err = dsm_msg_send(d->c, to, slot, sizeof(struct dsm_pmsg), false);
+	if (err) {
+		/* The send queue is sized for every buffer: the QP is broken. */
+		dsm_msg_unreserve(d->c, to, slot);
+		atomic64_inc(&d->st.protocol_errors);
+		pr_err_ratelimited("dsm: message %u to node %u lost: %d\n", type,
+				   to, err);
+	}
+}
+
+/* Messages wait: a shootdown is in flight, or the process has mprotects to do. */
+static bool held_back(struct dsm_proto *d)
+{
+	return dsm_region_fenced(d->r) || READ_ONCE(d->usim_fence);
+}
+
+/* Posts the held messages once no fence is in flight; under fence_lock. */
+static void held_drain(struct dsm_proto *d)
+{
+	struct dsm_held *h;
+
+	while (d->held_n && !held_back(d)) {
+		h = &d->heldq[d->held_head];
+		post_now(d, h->to, h->slot, h->type, h->src, h->dst);
+		d->held_head = (d->held_head + 1) % DSM_HELD;
+		d->held_n--;
+	}
+}
+
+void dsm_proto_fence_done(struct dsm_proto *d)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&d->fence_lock, flags);
+	held_drain(d);
+	spin_unlock_irqrestore(&d->fence_lock, flags);
+}
+
+/* Posts a written message, or holds it behind a fence (or behind held ones). */
+static void post_or_hold(struct dsm_proto *d, u32 to, u32 slot, u32 type, u64 src,
+			 u64 dst)
+{
+	unsigned long flags;
+	struct dsm_held *h;
+
+	spin_lock_irqsave(&d->fence_lock, flags);
+	if (!d->held_n && !held_back(d)) {
+		post_now(d, to, slot, type, src, dst);
+	} else {
+		h = &d->heldq[(d->held_head + d->held_n++) % DSM_HELD];
+		*h = (struct dsm_held){ to, slot, type, src, dst };
+		atomic64_inc(&d->st.held);
+		/* The fence may have ended between our check and the queueing. */
+		held_drain(d);
+	}
+	spin_unlock_irqrestore(&d->fence_lock, flags);
+}
+
 static void out_post(struct dsm_proto *d, struct dsm_out *o, u32 type, u32 arg,
 		     u32 node, u32 flags, u64 addr)
 {
 	struct dsm_pmsg *m = o->m;
-	int err;
 
 	m->h.type = cpu_to_le16(type);
 	m->h.from = cpu_to_le16(d->self);
@@ -87,18 +153,7 @@ static void out_post(struct dsm_proto *d, struct dsm_out *o, u32 type, u32 arg,
 		list_add_tail(&o->sm->link, &d->selfq);
 		return;
 	}
-	if (o->dst)
-		err = dsm_msg_send_data(d->c, o->to, o->slot, sizeof(*m), o->src,
-					o->dst, PAGE_SIZE);
-	else
-		err = dsm_msg_send(d->c, o->to, o->slot, sizeof(*m), false);
-	if (err) {
-		/* The send queue is sized for every buffer: the QP is broken. */
-		dsm_msg_unreserve(d->c, o->to, o->slot);
-		atomic64_inc(&d->st.protocol_errors);
-		pr_err_ratelimited("dsm: message %u to node %u lost: %d\n", type,
-				   o->to, err);
-	}
+	post_or_hold(d, o->to, o->slot, type, o->src, o->dst);
 }
 
 /* One message, reserved and posted at once (nothing to change in between). */
@@ -112,15 +167,59 @@ static int send1(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 	return 0;
 }
 
+/*
+ * The user-level simulation's protection change: recorded for the
+ * process to mprotect (the paper's third change), with messages held
+ * until it has. The access check (dsm_proto_fault) reads the new value
+ * at once.
+ */
+static int protect_usim(struct dsm_proto *d, u32 page, int prot)
+{
+	unsigned long flags;
+
+	if (d->usim_nops >= DSM_USIM_OPS)
+		return -EAGAIN;
+	d->usim_ops[d->usim_nops++] = (struct dsm_prot_op){ page, prot };
+	dsm_region_record(d->r, page, prot);
+	spin_lock_irqsave(&d->fence_lock, flags);
+	WRITE_ONCE(d->usim_fence, true);
+	spin_unlock_irqrestore(&d->fence_lock, flags);
+	return 0;
+}
+
+/* 0 when the change is made (everywhere, or fenced); -EAGAIN to retry. */
 static int protect1(struct dsm_proto *d, u32 page, int prot)
 {
-	return dsm_protect(d->r, &page, 1, prot);
+	int err;
+
+	if (d->usim)
+		return protect_usim(d, page, prot);
+	err = dsm_protect(d->r, &page, 1, prot);
+
+	if (err == DSM_FENCED) {
+		atomic64_inc(&d->st.fenced);
+		return 0;
+	}
+	return err;
+}
+
+/*
+ * Wakes the application's waiting threads. A user-level DSM makes a
+ * system call for it (futex), which the simulation charges 1 us for (the
+ * paper's second change); its other calls (signal delivery, SERVE,
+ * mprotect, FAULT) are real here.
+ */
+static void wake_app(struct dsm_proto *d)
+{
+	if (d->usim)
+		udelay(1);
+	wake_up_all(&d->wq);
 }
 
 static void wake_page(struct dsm_proto *d, u32 page)
 {
 	WRITE_ONCE(d->grants[page], d->grants[page] + 1);
-	wake_up_all(&d->wq);
+	wake_app(d);
 }
 
 static void proto_error(struct dsm_proto *d, const char *what, u32 from, u32 arg)
@@ -469,13 +568,13 @@ static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
 		return on_bar_enter(d, from, arg);
 	case DSM_BAR_GO:
 		WRITE_ONCE(d->bar_done, arg);
-		wake_up_all(&d->wq);
+		wake_app(d);
 		return 0;
 	case DSM_LOCK_REQ:
 		return on_lock_req(d, from, arg);
 	case DSM_LOCK_GRANT:
 		WRITE_ONCE(d->lock_grants[arg], d->lock_grants[arg] + 1);
-		wake_up_all(&d->wq);
+		wake_app(d);
 		return 0;
 	case DSM_UNLOCK:
 		return on_unlock(d, from, arg);
@@ -512,6 +611,9 @@ static void proto_self_work(struct work_struct *w)
 		if (again)
 			usleep_range(20, 100);
 	} while (again);
+	/* Changes recorded here reach the simulated user level by its signal. */
+	if (READ_ONCE(d->usim) && READ_ONCE(d->usim_nops))
+		dsm_usim_kick(d);
 }
 
 /* The communication layer's entry point for protocol messages. */
@@ -523,6 +625,9 @@ int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_i
 	if (!d || len < sizeof(struct dsm_pmsg) ||
 	    le16_to_cpu(((struct dsm_pmsg *)msg)->h.from) != peer)
 		return 0;
+	/* Simulated user level: the process handles it when its signal comes. */
+	if (READ_ONCE(d->usim))
+		return dsm_usim_queue(d, peer, msg);
 	if (in_irq) {
 		/* Interrupts are off: nothing of ours on this CPU holds the lock. */
 		if (READ_ONCE(d->process_only) || !spin_trylock(&d->lock))
@@ -537,6 +642,38 @@ int dsm_proto_handle(struct dsm_comm *c, u32 peer, void *msg, u32 len, bool in_i
 	}
 	spin_unlock(&d->lock);
 	return err;
+}
+
+int dsm_proto_handle_now(struct dsm_proto *d, u32 peer, const struct dsm_pmsg *m)
+{
+	int err;
+
+	spin_lock(&d->lock);
+	err = proto_msg(d, peer, m);
+	if (!err) {
+		atomic64_inc(&d->st.handled_process);
+		proto_drain(d, false);
+	}
+	spin_unlock(&d->lock);
+	return err;
+}
+
+void dsm_proto_usim_applied(struct dsm_proto *d)
+{
+	unsigned long flags;
+	bool released = false;
+
+	spin_lock(&d->lock);
+	spin_lock_irqsave(&d->fence_lock, flags);
+	if (!d->usim_nops && d->usim_fence) {
+		WRITE_ONCE(d->usim_fence, false);
+		held_drain(d);
+		released = true;
+	}
+	spin_unlock_irqrestore(&d->fence_lock, flags);
+	spin_unlock(&d->lock);
+	if (released)
+		wake_up_all(&d->wq);
 }
 
 /*
@@ -576,12 +713,22 @@ int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 	}
 }
 
-void dsm_proto_config(struct dsm_proto *d, bool process_only, bool rdma_read)
+int dsm_proto_config(struct dsm_proto *d, enum dsm_mode mode, bool rdma_read)
 {
+	int err = 0;
+
 	spin_lock(&d->lock);
-	WRITE_ONCE(d->process_only, process_only);
-	d->rdma_read = rdma_read;
+	/* The simulation changes how the space is mapped: before any application. */
+	if ((mode == DSM_MODE_USER_SIM) != d->usim &&
+	    dsm_region_set_usim(d->r, mode == DSM_MODE_USER_SIM))
+		err = -EBUSY;
+	if (!err) {
+		WRITE_ONCE(d->usim, mode == DSM_MODE_USER_SIM);
+		WRITE_ONCE(d->process_only, mode == DSM_MODE_TASK_QUEUE);
+		d->rdma_read = rdma_read;
+	}
 	spin_unlock(&d->lock);
+	return err;
 }
 
 /* ---- session set-up and tear-down ---- */
@@ -594,6 +741,11 @@ static void dsm_proto_free(struct dsm_proto *d)
 	cancel_work_sync(&d->self_work);
 	list_for_each_entry_safe(sm, n, &d->selfq, link)
 		kfree(sm);
+	/* No shootdown may call back into a freed protocol. */
+	if (d->r)
+		dsm_region_quiesce(d->r);
+	kfree(d->heldq);
+	dsm_usim_free(d);
 	if (d->dma)
 		for (i = 0; i < d->npages && d->dma[i]; i++)
 			ib_dma_unmap_page(d->dev, d->dma[i], PAGE_SIZE,
@@ -650,6 +802,10 @@ int dsm_proto_open(struct dsm_comm *c, u32 npages)
 	d->nodes = c->nodes;
 	d->npages = npages;
 	spin_lock_init(&d->lock);
+	spin_lock_init(&d->fence_lock);
+	spin_lock_init(&d->usim_lock);
+	INIT_LIST_HEAD(&d->usim_q);
+	mutex_init(&d->usim_serve);
 	mutex_init(&d->req_lock);
 	init_waitqueue_head(&d->wq);
 	INIT_LIST_HEAD(&d->waiting);
@@ -663,7 +819,10 @@ int dsm_proto_open(struct dsm_comm *c, u32 npages)
 	d->mgr = kvcalloc(npages, sizeof(*d->mgr), GFP_KERNEL);
 	d->grants = kvcalloc(npages, sizeof(*d->grants), GFP_KERNEL);
 	d->inflight = kvcalloc(npages, 1, GFP_KERNEL);
-	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->inflight)
+	d->heldq = kcalloc(DSM_HELD, sizeof(*d->heldq), GFP_KERNEL);
+	d->usim_ops = kcalloc(DSM_USIM_OPS, sizeof(*d->usim_ops), GFP_KERNEL);
+	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->inflight ||
+	    !d->heldq || !d->usim_ops)
 		goto err;
 	err = dsm_proto_map(d);
 	if (err)

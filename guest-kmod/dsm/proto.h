@@ -32,11 +32,22 @@ void dsm_proto_peer_lost(struct dsm_comm *c, u32 peer,
 			 enum ib_wc_status status);
 vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write);
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg);
+/* Where messages are handled: the paper's section 5.1 variants. */
+enum dsm_mode {
+	DSM_MODE_IRQ,		/* the completion handler (process context when it must) */
+	DSM_MODE_TASK_QUEUE,	/* always a kernel workqueue */
+	DSM_MODE_USER_SIM,	/* the application, signalled (usim.c) */
+};
+
 /*
- * Knobs for the benchmarks: handle every message in process context; read
- * faults by RDMA Read.
+ * The mode, and read faults by RDMA Read; -EBUSY when user-sim is turned
+ * on or off while an application maps the space.
  */
-void dsm_proto_config(struct dsm_proto *d, bool process_only, bool rdma_read);
+int dsm_proto_config(struct dsm_proto *d, enum dsm_mode mode, bool rdma_read);
 int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len);
+/* usim.c: /dev/dsm's O_ASYNC (the user-level simulation's signal). */
+int dsm_proto_fasync(struct dsm_proto *d, int fd, struct file *f, int on);
+/* region.c: a TLB shootdown finished (any context; the last IPI's CPU). */
+void dsm_proto_fence_done(struct dsm_proto *d);
 
 #endif /* DSM_PROTO_H */

@@ -89,10 +89,26 @@ struct dsm_selfmsg {
 	struct dsm_pmsg m;
 };
 
+/*
+ * A message held back while a TLB shootdown is in flight: its send
+ * buffer is reserved and written, only the post waits.
+ */
+struct dsm_held {
+	u32 to, slot, type;
+	u64 src, dst;
+};
+
+/* Protection changes the user-level simulation hands its process per SERVE. */
+#define DSM_USIM_OPS	512
+
+/* Every held message holds a send buffer, so this many never overflow. */
+#define DSM_HELD	(DSM_MAX_NODES * DSM_SENDS)
+
 struct dsm_pstats {
 	atomic64_t read_faults, write_faults, read_fault_ns, write_fault_ns;
 	atomic64_t invalidations, handled_irq, handled_process;
 	atomic64_t barriers, lock_acquires, protocol_errors;
+	atomic64_t fenced, held;
 };
 
 struct dsm_proto {
@@ -111,6 +127,28 @@ struct dsm_proto {
 	u32 bar_count[2];
 	struct dsm_lockmgr locks[DSM_LOCKS];
 	bool process_only, rdma_read;
+	/*
+	 * Messages held while the region is fenced, in post order (so one
+	 * peer's messages keep theirs). fence_lock (irqsave) guards them;
+	 * it is taken inside d->lock and by the last IPI of a shootdown.
+	 */
+	spinlock_t fence_lock;
+	struct dsm_held *heldq;
+	u32 held_head, held_n;
+	/*
+	 * User-level simulation (usim.c): messages queue for the process's
+	 * SERVE calls (usim_lock, irqsave); protection changes are recorded
+	 * in usim_ops (under d->lock) for the process to mprotect, and
+	 * usim_fence holds messages back until it has.
+	 */
+	bool usim;
+	bool usim_fence;
+	spinlock_t usim_lock;
+	struct list_head usim_q;
+	struct fasync_struct *fasync;
+	struct mutex usim_serve;	/* one SERVE at a time */
+	struct dsm_prot_op *usim_ops;
+	u32 usim_nops;
 	/* async writes */
 	u32 *grants;			/* per page: grants received */
 	u32 bar_done;			/* last barrier generation released */
@@ -131,5 +169,17 @@ static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
 
 /* proto.c: queue a request to node `to` from process context (sleeps while resources are short). */
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
+/* sync.c: a DSM fault's request and wait; 0 once the access is allowed. */
+int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write);
+/* proto.c: handles one message in process context now; -EAGAIN: try again later. */
+int dsm_proto_handle_now(struct dsm_proto *d, u32 peer, const struct dsm_pmsg *m);
+/* proto.c: the process applied every recorded protection (if none is new): release held messages. */
+void dsm_proto_usim_applied(struct dsm_proto *d);
+
+/* usim.c */
+int dsm_usim_queue(struct dsm_proto *d, u32 peer, const void *msg);
+void dsm_usim_kick(struct dsm_proto *d);
+long dsm_usim_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg);
+void dsm_usim_free(struct dsm_proto *d);
 
 #endif /* DSM_PROTO_INT_H */

@@ -13,6 +13,17 @@
  * A region not mapped (yet, or any more) keeps its protections in prot[]
  * alone; mmap applies them.
  *
+ * TLB shootdown: taking a right away (RW to read, anything to none) must
+ * reach every CPU's TLB before the page's data leaves. In process context
+ * the primitive flushes the other CPUs synchronously. With interrupts off
+ * (the completion handler) it may not wait for them, so it fences: it
+ * sends each other CPU an asynchronous IPI that flushes its TLB, returns
+ * DSM_FENCED at once, and the last CPU to flush calls
+ * dsm_proto_fence_done(), which sends what the protocol held back
+ * meanwhile. Nothing sleeps or spins on another CPU. Granting a right
+ * needs no remote flush: a stale entry only faults again, and the fault
+ * finds the new PTE.
+ *
  * Locking: r->lock (irqsave, tried) makes the region's PTE edits and
  * teardown exclusive: the MMU notifier marks a region dead under it before
  * the kernel unmaps the range and frees its page tables, so the primitive
@@ -33,6 +44,15 @@
 #include "proto.h"
 
 #define DSM_MAX_REGION_PAGES	65536
+#define DSM_FENCES		8	/* shootdowns in flight per region */
+
+/* One asynchronous shootdown: an IPI to every other online CPU. */
+struct dsm_fence {
+	struct dsm_region *r;
+	atomic_t busy;
+	atomic_t left;			/* CPUs still to flush, plus the sender */
+	call_single_data_t *csd;	/* per CPU */
+};
 
 struct dsm_region {
 	struct kref ref;
@@ -46,6 +66,14 @@ struct dsm_region {
 	u8 *prot;		/* DSM_PROT_* per page */
 	spinlock_t lock;
 	bool dead;		/* no PTEs to edit: not mapped, or being unmapped */
+	/*
+	 * The user-level simulation: the process mprotects the pages itself,
+	 * which splits the VMA; vmas counts the pieces.
+	 */
+	bool usim;
+	atomic_t vmas;
+	atomic_t fences;	/* shootdowns not yet finished */
+	struct dsm_fence fence[DSM_FENCES];
 };
 
 static DEFINE_SPINLOCK(dsm_regions_lock);
@@ -162,21 +190,16 @@ static void dsm_flush_local(void *unused)
 }
 
 /*
- * Modules get no ranged user TLB flush, only the local full one. With
- * other CPUs online: a full flush on each (interrupts must be on, which
- * dsm_protect checked). With one CPU: invlpg per page when the region's
- * mm is the one loaded and user and kernel share its address-space ID
- * (no PTI), else the local full flush (it drops every ASID's entries).
+ * Modules get no ranged user TLB flush, only the local full one: invlpg
+ * per page when the region's mm is the one loaded and user and kernel
+ * share its address-space ID (no PTI), else the full flush (it drops
+ * every ASID's entries).
  */
-static void dsm_flush_tlb(struct dsm_region *r, const u32 *pages, u32 n)
+static void dsm_flush_this_cpu(struct dsm_region *r, const u32 *pages, u32 n)
 {
 	unsigned long flags, addr;
 	u32 k;
 
-	if (num_online_cpus() > 1) {
-		on_each_cpu(dsm_flush_local, NULL, 1);
-		return;
-	}
 	local_irq_save(flags);
 	if (r->mm == current->active_mm && !boot_cpu_has(X86_FEATURE_PTI) &&
 	    n <= 64) {
@@ -190,23 +213,102 @@ static void dsm_flush_tlb(struct dsm_region *r, const u32 *pages, u32 n)
 	local_irq_restore(flags);
 }
 
+static void dsm_fence_put(struct dsm_fence *f)
+{
+	struct dsm_region *r = f->r;
+
+	if (!atomic_dec_and_test(&f->left))
+		return;
+	atomic_set(&f->busy, 0);
+	/* The protocol reads `fences` under its own lock in dsm_proto_fence_done. */
+	atomic_dec(&r->fences);
+	if (r->proto)
+		dsm_proto_fence_done(r->proto);
+}
+
+/* Runs on each other CPU, in its IPI handler. */
+static void dsm_fence_ipi(void *info)
+{
+	__flush_tlb_all();
+	dsm_fence_put(info);
+}
+
 /*
- * The primitive. Changes pages[0..n) of r to prot; never sleeps. -EAGAIN:
- * a lock was busy (or a TLB shootdown would need other CPUs while
- * interrupts are off); some pages may be changed already, and a retry
- * (idempotent) finishes the job.
+ * Starts an asynchronous shootdown on every other online CPU; -EAGAIN
+ * when every fence slot is in use (the caller retries in process context).
+ */
+static int dsm_fence_start(struct dsm_region *r)
+{
+	int self = smp_processor_id(), cpu, k;
+	struct dsm_fence *f = NULL;
+
+	for (k = 0; k < DSM_FENCES && !f; k++)
+		if (!atomic_cmpxchg(&r->fence[k].busy, 0, 1))
+			f = &r->fence[k];
+	if (!f)
+		return -EAGAIN;
+	atomic_inc(&r->fences);
+	atomic_set(&f->left, 1);
+	for_each_online_cpu(cpu) {
+		if (cpu == self)
+			continue;
+		atomic_inc(&f->left);
+		INIT_CSD(&f->csd[cpu], dsm_fence_ipi, f);
+		/* An offline CPU holds no entries; a busy csd cannot be (the fence was free). */
+		if (smp_call_function_single_async(cpu, &f->csd[cpu]))
+			atomic_dec(&f->left);
+	}
+	dsm_fence_put(f);
+	return DSM_FENCED;
+}
+
+/*
+ * After a change to pages[0..n): this CPU's TLB now; other CPUs' only
+ * when a right was taken away: synchronously when we may wait (interrupts
+ * on), else by a fence.
+ */
+static int dsm_flush_tlb(struct dsm_region *r, const u32 *pages, u32 n,
+			 bool revoked)
+{
+	dsm_flush_this_cpu(r, pages, n);
+	if (!revoked || num_online_cpus() == 1)
+		return 0;
+	if (!irqs_disabled()) {
+		smp_call_function(dsm_flush_local, NULL, 1);
+		return 0;
+	}
+	return dsm_fence_start(r);
+}
+
+bool dsm_region_fenced(struct dsm_region *r)
+{
+	return atomic_read(&r->fences) > 0;
+}
+
+/* Waits (spinning; the IPIs take microseconds) until no shootdown is in flight. */
+void dsm_region_quiesce(struct dsm_region *r)
+{
+	while (atomic_read(&r->fences))
+		cpu_relax();
+}
+
+/*
+ * The primitive. Changes pages[0..n) of r to prot; never sleeps. 0: done,
+ * every CPU sees the change. DSM_FENCED: done here, other CPUs flush
+ * asynchronously and dsm_proto_fence_done() follows (for the shared
+ * space). -EAGAIN: a lock was busy (or no fence slot was free); some
+ * pages may be changed already, and a retry (idempotent) finishes the job.
  */
 int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 {
-	unsigned long flags, lo = ULONG_MAX, hi = 0, addr;
+	unsigned long flags;
 	spinlock_t *held = NULL;
+	bool revoked = false, edited = false;
 	u32 k;
 	int err = 0;
 
 	if (prot < DSM_PROT_NONE || prot > DSM_PROT_RW)
 		return -EINVAL;
-	if (irqs_disabled() && num_online_cpus() > 1)
-		return -EAGAIN;
 	if (!spin_trylock_irqsave(&r->lock, flags))
 		return -EAGAIN;
 	for (k = 0; k < n && !err; k++) {
@@ -214,20 +316,49 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 			err = -EINVAL;
 			break;
 		}
+		/*
+		 * A right taken away; a page already at a lesser target
+		 * counts too, as it may be a retry whose flush failed.
+		 */
+		revoked |= prot < r->prot[pages[k]] ||
+			   (prot == r->prot[pages[k]] && prot < DSM_PROT_RW);
 		if (r->dead) {
 			r->prot[pages[k]] = prot;
 			continue;
 		}
 		err = dsm_set_pte(r, pages[k], prot, &held, false);
-		addr = r->start + ((unsigned long)pages[k] << PAGE_SHIFT);
-		lo = min(lo, addr);
-		hi = max(hi, addr + PAGE_SIZE);
+		edited = true;
 	}
 	if (held)
 		spin_unlock(held);
 	spin_unlock_irqrestore(&r->lock, flags);
-	if (hi > lo && !r->dead)
-		dsm_flush_tlb(r, pages, k);
+	if (edited && !r->dead) {
+		int f = dsm_flush_tlb(r, pages, k, revoked);
+
+		if (f)
+			err = err ?: f;
+	}
+	return err;
+}
+
+/* The user-level simulation's change: the process mprotects, the kernel only records. */
+void dsm_region_record(struct dsm_region *r, u32 i, int prot)
+{
+	WRITE_ONCE(r->prot[i], prot);
+}
+
+/* -EBUSY once mapped: the mapping is set up for one mode or the other. */
+int dsm_region_set_usim(struct dsm_region *r, bool on)
+{
+	unsigned long flags;
+	int err = 0;
+
+	spin_lock_irqsave(&r->lock, flags);
+	if (r->mm)
+		err = -EBUSY;
+	else
+		r->usim = on;
+	spin_unlock_irqrestore(&r->lock, flags);
 	return err;
 }
 
@@ -257,7 +388,8 @@ static vm_fault_t dsm_fault(struct vm_fault *vmf)
 {
 	struct dsm_region *r = vmf->vma->vm_private_data;
 
-	if (r->proto)
+	/* Simulated user level: mprotect keeps every PTE; access is the VMA's business. */
+	if (r->proto && !r->usim)
 		return dsm_space_fault(r, vmf->address,
 				       vmf->flags & FAULT_FLAG_WRITE);
 	return VM_FAULT_SIGBUS;
@@ -269,6 +401,12 @@ static vm_fault_t dsm_pfn_mkwrite(struct vm_fault *vmf)
 	struct dsm_region *r = vmf->vma->vm_private_data;
 	u32 i = (vmf->address - r->start) >> PAGE_SHIFT;
 
+	/*
+	 * Simulated user level: the VMA allows the write, so it is allowed
+	 * (a page being taken away has its data held until mprotect is done).
+	 */
+	if (r->usim)
+		return 0;
 	if (r->proto)
 		return dsm_space_fault(r, vmf->address, true);
 	return i < r->npages && r->prot[i] == DSM_PROT_RW ? 0 : VM_FAULT_SIGBUS;
@@ -276,7 +414,17 @@ static vm_fault_t dsm_pfn_mkwrite(struct vm_fault *vmf)
 
 static int dsm_may_split(struct vm_area_struct *vma, unsigned long addr)
 {
-	return -EINVAL;
+	struct dsm_region *r = vma->vm_private_data;
+
+	return r->usim ? 0 : -EINVAL;
+}
+
+/* A piece split off by mprotect (simulated user level only). */
+static void dsm_vma_open(struct vm_area_struct *vma)
+{
+	struct dsm_region *r = vma->vm_private_data;
+
+	atomic_inc(&r->vmas);
 }
 
 static void dsm_vma_close(struct vm_area_struct *vma)
@@ -284,6 +432,8 @@ static void dsm_vma_close(struct vm_area_struct *vma)
 	struct dsm_region *r = vma->vm_private_data;
 	unsigned long flags;
 
+	if (atomic_dec_return(&r->vmas) > 0)
+		return;
 	spin_lock(&dsm_regions_lock);
 	list_del_init(&r->link);
 	spin_unlock(&dsm_regions_lock);
@@ -296,6 +446,7 @@ static void dsm_vma_close(struct vm_area_struct *vma)
 }
 
 static const struct vm_operations_struct dsm_vm_ops = {
+	.open = dsm_vma_open,
 	.fault = dsm_fault,
 	.pfn_mkwrite = dsm_pfn_mkwrite,
 	.may_split = dsm_may_split,
@@ -306,6 +457,10 @@ static void dsm_region_free(struct kref *ref)
 {
 	struct dsm_region *r = container_of(ref, struct dsm_region, ref);
 	u32 i;
+
+	dsm_region_quiesce(r);
+	for (i = 0; i < DSM_FENCES; i++)
+		kfree(r->fence[i].csd);
 
 	if (r->pages)
 		for (i = 0; i < r->npages; i++)
@@ -334,6 +489,14 @@ static struct dsm_region *dsm_region_alloc(u32 npages, int prot)
 	spin_lock_init(&r->lock);
 	r->dead = true;
 	r->npages = npages;
+	atomic_set(&r->fences, 0);
+	for (i = 0; i < DSM_FENCES; i++) {
+		r->fence[i].r = r;
+		r->fence[i].csd = kcalloc(nr_cpu_ids, sizeof(*r->fence[i].csd),
+					  GFP_KERNEL);
+		if (!r->fence[i].csd)
+			goto err;
+	}
 	r->pages = kvcalloc(npages, sizeof(*r->pages), GFP_KERNEL);
 	r->prot = kvcalloc(npages, 1, GFP_KERNEL);
 	if (!r->pages || !r->prot)
@@ -379,7 +542,8 @@ static int dsm_region_map(struct dsm_region *r, struct vm_area_struct *vma)
 	}
 	spin_lock_irqsave(&r->lock, flags);
 	r->dead = false;
-	for (i = 0; i < r->npages && !err; i++)
+	/* Simulated user level: the process applies prot[] with mprotect. */
+	for (i = 0; i < r->npages && !err && !r->usim; i++)
 		if (r->prot[i] != DSM_PROT_RW)
 			err = dsm_set_pte(r, i, r->prot[i], &held, true);
 	if (held)
@@ -425,6 +589,7 @@ static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
 	}
 	vma->vm_private_data = r;
 	vma->vm_ops = &dsm_vm_ops;
+	atomic_set(&r->vmas, 1);
 	spin_lock(&dsm_regions_lock);
 	list_add(&r->link, &dsm_regions);
 	spin_unlock(&dsm_regions_lock);
@@ -464,8 +629,19 @@ static int dsm_open(struct inode *inode, struct file *f)
 /* The VMA (which held the file) is gone, so nothing maps the pages. */
 static int dsm_release(struct inode *inode, struct file *f)
 {
-	dsm_region_put(f->private_data);
+	struct dsm_region *r = f->private_data;
+
+	if (r && r->proto)
+		dsm_proto_fasync(r->proto, -1, f, 0);
+	dsm_region_put(r);
 	return 0;
+}
+
+static int dsm_fasync(int fd, struct file *f, int on)
+{
+	struct dsm_region *r = f->private_data;
+
+	return r && r->proto ? dsm_proto_fasync(r->proto, fd, f, on) : -ENOTCONN;
 }
 
 /* Unpublishes the space if no file uses it (the session may close then). */
@@ -504,6 +680,10 @@ static long dsm_ioctl_protect(struct dsm_region *r, void __user *arg)
 		err = dsm_protect(r, pages, req.n, req.prot);
 		if (req.atomic)
 			local_irq_restore(flags);
+		if (err == DSM_FENCED) {
+			dsm_region_quiesce(r);
+			err = 0;
+		}
 	} while (err == -EAGAIN && ++tries < 1000 && !cond_resched());
 	kfree(pages);
 	return err;
@@ -525,6 +705,7 @@ static const struct file_operations dsm_fops = {
 	.open = dsm_open,
 	.mmap = dsm_mmap,
 	.unlocked_ioctl = dsm_ioctl,
+	.fasync = dsm_fasync,
 	.release = dsm_release,
 };
 

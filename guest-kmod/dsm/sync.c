@@ -46,11 +46,11 @@ static bool page_settled(struct dsm_proto *d, u32 page, u32 g)
 /*
  * A DSM fault: ask the page's manager for a copy (read) or ownership
  * (write) and sleep until the data is in our frame with the protection
- * set; the access is retried (VM_FAULT_NOPAGE) and faults again if the
- * page was taken away meanwhile. One request per page at a time: other
- * threads faulting on it wait for that one.
+ * set; the access is then retried and faults again if the page was taken
+ * away meanwhile. One request per page at a time: other threads faulting
+ * on it wait for that one. 0, or why it failed.
  */
-vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write)
+int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 {
 	int need = write ? DSM_PROT_RW : DSM_PROT_READ;
 	ktime_t t0 = ktime_get();
@@ -59,11 +59,11 @@ vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write)
 	int err;
 
 	if (READ_ONCE(d->dead))
-		return VM_FAULT_SIGBUS;
+		return -ENODEV;
 	mutex_lock(&d->req_lock);
 	if (dsm_region_prot(d->r, page) >= need) {
 		mutex_unlock(&d->req_lock);
-		return VM_FAULT_NOPAGE;
+		return 0;
 	}
 	g = READ_ONCE(d->grants[page]);
 	if (!d->inflight[page]) {
@@ -72,8 +72,7 @@ vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write)
 	}
 	mutex_unlock(&d->req_lock);
 	if (!mine)
-		return dsm_wait(d, "page (shared wait)", page, page_settled, g) ?
-			VM_FAULT_SIGBUS : VM_FAULT_NOPAGE;
+		return dsm_wait(d, "page (shared wait)", page, page_settled, g);
 	err = dsm_proto_request(d, dsm_manager(d, page),
 				write ? DSM_REQ_WRITE : DSM_REQ_READ, page,
 				d->dma[page]);
@@ -83,11 +82,18 @@ vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write)
 	WRITE_ONCE(d->inflight[page], 0);
 	wake_up_all(&d->wq);
 	if (err)
-		return VM_FAULT_SIGBUS;
+		return err;
 	atomic64_inc(write ? &d->st.write_faults : &d->st.read_faults);
 	atomic64_add(ktime_to_ns(ktime_sub(ktime_get(), t0)),
 		     write ? &d->st.write_fault_ns : &d->st.read_fault_ns);
-	return VM_FAULT_NOPAGE;
+	return 0;
+}
+
+/* The page-fault handler's entry: the access is retried (VM_FAULT_NOPAGE). */
+vm_fault_t dsm_proto_fault(struct dsm_proto *d, u32 page, bool write)
+{
+	return dsm_proto_fault_wait(d, page, write) ? VM_FAULT_SIGBUS :
+						      VM_FAULT_NOPAGE;
 }
 
 static bool barrier_passed(struct dsm_proto *d, u32 unused, u32 gen)
@@ -189,13 +195,15 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 "rfaults=%llu wfaults=%llu sent=%llu received=%llu "
 			 "data_bytes=%llu inv=%llu irq=%llu process=%llu "
 			 "rdma_reads=%llu deferred=%lld cqe_errors=%lld "
-			 "proto_errors=%lld\n",
+			 "proto_errors=%lld fenced=%lld held=%lld\n",
 			 u.read_faults, u.write_faults, u.msgs_sent,
 			 u.msgs_received, u.data_bytes, u.invalidations,
 			 u.handled_irq, u.handled_process, u.rdma_reads,
 			 atomic64_read(&d->c->stats.deferred),
 			 atomic64_read(&d->c->stats.cqe_errors),
-			 atomic64_read(&d->st.protocol_errors));
+			 atomic64_read(&d->st.protocol_errors),
+			 atomic64_read(&d->st.fenced),
+			 atomic64_read(&d->st.held));
 }
 
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg)
@@ -212,6 +220,8 @@ long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg)
 		info.nodes = d->nodes;
 		info.pages = d->npages;
 		info.page_size = PAGE_SIZE;
+		info.user_sim = READ_ONCE(d->usim);
+		info.rsvd = 0;
 		return copy_to_user(arg, &info, sizeof(info)) ? -EFAULT : 0;
 	case DSM_IOC_BARRIER:
 		return dsm_barrier(d);
@@ -223,6 +233,10 @@ long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg)
 	case DSM_IOC_STATS:
 		dsm_stats_fill(d, &st);
 		return copy_to_user(arg, &st, sizeof(st)) ? -EFAULT : 0;
+	case DSM_IOC_SERVE:
+	case DSM_IOC_FAULT:
+	case DSM_IOC_PROTMAP:
+		return dsm_usim_ioctl(d, cmd, arg);
 	default:
 		return -ENOTTY;
 	}

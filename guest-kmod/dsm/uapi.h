@@ -31,6 +31,34 @@ struct dsm_info {
 	__u32 nodes;
 	__u32 pages;	/* size of the shared space in pages */
 	__u32 page_size;
+	__u32 user_sim;	/* the session simulates a user-level DSM (below) */
+	__u32 rsvd;
+};
+
+/*
+ * User-level simulation (dsmctl config handler=user-sim), the paper's
+ * section 5.1: the kernel handles no message by itself. It queues each
+ * and signals the process (SIGIO, via O_ASYNC), whose service thread
+ * calls DSM_IOC_SERVE; protections change by the process's own mprotect
+ * calls, so an access to a protected page is a SIGSEGV that the process
+ * turns into DSM_IOC_FAULT.
+ */
+struct dsm_prot_op {
+	__u32 page;
+	__u32 prot;	/* DSM_PROT_*: mprotect the page so */
+};
+
+struct dsm_serve {
+	__u64 ops;	/* user pointer to max struct dsm_prot_op */
+	__u32 max;
+	__u32 n;	/* out: ops to apply before the next SERVE */
+	__u32 handled;	/* out: messages handled */
+	__u32 left;	/* out: messages still queued */
+};
+
+struct dsm_fault_req {
+	__u32 page;
+	__u32 write;
 };
 
 /* This node's protocol counters since the session opened. */
@@ -51,5 +79,11 @@ struct dsm_stats_user {
 #define DSM_IOC_LOCK	_IOW('D', 4, __u32)
 #define DSM_IOC_UNLOCK	_IOW('D', 5, __u32)
 #define DSM_IOC_STATS	_IOR('D', 6, struct dsm_stats_user)
+/* Handles queued messages; the ops of the previous call have been applied. */
+#define DSM_IOC_SERVE	_IOWR('D', 7, struct dsm_serve)
+/* A SIGSEGV on a DSM page: returns once the access is allowed and mprotected. */
+#define DSM_IOC_FAULT	_IOW('D', 8, struct dsm_fault_req)
+/* Copies every page's DSM_PROT_* (one byte each) to the user pointer. */
+#define DSM_IOC_PROTMAP	_IOW('D', 9, __u64)
 
 #endif /* DSM_UAPI_H */
