@@ -207,7 +207,7 @@ def build_dsm_apps():
     outdir.mkdir(parents=True, exist_ok=True)
     obj, lib = outdir / "libdsm.o", outdir / "libdsm.a"
     say("building guest-kmod/libdsm (libdsm.a)")
-    run(["gcc", "-O2", "-Wall", "-c", "-o", str(obj), str(KMOD / "libdsm" / "libdsm.c")])
+    run(["gcc", "-O2", "-Wall", "-pthread", "-c", "-o", str(obj), str(KMOD / "libdsm" / "libdsm.c")])
     if lib.exists():
         lib.unlink()
     run(["ar", "rcs", str(lib), str(obj)])
@@ -215,7 +215,7 @@ def build_dsm_apps():
     for a in DSM_APPS:
         exe = outdir / a
         say(f"building guest-kmod/apps/{a}")
-        run(["gcc", "-static", "-O2", "-Wall", "-o", str(exe),
+        run(["gcc", "-static", "-O2", "-Wall", "-pthread", "-o", str(exe),
              str(KMOD / "apps" / f"{a}.c"), str(lib), "-lm"])
         out[a] = exe.read_bytes()
     return out

@@ -15,6 +15,9 @@
  * and walks visit children in slot order, so node 1's sequential run (the
  * same code on private memory) must produce the same doubles.
  *
+ * With DSM_THREADS workers per node, every worker inserts, walks and moves
+ * its share of the bodies; node 1's first worker does the serial phases.
+ *
  * Usage: barnes [BODIES [STEPS]]
  */
 #include <math.h>
@@ -237,10 +240,37 @@ static void move(struct body *b, size_t i)
 	}
 }
 
+static struct body *b;
+static struct tree *t;
+
+static void barnes_worker(void *unused)
+{
+	size_t lo, hi, i, s;
+
+	dsm_range(NB, &lo, &hi);
+	for (s = 0; s < STEPS; s++) {
+		if (dsm_worker() == 0)
+			root(t, b);
+		dsm_barrier();
+		for (i = lo; i < hi; i++)
+			insert(t, b, i);
+		dsm_barrier();
+		if (dsm_worker() == 0)
+			mass(t, b, 1);
+		dsm_barrier();
+		for (i = lo; i < hi; i++)
+			step_body(t, b, i);
+		dsm_barrier();
+		for (i = lo; i < hi; i++)
+			move(b, i);
+		dsm_barrier();
+	}
+}
+
 int main(int argc, char **argv)
 {
-	struct body *b, *rb;
-	struct tree *t, *rt;
+	struct body *rb;
+	struct tree *rt;
 	size_t lo, hi, i, s, tree_bytes;
 	int ok = -1;
 	double t0, ts = 0;
@@ -260,23 +290,7 @@ int main(int argc, char **argv)
 	dsm_barrier();
 	shared = 1;
 	t0 = dsm_now();
-	for (s = 0; s < STEPS; s++) {
-		if (dsm_self() == 1)
-			root(t, b);
-		dsm_barrier();
-		for (i = lo; i < hi; i++)
-			insert(t, b, i);
-		dsm_barrier();
-		if (dsm_self() == 1)
-			mass(t, b, 1);
-		dsm_barrier();
-		for (i = lo; i < hi; i++)
-			step_body(t, b, i);
-		dsm_barrier();
-		for (i = lo; i < hi; i++)
-			move(b, i);
-		dsm_barrier();
-	}
+	dsm_parallel(barnes_worker, NULL);
 	t0 = dsm_now() - t0;
 	if (dsm_self() == 1) {
 		shared = 0;

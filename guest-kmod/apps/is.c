@@ -4,7 +4,8 @@
  * generates its share of the keys, counts them, adds its counts to the
  * shared histogram under a DSM lock, and after a barrier ranks its keys
  * (a stable counting sort: keys of lower nodes first). Node 1 checks the
- * histogram and every rank against a sequential ranking.
+ * histogram and every rank against a sequential ranking. With
+ * DSM_THREADS workers per node, each worker does what a node did.
  *
  * Usage: is [KEYS [MAXKEY [ITERS]]]
  */
@@ -48,26 +49,16 @@ static int verify(const uint32_t *keys, const uint32_t *total, const uint32_t *r
 	return ok;
 }
 
-int main(int argc, char **argv)
-{
-	uint32_t *keys, *total, *cnt, *rank, *mine, *base;
-	size_t lo, hi, i, k, n, it, me;
-	int ok = -1;
-	double t0;
+static uint32_t *keys, *total, *cnt, *rank;
 
-	NK = dsm_arg(argc, argv, 1, NK);
-	B = dsm_arg(argc, argv, 2, B);
-	ITERS = dsm_arg(argc, argv, 3, ITERS);
-	dsm_init();
-	me = dsm_self() - 1;
-	keys = dsm_alloc(NK * sizeof(*keys));
-	rank = dsm_alloc(NK * sizeof(*rank));
-	total = dsm_alloc(B * sizeof(*total));
-	cnt = dsm_alloc(dsm_nodes() * B * sizeof(*cnt));
-	mine = calloc(B, sizeof(*mine));
-	base = calloc(B, sizeof(*base));
+static void is_worker(void *unused)
+{
+	uint32_t *mine = calloc(B, sizeof(*mine)), *base = calloc(B, sizeof(*base));
+	size_t lo, hi, i, k, n, it, me = dsm_worker();
+
+	if (!mine || !base)
+		dsm_die("out of memory");
 	dsm_range(NK, &lo, &hi);
-	t0 = dsm_now();
 	for (it = 0; it < ITERS; it++) {
 		if (me == 0)
 			memset(total, 0, B * sizeof(*total));
@@ -92,8 +83,27 @@ int main(int argc, char **argv)
 			rank[i] = base[keys[i]]++;
 		dsm_barrier();
 	}
+	free(mine);
+	free(base);
+}
+
+int main(int argc, char **argv)
+{
+	int ok = -1;
+	double t0;
+
+	NK = dsm_arg(argc, argv, 1, NK);
+	B = dsm_arg(argc, argv, 2, B);
+	ITERS = dsm_arg(argc, argv, 3, ITERS);
+	dsm_init();
+	keys = dsm_alloc(NK * sizeof(*keys));
+	rank = dsm_alloc(NK * sizeof(*rank));
+	total = dsm_alloc(B * sizeof(*total));
+	cnt = dsm_alloc(dsm_workers() * B * sizeof(*cnt));
+	t0 = dsm_now();
+	dsm_parallel(is_worker, NULL);
 	t0 = dsm_now() - t0;
-	if (me == 0)
+	if (dsm_self() == 1)
 		ok = verify(keys, total, rank);
 	dsm_report("is", ok, t0, 0, NULL);
 	return ok == 0;

@@ -3,7 +3,8 @@
  * lu: LU decomposition (no pivoting) of an N x N diagonally dominant
  * matrix of doubles in shared memory. Rows are dealt to nodes in blocks
  * of a page; at step k every node reads pivot row k and updates its rows
- * below it, then all meet at a barrier. Node 1 checks L and U against a
+ * below it, then all meet at a barrier. With DSM_THREADS workers per
+ * node, blocks are dealt to workers; a node initialises its workers' rows. Node 1 checks L and U against a
  * sequential run (same code: bit for bit).
  *
  * Usage: lu [N]
@@ -30,9 +31,28 @@ static void lu_row(double *a, size_t k, size_t i)
 		ri[j] -= l * rk[j];
 }
 
-static int mine(size_t i)
+/* Row i's block is dealt to this worker. */
+static int worker_mine(size_t i)
 {
-	return (i / BLOCK) % dsm_nodes() == dsm_self() - 1;
+	return (i / BLOCK) % dsm_workers() == dsm_worker();
+}
+
+/* Row i's block is dealt to one of this node's workers. */
+static int node_mine(size_t i)
+{
+	return (i / BLOCK) % dsm_workers() / dsm_threads() == dsm_self() - 1;
+}
+
+static void lu_worker(void *a)
+{
+	size_t i, k;
+
+	for (k = 0; k + 1 < N; k++) {
+		for (i = k + 1; i < N; i++)
+			if (worker_mine(i))
+				lu_row(a, k, i);
+		dsm_barrier();
+	}
 }
 
 int main(int argc, char **argv)
@@ -51,17 +71,12 @@ int main(int argc, char **argv)
 		BLOCK = 1;
 	a = dsm_alloc(N * N * sizeof(double));
 	for (i = 0; i < N; i++)
-		if (mine(i))
+		if (node_mine(i))
 			for (j = 0; j < N; j++)
 				a[i * N + j] = init_val(i, j);
 	dsm_barrier();
 	t0 = dsm_now();
-	for (k = 0; k + 1 < N; k++) {
-		for (i = k + 1; i < N; i++)
-			if (mine(i))
-				lu_row(a, k, i);
-		dsm_barrier();
-	}
+	dsm_parallel(lu_worker, a);
 	t0 = dsm_now() - t0;
 	if (dsm_self() == 1) {
 		ref = malloc(N * N * sizeof(double));

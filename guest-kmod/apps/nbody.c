@@ -4,6 +4,7 @@
  * buffered in shared memory; each node moves its share of the bodies,
  * reading every body's position, then all meet at a barrier. Node 1
  * checks positions and velocities against a sequential run (bit for bit).
+ * With DSM_THREADS workers per node, each worker moves its share.
  *
  * Usage: nbody [BODIES [STEPS]]
  */
@@ -62,10 +63,25 @@ static void move(const struct body *src, struct body *dst, struct vel *v, size_t
 	dst[i].z += v[i].z * DT;
 }
 
+static struct body *pos[2];
+static struct vel *vel;
+
+static void nbody_worker(void *unused)
+{
+	size_t lo, hi, i, s;
+
+	dsm_range(NB, &lo, &hi);
+	for (s = 0; s < STEPS; s++) {
+		for (i = lo; i < hi; i++)
+			move(pos[s % 2], pos[(s + 1) % 2], vel, i);
+		dsm_barrier();
+	}
+}
+
 int main(int argc, char **argv)
 {
-	struct body *pos[2], *rp[2];
-	struct vel *vel, *rv;
+	struct body *rp[2];
+	struct vel *rv;
 	size_t lo, hi, i, s;
 	int ok = -1;
 	double t0, ts = 0;
@@ -81,11 +97,7 @@ int main(int argc, char **argv)
 		init(pos[0], vel, i);
 	dsm_barrier();
 	t0 = dsm_now();
-	for (s = 0; s < STEPS; s++) {
-		for (i = lo; i < hi; i++)
-			move(pos[s % 2], pos[(s + 1) % 2], vel, i);
-		dsm_barrier();
-	}
+	dsm_parallel(nbody_worker, NULL);
 	t0 = dsm_now() - t0;
 	if (dsm_self() == 1) {
 		rp[0] = malloc(NB * sizeof(struct body));

@@ -12,7 +12,9 @@
  * array block by block under that block's DSM lock, so every node writes
  * every page of the force array every step (Nbody, by contrast, writes only
  * its own bodies). Rows of the pair triangle go to nodes cyclically, for
- * balance; the owners then move their bodies.
+ * balance; the owners then move their bodies. With DSM_THREADS workers
+ * per node, each worker plays the part of a node above (its own rows, its
+ * own private sums), so "node" below reads "worker".
  *
  * Verification: node 1 replays every node's private sums exactly (same
  * rows, same order: bit for bit the same numbers) and adds them in node
@@ -119,39 +121,24 @@ static void sequential(struct body *p, struct vec *v, unsigned n)
 	free(buf);
 }
 
-int main(int argc, char **argv)
-{
-	struct body *pos, *rp;
-	struct vec *vel, *force, *rv, *buf;
-	size_t lo, hi, i, s, per;
-	unsigned me, n, b, bl;
-	int ok = -1;
-	double t0, ts = 0;
+static struct body *pos;
+static struct vec *vel, *force;
 
-	NB = dsm_arg(argc, argv, 1, NB);
-	STEPS = dsm_arg(argc, argv, 2, STEPS);
-	dsm_init();
-	me = dsm_self();
-	n = dsm_nodes();
-	BLOCKS = NB < DSM_LOCKS ? (unsigned)NB : DSM_LOCKS;
-	per = (NB + BLOCKS - 1) / BLOCKS;
-	pos = dsm_alloc(NB * sizeof(*pos));
-	vel = dsm_alloc(NB * sizeof(*vel));
-	force = dsm_alloc(NB * sizeof(*force));
-	buf = malloc(NB * sizeof(*buf));
+static void nbodyw_worker(void *unused)
+{
+	struct vec *buf = malloc(NB * sizeof(*buf));
+	unsigned me = dsm_worker() + 1, n = dsm_workers(), b, bl;
+	size_t per = (NB + BLOCKS - 1) / BLOCKS, lo, hi, i, s;
+
 	if (!buf)
 		dsm_die("nbodyw: out of memory");
 	dsm_range(NB, &lo, &hi);
-	for (i = lo; i < hi; i++)
-		init(pos, vel, i);
-	dsm_barrier();
-	t0 = dsm_now();
 	for (s = 0; s < STEPS; s++) {
 		for (i = lo; i < hi; i++)
 			force[i].x = force[i].y = force[i].z = 0;
 		dsm_barrier();
 		pairs(pos, buf, me, n);
-		/* Every node adds into every block; each starts at its own. */
+		/* Every worker adds into every block; each starts at its own. */
 		for (b = 0; b < BLOCKS; b++) {
 			bl = (b + (me - 1) * BLOCKS / n) % BLOCKS;
 			dsm_lock(bl);
@@ -167,8 +154,32 @@ int main(int argc, char **argv)
 			move(pos, vel, force, i);
 		dsm_barrier();
 	}
+	free(buf);
+}
+
+int main(int argc, char **argv)
+{
+	struct body *rp;
+	struct vec *rv;
+	size_t lo, hi, i;
+	int ok = -1;
+	double t0, ts = 0;
+
+	NB = dsm_arg(argc, argv, 1, NB);
+	STEPS = dsm_arg(argc, argv, 2, STEPS);
+	dsm_init();
+	BLOCKS = NB < DSM_LOCKS ? (unsigned)NB : DSM_LOCKS;
+	pos = dsm_alloc(NB * sizeof(*pos));
+	vel = dsm_alloc(NB * sizeof(*vel));
+	force = dsm_alloc(NB * sizeof(*force));
+	dsm_range(NB, &lo, &hi);
+	for (i = lo; i < hi; i++)
+		init(pos, vel, i);
+	dsm_barrier();
+	t0 = dsm_now();
+	dsm_parallel(nbodyw_worker, NULL);
 	t0 = dsm_now() - t0;
-	if (me == 1) {
+	if (dsm_self() == 1) {
 		rp = malloc(NB * sizeof(*rp));
 		rv = malloc(NB * sizeof(*rv));
 		if (!rp || !rv)
@@ -176,7 +187,7 @@ int main(int argc, char **argv)
 		for (i = 0; i < NB; i++)
 			init(rp, rv, i);
 		ts = dsm_now();
-		sequential(rp, rv, n);
+		sequential(rp, rv, dsm_workers());
 		ts = dsm_now() - ts;
 		ok = 1;
 		for (i = 0; i < NB && ok; i++)

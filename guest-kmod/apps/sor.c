@@ -3,7 +3,8 @@
  * sor: red-black successive over-relaxation on a ROWS x COLS grid of
  * floats in shared memory; each node owns a band of rows and reads its
  * neighbours' boundary rows. Node 1 checks the grid against a sequential
- * run (the same code, so the floats must match bit for bit).
+ * run (the same code, so the floats must match bit for bit). With
+ * DSM_THREADS workers per node, each worker owns a band of its node's.
  *
  * Usage: sor [ROWS [COLS [ITERS]]]
  */
@@ -48,6 +49,15 @@ static void sor(float *g, size_t lo, size_t hi, int shared)
 		}
 }
 
+/* A worker's share of the DSM run. */
+static void sor_worker(void *g)
+{
+	size_t lo, hi;
+
+	dsm_range(R - 2, &lo, &hi);
+	sor(g, lo + 1, hi + 1, 1);
+}
+
 int main(int argc, char **argv)
 {
 	size_t lo, hi, i, j;
@@ -68,8 +78,7 @@ int main(int argc, char **argv)
 			g[i * C + j] = init_val(i, j);
 	dsm_barrier();
 	t0 = dsm_now();
-	dsm_range(R - 2, &lo, &hi);
-	sor(g, lo + 1, hi + 1, 1);
+	dsm_parallel(sor_worker, g);
 	t0 = dsm_now() - t0;
 	if (dsm_self() == 1) {
 		ref = malloc(R * C * sizeof(float));

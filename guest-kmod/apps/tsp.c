@@ -4,7 +4,8 @@
  * first three hops; nodes take jobs from a shared counter and publish a
  * shorter tour under a DSM lock, and every node prunes with the shared
  * best length. Node 1 checks the length against a sequential search and
- * the published tour's length against the distance table.
+ * the published tour's length against the distance table. With
+ * DSM_THREADS workers per node, every worker takes jobs.
  *
  * Usage: tsp [CITIES]
  */
@@ -115,6 +116,12 @@ static void run_jobs(int shared)
 	}
 }
 
+static void tsp_worker(void *unused)
+{
+	run_jobs(1);
+	dsm_barrier();
+}
+
 int main(int argc, char **argv)
 {
 	int ok = -1, i, len, seq = -1;
@@ -132,8 +139,7 @@ int main(int argc, char **argv)
 		sh->best = 1 << 30;
 	dsm_barrier();
 	t0 = dsm_now();
-	run_jobs(1);
-	dsm_barrier();
+	dsm_parallel(tsp_worker, NULL);
 	t0 = dsm_now() - t0;
 	if (dsm_self() == 1) {
 		struct shared *s = sh;

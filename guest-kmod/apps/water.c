@@ -22,6 +22,9 @@
  * over a few steps, far above rounding and far below any lost or doubled
  * contribution.
  *
+ * With DSM_THREADS workers per node, each worker plays the part of a node
+ * above (its block, its rows, its private sums).
+ *
  * Usage: water [MOLECULES [STEPS]]  (MOLECULES a cube is best: 64, 125, 216)
  */
 #include <math.h>
@@ -207,34 +210,18 @@ static int same(const struct mol *x, const struct mol *y)
 	return 1;
 }
 
-int main(int argc, char **argv)
-{
-	struct mol *pos, *vel, *force, *buf, *rp, *rv;
-	size_t lo, hi, m, s, per;
-	unsigned me, nodes, b, bl, blocks;
-	int ok = -1;
-	double t0, ts = 0;
+static struct mol *pos, *vel, *force;
 
-	NM = dsm_arg(argc, argv, 1, NM);
-	STEPS = dsm_arg(argc, argv, 2, STEPS);
-	if (NM < 2)
-		dsm_die("water: at least 2 molecules");
-	dsm_init();
-	me = dsm_self();
-	nodes = dsm_nodes();
-	blocks = NM < DSM_LOCKS ? (unsigned)NM : DSM_LOCKS;
-	per = (NM + blocks - 1) / blocks;
-	pos = dsm_alloc(NM * sizeof(*pos));
-	vel = dsm_alloc(NM * sizeof(*vel));
-	force = dsm_alloc(NM * sizeof(*force));
-	buf = malloc(NM * sizeof(*buf));
+static void water_worker(void *unused)
+{
+	struct mol *buf = malloc(NM * sizeof(*buf));
+	unsigned me = dsm_worker() + 1, n = dsm_workers(), b, bl;
+	unsigned blocks = NM < DSM_LOCKS ? (unsigned)NM : DSM_LOCKS;
+	size_t per = (NM + blocks - 1) / blocks, lo, hi, m, s;
+
 	if (!buf)
 		dsm_die("water: out of memory");
 	dsm_range(NM, &lo, &hi);
-	for (m = lo; m < hi; m++)
-		init(pos, vel, m);
-	dsm_barrier();
-	t0 = dsm_now();
 	for (s = 0; s < STEPS; s++) {
 		/* Owners start their molecules' forces with the bonds. */
 		for (m = lo; m < hi; m++) {
@@ -242,9 +229,9 @@ int main(int argc, char **argv)
 			intra(pos, force, m);
 		}
 		dsm_barrier();
-		pairs(pos, buf, me, nodes);
+		pairs(pos, buf, me, n);
 		for (b = 0; b < blocks; b++) {
-			bl = (b + (me - 1) * blocks / nodes) % blocks;
+			bl = (b + (me - 1) * blocks / n) % blocks;
 			dsm_lock(bl);
 			for (m = bl * per; m < NM && m < (bl + 1) * per; m++)
 				add(&force[m], &buf[m]);
@@ -255,8 +242,32 @@ int main(int argc, char **argv)
 			move(pos, vel, force, m);
 		dsm_barrier();
 	}
+	free(buf);
+}
+
+int main(int argc, char **argv)
+{
+	struct mol *rp, *rv;
+	size_t lo, hi, m;
+	int ok = -1;
+	double t0, ts = 0;
+
+	NM = dsm_arg(argc, argv, 1, NM);
+	STEPS = dsm_arg(argc, argv, 2, STEPS);
+	if (NM < 2)
+		dsm_die("water: at least 2 molecules");
+	dsm_init();
+	pos = dsm_alloc(NM * sizeof(*pos));
+	vel = dsm_alloc(NM * sizeof(*vel));
+	force = dsm_alloc(NM * sizeof(*force));
+	dsm_range(NM, &lo, &hi);
+	for (m = lo; m < hi; m++)
+		init(pos, vel, m);
+	dsm_barrier();
+	t0 = dsm_now();
+	dsm_parallel(water_worker, NULL);
 	t0 = dsm_now() - t0;
-	if (me == 1) {
+	if (dsm_self() == 1) {
 		rp = malloc(NM * sizeof(*rp));
 		rv = malloc(NM * sizeof(*rv));
 		if (!rp || !rv)
@@ -264,7 +275,7 @@ int main(int argc, char **argv)
 		for (m = 0; m < NM; m++)
 			init(rp, rv, m);
 		ts = dsm_now();
-		sequential(rp, rv, nodes);
+		sequential(rp, rv, dsm_workers());
 		ts = dsm_now() - ts;
 		ok = 1;
 		for (m = 0; m < NM && ok; m++)
