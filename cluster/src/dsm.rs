@@ -60,6 +60,16 @@ impl From<DsmError> for String {
 
 const T: Duration = Duration::from_secs(120);
 
+/// The shell command that runs `app` with `args` and `threads` workers per node.
+pub fn app_command(app: &str, args: &[String], threads: u32) -> String {
+    let mut cmd = format!("DSM_THREADS={threads} {app}");
+    for a in args {
+        cmd.push(' ');
+        cmd.push_str(a);
+    }
+    cmd
+}
+
 /// Opens the DSM on `dev` in every guest (node ids 1..=n in agent order) and connects
 /// every pair.
 pub fn connect_mesh(agents: &mut [Agent], dev: &str) -> Result<(), DsmError> {

@@ -4,9 +4,10 @@
 //! it is a plain verbs consumer), the harness connects the mesh, the application's processes
 //! start together, and node 1 checks the result against a sequential run.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
-use cluster::dsm::{connect_mesh, run_app, AppResult};
+use cluster::dsm::{app_command, configure, connect_mesh, run_app, AppResult};
 use cluster::Backend;
 
 use crate::config::ClusterConfig;
@@ -60,6 +61,46 @@ pub enum Transport {
     Rxe,
 }
 
+/// Where the DSM protocol handles its messages (the paper's section 5.1 comparison).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Mode {
+    /// In the completion handler (interrupt context): the paper's kernel/IB
+    Irq,
+    /// In a kernel workqueue (the paper's task queue)
+    Workqueue,
+    /// The paper's simulation of a user-level DSM
+    UserSim,
+}
+
+impl Mode {
+    /// The `dsmctl config` arguments that select it.
+    pub fn config(self) -> String {
+        let handler = match self {
+            Mode::Irq => "irq",
+            Mode::Workqueue => "process",
+            Mode::UserSim => "user-sim",
+        };
+        format!("handler={handler} readfault=write")
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Irq => "irq",
+            Mode::Workqueue => "workqueue",
+            Mode::UserSim => "user-sim",
+        })
+    }
+}
+
+/// How an application runs on each node: its threads and the protocol's handling mode.
+#[derive(Clone, Copy, Debug)]
+pub struct AppShape {
+    pub threads: u32,
+    pub mode: Mode,
+}
+
 pub struct RunOpts {
     /// A DSM application (not `probe`).
     pub app: Job,
@@ -68,6 +109,7 @@ pub struct RunOpts {
     /// The backend `daemon::choose_backend` picked.
     pub backend: Backend,
     pub transport: Transport,
+    pub shape: AppShape,
     pub args: Vec<String>,
     pub boot_timeout: Duration,
     pub keep: bool,
@@ -96,6 +138,9 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
             "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network".into(),
         );
     }
+    if !(1..=16).contains(&o.shape.threads) {
+        return Err(format!("--threads {} is outside 1..=16", o.shape.threads));
+    }
     if let Some(a) = o.args.iter().find(|a| a.parse::<u64>().is_err()) {
         return Err(format!("application argument `{a}` is not a number"));
     }
@@ -121,8 +166,10 @@ pub fn boot_dsm(
         "hcab0"
     };
     connect_mesh(&mut s.tb.agents, dev)?;
+    configure(&mut s.tb.agents, &o.shape.mode.config())?;
     progress(&format!(
-        "DSM open on {dev} on every node, RC mesh connected"
+        "DSM open on {dev} on every node, RC mesh connected, protocol in {} mode",
+        o.shape.mode
     ));
     Ok((s, dev))
 }
@@ -132,19 +179,18 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     let started = Instant::now();
     let app = o.app.name();
     println!(
-        "booting {} {} guests for `{app}` ({})",
+        "booting {} {} guests ({} vCPU each) for `{app}` ({}), {} thread(s) per node",
         o.cfg.nodes,
         o.backend.describe(),
-        o.app.about()
+        o.cfg.vcpus,
+        o.app.about(),
+        o.shape.threads
     );
     let (mut s, dev) = boot_dsm(o, &mut |m| println!("  {m}"))?;
     // The plan and capture start with the application (boot and connection setup run
     // clean).
     s.start_fabric_tools()?;
-    let cmd = std::iter::once(app.clone())
-        .chain(o.args.iter().cloned())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let cmd = app_command(&app, &o.args, o.shape.threads);
     println!(
         "  running `{cmd}` on every node ({:.1?} so far)",
         started.elapsed()

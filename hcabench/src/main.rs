@@ -77,8 +77,9 @@ enum Cmd {
     /// on a fresh cluster of its own
     ///
     /// DSM applications (static guest programs over the kernel DSM): sor, is, lu, tsp,
-    /// nbody, nbodyw, water, barnes. Each node runs one process; node 1 checks the result against a sequential
-    /// run; the table shows each node's time, DSM faults, messages and page data.
+    /// nbody, nbodyw, water, barnes. Each node runs one process with --threads application
+    /// threads; node 1 checks the result against a sequential run; the table shows each
+    /// node's time, DSM faults, messages and page data.
     /// Example: `hcabench run sor --nodes 4 -- 258 1024 20` (arguments after `--` go to the
     /// application: sor ROWS COLS ITERS, is KEYS MAXKEY ITERS, lu N, tsp CITIES,
     /// nbody BODIES STEPS, nbodyw BODIES STEPS, water MOLECULES STEPS, barnes BODIES STEPS).
@@ -97,6 +98,16 @@ enum Cmd {
         /// Keep the guests' console logs afterwards (DSM applications)
         #[arg(long)]
         keep: bool,
+        /// Application threads per node (1..=16). Each guest gets at least this many vCPUs
+        /// (the cluster file's vcpus when larger)
+        #[arg(long, default_value_t = 1)]
+        threads: u32,
+        /// Where the DSM protocol handles messages: irq (the completion handler, the
+        /// paper's kernel/IB), workqueue (a kernel task queue), user-sim (the paper's
+        /// simulation of a user-level DSM: a signal to the application's service thread,
+        /// mprotect for page protections, 1 us per call a user-level DSM would make)
+        #[arg(long, value_enum, default_value = "irq")]
+        mode: dsmrun::Mode,
         /// Arguments for the application
         #[arg(last = true)]
         args: Vec<String>,
@@ -223,10 +234,20 @@ fn main() -> ExitCode {
             transport,
             image_dir,
             keep,
+            threads,
+            mode,
             args,
         } => match app {
             dsmrun::Job::Probe => run_probe(&run, &a),
-            app => dsm_app(&a, app, transport, image_dir, keep, args),
+            app => dsm_app(
+                &a,
+                app,
+                transport,
+                image_dir,
+                keep,
+                dsmrun::AppShape { threads, mode },
+                args,
+            ),
         },
         Cmd::Bench {
             what,
@@ -563,9 +584,11 @@ fn dsm_app(
     transport: dsmrun::Transport,
     image_dir: Option<PathBuf>,
     keep: bool,
+    shape: dsmrun::AppShape,
     args: Vec<String>,
 ) -> Result<(), String> {
-    let cfg = resolve(&a.cluster, a.nodes, image_dir)?;
+    let mut cfg = resolve(&a.cluster, a.nodes, image_dir)?;
+    cfg.vcpus = cfg.vcpus.max(shape.threads);
     let (backend, why) = daemon::choose_backend(&cfg)?;
     println!("backend {backend} ({why})");
     dsmrun::run(&dsmrun::RunOpts {
@@ -573,6 +596,7 @@ fn dsm_app(
         cfg,
         backend,
         transport,
+        shape,
         args,
         boot_timeout: Duration::from_secs(a.cluster.timeout),
         keep,

@@ -1,5 +1,5 @@
-//! End-to-end: the kernel DSM on four QEMU guests, one booted cluster for every check (each
-//! check opens a fresh DSM session, so they do not share state).
+//! End-to-end: the kernel DSM on four 2-vCPU QEMU guests, one booted cluster for every
+//! check (each check opens a fresh DSM session, so they do not share state).
 //!
 //! The communication layer (the paper's section 3 primitives): a full mesh of RC QPs over
 //! the hcabench HCA, one CQ and one interrupt-context handler per node, reserved send
@@ -7,9 +7,10 @@
 //! flow control, and the fallback to process context; every PONG's bytes are checked. The
 //! page-protection primitive (section 3.3) on a scratch /dev/dsm region. Then the
 //! coherence protocol: sequential-consistency litmus tests (message passing, store
-//! buffering, a counter under a DSM lock, barrier phases) and every application, each
-//! checked against a sequential run, with the protocol in the completion handler and
-//! once entirely in process context with read faults served by RDMA Read.
+//! buffering, a counter under a DSM lock, barrier phases) with one and two threads per
+//! node, and every application with two threads per node, each checked against a
+//! sequential run, with the protocol in the completion handler (TLB shootdowns fenced
+//! from there) and once entirely in process context with read faults served by RDMA Read.
 
 use std::time::Duration;
 
@@ -28,7 +29,10 @@ fn test_dsm_on_four_nodes() {
     let Some(image) = image_or_skip("dsm") else {
         return;
     };
-    let spec = e2e::qemu_spec(&image, "dsm", 4);
+    let spec = cluster::ClusterSpec {
+        vcpus: 2,
+        ..e2e::qemu_spec(&image, "dsm", 4)
+    };
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     // Every third PING is handled in process context instead of the interrupt handler.
@@ -85,13 +89,18 @@ fn test_dsm_on_four_nodes() {
     let prot = tb.agents[1].run("dsm-prot check", T).unwrap();
     assert!(prot.contains("prot-check ok faults=4"), "{prot}");
 
-    litmus(&mut tb);
+    litmus(&mut tb, 1);
+    litmus(&mut tb, 2);
+    let mut fenced = 0;
     for (app, args) in APPS {
-        app_verified(&mut tb, app, args, "handler=irq readfault=write");
+        fenced += app_verified(&mut tb, app, args, 2, "handler=irq readfault=write");
     }
+    // Handlers in interrupt context took rights away on these SMP guests: their TLB
+    // shootdowns were fenced, not pushed to process context.
+    assert!(fenced > 0, "no fenced shootdown in any application");
     // The same protocol with every message handled in process context (the paper's
     // fallback path, forced) and read faults fetched by RDMA Read.
-    app_verified(&mut tb, "lu", "64", "handler=process readfault=read");
+    app_verified(&mut tb, "lu", "64", 2, "handler=process readfault=read");
 }
 
 const APPS: [(&str, &str); 8] = [
@@ -124,36 +133,62 @@ fn stats_clean(tb: &mut Testbed, what: &str) -> Vec<String> {
     all
 }
 
-fn litmus(tb: &mut Testbed) {
+/// The litmus tests with `threads` workers per node: every worker reports every test.
+fn litmus(tb: &mut Testbed, threads: u32) {
     fresh_session(tb, "handler=irq readfault=write");
-    let out = run_everywhere(&mut tb.agents, "litmus 40", Duration::from_secs(600));
+    let out = run_everywhere(
+        &mut tb.agents,
+        &format!("DSM_THREADS={threads} litmus 40"),
+        Duration::from_secs(600),
+    );
+    let mut raced = false;
     for (i, r) in out.into_iter().enumerate() {
         let (rc, text) = r.unwrap();
         assert_eq!(rc, 0, "node{}: litmus failed:\n{text}", i + 1);
         for test in ["mp", "sb", "counter", "barrier"] {
-            let line = text
+            let lines: Vec<&str> = text
                 .lines()
-                .find(|l| l.starts_with(&format!("LITMUS test={test} ")))
-                .unwrap_or_else(|| panic!("node{}: no {test} result:\n{text}", i + 1));
-            assert_eq!(num(line, "violations"), 0, "node{}: {line}", i + 1);
+                .filter(|l| l.starts_with(&format!("LITMUS test={test} ")))
+                .collect();
+            assert_eq!(
+                lines.len(),
+                threads as usize,
+                "node{}: {test}: one line per worker:\n{text}",
+                i + 1
+            );
+            for line in lines {
+                assert_eq!(num(line, "violations"), 0, "node{}: {line}", i + 1);
+            }
         }
-        if i == 1 {
-            // The reader saw the flag move: it really raced the writer.
-            let mp = text.lines().find(|l| l.starts_with("LITMUS-MP")).unwrap();
-            assert!(num(mp, "reads") > 1, "{mp}");
-        }
+        // A reader saw the flag move: it really raced the writer.
+        raced |= text
+            .lines()
+            .filter(|l| l.starts_with("LITMUS-MP"))
+            .any(|l| num(l, "reads") > 1);
     }
+    assert!(
+        raced,
+        "no mp reader read more than once ({threads} threads)"
+    );
     stats_clean(tb, "litmus");
 }
 
-fn app_verified(tb: &mut Testbed, app: &str, args: &str, config: &str) {
+/// Runs `app` verified with `threads` workers per node; the fenced shootdowns it caused.
+fn app_verified(tb: &mut Testbed, app: &str, args: &str, threads: u32, config: &str) -> u64 {
     fresh_session(tb, config);
     let res = run_app(
         &mut tb.agents,
-        &format!("{app} {args}"),
+        &format!("DSM_THREADS={threads} {app} {args}"),
         Duration::from_secs(600),
     )
     .unwrap_or_else(|e| panic!("{app} ({config}): {e}"));
+    for r in &res {
+        assert!(
+            r.line.contains(&format!("threads={threads} ")),
+            "{}",
+            r.line
+        );
+    }
     assert_eq!(
         res[0].verified,
         Some(true),
@@ -176,4 +211,5 @@ fn app_verified(tb: &mut Testbed, app: &str, args: &str, config: &str) {
     } else {
         assert!(sum("irq") > 0, "{app}: {stats:?}");
     }
+    sum("fenced")
 }
