@@ -48,6 +48,9 @@ cargo run --release -q -p hcabench -- bench ipoib --iters 20 --bw-bytes 4194304
 step "DSM fault latency and protection primitive vs mprotect (quick run; figures for reading)"
 cargo run --release -q -p hcabench -- bench dsm --iters 100 --pages 32
 
+step "DSM applications as the paper's Table 2, short form: SOR and TSP on 2 nodes x 2 threads, irq/workqueue/user-sim, idle and under load (every run verified; figures for reading)"
+cargo run --release -q -p hcabench -- bench apps --apps sor,tsp --app-nodes 2 --threads 2 --load both
+
 step "model cluster demo (README command 1), 4 nodes"
 cargo run --release -q -p hca-model --example cluster -- --rounds 50
 

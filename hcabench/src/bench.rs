@@ -26,6 +26,9 @@ pub enum Kind {
     Vmm,
     /// IP over the fabric: ping and TCP over IPoIB (datagram, connected) vs virtio-net
     Ipoib,
+    /// The paper's Table 2: every DSM application per node count, threads, protocol mode
+    /// and load
+    Apps,
 }
 
 /// Boots a bench's guests, with progress lines.

@@ -1,6 +1,7 @@
 //! `hcabench`: boots clusters of Linux guests with emulated InfiniBand HCAs and runs jobs on
 //! them.
 
+mod apps_bench;
 mod bench;
 mod config;
 mod console;
@@ -132,7 +133,14 @@ enum Cmd {
     /// mode, against the guests' virtio-net link: ping round trip (--iters pings) and TCP
     /// throughput (--bw-bytes, checked by md5), with ratios.
     ///
-    /// `verbs`, `dsm` and `ipoib` boot on the backend --backend or the cluster file chooses, with the
+    /// `apps` (the paper's Table 2 and its kernel-vs-user-level comparison): every DSM
+    /// application on each of --app-nodes, with each of --threads per node, in each of
+    /// --modes (irq: the completion handler; workqueue: a kernel task queue; user-sim: the
+    /// paper's simulated user-level DSM), idle and/or beside one CPU-bound process per
+    /// guest (--load); every run verified; times, the modes' ratios, faults, messages, and
+    /// the speedup where the host has a core per guest vCPU.
+    ///
+    /// `verbs`, `dsm`, `apps` and `ipoib` boot on the backend --backend or the cluster file chooses, with the
     /// file's guest size, kernel arguments, capture and fault plan (link faults; node kills
     /// need `up` or `run`); over hcabench's VMM `verbs` measures hcab0 alone, since SoftRoCE
     /// needs a virtio-net link between QEMU guests.
@@ -155,6 +163,32 @@ enum Cmd {
         /// dsm: pages faulted per fault-latency cell (1..=1024)
         #[arg(long, default_value_t = 128)]
         pages: u64,
+        /// apps: the applications
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "sor,lu,is,tsp,water,nbody,nbodyw,barnes"
+        )]
+        apps: Vec<dsmrun::Job>,
+        /// apps: node counts (one cluster booted for each)
+        #[arg(long, value_delimiter = ',', default_value = "2,4")]
+        app_nodes: Vec<usize>,
+        /// apps: application threads per node (guests get as many vCPUs as the largest)
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<u32>,
+        /// apps: protocol modes; ratios are against the first
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "irq,workqueue,user-sim"
+        )]
+        modes: Vec<dsmrun::Mode>,
+        /// apps: one CPU-bound process per guest beside the application (the paper's load
+        /// experiment): off, on, or both
+        #[arg(long, value_enum, default_value = "both")]
+        load: apps_bench::Load,
         /// Guest image directory (overrides the cluster file's image_dir)
         #[arg(long)]
         image_dir: Option<PathBuf>,
@@ -250,6 +284,34 @@ fn main() -> ExitCode {
             ),
         },
         Cmd::Bench {
+            what: bench::Kind::Apps,
+            apps,
+            app_nodes,
+            threads,
+            modes,
+            load,
+            image_dir,
+            keep,
+            cluster,
+            ..
+        } => resolve(&cluster, None, image_dir).and_then(|cfg| {
+            let b = apps_bench::AppsBench {
+                cfg,
+                boot_timeout: Duration::from_secs(cluster.timeout),
+                keep,
+                apps,
+                nodes: app_nodes,
+                threads,
+                modes,
+                load,
+            };
+            apps_bench::check(&b)?;
+            session::refuse_node_kills(&b.cfg, "bench apps")?;
+            let (backend, why) = daemon::choose_backend(&b.cfg)?;
+            println!("backend {backend} ({why})");
+            apps_bench::run(&b, backend)
+        }),
+        Cmd::Bench {
             what,
             iters,
             sizes,
@@ -259,6 +321,7 @@ fn main() -> ExitCode {
             image_dir,
             keep,
             cluster,
+            ..
         } => resolve(&cluster, None, image_dir).and_then(|cfg| {
             bench_cmd(
                 what,
@@ -661,6 +724,6 @@ fn bench_cmd(what: bench::Kind, a: &ClusterArgs, b: bench::VerbsBench) -> Result
         Kind::Verbs => bench::run(&b, backend),
         Kind::Dsm => bench::run_dsm(&b, backend),
         Kind::Ipoib => ipoib_bench::run(&b, backend),
-        Kind::Vmm => unreachable!("handled above"),
+        Kind::Vmm | Kind::Apps => unreachable!("handled above"),
     }
 }

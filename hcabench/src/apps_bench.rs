@@ -1,0 +1,270 @@
+//! `hcabench bench apps`: the analogue of the paper's Table 2 and its section 5.1
+//! comparison. For each node count it boots one cluster (guests with as many vCPUs as the
+//! most threads asked for), and for each application, thread count, load setting and
+//! protocol mode it opens a fresh DSM session, runs the application (verified against a
+//! sequential run on node 1) and records its time, faults and messages. The table gives
+//! each mode's time and the ratios workqueue/irq and user-sim/irq (the paper: the kernel
+//! handler up to 23% better than the user-level simulation, more under load), and the
+//! speedup over the sequential run where the host has a core for every guest vCPU.
+//!
+//! Load, as the paper ran it: one CPU-bound process per guest beside the application.
+
+use std::time::{Duration, Instant};
+
+use cluster::dsm::{app_command, close_all, configure, connect_mesh, run_app, AppResult};
+use cluster::Backend;
+
+use crate::config::ClusterConfig;
+use crate::dsmrun::{Job, Mode};
+use crate::session::{Session, Shape};
+
+/// The sizes `bench apps` runs each application at (the e2e tests' sizes: seconds each on
+/// a 2-core host; `hcabench run` takes any size).
+pub fn bench_args(app: Job) -> &'static [&'static str] {
+    match app {
+        Job::Sor => &["130", "1024", "8"],
+        Job::Is => &["65536", "1024", "2"],
+        Job::Lu => &["128"],
+        Job::Tsp => &["9"],
+        Job::Nbody => &["192", "3"],
+        Job::Nbodyw => &["128", "3"],
+        Job::Water => &["64", "3"],
+        Job::Barnes => &["192", "2"],
+        Job::Probe => &[],
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Load {
+    /// Idle guests
+    Off,
+    /// One CPU-bound process per guest beside the application
+    On,
+    /// Both, one after the other
+    Both,
+}
+
+pub struct AppsBench {
+    pub cfg: ClusterConfig,
+    pub boot_timeout: Duration,
+    pub keep: bool,
+    pub apps: Vec<Job>,
+    pub nodes: Vec<usize>,
+    pub threads: Vec<u32>,
+    pub modes: Vec<Mode>,
+    pub load: Load,
+}
+
+/// One measured cell.
+struct Cell {
+    app: Job,
+    nodes: usize,
+    threads: u32,
+    load: bool,
+    res: Vec<AppResult>,
+}
+
+impl Cell {
+    fn time_ms(&self) -> f64 {
+        self.res.iter().map(|r| r.time_ms).fold(0.0, f64::max)
+    }
+    fn faults(&self) -> u64 {
+        self.res
+            .iter()
+            .map(|r| r.read_faults + r.write_faults)
+            .sum()
+    }
+    fn msgs(&self) -> u64 {
+        self.res.iter().map(|r| r.msgs).sum()
+    }
+    fn seq_ms(&self) -> Option<f64> {
+        self.res.iter().find_map(|r| r.seq_ms)
+    }
+}
+
+pub fn check(b: &AppsBench) -> Result<(), String> {
+    if b.apps.is_empty() || b.nodes.is_empty() || b.threads.is_empty() || b.modes.is_empty() {
+        return Err("--apps, --app-nodes, --threads and --modes need a value each".into());
+    }
+    if let Some(a) = b.apps.iter().find(|&&a| a == Job::Probe) {
+        return Err(format!("{a:?} is not a DSM application"));
+    }
+    if let Some(n) = b.nodes.iter().find(|&&n| !(2..=16).contains(&n)) {
+        return Err(format!("--app-nodes {n} is outside 2..=16"));
+    }
+    if let Some(t) = b.threads.iter().find(|&&t| !(1..=16).contains(&t)) {
+        return Err(format!("--threads {t} is outside 1..=16"));
+    }
+    Ok(())
+}
+
+/// A CPU-bound process in every guest (a shell busy loop); its pids, to stop it.
+fn start_load(s: &mut Session) -> Result<Vec<String>, String> {
+    let t = Duration::from_secs(60);
+    let mut pids = Vec::new();
+    for a in s.tb.agents.iter_mut() {
+        let out = a.run(
+            "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo LOADPID=$!",
+            t,
+        )?;
+        let pid = out
+            .lines()
+            .find_map(|l| l.strip_prefix("LOADPID="))
+            .ok_or_else(|| format!("{}: the load did not start: {out}", a.name))?;
+        pids.push(pid.trim().to_string());
+    }
+    Ok(pids)
+}
+
+fn stop_load(s: &mut Session, pids: &[String]) -> Result<(), String> {
+    let t = Duration::from_secs(60);
+    for (a, pid) in s.tb.agents.iter_mut().zip(pids) {
+        a.run(&format!("kill {pid}"), t)?;
+    }
+    Ok(())
+}
+
+/// One application run in a fresh session; an error unless node 1 verified it.
+fn run_cell(
+    s: &mut Session,
+    app: Job,
+    threads: u32,
+    mode: Mode,
+    load: bool,
+) -> Result<Vec<AppResult>, String> {
+    close_all(&mut s.tb.agents)?;
+    connect_mesh(&mut s.tb.agents, "hcab0")?;
+    configure(&mut s.tb.agents, &mode.config())?;
+    let args: Vec<String> = bench_args(app).iter().map(|a| a.to_string()).collect();
+    let cmd = app_command(&app.name(), &args, threads);
+    let pids = if load { start_load(s)? } else { Vec::new() };
+    let res = run_app(&mut s.tb.agents, &cmd, Duration::from_secs(900));
+    if load {
+        stop_load(s, &pids)?;
+    }
+    let res = res?;
+    match res.iter().find_map(|r| r.verified) {
+        Some(true) => Ok(res),
+        Some(false) => Err(format!(
+            "`{cmd}` ({mode}): the result differs from the sequential run"
+        )),
+        None => Err(format!("`{cmd}` ({mode}): no node verified the result")),
+    }
+}
+
+pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
+    check(b)?;
+    let vcpus = b
+        .cfg
+        .vcpus
+        .max(b.threads.iter().copied().max().unwrap_or(1));
+    let loads: &[bool] = match b.load {
+        Load::Off => &[false],
+        Load::On => &[true],
+        Load::Both => &[false, true],
+    };
+    let total = b.nodes.len() * b.apps.len() * b.threads.len() * loads.len() * b.modes.len();
+    let started = Instant::now();
+    let mut cells = Vec::new();
+    for &nodes in &b.nodes {
+        println!(
+            "booting {nodes} {} guests ({vcpus} vCPU each)",
+            backend.describe()
+        );
+        let mut cfg = b.cfg.clone();
+        cfg.vcpus = vcpus;
+        let shape = Shape {
+            what: "bench-apps",
+            nodes,
+            link: false,
+        };
+        let mut s = Session::boot(&cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
+            println!("  {m}")
+        })?;
+        s.start_fabric_tools()?;
+        for &app in &b.apps {
+            for &threads in &b.threads {
+                for &load in loads {
+                    for &mode in &b.modes {
+                        let res = run_cell(&mut s, app, threads, mode, load)?;
+                        let cell = Cell {
+                            app,
+                            nodes,
+                            threads,
+                            load,
+                            res,
+                        };
+                        println!(
+                            "  [{}/{total}] {} on {nodes}x{threads}{} in {mode}: {:.1} ms, \
+                             verified ({:.0?} so far)",
+                            cells.len() + 1,
+                            app.name(),
+                            if load { " under load" } else { "" },
+                            cell.time_ms(),
+                            started.elapsed()
+                        );
+                        cells.push(cell);
+                    }
+                }
+            }
+        }
+    }
+    print_table(b, &cells, vcpus);
+    Ok(())
+}
+
+fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!();
+    println!(
+        "DSM applications, every result verified against a sequential run; time in ms \
+         (slowest node), faults and messages summed over nodes, in the first mode's run"
+    );
+    let mut head = format!("{:<7} {:>5} {:>3} {:>4}", "app", "nodes", "thr", "load");
+    for m in &b.modes {
+        head += &format!(" {:>10}", format!("{m} ms"));
+    }
+    for m in b.modes.iter().skip(1) {
+        head += &format!(" {:>13}", format!("{m}/{}", b.modes[0]));
+    }
+    head += &format!(" {:>8} {:>8} {:>8}", "faults", "msgs", "speedup");
+    println!("{head}");
+    let mut speedup_left_out = Vec::new();
+    for group in cells.chunks(b.modes.len()) {
+        let first = &group[0];
+        let mut row = format!(
+            "{:<7} {:>5} {:>3} {:>4}",
+            first.app.name(),
+            first.nodes,
+            first.threads,
+            if first.load { "yes" } else { "no" }
+        );
+        for c in group {
+            row += &format!(" {:>10.1}", c.time_ms());
+        }
+        for c in group.iter().skip(1) {
+            row += &format!(" {:>13.2}", c.time_ms() / first.time_ms().max(1e-3));
+        }
+        let speedup = match first.seq_ms() {
+            Some(seq) if cores >= first.nodes * vcpus as usize && !first.load => {
+                format!("{:.2}", seq / first.time_ms().max(1e-3))
+            }
+            _ => {
+                speedup_left_out.push(first.nodes);
+                "-".to_string()
+            }
+        };
+        row += &format!(" {:>8} {:>8} {:>8}", first.faults(), first.msgs(), speedup);
+        println!("{row}");
+    }
+    if !speedup_left_out.is_empty() {
+        let most = speedup_left_out.iter().max().copied().unwrap_or(0);
+        println!(
+            "speedup left out where the guests' vCPUs outnumber the host's cores (this host: \
+             {cores} cores; {most} nodes x {vcpus} vCPUs = {} vCPUs), and under load: the \
+             guests then share cores, so a node's time is not comparable with one guest's \
+             sequential run",
+            most * vcpus as usize
+        );
+    }
+}
