@@ -180,10 +180,14 @@ static int protect_usim(struct dsm_proto *d, u32 page, int prot)
 	if (d->usim_nops >= DSM_USIM_OPS)
 		return -EAGAIN;
 	d->usim_ops[d->usim_nops++] = (struct dsm_prot_op){ page, prot };
+	d->usim_recorded++;
 	dsm_region_record(d->r, page, prot);
 	spin_lock_irqsave(&d->fence_lock, flags);
 	WRITE_ONCE(d->usim_fence, true);
 	spin_unlock_irqrestore(&d->fence_lock, flags);
+	/* Recorded outside SERVE (an application thread's own request): tell the process. */
+	if (READ_ONCE(d->usim_server) != current)
+		dsm_usim_kick(d);
 	return 0;
 }
 
@@ -664,6 +668,10 @@ void dsm_proto_usim_applied(struct dsm_proto *d)
 	bool released = false;
 
 	spin_lock(&d->lock);
+	if (d->usim_applied != d->usim_handed) {
+		WRITE_ONCE(d->usim_applied, d->usim_handed);
+		released = true;
+	}
 	spin_lock_irqsave(&d->fence_lock, flags);
 	if (!d->usim_nops && d->usim_fence) {
 		WRITE_ONCE(d->usim_fence, false);
@@ -674,6 +682,15 @@ void dsm_proto_usim_applied(struct dsm_proto *d)
 	spin_unlock(&d->lock);
 	if (released)
 		wake_up_all(&d->wq);
+}
+
+void dsm_proto_usim_release(struct dsm_proto *d)
+{
+	spin_lock(&d->lock);
+	d->usim_nops = 0;
+	d->usim_handed = d->usim_recorded;
+	spin_unlock(&d->lock);
+	dsm_proto_usim_applied(d);
 }
 
 /*

@@ -47,6 +47,11 @@ int dsm_proto_config(struct dsm_proto *d, enum dsm_mode mode, bool rdma_read);
 int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len);
 /* usim.c: /dev/dsm's O_ASYNC (the user-level simulation's signal). */
 int dsm_proto_fasync(struct dsm_proto *d, int fd, struct file *f, int on);
+/*
+ * proto.c: the simulated user level's process let go of the space: its
+ * pending mprotects are moot, so the messages held for them go now.
+ */
+void dsm_proto_usim_release(struct dsm_proto *d);
 /* region.c: a TLB shootdown finished (any context; the last IPI's CPU). */
 void dsm_proto_fence_done(struct dsm_proto *d);
 

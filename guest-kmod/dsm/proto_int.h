@@ -149,6 +149,14 @@ struct dsm_proto {
 	struct mutex usim_serve;	/* one SERVE at a time */
 	struct dsm_prot_op *usim_ops;
 	u32 usim_nops;
+	/*
+	 * Changes recorded, handed to the process, and known applied (counts,
+	 * under d->lock; applied also read without it): a fault waits for the
+	 * count recorded at its grant, not for a quiet moment, which never
+	 * comes under steady traffic.
+	 */
+	u64 usim_recorded, usim_handed, usim_applied;
+	struct task_struct *usim_server;	/* in SERVE now, if any */
 	/* async writes */
 	u32 *grants;			/* per page: grants received */
 	u32 bar_done;			/* last barrier generation released */

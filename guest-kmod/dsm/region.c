@@ -631,8 +631,12 @@ static int dsm_release(struct inode *inode, struct file *f)
 {
 	struct dsm_region *r = f->private_data;
 
-	if (r && r->proto)
+	if (r && r->proto) {
 		dsm_proto_fasync(r->proto, -1, f, 0);
+		/* The process is gone with its mapping: nobody will mprotect any more. */
+		if (!READ_ONCE(r->mm))
+			dsm_proto_usim_release(r->proto);
+	}
 	dsm_region_put(r);
 	return 0;
 }

@@ -110,6 +110,7 @@ static long usim_serve(struct dsm_proto *d, struct dsm_serve __user *arg)
 	if (!ops)
 		return -ENOMEM;
 	mutex_lock(&d->usim_serve);
+	WRITE_ONCE(d->usim_server, current);
 	/* The caller applied what the last call returned. */
 	dsm_proto_usim_applied(d);
 	s.handled = 0;
@@ -126,7 +127,9 @@ static long usim_serve(struct dsm_proto *d, struct dsm_serve __user *arg)
 	n = d->usim_nops;
 	memcpy(ops, d->usim_ops, n * sizeof(*ops));
 	d->usim_nops = 0;
+	d->usim_handed = d->usim_recorded;
 	spin_unlock(&d->lock);
+	WRITE_ONCE(d->usim_server, NULL);
 	s.n = n;
 	s.left = usim_queued(d);
 	if (copy_to_user(u64_to_user_ptr(s.ops), ops, n * sizeof(*ops)) ||
@@ -140,6 +143,7 @@ static long usim_serve(struct dsm_proto *d, struct dsm_serve __user *arg)
 static long usim_fault(struct dsm_proto *d, struct dsm_fault_req __user *arg)
 {
 	struct dsm_fault_req f;
+	u64 need;
 	int err;
 
 	if (copy_from_user(&f, arg, sizeof(f)))
@@ -149,8 +153,12 @@ static long usim_fault(struct dsm_proto *d, struct dsm_fault_req __user *arg)
 	err = dsm_proto_fault_wait(d, f.page, f.write);
 	if (err)
 		return err;
-	/* The access is allowed; the retry works once the process mprotected it. */
-	if (wait_event_killable(d->wq, !READ_ONCE(d->usim_fence) ||
+	/*
+	 * The access is allowed; the retry works once the process applied
+	 * every change recorded up to now (the grant's among them).
+	 */
+	need = READ_ONCE(d->usim_recorded);
+	if (wait_event_killable(d->wq, READ_ONCE(d->usim_applied) >= need ||
 				READ_ONCE(d->dead)))
 		return -EINTR;
 	return READ_ONCE(d->dead) ? -ENODEV : 0;
