@@ -55,7 +55,7 @@ pub struct AppsBench {
     pub load: Load,
 }
 
-/// One measured cell.
+/// One measured cell; `res` is empty when the run failed.
 struct Cell {
     app: Job,
     nodes: usize,
@@ -65,6 +65,9 @@ struct Cell {
 }
 
 impl Cell {
+    fn ok(&self) -> bool {
+        !self.res.is_empty()
+    }
     fn time_ms(&self) -> f64 {
         self.res.iter().map(|r| r.time_ms).fold(0.0, f64::max)
     }
@@ -166,6 +169,7 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
     let total = b.nodes.len() * b.apps.len() * b.threads.len() * loads.len() * b.modes.len();
     let started = Instant::now();
     let mut cells = Vec::new();
+    let mut failures = Vec::new();
     for &nodes in &b.nodes {
         println!(
             "booting {nodes} {} guests ({vcpus} vCPU each)",
@@ -186,7 +190,23 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
             for &threads in &b.threads {
                 for &load in loads {
                     for &mode in &b.modes {
-                        let res = run_cell(&mut s, app, threads, mode, load)?;
+                        // A failed run is reported and the table goes on (a fresh session
+                        // follows); the command fails at the end.
+                        let res = run_cell(&mut s, app, threads, mode, load);
+                        let what = format!(
+                            "[{}/{total}] {} on {nodes}x{threads}{} in {mode}",
+                            cells.len() + 1,
+                            app.name(),
+                            if load { " under load" } else { "" },
+                        );
+                        let res = match res {
+                            Ok(res) => res,
+                            Err(e) => {
+                                println!("  {what}: FAILED: {e}");
+                                failures.push(format!("{what}: {e}"));
+                                Vec::new()
+                            }
+                        };
                         let cell = Cell {
                             app,
                             nodes,
@@ -194,15 +214,13 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
                             load,
                             res,
                         };
-                        println!(
-                            "  [{}/{total}] {} on {nodes}x{threads}{} in {mode}: {:.1} ms, \
-                             verified ({:.0?} so far)",
-                            cells.len() + 1,
-                            app.name(),
-                            if load { " under load" } else { "" },
-                            cell.time_ms(),
-                            started.elapsed()
-                        );
+                        if cell.ok() {
+                            println!(
+                                "  {what}: {:.1} ms, verified ({:.0?} so far)",
+                                cell.time_ms(),
+                                started.elapsed()
+                            );
+                        }
                         cells.push(cell);
                     }
                 }
@@ -210,7 +228,15 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
         }
     }
     print_table(b, &cells, vcpus);
-    Ok(())
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {total} runs failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
 }
 
 fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
@@ -240,10 +266,18 @@ fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
             if first.load { "yes" } else { "no" }
         );
         for c in group {
-            row += &format!(" {:>10.1}", c.time_ms());
+            row += &if c.ok() {
+                format!(" {:>10.1}", c.time_ms())
+            } else {
+                format!(" {:>10}", "FAILED")
+            };
         }
         for c in group.iter().skip(1) {
-            row += &format!(" {:>13.2}", c.time_ms() / first.time_ms().max(1e-3));
+            row += &if c.ok() && first.ok() {
+                format!(" {:>13.2}", c.time_ms() / first.time_ms().max(1e-3))
+            } else {
+                format!(" {:>13}", "-")
+            };
         }
         let speedup = match first.seq_ms() {
             Some(seq) if cores >= first.nodes * vcpus as usize && !first.load => {
