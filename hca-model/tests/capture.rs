@@ -6,8 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hca_model::abi::*;
-use hca_model::capture::{tshark_fields, Capture, CaptureFormat, TsharkError};
+use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::Fabric;
+use hca_test_driver::tshark::{tshark_fields, TsharkError};
 use hca_test_driver::*;
 
 /// tshark's fields for each frame of `pcap`, or None (with the reason printed) where

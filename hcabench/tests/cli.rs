@@ -419,7 +419,7 @@ fn sor_on_two_nodes_under(dir: &RunDir, plan: &str, extra: &[&str]) -> (Output, 
 /// Writes, ACKs; on 2 nodes each side's packets all go to the one QP its peer has for it.
 /// (tests/tests/faults.rs checks QPNs against the ones the guests' QPs report.)
 fn dsm_capture_is_decoded_by_tshark(pcap: &Path) {
-    use hca_model::capture::{tshark_fields, TsharkError};
+    use hca_test_driver::tshark::{tshark_fields, TsharkError};
     let fields = [
         "infiniband.lrh.slid",
         "infiniband.bth.opcode",

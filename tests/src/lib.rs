@@ -59,7 +59,7 @@ fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
 /// Wireshark's decode of `pcap` (the values of `fields` per frame), or None after saying
 /// why tshark cannot run; HCABENCH_E2E_REQUIRED=1 makes a missing tshark a failure.
 pub fn tshark_or_skip(test: &str, pcap: &Path, fields: &[&str]) -> Option<Vec<Vec<String>>> {
-    use hca_model::capture::{tshark_fields, TsharkError};
+    use hca_test_driver::tshark::{tshark_fields, TsharkError};
     match tshark_fields(pcap, fields) {
         Ok(rows) => Some(rows),
         Err(TsharkError::Missing(why)) => or_skip(test, Err(why)),

@@ -3,6 +3,8 @@
 //! device is reached through a [`Port`]: an in-process [`Hca`] (the model's tests, bench and
 //! example), or BAR2 and doorbell eventfds a device server handed over (its tests).
 
+pub mod tshark;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
