@@ -198,7 +198,9 @@ impl PciBus {
             CONFIG_ADDRESS..=0xcfb => {}
             CONFIG_DATA..=0xcff => {
                 let shift = 8 * u32::from(port - CONFIG_DATA);
-                let mask = (u32::MAX >> (32 - 8 * data.len().min(4) as u32)) << shift;
+                // An empty write changes nothing (u32::MAX >> 32 would overflow).
+                let width = 8 * data.len().min(4) as u32;
+                let mask = u32::MAX.checked_shr(32 - width).unwrap_or(0) << shift;
                 if let Some((d, off)) = self.target() {
                     d.lock().unwrap().config_write(off, v << shift, mask);
                 }
@@ -226,6 +228,10 @@ mod tests {
         );
         assert!(long[4..].iter().all(|&b| b == 0));
         assert!(bus.io_write(CONFIG_DATA + 3, &[0xff; 64]));
+        // An empty write (found by replaying the pci fuzz corpus in a debug build).
+        assert!(bus.io_write(CONFIG_DATA, &[]));
+        assert!(bus.io_read(CONFIG_DATA, &mut long[..4]));
+        assert_eq!(&long[..4], &0x29c0_8086u32.to_le_bytes());
         let mut one = [0u8; 1];
         assert!(bus.io_read(CONFIG_ADDRESS + 3, &mut one));
         assert_eq!(one[0], 0x80);
