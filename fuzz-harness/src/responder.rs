@@ -1,0 +1,118 @@
+//! The responder fed raw packets, as a hostile peer (or a spoofing node) could put them on
+//! the wire: any opcode, PSN, QPN, RETH, AtomicETH, AETH, ImmDt, IETH and payload, one
+//! packet at a time (trains are the model's own, never a peer's). The device never panics and the victim's memory changes only inside the window
+//! it opened and its own CQ rings.
+
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use hca_model::abi::*;
+use hca_model::packet::{Packet, Payload, Reth};
+use hca_test_driver::*;
+
+use crate::common;
+
+const WINDOW: u64 = 0x4000;
+
+#[derive(Arbitrary, Debug)]
+pub struct Raw {
+    from_peer: bool,
+    slid: u16,
+    opcode: u8,
+    psn_delta: i8,
+    any_psn: Option<u32>,
+    qp: u8,
+    src_qpn: Option<u32>,
+    reth: Option<(u16, bool, u32)>,
+    atomic: Option<(u64, u64)>,
+    aeth: Option<(u8, u32)>,
+    imm: Option<u32>,
+    ieth: Option<bool>,
+    qkey: u32,
+    payload: Vec<u8>,
+    mtu: u8,
+    corrupt: bool,
+    advance_ms: u8,
+}
+
+const OPCODES: [u8; 26] = [
+    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x64, 0x65, 0xff,
+];
+
+/// What the fuzzer decodes its bytes into.
+pub type Input = Vec<Raw>;
+
+/// One run of the target on a decoded input.
+pub fn run(packets: Input) {
+    let mut p = Pair::new(3);
+    let window = p.b.alloc(WINDOW, 4096);
+    let window_key = p.b.reg_mr(p.pd_b, window, WINDOW, ALL_ACCESS);
+    let h = HcaCmdHandle {
+        handle: p.key_b,
+        rsvd: 0,
+    };
+    assert_eq!(p.b.cmd(CMD_DEREG_MR, &h).0, CMD_OK);
+    for i in 0..8 {
+        p.b.post_recv(&mut p.qb, i, &[sge(window + 512 * i, 512, LOCAL_DMA_LKEY)]);
+    }
+    let ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
+    p.b.bring_up_ud(ud.qpn, 0x1234, false);
+    let mut ud = ud;
+    for i in 0..4 {
+        p.b.post_recv(
+            &mut ud,
+            100 + i,
+            &[sge(window + 0x2000 + 512 * i, 512, LOCAL_DMA_LKEY)],
+        );
+    }
+    let size = 8 * MIB as usize;
+    let before = p.b.read(0, size);
+    let (la, lb) = (p.a.lid(), p.b.lid());
+    for r in packets.iter().take(64) {
+        let dest_qpn = match r.qp % 4 {
+            0 => p.qb.qpn,
+            1 => ud.qpn,
+            2 => 1,
+            _ => u32::from(r.qp),
+        };
+        let epsn = p.b.query_qp(p.qb.qpn).rq_psn;
+        let psn = r.any_psn.unwrap_or(epsn.wrapping_add(r.psn_delta as u32)) & 0xff_ffff;
+        let opcode = OPCODES[usize::from(r.opcode) % OPCODES.len()];
+        let mtu = 256u32 << (r.mtu % 5);
+        let payload: Vec<u8> = r.payload.iter().copied().take(4 * 4096).collect();
+        let pkt = Packet {
+            slid: if r.from_peer { la } else { r.slid },
+            dlid: lb,
+            opcode,
+            dest_qpn,
+            src_qpn: r.src_qpn.unwrap_or(p.qa.qpn),
+            psn,
+            reth: r.reth.map(|(off, real_key, len)| Reth {
+                va: window.wrapping_add(u64::from(off)),
+                rkey: if real_key { window_key } else { len },
+                len: len % 0x8000,
+            }),
+            atomic: r.atomic,
+            aeth: r.aeth,
+            imm: r.imm,
+            ieth: r
+                .ieth
+                .map(|real| if real { window_key } else { 0x1234_5678 }),
+            qkey: r.qkey,
+            payload: Payload::Bytes(payload),
+            count: 1,
+            mtu,
+            corrupt: r.corrupt,
+            ..Default::default()
+        };
+        p.fabric.enqueue(pkt);
+        p.fabric.pump();
+        p.fabric
+            .advance(Duration::from_millis(u64::from(r.advance_ms)));
+    }
+    let after = p.b.read(0, size);
+    let win = window as usize..(window + WINDOW) as usize;
+    let cq = p.cq_b.ring as usize..(p.cq_b.ring + (32 << p.cq_b.log)) as usize;
+    common::changed_only_inside(&before, &after, win, cq);
+}

@@ -1,0 +1,169 @@
+//! The subnet administrator fed any sequence of MADs (and port changes): it never panics,
+//! every answer is one MAD for the asker's QP, and what it keeps stays within its bounds.
+
+use std::cell::Cell;
+
+use arbitrary::Arbitrary;
+use hca_model::abi::{node_guid, GSI_QKEY};
+use hca_model::fabric::Lid;
+use hca_model::packet::{Packet, Payload, UD_SEND_ONLY};
+use hca_model::sa::{Ports, SubnetAdmin, MAD_SIZE};
+
+struct Nodes {
+    n: Lid,
+    down: Cell<u64>,
+    now: Cell<u64>,
+}
+
+impl Ports for Nodes {
+    fn lid_of(&self, guid: u64) -> Option<Lid> {
+        (1..=self.n).find(|&l| node_guid(l) == guid)
+    }
+    fn guid_of(&self, lid: Lid) -> Option<u64> {
+        (1..=self.n).contains(&lid).then(|| node_guid(lid))
+    }
+    fn lids(&self) -> Vec<Lid> {
+        (1..=self.n).collect()
+    }
+    fn link_up(&self, lid: Lid) -> bool {
+        self.down.get() & (1 << (lid % 64)) == 0
+    }
+    fn capability_mask(&self, lid: Lid) -> u32 {
+        u32::from(lid).wrapping_mul(0x9e37_79b9)
+    }
+    fn now_ns(&self) -> u64 {
+        self.now.get()
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+pub enum Step {
+    /// A MAD from node `from` (QP `qpn`), with the SA's class and version most of the time.
+    Mad {
+        from: u8,
+        qpn: u8,
+        sa_header: bool,
+        method: u8,
+        attr: u16,
+        comp_mask: u64,
+        rmpp: [u8; 12],
+        data: Vec<u8>,
+    },
+    /// A short or odd packet.
+    Raw {
+        from: u8,
+        qkey: u32,
+        dest_qpn: u32,
+        bytes: Vec<u8>,
+    },
+    PortChanged {
+        lid: u8,
+        up: bool,
+    },
+    Time {
+        seconds: u16,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+pub struct Input {
+    nodes: u8,
+    steps: Vec<Step>,
+}
+
+/// One run of the target on a decoded input.
+pub fn run(input: Input) {
+    let ports = Nodes {
+        n: Lid::from(input.nodes % 70) + 1,
+        down: Cell::new(0),
+        now: Cell::new(0),
+    };
+    let mut sa = SubnetAdmin::new();
+    for step in input.steps.into_iter().take(256) {
+        let (pkt, from) = match step {
+            Step::Mad {
+                from,
+                qpn,
+                sa_header,
+                method,
+                attr,
+                comp_mask,
+                rmpp,
+                data,
+            } => {
+                let mut m = vec![0u8; MAD_SIZE];
+                if sa_header {
+                    m[..3].copy_from_slice(&[1, 3, 2]);
+                }
+                // The attributes the SA knows, most of the time.
+                const ATTRS: [u16; 8] = [1, 2, 3, 0x11, 0x12, 0x31, 0x35, 0x38];
+                let attr = if attr & 0x8000 == 0 {
+                    ATTRS[usize::from(attr) % 8]
+                } else {
+                    attr
+                };
+                m[3] = method;
+                m[16..18].copy_from_slice(&attr.to_be_bytes());
+                m[24..36].copy_from_slice(&rmpp);
+                m[48..56].copy_from_slice(&comp_mask.to_be_bytes());
+                let n = data.len().min(MAD_SIZE - 56);
+                m[56..56 + n].copy_from_slice(&data[..n]);
+                let from = Lid::from(from);
+                let p = Packet {
+                    slid: from,
+                    opcode: UD_SEND_ONLY,
+                    dest_qpn: 1,
+                    src_qpn: u32::from(qpn),
+                    qkey: GSI_QKEY,
+                    payload: Payload::Bytes(m),
+                    ..Default::default()
+                };
+                (p, from)
+            }
+            Step::Raw {
+                from,
+                qkey,
+                dest_qpn,
+                bytes,
+            } => {
+                let from = Lid::from(from);
+                let p = Packet {
+                    slid: from,
+                    opcode: UD_SEND_ONLY,
+                    dest_qpn,
+                    src_qpn: 1,
+                    qkey,
+                    payload: Payload::Bytes(bytes),
+                    ..Default::default()
+                };
+                (p, from)
+            }
+            Step::PortChanged { lid, up } => {
+                let lid = Lid::from(lid);
+                let bit = 1u64 << (lid % 64);
+                let d = ports.down.get();
+                ports.down.set(if up { d & !bit } else { d | bit });
+                for r in sa.port_changed(lid, up, &ports) {
+                    assert_eq!(r.payload.len() as usize, MAD_SIZE);
+                }
+                continue;
+            }
+            Step::Time { seconds } => {
+                ports
+                    .now
+                    .set(ports.now.get() + u64::from(seconds) * 1_000_000_000);
+                continue;
+            }
+        };
+        if let Some(answers) = sa.answer(&pkt, &ports) {
+            assert!(answers.len() <= 65, "{} packets for one MAD", answers.len());
+            for a in answers {
+                assert_eq!(a.payload.len() as usize, MAD_SIZE);
+                assert_eq!((a.dlid, a.dest_qpn), (from, pkt.src_qpn));
+            }
+        }
+        let (services, informs) = sa.registrations();
+        assert!(services <= 1024 && informs <= 256);
+        assert!(sa.groups().count() <= 0x3fff);
+    }
+}
