@@ -15,8 +15,6 @@ use hca_test_driver::*;
 
 use crate::common;
 
-const WINDOW: u64 = 0x4000;
-
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Pick {
     Real,
@@ -89,20 +87,9 @@ pub fn run(actions: Input) {
     let fabric = Fabric::with_manual_clock();
     let chaos = Arc::new(Chaos(AtomicU64::new(0)));
     let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, DEFAULT_RTS);
-    let window = p.b.alloc(WINDOW, 4096);
-    let window_key = p.b.reg_mr(p.pd_b, window, WINDOW, ALL_ACCESS);
-    // The window is all B opens: its all-memory DMA MR goes.
-    let h = HcaCmdHandle {
-        handle: p.key_b,
-        rsvd: 0,
-    };
-    assert_eq!(p.b.cmd(CMD_DEREG_MR, &h).0, CMD_OK);
-    for i in 0..8 {
-        p.b.post_recv(&mut p.qb, i, &[sge(window + 512 * i, 512, LOCAL_DMA_LKEY)]);
-    }
+    let win = common::Window::open(&mut p, |_, _| {});
+    let (window, window_key) = (win.addr, win.key);
     fabric.set_hook(Some(chaos.clone()));
-    let size = 8 * MIB as usize;
-    let before = p.b.read(0, size);
     for a in actions.iter().take(64) {
         match a {
             Action::Wqe {
@@ -167,8 +154,5 @@ pub fn run(actions: Input) {
     }
     fabric.set_hook(None);
     fabric.advance(Duration::from_secs(1));
-    let after = p.b.read(0, size);
-    let win = window as usize..(window + WINDOW) as usize;
-    let cq = p.cq_b.ring as usize..(p.cq_b.ring + (32 << p.cq_b.log)) as usize;
-    common::changed_only_inside(&before, &after, win, cq);
+    win.check(&p);
 }

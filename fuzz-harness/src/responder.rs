@@ -1,7 +1,7 @@
 //! The responder fed raw packets, as a hostile peer (or a spoofing node) could put them on
 //! the wire: any opcode, PSN, QPN, RETH, AtomicETH, AETH, ImmDt, IETH and payload, one
-//! packet at a time (trains are the model's own, never a peer's). The device never panics and the victim's memory changes only inside the window
-//! it opened and its own CQ rings.
+//! packet at a time (trains are the model's own, never a peer's). The device never panics,
+//! and the victim's memory changes only inside the window it opened and its own CQ rings.
 
 use std::time::Duration;
 
@@ -11,8 +11,6 @@ use hca_model::packet::{Packet, Payload, Reth};
 use hca_test_driver::*;
 
 use crate::common;
-
-const WINDOW: u64 = 0x4000;
 
 #[derive(Arbitrary, Debug)]
 pub struct Raw {
@@ -46,33 +44,25 @@ pub type Input = Vec<Raw>;
 /// One run of the target on a decoded input.
 pub fn run(packets: Input) {
     let mut p = Pair::new(3);
-    let window = p.b.alloc(WINDOW, 4096);
-    let window_key = p.b.reg_mr(p.pd_b, window, WINDOW, ALL_ACCESS);
-    let h = HcaCmdHandle {
-        handle: p.key_b,
-        rsvd: 0,
-    };
-    assert_eq!(p.b.cmd(CMD_DEREG_MR, &h).0, CMD_OK);
-    for i in 0..8 {
-        p.b.post_recv(&mut p.qb, i, &[sge(window + 512 * i, 512, LOCAL_DMA_LKEY)]);
-    }
-    let ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
-    p.b.bring_up_ud(ud.qpn, 0x1234, false);
-    let mut ud = ud;
-    for i in 0..4 {
-        p.b.post_recv(
-            &mut ud,
-            100 + i,
-            &[sge(window + 0x2000 + 512 * i, 512, LOCAL_DMA_LKEY)],
-        );
-    }
-    let size = 8 * MIB as usize;
-    let before = p.b.read(0, size);
+    let mut udqpn = 0;
+    let win = common::Window::open(&mut p, |p, bufs| {
+        let mut ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
+        p.b.bring_up_ud(ud.qpn, 0x1234, false);
+        for i in 0..4 {
+            p.b.post_recv(
+                &mut ud,
+                100 + i,
+                &[sge(bufs + 512 * i, 512, LOCAL_DMA_LKEY)],
+            );
+        }
+        udqpn = ud.qpn;
+    });
+    let (window, window_key) = (win.addr, win.key);
     let (la, lb) = (p.a.lid(), p.b.lid());
     for r in packets.iter().take(64) {
         let dest_qpn = match r.qp % 4 {
             0 => p.qb.qpn,
-            1 => ud.qpn,
+            1 => udqpn,
             2 => 1,
             _ => u32::from(r.qp),
         };
@@ -111,8 +101,5 @@ pub fn run(packets: Input) {
         p.fabric
             .advance(Duration::from_millis(u64::from(r.advance_ms)));
     }
-    let after = p.b.read(0, size);
-    let win = window as usize..(window + WINDOW) as usize;
-    let cq = p.cq_b.ring as usize..(p.cq_b.ring + (32 << p.cq_b.log)) as usize;
-    common::changed_only_inside(&before, &after, win, cq);
+    win.check(&p);
 }
