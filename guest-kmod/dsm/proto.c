@@ -89,10 +89,14 @@ static void post_now(struct dsm_proto *d, u32 to, u32 slot, u32 type, u64 src,
 	}
 }
 
-/* Messages wait: a shootdown is in flight, or the process has mprotects to do. */
+/*
+ * Messages wait: a shootdown is in flight, or the process has mprotects to
+ * do (a change recorded and not yet known applied).
+ */
 static bool held_back(struct dsm_proto *d)
 {
-	return dsm_region_fenced(d->r) || READ_ONCE(d->usim_fence);
+	return dsm_region_fenced(d->r) ||
+	       READ_ONCE(d->usim_recorded) != READ_ONCE(d->usim_applied);
 }
 
 /* Posts the held messages once no fence is in flight; under fence_lock. */
@@ -180,10 +184,10 @@ static int protect_usim(struct dsm_proto *d, u32 page, int prot)
 	if (d->usim_nops >= DSM_USIM_OPS)
 		return -EAGAIN;
 	d->usim_ops[d->usim_nops++] = (struct dsm_prot_op){ page, prot };
-	d->usim_recorded++;
 	dsm_region_record(d->r, page, prot);
+	/* Under fence_lock: every message posted from here on is held. */
 	spin_lock_irqsave(&d->fence_lock, flags);
-	WRITE_ONCE(d->usim_fence, true);
+	WRITE_ONCE(d->usim_recorded, d->usim_recorded + 1);
 	spin_unlock_irqrestore(&d->fence_lock, flags);
 	/* Recorded outside SERVE (an application thread's own request): tell the process. */
 	if (READ_ONCE(d->usim_server) != current)
@@ -668,13 +672,9 @@ void dsm_proto_usim_applied(struct dsm_proto *d)
 	bool released = false;
 
 	spin_lock(&d->lock);
+	spin_lock_irqsave(&d->fence_lock, flags);
 	if (d->usim_applied != d->usim_handed) {
 		WRITE_ONCE(d->usim_applied, d->usim_handed);
-		released = true;
-	}
-	spin_lock_irqsave(&d->fence_lock, flags);
-	if (!d->usim_nops && d->usim_fence) {
-		WRITE_ONCE(d->usim_fence, false);
 		held_drain(d);
 		released = true;
 	}

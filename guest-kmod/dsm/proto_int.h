@@ -139,10 +139,9 @@ struct dsm_proto {
 	 * User-level simulation (usim.c): messages queue for the process's
 	 * SERVE calls (usim_lock, irqsave); protection changes are recorded
 	 * in usim_ops (under d->lock) for the process to mprotect, and
-	 * usim_fence holds messages back until it has.
+	 * messages are held back until it has.
 	 */
 	bool usim;
-	bool usim_fence;
 	spinlock_t usim_lock;
 	struct list_head usim_q;
 	struct fasync_struct *fasync;
@@ -151,9 +150,10 @@ struct dsm_proto {
 	u32 usim_nops;
 	/*
 	 * Changes recorded, handed to the process, and known applied (counts,
-	 * under d->lock; applied also read without it): a fault waits for the
-	 * count recorded at its grant, not for a quiet moment, which never
-	 * comes under steady traffic.
+	 * under d->lock; recorded and applied change under fence_lock too, and
+	 * are read without locks): messages are held while recorded !=
+	 * applied; a fault waits for the count recorded at its grant, not for
+	 * a quiet moment, which never comes under steady traffic.
 	 */
 	u64 usim_recorded, usim_handed, usim_applied;
 	struct task_struct *usim_server;	/* in SERVE now, if any */
