@@ -15,22 +15,6 @@ use cluster::{Backend, ClusterSpec, Image, QemuAccel};
 use crate::config::ClusterConfig;
 use crate::session::{Session, Shape};
 
-/// The benchmarks; the doc comments are the help text.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-pub enum Kind {
-    /// Kernel verbs round trips and RDMA bandwidth, hcab0 against SoftRoCE
-    Verbs,
-    /// DSM fault latency per protocol configuration, and the protection primitive
-    Dsm,
-    /// hcabench's VMM against QEMU/KVM (needs KVM that runs Linux)
-    Vmm,
-    /// IP over the fabric: ping and TCP over IPoIB (datagram, connected) vs virtio-net
-    Ipoib,
-    /// The paper's Table 2: every DSM application per node count, threads, protocol mode
-    /// and load
-    Apps,
-}
-
 /// Boots a bench's guests, with progress lines.
 pub(crate) fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, String> {
     Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {

@@ -113,90 +113,14 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run a benchmark in its own pair of guests and print a table
+    /// Run a benchmark on its own guests and print a table
     ///
-    /// `dsm`: on two guests, remote read- and write-fault latency with the protocol run in
-    /// the completion handler and in process context, read faults served by RDMA Write and
-    /// by RDMA Read; and the page-protection primitive against mprotect for groups of 1, 16
-    /// and 32 pages.
-    ///
-    /// `verbs`: kernel RC ping-pong round trips with the receiver handling completions by
-    /// polling, in the interrupt handler, in a workqueue and in a woken user process (the
-    /// paper's Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over
-    /// SoftRoCE (rdma_rxe) between the same two QEMU guests, with the ratios.
-    ///
-    /// `vmm` (needs KVM that runs Linux): two guests under hcabench's own VMM, then two
-    /// under QEMU with -accel kvm and the device server: boot time to userspace and
-    /// verified RC ping-pong round trips (poll and interrupt handler) side by side.
-    ///
-    /// `ipoib`: Debian's IPoIB on hcab0 between two guests, in datagram and in connected
-    /// mode, against the guests' virtio-net link: ping round trip (--iters pings) and TCP
-    /// throughput (--bw-bytes, checked by md5), with ratios.
-    ///
-    /// `apps` (the paper's Table 2 and its kernel-vs-user-level comparison): every DSM
-    /// application on each of --app-nodes, with each of --threads per node, in each of
-    /// --modes (irq: the completion handler; workqueue: a kernel task queue; user-sim: the
-    /// paper's simulated user-level DSM), idle and/or beside one CPU-bound process per
-    /// guest (--load); every run verified; times, the modes' ratios, faults, messages, and
-    /// the speedup where the host has a core per guest vCPU.
-    ///
-    /// `verbs`, `dsm`, `apps` and `ipoib` boot on the backend --backend or the cluster file chooses, with the
-    /// file's guest size, kernel arguments, capture and fault plan (link faults; node kills
-    /// need `up` or `run`); over hcabench's VMM `verbs` measures hcab0 alone, since SoftRoCE
-    /// needs a virtio-net link between QEMU guests.
+    /// Every bench boots on the backend --backend or the cluster file chooses (`vmm`: both),
+    /// with the file's guest size, kernel arguments, capture and fault plan (link faults;
+    /// node kills need `up` or `run`).
     Bench {
-        /// The benchmark
-        #[arg(value_enum)]
-        what: bench::Kind,
-        /// Round trips per mode and size (at most 100000)
-        #[arg(long, default_value_t = 500)]
-        iters: u64,
-        /// Ping-pong message sizes in bytes (8..4096)
-        #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
-        sizes: Vec<u32>,
-        /// RDMA operation sizes in bytes (up to 1 MiB)
-        #[arg(long, value_delimiter = ',', default_value = "4096,65536,1048576")]
-        bw_sizes: Vec<u32>,
-        /// Bytes moved per RDMA bandwidth cell
-        #[arg(long, default_value_t = 16 << 20)]
-        bw_bytes: u64,
-        /// dsm: pages faulted per fault-latency cell (1..=1024)
-        #[arg(long, default_value_t = 128)]
-        pages: u64,
-        /// apps: the applications
-        #[arg(
-            long,
-            value_enum,
-            value_delimiter = ',',
-            default_value = "sor,lu,is,tsp,water,nbody,nbodyw,barnes"
-        )]
-        apps: Vec<dsmrun::Job>,
-        /// apps: node counts (one cluster booted for each)
-        #[arg(long, value_delimiter = ',', default_value = "2,4")]
-        app_nodes: Vec<usize>,
-        /// apps: application threads per node (guests get as many vCPUs as the largest)
-        #[arg(long, value_delimiter = ',', default_value = "1,2")]
-        threads: Vec<u32>,
-        /// apps: protocol modes; ratios are against the first
-        #[arg(
-            long,
-            value_enum,
-            value_delimiter = ',',
-            default_value = "irq,workqueue,user-sim"
-        )]
-        modes: Vec<dsmrun::Mode>,
-        /// apps: one CPU-bound process per guest beside the application (the paper's load
-        /// experiment): off, on, or both
-        #[arg(long, value_enum, default_value = "both")]
-        load: apps_bench::Load,
-        /// Guest image directory (overrides the cluster file's image_dir)
-        #[arg(long)]
-        image_dir: Option<PathBuf>,
-        /// Keep the guests' console logs afterwards
-        #[arg(long)]
-        keep: bool,
-        #[command(flatten)]
-        cluster: ClusterArgs,
+        #[command(subcommand)]
+        what: BenchCmd,
     },
     /// (internal) the background process `up` starts
     #[command(hide = true)]
@@ -233,6 +157,133 @@ struct ClusterArgs {
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
+}
+
+/// The benchmarks; each has its own options.
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Kernel verbs round trips and RDMA bandwidth, hcab0 against SoftRoCE
+    ///
+    /// Kernel RC ping-pong round trips with the receiver handling completions by polling,
+    /// in the interrupt handler, in a workqueue and in a woken user process (the paper's
+    /// Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over SoftRoCE
+    /// (rdma_rxe) between the same two QEMU guests, with the ratios. Over hcabench's VMM it
+    /// measures hcab0 alone, since SoftRoCE needs a virtio-net link between QEMU guests.
+    Verbs {
+        #[command(flatten)]
+        pings: PingArgs,
+        /// RDMA operation sizes in bytes (up to 1 MiB)
+        #[arg(long, value_delimiter = ',', default_value = "4096,65536,1048576")]
+        bw_sizes: Vec<u32>,
+        /// Bytes moved per RDMA bandwidth cell
+        #[arg(long, default_value_t = 16 << 20)]
+        bw_bytes: u64,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// DSM fault latency per protocol configuration, and the protection primitive
+    ///
+    /// On three guests: remote read- and write-fault latency with the protocol run in the
+    /// completion handler and in process context, read faults served by RDMA Write and by
+    /// RDMA Read; and the page-protection primitive against mprotect for groups of 1, 16
+    /// and 32 pages.
+    Dsm {
+        /// Protection changes timed per group size in the primitive's table (1..=100000)
+        #[arg(long, default_value_t = 500)]
+        iters: u64,
+        /// Pages faulted per fault-latency cell (1..=1024)
+        #[arg(long, default_value_t = 128)]
+        pages: u64,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// hcabench's VMM against QEMU/KVM (needs KVM that runs Linux)
+    ///
+    /// Two guests under hcabench's own VMM, then two under QEMU with -accel kvm and the
+    /// device server: boot time to userspace and verified RC ping-pong round trips (poll
+    /// and interrupt handler) side by side.
+    Vmm {
+        #[command(flatten)]
+        pings: PingArgs,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// IP over the fabric: ping and TCP over IPoIB (datagram, connected) vs virtio-net
+    ///
+    /// Debian's IPoIB on hcab0 between two guests, in datagram and in connected mode,
+    /// against the guests' virtio-net link: ping round trip and TCP throughput (checked by
+    /// md5), with ratios.
+    Ipoib {
+        /// Pings per link (1..=1000)
+        #[arg(long, default_value_t = 500)]
+        iters: u64,
+        /// Bytes sent over TCP per link (rounded down to whole MiB, at least 1)
+        #[arg(long, default_value_t = 16 << 20)]
+        bw_bytes: u64,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// The paper's Table 2: every DSM application per node count, threads, mode and load
+    ///
+    /// Every DSM application on each of --app-nodes, with each of --threads per node, in
+    /// each of --modes (irq: the completion handler; workqueue: a kernel task queue;
+    /// user-sim: the paper's simulated user-level DSM), idle and/or beside one CPU-bound
+    /// process per guest (--load); every run verified; times, the modes' ratios, faults,
+    /// messages, and the speedup where the host has a core per guest vCPU.
+    Apps {
+        /// The applications
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "sor,lu,is,tsp,water,nbody,nbodyw,barnes"
+        )]
+        apps: Vec<dsmrun::Job>,
+        /// Node counts (one cluster booted for each)
+        #[arg(long, value_delimiter = ',', default_value = "2,4")]
+        app_nodes: Vec<usize>,
+        /// Application threads per node (guests get as many vCPUs as the largest)
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<u32>,
+        /// Protocol modes; ratios are against the first
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "irq,workqueue,user-sim"
+        )]
+        modes: Vec<dsmrun::Mode>,
+        /// One CPU-bound process per guest beside the application (the paper's load
+        /// experiment): off, on, or both
+        #[arg(long, value_enum, default_value = "both")]
+        load: apps_bench::Load,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+}
+
+/// Ping-pong round trips: how many, of what sizes.
+#[derive(clap::Args, Clone)]
+struct PingArgs {
+    /// Round trips per mode and size (1..=100000)
+    #[arg(long, default_value_t = 500)]
+    iters: u64,
+    /// Ping-pong message sizes in bytes (8..4096)
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
+    sizes: Vec<u32>,
+}
+
+/// The guests a bench boots.
+#[derive(clap::Args, Clone)]
+struct BenchOn {
+    /// Guest image directory (overrides the cluster file's image_dir)
+    #[arg(long)]
+    image_dir: Option<PathBuf>,
+    /// Keep the guests' console logs afterwards
+    #[arg(long)]
+    keep: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 #[derive(clap::Args, Clone)]
@@ -283,61 +334,7 @@ fn main() -> ExitCode {
                 args,
             ),
         },
-        Cmd::Bench {
-            what: bench::Kind::Apps,
-            apps,
-            app_nodes,
-            threads,
-            modes,
-            load,
-            image_dir,
-            keep,
-            cluster,
-            ..
-        } => resolve(&cluster, None, image_dir).and_then(|cfg| {
-            let b = apps_bench::AppsBench {
-                cfg,
-                boot_timeout: Duration::from_secs(cluster.timeout),
-                keep,
-                apps,
-                nodes: app_nodes,
-                threads,
-                modes,
-                load,
-            };
-            apps_bench::check(&b)?;
-            session::refuse_node_kills(&b.cfg, "bench apps")?;
-            let (backend, why) = daemon::choose_backend(&b.cfg)?;
-            println!("backend {backend} ({why})");
-            apps_bench::run(&b, backend)
-        }),
-        Cmd::Bench {
-            what,
-            iters,
-            sizes,
-            bw_sizes,
-            bw_bytes,
-            pages,
-            image_dir,
-            keep,
-            cluster,
-            ..
-        } => resolve(&cluster, None, image_dir).and_then(|cfg| {
-            bench_cmd(
-                what,
-                &cluster,
-                bench::VerbsBench {
-                    cfg,
-                    iters,
-                    sizes,
-                    bw_sizes,
-                    bw_bytes,
-                    pages,
-                    keep,
-                    boot_timeout: Duration::from_secs(cluster.timeout),
-                },
-            )
-        }),
+        Cmd::Bench { what } => bench_cmd(what),
         Cmd::Daemon { config } => ClusterConfig::load(&config)
             .map_err(|e| e.to_string())
             .and_then(|c| daemon::run(&run, &c)),
@@ -684,46 +681,113 @@ fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_cmd(what: bench::Kind, a: &ClusterArgs, b: bench::VerbsBench) -> Result<(), String> {
-    use bench::Kind;
-    if what == Kind::Dsm {
-        if b.iters == 0 || b.iters > 100_000 {
-            return Err(format!("--iters {} is outside 1..=100000", b.iters));
+fn bench_cmd(what: BenchCmd) -> Result<(), String> {
+    let on = match &what {
+        BenchCmd::Verbs { on, .. }
+        | BenchCmd::Dsm { on, .. }
+        | BenchCmd::Vmm { on, .. }
+        | BenchCmd::Ipoib { on, .. }
+        | BenchCmd::Apps { on, .. } => on.clone(),
+    };
+    let cfg = resolve(&on.cluster, None, on.image_dir.clone())?;
+    let boot_timeout = Duration::from_secs(on.cluster.timeout);
+    let b = |iters, sizes, bw_sizes, bw_bytes, pages| bench::VerbsBench {
+        cfg: cfg.clone(),
+        boot_timeout,
+        iters,
+        sizes,
+        bw_sizes,
+        bw_bytes,
+        pages,
+        keep: on.keep,
+    };
+    let check_pings = |p: &PingArgs| {
+        if p.iters == 0 || p.iters > 100_000 {
+            return Err(format!("--iters {} is outside 1..=100000", p.iters));
         }
-        if b.pages == 0 || b.pages > 1024 {
-            return Err(format!("--pages {} is outside 1..=1024", b.pages));
+        if p.sizes.is_empty() {
+            return Err("--sizes needs at least one value".to_string());
         }
-    } else {
-        if b.iters == 0 || b.sizes.is_empty() || b.bw_sizes.is_empty() {
-            return Err("--iters, --sizes and --bw-sizes need at least one value".into());
+        match p.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
+            Some(s) => Err(format!("ping-pong size {s} is outside 8..=4096")),
+            None => Ok(()),
         }
-        if b.iters > 100_000 {
-            return Err(format!("--iters {} is over vbench's 100000", b.iters));
+    };
+    let (name, b) = match what {
+        BenchCmd::Apps {
+            apps,
+            app_nodes,
+            threads,
+            modes,
+            load,
+            ..
+        } => {
+            let b = apps_bench::AppsBench {
+                cfg,
+                boot_timeout,
+                keep: on.keep,
+                apps,
+                nodes: app_nodes,
+                threads,
+                modes,
+                load,
+            };
+            apps_bench::check(&b)?;
+            session::refuse_node_kills(&b.cfg, "bench apps")?;
+            let (backend, why) = daemon::choose_backend(&b.cfg)?;
+            println!("backend {backend} ({why})");
+            return apps_bench::run(&b, backend);
         }
-        if let Some(s) = b.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
-            return Err(format!("ping-pong size {s} is outside 8..=4096"));
+        BenchCmd::Vmm { pings, .. } => {
+            check_pings(&pings)?;
+            if on.cluster.backend.is_some() {
+                return Err(
+                    "bench vmm compares both backends (hcabench's VMM and QEMU/KVM); \
+                     --backend does not apply"
+                        .into(),
+                );
+            }
+            return bench::run_vmm(&b(pings.iters, pings.sizes, vec![], 0, 0));
         }
-    }
-    if what == Kind::Vmm {
-        if a.backend.is_some() {
-            return Err(
-                "bench vmm compares both backends (hcabench's VMM and QEMU/KVM); --backend \
-                 does not apply"
-                    .into(),
-            );
+        BenchCmd::Verbs {
+            pings,
+            bw_sizes,
+            bw_bytes,
+            ..
+        } => {
+            check_pings(&pings)?;
+            if bw_sizes.is_empty() {
+                return Err("--bw-sizes needs at least one value".into());
+            }
+            if let Some(s) = bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
+                return Err(format!("RDMA size {s} is outside 1..=1048576"));
+            }
+            ("verbs", b(pings.iters, pings.sizes, bw_sizes, bw_bytes, 0))
         }
-        return bench::run_vmm(&b);
-    }
-    if let Some(s) = b.bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
-        return Err(format!("RDMA size {s} is outside 1..=1048576"));
-    }
-    session::refuse_node_kills(&b.cfg, &format!("bench {}", session::value_name(&what)))?;
+        BenchCmd::Dsm { iters, pages, .. } => {
+            if iters == 0 || iters > 100_000 {
+                return Err(format!("--iters {iters} is outside 1..=100000"));
+            }
+            if pages == 0 || pages > 1024 {
+                return Err(format!("--pages {pages} is outside 1..=1024"));
+            }
+            ("dsm", b(iters, vec![], vec![], 0, pages))
+        }
+        BenchCmd::Ipoib {
+            iters, bw_bytes, ..
+        } => {
+            if iters == 0 || iters > 1000 {
+                return Err(format!("--iters {iters} is outside 1..=1000"));
+            }
+            ("ipoib", b(iters, vec![], vec![], bw_bytes, 0))
+        }
+    };
+    session::refuse_node_kills(&b.cfg, &format!("bench {name}"))?;
     let (backend, why) = daemon::choose_backend(&b.cfg)?;
     println!("backend {backend} ({why})");
-    match what {
-        Kind::Verbs => bench::run(&b, backend),
-        Kind::Dsm => bench::run_dsm(&b, backend),
-        Kind::Ipoib => ipoib_bench::run(&b, backend),
-        Kind::Vmm | Kind::Apps => unreachable!("handled above"),
+    match name {
+        "verbs" => bench::run(&b, backend),
+        "dsm" => bench::run_dsm(&b, backend),
+        _ => ipoib_bench::run(&b, backend),
     }
 }

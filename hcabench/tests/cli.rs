@@ -227,7 +227,15 @@ fn test_commands_without_a_cluster_say_so() {
 fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
     let dir = std::env::temp_dir().join(format!("hcab-cli-bench-{}", std::process::id()));
     for (args, says) in [
-        (&["bench", "lu"][..], "possible values: verbs, dsm, vmm"),
+        (&["bench", "lu"][..], "unrecognized subcommand 'lu'"),
+        (
+            &["bench", "apps", "--iters", "5"][..],
+            "unexpected argument '--iters'",
+        ),
+        (
+            &["bench", "ipoib", "--iters", "5000"][..],
+            "outside 1..=1000",
+        ),
         (
             &["bench", "verbs", "--sizes", "8,5000"][..],
             "ping-pong size 5000 is outside 8..=4096",
@@ -236,7 +244,10 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
             &["bench", "verbs", "--bw-sizes", "0"][..],
             "RDMA size 0 is outside",
         ),
-        (&["bench", "verbs", "--iters", "0"][..], "need at least one"),
+        (
+            &["bench", "verbs", "--iters", "0"][..],
+            "outside 1..=100000",
+        ),
         (&["bench", "dsm", "--iters", "0"][..], "outside 1..=100000"),
         (
             &["bench", "dsm", "--pages", "0"][..],
