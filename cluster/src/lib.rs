@@ -54,7 +54,7 @@ pub enum QemuAccel {
 pub struct ClusterSpec {
     pub backend: Backend,
     pub image: Image,
-    /// Consoles, sockets and RAM files go here (created if missing).
+    /// Consoles and sockets go here (created if missing).
     pub dir: PathBuf,
     pub nodes: usize,
     pub ram_mib: u64,
@@ -139,6 +139,8 @@ pub enum BootError {
         source: io::Error,
     },
     DeviceServer(ServerError),
+    /// Guest RAM (a sealed memfd per QEMU guest) could not be made.
+    Ram(io::Error),
     /// /dev/kvm would not open.
     Kvm(io::Error),
     /// A node's QEMU or VM would not start.
@@ -159,6 +161,7 @@ impl fmt::Display for BootError {
                 write!(f, "cannot create {}: {source}", dir.display())
             }
             BootError::DeviceServer(e) => write!(f, "device server: {e}"),
+            BootError::Ram(e) => write!(f, "cannot create guest RAM (a sealed memfd): {e}"),
             BootError::Kvm(e) => write!(f, "/dev/kvm: {e}"),
             BootError::Start { node, why } => write!(f, "{node}: cannot start its guest: {why}"),
             BootError::Link(p) => write!(
@@ -178,7 +181,8 @@ impl From<BootError> for String {
     }
 }
 
-/// A booted cluster. Dropping it stops every guest and removes its sockets and RAM files;
+/// A booted cluster. Dropping it stops every guest and removes its sockets (guest RAM goes
+/// with the last process holding it);
 /// the console logs stay.
 pub struct Cluster {
     backend: Backend,
@@ -187,7 +191,7 @@ pub struct Cluster {
     fabric: Fabric,
     /// Guests that stopped or were killed, already reported by [`Cluster::newly_stopped`].
     gone: Vec<bool>,
-    /// Sockets and RAM files that go with the cluster.
+    /// Sockets that go with the cluster.
     files: Vec<PathBuf>,
 }
 
@@ -206,10 +210,9 @@ impl Cluster {
         let mut cluster = match spec.backend {
             Backend::Qemu => {
                 qemu::qemu_available().map_err(BootError::Backend)?;
-                let configs = NodeConfig::cluster(&spec.dir, spec.nodes, spec.ram_mib << 20);
-                for n in &configs {
-                    files.extend([n.socket.clone(), n.ram_path.clone()]);
-                }
+                let configs = NodeConfig::cluster(&spec.dir, spec.nodes, spec.ram_mib << 20)
+                    .map_err(BootError::Ram)?;
+                files.extend(configs.iter().map(|n| n.socket.clone()));
                 remove_all(&files);
                 let server =
                     DeviceServer::start(configs.clone()).map_err(BootError::DeviceServer)?;

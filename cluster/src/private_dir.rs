@@ -1,5 +1,5 @@
-//! Directories that hold a cluster's sockets, guest RAM files and consoles: only their owner
-//! may enter them. Another local user must not read a guest's memory, plant a socket or a
+//! Directories that hold a cluster's sockets, consoles and logs: only their owner may enter
+//! them. Another local user must not read a guest's console, plant a socket or a
 //! symbolic link where hcabench will create one, or connect to a control socket.
 
 use std::fs;

@@ -1,17 +1,19 @@
 //! Starting QEMU guests wired to a device server, and reading their consoles.
 //!
 //! Each guest boots the image `images/build.py` made (the ELF vmlinux through PVH, the
-//! initramfs), has its RAM in a shared file the device server maps, and its HCA as an
+//! initramfs), has its RAM in a sealed memfd the device server maps too, and its HCA as an
 //! ivshmem-doorbell device on the node's socket. Its serial console goes to a log file; the
 //! guest's init prints lines of [`crate::console_protocol`] that callers wait for.
 
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use device_server::NodeConfig;
+use device_server::{NodeConfig, RamBacking};
 use hca_model::abi::NUM_VECTORS;
 
 use crate::node::{complete_lines, wait_for_line, Node, WaitError};
@@ -69,6 +71,26 @@ impl GuestSpec {
         let mib = n.ram_size >> 20;
         let mut c = Command::new(QEMU);
         let accel = if self.kvm { "kvm" } else { "tcg" };
+        let mem_path = match &n.ram {
+            RamBacking::Memfd(f) => {
+                let fd = f.as_raw_fd();
+                // SAFETY: the closure runs in the child between fork and exec and calls
+                // only fcntl, which is async-signal-safe; `fd` stays open in the parent
+                // (the spec holds the file) until spawn returns.
+                unsafe {
+                    c.pre_exec(move || {
+                        // The memfd is close-on-exec so that no other child gets it; this
+                        // child's QEMU keeps it, and opens it as its RAM.
+                        if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                PathBuf::from(format!("/proc/self/fd/{fd}"))
+            }
+            RamBacking::Path(p) => p.clone(),
+        };
         c.args(["-machine", &format!("q35,accel={accel},memory-backend=ram")])
             .args(["-cpu", if self.kvm { "host" } else { "max" }])
             .args(["-smp", &self.vcpus.to_string(), "-m", &format!("{mib}M")])
@@ -77,7 +99,7 @@ impl GuestSpec {
                 "-object",
                 &format!(
                     "memory-backend-file,id=ram,size={mib}M,mem-path={},share=on",
-                    n.ram_path.display()
+                    mem_path.display()
                 ),
             ])
             .args([

@@ -1,16 +1,18 @@
-//! A QEMU guest's RAM, seen through the file QEMU backs it with
-//! (`-object memory-backend-file,share=on,mem-path=...`).
+//! A QEMU guest's RAM as the device server maps it: a sealed memfd it shares with QEMU, or
+//! the file QEMU backs it with (`-object memory-backend-file,share=on,mem-path=...`).
 //!
-//! QEMU connects to the device server before it creates its RAM backend, so the file may not
+//! QEMU connects to the device server before it creates its RAM backend, so a file may not
 //! exist when the guest connects: it is mapped on first use. Until then (or if it cannot be
-//! mapped), every DMA faults, which the model turns into error completions.
+//! mapped), every DMA faults, which the model turns into error completions for that guest
+//! alone.
 
-use std::fs::OpenOptions;
-use std::path::PathBuf;
+use std::fs::{File, OpenOptions};
 use std::sync::OnceLock;
 
 use hca_model::dma::{DmaFault, DmaSpace, GuestRam, Slices};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+use crate::RamBacking;
 
 const GIB: u64 = 1 << 30;
 
@@ -25,17 +27,24 @@ pub fn q35_layout(size: u64) -> Vec<(u64, u64, u64)> {
 }
 
 pub struct QemuRam {
-    path: PathBuf,
+    backing: RamBacking,
     size: u64,
     mapped: OnceLock<GuestRam<GuestMemoryMmap>>,
 }
 
 impl QemuRam {
-    pub fn new(path: PathBuf, size: u64) -> Self {
+    pub fn new(backing: RamBacking, size: u64) -> Self {
         Self {
-            path,
+            backing,
             size,
             mapped: OnceLock::new(),
+        }
+    }
+
+    fn open(&self) -> Option<File> {
+        match &self.backing {
+            RamBacking::Memfd(f) => f.try_clone().ok(),
+            RamBacking::Path(p) => OpenOptions::new().read(true).write(true).open(p).ok(),
         }
     }
 
@@ -43,11 +52,7 @@ impl QemuRam {
         if let Some(m) = self.mapped.get() {
             return Some(m);
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .ok()?;
+        let file = self.open()?;
         if file.metadata().ok()?.len() < self.size {
             return None; // QEMU has not sized it yet.
         }
@@ -60,8 +65,8 @@ impl QemuRam {
             .collect();
         let mem = GuestMemoryMmap::from_ranges_with_files(ranges).ok()?;
         log::info!(
-            "mapped guest RAM {} ({} MiB)",
-            self.path.display(),
+            "mapped guest RAM {:?} ({} MiB)",
+            self.backing,
             self.size >> 20
         );
         let _ = self.mapped.set(GuestRam::new(mem));
@@ -94,7 +99,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hcab-ram-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ram");
-        let ram = QemuRam::new(path.clone(), 1 << 20);
+        let ram = QemuRam::new(RamBacking::Path(path.clone()), 1 << 20);
         assert!(!ram.check(0, 8), "no file yet");
         let f = std::fs::File::create(&path).unwrap();
         assert!(!ram.check(0, 8), "file not sized yet");

@@ -5,11 +5,13 @@
 //! they connect in. Over it the server speaks the ivshmem server protocol: the guest's BAR2 is
 //! a memfd of the device's memory, the guest's doorbell writes arrive on eventfds and become
 //! [`hca_model::Hca::doorbell`] calls, and the model's interrupts go back on the eventfds QEMU
-//! turns into MSI-X vectors. Guest RAM is the file QEMU backs it with, mapped on first use,
-//! so an RDMA WRITE is one copy from one guest's RAM file into another's.
+//! turns into MSI-X vectors. Guest RAM is a sealed memfd that QEMU and the server both map
+//! (or a file QEMU creates, mapped on first use), so an RDMA WRITE is one copy from one
+//! guest's RAM into another's.
 
 mod guest_ram;
 pub mod ivshmem;
+pub mod memfd;
 mod node;
 
 use std::fmt;
@@ -23,7 +25,7 @@ use hca_model::{Fabric, Hca};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use guest_ram::q35_layout;
-pub use node::{NodeConfig, DEVICE_PEER, GUEST_PEER};
+pub use node::{NodeConfig, RamBacking, DEVICE_PEER, GUEST_PEER};
 
 /// Why the server could not start or went down.
 #[derive(Debug)]

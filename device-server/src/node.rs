@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::guest_ram::QemuRam;
 use crate::ivshmem::{greet, Greeting};
+use crate::memfd;
 use crate::ServerError;
 
 /// The ivshmem peer ids this server hands out on every node's socket.
@@ -34,21 +35,37 @@ pub struct NodeConfig {
     pub name: String,
     /// The unix socket QEMU's `-chardev socket,path=` connects to.
     pub socket: PathBuf,
-    /// The file behind the guest's RAM (`memory-backend-file,share=on,mem-path=`).
-    pub ram_path: PathBuf,
+    /// What backs the guest's RAM.
+    pub ram: RamBacking,
     pub ram_size: u64,
 }
 
+/// The memory behind a QEMU guest's RAM, which QEMU and the server both map.
+#[derive(Clone, Debug)]
+pub enum RamBacking {
+    /// A sealed memfd the server's user made ([`crate::memfd::guest_ram`]): QEMU maps it
+    /// through `/proc/self/fd/N` (`memory-backend-file,mem-path=`, the fd inherited). No
+    /// one can resize it, and no file of guest memory lies in the run directory.
+    Memfd(Arc<File>),
+    /// A file QEMU creates and sizes (`memory-backend-file,share=on,mem-path=PATH`), mapped
+    /// once it exists at its full size. A file anyone can truncate: for a QEMU started
+    /// elsewhere.
+    Path(PathBuf),
+}
+
 impl NodeConfig {
-    /// `nodes` nodes named node1.., each with its socket (nodeK.sock) and RAM file
-    /// (nodeK.ram) in `dir`: the layout every cluster uses.
-    pub fn cluster(dir: &std::path::Path, nodes: usize, ram_size: u64) -> Vec<NodeConfig> {
+    /// `nodes` nodes named node1.., each with its socket (nodeK.sock) in `dir` and its RAM
+    /// a sealed memfd: the layout every cluster uses.
+    pub fn cluster(dir: &std::path::Path, nodes: usize, ram_size: u64) -> io::Result<Vec<Self>> {
         (1..=nodes)
-            .map(|i| NodeConfig {
-                name: format!("node{i}"),
-                socket: dir.join(format!("node{i}.sock")),
-                ram_path: dir.join(format!("node{i}.ram")),
-                ram_size,
+            .map(|i| {
+                let name = format!("node{i}");
+                Ok(NodeConfig {
+                    socket: dir.join(format!("{name}.sock")),
+                    ram: RamBacking::Memfd(Arc::new(memfd::guest_ram(&name, ram_size)?)),
+                    name,
+                    ram_size,
+                })
             })
             .collect()
     }
@@ -86,28 +103,6 @@ pub(crate) struct NodeThread {
     pub stop: EventFd,
     /// The current guest's HCA, for status and tests.
     pub current: Arc<Mutex<Option<Hca>>>,
-}
-
-fn memfd(name: &str) -> io::Result<File> {
-    let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: memfd_create reads a NUL-terminated name we own and returns a new fd or -1.
-    let fd =
-        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// Seals a memfd's size (F_SEAL_SHRINK, F_SEAL_GROW) and its seals.
-fn seal_size(f: &File) -> io::Result<()> {
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: F_ADD_SEALS on an fd we own takes an int argument and touches no memory.
-    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 impl NodeThread {
@@ -195,11 +190,11 @@ impl NodeThread {
 
     /// Makes a fresh device for a new guest and greets the guest's QEMU.
     fn start(&self, stream: UnixStream) -> io::Result<Session> {
-        let bar2_file = memfd(&format!("hcabench-bar2-{}", self.cfg.name))?;
+        let bar2_file = memfd::create(&format!("hcabench-bar2-{}", self.cfg.name))?;
         let bar2 = DeviceMemory::from_file(bar2_file.try_clone()?).map_err(io::Error::other)?;
         // Its size is fixed from here: a guest's QEMU (or anyone it hands the fd to) cannot
         // truncate it under the device's mapping (that would be SIGBUS in this server).
-        seal_size(&bar2_file)?;
+        memfd::seal_size(&bar2_file)?;
         let vectors = NUM_VECTORS as usize;
         let doorbells = (0..vectors)
             .map(|_| EventFd::new(EFD_NONBLOCK))
@@ -209,7 +204,7 @@ impl NodeThread {
             .collect::<io::Result<Vec<_>>>()?;
         let own: Vec<RawFd> = irqs.iter().map(|e| e.as_raw_fd()).collect();
         let device: Vec<RawFd> = doorbells.iter().map(|e| e.as_raw_fd()).collect();
-        let ram = Arc::new(QemuRam::new(self.cfg.ram_path.clone(), self.cfg.ram_size));
+        let ram = Arc::new(QemuRam::new(self.cfg.ram.clone(), self.cfg.ram_size));
         let guid = hca_model::abi::node_guid(self.lid);
         let hca = Hca::with_dma(ram, bar2, Arc::new(GuestIrqs(irqs)), guid);
         hca.set_doorbell_peer(u32::from(DEVICE_PEER));

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use device_server::ivshmem::{read_greeting, ClientView};
-use device_server::{DeviceServer, NodeConfig, DEVICE_PEER, GUEST_PEER};
+use device_server::{DeviceServer, NodeConfig, RamBacking, DEVICE_PEER, GUEST_PEER};
 use hca_model::abi::*;
 use hca_model::DeviceMemory;
 use hca_test_driver::{send_wr, sge, CqH, Driver, Port, QpH};
@@ -35,8 +35,18 @@ fn scratch(name: &str) -> Scratch {
     Scratch(d)
 }
 
+/// `n` nodes, their RAM sealed memfds (what clusters use).
 fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
-    NodeConfig::cluster(dir, n, RAM)
+    NodeConfig::cluster(dir, n, RAM).unwrap()
+}
+
+/// `n` nodes, their RAM files that QEMU creates (a QEMU started by someone else).
+fn configs_with_ram_files(dir: &Path, n: usize) -> Vec<NodeConfig> {
+    let mut c = configs(dir, n);
+    for n in &mut c {
+        n.ram = RamBacking::Path(dir.join(format!("{}.ram", n.name)));
+    }
+    c
 }
 
 /// The device as a QEMU guest reaches it: BAR2 mapped from the memfd the greeting carried,
@@ -89,16 +99,23 @@ impl FakeGuest {
         Driver::with_port(port, mem)
     }
 
-    /// What QEMU does when it creates the RAM backend (after connecting).
+    /// What QEMU does when it creates the RAM backend (after connecting): it maps the
+    /// memfd it inherited, or creates and sizes the file.
     fn create_ram(&self) -> GuestMemoryMmap {
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.cfg.ram_path)
-            .unwrap();
-        f.set_len(RAM).unwrap();
+        let f = match &self.cfg.ram {
+            RamBacking::Memfd(f) => f.try_clone().unwrap(),
+            RamBacking::Path(p) => {
+                let f = File::options()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(p)
+                    .unwrap();
+                f.set_len(RAM).unwrap();
+                f
+            }
+        };
         GuestMemoryMmap::from_ranges_with_files([(
             GuestAddress(0),
             RAM as usize,
@@ -170,7 +187,7 @@ fn test_doorbell_reaches_the_model_and_its_interrupt_comes_back() {
 #[test]
 fn test_guest_ram_is_mapped_once_qemu_has_created_it() {
     let dir = scratch("ram");
-    let cfgs = configs(&dir.0, 1);
+    let cfgs = configs_with_ram_files(&dir.0, 1);
     let _server = DeviceServer::start(cfgs.clone()).unwrap();
     let g = FakeGuest::connect(&cfgs[0]);
     // Before QEMU creates the RAM file the driver's view of RAM is its own scratch memory.

@@ -147,7 +147,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let hcas = cluster.hcas();
     cluster.kill_all();
     finish_faults(run, &control, &hcas);
-    // Console logs and daemon.log stay for post-mortems; sockets and RAM files go.
+    // Console logs and daemon.log stay for post-mortems; sockets go.
     drop(cluster);
     let _ = std::fs::remove_file(run.state_file());
     Ok(())

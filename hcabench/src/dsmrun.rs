@@ -213,7 +213,7 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         _ => e,
     })?;
     // With a plan the directory stays for its fault log; the cluster removes the guests'
-    // RAM files and sockets when it goes.
+    // sockets when it goes.
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
         Some(false) => Err(format!(

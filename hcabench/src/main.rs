@@ -34,7 +34,7 @@ use rundir::{pid_alive, ClusterState, RunDir};
 #[derive(Parser)]
 #[command(name = "hcabench", version)]
 struct Cli {
-    /// Where the cluster's sockets, RAM files and console logs live
+    /// Where the cluster's sockets and console logs live
     /// [default: $XDG_RUNTIME_DIR/hcabench or /tmp/hcabench-UID; env HCABENCH_RUN_DIR]
     #[arg(long, global = true)]
     run_dir: Option<PathBuf>,

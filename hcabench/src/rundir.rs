@@ -1,4 +1,5 @@
-//! The run directory: where a cluster's sockets, RAM files, console logs and state live.
+//! The run directory: where a cluster's sockets, console logs and state live (guest
+//! RAM is a memfd, never a file here).
 //!
 //! Default `$XDG_RUNTIME_DIR/hcabench`, else `/tmp/hcabench-<uid>`; `--run-dir` or
 //! HCABENCH_RUN_DIR choose another. `state.toml` exists while a cluster is up and names the

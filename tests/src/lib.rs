@@ -109,6 +109,13 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The directory the cluster's sockets and consoles are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
 impl std::ops::Deref for Cluster {
     type Target = cluster::Cluster;
     fn deref(&self) -> &cluster::Cluster {

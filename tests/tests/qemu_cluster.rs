@@ -1,6 +1,7 @@
 //! End-to-end: Linux guests under QEMU (TCG here) with the hcabench HCA over ivshmem.
 //! One 2-node cluster serves every check below in turn (booting is the slow part).
 
+use std::fs;
 use std::time::{Duration, Instant};
 
 use cluster::console_protocol::{INIT, PCI, PROBE, READY};
@@ -52,6 +53,7 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
     }
     eprintln!("2-node cluster up in {:.2?}", started.elapsed());
     assert!(c.hca(0).is_some() && c.hca(1).is_some());
+    guest_ram_is_a_sealed_memfd_of_its_own(&c);
 
     // Killing one guest leaves the other guest and the server running.
     assert!(c.kill(0), "node1 was running");
@@ -68,4 +70,52 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
     assert!(c.hca(1).is_some(), "node2's HCA is still up");
     let lid2 = c.hca(1).unwrap().lid();
     assert_eq!(lid2, 2);
+}
+
+/// Each guest's RAM is a memfd only its own QEMU (and the device server) holds, and nobody
+/// holding it can resize it: a truncated RAM file used to be SIGBUS in the device server,
+/// for every guest it served. No file of guest memory lies in the cluster's directory.
+fn guest_ram_is_a_sealed_memfd_of_its_own(c: &e2e::Cluster) {
+    for e in fs::read_dir(c.dir()).unwrap() {
+        let e = e.unwrap();
+        let len = e.metadata().unwrap().len();
+        assert!(
+            len < 1 << 20,
+            "{:?} ({len} bytes) in the run directory",
+            e.path()
+        );
+    }
+    for (i, node) in c.nodes().enumerate() {
+        let pid = node.pid().expect("a QEMU guest has a pid");
+        let rams: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| {
+                let fd = e.ok()?.path();
+                let to = fs::read_link(&fd).ok()?.to_string_lossy().into_owned();
+                to.contains("memfd:hcabench-ram").then(|| {
+                    let f = fs::OpenOptions::new().write(true).open(&fd).unwrap();
+                    let e = f.set_len(4096).unwrap_err();
+                    assert_eq!(
+                        e.kind(),
+                        std::io::ErrorKind::PermissionDenied,
+                        "{to} resized"
+                    );
+                    to
+                })
+            })
+            .collect();
+        let own = format!("memfd:hcabench-ram-node{} ", i + 1);
+        assert!(!rams.is_empty(), "node{}'s QEMU holds no RAM memfd", i + 1);
+        assert!(
+            rams.iter().all(|r| r.contains(&own)),
+            "node{}'s QEMU holds {rams:?}",
+            i + 1
+        );
+        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        assert!(
+            maps.contains(own.trim_end()),
+            "node{} maps its RAM memfd",
+            i + 1
+        );
+    }
 }
