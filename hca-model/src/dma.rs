@@ -10,7 +10,10 @@
 
 use std::fmt;
 
-use vm_memory::{GuestAddress, GuestMemory, Permissions, VolatileSlice};
+use vm_memory::{
+    Address, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion,
+    MemoryRegionAddress, Permissions, VolatileSlice,
+};
 
 /// A guest address range the device may not touch (outside guest RAM, or overflowing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,15 +130,47 @@ pub fn copy_between(
 }
 
 /// Adapts any `vm_memory::GuestMemory` (without dirty bitmap) to [`DmaSpace`].
+///
+/// A range inside one region (nearly every access) is found in a table of the regions made
+/// once, without vm-memory's per-access region search and iterator; anything else (a range
+/// across regions, or one that faults) takes vm-memory's path.
 pub struct GuestRam<M> {
     mem: M,
+    regions: Vec<FlatRegion>,
+}
+
+/// One region of guest RAM: guest range and where it is mapped in this process.
+struct FlatRegion {
+    start: u64,
+    len: u64,
+    /// Host address of `start` (a `*mut u8` kept as an integer so the table is Send + Sync).
+    host: usize,
+}
+
+impl<M: GuestMemory> GuestRam<M> {
+    pub fn new(mem: M) -> Self {
+        // Regions without a host address (none in vm-memory's mmap backend) or memory behind
+        // an IOMMU leave the table empty: every access takes vm-memory's path.
+        let regions = mem
+            .physical_memory()
+            .map(|phys| {
+                phys.iter()
+                    .map_while(|r| {
+                        let host = r.get_host_address(MemoryRegionAddress(0)).ok()?;
+                        Some(FlatRegion {
+                            start: r.start_addr().raw_value(),
+                            len: r.len(),
+                            host: host as usize,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self { mem, regions }
+    }
 }
 
 impl<M> GuestRam<M> {
-    pub fn new(mem: M) -> Self {
-        Self { mem }
-    }
-
     pub fn inner(&self) -> &M {
         &self.mem
     }
@@ -151,6 +186,17 @@ where
         addr.checked_add(len).ok_or(fault)?;
         if count == 0 {
             return Ok(Slices::Many(Vec::new()));
+        }
+        for r in &self.regions {
+            let off = addr.wrapping_sub(r.start);
+            if addr >= r.start && off <= r.len && len <= r.len - off {
+                // SAFETY: [off, off + len) lies inside the region, which `self.mem` keeps
+                // mapped at `host` for as long as `self` lives (a GuestMemory's regions do
+                // not change through a shared reference), and guest memory is only ever
+                // accessed through volatile slices.
+                let slice = unsafe { VolatileSlice::new((r.host + off as usize) as *mut u8, count) };
+                return Ok(Slices::One(slice));
+            }
         }
         let mut it = self
             .mem
