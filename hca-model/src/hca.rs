@@ -344,8 +344,10 @@ impl Shared {
     /// lock let go between them (so that packets for this device get in, and its own packets
     /// move, while a guest's long queue is worked through).
     fn with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> R {
-        let r = self.turn(self.lock(), f);
-        while self.turn(self.lock(), HcaState::continue_send_queues) {}
+        let (r, mut more) = self.turn(self.lock(), f);
+        while more {
+            more = self.turn(self.lock(), HcaState::continue_send_queues).1;
+        }
         r
     }
 
@@ -358,13 +360,17 @@ impl Shared {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(self.turn(st, f))
+        Some(self.turn(st, f).0)
     }
 
     /// One turn: `f` with a fresh work budget, then interrupts raised and packets moved with
-    /// the lock released.
-    fn turn<R>(&self, mut st: MutexGuard<'_, HcaState>, f: impl FnOnce(&mut HcaState) -> R) -> R {
-        let (r, irqs, fabric) = {
+    /// the lock released. Also says whether a send queue has work left for another turn.
+    fn turn<R>(
+        &self,
+        mut st: MutexGuard<'_, HcaState>,
+        f: impl FnOnce(&mut HcaState) -> R,
+    ) -> (R, bool) {
+        let (r, irqs, fabric, more) = {
             st.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
             while !st.stranded.is_empty() {
@@ -379,7 +385,7 @@ impl Shared {
             // Work left over is due at once: the next tick goes on with it if no caller does.
             let hint = if st.more_work { 0 } else { st.timer_hint };
             self.timer_hint.store(hint, Ordering::Relaxed);
-            (r, irqs, st.fabric.clone())
+            (r, irqs, st.fabric.clone(), st.more_work)
         };
         drop(st);
         for v in 0..NUM_VECTORS {
@@ -390,7 +396,7 @@ impl Shared {
         if let Some(f) = fabric {
             f.pump_with_backpressure();
         }
-        r
+        (r, more)
     }
 }
 
