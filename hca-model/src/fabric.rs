@@ -17,7 +17,10 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -174,21 +177,34 @@ struct Queue {
 }
 
 /// Something attached to the fabric at run time (a hook, a tap), swapped under traffic.
-struct Attachment<T: ?Sized>(RwLock<Option<Arc<T>>>);
+/// Asked for on every packet, WQE and CQE: when nothing is attached (the usual case) the
+/// answer comes from one atomic load, without the lock.
+struct Attachment<T: ?Sized> {
+    slot: RwLock<Option<Arc<T>>>,
+    present: AtomicBool,
+}
 
 impl<T: ?Sized> Default for Attachment<T> {
     fn default() -> Self {
-        Self(RwLock::new(None))
+        Self {
+            slot: RwLock::new(None),
+            present: AtomicBool::new(false),
+        }
     }
 }
 
 impl<T: ?Sized> Attachment<T> {
     fn set(&self, v: Option<Arc<T>>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = v;
+        let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
+        self.present.store(v.is_some(), Release);
+        *slot = v;
     }
 
     fn get(&self) -> Option<Arc<T>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        if !self.present.load(Acquire) {
+            return None;
+        }
+        self.slot.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

@@ -250,6 +250,9 @@ impl HcaState {
     /// peer takes, one piece at a time, so no message holds them for its whole length.
     pub fn transmit_train(&mut self, train: Packet) {
         let max = (PIECE_BYTES / train.mtu.max(1)).max(1);
+        if train.count <= max {
+            return self.transmit(train); // one piece: the usual case, without a Vec
+        }
         for piece in train.chunks(max) {
             self.transmit(piece);
         }
