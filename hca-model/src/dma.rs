@@ -11,8 +11,8 @@
 use std::fmt;
 
 use vm_memory::{
-    Address, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion,
-    MemoryRegionAddress, Permissions, VolatileSlice,
+    Address, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
+    Permissions, VolatileSlice,
 };
 
 /// A guest address range the device may not touch (outside guest RAM, or overflowing).
@@ -194,7 +194,8 @@ where
                 // mapped at `host` for as long as `self` lives (a GuestMemory's regions do
                 // not change through a shared reference), and guest memory is only ever
                 // accessed through volatile slices.
-                let slice = unsafe { VolatileSlice::new((r.host + off as usize) as *mut u8, count) };
+                let slice =
+                    unsafe { VolatileSlice::new((r.host + off as usize) as *mut u8, count) };
                 return Ok(Slices::One(slice));
             }
         }
