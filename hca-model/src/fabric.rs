@@ -1,10 +1,13 @@
 //! The fabric: an in-process switch keyed by LID, acting as subnet manager (it hands out the
 //! LIDs), with one link per port and a hook on every link.
 //!
-//! Delivery is FIFO and single-file: packets are queued in the order their senders produced
-//! them (a sender enqueues while holding its own lock), and whichever thread finds the fabric
-//! idle drains the queue, taking one HCA lock at a time. That keeps RC ordering, delivers each
-//! packet exactly once, and cannot deadlock (no thread holds two HCA locks).
+//! Delivery: packets are queued per (destination, source) port in the order their senders
+//! produced them (a sender enqueues while holding its own lock) and served round-robin, so a
+//! port flooding the fabric delays another's packets by one item each, not by its backlog.
+//! Any thread that pumps delivers items for destinations no other thread is serving, taking
+//! one HCA lock at a time: each source's packets reach each destination in order (RC's
+//! need), exactly once, deliveries to different ports run in parallel, and no deadlock is
+//! possible (no thread holds two HCA locks).
 //!
 //! Every packet crosses two links: its source port's uplink and its destination port's
 //! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
@@ -15,7 +18,7 @@
 //! ticks from its own thread every [`TICK`]; a manual one ([`Fabric::with_manual_clock`])
 //! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -90,6 +93,47 @@ pub const MAX_BACKLOG: usize = 16384;
 thread_local! {
     /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
     static PUMPING: Cell<bool> = const { Cell::new(false) };
+    /// (fabric, destination slot) this thread queued items for since its last pump of that
+    /// fabric: what [`Fabric::pump_own`] serves.
+    static QUEUED_TO: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The next item of the destinations this thread queued for on fabric `fabric`, served in
+/// turn. A destination drops from the list once it is empty, or claimed by another thread
+/// (which goes on with it: it holds it in its own list, or serves every destination).
+fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
+    QUEUED_TO.with(|mine| {
+        let mut mine = mine.borrow_mut();
+        let mut i = 0;
+        while i < mine.len() {
+            let (f, dst) = mine[i];
+            if f != fabric {
+                i += 1;
+                continue;
+            }
+            if !q.open(dst) {
+                mine.remove(i);
+                continue;
+            }
+            // Served: to the back, so that this thread's destinations take turns.
+            if i + 1 < mine.len() {
+                let entry = mine.remove(i);
+                mine.push(entry);
+            }
+            return Some((dst, q.take_from(dst)?));
+        }
+        None
+    })
+}
+
+/// Notes that this thread queued an item for `dst` on fabric `fabric`.
+fn note_queued(fabric: usize, dst: usize) {
+    QUEUED_TO.with(|q| {
+        let mut q = q.borrow_mut();
+        if q.last() != Some(&(fabric, dst)) && !q.contains(&(fabric, dst)) {
+            q.push((fabric, dst));
+        }
+    });
 }
 
 /// How often a real-time fabric runs its ports' timers.
@@ -170,10 +214,120 @@ enum Item {
     Bounce(Packet, DropReason),
 }
 
+/// Queues past this LID share slot 0 with the SM and multicast (a guest may address any
+/// LID; the slot table stays small).
+const SLOTS: usize = 4096;
+
+/// The destination slot of a LID: its own for a port's LID, 0 for the SM, multicast and
+/// LIDs past [`SLOTS`].
+fn slot(lid: Lid) -> usize {
+    match usize::from(lid) {
+        l if l < SLOTS && lid < SM_LID => l,
+        _ => 0,
+    }
+}
+
+/// Everything queued: a FIFO per (destination, source) port, served round-robin over the
+/// sources of a destination. One sender's flood then delays another's packet to the same
+/// port by one item, not by the flood; the order of one source's items to one destination
+/// (what RC needs) is kept.
+///
+/// A destination is claimed by the thread delivering its item, so its items arrive one at a
+/// time and in order, while items for other destinations are delivered by other threads at
+/// the same moment (each HCA has its own lock). A device's thread delivers what it queued
+/// itself (and what those deliveries queue), not another guest's backlog: see
+/// [`Fabric::pump_with_backpressure`].
 #[derive(Default)]
 struct Queue {
-    items: VecDeque<Item>,
-    pumping: bool,
+    dsts: Vec<DstQueue>,
+    /// Destination slots that may have items no thread has claimed (checked when taken).
+    ready: VecDeque<usize>,
+    len: usize,
+}
+
+#[derive(Default)]
+struct DstQueue {
+    /// Per source, its FIFO; kept when empty (the same few sources keep sending). Sources
+    /// are the ports' LIDs (the fabric sets them) and, for bounces, slots: bounded.
+    srcs: Vec<(Lid, VecDeque<Item>)>,
+    /// Indices into `srcs` with items, in service order.
+    turn: VecDeque<usize>,
+    /// The index the last push used.
+    last: usize,
+    claimed: bool,
+    in_ready: bool,
+}
+
+impl Queue {
+    fn push(&mut self, dst: usize, src: Lid, item: Item) {
+        if self.dsts.len() <= dst {
+            self.dsts.resize_with(dst + 1, DstQueue::default);
+        }
+        let d = &mut self.dsts[dst];
+        let i = match d.srcs.get(d.last) {
+            Some((s, _)) if *s == src => d.last,
+            _ => match d.srcs.iter().position(|(s, _)| *s == src) {
+                Some(i) => i,
+                None => {
+                    d.srcs.push((src, VecDeque::new()));
+                    d.srcs.len() - 1
+                }
+            },
+        };
+        d.last = i;
+        let q = &mut d.srcs[i].1;
+        if q.is_empty() {
+            d.turn.push_back(i);
+        }
+        q.push_back(item);
+        self.len += 1;
+        if !d.claimed && !d.in_ready {
+            d.in_ready = true;
+            self.ready.push_back(dst);
+        }
+    }
+
+    /// Whether `dst` has items that no thread is delivering.
+    fn open(&self, dst: usize) -> bool {
+        self.dsts
+            .get(dst)
+            .is_some_and(|d| !d.claimed && !d.turn.is_empty())
+    }
+
+    /// The next item for `dst` (which must be [`Queue::open`]); the caller then holds it
+    /// claimed until [`Queue::release`].
+    fn take_from(&mut self, dst: usize) -> Option<Item> {
+        let d = self.dsts.get_mut(dst)?;
+        let i = d.turn.pop_front()?;
+        let item = d.srcs[i].1.pop_front()?;
+        if !d.srcs[i].1.is_empty() {
+            d.turn.push_back(i);
+        }
+        d.claimed = true;
+        self.len -= 1;
+        Some(item)
+    }
+
+    /// The next item of any destination no thread is delivering to.
+    fn take_any(&mut self) -> Option<(usize, Item)> {
+        while let Some(dst) = self.ready.pop_front() {
+            self.dsts[dst].in_ready = false;
+            if self.open(dst) {
+                return Some((dst, self.take_from(dst)?));
+            }
+        }
+        None
+    }
+
+    /// The caller is done with its item for `dst`.
+    fn release(&mut self, dst: usize) {
+        let d = &mut self.dsts[dst];
+        d.claimed = false;
+        if !d.turn.is_empty() && !d.in_ready {
+            d.in_ready = true;
+            self.ready.push_back(dst);
+        }
+    }
 }
 
 /// Something attached to the fabric at run time (a hook, a tap), swapped under traffic.
@@ -568,20 +722,31 @@ impl Fabric {
     /// Queues a packet. Callers hold their own HCA lock, which fixes the order of packets from
     /// one sender; the packet moves at the next [`Fabric::pump`].
     pub fn enqueue(&self, pkt: Packet) {
-        self.queue().items.push_back(Item::Packet(pkt));
+        let (dst, src) = (slot(pkt.dlid), pkt.slid);
+        self.push(dst, src, Item::Packet(pkt));
+    }
+
+    fn push(&self, dst: usize, src: Lid, item: Item) {
+        self.queue().push(dst, src, item);
+        note_queued(self.id(), dst);
+    }
+
+    /// This fabric's identity, for [`QUEUED_TO`].
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// Packets and bounces queued, not yet moved.
     pub fn backlog(&self) -> usize {
-        self.queue().items.len()
+        self.queue().len
     }
 
-    /// Like [`Fabric::pump`]; then, while more than [`MAX_BACKLOG`] items wait, a sender
-    /// that out-runs the fabric waits for it (pumping itself when no one else does), so one
+    /// Like [`Fabric::pump_own`]; then, while more than [`MAX_BACKLOG`] items wait, a
+    /// sender that out-runs the fabric waits for it (pumping what it queued itself), so one
     /// guest's flood of datagrams cannot grow the queue without bound. Never waits inside a
     /// pump (a delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self) {
-        self.pump();
+        self.pump_own();
         if PUMPING.with(Cell::get) {
             return;
         }
@@ -591,29 +756,45 @@ impl Fabric {
         }
     }
 
-    /// Delivers queued packets until the queue is empty, unless another thread (or an outer
-    /// frame of this one) is already doing so. Call it with no HCA lock held.
+    /// Delivers every queued item that no other thread is delivering, until none is left.
+    /// Call it with no HCA lock held.
     pub fn pump(&self) {
-        {
-            let mut q = self.queue();
-            if q.pumping || q.items.is_empty() {
-                return;
-            }
-            q.pumping = true;
+        self.pump_while(true);
+    }
+
+    /// Delivers what this thread queued, and what those deliveries queue, until nothing of
+    /// it is left that another thread is not delivering; items only other threads queued
+    /// are theirs to move. A device's turn ends with this: a guest's doorbell thread moves
+    /// its own traffic, not another guest's flood. Call it with no HCA lock held.
+    pub fn pump_own(&self) {
+        self.pump_while(false);
+    }
+
+    /// The pump; `any`: items anyone queued, else this thread's own. A nested call (from a
+    /// delivery) returns at once: the outer frame goes on with what it queued.
+    fn pump_while(&self, any: bool) {
+        if PUMPING.with(Cell::get) {
+            return;
         }
         PUMPING.with(|p| p.set(true));
+        let id = self.id();
+        let mut claimed = None;
         loop {
-            let item = {
+            let next = {
                 let mut q = self.queue();
-                match q.items.pop_front() {
-                    Some(i) => i,
-                    None => {
-                        q.pumping = false;
-                        PUMPING.with(|p| p.set(false));
-                        return;
-                    }
+                if let Some(dst) = claimed.take() {
+                    q.release(dst);
+                }
+                match take_own(&mut q, id) {
+                    Some(next) => Some(next),
+                    None if any => q.take_any(),
+                    None => None,
                 }
             };
+            let Some((dst, item)) = next else {
+                break;
+            };
+            claimed = Some(dst);
             match item {
                 Item::Packet(pkt) => self.forward(pkt),
                 Item::Bounce(pkt, why) => {
@@ -623,6 +804,7 @@ impl Fabric {
                 }
             }
         }
+        PUMPING.with(|p| p.set(false));
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -771,6 +953,9 @@ impl Fabric {
         };
         let mut pkt = pkt;
         pkt.payload = Default::default();
-        self.queue().items.push_back(Item::Bounce(pkt, why));
+        // Back to its sender, behind what the port it was for has already sent there (an
+        // ACK on its way arrives first, as it would before the sender's timeout).
+        let (dst, src) = (slot(pkt.slid), slot(pkt.dlid) as Lid);
+        self.push(dst, src, Item::Bounce(pkt, why));
     }
 }

@@ -187,3 +187,154 @@ fn test_a_restarted_node_takes_its_old_lid_and_peers_reach_it_again() {
     assert_eq!(b.drain_cq(&mut cq).len(), 1);
     assert_eq!(b.read(dst, 8), b"rebooted");
 }
+
+/// Records the sender and opcode of every packet as it enters the fabric; the first time a
+/// packet from `trigger` passes, rings the doorbell it holds (another guest's send queue).
+struct RingOnFirst {
+    trigger: u16,
+    ring: Mutex<Option<(hca_model::Hca, u32, u32)>>,
+    seen: Mutex<Vec<(u16, u8)>>,
+}
+
+impl hca_model::PacketTap for RingOnFirst {
+    fn on_wire(&self, _now_ns: u64, pkt: &Packet) {
+        self.seen.lock().unwrap().push((pkt.slid, pkt.opcode));
+        if pkt.slid != self.trigger {
+            return;
+        }
+        if let Some((hca, qpn, pi)) = self.ring.lock().unwrap().take() {
+            hca.bar2().store_u32(BAR2_QP_DB_OFFSET + qpn * 8, pi);
+            hca.doorbell(DB_SQ);
+        }
+    }
+}
+
+#[test]
+fn test_a_flood_already_queued_delays_another_senders_packet_by_one_item_not_by_the_flood() {
+    let fabric = Fabric::with_manual_clock();
+    let mut flood = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    let mut victim = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    // The flood: 16 one-packet RDMA WRITEs queued at once by one doorbell.
+    let (src, dst) = (flood.a.alloc(4096, 4096), flood.b.alloc(4096, 4096));
+    for i in 0..16 {
+        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+        wr.num_sge = 1;
+        (wr.remote_addr, wr.rkey) = (dst, flood.key_b);
+        flood
+            .a
+            .write_send(&mut flood.qa, &wr, &[sge(src, 4096, flood.key_a)], &[]);
+    }
+    // The victim's SEND, rung while the flood's first packet is on the wire: its packet
+    // is queued behind the other 15.
+    let (vsrc, vdst) = (victim.a.alloc(8, 8), victim.b.alloc(8, 8));
+    victim
+        .b
+        .post_recv(&mut victim.qb, 1, &[sge(vdst, 8, victim.key_b)]);
+    let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+    wr.num_sge = 1;
+    victim
+        .a
+        .write_send(&mut victim.qa, &wr, &[sge(vsrc, 8, victim.key_a)], &[]);
+    let tap = Arc::new(RingOnFirst {
+        trigger: flood.a.lid(),
+        ring: Mutex::new(Some((victim.a.hca.clone(), victim.qa.qpn, victim.qa.sq_pi))),
+        seen: Mutex::default(),
+    });
+    fabric.set_tap(Some(tap.clone()));
+    flood.a.ring_sq(&flood.qa);
+    fabric.set_tap(None);
+
+    let seen = tap.seen.lock().unwrap().clone();
+    let at = seen
+        .iter()
+        .position(|&(slid, op)| slid == victim.a.lid() && op == RC_SEND_ONLY)
+        .expect("the victim's SEND went out");
+    let flood_before = seen[..at]
+        .iter()
+        .filter(|&&(slid, _)| slid == flood.a.lid())
+        .count();
+    // The first flood packet was on the wire when the victim rang; one more may go first
+    // (turns alternate), not the other 14.
+    assert!(
+        flood_before <= 2,
+        "{flood_before} flood packets went first: {seen:?}"
+    );
+    let c = victim
+        .a
+        .poll_cq(&mut victim.cq_a)
+        .expect("the victim's SEND completed");
+    assert_eq!(u32::from(c.status), WC_SUCCESS);
+    let done = (0..16)
+        .filter(|_| flood.a.poll_cq(&mut flood.cq_a).is_some())
+        .count();
+    assert_eq!(done, 16, "the flood completed too");
+}
+
+/// One pair's traffic on its own thread: `rounds` batches of 8 SENDs, each carrying its
+/// sequence number; every one arrives once, intact and in order.
+fn sends_in_order(p: &mut Pair, rounds: u64) {
+    let (src, dst) = (p.a.alloc(64, 8), p.b.alloc(64, 8));
+    let mut next = 0u64;
+    for _ in 0..rounds {
+        for k in 0..8u64 {
+            p.b.post_recv(&mut p.qb, next + k, &[sge(dst + 8 * k, 8, p.key_b)]);
+            p.a.write(src + 8 * k, &(next + k).to_le_bytes());
+        }
+        for k in 0..8u64 {
+            let mut wr = send_wr(next + k, WR_SEND, WQE_SIGNALED);
+            wr.num_sge = 1;
+            p.a.write_send(&mut p.qa, &wr, &[sge(src + 8 * k, 8, p.key_a)], &[]);
+        }
+        p.a.ring_sq(&p.qa);
+        let (mut sent, mut got) = (0, 0);
+        while (sent, got) != (8, 8) {
+            if let Some(c) = p.a.poll_cq(&mut p.cq_a) {
+                assert_eq!(u32::from(c.status), WC_SUCCESS);
+                sent += 1;
+            }
+            if let Some(c) = p.b.poll_cq(&mut p.cq_b) {
+                assert_eq!(u32::from(c.status), WC_SUCCESS);
+                assert_eq!(c.wr_id, next + got, "receives complete in order");
+                let v = u64::from_le_bytes(p.b.read(dst + 8 * got, 8).try_into().unwrap());
+                assert_eq!(v, next + got, "SEND {} carried its own bytes", next + got);
+                got += 1;
+            }
+        }
+        next += 8;
+    }
+}
+
+#[test]
+fn test_pairs_on_threads_of_their_own_and_a_flood_all_deliver_in_order() {
+    let fabric = Fabric::with_manual_clock();
+    let mut pairs: Vec<Pair> = (0..4)
+        .map(|_| Pair::build(fabric.clone(), MTU_256 as u8, ALL_ACCESS, DEFAULT_RTS))
+        .collect();
+    let mut flood = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    let (src, dst) = (flood.a.alloc(64 << 10, 4096), flood.b.alloc(64 << 10, 4096));
+    flood.a.write(src, &pattern(64 << 10, 7));
+    std::thread::scope(|s| {
+        let workers: Vec<_> = pairs
+            .iter_mut()
+            .map(|p| s.spawn(|| sends_in_order(p, 250)))
+            .collect();
+        s.spawn(|| {
+            for _ in 0..64 {
+                let mut wr = send_wr(0, WR_RDMA_WRITE, WQE_SIGNALED);
+                wr.num_sge = 1;
+                (wr.remote_addr, wr.rkey) = (dst, flood.key_b);
+                flood
+                    .a
+                    .post_send(&mut flood.qa, wr, &[sge(src, 64 << 10, flood.key_a)]);
+                while flood.a.poll_cq(&mut flood.cq_a).is_none() {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        for w in workers {
+            w.join().expect("a pair's thread");
+        }
+    });
+    assert_eq!(flood.b.read(dst, 64 << 10), pattern(64 << 10, 7));
+    assert_eq!(fabric.backlog(), 0, "nothing left queued");
+}
