@@ -1,14 +1,19 @@
 //! Model throughput, measured side by side in one run:
 //! - RDMA WRITE of 4 KiB, 64 KiB and 1 MiB between two guest memories, as a ratio to a plain
 //!   memcpy of the same size (rounds of the two alternate, best round of each is kept);
-//! - 8-byte SEND message rate on one core, doorbell to CQE on both sides.
+//! - 8-byte SEND message rate on one core, doorbell to CQE on both sides;
+//! - fairness: one pair's 8-byte SEND round-trip rate alone, and while another pair on the
+//!   same fabric floods it with 64 KiB RDMA WRITEs from another thread.
 //!
-//! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run).
+//! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run, and
+//! `write`, `send` or `fair` for one part).
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use hca_model::abi::*;
+use hca_model::Fabric;
 use hca_test_driver::*;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
@@ -114,6 +119,89 @@ fn send_rate(quick: bool) {
     println!("(each message also costs the test driver's posting and polling, measured in)");
 }
 
+/// 8-byte SENDs, one at a time, from `p.a` to `p.b` until `stop`: how many completed.
+fn ping_for(p: &mut Pair, dur: Duration) -> u64 {
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    let (key_a, key_b) = (p.key_a, p.key_b);
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < dur {
+        for _ in 0..64 {
+            p.b.post_recv(&mut p.qb, n, &[sge(dst, 8, key_b)]);
+            let mut wr = send_wr(n, WR_SEND, WQE_SIGNALED);
+            wr.num_sge = 1;
+            p.a.post_send(&mut p.qa, wr, &[sge(src, 8, key_a)]);
+            let mut got = (false, false);
+            while got != (true, true) {
+                got.0 |= p.a.poll_cq(&mut p.cq_a).is_some();
+                got.1 |= p.b.poll_cq(&mut p.cq_b).is_some();
+            }
+            n += 1;
+        }
+    }
+    n
+}
+
+fn fairness(quick: bool) {
+    println!();
+    println!(
+        "fairness: one pair's 8-byte SEND round trips alone and while another pair on the \
+         same fabric floods 64 KiB RDMA WRITEs (16 per doorbell) from a second thread"
+    );
+    let dur = Duration::from_millis(if quick { 300 } else { 2000 });
+    let fabric = Fabric::with_manual_clock();
+    let mut victim = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    let mut flood = Pair::build(fabric, MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    let alone = ping_for(&mut victim, dur) as f64 / dur.as_secs_f64();
+    let size = 64u32 << 10;
+    let (src, dst) = (
+        flood.a.alloc(size.into(), 4096),
+        flood.b.alloc(size.into(), 4096),
+    );
+    let stop = AtomicBool::new(false);
+    let (under, flood_bytes, flood_secs) = std::thread::scope(|s| {
+        let f = s.spawn(|| {
+            let (key_a, key_b) = (flood.key_a, flood.key_b);
+            let (t, mut bytes) = (Instant::now(), 0u64);
+            while !stop.load(Relaxed) {
+                for i in 0..16 {
+                    let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+                    wr.num_sge = 1;
+                    (wr.remote_addr, wr.rkey) = (dst, key_b);
+                    flood
+                        .a
+                        .write_send(&mut flood.qa, &wr, &[sge(src, size, key_a)], &[]);
+                }
+                flood.a.ring_sq(&flood.qa);
+                let mut got = 0;
+                while got < 16 {
+                    got += usize::from(flood.a.poll_cq(&mut flood.cq_a).is_some());
+                }
+                bytes += 16 * u64::from(size);
+            }
+            (bytes, t.elapsed().as_secs_f64())
+        });
+        // The flood first, then the victim's measured window.
+        std::thread::sleep(Duration::from_millis(50));
+        let n = ping_for(&mut victim, dur);
+        stop.store(true, Relaxed);
+        let (bytes, secs) = f.join().expect("flood thread");
+        (n as f64 / dur.as_secs_f64(), bytes, secs)
+    });
+    println!(
+        "{:>16} {:>18} {:>8} {:>14}",
+        "victim alone/s", "victim flooded/s", "ratio", "flood GB/s"
+    );
+    println!(
+        "{:>16.0} {:>18.0} {:>7.2}x {:>14.2}",
+        alone,
+        under,
+        under / alone,
+        flood_bytes as f64 / flood_secs / 1e9
+    );
+    println!("(a fair fabric keeps the ratio near the victim's share of the host's cores)");
+}
+
 fn fmt_size(n: usize) -> String {
     if n >= 1 << 20 {
         format!("{} MiB", n >> 20)
@@ -123,7 +211,22 @@ fn fmt_size(n: usize) -> String {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    rdma_write_vs_memcpy(quick);
-    send_rate(quick);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // Names pick parts (for a profiler); none means all. Cargo's own flags are ignored.
+    let parts: Vec<&str> = args
+        .iter()
+        .filter(|a| !a.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    let want = |p: &str| parts.is_empty() || parts.contains(&p);
+    if want("write") {
+        rdma_write_vs_memcpy(quick);
+    }
+    if want("send") {
+        send_rate(quick);
+    }
+    if want("fair") {
+        fairness(quick);
+    }
 }
