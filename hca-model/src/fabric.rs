@@ -101,6 +101,7 @@ thread_local! {
 /// The next item of the destinations this thread queued for on fabric `fabric`, served in
 /// turn. A destination drops from the list once it is empty, or claimed by another thread
 /// (which goes on with it: it holds it in its own list, or serves every destination).
+#[inline]
 fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
     QUEUED_TO.with(|mine| {
         let mut mine = mine.borrow_mut();
@@ -259,6 +260,7 @@ struct DstQueue {
 }
 
 impl Queue {
+    #[inline]
     fn push(&mut self, dst: usize, src: Lid, item: Item) {
         if self.dsts.len() <= dst {
             self.dsts.resize_with(dst + 1, DstQueue::default);
@@ -296,6 +298,7 @@ impl Queue {
 
     /// The next item for `dst` (which must be [`Queue::open`]); the caller then holds it
     /// claimed until [`Queue::release`].
+    #[inline]
     fn take_from(&mut self, dst: usize) -> Option<Item> {
         let d = self.dsts.get_mut(dst)?;
         let i = d.turn.pop_front()?;
@@ -309,6 +312,7 @@ impl Queue {
     }
 
     /// The next item of any destination no thread is delivering to.
+    #[inline]
     fn take_any(&mut self) -> Option<(usize, Item)> {
         while let Some(dst) = self.ready.pop_front() {
             self.dsts[dst].in_ready = false;
@@ -726,6 +730,7 @@ impl Fabric {
         self.push(dst, src, Item::Packet(pkt));
     }
 
+    #[inline]
     fn push(&self, dst: usize, src: Lid, item: Item) {
         self.queue().push(dst, src, item);
         note_queued(self.id(), dst);
