@@ -14,15 +14,17 @@ use crate::status::CmdError;
 /// Reads a command's input struct from the mailbox's input bytes.
 fn input<T: ByteValued + Default>(mb: &HcaCmdMailbox) -> T {
     let mut v = T::default();
-    let n = std::mem::size_of::<T>().min(mb.input.len());
-    v.as_mut_slice()[..n].copy_from_slice(&mb.input[..n]);
+    for (d, s) in v.as_mut_slice().iter_mut().zip(&mb.input) {
+        *d = *s;
+    }
     v
 }
 
 /// Writes a command's output struct into the mailbox's output bytes.
 fn output<T: ByteValued>(out: &mut [u8; 64], v: &T) {
-    let b = v.as_slice();
-    out[..b.len()].copy_from_slice(b);
+    for (d, s) in out.iter_mut().zip(v.as_slice()) {
+        *d = *s;
+    }
 }
 
 fn handle(v: u32) -> HcaCmdHandle {

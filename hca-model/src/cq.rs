@@ -129,7 +129,9 @@ impl HcaState {
     /// is the only way not to lose a wake-up. Drivers see at most a spurious event.
     pub(crate) fn scan_cq_arms(&mut self) {
         for i in 0..self.live_cqs.len() {
-            let cqn = self.live_cqs[i];
+            let Some(&cqn) = self.live_cqs.get(i) else {
+                break;
+            };
             let word = self.bar2.load_u32(cq_db(cqn) + 4);
             let ci = self.bar2.load_u32(cq_db(cqn));
             let Some(cq) = self.cqs.get_mut(cqn) else {
@@ -162,7 +164,9 @@ impl HcaState {
         let mut off = 0;
         while off < bytes {
             let n = (bytes - off).min(4096);
-            let _ = self.mem.write(a.ring_addr + off, &zero[..n as usize]);
+            let _ = self
+                .mem
+                .write(a.ring_addr + off, zero.get(..n as usize).unwrap_or(&[]));
             off += n;
         }
         let cq = Cq {

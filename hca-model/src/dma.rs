@@ -61,20 +61,23 @@ pub trait DmaSpace: Send + Sync {
 
     /// Reads exactly `buf.len()` bytes at `addr`.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let mut off = 0;
-        for s in self.slices(addr, buf.len() as u64)?.as_slice() {
-            s.copy_to(&mut buf[off..off + s.len()]);
-            off += s.len();
+        // The pieces cover exactly `buf.len()` bytes, in order.
+        let mut rest = buf;
+        for s in self.slices(addr, rest.len() as u64)?.as_slice() {
+            let (piece, tail) = rest.split_at_mut(s.len().min(rest.len()));
+            s.copy_to(piece);
+            rest = tail;
         }
         Ok(())
     }
 
     /// Writes all of `buf` at `addr`; on a fault nothing is written.
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let mut off = 0;
-        for s in self.slices(addr, buf.len() as u64)?.as_slice() {
-            s.copy_from(&buf[off..off + s.len()]);
-            off += s.len();
+        let mut rest = buf;
+        for s in self.slices(addr, rest.len() as u64)?.as_slice() {
+            let (piece, tail) = rest.split_at(s.len().min(rest.len()));
+            s.copy_from(piece);
+            rest = tail;
         }
         Ok(())
     }
@@ -112,17 +115,17 @@ pub fn copy_between(
     let d = dst.slices(dst_addr, len)?;
     let (s, d) = (s.as_slice(), d.as_slice());
     let (mut si, mut so, mut di, mut d_off) = (0, 0, 0, 0);
-    while si < s.len() && di < d.len() {
-        let n = (s[si].len() - so).min(d[di].len() - d_off);
-        if let (Ok(from), Ok(to)) = (s[si].subslice(so, n), d[di].subslice(d_off, n)) {
+    while let (Some(sp), Some(dp)) = (s.get(si), d.get(di)) {
+        let n = (sp.len() - so).min(dp.len() - d_off);
+        if let (Ok(from), Ok(to)) = (sp.subslice(so, n), dp.subslice(d_off, n)) {
             from.copy_to_volatile_slice(to);
         }
         so += n;
         d_off += n;
-        if so == s[si].len() {
+        if so == sp.len() {
             (si, so) = (si + 1, 0);
         }
-        if d_off == d[di].len() {
+        if d_off == dp.len() {
             (di, d_off) = (di + 1, 0);
         }
     }

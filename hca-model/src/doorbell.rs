@@ -59,13 +59,13 @@ fn pump(epoll: &Epoll, hca: &Hca, fds: &[EventFd]) {
                 return;
             }
         };
-        for ev in &events[..n] {
+        for ev in events.iter().take(n) {
             if ev.data() == STOP {
                 return;
             }
             let class = ev.data() as usize;
             // Coalesced writes read as one count: the model rescans its queues anyway.
-            if fds[class].read().is_ok() {
+            if fds.get(class).is_some_and(|fd| fd.read().is_ok()) {
                 hca.doorbell(class as u32);
             }
         }

@@ -19,7 +19,9 @@ impl HcaState {
     pub(crate) fn post_event(&mut self, vector: u32, event_type: u32, param: u32, data: u32) {
         let v = vector.min(NUM_VECTORS - 1);
         let ci = self.bar2.load_u32(BAR2_EQ_DB_OFFSET + v * EQ_DB_STRIDE);
-        let pi = self.eqs[v as usize].pi;
+        let Some(pi) = self.eqs.get(v as usize).map(|e| e.pi) else {
+            return;
+        };
         self.pending_irqs |= 1 << v;
         if pi.wrapping_sub(ci) >= EQ_ENTRIES {
             self.stats.events_lost += 1;
@@ -36,7 +38,9 @@ impl HcaState {
         };
         self.bar2.write_obj(slot, &eqe);
         self.bar2.store_u8(slot + EQE_OWNER_OFFSET, owner);
-        self.eqs[v as usize].pi = pi.wrapping_add(1);
+        if let Some(e) = self.eqs.get_mut(v as usize) {
+            e.pi = pi.wrapping_add(1);
+        }
         self.stats.events += 1;
     }
 }

@@ -106,8 +106,7 @@ fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
     QUEUED_TO.with(|mine| {
         let mut mine = mine.borrow_mut();
         let mut i = 0;
-        while i < mine.len() {
-            let (f, dst) = mine[i];
+        while let Some(&(f, dst)) = mine.get(i) {
             if f != fabric {
                 i += 1;
                 continue;
@@ -265,7 +264,9 @@ impl Queue {
         if self.dsts.len() <= dst {
             self.dsts.resize_with(dst + 1, DstQueue::default);
         }
-        let d = &mut self.dsts[dst];
+        let Some(d) = self.dsts.get_mut(dst) else {
+            return;
+        };
         let i = match d.srcs.get(d.last) {
             Some((s, _)) if *s == src => d.last,
             _ => match d.srcs.iter().position(|(s, _)| *s == src) {
@@ -277,7 +278,9 @@ impl Queue {
             },
         };
         d.last = i;
-        let q = &mut d.srcs[i].1;
+        let Some((_, q)) = d.srcs.get_mut(i) else {
+            return;
+        };
         if q.is_empty() {
             d.turn.push_back(i);
         }
@@ -302,8 +305,9 @@ impl Queue {
     fn take_from(&mut self, dst: usize) -> Option<Item> {
         let d = self.dsts.get_mut(dst)?;
         let i = d.turn.pop_front()?;
-        let item = d.srcs[i].1.pop_front()?;
-        if !d.srcs[i].1.is_empty() {
+        let (_, q) = d.srcs.get_mut(i)?;
+        let item = q.pop_front()?;
+        if !q.is_empty() {
             d.turn.push_back(i);
         }
         d.claimed = true;
@@ -315,7 +319,9 @@ impl Queue {
     #[inline]
     fn take_any(&mut self) -> Option<(usize, Item)> {
         while let Some(dst) = self.ready.pop_front() {
-            self.dsts[dst].in_ready = false;
+            if let Some(d) = self.dsts.get_mut(dst) {
+                d.in_ready = false;
+            }
             if self.open(dst) {
                 return Some((dst, self.take_from(dst)?));
             }
@@ -325,7 +331,9 @@ impl Queue {
 
     /// The caller is done with its item for `dst`.
     fn release(&mut self, dst: usize) {
-        let d = &mut self.dsts[dst];
+        let Some(d) = self.dsts.get_mut(dst) else {
+            return;
+        };
         d.claimed = false;
         if !d.turn.is_empty() && !d.in_ready {
             d.in_ready = true;
@@ -670,7 +678,9 @@ impl Fabric {
         if ports.len() <= lid as usize {
             ports.resize(lid as usize + 1, None);
         }
-        let slot = &mut ports[lid as usize];
+        let Some(slot) = ports.get_mut(lid as usize) else {
+            return Err(LidTaken(lid));
+        };
         if slot.as_ref().is_some_and(|w| w.strong_count() > 0) {
             return Err(LidTaken(lid));
         }

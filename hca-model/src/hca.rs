@@ -91,8 +91,14 @@ impl<T> Table<T> {
     }
 
     pub fn alloc(&mut self, v: T) -> Option<u32> {
-        let i = (self.first as usize..self.slots.len()).find(|&i| self.slots[i].is_none())?;
-        self.slots[i] = Some(v);
+        let first = self.first as usize;
+        let (i, slot) = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .skip(first)
+            .find(|(_, s)| s.is_none())?;
+        *slot = Some(v);
         Some(i as u32)
     }
 

@@ -7,9 +7,15 @@
 //! is in [`abi`] and `docs/hca-abi.md`; the threat model is that every value read from guest
 //! memory or BAR2 is hostile: it is checked, and a bad one yields an error completion, an
 //! error state or an async event, never a panic or an access outside the guest's memory.
+//! Indexing that could panic is refused by the compiler (`clippy::indexing_slicing`) in the
+//! engine; two modules are not yet converted and say why they are safe.
+
+#![cfg_attr(not(test), warn(clippy::indexing_slicing))]
 
 pub mod abi;
 pub mod adapter_hook;
+// Frames are built into buffers sized for them first.
+#[allow(clippy::indexing_slicing)]
 pub mod capture;
 mod command;
 mod cq;
@@ -27,6 +33,9 @@ mod qp;
 pub mod reliability;
 mod requester;
 mod responder;
+// MAD fields at fixed offsets inside a MAD that `SubnetAdmin::answer` checked to be 256
+// bytes; fuzzed (fuzz/fuzz_targets/sa.rs).
+#[allow(clippy::indexing_slicing)]
 pub mod sa;
 mod status;
 

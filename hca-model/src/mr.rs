@@ -123,7 +123,11 @@ impl Mr {
                 while pos < end {
                     let in_page = pos & (psize - 1);
                     let n = (psize - in_page).min(end - pos);
-                    push_seg(out, pages[(pos >> shift) as usize] + in_page, n);
+                    // Registration checked that the pages cover the MR: never short.
+                    let Some(&page) = pages.get((pos >> shift) as usize) else {
+                        return;
+                    };
+                    push_seg(out, page + in_page, n);
                     pos += n;
                 }
             }
@@ -186,7 +190,7 @@ impl HcaState {
         }
         let idx = key >> 8;
         let mr = self.mrs.get(idx).ok_or(KeyViolation)?;
-        let tag_ok = self.mr_tags[idx as usize] == (key & 0xff) as u8;
+        let tag_ok = self.mr_tags.get(idx as usize) == Some(&((key & 0xff) as u8));
         let in_bounds = va >= mr.iova && end <= mr.iova.saturating_add(mr.length);
         let allowed = mr.access & use_.needed() == use_.needed();
         if !tag_ok || mr.pdn != pdn || !in_bounds || !allowed {
@@ -275,7 +279,10 @@ impl HcaState {
             pd.users += 1;
         }
         // Tags run 2..=255: 0 never, and 1 only for LOCAL_DMA_LKEY's slot 0.
-        let tag = &mut self.mr_tags[idx as usize];
+        let tag = self
+            .mr_tags
+            .get_mut(idx as usize)
+            .ok_or(CmdError::NoResources)?;
         *tag = if *tag == 255 { 2 } else { *tag + 1 };
         Ok((idx << 8) | u32::from(*tag))
     }
@@ -300,7 +307,9 @@ impl HcaState {
         (mr.access, mr.iova, mr.length, mr.xlat) = (w.access, w.iova, w.length, xlat);
         mr.grant.revoke();
         mr.grant = Arc::default();
-        self.mr_tags[idx as usize] = tag;
+        if let Some(t) = self.mr_tags.get_mut(idx as usize) {
+            *t = tag;
+        }
         Ok(())
     }
 
@@ -372,7 +381,8 @@ impl HcaState {
 
     pub(crate) fn cmd_dereg_mr(&mut self, key: u32) -> Result<(), CmdError> {
         let idx = key >> 8;
-        let valid = self.mrs.get(idx).is_some() && self.mr_tags[idx as usize] == (key & 0xff) as u8;
+        let valid = self.mrs.get(idx).is_some()
+            && self.mr_tags.get(idx as usize) == Some(&((key & 0xff) as u8));
         if !valid {
             return Err(CmdError::BadHandle);
         }

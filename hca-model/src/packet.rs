@@ -216,10 +216,12 @@ impl Payload {
         }
         if let Payload::Dma { mem, segs, .. } = self {
             let mut bytes = vec![0u8; segs.iter().map(|s| s.len as usize).sum()];
-            let mut off = 0;
+            let mut rest = bytes.as_mut_slice();
             for s in segs.iter() {
-                mem.read(s.addr, &mut bytes[off..off + s.len as usize])?;
-                off += s.len as usize;
+                // The buffer is the pieces' total: each piece has its room.
+                let (piece, tail) = rest.split_at_mut((s.len as usize).min(rest.len()));
+                mem.read(s.addr, piece)?;
+                rest = tail;
             }
             *self = Payload::Bytes(bytes);
         }
@@ -264,14 +266,14 @@ impl Payload {
         match self {
             Payload::Empty => Ok(()),
             Payload::Bytes(b) => {
-                let mut off = 0usize;
+                let mut rest = b.as_slice();
                 for s in segs {
-                    if off == b.len() {
+                    if rest.is_empty() {
                         break;
                     }
-                    let n = (s.len as usize).min(b.len() - off);
-                    dst.write(s.addr, &b[off..off + n])?;
-                    off += n;
+                    let (piece, tail) = rest.split_at((s.len as usize).min(rest.len()));
+                    dst.write(s.addr, piece)?;
+                    rest = tail;
                 }
                 Ok(())
             }
@@ -288,8 +290,7 @@ fn merge_copy(
     dst: &[Seg],
 ) -> Result<(), DmaFault> {
     let (mut si, mut so, mut di, mut d_off) = (0usize, 0u32, 0usize, 0u32);
-    while si < src.len() && di < dst.len() {
-        let (s, d) = (src[si], dst[di]);
+    while let (Some(&s), Some(&d)) = (src.get(si), dst.get(di)) {
         let n = (s.len - so).min(d.len - d_off);
         copy_between(
             src_mem,

@@ -545,7 +545,9 @@ impl HcaState {
     /// consume receive WQEs when messages arrive.
     pub(crate) fn scan_recv_queues(&mut self) {
         for i in 0..self.live_qps.len() {
-            let qpn = self.live_qps[i];
+            let Some(&qpn) = self.live_qps.get(i) else {
+                break;
+            };
             if self
                 .qps
                 .get(qpn)

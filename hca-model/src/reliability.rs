@@ -39,7 +39,7 @@ pub fn rnr_delay_us(code: u8) -> u64 {
         3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
         163_840, 245_760, 327_680, 491_520,
     ];
-    US[usize::from(code & 0x1f)]
+    US.get(usize::from(code & 0x1f)).copied().unwrap_or(US[0])
 }
 
 /// What a QP's timer is waiting for.

@@ -55,7 +55,9 @@ impl HcaState {
     /// DB_SQ: runs every QP's send queue.
     pub(crate) fn scan_send_queues(&mut self) {
         for i in 0..self.live_qps.len() {
-            let qpn = self.live_qps[i];
+            let Some(&qpn) = self.live_qps.get(i) else {
+                break;
+            };
             self.process_sq(qpn);
         }
     }
@@ -400,9 +402,10 @@ impl HcaState {
             return Err(WcError::LocQpOp);
         };
         // The result lands in one 8-byte local buffer.
-        if len != 8 || dst.len() != 1 {
+        let (8, [result]) = (len, dst.as_slice()) else {
             return Err(WcError::LocLen);
-        }
+        };
+        let result = *result;
         let psn = self.qps.get(qpn).ok_or(WcError::General)?.next_psn;
         let opcode = if u32::from(w.opcode) == WR_ATOMIC_CMP_SWP {
             RC_CMP_SWAP
@@ -426,7 +429,7 @@ impl HcaState {
         pend.first_psn = psn;
         pend.last_psn = psn;
         pend.byte_len = 8;
-        pend.kind = PendKind::Atomic { dst: dst[0] };
+        pend.kind = PendKind::Atomic { dst: result };
         self.push_pending(qpn, pend, 1);
         Ok(())
     }

@@ -506,13 +506,15 @@ impl HcaState {
                 &mut segs,
             )
             .is_err()
-            || segs.len() != 1
         {
             return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
         }
         // Atomic with respect to other atomics through this HCA (IB_ATOMIC_HCA): the HCA's
         // lock is held across the read-modify-write.
-        let at = segs[0].addr;
+        let [target] = segs.as_slice() else {
+            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+        };
+        let at = target.addr;
         let mut b = [0u8; 8];
         if self.mem.read(at, &mut b).is_err() {
             return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
