@@ -9,6 +9,8 @@
 //! (or a file QEMU creates, mapped on first use), so an RDMA WRITE is one copy from one
 //! guest's RAM into another's.
 
+#![cfg_attr(not(test), warn(clippy::indexing_slicing))]
+
 mod guest_ram;
 pub mod ivshmem;
 pub mod memfd;

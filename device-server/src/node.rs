@@ -127,7 +127,7 @@ impl NodeThread {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(ServerError::Epoll(e)),
             };
-            for ev in &events[..n] {
+            for ev in events.iter().take(n) {
                 match ev.data() {
                     TOKEN_STOP => {
                         if let Some(s) = session.take() {
