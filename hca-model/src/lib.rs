@@ -7,10 +7,14 @@
 //! is in [`abi`] and `docs/hca-abi.md`; the threat model is that every value read from guest
 //! memory or BAR2 is hostile: it is checked, and a bad one yields an error completion, an
 //! error state or an async event, never a panic or an access outside the guest's memory.
-//! Indexing that could panic is refused by the compiler (`clippy::indexing_slicing`) in the
-//! engine; two modules are not yet converted and say why they are safe.
+//! Indexing, `unwrap` and `expect` that could panic are refused by the compiler (clippy's
+//! `indexing_slicing`, `unwrap_used`, `expect_used`); two modules are not yet converted for
+//! indexing and say why theirs is safe.
 
-#![cfg_attr(not(test), warn(clippy::indexing_slicing))]
+#![cfg_attr(
+    not(test),
+    warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)
+)]
 
 pub mod abi;
 pub mod adapter_hook;

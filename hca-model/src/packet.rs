@@ -480,8 +480,14 @@ impl Packet {
     /// `head` carries the message's headers (RETH, ImmDt, SE, AETH); `kind` is any opcode of
     /// the message's family.
     pub fn message(mut head: Packet, kind: u8, len: u64, mtu: u32) -> Packet {
-        let f = family(kind).expect("a multi-packet opcode");
         let n = len.div_ceil(u64::from(mtu)).max(1) as u32;
+        let Some(f) = family(kind) else {
+            // Not an opcode of a multi-packet family (the engine never passes one): a single
+            // packet with that opcode.
+            head.opcode = kind;
+            (head.count, head.mtu, head.first, head.of) = (1, mtu, 0, 1);
+            return head;
+        };
         head.opcode = message_opcode(f, 0, n, head.tail());
         head.count = n;
         head.mtu = mtu;

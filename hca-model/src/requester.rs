@@ -290,7 +290,9 @@ impl HcaState {
             {
                 return;
             }
-            let p = qp.pending.pop_front().expect("front checked");
+            let Some(p) = qp.pending.pop_front() else {
+                return;
+            };
             let cqn = qp.send_cqn;
             if p.signaled {
                 self.post_cqe(cqn, ok_cqe(qpn, &p), false);
@@ -305,9 +307,9 @@ impl HcaState {
             .map_err(|_| WcError::LocQpOp)
     }
 
-    fn rc_packet(&self, qpn: u32, opcode: u8, psn: u32) -> Packet {
-        let qp = self.qps.get(qpn).expect("caller checked the QP");
-        Packet {
+    fn rc_packet(&self, qpn: u32, opcode: u8, psn: u32) -> Result<Packet, WcError> {
+        let qp = self.qps.get(qpn).ok_or(WcError::General)?;
+        Ok(Packet {
             dlid: qp.attr.dlid,
             sl: qp.attr.sl,
             opcode,
@@ -315,7 +317,7 @@ impl HcaState {
             src_qpn: qpn,
             psn,
             ..Default::default()
-        }
+        })
     }
 
     /// SEND, SEND_IMM, RDMA WRITE, RDMA WRITE_IMM: one message of `npk` packets.
@@ -334,7 +336,7 @@ impl HcaState {
         };
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
-        let mut head = self.rc_packet(qpn, 0, first_psn);
+        let mut head = self.rc_packet(qpn, 0, first_psn)?;
         head.payload = src.into_payload(self);
         head.reth = write.then_some(Reth {
             va: w.remote_addr,
@@ -371,7 +373,7 @@ impl HcaState {
             (u64::from(qp.mtu()), qp.next_psn)
         };
         let npk = len.div_ceil(mtu).max(1) as u32;
-        let mut pkt = self.rc_packet(qpn, RC_READ_REQUEST, psn);
+        let mut pkt = self.rc_packet(qpn, RC_READ_REQUEST, psn)?;
         pkt.reth = Some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -412,7 +414,7 @@ impl HcaState {
         } else {
             RC_FETCH_ADD
         };
-        let mut pkt = self.rc_packet(qpn, opcode, psn);
+        let mut pkt = self.rc_packet(qpn, opcode, psn)?;
         pkt.reth = Some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -548,8 +550,10 @@ impl HcaState {
             if !done {
                 break;
             }
+            let Some(p) = qp.pending.pop_front() else {
+                break;
+            };
             done_any = true;
-            let p = qp.pending.pop_front().expect("front checked");
             let cqn = qp.send_cqn;
             if p.signaled {
                 self.post_cqe(cqn, ok_cqe(qpn, &p), false);
