@@ -68,14 +68,16 @@ impl Msix {
         for v in 0..NV {
             if s.pending & (1 << v) != 0 && s.table.deliverable(v) {
                 s.pending &= !(1 << v);
-                let _ = self.irqfds[v].write(1);
+                if let Some(fd) = self.irqfds.get(v) {
+                    let _ = fd.write(1);
+                }
             }
         }
     }
 
     /// A 4-byte read at `off` in BAR1 (table, then PBA).
     pub fn bar_read(&self, off: u64) -> u32 {
-        let s = self.state.lock().unwrap();
+        let s = crate::lock(&self.state);
         if off >= PBA_OFFSET {
             return if off == PBA_OFFSET { s.pending } else { 0 };
         }
@@ -83,7 +85,7 @@ impl Msix {
     }
 
     pub fn bar_write(&self, off: u64, val: u32) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = crate::lock(&self.state);
         if off >= PBA_OFFSET {
             return;
         }
@@ -98,13 +100,13 @@ impl Msix {
     }
 
     fn set_control(&self, ctl: u32) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = crate::lock(&self.state);
         s.table.set_control(ctl);
         self.fire_pending(&mut s);
     }
 
     fn control(&self) -> u32 {
-        self.state.lock().unwrap().table.control()
+        crate::lock(&self.state).table.control()
     }
 }
 
@@ -114,9 +116,11 @@ impl InterruptSink for Msix {
         if v >= NV {
             return;
         }
-        let mut s = self.state.lock().unwrap();
+        let mut s = crate::lock(&self.state);
         if s.table.deliverable(v) {
-            let _ = self.irqfds[v].write(1);
+            if let Some(fd) = self.irqfds.get(v) {
+                let _ = fd.write(1);
+            }
         } else {
             s.pending |= 1 << v;
         }
@@ -182,11 +186,11 @@ impl HcaPci {
         if self.config.read(0x04) & 2 == 0 {
             return;
         }
-        for (i, &bar) in BARS.iter().enumerate() {
+        for (i, (&bar, mapped)) in BARS.iter().zip(self.mapped.iter_mut()).enumerate() {
             let now = self.config.bar_base(bar);
-            if now != self.mapped[i] {
-                (self.on_move)(i, self.mapped[i], now);
-                self.mapped[i] = now;
+            if now != *mapped {
+                (self.on_move)(i, *mapped, now);
+                *mapped = now;
             }
         }
     }

@@ -42,7 +42,7 @@ impl GsiRouter {
                 msi: BTreeMap::new(),
             }),
         });
-        r.commit(&r.routes.lock().unwrap())?;
+        r.commit(&crate::lock(&r.routes))?;
         Ok(r)
     }
 
@@ -52,7 +52,7 @@ impl GsiRouter {
 
     /// `n` consecutive GSIs for one device's vectors; the first.
     pub fn allocate(&self, n: u32) -> Result<u32, String> {
-        let mut r = self.routes.lock().unwrap();
+        let mut r = crate::lock(&self.routes);
         let base = r.next_gsi;
         if base + n > MAX_GSI {
             return Err(format!("no GSIs left for {n} more MSI vectors"));
@@ -63,7 +63,7 @@ impl GsiRouter {
 
     /// Points each `(gsi, message)` at its MSI message and installs the table.
     pub fn set_msi(&self, changes: &[(u32, MsiMessage)]) -> Result<(), String> {
-        let mut r = self.routes.lock().unwrap();
+        let mut r = crate::lock(&self.routes);
         for &(gsi, m) in changes {
             r.msi.insert(gsi, m);
         }
@@ -144,24 +144,29 @@ impl MsixTable {
         self.enabled && !self.function_mask && self.entries.get(v).is_some_and(|e| e[3] & 1 == 0)
     }
 
+    /// Vector `v`'s address and data (zeros past the table's end).
     pub fn message(&self, v: usize) -> MsiMessage {
-        let e = self.entries[v];
-        [e[0], e[1], e[2]]
+        let [lo, hi, data, _] = self.entries.get(v).copied().unwrap_or_default();
+        [lo, hi, data]
     }
 
     /// The dword at byte offset `off` of the table (0 past its end).
     pub fn read(&self, off: u64) -> u32 {
         let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
-        self.entries.get(v).map_or(0, |e| e[f])
+        self.entries
+            .get(v)
+            .and_then(|e| e.get(f))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Writes the dword at `off`; the vector written and whether its message changed
     /// (None past the table's end).
     pub fn write(&mut self, off: u64, val: u32) -> Option<(usize, bool)> {
         let (v, f) = ((off / 16) as usize, ((off % 16) / 4) as usize);
-        let e = self.entries.get_mut(v)?;
-        let changed = f < 3 && e[f] != val;
-        e[f] = if f == 3 { val & 1 } else { val };
+        let word = self.entries.get_mut(v)?.get_mut(f)?;
+        let changed = f < 3 && *word != val;
+        *word = if f == 3 { val & 1 } else { val };
         Some((v, changed))
     }
 

@@ -7,6 +7,13 @@
 //! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`]. With the
 //! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
 
+// Guest exits (port and MMIO accesses, PCI configuration, MSI-X) never panic the VMM:
+// indexing, unwrap and expect that could are refused by the compiler.
+#![cfg_attr(
+    not(test),
+    warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)
+)]
+
 pub mod boot;
 pub mod cpuid;
 pub mod hca_pci;
@@ -24,6 +31,7 @@ pub mod vfio_config;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Whether this host's KVM can run a full guest, and why not when it cannot.
@@ -97,4 +105,10 @@ fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Locks `m`. A thread that panicked while holding it left the data as it was; the VM's
+/// other devices go on with it rather than failing every exit after.
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -132,7 +132,9 @@ pub fn load(
         e820(BASE_END, HIMEM - BASE_END, E820_RESERVED),
         e820(HIMEM, ram_bytes - HIMEM, E820_RAM),
     ];
-    params.e820_table[..map.len()].copy_from_slice(&map);
+    for (slot, e) in params.e820_table.iter_mut().zip(map) {
+        *slot = e;
+    }
     params.e820_entries = map.len() as u8;
     LinuxBootConfigurator::write_bootparams(
         &BootParams::new(&params, GuestAddress(ZERO_PAGE)),

@@ -159,7 +159,7 @@ impl Machine {
             })
         };
         let hca_pci = Arc::new(Mutex::new(HcaPci::new(msix.clone(), on_move)));
-        let bars = hca_pci.lock().unwrap().mapped_bars();
+        let bars = crate::lock(&hca_pci).mapped_bars();
         doorbell_ioevents(&vm, &fds, bars[0], false)?;
         // SAFETY: as above.
         unsafe { boot::map_slot(&vm, BAR2_SLOT, bars[2], u64::from(BAR2_SIZE), bar2_host)? };
@@ -285,7 +285,7 @@ impl Machine {
     /// Whether the guest is still running: it has not written [`EXIT_PORT`] and no vCPU
     /// has failed.
     pub fn running(&self) -> bool {
-        self.devices.exit_code.lock().unwrap().is_none()
+        crate::lock(&self.devices.exit_code).is_none()
             && !self.vcpu_threads.is_empty()
             && self.vcpu_threads.iter().all(|t| !t.is_finished())
     }
@@ -297,7 +297,7 @@ impl Machine {
 
     /// Whether a client is attached to the console socket.
     pub fn console_attached(&self) -> bool {
-        self.devices.serial.lock().unwrap().writer().attached()
+        crate::lock(&self.devices.serial).writer().attached()
     }
 
     /// The serial output so far (its first MiB).
@@ -343,7 +343,7 @@ impl Machine {
                 err.get_or_insert(e);
             }
         }
-        let exit_code = *self.devices.exit_code.lock().unwrap();
+        let exit_code = *crate::lock(&self.devices.exit_code);
         let serial = self.serial_text();
         if let (None, Some(e)) = (exit_code, err) {
             return Err(format!("{}: {e}\nserial console:\n{serial}", self.name));
@@ -427,9 +427,11 @@ fn new_vcpu(
         .map_err(|e| format!("KVM_GET_LAPIC: {e}"))?;
     let mut set_lvt = |off: usize, mode: u32| {
         let b: &mut [u8] = lapic_bytes(&mut lapic);
-        let mut v = u32::from_le_bytes(b[off..off + 4].try_into().unwrap());
-        v = (v & !0x700) | mode << 8;
-        b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+        if let Some(reg) = b.get_mut(off..off + 4) {
+            let mut v = u32::from_le_bytes(reg.try_into().unwrap_or_default());
+            v = (v & !0x700) | mode << 8;
+            reg.copy_from_slice(&v.to_le_bytes());
+        }
     };
     set_lvt(0x350, 7); // LVT LINT0: ExtINT
     set_lvt(0x360, 4); // LVT LINT1: NMI
@@ -453,28 +455,35 @@ fn lapic_bytes(l: &mut kvm_bindings::kvm_lapic_state) -> &mut [u8] {
 
 /// The captured serial output as text.
 fn serial_text(buf: &Mutex<Vec<u8>>) -> String {
-    String::from_utf8_lossy(&buf.lock().unwrap()).into_owned()
+    String::from_utf8_lossy(&crate::lock(buf)).into_owned()
 }
 
 fn io_out(d: &Devices, port: u16, data: &[u8]) {
+    // KVM hands over 1, 2 or 4 bytes; the byte-wide devices take the first.
+    let byte = data.first().copied().unwrap_or(0);
     match port {
         COM1..=0x3ff => {
-            let _ = d.serial.lock().unwrap().write((port - COM1) as u8, data[0]);
+            let _ = crate::lock(&d.serial).write((port - COM1) as u8, byte);
         }
-        EXIT_PORT => *d.exit_code.lock().unwrap() = Some(data[0]),
-        rtc::PORT_INDEX | rtc::PORT_DATA => d.rtc.lock().unwrap().write(port, data[0]),
+        EXIT_PORT => *crate::lock(&d.exit_code) = Some(byte),
+        rtc::PORT_INDEX | rtc::PORT_DATA => crate::lock(&d.rtc).write(port, byte),
         _ => {
-            d.bus.lock().unwrap().io_write(port, data);
+            crate::lock(&d.bus).io_write(port, data);
         }
     }
 }
 
 fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
+    let byte = |v: u8, data: &mut [u8]| {
+        if let Some(b) = data.first_mut() {
+            *b = v;
+        }
+    };
     match port {
-        COM1..=0x3ff => data[0] = d.serial.lock().unwrap().read((port - COM1) as u8),
-        rtc::PORT_INDEX | rtc::PORT_DATA => data[0] = d.rtc.lock().unwrap().read(port),
+        COM1..=0x3ff => byte(crate::lock(&d.serial).read((port - COM1) as u8), data),
+        rtc::PORT_INDEX | rtc::PORT_DATA => byte(crate::lock(&d.rtc).read(port), data),
         _ => {
-            if !d.bus.lock().unwrap().io_read(port, data) {
+            if !crate::lock(&d.bus).io_read(port, data) {
                 data.fill(0xff);
             }
         }
@@ -486,7 +495,7 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
 /// another peer, which ivshmem drops too) reads as zero and ignores writes, like any other
 /// address.
 fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]>) {
-    let bars = d.hca_pci.lock().unwrap().mapped_bars();
+    let bars = crate::lock(&d.hca_pci).mapped_bars();
     if (bars[1]..bars[1] + BAR1_SIZE).contains(&addr) {
         let len = read
             .as_deref()
@@ -495,14 +504,14 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
         match read.as_deref_mut() {
             Some(r) => {
                 r.fill(0);
-                for (k, off) in dwords.enumerate() {
-                    r[4 * k..4 * k + 4].copy_from_slice(&d.msix.bar_read(off).to_le_bytes());
+                for (dword, off) in r.chunks_exact_mut(4).zip(dwords) {
+                    dword.copy_from_slice(&d.msix.bar_read(off).to_le_bytes());
                 }
             }
             None => {
                 let w = write.unwrap_or_default();
-                for (k, off) in dwords.enumerate() {
-                    let v = u32::from_le_bytes(w[4 * k..4 * k + 4].try_into().unwrap());
+                for (dword, off) in w.chunks_exact(4).zip(dwords) {
+                    let v = u32::from_le_bytes(dword.try_into().unwrap_or_default());
                     d.msix.bar_write(off, v);
                 }
             }
@@ -510,7 +519,7 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
         return;
     }
     for f in &d.trapped {
-        if f.lock().unwrap().mmio(addr, read.as_deref_mut(), write) {
+        if crate::lock(f).mmio(addr, read.as_deref_mut(), write) {
             return;
         }
     }

@@ -70,7 +70,10 @@ pub fn write(mem: &GuestMemoryMmap, vcpus: u8) -> Result<(), String> {
     table.extend_from_slice(&LAPIC_ADDR.to_le_bytes());
     table.extend_from_slice(&[0; 4]); // no extended table
     table.extend_from_slice(&entries);
-    table[7] = checksum(&table);
+    let sum = checksum(&table);
+    if let Some(b) = table.get_mut(7) {
+        *b = sum;
+    }
 
     let mut fp = [0u8; 16];
     fp[..4].copy_from_slice(b"_MP_");

@@ -54,21 +54,27 @@ impl ConfigSpace {
     /// Defines the register at `off`: its value and the bits a guest may write.
     pub fn set(&mut self, off: u32, value: u32, writable: u32) {
         if let Some(i) = Self::index(off) {
-            self.regs[i] = value;
-            self.writable[i] = writable;
+            if let (Some(r), Some(w)) = (self.regs.get_mut(i), self.writable.get_mut(i)) {
+                (*r, *w) = (value, writable);
+            }
         }
     }
 
     /// The dword at `off` (0 outside the 256 bytes).
     pub fn read(&self, off: u32) -> u32 {
-        Self::index(off).map_or(0, |i| self.regs[i])
+        Self::index(off)
+            .and_then(|i| self.regs.get(i))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A guest write of `val`'s bytes in `mask` at `off`: only writable bits change.
     pub fn write(&mut self, off: u32, val: u32, mask: u32) {
         if let Some(i) = Self::index(off) {
-            let w = self.writable[i] & mask;
-            self.regs[i] = (self.regs[i] & !w) | (val & w);
+            if let (Some(r), Some(&w)) = (self.regs.get_mut(i), self.writable.get(i)) {
+                let w = w & mask;
+                *r = (*r & !w) | (val & w);
+            }
         }
     }
 
@@ -174,7 +180,7 @@ impl PciBus {
             CONFIG_ADDRESS..=0xcfb => self.address >> (8 * (port - CONFIG_ADDRESS)),
             CONFIG_DATA..=0xcff => match self.target() {
                 Some((d, off)) => {
-                    let v = d.lock().unwrap().config_read(off);
+                    let v = crate::lock(d).config_read(off);
                     v >> (8 * (port - CONFIG_DATA))
                 }
                 None => u32::MAX,
@@ -202,7 +208,7 @@ impl PciBus {
                 let width = 8 * data.len().min(4) as u32;
                 let mask = u32::MAX.checked_shr(32 - width).unwrap_or(0) << shift;
                 if let Some((d, off)) = self.target() {
-                    d.lock().unwrap().config_write(off, v << shift, mask);
+                    crate::lock(d).config_write(off, v << shift, mask);
                 }
             }
             _ => return false,

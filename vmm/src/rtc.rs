@@ -123,15 +123,26 @@ impl Default for Cmos {
 impl Cmos {
     /// An RTC on `clock` (seconds since the epoch; the host's clock in [`Cmos::default`]).
     fn with_clock(clock: fn() -> i64) -> Cmos {
-        let mut ram = [0u8; 128];
-        ram[usize::from(REG_A)] = REG_A_DEFAULT;
-        ram[usize::from(REG_B)] = REG_B_24H;
-        ram[usize::from(REG_D)] = REG_D_VRT;
-        Cmos {
+        let mut cmos = Cmos {
             index: 0,
-            ram,
+            ram: [0; 128],
             offset: 0,
             clock,
+        };
+        cmos.set_reg(REG_A, REG_A_DEFAULT);
+        cmos.set_reg(REG_B, REG_B_24H);
+        cmos.set_reg(REG_D, REG_D_VRT);
+        cmos
+    }
+
+    /// CMOS byte `r` (the index port keeps it below 128).
+    fn reg(&self, r: u8) -> u8 {
+        self.ram.get(usize::from(r)).copied().unwrap_or(0)
+    }
+
+    fn set_reg(&mut self, r: u8, v: u8) {
+        if let Some(b) = self.ram.get_mut(usize::from(r)) {
+            *b = v;
         }
     }
 
@@ -140,7 +151,7 @@ impl Cmos {
     }
 
     fn binary(&self) -> bool {
-        self.ram[usize::from(REG_B)] & REG_B_BINARY != 0
+        self.reg(REG_B) & REG_B_BINARY != 0
     }
 
     fn encode(&self, v: u32) -> u8 {
@@ -161,7 +172,7 @@ impl Cmos {
     }
 
     fn hours_out(&self, h: u32) -> u8 {
-        if self.ram[usize::from(REG_B)] & REG_B_24H != 0 {
+        if self.reg(REG_B) & REG_B_24H != 0 {
             return self.encode(h);
         }
         let h12 = if h % 12 == 0 { 12 } else { h % 12 };
@@ -169,7 +180,7 @@ impl Cmos {
     }
 
     fn hours_in(&self, v: u8) -> u32 {
-        if self.ram[usize::from(REG_B)] & REG_B_24H != 0 {
+        if self.reg(REG_B) & REG_B_24H != 0 {
             return self.decode(v);
         }
         let h12 = self.decode(v & !HOUR_PM) % 12;
@@ -188,8 +199,12 @@ impl Cmos {
             YEAR => self.encode(t.year.rem_euclid(100) as u32),
             CENTURY => self.encode(t.year.div_euclid(100).clamp(0, 99) as u32),
             // Reading C acknowledges the (never raised) interrupt flags.
-            REG_C => std::mem::take(&mut self.ram[usize::from(REG_C)]),
-            _ => self.ram[usize::from(reg)],
+            REG_C => {
+                let flags = self.reg(REG_C);
+                self.set_reg(REG_C, 0);
+                flags
+            }
+            _ => self.reg(reg),
         }
     }
 
@@ -207,18 +222,18 @@ impl Cmos {
             WEEKDAY => return,
             // UIP and the flags are read-only; D's valid bit stays.
             REG_A => {
-                self.ram[usize::from(REG_A)] = v & 0x7f;
+                self.set_reg(REG_A, v & 0x7f);
                 return;
             }
             REG_C | REG_D => return,
             REG_B => {
                 // SET freezes updates while the guest writes the time; writes above land
                 // at once, so it is only stored.
-                self.ram[usize::from(REG_B)] = v;
+                self.set_reg(REG_B, v);
                 return;
             }
             _ => {
-                self.ram[usize::from(reg)] = v;
+                self.set_reg(reg, v);
                 return;
             }
         }

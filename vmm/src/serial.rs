@@ -51,7 +51,7 @@ impl ConsoleOut {
     }
 
     pub fn attached(&self) -> bool {
-        self.client.lock().unwrap().is_some()
+        crate::lock(&self.client).is_some()
     }
 
     /// The first [`CAPTURE_LIMIT`] bytes of output, shared.
@@ -65,11 +65,11 @@ impl Write for ConsoleOut {
         if let Some(f) = &mut self.log {
             f.write_all(b)?;
         }
-        let mut c = self.captured.lock().unwrap();
+        let mut c = crate::lock(&self.captured);
         let room = CAPTURE_LIMIT.saturating_sub(c.len());
-        c.extend_from_slice(&b[..b.len().min(room)]);
+        c.extend(b.iter().take(room));
         drop(c);
-        let mut client = self.client.lock().unwrap();
+        let mut client = crate::lock(&self.client);
         if let Some(s) = client.as_mut() {
             // A client that went away, or blocks a write for longer than its 200 ms write
             // timeout, is dropped: the guest's vCPU never waits on it for longer.
@@ -97,7 +97,7 @@ pub fn serve(
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let client = port.lock().unwrap().writer().client.clone();
+    let client = crate::lock(&port).writer().client.clone();
     std::thread::Builder::new()
         .name("console".into())
         .spawn(move || {
@@ -130,7 +130,7 @@ fn attach(
         return;
     };
     let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-    *client.lock().unwrap() = Some(s);
+    *crate::lock(client) = Some(s);
     let mut buf = [0u8; 256];
     while !stop.load(Ordering::SeqCst) {
         let n = match input.read(&mut buf) {
@@ -142,7 +142,8 @@ fn attach(
         let mut sent = 0;
         while sent < n && !stop.load(Ordering::SeqCst) {
             // An error is a full FIFO: the guest has not read yet.
-            if let Ok(k) = port.lock().unwrap().enqueue_raw_bytes(&buf[sent..n]) {
+            let rest = buf.get(sent..n).unwrap_or_default();
+            if let Ok(k) = crate::lock(port).enqueue_raw_bytes(rest) {
                 sent += k;
             }
             if sent < n {
@@ -150,5 +151,5 @@ fn attach(
             }
         }
     }
-    *client.lock().unwrap() = None;
+    *crate::lock(client) = None;
 }

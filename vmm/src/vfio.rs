@@ -205,7 +205,9 @@ impl VfioPci {
     fn remap(&mut self) {
         for i in 0..self.bars.len() {
             let want = self.config.bar_base(i).filter(|_| self.memory_enabled);
-            let bar = &mut self.bars[i];
+            let Some(bar) = self.bars.get_mut(i) else {
+                continue;
+            };
             if bar.mapped_at == want || bar.host.is_null() {
                 continue;
             }
@@ -261,17 +263,24 @@ impl VfioPci {
         }
         for v in 0..self.vectors.len() {
             let want = self.msix_running && self.table.deliverable(v);
-            if want == self.attached[v] {
+            let (Some(&attached), Some(fd)) = (self.attached.get(v), self.vectors.get(v)) else {
+                continue;
+            };
+            if want == attached {
                 continue;
             }
             let gsi = self.gsi_base + v as u32;
             let r = if want {
-                self.vm.register_irqfd(&self.vectors[v], gsi)
+                self.vm.register_irqfd(fd, gsi)
             } else {
-                self.vm.unregister_irqfd(&self.vectors[v], gsi)
+                self.vm.unregister_irqfd(fd, gsi)
             };
             match r {
-                Ok(()) => self.attached[v] = want,
+                Ok(()) => {
+                    if let Some(a) = self.attached.get_mut(v) {
+                        *a = want;
+                    }
+                }
                 Err(e) => log::error!("VFIO {}: irqfd for vector {v}: {e}", self.name),
             }
         }
@@ -289,10 +298,11 @@ fn config_dword(device: &VfioDevice, off: u32) -> u32 {
 /// firmware would, so the guest finds them assigned).
 fn place_bars(config: &mut VirtualConfig) -> Result<(), String> {
     let mut order: Vec<usize> = (0..6).filter(|&i| config.bar_base(i).is_some()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(config.bars[i].size));
+    let size_of = |c: &VirtualConfig, i: usize| c.bars.get(i).map_or(0, |b| b.size);
+    order.sort_by_key(|&i| std::cmp::Reverse(size_of(config, i)));
     let mut next = BAR_WINDOW.start;
     for i in order {
-        let size = config.bars[i].size;
+        let size = size_of(config, i);
         let base = next.div_ceil(size) * size;
         if base + size > BAR_WINDOW.end {
             return Err(format!(
@@ -325,7 +335,8 @@ impl PciFunction for VfioPci {
                 let bytes = val.to_le_bytes();
                 for k in (0..4).filter(|k| mask >> (8 * k) & 0xff != 0) {
                     let at = u64::from(off) + k as u64;
-                    self.device.region_write(CONFIG_REGION, &bytes[k..=k], at);
+                    let byte = bytes.get(k..=k).unwrap_or_default();
+                    self.device.region_write(CONFIG_REGION, byte, at);
                 }
                 if let ConfigWrite::Command { memory } = w {
                     self.memory_enabled = memory;
@@ -342,18 +353,18 @@ impl TrappedBars for VfioPci {
     fn mmio(&mut self, gpa: u64, read: Option<&mut [u8]>, write: Option<&[u8]>) -> bool {
         let Some((i, off)) = (0..6).find_map(|i| {
             let base = self.config.bar_base(i).filter(|_| self.memory_enabled)?;
-            (base..base + self.config.bars[i].size)
+            (base..base + self.config.bars.get(i).map_or(0, |b| b.size))
                 .contains(&gpa)
                 .then_some((i, gpa - base))
         }) else {
             return false;
         };
-        let in_table = self.config.msix.is_some_and(|m| {
+        let table = self.config.msix.filter(|m| {
             m.table_bar == i
                 && (m.table_offset..m.table_offset + 16 * u64::from(m.vectors)).contains(&off)
         });
-        if in_table {
-            let t = off - self.config.msix.unwrap().table_offset;
+        if let Some(m) = table {
+            let t = off - m.table_offset;
             match (read, write) {
                 (Some(r), _) => {
                     let v = self.table.read(t & !3).to_le_bytes();
@@ -364,7 +375,9 @@ impl TrappedBars for VfioPci {
                 }
                 (None, Some(w)) => {
                     let mut v = [0u8; 4];
-                    v[..w.len().min(4)].copy_from_slice(&w[..w.len().min(4)]);
+                    for (d, s) in v.iter_mut().zip(w) {
+                        *d = *s;
+                    }
                     self.table_write(t & !3, u32::from_le_bytes(v));
                 }
                 _ => {}

@@ -81,18 +81,23 @@ impl VirtualConfig {
         while i < 6 {
             let raw = dword(0x10 + 4 * i as u32);
             let prefetch = raw & 8 != 0;
-            if raw & 1 == 0 && sizes[i] != 0 {
+            let size = sizes.get(i).copied().unwrap_or(0);
+            if raw & 1 == 0 && size != 0 {
                 let wide = raw & 6 == 4 && i < 5;
-                bars[i] = Bar {
-                    kind: if wide {
-                        BarKind::Mem64 { prefetch }
-                    } else {
-                        BarKind::Mem32 { prefetch }
-                    },
-                    size: sizes[i].next_power_of_two().max(0x1000),
-                };
+                if let Some(bar) = bars.get_mut(i) {
+                    *bar = Bar {
+                        kind: if wide {
+                            BarKind::Mem64 { prefetch }
+                        } else {
+                            BarKind::Mem32 { prefetch }
+                        },
+                        size: size.next_power_of_two().max(0x1000),
+                    };
+                }
                 if wide {
-                    bars[i + 1].kind = BarKind::Upper;
+                    if let Some(upper) = bars.get_mut(i + 1) {
+                        upper.kind = BarKind::Upper;
+                    }
                     i += 1;
                 }
             }
@@ -137,11 +142,10 @@ impl VirtualConfig {
 
     /// The guest-programmed base of memory BAR `i` (None for an absent or upper half).
     pub fn bar_base(&self, i: usize) -> Option<u64> {
-        matches!(
-            self.bars[i].kind,
-            BarKind::Mem32 { .. } | BarKind::Mem64 { .. }
-        )
-        .then(|| self.regs.bar_base(i))
+        self.bars
+            .get(i)
+            .is_some_and(|b| matches!(b.kind, BarKind::Mem32 { .. } | BarKind::Mem64 { .. }))
+            .then(|| self.regs.bar_base(i))
     }
 
     /// Sets BAR `i`'s base as firmware would before the guest boots.
@@ -151,9 +155,16 @@ impl VirtualConfig {
 
     /// The next capability after `off` that the guest may see (MSI is skipped).
     fn visible_next(&self, after: Option<u32>) -> u32 {
-        let start = after.map_or(0, |a| self.caps.iter().position(|c| c.0 == a).unwrap() + 1);
-        self.caps[start..]
+        let start = match after {
+            None => 0,
+            Some(a) => match self.caps.iter().position(|c| c.0 == a) {
+                Some(p) => p + 1,
+                None => return 0,
+            },
+        };
+        self.caps
             .iter()
+            .skip(start)
             .find(|c| c.1 != CAP_MSI)
             .map_or(0, |c| c.0)
     }
