@@ -94,16 +94,21 @@ pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
         Some(g) => {
             // PayLen: from the end of the GRH through the ICRC.
             let pay_len = (f.len() - LRH_BYTES - GRH_BYTES + 4) as u16;
-            f[LRH_BYTES..LRH_BYTES + GRH_BYTES].copy_from_slice(&g.to_bytes(pay_len));
+            if let Some(room) = f.get_mut(LRH_BYTES..LRH_BYTES + GRH_BYTES) {
+                room.copy_from_slice(&g.to_bytes(pay_len));
+            }
             LNH_IBA_GLOBAL
         }
         None => LNH_IBA_LOCAL,
     };
-    f[0] = 0; // VL 0, LVer 0
-    f[1] = (pkt.sl & 0xf) << 4 | lnh;
-    f[2..4].copy_from_slice(&pkt.dlid.to_be_bytes());
-    f[4..6].copy_from_slice(&(words & 0x7ff).to_be_bytes());
-    f[6..8].copy_from_slice(&pkt.slid.to_be_bytes());
+    let mut lrh = [0u8; LRH_BYTES]; // VL 0, LVer 0
+    lrh[1] = (pkt.sl & 0xf) << 4 | lnh;
+    lrh[2..4].copy_from_slice(&pkt.dlid.to_be_bytes());
+    lrh[4..6].copy_from_slice(&(words & 0x7ff).to_be_bytes());
+    lrh[6..8].copy_from_slice(&pkt.slid.to_be_bytes());
+    if let Some(room) = f.get_mut(..LRH_BYTES) {
+        room.copy_from_slice(&lrh);
+    }
     let icrc = icrc(&f, pkt.grh.is_some());
     f.extend_from_slice(&icrc.to_le_bytes());
     let vcrc = vcrc(&f);
@@ -175,19 +180,25 @@ const CRC16_IB: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::Algorithm {
 /// (LRH VL; GRH traffic class, flow label and hop limit; BTH resv8a) read as all ones.
 fn icrc(frame: &[u8], grh: bool) -> u32 {
     let bth = LRH_BYTES + if grh { GRH_BYTES } else { 0 };
+    let (Some(fixed), Some(rest)) = (frame.get(..bth + 12), frame.get(bth + 12..)) else {
+        return 0; // not a frame `encode` made
+    };
     let mut head = [0u8; LRH_BYTES + GRH_BYTES + 12];
-    let head = &mut head[..bth + 12];
-    head.copy_from_slice(&frame[..bth + 12]);
+    for (h, f) in head.iter_mut().zip(fixed) {
+        *h = *f;
+    }
     head[0] |= 0xf0;
     if grh {
         head[LRH_BYTES] |= 0x0f;
         head[LRH_BYTES + 1..LRH_BYTES + 4].fill(0xff);
         head[LRH_BYTES + 7] = 0xff;
     }
-    head[bth + 4] = 0xff;
+    if let Some(resv8a) = head.get_mut(bth + 4) {
+        *resv8a = 0xff;
+    }
     let mut d = CRC32.digest();
-    d.update(head);
-    d.update(&frame[bth + 12..]);
+    d.update(head.get(..bth + 12).unwrap_or_default());
+    d.update(rest);
     d.finalize()
 }
 
@@ -253,7 +264,7 @@ impl Capture {
         rec.extend_from_slice(&((ts % 1_000_000_000) as u32).to_le_bytes());
         rec.extend_from_slice(&len.min(SNAPLEN).to_le_bytes());
         rec.extend_from_slice(&len.to_le_bytes());
-        rec.extend_from_slice(&frame[..frame.len().min(SNAPLEN as usize)]);
+        rec.extend(frame.iter().take(SNAPLEN as usize));
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         // Flushed per frame: the file is readable while the cluster runs, and complete if
         // the process dies.

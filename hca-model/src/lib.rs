@@ -8,8 +8,8 @@
 //! memory or BAR2 is hostile: it is checked, and a bad one yields an error completion, an
 //! error state or an async event, never a panic or an access outside the guest's memory.
 //! Indexing, `unwrap` and `expect` that could panic are refused by the compiler (clippy's
-//! `indexing_slicing`, `unwrap_used`, `expect_used`); two modules are not yet converted for
-//! indexing and say why theirs is safe.
+//! `indexing_slicing`, `unwrap_used`, `expect_used`); the SA is not yet converted for
+//! indexing and says why its is safe.
 
 #![cfg_attr(
     not(test),
@@ -18,8 +18,6 @@
 
 pub mod abi;
 pub mod adapter_hook;
-// Frames are built into buffers sized for them first.
-#[allow(clippy::indexing_slicing)]
 pub mod capture;
 mod command;
 mod cq;
