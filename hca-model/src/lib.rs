@@ -35,8 +35,8 @@ mod qp;
 pub mod reliability;
 mod requester;
 mod responder;
-// MAD fields at fixed offsets inside a MAD that `SubnetAdmin::answer` checked to be 256
-// bytes; fuzzed (fuzz/fuzz_targets/sa.rs).
+// Not yet converted: MAD fields at fixed offsets of a MAD that `SubnetAdmin::answer` took as
+// exactly 256 bytes (`&[u8; MAD_SIZE]`); fuzzed (fuzz/fuzz_targets/sa.rs).
 #[allow(clippy::indexing_slicing)]
 pub mod sa;
 mod status;

@@ -172,7 +172,7 @@ struct Peer {
 
 /// One decoded SA request.
 struct Request<'a> {
-    mad: &'a [u8],
+    mad: &'a [u8; MAD_SIZE],
     method: u8,
     attr: u16,
     comp_mask: u64,
@@ -181,8 +181,9 @@ struct Request<'a> {
 
 impl Request<'_> {
     /// The record the request carries (its template).
-    fn data(&self) -> &[u8] {
-        &self.mad[DATA_OFFSET..]
+    fn data(&self) -> &[u8; MAD_SIZE - DATA_OFFSET] {
+        let (_, data) = self.mad.split_at(DATA_OFFSET);
+        data.try_into().unwrap_or(&[0; MAD_SIZE - DATA_OFFSET])
     }
     fn has(&self, bits: u64) -> bool {
         self.comp_mask & bits == bits
@@ -262,14 +263,13 @@ impl SubnetAdmin {
         let Payload::Bytes(mad) = &pkt.payload else {
             return None;
         };
-        if pkt.dest_qpn != GSI_QPN
-            || pkt.qkey != GSI_QKEY
-            || mad.len() < MAD_SIZE
-            || mad[1] != CLASS_SUBN_ADM
-        {
+        // Exactly one MAD: its fields are read at fixed offsets below.
+        let Some(Ok(mad)) = mad.get(..MAD_SIZE).map(<&[u8; MAD_SIZE]>::try_from) else {
+            return None;
+        };
+        if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != CLASS_SUBN_ADM {
             return None;
         }
-        let mad = &mad[..MAD_SIZE];
         let from = Peer {
             lid: pkt.slid,
             qpn: pkt.src_qpn,
