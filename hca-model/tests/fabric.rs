@@ -270,40 +270,6 @@ fn test_a_flood_already_queued_delays_another_senders_packet_by_one_item_not_by_
     assert_eq!(done, 16, "the flood completed too");
 }
 
-/// One pair's traffic on its own thread: `rounds` batches of 8 SENDs, each carrying its
-/// sequence number; every one arrives once, intact and in order.
-fn sends_in_order(p: &mut Pair, rounds: u64) {
-    let (src, dst) = (p.a.alloc(64, 8), p.b.alloc(64, 8));
-    let mut next = 0u64;
-    for _ in 0..rounds {
-        for k in 0..8u64 {
-            p.b.post_recv(&mut p.qb, next + k, &[sge(dst + 8 * k, 8, p.key_b)]);
-            p.a.write(src + 8 * k, &(next + k).to_le_bytes());
-        }
-        for k in 0..8u64 {
-            let mut wr = send_wr(next + k, WR_SEND, WQE_SIGNALED);
-            wr.num_sge = 1;
-            p.a.write_send(&mut p.qa, &wr, &[sge(src + 8 * k, 8, p.key_a)], &[]);
-        }
-        p.a.ring_sq(&p.qa);
-        let (mut sent, mut got) = (0, 0);
-        while (sent, got) != (8, 8) {
-            if let Some(c) = p.a.poll_cq(&mut p.cq_a) {
-                assert_eq!(u32::from(c.status), WC_SUCCESS);
-                sent += 1;
-            }
-            if let Some(c) = p.b.poll_cq(&mut p.cq_b) {
-                assert_eq!(u32::from(c.status), WC_SUCCESS);
-                assert_eq!(c.wr_id, next + got, "receives complete in order");
-                let v = u64::from_le_bytes(p.b.read(dst + 8 * got, 8).try_into().unwrap());
-                assert_eq!(v, next + got, "SEND {} carried its own bytes", next + got);
-                got += 1;
-            }
-        }
-        next += 8;
-    }
-}
-
 #[test]
 fn test_pairs_on_threads_of_their_own_and_a_flood_all_deliver_in_order() {
     let fabric = Fabric::with_manual_clock();
@@ -316,7 +282,7 @@ fn test_pairs_on_threads_of_their_own_and_a_flood_all_deliver_in_order() {
     std::thread::scope(|s| {
         let workers: Vec<_> = pairs
             .iter_mut()
-            .map(|p| s.spawn(|| sends_in_order(p, 250)))
+            .map(|p| s.spawn(|| p.sends_in_order(250)))
             .collect();
         s.spawn(|| {
             for _ in 0..64 {

@@ -309,39 +309,6 @@ proptest! {
     }
 }
 
-/// `rounds` batches of 8 SENDs from `p.a` to `p.b`, each carrying its sequence number: every
-/// one arrives once, intact and in order.
-fn verified_sends(p: &mut Pair, rounds: u64) {
-    let (src, dst) = (p.a.alloc(64, 8), p.b.alloc(64, 8));
-    let mut next = 0u64;
-    for _ in 0..rounds {
-        for k in 0..8u64 {
-            p.b.post_recv(&mut p.qb, next + k, &[sge(dst + 8 * k, 8, p.key_b)]);
-            p.a.write(src + 8 * k, &(next + k).to_le_bytes());
-            let mut wr = send_wr(next + k, WR_SEND, WQE_SIGNALED);
-            wr.num_sge = 1;
-            p.a.write_send(&mut p.qa, &wr, &[sge(src + 8 * k, 8, p.key_a)], &[]);
-        }
-        p.a.ring_sq(&p.qa);
-        let (mut sent, mut got) = (0, 0);
-        while (sent, got) != (8, 8) {
-            if let Some(c) = p.a.poll_cq(&mut p.cq_a) {
-                assert_eq!(u32::from(c.status), WC_SUCCESS);
-                sent += 1;
-            }
-            if let Some(c) = p.b.poll_cq(&mut p.cq_b) {
-                assert_eq!(u32::from(c.status), WC_SUCCESS);
-                assert_eq!(c.wr_id, next + got, "receives complete in order");
-                let v = u64::from_le_bytes(p.b.read(dst + 8 * got, 8).try_into().unwrap());
-                assert_eq!(v, next + got, "SEND {} carried its own bytes", next + got);
-                got += 1;
-            }
-            std::thread::yield_now();
-        }
-        next += 8;
-    }
-}
-
 #[test]
 fn test_hostile_guests_on_threads_of_their_own_leave_a_victim_pair_working() {
     use proptest::strategy::ValueTree;
@@ -373,7 +340,7 @@ fn test_hostile_guests_on_threads_of_their_own_leave_a_victim_pair_working() {
                 }
             });
         }
-        s.spawn(|| verified_sends(&mut victim, 100));
+        s.spawn(|| victim.sends_in_order(100));
     });
     for (w, before) in attackers.iter().zip(&before) {
         let after = w.p.b.read(0, size);
