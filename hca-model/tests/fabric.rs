@@ -304,3 +304,58 @@ fn test_pairs_on_threads_of_their_own_and_a_flood_all_deliver_in_order() {
     assert_eq!(flood.b.read(dst, 64 << 10), pattern(64 << 10, 7));
     assert_eq!(fabric.backlog(), 0, "nothing left queued");
 }
+
+#[test]
+fn test_a_flood_to_the_same_port_delays_another_senders_packet_there_by_one_item() {
+    // A floods B; C, a third node, sends B one SEND while the flood is on the wire: B's
+    // queue serves its sources in turn.
+    let mut p = Pair::new(MTU_4096 as u8);
+    let mut c = Driver::new(Some(&p.fabric), 4);
+    let pd_c = c.alloc_pd();
+    let key_c = c.reg_dma_mr(pd_c, ALL_ACCESS);
+    let mut cq_c = c.create_cq(6);
+    let mut qc = c.create_qp(QPT_RC, pd_c, cq_c.cqn, cq_c.cqn);
+    let cq_bc = p.b.create_cq(6);
+    let mut qbc = p.b.create_qp(QPT_RC, p.pd_b, cq_bc.cqn, cq_bc.cqn);
+    let (lb, lc) = (p.b.lid(), c.lid());
+    c.bring_up_rc(qc.qpn, lb, qbc.qpn, ALL_ACCESS, MTU_4096 as u8);
+    p.b.bring_up_rc(qbc.qpn, lc, qc.qpn, ALL_ACCESS, MTU_4096 as u8);
+
+    let (src, dst) = (p.a.alloc(4096, 4096), p.b.alloc(4096, 4096));
+    for i in 0..16 {
+        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+        wr.num_sge = 1;
+        (wr.remote_addr, wr.rkey) = (dst, p.key_b);
+        p.a.write_send(&mut p.qa, &wr, &[sge(src, 4096, p.key_a)], &[]);
+    }
+    let (csrc, bdst) = (c.alloc(8, 8), p.b.alloc(8, 8));
+    p.b.post_recv(&mut qbc, 1, &[sge(bdst, 8, p.key_b)]);
+    let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+    wr.num_sge = 1;
+    c.write_send(&mut qc, &wr, &[sge(csrc, 8, key_c)], &[]);
+    let tap = Arc::new(RingOnFirst {
+        trigger: p.a.lid(),
+        ring: Mutex::new(Some((c.hca.clone(), qc.qpn, qc.sq_pi))),
+        seen: Mutex::default(),
+    });
+    p.fabric.set_tap(Some(tap.clone()));
+    p.a.ring_sq(&p.qa);
+    p.fabric.set_tap(None);
+
+    let seen = tap.seen.lock().unwrap().clone();
+    let at = seen
+        .iter()
+        .position(|&(slid, op)| slid == lc && op == RC_SEND_ONLY)
+        .expect("C's SEND went out");
+    let flood_before = seen[..at]
+        .iter()
+        .filter(|&&(slid, _)| slid == p.a.lid())
+        .count();
+    assert!(
+        flood_before <= 2,
+        "{flood_before} flood packets went first: {seen:?}"
+    );
+    let done = c.drain_cq(&mut cq_c);
+    assert_eq!(done.len(), 1);
+    assert_eq!(u32::from(done[0].status), WC_SUCCESS);
+}
