@@ -268,7 +268,7 @@ impl Groups {
 
 /// An MCMemberRecord of group `g` for the member `port_gid` in `join_state`.
 fn member_record(g: &Group, port_gid: &[u8; 16], join_state: u8) -> Vec<u8> {
-    let mut out = vec![0u8; 52];
+    let mut out = [0u8; 52];
     out[0..16].copy_from_slice(&g.mgid);
     out[16..32].copy_from_slice(port_gid);
     out[32..36].copy_from_slice(&g.qkey.to_be_bytes());
@@ -282,5 +282,5 @@ fn member_record(g: &Group, port_gid: &[u8; 16], join_state: u8) -> Vec<u8> {
     out[44..48].copy_from_slice(&sl_flow_hop.to_be_bytes());
     // Scope: link-local (2), as IPoIB's groups are.
     out[48] = 2 << 4 | join_state;
-    out
+    out.to_vec()
 }

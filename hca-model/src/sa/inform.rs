@@ -100,21 +100,21 @@ impl Subscriptions {
 /// A Report of generic trap `trap` about the port whose GID is `gid` (traps 64 and 65
 /// carry the GID in their data details).
 pub(super) fn report(tid: u64, trap: u16, gid: &[u8; 16]) -> Vec<u8> {
-    let mut m = vec![0u8; MAD_SIZE];
+    let mut m = [0u8; MAD_SIZE];
     m[0] = 1;
     m[1] = CLASS_SUBN_ADM;
     m[2] = SA_CLASS_VERSION;
     m[3] = method::REPORT;
     m[8..16].copy_from_slice(&tid.to_be_bytes());
     m[16..18].copy_from_slice(&attr::NOTICE.to_be_bytes());
-    let n = &mut m[DATA_OFFSET..DATA_OFFSET + 80];
-    // IsGeneric | Type, then the 24-bit ProducerType.
-    n[0..4].copy_from_slice(
+    // The Notice (80 bytes of data): IsGeneric | Type, then the 24-bit ProducerType.
+    const N: usize = DATA_OFFSET;
+    m[N..N + 4].copy_from_slice(
         &(0x8000_0000 | u32::from(NOTICE_TYPE_SUBN_MGMT) << 24 | PRODUCER_CLASS_MANAGER)
             .to_be_bytes(),
     );
-    n[4..6].copy_from_slice(&trap.to_be_bytes());
-    n[6..8].copy_from_slice(&SM_LID.to_be_bytes()); // IssuerLID
-    n[16..32].copy_from_slice(gid); // DataDetails: 6 reserved bytes, then the GID
-    m
+    m[N + 4..N + 6].copy_from_slice(&trap.to_be_bytes());
+    m[N + 6..N + 8].copy_from_slice(&SM_LID.to_be_bytes()); // IssuerLID
+    m[N + 16..N + 32].copy_from_slice(gid); // DataDetails: 6 reserved bytes, then the GID
+    m.to_vec()
 }

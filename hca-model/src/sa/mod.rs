@@ -128,13 +128,17 @@ fn gid_guid(gid: &[u8; 16]) -> Option<u64> {
 }
 
 // Readers of fixed offsets inside a MAD, which is always MAD_SIZE bytes by the time any
-// handler sees it (`answer` checks), so the offsets below are in range by construction.
+// handler sees it (`answer` takes it as an array); past the end they read zeros.
 fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+    b.get(at..at + 2)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u16::from_be_bytes)
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_be_bytes)
 }
 
 fn be64(b: &[u8], at: usize) -> u64 {
@@ -142,9 +146,9 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 fn gid_at(b: &[u8], at: usize) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g.copy_from_slice(&b[at..at + 16]);
-    g
+    b.get(at..at + 16)
+        .and_then(|s| s.try_into().ok())
+        .unwrap_or_default()
 }
 
 /// What the SA needs to know about the fabric's ports.
@@ -285,9 +289,9 @@ impl SubnetAdmin {
             // SA record fits one) and acknowledges them as the receiver does.
             Some(h) => {
                 if !h.is_single() {
-                    let mut refuse = mad.to_vec();
+                    let mut refuse = *mad;
                     rmpp::abort(&mut refuse);
-                    return Some(vec![to(from, refuse)]);
+                    return Some(vec![to(from, refuse.to_vec())]);
                 }
                 out.push(to(from, rmpp::ack_of(mad)));
             }
@@ -305,7 +309,7 @@ impl SubnetAdmin {
             comp_mask: be64(mad, COMP_MASK_OFFSET),
             from,
         };
-        let mut resp = mad.to_vec();
+        let mut resp: [u8; MAD_SIZE] = *mad;
         // The answer is never an RMPP segment unless `rmpp` makes it one.
         resp[24..36].fill(0);
         let reply = if req.method == method::DELETE || req.method == method::GET_TABLE {
@@ -322,16 +326,16 @@ impl SubnetAdmin {
         match found {
             Err(st) => {
                 resp[4..6].copy_from_slice(&st.to_be_bytes());
-                out.push(to(from, resp));
+                out.push(to(from, resp.to_vec()));
             }
             Ok(Found::One(rec)) => {
                 put_data(&mut resp, &rec);
-                out.push(to(from, resp));
+                out.push(to(from, resp.to_vec()));
             }
             Ok(Found::Records { size, rows }) if req.is_table() => {
                 if rows.len() > MAX_TABLE_RECORDS {
                     resp[4..6].copy_from_slice(&status::NO_RESOURCES.to_be_bytes());
-                    out.push(to(from, resp));
+                    out.push(to(from, resp.to_vec()));
                 } else {
                     resp[ATTR_OFFSET_AT..ATTR_OFFSET_AT + 2]
                         .copy_from_slice(&((size / 8) as u16).to_be_bytes());
@@ -356,7 +360,7 @@ impl SubnetAdmin {
                     _ => status::TOO_MANY_RECORDS,
                 };
                 resp[4..6].copy_from_slice(&st.to_be_bytes());
-                out.push(to(from, resp));
+                out.push(to(from, resp.to_vec()));
             }
         }
         Some(out)
@@ -403,11 +407,12 @@ impl SubnetAdmin {
 }
 
 /// Writes `rec` as the data of `mad`, clearing the rest of the data area.
-fn put_data(mad: &mut [u8], rec: &[u8]) {
-    let data = &mut mad[DATA_OFFSET..];
+fn put_data(mad: &mut [u8; MAD_SIZE], rec: &[u8]) {
+    let (_, data) = mad.split_at_mut(DATA_OFFSET);
     data.fill(0);
-    let n = rec.len().min(data.len());
-    data[..n].copy_from_slice(&rec[..n]);
+    for (d, r) in data.iter_mut().zip(rec) {
+        *d = *r;
+    }
 }
 
 /// A MAD from the SA's QP1 to `peer`.

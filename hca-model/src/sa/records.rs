@@ -45,7 +45,7 @@ const PORT_INFO_SIZE: usize = 72;
 
 /// ClassPortInfo: the SA's versions and its answer time; no redirection.
 pub(super) fn class_port_info() -> Vec<u8> {
-    let mut out = vec![0u8; 72];
+    let mut out = [0u8; 72];
     out[0] = 1; // BaseVersion
     out[1] = SA_CLASS_VERSION;
     // CapabilityMask: IsTrapSupported (bit 0; InformInfo subscriptions are served), none
@@ -53,7 +53,7 @@ pub(super) fn class_port_info() -> Vec<u8> {
     out[2..4].copy_from_slice(&1u16.to_be_bytes());
     // CapabilityMask2 (27 bits) | RespTimeValue (5 bits).
     out[4..8].copy_from_slice(&u32::from(LIFE_TIME).to_be_bytes());
-    out
+    out.to_vec()
 }
 
 /// The LIDs a record names: one, none (an unknown GID) or, unnamed, `all`.
@@ -121,7 +121,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
             let Some(dguid) = ports.guid_of(dst) else {
                 continue;
             };
-            let mut out = vec![0u8; PATH_SIZE];
+            let mut out = [0u8; PATH_SIZE];
             out[0..8].copy_from_slice(&d[0..8]); // ServiceID, as asked
             out[8..24].copy_from_slice(&port_gid(dguid));
             out[24..40].copy_from_slice(&port_gid(sguid));
@@ -133,7 +133,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
             out[54] = 2 << 6 | mtu;
             out[55] = 2 << 6 | rate;
             out[56] = 2 << 6 | life;
-            rows.push(out);
+            rows.push(out.to_vec());
             if rows.len() > super::MAX_TABLE_RECORDS {
                 // Enough to refuse; the SA answers "no resources".
                 return Ok(Found::Records {
@@ -180,11 +180,11 @@ pub(super) fn nodes(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
 }
 
 fn node_record(lid: Lid, guid: u64) -> Vec<u8> {
-    let mut out = vec![0u8; 108];
+    let mut out = [0u8; 108];
     out[0..2].copy_from_slice(&lid.to_be_bytes());
     // NodeInfo (40 bytes at 4): versions, type CA (1), one port, the GUIDs, 64 P_Keys'
     // room, the device and vendor IDs of the ABI, port 1.
-    let ni = &mut out[4..44];
+    let mut ni = [0u8; 40];
     ni[0] = 1; // BaseVersion
     ni[1] = 1; // ClassVersion
     ni[2] = 1; // NodeType: channel adapter
@@ -198,9 +198,12 @@ fn node_record(lid: Lid, guid: u64) -> Vec<u8> {
     ni[36] = 1; // LocalPortNum
     let vendor = crate::abi::PCI_VENDOR_HCABENCH;
     ni[37..40].copy_from_slice(&vendor.to_be_bytes()[1..]);
+    out[4..44].copy_from_slice(&ni);
     let desc = format!("hcabench HCA, LID {lid}");
-    out[44..44 + desc.len()].copy_from_slice(desc.as_bytes());
-    out
+    for (o, b) in out[44..].iter_mut().zip(desc.as_bytes()) {
+        *o = *b;
+    }
+    out.to_vec()
 }
 
 /// PortInfoRecord Get/GetTable, by LID (port number 1 or 0, a CA's only port) and by
@@ -230,10 +233,10 @@ pub(super) fn port_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16>
 /// A PortInfoRecord: EndPortLID, PortNum, then PortInfo (IBA 14.2.5.6) as a 4x QDR CA
 /// port at `lid` reports it.
 fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
-    let mut out = vec![0u8; 68];
+    let mut out = [0u8; 68];
     out[0..2].copy_from_slice(&lid.to_be_bytes());
     out[2] = 1;
-    let pi = &mut out[4..68];
+    let mut pi = [0u8; 64];
     pi[8..16].copy_from_slice(&SUBNET_PREFIX.to_be_bytes()); // GidPrefix
     pi[16..18].copy_from_slice(&lid.to_be_bytes()); // LID
     pi[18..20].copy_from_slice(&SM_LID.to_be_bytes()); // MasterSMLID
@@ -253,5 +256,6 @@ fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
     pi[43] = 1 << 4; // OperationalVLs: VL0
     pi[51] = LIFE_TIME; // SubnetTimeOut
     pi[52] = LIFE_TIME; // RespTimeValue
-    out
+    out[4..68].copy_from_slice(&pi);
+    out.to_vec()
 }

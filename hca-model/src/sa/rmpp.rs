@@ -44,7 +44,7 @@ pub(super) struct Header {
 }
 
 impl Header {
-    pub(super) fn of(mad: &[u8]) -> Option<Self> {
+    pub(super) fn of(mad: &[u8; MAD_SIZE]) -> Option<Self> {
         let flags = mad[RMPP_AT + 2] & 0x7;
         (mad[RMPP_AT] != 0 && flags & ACTIVE != 0).then(|| Header {
             kind: mad[RMPP_AT + 1],
@@ -60,7 +60,7 @@ impl Header {
     }
 }
 
-fn set_header(mad: &mut [u8], kind: u8, flags: u8, status: u8, seg: u32, word: u32) {
+fn set_header(mad: &mut [u8; MAD_SIZE], kind: u8, flags: u8, status: u8, seg: u32, word: u32) {
     mad[RMPP_AT] = 1;
     mad[RMPP_AT + 1] = kind;
     mad[RMPP_AT + 2] = NO_RESP_TIME << 3 | ACTIVE | flags;
@@ -71,17 +71,17 @@ fn set_header(mad: &mut [u8], kind: u8, flags: u8, status: u8, seg: u32, word: u
 
 /// The ACK of a one-segment request transfer `mad` (it goes back to the requester's agent,
 /// so it carries the response bit).
-pub(super) fn ack_of(mad: &[u8]) -> Vec<u8> {
-    let mut ack = vec![0u8; MAD_SIZE];
+pub(super) fn ack_of(mad: &[u8; MAD_SIZE]) -> Vec<u8> {
+    let mut ack = [0u8; MAD_SIZE];
     ack[..RMPP_AT].copy_from_slice(&mad[..RMPP_AT]);
     ack[3] ^= method::RESP;
     ack[4..6].fill(0);
     set_header(&mut ack, ACK, 0, 0, 1, 1);
-    ack
+    ack.to_vec()
 }
 
 /// Turns request `mad` into the ABORT of its transfer.
-pub(super) fn abort(mad: &mut [u8]) {
+pub(super) fn abort(mad: &mut [u8; MAD_SIZE]) {
     mad[3] ^= method::RESP;
     set_header(mad, ABORT, 0, STATUS_UNSPECIFIED, 0, 0);
     mad[DATA_OFFSET..].fill(0);
@@ -103,15 +103,16 @@ pub(super) struct Transfers {
 impl Transfers {
     /// Starts sending `data` (records) under the MAD and SA headers of `header`: returns
     /// the first segment, which is all a sender may send before the receiver's first ACK.
-    pub(super) fn start(&mut self, to: Peer, header: &[u8], data: &[u8]) -> Vec<Vec<u8>> {
+    pub(super) fn start(&mut self, to: Peer, header: &[u8; MAD_SIZE], data: &[u8]) -> Vec<Vec<u8>> {
         let n = data.len().div_ceil(SEGMENT_DATA).max(1);
         let segments: Vec<Vec<u8>> = (0..n)
             .map(|i| {
-                let mut m = vec![0u8; MAD_SIZE];
+                let mut m = [0u8; MAD_SIZE];
                 m[..DATA_OFFSET].copy_from_slice(&header[..DATA_OFFSET]);
-                let chunk = &data[(i * SEGMENT_DATA).min(data.len())..];
-                let chunk = &chunk[..chunk.len().min(SEGMENT_DATA)];
-                m[DATA_OFFSET..DATA_OFFSET + chunk.len()].copy_from_slice(chunk);
+                let chunk = data.chunks(SEGMENT_DATA).nth(i).unwrap_or_default();
+                for (d, c) in m[DATA_OFFSET..].iter_mut().zip(chunk) {
+                    *d = *c;
+                }
                 let (first, last) = (i == 0, i + 1 == n);
                 // PayloadLength: the whole transfer's in the first segment, the last
                 // segment's own in the last (SA header included in each).
@@ -124,10 +125,10 @@ impl Transfers {
                 };
                 let flags = if first { FIRST } else { 0 } | if last { LAST } else { 0 };
                 set_header(&mut m, DATA, flags, 0, i as u32 + 1, len as u32);
-                m
+                m.to_vec()
             })
             .collect();
-        let first = segments[..1].to_vec();
+        let first = segments.first().cloned().into_iter().collect();
         let tid = super::be64(header, 8);
         self.live.retain(|t| !(t.to == to && t.tid == tid));
         if n > 1 {
@@ -144,14 +145,14 @@ impl Transfers {
         let Some(i) = self.live.iter().position(|t| t.to == from && t.tid == tid) else {
             return Vec::new();
         };
-        let total = self.live[i].segments.len();
+        let total = self.live.get(i).map_or(0, |t| t.segments.len());
         let acked = h.seg as usize;
         match h.kind {
             ACK if acked < total => {
                 let end = (h.len_or_window as usize).min(total);
-                self.live[i]
-                    .segments
-                    .get(acked..end)
+                self.live
+                    .get(i)
+                    .and_then(|t| t.segments.get(acked..end))
                     .map(<[Vec<u8>]>::to_vec)
                     .unwrap_or_default()
             }

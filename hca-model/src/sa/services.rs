@@ -40,7 +40,8 @@ pub(super) struct Services {
 /// Whether record `rec` matches what `req` names.
 fn matches(req: &Request, rec: &[u8]) -> bool {
     let d = req.data();
-    let same = |bit: u64, at: std::ops::Range<usize>| !req.has(bit) || d[at.clone()] == rec[at];
+    let same =
+        |bit: u64, at: std::ops::Range<usize>| !req.has(bit) || d.get(at.clone()) == rec.get(at);
     same(sr::ID, 0..8)
         && same(sr::GID, 8..24)
         && same(sr::PKEY, 24..26)
@@ -71,12 +72,13 @@ impl Services {
         {
             return Err(status::INVALID_GID);
         }
-        let mut record = d[..RECORD_SIZE].to_vec();
+        let mut record: [u8; RECORD_SIZE] = d[..RECORD_SIZE].try_into().unwrap_or([0; RECORD_SIZE]);
         if !req.has(sr::PKEY) {
             record[24..26].copy_from_slice(&DEFAULT_PKEY.to_be_bytes());
         }
         // The same service (ID, GID, P_Key) is renewed in place.
-        let same = |s: &Service| s.record[0..26] == record[0..26];
+        let same = |s: &Service| s.record.get(0..26) == record.get(0..26);
+        let record = record.to_vec();
         self.live.retain(|s| !same(s));
         let owner = req.from.lid;
         if self.live.len() >= MAX_SERVICES
