@@ -9,7 +9,10 @@
 //! (or a file QEMU creates, mapped on first use), so an RDMA WRITE is one copy from one
 //! guest's RAM into another's.
 
-#![cfg_attr(not(test), warn(clippy::indexing_slicing))]
+#![cfg_attr(
+    not(test),
+    warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)
+)]
 
 mod guest_ram;
 pub mod ivshmem;
