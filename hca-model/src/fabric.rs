@@ -247,8 +247,8 @@ struct Queue {
 
 #[derive(Default)]
 struct DstQueue {
-    /// Per source, its FIFO; kept when empty (the same few sources keep sending). Sources
-    /// are the ports' LIDs (the fabric sets them) and, for bounces, slots: bounded.
+    /// Per source slot, its FIFO; kept when empty (the same few sources keep sending), at
+    /// most [`SLOTS`] of them.
     srcs: Vec<(Lid, VecDeque<Item>)>,
     /// Indices into `srcs` with items, in service order.
     turn: VecDeque<usize>,
@@ -736,7 +736,7 @@ impl Fabric {
     /// Queues a packet. Callers hold their own HCA lock, which fixes the order of packets from
     /// one sender; the packet moves at the next [`Fabric::pump`].
     pub fn enqueue(&self, pkt: Packet) {
-        let (dst, src) = (slot(pkt.dlid), pkt.slid);
+        let (dst, src) = (slot(pkt.dlid), slot(pkt.slid) as Lid);
         self.push(dst, src, Item::Packet(pkt));
     }
 
