@@ -126,6 +126,33 @@ fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
     })
 }
 
+/// This thread's pump of `fabric`, and the destination it has claimed. Ends the pump
+/// however it ends: a delivery that panics (a device bug) must not leave its destination
+/// claimed, or this thread's later pumps returning at once.
+struct Pumping<'a> {
+    fabric: &'a Fabric,
+    claimed: Option<usize>,
+}
+
+impl<'a> Pumping<'a> {
+    fn start(fabric: &'a Fabric) -> Self {
+        PUMPING.with(|p| p.set(true));
+        Self {
+            fabric,
+            claimed: None,
+        }
+    }
+}
+
+impl Drop for Pumping<'_> {
+    fn drop(&mut self) {
+        if let Some(dst) = self.claimed.take() {
+            self.fabric.queue().release(dst);
+        }
+        PUMPING.with(|p| p.set(false));
+    }
+}
+
 /// Notes that this thread queued an item for `dst` on fabric `fabric`.
 fn note_queued(fabric: usize, dst: usize) {
     QUEUED_TO.with(|q| {
@@ -791,13 +818,12 @@ impl Fabric {
         if PUMPING.with(Cell::get) {
             return;
         }
-        PUMPING.with(|p| p.set(true));
         let id = self.id();
-        let mut claimed = None;
+        let mut pumping = Pumping::start(self);
         loop {
             let next = {
                 let mut q = self.queue();
-                if let Some(dst) = claimed.take() {
+                if let Some(dst) = pumping.claimed.take() {
                     q.release(dst);
                 }
                 match take_own(&mut q, id) {
@@ -809,7 +835,7 @@ impl Fabric {
             let Some((dst, item)) = next else {
                 break;
             };
-            claimed = Some(dst);
+            pumping.claimed = Some(dst);
             match item {
                 Item::Packet(pkt) => self.forward(pkt),
                 Item::Bounce(pkt, why) => {
@@ -819,7 +845,6 @@ impl Fabric {
                 }
             }
         }
-        PUMPING.with(|p| p.set(false));
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
