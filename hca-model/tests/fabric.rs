@@ -359,3 +359,52 @@ fn test_a_flood_to_the_same_port_delays_another_senders_packet_there_by_one_item
     assert_eq!(done.len(), 1);
     assert_eq!(u32::from(done[0].status), WC_SUCCESS);
 }
+
+/// A port whose first delivery panics (a device bug), then counts what it gets.
+struct PanicsOnce {
+    panicked: std::sync::atomic::AtomicBool,
+    got: std::sync::atomic::AtomicUsize,
+}
+
+impl hca_model::fabric::PacketSink for PanicsOnce {
+    fn deliver(&self, _pkt: Packet) -> Result<(), hca_model::fabric::Rejected> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.panicked.swap(true, SeqCst) {
+            panic!("a device bug");
+        }
+        self.got.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    fn undeliverable(&self, _pkt: Packet, _why: hca_model::fabric::DropReason) {}
+}
+
+#[test]
+fn test_a_delivery_that_panics_leaves_its_port_reachable() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let fabric = Fabric::with_manual_clock();
+    let port = Arc::new(PanicsOnce {
+        panicked: Default::default(),
+        got: Default::default(),
+    });
+    let sink: Arc<dyn hca_model::fabric::PacketSink> = port.clone();
+    let lid = fabric.attach(Arc::downgrade(&sink));
+    let packet = || Packet {
+        slid: 7,
+        dlid: lid,
+        opcode: RC_SEND_ONLY,
+        count: 1,
+        ..Default::default()
+    };
+    let f = fabric.clone();
+    let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        f.enqueue(packet());
+        f.pump();
+    }));
+    assert!(hit.is_err(), "the first delivery panicked");
+    // The same thread, and the same port, go on.
+    fabric.enqueue(packet());
+    fabric.pump();
+    assert_eq!(port.got.load(SeqCst), 1, "the next packet arrived");
+    assert_eq!(fabric.backlog(), 0);
+}
