@@ -209,21 +209,41 @@ impl hca_model::PacketTap for RingOnFirst {
     }
 }
 
+impl RingOnFirst {
+    /// How many of `flood`'s packets entered the fabric before `victim`'s SEND, and all
+    /// that entered.
+    fn sent_before(&self, victim: u16, flood: u16) -> (usize, Vec<(u16, u8)>) {
+        let seen = self.seen.lock().unwrap().clone();
+        let at = seen
+            .iter()
+            .position(|&(slid, op)| slid == victim && op == RC_SEND_ONLY)
+            .expect("the victim's SEND went out");
+        let n = seen[..at]
+            .iter()
+            .filter(|&&(slid, _)| slid == flood)
+            .count();
+        (n, seen)
+    }
+}
+
+/// Writes 16 one-packet RDMA WRITEs from A to B on `p`'s QP, not rung yet.
+fn write_flood(p: &mut Pair) {
+    let (src, dst) = (p.a.alloc(4096, 4096), p.b.alloc(4096, 4096));
+    for i in 0..16 {
+        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+        wr.num_sge = 1;
+        (wr.remote_addr, wr.rkey) = (dst, p.key_b);
+        p.a.write_send(&mut p.qa, &wr, &[sge(src, 4096, p.key_a)], &[]);
+    }
+}
+
 #[test]
 fn test_a_flood_already_queued_delays_another_senders_packet_by_one_item_not_by_the_flood() {
     let fabric = Fabric::with_manual_clock();
     let mut flood = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
     let mut victim = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
     // The flood: 16 one-packet RDMA WRITEs queued at once by one doorbell.
-    let (src, dst) = (flood.a.alloc(4096, 4096), flood.b.alloc(4096, 4096));
-    for i in 0..16 {
-        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
-        wr.num_sge = 1;
-        (wr.remote_addr, wr.rkey) = (dst, flood.key_b);
-        flood
-            .a
-            .write_send(&mut flood.qa, &wr, &[sge(src, 4096, flood.key_a)], &[]);
-    }
+    write_flood(&mut flood);
     // The victim's SEND, rung while the flood's first packet is on the wire: its packet
     // is queued behind the other 15.
     let (vsrc, vdst) = (victim.a.alloc(8, 8), victim.b.alloc(8, 8));
@@ -244,15 +264,7 @@ fn test_a_flood_already_queued_delays_another_senders_packet_by_one_item_not_by_
     flood.a.ring_sq(&flood.qa);
     fabric.set_tap(None);
 
-    let seen = tap.seen.lock().unwrap().clone();
-    let at = seen
-        .iter()
-        .position(|&(slid, op)| slid == victim.a.lid() && op == RC_SEND_ONLY)
-        .expect("the victim's SEND went out");
-    let flood_before = seen[..at]
-        .iter()
-        .filter(|&&(slid, _)| slid == flood.a.lid())
-        .count();
+    let (flood_before, seen) = tap.sent_before(victim.a.lid(), flood.a.lid());
     // The first flood packet was on the wire when the victim rang; one more may go first
     // (turns alternate), not the other 14.
     assert!(
@@ -321,13 +333,7 @@ fn test_a_flood_to_the_same_port_delays_another_senders_packet_there_by_one_item
     c.bring_up_rc(qc.qpn, lb, qbc.qpn, ALL_ACCESS, MTU_4096 as u8);
     p.b.bring_up_rc(qbc.qpn, lc, qc.qpn, ALL_ACCESS, MTU_4096 as u8);
 
-    let (src, dst) = (p.a.alloc(4096, 4096), p.b.alloc(4096, 4096));
-    for i in 0..16 {
-        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
-        wr.num_sge = 1;
-        (wr.remote_addr, wr.rkey) = (dst, p.key_b);
-        p.a.write_send(&mut p.qa, &wr, &[sge(src, 4096, p.key_a)], &[]);
-    }
+    write_flood(&mut p);
     let (csrc, bdst) = (c.alloc(8, 8), p.b.alloc(8, 8));
     p.b.post_recv(&mut qbc, 1, &[sge(bdst, 8, p.key_b)]);
     let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
@@ -342,15 +348,7 @@ fn test_a_flood_to_the_same_port_delays_another_senders_packet_there_by_one_item
     p.a.ring_sq(&p.qa);
     p.fabric.set_tap(None);
 
-    let seen = tap.seen.lock().unwrap().clone();
-    let at = seen
-        .iter()
-        .position(|&(slid, op)| slid == lc && op == RC_SEND_ONLY)
-        .expect("C's SEND went out");
-    let flood_before = seen[..at]
-        .iter()
-        .filter(|&&(slid, _)| slid == p.a.lid())
-        .count();
+    let (flood_before, seen) = tap.sent_before(lc, p.a.lid());
     assert!(
         flood_before <= 2,
         "{flood_before} flood packets went first: {seen:?}"
