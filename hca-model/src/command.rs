@@ -8,7 +8,7 @@
 use vm_memory::ByteValued;
 
 use crate::abi::*;
-use crate::hca::HcaState;
+use crate::hca::{Device, HcaState};
 use crate::status::CmdError;
 
 /// Reads a command's input struct from the mailbox's input bytes.
@@ -34,18 +34,18 @@ fn handle(v: u32) -> HcaCmdHandle {
 impl HcaState {
     /// DB_CMD: runs the mailbox's command if it is new.
     pub(crate) fn run_command(&mut self) {
-        let mb: HcaCmdMailbox = self.bar2.read_obj(BAR2_MAILBOX_OFFSET);
-        if mb.seq == self.last_cmd_seq {
+        let mb: HcaCmdMailbox = self.dev.bar2.read_obj(BAR2_MAILBOX_OFFSET);
+        if mb.seq == self.dev.last_cmd_seq {
             return; // Already done: a coalesced or repeated doorbell.
         }
-        self.stats.commands += 1;
+        self.dev.stats.commands += 1;
         let mut out = [0u8; 64];
         let status = match self.execute(&mb, &mut out) {
             Ok(()) => CMD_OK,
             Err(e) => {
                 log::debug!(
                     "LID {}: command {:#x} (seq {}) refused: {e:?}",
-                    self.lid,
+                    self.dev.lid,
                     mb.opcode,
                     mb.seq
                 );
@@ -53,29 +53,32 @@ impl HcaState {
             }
         };
         let off = |f: usize| BAR2_MAILBOX_OFFSET + f as u32;
-        self.bar2
+        self.dev
+            .bar2
             .write_bytes(off(std::mem::offset_of!(HcaCmdMailbox, output)), &out);
-        self.bar2
+        self.dev
+            .bar2
             .write_obj(off(std::mem::offset_of!(HcaCmdMailbox, status)), &status);
-        self.bar2
+        self.dev
+            .bar2
             .store_u32(off(std::mem::offset_of!(HcaCmdMailbox, done_seq)), mb.seq);
-        self.last_cmd_seq = mb.seq;
+        self.dev.last_cmd_seq = mb.seq;
         if mb.flags & CMD_FLAG_EVENT != 0 {
-            self.post_event(VEC_ASYNC, EV_CMD_DONE, mb.seq, status);
+            self.dev.post_event(VEC_ASYNC, EV_CMD_DONE, mb.seq, status);
         }
     }
 
     fn execute(&mut self, mb: &HcaCmdMailbox, out: &mut [u8; 64]) -> Result<(), CmdError> {
         let h = input::<HcaCmdHandle>(mb).handle;
         match mb.opcode {
-            CMD_QUERY_DEVICE => output(out, &self.device_attr()),
-            CMD_QUERY_PORT => output(out, &self.port_attr()),
-            CMD_ALLOC_PD => output(out, &handle(self.cmd_alloc_pd()?)),
-            CMD_DEALLOC_PD => self.cmd_dealloc_pd(h)?,
-            CMD_REG_MR => output(out, &handle(self.cmd_reg_mr(&input(mb))?)),
-            CMD_DEREG_MR => self.cmd_dereg_mr(h)?,
-            CMD_CREATE_CQ => output(out, &handle(self.cmd_create_cq(&input(mb))?)),
-            CMD_DESTROY_CQ => self.cmd_destroy_cq(h)?,
+            CMD_QUERY_DEVICE => output(out, &self.dev.device_attr()),
+            CMD_QUERY_PORT => output(out, &self.dev.port_attr()),
+            CMD_ALLOC_PD => output(out, &handle(self.dev.cmd_alloc_pd()?)),
+            CMD_DEALLOC_PD => self.dev.cmd_dealloc_pd(h)?,
+            CMD_REG_MR => output(out, &handle(self.dev.cmd_reg_mr(&input(mb))?)),
+            CMD_DEREG_MR => self.dev.cmd_dereg_mr(h)?,
+            CMD_CREATE_CQ => output(out, &handle(self.dev.cmd_create_cq(&input(mb))?)),
+            CMD_DESTROY_CQ => self.dev.cmd_destroy_cq(h)?,
             CMD_CREATE_QP => output(out, &handle(self.cmd_create_qp(&input(mb))?)),
             CMD_MODIFY_QP => self.cmd_modify_qp(&input(mb))?,
             CMD_QUERY_QP => output(out, &self.cmd_query_qp(h)?),
@@ -84,14 +87,17 @@ impl HcaState {
             CMD_DETACH_MCAST => self.cmd_detach_mcast(&input(mb))?,
             CMD_SET_PORT_CAP => {
                 let c: HcaCmdPortCap = input(mb);
-                self.port_caps
+                self.dev
+                    .port_caps
                     .store(c.cap_mask, std::sync::atomic::Ordering::Relaxed);
             }
             _ => return Err(CmdError::BadOpcode),
         }
         Ok(())
     }
+}
 
+impl Device {
     fn device_attr(&self) -> HcaDeviceAttr {
         HcaDeviceAttr {
             fw_ver: u64::from(ABI_VERSION),

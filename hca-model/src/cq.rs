@@ -10,7 +10,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use crate::abi::*;
 use crate::dma::write_obj;
-use crate::hca::HcaState;
+use crate::hca::Device;
 use crate::status::{CmdError, WcError};
 
 pub(crate) struct Cq {
@@ -31,7 +31,7 @@ fn cq_db(cqn: u32) -> u32 {
     BAR2_CQ_DB_OFFSET + cqn * 8
 }
 
-impl HcaState {
+impl Device {
     /// Writes `cqe` (owner byte last) to CQ `cqn`. `solicited` marks a CQE that fires a CQ
     /// armed for solicited events only.
     pub(crate) fn post_cqe(&mut self, cqn: u32, mut cqe: HcaCqe, solicited: bool) {

@@ -5,7 +5,7 @@
 //! says "not yet".
 
 use crate::abi::*;
-use crate::hca::HcaState;
+use crate::hca::Device;
 
 /// The device's producer index for one EQ.
 #[derive(Default)]
@@ -13,7 +13,7 @@ pub(crate) struct Eq {
     pub pi: u32,
 }
 
-impl HcaState {
+impl Device {
     /// Posts an event on EQ `vector` and requests that vector. A full EQ (the driver stopped
     /// consuming) loses the event, counted in `events_lost`; the interrupt is still raised.
     pub(crate) fn post_event(&mut self, vector: u32, event_type: u32, param: u32, data: u32) {

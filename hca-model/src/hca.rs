@@ -5,11 +5,16 @@
 //! packets to move. Interrupts are raised and the fabric pumped after the lock is dropped, so
 //! an HCA never holds its lock while another HCA's lock is taken (see fabric.rs).
 //!
-//! Concern split, each an `impl HcaState` block in its own file: commands (command.rs),
-//! PD/MR and key checks (mr.rs), CQ rings (cq.rs), event queues (eq.rs), QP state machine (qp.rs),
-//! the send engine (requester.rs), incoming requests (responder.rs).
+//! Shape: `HcaState` is the QP table beside a `Device` (everything else). Device-wide
+//! concerns are `impl Device` blocks in their own files: PD/MR and key checks (mr.rs), CQ
+//! rings (cq.rs), event queues (eq.rs), multicast attachments (mcast.rs). The engine is
+//! per QP (`QpEngine` in qp.rs: one QP and the device it emits into), in the files rxe
+//! has: the requester (requester.rs), the completer (completer.rs), the responder
+//! (responder.rs), the transport timer (reliability.rs), and the state machine (qp.rs).
+//! `HcaState` keeps what needs the QP table: commands (command.rs) and the dispatch of a
+//! doorbell, a packet or a tick to the QPs it concerns.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vm_memory::GuestMemory;
@@ -126,8 +131,19 @@ impl<T> Table<T> {
     }
 }
 
-/// Everything behind the HCA's lock.
+/// Everything behind the HCA's lock: its QPs, and the device they act through.
 pub(crate) struct HcaState {
+    pub dev: Device,
+    pub qps: Table<Qp>,
+    /// QPNs in use, so doorbells scan only live QPs.
+    pub live_qps: Vec<u32>,
+}
+
+/// The HCA apart from its QPs: guest memory and BAR2, protection domains and keys, CQs and
+/// EQs, the port. A QP's engine (see qp.rs) reads WQEs and keys through it and emits what
+/// it produces into it: packets (`transmit`), completions (`post_cqe`), events and the
+/// interrupts they raise, timer deadlines and counters.
+pub(crate) struct Device {
     pub mem: Arc<dyn DmaSpace>,
     pub bar2: Arc<DeviceMemory>,
     pub fabric: Option<Fabric>,
@@ -139,9 +155,7 @@ pub(crate) struct HcaState {
     pub mr_tags: Vec<u8>,
     pub mr_pages: u64,
     pub cqs: Table<Cq>,
-    pub qps: Table<Qp>,
-    /// QPNs and CQNs in use, so doorbells scan only live objects.
-    pub live_qps: Vec<u32>,
+    /// CQNs in use, so doorbells scan only live CQs.
     pub live_cqs: Vec<u32>,
     pub eqs: [Eq; NUM_VECTORS as usize],
     pub last_cmd_seq: u32,
@@ -171,9 +185,37 @@ pub(crate) struct HcaState {
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
+    /// Host bytes that every QP's WRs in flight hold (each QP's `InFlight` keeps it).
+    pub held: Arc<AtomicUsize>,
 }
 
 impl HcaState {
+    fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
+        Self {
+            dev: Device::new(mem, bar2, node_guid),
+            qps: Table::new(MAX_QP, 2),
+            live_qps: Vec::new(),
+        }
+    }
+
+    fn doorbell(&mut self, class: u32) {
+        if let Some((hook, now)) = self.dev.adapter_hook() {
+            if !hook.doorbell(self.dev.lid, class, now) {
+                return;
+            }
+        }
+        self.dev.stats.doorbells += 1;
+        match class {
+            DB_CMD => self.run_command(),
+            DB_SQ => self.scan_send_queues(),
+            DB_RQ => self.scan_recv_queues(),
+            DB_CQ_ARM => self.dev.scan_cq_arms(),
+            _ => {} // Unknown classes are ignored: ivshmem lets the guest ring any vector.
+        }
+    }
+}
+
+impl Device {
     fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
         let st = Self {
             mem,
@@ -186,8 +228,6 @@ impl HcaState {
             mr_tags: vec![1; MAX_MR as usize],
             mr_pages: 0,
             cqs: Table::new(MAX_CQ, 1),
-            qps: Table::new(MAX_QP, 2),
-            live_qps: Vec::new(),
             live_cqs: Vec::new(),
             eqs: Default::default(),
             last_cmd_seq: 0,
@@ -201,6 +241,7 @@ impl HcaState {
             mcast: Vec::new(),
             link_down: false,
             port_caps: Arc::default(),
+            held: Arc::default(),
             turn_left: WORK_PER_TURN,
             more_work: false,
         };
@@ -264,6 +305,11 @@ impl HcaState {
         }
     }
 
+    /// Fabric time (ns); 0 off a fabric.
+    pub(crate) fn now(&self) -> u64 {
+        self.fabric.as_ref().map_or(0, |f| f.now_ns())
+    }
+
     /// The fabric's adapter-fault hook and clock, when the port is on a fabric that has one.
     pub fn adapter_hook(&self) -> Option<(Arc<dyn AdapterHook>, u64)> {
         let f = self.fabric.as_ref()?;
@@ -302,22 +348,6 @@ impl HcaState {
             }
         }
         self.late_irqs = keep;
-    }
-
-    fn doorbell(&mut self, class: u32) {
-        if let Some((hook, now)) = self.adapter_hook() {
-            if !hook.doorbell(self.lid, class, now) {
-                return;
-            }
-        }
-        self.stats.doorbells += 1;
-        match class {
-            DB_CMD => self.run_command(),
-            DB_SQ => self.scan_send_queues(),
-            DB_RQ => self.scan_recv_queues(),
-            DB_CQ_ARM => self.scan_cq_arms(),
-            _ => {} // Unknown classes are ignored: ivshmem lets the guest ring any vector.
-        }
     }
 }
 
@@ -380,21 +410,29 @@ impl Shared {
         f: impl FnOnce(&mut HcaState) -> R,
     ) -> (R, bool) {
         let (r, irqs, fabric, more) = {
-            st.turn_left = WORK_PER_TURN;
+            st.dev.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
-            while !st.stranded.is_empty() {
-                for pkt in std::mem::take(&mut st.stranded) {
+            while !st.dev.stranded.is_empty() {
+                for pkt in std::mem::take(&mut st.dev.stranded) {
                     st.bounced(pkt, DropReason::NoRoute);
                 }
             }
-            let irqs = std::mem::take(&mut st.pending_irqs);
-            let irqs = if irqs != 0 { st.judge_irqs(irqs) } else { 0 };
-            let irqs = irqs | std::mem::take(&mut st.late_due);
-            st.stats.interrupts += u64::from(irqs.count_ones());
+            let irqs = std::mem::take(&mut st.dev.pending_irqs);
+            let irqs = if irqs != 0 {
+                st.dev.judge_irqs(irqs)
+            } else {
+                0
+            };
+            let irqs = irqs | std::mem::take(&mut st.dev.late_due);
+            st.dev.stats.interrupts += u64::from(irqs.count_ones());
             // Work left over is due at once: the next tick goes on with it if no caller does.
-            let hint = if st.more_work { 0 } else { st.timer_hint };
+            let hint = if st.dev.more_work {
+                0
+            } else {
+                st.dev.timer_hint
+            };
             self.timer_hint.store(hint, Ordering::Relaxed);
-            (r, irqs, st.fabric.clone(), st.more_work)
+            (r, irqs, st.dev.fabric.clone(), st.dev.more_work)
         };
         drop(st);
         for v in 0..NUM_VECTORS {
@@ -437,13 +475,13 @@ impl PacketSink for Shared {
 
     fn link_changed(&self, up: bool) {
         self.with_state(|st| {
-            if st.link_down != up || st.fabric.is_none() {
+            if st.dev.link_down != up || st.dev.fabric.is_none() {
                 return;
             }
-            st.link_down = !up;
-            st.publish_info();
+            st.dev.link_down = !up;
+            st.dev.publish_info();
             let ev = if up { EV_PORT_ACTIVE } else { EV_PORT_DOWN };
-            st.post_event(VEC_ASYNC, ev, 1, 0);
+            st.dev.post_event(VEC_ASYNC, ev, 1, 0);
         })
     }
 }
@@ -473,7 +511,7 @@ impl Hca {
     ) -> Self {
         let bar2 = Arc::new(bar2);
         let state = HcaState::new(mem, bar2.clone(), node_guid);
-        let port_caps = state.port_caps.clone();
+        let port_caps = state.dev.port_caps.clone();
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
@@ -508,20 +546,20 @@ impl Hca {
 
     fn port_up(&self, fabric: &Fabric, lid: Lid) {
         self.shared.with_state(|st| {
-            st.fabric = Some(fabric.clone());
-            st.lid = lid;
-            st.publish_info();
-            st.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
+            st.dev.fabric = Some(fabric.clone());
+            st.dev.lid = lid;
+            st.dev.publish_info();
+            st.dev.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
         });
     }
 
     /// Takes the port off its fabric (a node going away); peers' packets to it then fail.
     pub fn detach(&self) {
         self.shared.with_state(|st| {
-            if let Some(f) = st.fabric.take() {
-                f.detach(st.lid);
-                st.publish_info();
-                st.post_event(VEC_ASYNC, EV_PORT_DOWN, 1, 0);
+            if let Some(f) = st.dev.fabric.take() {
+                f.detach(st.dev.lid);
+                st.dev.publish_info();
+                st.dev.post_event(VEC_ASYNC, EV_PORT_DOWN, 1, 0);
             }
         });
     }
@@ -529,8 +567,8 @@ impl Hca {
     /// Tells the guest (through BAR2) which peer id its doorbell writes must name.
     pub fn set_doorbell_peer(&self, peer: u32) {
         self.shared.with_state(|st| {
-            st.doorbell_peer = peer;
-            st.publish_info();
+            st.dev.doorbell_peer = peer;
+            st.dev.publish_info();
         });
     }
 
@@ -544,11 +582,11 @@ impl Hca {
     }
 
     pub fn lid(&self) -> Lid {
-        self.shared.lock().lid
+        self.shared.lock().dev.lid
     }
 
     pub fn stats(&self) -> HcaStats {
-        self.shared.lock().stats
+        self.shared.lock().dev.stats
     }
 
     /// What the device holds for its guest's WRs in flight now: (WRs sent and not yet
@@ -562,6 +600,6 @@ impl Hca {
             .filter_map(|&q| st.qps.get(q))
             .map(|q| q.pending.len())
             .sum();
-        (wrs, st.in_flight_bytes())
+        (wrs, st.dev.held.load(Ordering::Relaxed))
     }
 }

@@ -20,6 +20,7 @@ pub mod abi;
 pub mod adapter_hook;
 pub mod capture;
 mod command;
+mod completer;
 mod cq;
 pub mod devmem;
 pub mod dma;

@@ -3,7 +3,7 @@
 //! packets reach is the fabric's business (the subnet administrator's members).
 
 use crate::abi::*;
-use crate::hca::HcaState;
+use crate::hca::{Device, HcaState};
 use crate::packet::Grh;
 use crate::status::CmdError;
 
@@ -34,27 +34,30 @@ impl HcaState {
 
     pub(crate) fn cmd_attach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), CmdError> {
         let a = self.mcast_target(c)?;
-        if self.mcast.contains(&a) {
+        let mcast = &mut self.dev.mcast;
+        if mcast.contains(&a) {
             return Err(CmdError::Busy);
         }
-        if self.mcast.len() >= MAX_MCAST_ATTACH as usize {
+        if mcast.len() >= MAX_MCAST_ATTACH as usize {
             return Err(CmdError::NoResources);
         }
-        self.mcast.push(a);
+        mcast.push(a);
         Ok(())
     }
 
     pub(crate) fn cmd_detach_mcast(&mut self, c: &HcaCmdMcast) -> Result<(), CmdError> {
         let a = self.mcast_target(c)?;
-        let at = self
-            .mcast
+        let mcast = &mut self.dev.mcast;
+        let at = mcast
             .iter()
             .position(|x| *x == a)
             .ok_or(CmdError::BadParam)?;
-        self.mcast.swap_remove(at);
+        mcast.swap_remove(at);
         Ok(())
     }
+}
 
+impl Device {
     /// A destroyed QP leaves every group.
     pub(crate) fn detach_qp(&mut self, qpn: u32) {
         self.mcast.retain(|a| a.qpn != qpn);

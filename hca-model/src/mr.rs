@@ -7,7 +7,7 @@
 
 use crate::abi::*;
 use crate::dma::read_obj;
-use crate::hca::HcaState;
+use crate::hca::Device;
 use crate::status::{CmdError, WcError};
 use std::sync::Arc;
 
@@ -165,7 +165,7 @@ fn access_ok(access: u32) -> bool {
     access & !0xf == 0 && (access & remote_needs_local == 0 || access & ACCESS_LOCAL_WRITE != 0)
 }
 
-impl HcaState {
+impl Device {
     /// Resolves `[va, va + len)` under `key` for `how`, appending the guest-physical pieces
     /// to `out`.
     pub(crate) fn resolve_key(
@@ -208,6 +208,14 @@ impl HcaState {
 
     /// Resolves a list of SGEs (read from the guest) into guest-physical pieces.
     /// Returns the total length.
+    /// The `n` SGEs of a WQE, at `addr`.
+    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, WcError> {
+        (0..n)
+            .map(|i| read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * u64::from(i)))
+            .collect::<Result<_, _>>()
+            .map_err(|_| WcError::LocQpOp)
+    }
+
     pub(crate) fn resolve_sges(
         &self,
         sges: &[HcaSge],

@@ -8,10 +8,12 @@
 //! Entering RESET empties both queues without completions and zeroes the doorbell record.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::abi::*;
 use crate::dma::read_obj;
-use crate::hca::HcaState;
+use crate::hca::{Device, HcaState};
 use crate::packet::{Packet, Seg, SegList, PSN_MASK};
 use crate::reliability::Retry;
 use crate::status::{CmdError, WcError};
@@ -94,17 +96,29 @@ impl Pending {
 
 /// The WRs a QP has sent and not yet completed, in send order, with what they hold: the
 /// count of READs and atomics (against `max_rd_atomic`), of WRs that a FENCE waits for, and
-/// the host bytes their requests keep (against the device's bound). Reads go through
-/// `Deref`; changes through the methods, which keep the counts.
-#[derive(Default)]
+/// the host bytes their requests keep, which also count in the device's total (against its
+/// bound, [`MAX_IN_FLIGHT_BYTES`]) until they complete or the QP goes. Changes go through
+/// the methods, which keep the counts.
 pub(crate) struct InFlight {
     list: VecDeque<(Pending, usize)>,
     reads: usize,
     fenced: usize,
     bytes: usize,
+    /// The device's total over all its QPs.
+    device_bytes: Arc<AtomicUsize>,
 }
 
 impl InFlight {
+    pub fn new(device_bytes: Arc<AtomicUsize>) -> Self {
+        Self {
+            list: VecDeque::new(),
+            reads: 0,
+            fenced: 0,
+            bytes: 0,
+            device_bytes,
+        }
+    }
+
     fn counts(p: &Pending) -> (usize, usize) {
         let read = matches!(p.kind, PendKind::Read { .. } | PendKind::Atomic { .. });
         (
@@ -117,6 +131,7 @@ impl InFlight {
         let (r, f) = Self::counts(&p);
         let b = p.host_bytes();
         (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
+        self.device_bytes.fetch_add(b, Ordering::Relaxed);
         self.list.push_back((p, b));
     }
 
@@ -126,11 +141,13 @@ impl InFlight {
         self.reads -= r;
         self.fenced -= f;
         self.bytes -= b;
+        self.device_bytes.fetch_sub(b, Ordering::Relaxed);
         Some(p)
     }
 
     /// Empties the list (flush, reset), oldest first.
     pub fn take_all(&mut self) -> Vec<Pending> {
+        self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
         (self.reads, self.fenced, self.bytes) = (0, 0, 0);
         self.list.drain(..).map(|(p, _)| p).collect()
     }
@@ -170,6 +187,13 @@ impl InFlight {
     /// Host bytes held (see [`Pending::host_bytes`]).
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+}
+
+impl Drop for InFlight {
+    /// A destroyed QP's WRs hold nothing any more.
+    fn drop(&mut self) {
+        self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -318,14 +342,36 @@ fn attrs_valid(mask: u32, a: &HcaQpAttr) -> bool {
         || has(QP_ATTR_MIN_RNR_TIMER) && a.min_rnr_timer > 31)
 }
 
+/// One QP's engine: the QP and the device it acts through. The requester (requester.rs),
+/// the completer (completer.rs), the responder (responder.rs) and the transport timer
+/// (reliability.rs) are its methods, as rxe's are functions of one `struct rxe_qp`: each
+/// works on this QP's state and emits what it produces into the device (packets, CQEs,
+/// events), so none looks a QP up by number, and one QP's work cannot touch another QP.
+pub(crate) struct QpEngine<'a> {
+    pub qpn: u32,
+    pub qp: &'a mut Qp,
+    pub dev: &'a mut Device,
+}
+
 impl HcaState {
+    /// QP `qpn`'s engine, if the QP exists.
+    pub(crate) fn engine(&mut self, qpn: u32) -> Option<QpEngine<'_>> {
+        let qp = self.qps.get_mut(qpn)?;
+        Some(QpEngine {
+            qpn,
+            qp,
+            dev: &mut self.dev,
+        })
+    }
+
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
         if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI) || a.flags & !QP_FLAG_SIG_ALL != 0 {
             return Err(CmdError::BadParam);
         }
-        if self.pds.get(a.pdn).is_none()
-            || self.cqs.get(a.send_cqn).is_none()
-            || self.cqs.get(a.recv_cqn).is_none()
+        let dev = &mut self.dev;
+        if dev.pds.get(a.pdn).is_none()
+            || dev.cqs.get(a.send_cqn).is_none()
+            || dev.cqs.get(a.recv_cqn).is_none()
         {
             return Err(CmdError::BadHandle);
         }
@@ -338,7 +384,7 @@ impl HcaState {
         }
         let sq_bytes = 1u64 << (a.sq_log_entries + a.sq_wqe_shift);
         let rq_bytes = 1u64 << (a.rq_log_entries + a.rq_wqe_shift);
-        if !self.mem.check(a.sq_addr, sq_bytes) || !self.mem.check(a.rq_addr, rq_bytes) {
+        if !dev.mem.check(a.sq_addr, sq_bytes) || !dev.mem.check(a.rq_addr, rq_bytes) {
             return Err(CmdError::BadAddress);
         }
         let qp = Qp {
@@ -368,7 +414,7 @@ impl HcaState {
                 ..Default::default()
             },
             next_psn: 0,
-            pending: InFlight::default(),
+            pending: InFlight::new(dev.held.clone()),
             sq_waits: false,
             retry: Retry::default(),
             epsn: 0,
@@ -385,15 +431,16 @@ impl HcaState {
         } else {
             self.qps.alloc(qp).ok_or(CmdError::NoResources)?
         };
+        let dev = &mut self.dev;
         for cqn in [a.send_cqn, a.recv_cqn] {
-            if let Some(cq) = self.cqs.get_mut(cqn) {
+            if let Some(cq) = dev.cqs.get_mut(cqn) {
                 cq.users += 1;
             }
         }
-        if let Some(pd) = self.pds.get_mut(a.pdn) {
+        if let Some(pd) = dev.pds.get_mut(a.pdn) {
             pd.users += 1;
         }
-        self.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
+        dev.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
         self.live_qps.push(qpn);
         Ok(qpn)
     }
@@ -401,13 +448,14 @@ impl HcaState {
     pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), CmdError> {
         let qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
         self.live_qps.retain(|&q| q != qpn);
-        self.detach_qp(qpn);
+        let dev = &mut self.dev;
+        dev.detach_qp(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {
-            if let Some(cq) = self.cqs.get_mut(cqn) {
+            if let Some(cq) = dev.cqs.get_mut(cqn) {
                 cq.users -= 1;
             }
         }
-        if let Some(pd) = self.pds.get_mut(qp.pdn) {
+        if let Some(pd) = dev.pds.get_mut(qp.pdn) {
             pd.users -= 1;
         }
         Ok(())
@@ -421,8 +469,8 @@ impl HcaState {
     }
 
     pub(crate) fn cmd_modify_qp(&mut self, m: &HcaCmdModifyQp) -> Result<(), CmdError> {
-        let qp = self.qps.get(m.qpn).ok_or(CmdError::BadHandle)?;
-        let cur = u32::from(qp.attr.state);
+        let mut e = self.engine(m.qpn).ok_or(CmdError::BadHandle)?;
+        let cur = u32::from(e.qp.attr.state);
         let mask = m.attr_mask;
         let a = &m.attr;
         if mask & QP_ATTR_CUR_STATE != 0 && u32::from(a.cur_state) != cur {
@@ -433,7 +481,7 @@ impl HcaState {
         } else {
             cur
         };
-        let (required, optional) = transition(qp.qp_type, cur, next).ok_or(CmdError::BadState)?;
+        let (required, optional) = transition(e.qp.qp_type, cur, next).ok_or(CmdError::BadState)?;
         let allowed = required | optional | QP_ATTR_STATE | QP_ATTR_CUR_STATE;
         if mask & required != required || mask & !allowed != 0 {
             return Err(CmdError::BadParam);
@@ -441,80 +489,92 @@ impl HcaState {
         if !attrs_valid(mask, a) {
             return Err(CmdError::BadParam);
         }
-        let qp = self.qps.get_mut(m.qpn).ok_or(CmdError::BadHandle)?;
-        apply_attrs(qp, mask, a);
+        apply_attrs(e.qp, mask, a);
         match next {
-            QPS_RESET => self.reset_qp(m.qpn),
-            QPS_ERR if cur != QPS_ERR => self.qp_to_error(m.qpn),
-            QPS_RTS if cur == QPS_RTR => self.process_sq(m.qpn),
+            QPS_RESET => e.reset(),
+            QPS_ERR if cur != QPS_ERR => e.enter_error(),
+            QPS_RTS if cur == QPS_RTR => e.process_sq(),
             _ => {}
         }
         Ok(())
     }
 
-    fn reset_qp(&mut self, qpn: u32) {
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.attr.state = QPS_RESET as u8;
-            qp.sq.ci = 0;
-            qp.rq.ci = 0;
-            qp.pending.take_all();
-            qp.inbound = None;
-            qp.sq_waits = false;
-            qp.msn = 0;
+    /// DB_RQ: only QPs in ERR act on receive doorbells (new receives are flushed); others
+    /// consume receive WQEs when messages arrive.
+    pub(crate) fn scan_recv_queues(&mut self) {
+        for i in 0..self.live_qps.len() {
+            let Some(&qpn) = self.live_qps.get(i) else {
+                break;
+            };
+            if let Some(mut e) = self.engine(qpn) {
+                if u32::from(e.qp.attr.state) == QPS_ERR {
+                    e.flush_queues();
+                }
+            }
         }
-        self.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
+    }
+}
+
+impl QpEngine<'_> {
+    fn reset(&mut self) {
+        let qp = &mut *self.qp;
+        qp.attr.state = QPS_RESET as u8;
+        qp.sq.ci = 0;
+        qp.rq.ci = 0;
+        qp.pending.take_all();
+        qp.inbound = None;
+        qp.sq_waits = false;
+        qp.msn = 0;
+        self.dev
+            .bar2
+            .write_obj(qp_db(self.qpn), &HcaQpDb::default());
     }
 
-    /// Moves a QP to ERR and flushes everything it holds.
-    pub(crate) fn qp_to_error(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
+    /// Moves the QP to ERR and flushes everything it holds.
+    pub(crate) fn enter_error(&mut self) {
+        let (qpn, qp) = (self.qpn, &mut *self.qp);
         qp.attr.state = QPS_ERR as u8;
         qp.sq_waits = false;
         qp.retry = Retry::default();
         // A message half received has consumed a receive WQE: it is flushed too.
         let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
-        let recv_cqn = qp.recv_cqn;
         let pending: Vec<Pending> = qp.pending.take_all();
-        let cqn = qp.send_cqn;
         log::debug!(
             "LID {}: QP {qpn:#x} to ERR; {} outstanding WRs flushed",
-            self.lid,
+            self.dev.lid,
             pending.len()
         );
         if let Some(wr_id) = half_received {
-            self.post_status(recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
+            self.dev
+                .post_status(qp.recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
         }
         for p in pending {
-            self.post_status(cqn, qpn, p.wr_id, p.cqe_op, WcError::WrFlush);
+            self.dev
+                .post_status(qp.send_cqn, qpn, p.wr_id, p.cqe_op, WcError::WrFlush);
         }
-        self.flush_queues(qpn);
+        self.flush_queues();
     }
 
     /// A local catastrophic error (bad ring index, unreadable WQE): async event, then ERR.
-    pub(crate) fn qp_fatal(&mut self, qpn: u32, reason: u32) {
+    pub(crate) fn fatal(&mut self, reason: u32) {
+        let qpn = self.qpn;
         log::debug!(
             "LID {}: QP {qpn:#x} fatal error (reason {reason:#x})",
-            self.lid
+            self.dev.lid
         );
-        self.post_event(VEC_ASYNC, EV_QP_FATAL, qpn, reason);
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            // The indices cannot be trusted: drop what is posted rather than flush garbage.
-            let db: HcaQpDb = self.bar2.read_obj(qp_db(qpn));
-            qp.sq.ci = db.sq_pi;
-            qp.rq.ci = db.rq_pi;
-        }
-        self.qp_to_error(qpn);
+        self.dev.post_event(VEC_ASYNC, EV_QP_FATAL, qpn, reason);
+        // The indices cannot be trusted: drop what is posted rather than flush garbage.
+        let db: HcaQpDb = self.dev.bar2.read_obj(qp_db(qpn));
+        self.qp.sq.ci = db.sq_pi;
+        self.qp.rq.ci = db.rq_pi;
+        self.enter_error();
     }
 
     /// Completes every WR posted to an ERR QP's queues with WcError::WrFlush.
-    pub(crate) fn flush_queues(&mut self, qpn: u32) {
-        let db: HcaQpDb = self.bar2.read_obj(qp_db(qpn));
-        let mem = self.mem.clone();
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
+    pub(crate) fn flush_queues(&mut self) {
+        let (qpn, qp) = (self.qpn, &mut *self.qp);
+        let db: HcaQpDb = self.dev.bar2.read_obj(qp_db(qpn));
+        let mem = self.dev.mem.as_ref();
         let mut flushed = Vec::new();
         for (wq, pi, cqn, is_send) in [
             (&mut qp.sq, db.sq_pi, qp.send_cqn, true),
@@ -526,10 +586,10 @@ impl HcaState {
             while wq.ci != pi {
                 let slot = wq.slot(wq.ci);
                 let (wr_id, op) = if is_send {
-                    let w: HcaSendWqe = read_obj(mem.as_ref(), slot).unwrap_or_default();
+                    let w: HcaSendWqe = read_obj(mem, slot).unwrap_or_default();
                     (w.wr_id, cqe_op_of(w.opcode.into()).unwrap_or(CQE_OP_SEND))
                 } else {
-                    let w: HcaRecvWqe = read_obj(mem.as_ref(), slot).unwrap_or_default();
+                    let w: HcaRecvWqe = read_obj(mem, slot).unwrap_or_default();
                     (w.wr_id, CQE_OP_RECV)
                 };
                 flushed.push((cqn, wr_id, op));
@@ -537,24 +597,7 @@ impl HcaState {
             }
         }
         for (cqn, wr_id, op) in flushed {
-            self.post_status(cqn, qpn, wr_id, op, WcError::WrFlush);
-        }
-    }
-
-    /// DB_RQ: only QPs in ERR act on receive doorbells (new receives are flushed); others
-    /// consume receive WQEs when messages arrive.
-    pub(crate) fn scan_recv_queues(&mut self) {
-        for i in 0..self.live_qps.len() {
-            let Some(&qpn) = self.live_qps.get(i) else {
-                break;
-            };
-            if self
-                .qps
-                .get(qpn)
-                .is_some_and(|q| u32::from(q.attr.state) == QPS_ERR)
-            {
-                self.flush_queues(qpn);
-            }
+            self.dev.post_status(cqn, qpn, wr_id, op, WcError::WrFlush);
         }
     }
 }

@@ -21,7 +21,7 @@
 use crate::abi::*;
 use crate::hca::HcaState;
 use crate::packet::*;
-use crate::qp::PendKind;
+use crate::qp::{PendKind, QpEngine};
 use crate::status::WcError;
 
 /// No timer armed.
@@ -62,44 +62,50 @@ pub(crate) struct Retry {
 }
 
 impl HcaState {
-    pub(crate) fn now(&self) -> u64 {
-        self.fabric.as_ref().map_or(0, |f| f.now_ns())
-    }
-
-    fn set_wait(&mut self, qpn: u32, wait: Wait) {
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.retry.wait = wait;
+    /// Fires every QP timer due at `now`; recomputes the earliest one left.
+    pub(crate) fn on_timer(&mut self, now: u64) {
+        if now < self.dev.timer_hint {
+            return;
         }
+        self.dev.timer_hint = NEVER;
+        self.dev.release_late_irqs(now);
+        for i in 0..self.live_qps.len() {
+            let Some(&qpn) = self.live_qps.get(i) else {
+                break;
+            };
+            if let Some(mut e) = self.engine(qpn) {
+                e.on_timer(now);
+            }
+        }
+    }
+}
+
+impl QpEngine<'_> {
+    fn set_wait(&mut self, wait: Wait) {
+        self.qp.retry.wait = wait;
         if let Wait::Ack(t) | Wait::Rnr(t, _) = wait {
-            self.timer_hint = self.timer_hint.min(t);
+            self.dev.timer_hint = self.dev.timer_hint.min(t);
         }
     }
 
     /// Arms the ACK timer for requests just sent, if it is not running; a QP that was idle
     /// starts with its full retry budgets.
-    pub(crate) fn arm_timer(&mut self, qpn: u32) {
-        let now = self.now();
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
-        if qp.retry.wait != Wait::Idle {
-            return;
-        }
-        if !qp.awaits_peer() {
+    pub(crate) fn arm_timer(&mut self) {
+        let qp = &mut *self.qp;
+        if qp.retry.wait != Wait::Idle || !qp.awaits_peer() {
             return;
         }
         qp.refill_retries();
         if let Some(t) = ack_timeout_ns(qp.attr.timeout) {
-            self.set_wait(qpn, Wait::Ack(now + t));
+            let now = self.dev.now();
+            self.set_wait(Wait::Ack(now + t));
         }
     }
 
     /// Something completed: the budgets refill and the timer restarts for what is left.
-    pub(crate) fn progress(&mut self, qpn: u32) {
-        let now = self.now();
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
+    pub(crate) fn progress(&mut self) {
+        let now = self.dev.now();
+        let qp = &mut *self.qp;
         qp.refill_retries();
         let busy = qp.awaits_peer();
         let wait = match ack_timeout_ns(qp.attr.timeout) {
@@ -107,135 +113,108 @@ impl HcaState {
             _ if busy => qp.retry.wait,
             _ => Wait::Idle,
         };
-        self.set_wait(qpn, wait);
+        self.set_wait(wait);
     }
 
     /// Spends one retry; false (and the oldest WR failed, the QP in ERR) when none was left.
-    fn spend_retry(&mut self, qpn: u32) -> bool {
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return false;
-        };
-        if qp.retry.retries_left == 0 {
-            self.stats.retry_exceeded += 1;
-            self.fail_front(qpn, WcError::RetryExc);
+    fn spend_retry(&mut self) -> bool {
+        if self.qp.retry.retries_left == 0 {
+            self.dev.stats.retry_exceeded += 1;
+            self.fail_front(WcError::RetryExc);
             return false;
         }
-        qp.retry.retries_left -= 1;
+        self.qp.retry.retries_left -= 1;
         true
     }
 
-    /// Fires every QP timer due at `now`; recomputes the earliest one left.
-    pub(crate) fn on_timer(&mut self, now: u64) {
-        if now < self.timer_hint {
-            return;
-        }
-        self.timer_hint = NEVER;
-        self.release_late_irqs(now);
-        for i in 0..self.live_qps.len() {
-            let Some(&qpn) = self.live_qps.get(i) else {
-                break;
-            };
-            let Some(qp) = self.qps.get(qpn) else {
-                continue;
-            };
-            let live = u32::from(qp.attr.state) == QPS_RTS && !qp.is_ud();
-            match qp.retry.wait {
-                _ if !live => self.set_wait(qpn, Wait::Idle),
-                Wait::Ack(t) if t <= now => {
-                    if self.spend_retry(qpn) {
-                        let from = self.oldest_unacked(qpn);
-                        self.resend_from(qpn, from, now, true);
-                    }
+    /// This QP's timer at fabric time `now`: fires if due, else stays in the device's hint.
+    fn on_timer(&mut self, now: u64) {
+        let live = u32::from(self.qp.attr.state) == QPS_RTS && !self.qp.is_ud();
+        match self.qp.retry.wait {
+            _ if !live => self.set_wait(Wait::Idle),
+            Wait::Ack(t) if t <= now => {
+                if self.spend_retry() {
+                    let from = self.oldest_unacked();
+                    self.resend_from(from, now, true);
                 }
-                Wait::Rnr(t, psn) if t <= now => self.resend_from(qpn, psn, now, true),
-                w => self.set_wait(qpn, w), // not due: keeps it in the hint
             }
+            Wait::Rnr(t, psn) if t <= now => self.resend_from(psn, now, true),
+            w => self.set_wait(w), // not due: keeps it in the hint
         }
     }
 
     /// The first PSN the peer has not acknowledged (for a read: not yet answered).
-    fn oldest_unacked(&self, qpn: u32) -> u32 {
-        let Some(qp) = self.qps.get(qpn) else {
-            return 0;
-        };
-        qp.pending
+    fn oldest_unacked(&self) -> u32 {
+        self.qp
+            .pending
             .iter()
             .find(|p| !matches!(p.kind, PendKind::Local))
-            .map_or(qp.next_psn, |p| match p.kind {
+            .map_or(self.qp.next_psn, |p| match p.kind {
                 PendKind::Read { .. } => p.next_resp_psn,
                 _ => p.first_psn,
             })
     }
 
     /// Resends every request from PSN `from` on; `restart`: the ACK timer starts over.
-    pub(crate) fn resend_from(&mut self, qpn: u32, from: u32, now: u64, restart: bool) {
-        let Some(qp) = self.qps.get(qpn) else {
-            return;
-        };
-        let mtu = qp.mtu();
-        let mut out = Vec::new();
-        for p in qp.pending.iter() {
+    pub(crate) fn resend_from(&mut self, from: u32, now: u64, restart: bool) {
+        let mtu = u64::from(self.qp.mtu());
+        let mut resent = 0;
+        for p in self.qp.pending.iter() {
             let Some(req) = &p.request else {
                 continue;
             };
             if !psn_le(from, p.last_psn) {
                 continue; // wholly before `from`: acknowledged already
             }
-            match p.kind {
+            let pkt = match p.kind {
                 PendKind::Read { .. } => {
                     let start = if psn_le(p.next_resp_psn, from) {
                         from
                     } else {
                         p.next_resp_psn
                     };
-                    let done =
-                        u64::from(start.wrapping_sub(p.first_psn) & PSN_MASK) * u64::from(mtu);
+                    let done = u64::from(start.wrapping_sub(p.first_psn) & PSN_MASK) * mtu;
                     let mut r = req.clone_header();
                     r.psn = start;
                     if let Some(reth) = r.reth.as_mut() {
                         reth.va = reth.va.wrapping_add(done);
                         reth.len = reth.len.saturating_sub(done as u32);
                     }
-                    out.push(r);
+                    r
                 }
-                _ if psn_le(from, p.first_psn) => out.push(req.clone()),
+                _ if psn_le(from, p.first_psn) => req.clone(),
                 // Part of a multi-packet message went through: the rest of it.
-                _ => out.push(req.clone().from_psn(from)),
-            }
+                _ => req.clone().from_psn(from),
+            };
+            resent += 1;
+            self.dev.transmit_train(pkt);
         }
-        let timeout = ack_timeout_ns(qp.attr.timeout);
-        self.stats.retransmits += out.len() as u64;
-        for pkt in out {
-            self.transmit_train(pkt);
-        }
+        self.dev.stats.retransmits += resent;
         if restart {
-            let wait = timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t));
-            self.set_wait(qpn, wait);
+            let timeout = ack_timeout_ns(self.qp.attr.timeout);
+            self.set_wait(timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t)));
         }
     }
 
     /// A NAK other than a fatal one: PSN sequence error or RNR. Everything before its PSN
     /// is acknowledged by it.
-    pub(crate) fn on_retry_nak(&mut self, qpn: u32, syndrome: u8, psn: u32) {
-        self.complete_acked(qpn, psn_add(psn, PSN_MASK)); // psn - 1
-        let now = self.now();
+    pub(crate) fn on_retry_nak(&mut self, syndrome: u8, psn: u32) {
+        self.complete_acked(psn_add(psn, PSN_MASK)); // psn - 1
+        let now = self.dev.now();
         if syndrome == AETH_NAK_PSN_SEQ {
-            self.stats.seq_naks += 1;
-            return self.resend_from(qpn, psn, now, false);
+            self.dev.stats.seq_naks += 1;
+            return self.resend_from(psn, now, false);
         }
-        self.stats.rnr_naks += 1;
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
+        self.dev.stats.rnr_naks += 1;
         // rnr_retry 7 means retry forever.
-        if qp.attr.rnr_retry != 7 {
-            if qp.retry.rnr_left == 0 {
-                return self.fail_front(qpn, WcError::RnrRetryExc);
+        if self.qp.attr.rnr_retry != 7 {
+            if self.qp.retry.rnr_left == 0 {
+                return self.fail_front(WcError::RnrRetryExc);
             }
-            qp.retry.rnr_left -= 1;
+            self.qp.retry.rnr_left -= 1;
         }
         let delay = rnr_delay_us(syndrome & 0x1f) * 1000;
-        self.set_wait(qpn, Wait::Rnr(now + delay, psn));
+        self.set_wait(Wait::Rnr(now + delay, psn));
     }
 }
 

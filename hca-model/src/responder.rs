@@ -23,7 +23,7 @@ use crate::fabric::Rejected;
 use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
-use crate::qp::{qp_db, Inbound};
+use crate::qp::{qp_db, Inbound, QpEngine};
 use crate::status::WcError;
 
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
@@ -47,98 +47,108 @@ impl HcaState {
     /// Handles one packet from the fabric. `Err` tells the fabric the packet was discarded
     /// (so that the sender learns it never arrived).
     pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), Rejected> {
-        self.stats.packets_in += 1;
+        self.dev.stats.packets_in += 1;
         if pkt.corrupt {
             // A bad ICRC: dropped unseen, as IB does; the sender's timer finds out.
-            self.stats.icrc_errors += 1;
+            self.dev.stats.icrc_errors += 1;
             return Ok(());
         }
         if !pkt.is_request() {
             return self.on_response(pkt);
         }
-        if pkt.is_ud() {
-            self.receive_ud(pkt);
-            return Ok(());
+        if !pkt.is_ud() {
+            return self.engine(pkt.dest_qpn).ok_or(Rejected)?.receive_rc(pkt);
         }
-        let qpn = pkt.dest_qpn;
-        let qp = self.qps.get(qpn).ok_or(Rejected)?;
+        // A group's datagram goes to every QP attached here (each checks its Q_Key); it
+        // may be attached under two MGIDs that share the MLID: it gets one copy.
+        let qpns = if pkt.is_multicast() {
+            self.dev.attached(pkt.dlid)
+        } else {
+            vec![pkt.dest_qpn]
+        };
+        for qpn in qpns {
+            match self.engine(qpn) {
+                Some(mut e) => e.receive_ud(&pkt),
+                None => self.dev.stats.ud_dropped += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QpEngine<'_> {
+    /// An RC request for this QP.
+    fn receive_rc(&mut self, pkt: Packet) -> Result<(), Rejected> {
+        let qp = &mut *self.qp;
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
         if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
             return Err(Rejected);
         }
         if pkt.psn != qp.epsn {
-            self.out_of_sequence(qpn, pkt);
+            self.out_of_sequence(pkt);
             return Ok(());
         }
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.nak_sent = false;
-        }
+        qp.nak_sent = false;
         match pkt.opcode {
             RC_SEND_FIRST..=RC_SEND_ONLY_IMM | RC_SEND_LAST_INV | RC_SEND_ONLY_INV => {
-                self.rc_send(qpn, pkt)
+                self.rc_send(pkt)
             }
-            RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(qpn, pkt),
-            RC_READ_REQUEST => self.rc_read(qpn, pkt, true),
-            RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(qpn, pkt),
-            _ => self.nak(qpn, &pkt, AETH_NAK_INV_REQ),
+            RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(pkt),
+            RC_READ_REQUEST => self.rc_read(pkt, true),
+            RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(pkt),
+            _ => self.nak(&pkt, AETH_NAK_INV_REQ),
         }
         Ok(())
     }
 
     /// A request whose PSN is not the expected one: a duplicate, or early.
-    fn out_of_sequence(&mut self, qpn: u32, pkt: Packet) {
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
+    fn out_of_sequence(&mut self, pkt: Packet) {
+        let qp = &mut *self.qp;
         let last_done = psn_add(qp.epsn, PSN_MASK);
         if !psn_le(pkt.psn, last_done) {
             // Early: something before it was lost. One NAK per gap.
             if !qp.nak_sent {
                 qp.nak_sent = true;
                 let epsn = qp.epsn;
-                self.transmit_aeth(qpn, &pkt, AETH_NAK_PSN_SEQ, epsn);
+                self.transmit_aeth(&pkt, AETH_NAK_PSN_SEQ, epsn);
             }
             return;
         }
-        self.stats.duplicates += 1;
+        self.dev.stats.duplicates += 1;
         match pkt.opcode {
-            RC_READ_REQUEST => self.rc_read(qpn, pkt, false),
+            RC_READ_REQUEST => self.rc_read(pkt, false),
             RC_CMP_SWAP | RC_FETCH_ADD => match qp.last_atomic {
                 Some((psn, orig)) if psn == pkt.psn => {
-                    let resp = atomic_ack(qpn, &pkt, orig);
-                    self.transmit(resp);
+                    self.dev.transmit(atomic_ack(self.qpn, &pkt, orig));
                 }
                 _ => {} // Older than the one we keep: its ACK must have arrived.
             },
             _ if pkt.ends_message() => {
                 // Everything up to last_done was taken: say so again.
-                self.transmit_aeth(qpn, &pkt, AETH_ACK, last_done);
+                self.transmit_aeth(&pkt, AETH_ACK, last_done);
             }
             _ => {}
         }
     }
 
-    fn take_recv(&mut self, qpn: u32) -> Result<Recv, RecvError> {
-        let pi = self.bar2.load_u32(qp_db(qpn) + 4);
-        let qp = self.qps.get(qpn).ok_or(RecvError::Fatal)?;
-        let posted = pi.wrapping_sub(qp.rq.ci);
+    fn take_recv(&mut self) -> Result<Recv, RecvError> {
+        let pi = self.dev.bar2.load_u32(qp_db(self.qpn) + 4);
+        let posted = pi.wrapping_sub(self.qp.rq.ci);
         if posted == 0 {
             return Err(RecvError::Empty);
         }
-        if posted > qp.rq.size() {
-            self.qp_fatal(qpn, ERR_WQ_INDEX);
+        if posted > self.qp.rq.size() {
+            self.fatal(ERR_WQ_INDEX);
             return Err(RecvError::Fatal);
         }
-        let addr = qp.rq.slot(qp.rq.ci);
-        let (pdn, max_sge) = (qp.pdn, qp.rq.max_sge(16));
-        let Ok(hdr) = read_obj::<HcaRecvWqe>(self.mem.as_ref(), addr) else {
-            self.qp_fatal(qpn, ERR_RING_ACCESS);
+        let addr = self.qp.rq.slot(self.qp.rq.ci);
+        let (pdn, max_sge) = (self.qp.pdn, self.qp.rq.max_sge(16));
+        let Ok(hdr) = read_obj::<HcaRecvWqe>(self.dev.mem.as_ref(), addr) else {
+            self.fatal(ERR_RING_ACCESS);
             return Err(RecvError::Fatal);
         };
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.rq.ci = qp.rq.ci.wrapping_add(1);
-        }
+        self.qp.rq.ci = self.qp.rq.ci.wrapping_add(1);
         let bad = |status| RecvError::Bad {
             wr_id: hdr.wr_id,
             status,
@@ -147,10 +157,12 @@ impl HcaState {
             return Err(bad(WcError::LocQpOp));
         }
         let sges = self
+            .dev
             .read_sges(addr + 16, hdr.num_sge.into())
             .map_err(|_| bad(WcError::LocQpOp))?;
         let mut segs = SegList::new();
         let cap = self
+            .dev
             .resolve_sges(&sges, pdn, Use::LocalWrite, &mut segs)
             .map_err(|_| bad(WcError::LocProt))?;
         Ok(Recv {
@@ -161,88 +173,73 @@ impl HcaState {
     }
 
     /// ACKs message `req`, which completed here (the MSN counts it).
-    fn transmit_ack(&mut self, qpn: u32, req: &Packet) {
-        let Some(qp) = self.qps.get_mut(qpn) else {
-            return;
-        };
-        qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
-        self.transmit_aeth(qpn, req, AETH_ACK, psn_add(req.psn, req.span() - 1));
-    }
-
-    /// A NAK for `req`, naming its first PSN (the one refused).
-    fn transmit_nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
-        self.transmit_aeth(qpn, req, syndrome, req.psn);
+    fn transmit_ack(&mut self, req: &Packet) {
+        self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;
+        self.transmit_aeth(req, AETH_ACK, psn_add(req.psn, req.span() - 1));
     }
 
     /// An ACK or NAK (AETH `syndrome`, the current MSN) to `req`'s sender naming `psn`:
     /// an ACK covers everything up to it, a NAK asks for a resend from it (or fails it).
-    fn transmit_aeth(&mut self, qpn: u32, req: &Packet, syndrome: u8, psn: u32) {
-        let Some(qp) = self.qps.get(qpn) else {
-            return;
-        };
+    fn transmit_aeth(&mut self, req: &Packet, syndrome: u8, psn: u32) {
         let pkt = Packet {
             dlid: req.slid,
             opcode: RC_ACK,
             dest_qpn: req.src_qpn,
-            src_qpn: qpn,
+            src_qpn: self.qpn,
             psn,
-            aeth: Some((syndrome, qp.msn)),
+            aeth: Some((syndrome, self.qp.msn)),
             ..Default::default()
         };
-        self.transmit(pkt);
+        self.dev.transmit(pkt);
     }
 
-    /// NAKs `req` and, unless it is an RNR NAK, moves this QP to ERR.
-    fn nak(&mut self, qpn: u32, req: &Packet, syndrome: u8) {
+    /// NAKs `req` (naming its first PSN, the one refused) and, unless it is an RNR NAK,
+    /// moves this QP to ERR.
+    fn nak(&mut self, req: &Packet, syndrome: u8) {
         log::debug!(
-            "LID {}: QP {qpn:#x} NAKs PSN {:#x} from LID {} (syndrome {syndrome:#x})",
-            self.lid,
+            "LID {}: QP {:#x} NAKs PSN {:#x} from LID {} (syndrome {syndrome:#x})",
+            self.dev.lid,
+            self.qpn,
             req.psn,
             req.slid
         );
-        self.transmit_nak(qpn, req, syndrome);
+        self.transmit_aeth(req, syndrome, req.psn);
         if syndrome & 0xe0 != AETH_RNR_NAK {
             if syndrome == AETH_NAK_REM_ACCESS {
-                self.post_event(VEC_ASYNC, EV_QP_ACCESS_ERR, qpn, 0);
+                self.dev
+                    .post_event(VEC_ASYNC, EV_QP_ACCESS_ERR, self.qpn, 0);
             }
-            self.qp_to_error(qpn);
+            self.enter_error();
         }
     }
 
-    fn advance_epsn(&mut self, qpn: u32, n: u32) {
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.epsn = psn_add(qp.epsn, n);
-            // The first request a QP in RTR sees is IB's "communication established".
-        }
+    fn advance_epsn(&mut self, n: u32) {
+        self.qp.epsn = psn_add(self.qp.epsn, n);
     }
 
-    fn post_recv_cqe(&mut self, qpn: u32, cqe: HcaCqe, solicited: bool) {
-        if let Some(cqn) = self.qps.get(qpn).map(|q| q.recv_cqn) {
-            self.post_cqe(cqn, cqe, solicited);
-        }
+    fn post_recv_cqe(&mut self, cqe: HcaCqe, solicited: bool) {
+        self.dev.post_cqe(self.qp.recv_cqn, cqe, solicited);
     }
 
-    fn fail_recv(&mut self, qpn: u32, wr_id: u64, status: WcError) {
-        if let Some(cqn) = self.qps.get(qpn).map(|q| q.recv_cqn) {
-            self.post_status(cqn, qpn, wr_id, CQE_OP_RECV, status);
-        }
+    fn fail_recv(&mut self, wr_id: u64, status: WcError) {
+        self.dev
+            .post_status(self.qp.recv_cqn, self.qpn, wr_id, CQE_OP_RECV, status);
     }
 
     /// Starts an inbound message that needs a receive WQE; on failure, answers for it.
-    fn start_recv(&mut self, qpn: u32, pkt: &Packet) -> Option<Recv> {
-        match self.take_recv(qpn) {
+    fn start_recv(&mut self, pkt: &Packet) -> Option<Recv> {
+        match self.take_recv() {
             Ok(r) => Some(r),
             Err(RecvError::Empty) => {
-                let qp = self.qps.get_mut(qpn)?;
                 // Later packets of this message are early now: no sequence NAK for them.
-                qp.nak_sent = true;
-                let timer = qp.attr.min_rnr_timer;
-                self.transmit_nak(qpn, pkt, AETH_RNR_NAK | (timer & 0x1f));
+                self.qp.nak_sent = true;
+                let timer = self.qp.attr.min_rnr_timer;
+                self.transmit_aeth(pkt, AETH_RNR_NAK | (timer & 0x1f), pkt.psn);
                 None
             }
             Err(RecvError::Bad { wr_id, status }) => {
-                self.fail_recv(qpn, wr_id, status);
-                self.nak(qpn, pkt, AETH_NAK_REM_OP);
+                self.fail_recv(wr_id, status);
+                self.nak(pkt, AETH_NAK_REM_OP);
                 None
             }
             Err(RecvError::Fatal) => None,
@@ -250,95 +247,89 @@ impl HcaState {
     }
 
     /// Places a packet's payload at the current offset of the inbound message.
-    fn place(&mut self, qpn: u32, pkt: &Packet) -> Result<(), u8> {
-        let mem = self.mem.clone();
-        let qp = self.qps.get_mut(qpn).ok_or(AETH_NAK_INV_REQ)?;
-        let msg = qp.inbound.as_mut().ok_or(AETH_NAK_INV_REQ)?;
+    fn place(&mut self, pkt: &Packet) -> Result<(), u8> {
+        let msg = self.qp.inbound.as_mut().ok_or(AETH_NAK_INV_REQ)?;
         if msg.grant.as_ref().is_some_and(|g| g.is_revoked()) {
             // The MR this WRITE was let into went since its first packet.
-            self.stats.revoked += 1;
+            self.dev.stats.revoked += 1;
             return Err(AETH_NAK_REM_ACCESS);
         }
         let n = u64::from(pkt.payload.len());
         if msg.offset + n > msg.cap {
             return Err(AETH_NAK_INV_REQ);
         }
+        let mem = self.dev.mem.as_ref();
         let placed = if msg.offset == 0 {
-            pkt.payload.scatter(mem.as_ref(), &msg.segs)
+            pkt.payload.scatter(mem, &msg.segs)
         } else {
             let piece = msg.cursor.cut(&msg.segs, msg.offset, n);
-            pkt.payload.scatter(mem.as_ref(), &piece)
+            pkt.payload.scatter(mem, &piece)
         };
         msg.offset += n;
         if placed.is_err() {
-            self.stats.dma_faults += 1;
+            self.dev.stats.dma_faults += 1;
             return Err(AETH_NAK_REM_OP);
         }
         Ok(())
     }
 
-    fn rc_send(&mut self, qpn: u32, pkt: Packet) {
-        let (first, last) = (pkt.starts_message(), pkt.ends_message());
-        let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
-        if first == in_msg {
-            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
-        }
-        if first {
-            let Some(r) = self.start_recv(qpn, &pkt) else {
-                return;
-            };
-            if let Some(qp) = self.qps.get_mut(qpn) {
-                qp.inbound = Some(Inbound {
-                    segs: r.segs,
-                    offset: 0,
-                    cap: r.cap,
-                    recv_wr_id: Some(r.wr_id),
-                    grant: None,
-                    cursor: Default::default(),
-                });
-            }
-        }
-        if let Err(syndrome) = self.place(qpn, &pkt) {
-            let (wr_id, status) = self.abort_inbound(qpn, syndrome);
-            if let Some(wr_id) = wr_id {
-                self.fail_recv(qpn, wr_id, status);
-            }
-            return self.nak(qpn, &pkt, syndrome);
-        }
-        // A SEND with Invalidate invalidates its rkey as the message completes; an rkey that
-        // is not one of this QP's PD's fast-registration MRs is an invalid request.
-        if let Some(rkey) = pkt.ieth.filter(|_| last) {
-            let pdn = self.qps.get(qpn).map_or(0, |q| q.pdn);
-            if !self.invalidate(pdn, rkey) {
-                let (wr_id, _) = self.abort_inbound(qpn, AETH_NAK_INV_REQ);
-                if let Some(wr_id) = wr_id {
-                    self.fail_recv(qpn, wr_id, WcError::RemInvReq);
-                }
-                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
-            }
-        }
-        self.advance_epsn(qpn, pkt.span());
-        // One ACK per message, at its last packet (IB lets ACKs coalesce).
-        if last {
-            self.finish_inbound(qpn, &pkt, CQE_OP_RECV);
-            self.transmit_ack(qpn, &pkt);
-        }
-    }
-
-    /// Drops the inbound message; returns its receive WR and the status it fails with.
-    fn abort_inbound(&mut self, qpn: u32, syndrome: u8) -> (Option<u64>, WcError) {
-        let msg = self.qps.get_mut(qpn).and_then(|q| q.inbound.take());
+    /// The inbound message could not be placed (`syndrome`): its receive WR (if it took
+    /// one) fails, and the request is NAKed.
+    fn refuse_inbound(&mut self, pkt: &Packet, syndrome: u8) {
+        let msg = self.qp.inbound.take();
         let status = if syndrome == AETH_NAK_INV_REQ {
             WcError::LocLen
         } else {
             WcError::LocProt
         };
-        (msg.and_then(|m| m.recv_wr_id), status)
+        if let Some(wr_id) = msg.and_then(|m| m.recv_wr_id) {
+            self.fail_recv(wr_id, status);
+        }
+        self.nak(pkt, syndrome);
+    }
+
+    fn rc_send(&mut self, pkt: Packet) {
+        let (first, last) = (pkt.starts_message(), pkt.ends_message());
+        if first == self.qp.inbound.is_some() {
+            return self.nak(&pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
+        }
+        if first {
+            let Some(r) = self.start_recv(&pkt) else {
+                return;
+            };
+            self.qp.inbound = Some(Inbound {
+                segs: r.segs,
+                offset: 0,
+                cap: r.cap,
+                recv_wr_id: Some(r.wr_id),
+                grant: None,
+                cursor: Default::default(),
+            });
+        }
+        if let Err(syndrome) = self.place(&pkt) {
+            return self.refuse_inbound(&pkt, syndrome);
+        }
+        // A SEND with Invalidate invalidates its rkey as the message completes; an rkey that
+        // is not one of this QP's PD's fast-registration MRs is an invalid request.
+        if let Some(rkey) = pkt.ieth.filter(|_| last) {
+            if !self.dev.invalidate(self.qp.pdn, rkey) {
+                if let Some(wr_id) = self.qp.inbound.take().and_then(|m| m.recv_wr_id) {
+                    self.fail_recv(wr_id, WcError::RemInvReq);
+                }
+                return self.nak(&pkt, AETH_NAK_INV_REQ);
+            }
+        }
+        self.advance_epsn(pkt.span());
+        // One ACK per message, at its last packet (IB lets ACKs coalesce).
+        if last {
+            self.finish_inbound(&pkt, CQE_OP_RECV);
+            self.transmit_ack(&pkt);
+        }
     }
 
     /// Completes the inbound message: a receive CQE if it consumed a receive WQE.
-    fn finish_inbound(&mut self, qpn: u32, pkt: &Packet, opcode: u32) {
-        let Some(msg) = self.qps.get_mut(qpn).and_then(|q| q.inbound.take()) else {
+    fn finish_inbound(&mut self, pkt: &Packet, opcode: u32) {
+        let Some(msg) = self.qp.inbound.take() else {
             return;
         };
         let Some(wr_id) = msg.recv_wr_id else {
@@ -348,7 +339,7 @@ impl HcaState {
             wr_id,
             byte_len: msg.offset as u32,
             imm: pkt.imm.or(pkt.ieth).unwrap_or(0),
-            qpn,
+            qpn: self.qpn,
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
             opcode: opcode as u8,
@@ -357,167 +348,128 @@ impl HcaState {
                 | if pkt.ieth.is_some() { CQE_FLAG_INV } else { 0 }) as u8,
             ..Default::default()
         };
-        self.post_recv_cqe(qpn, cqe, pkt.solicited);
+        self.post_recv_cqe(cqe, pkt.solicited);
     }
 
-    fn rc_write(&mut self, qpn: u32, pkt: Packet) {
+    fn rc_write(&mut self, pkt: Packet) {
         let (first, last) = (pkt.starts_message(), pkt.ends_message());
         let with_imm = last && pkt.imm.is_some();
-        let in_msg = self.qps.get(qpn).is_some_and(|q| q.inbound.is_some());
-        if first == in_msg {
-            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+        if first == self.qp.inbound.is_some() {
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
         }
         if first {
             let Some(reth) = pkt.reth else {
-                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+                return self.nak(&pkt, AETH_NAK_INV_REQ);
             };
-            let (pdn, access) = match self.qps.get(qpn) {
-                Some(q) => (q.pdn, q.attr.access_flags),
-                None => return,
-            };
+            let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
             let mut segs = SegList::new();
             let len = u64::from(reth.len);
             if self
-                .resolve_key(
-                    reth.rkey,
-                    reth.va,
-                    len,
-                    &KeyCheck::remote(pdn, Use::RemoteWrite, access),
-                    &mut segs,
-                )
+                .dev
+                .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
                 .is_err()
             {
-                return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+                return self.nak(&pkt, AETH_NAK_REM_ACCESS);
             }
-            let grant = self.grant_of(reth.rkey);
-            if let Some(qp) = self.qps.get_mut(qpn) {
-                qp.inbound = Some(Inbound {
-                    segs,
-                    offset: 0,
-                    cap: len,
-                    recv_wr_id: None,
-                    grant,
-                    cursor: Default::default(),
-                });
-            }
+            self.qp.inbound = Some(Inbound {
+                segs,
+                offset: 0,
+                cap: len,
+                recv_wr_id: None,
+                grant: self.dev.grant_of(reth.rkey),
+                cursor: Default::default(),
+            });
         }
         // WRITE_WITH_IMM consumes a receive WQE for its immediate; check before placing.
         if with_imm {
-            let Some(r) = self.start_recv(qpn, &pkt) else {
+            let Some(r) = self.start_recv(&pkt) else {
                 // The requester resends from this packet after RNR: a whole message
                 // starts over, a last packet finds the message where it was.
                 if pkt.starts_message() {
-                    if let Some(qp) = self.qps.get_mut(qpn) {
-                        qp.inbound = None;
-                    }
+                    self.qp.inbound = None;
                 }
                 return;
             };
-            if let Some(msg) = self.qps.get_mut(qpn).and_then(|q| q.inbound.as_mut()) {
+            if let Some(msg) = self.qp.inbound.as_mut() {
                 msg.recv_wr_id = Some(r.wr_id);
             }
         }
-        if let Err(syndrome) = self.place(qpn, &pkt) {
-            let (wr_id, status) = self.abort_inbound(qpn, syndrome);
-            if let Some(wr_id) = wr_id {
-                self.fail_recv(qpn, wr_id, status);
-            }
-            return self.nak(qpn, &pkt, syndrome);
+        if let Err(syndrome) = self.place(&pkt) {
+            return self.refuse_inbound(&pkt, syndrome);
         }
         if last {
-            let complete = self
-                .qps
-                .get(qpn)
-                .and_then(|q| q.inbound.as_ref())
-                .is_some_and(|m| m.offset == m.cap);
+            let complete = self.qp.inbound.as_ref().is_some_and(|m| m.offset == m.cap);
             if !complete {
-                self.abort_inbound(qpn, AETH_NAK_INV_REQ);
-                return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+                self.qp.inbound = None;
+                return self.nak(&pkt, AETH_NAK_INV_REQ);
             }
-            self.finish_inbound(qpn, &pkt, CQE_OP_RECV_RDMA_IMM);
-            self.transmit_ack(qpn, &pkt);
+            self.finish_inbound(&pkt, CQE_OP_RECV_RDMA_IMM);
+            self.transmit_ack(&pkt);
         }
-        self.advance_epsn(qpn, pkt.span());
+        self.advance_epsn(pkt.span());
     }
 
     /// A read request; `fresh` false for a duplicate, answered again without taking PSNs.
-    fn rc_read(&mut self, qpn: u32, pkt: Packet, fresh: bool) {
+    fn rc_read(&mut self, pkt: Packet, fresh: bool) {
         let Some(reth) = pkt.reth else {
-            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
         };
-        let Some(qp) = self.qps.get(qpn) else {
-            return;
-        };
-        let (pdn, access, mtu) = (qp.pdn, qp.attr.access_flags, u64::from(qp.mtu()));
+        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteRead, self.qp.attr.access_flags);
         let len = u64::from(reth.len);
         let mut segs = SegList::new();
         if self
-            .resolve_key(
-                reth.rkey,
-                reth.va,
-                len,
-                &KeyCheck::remote(pdn, Use::RemoteRead, access),
-                &mut segs,
-            )
+            .dev
+            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
             .is_err()
         {
-            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+            return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         }
-        let grant = self.grant_of(reth.rkey);
         let head = Packet {
             dlid: pkt.slid,
             dest_qpn: pkt.src_qpn,
-            src_qpn: qpn,
+            src_qpn: self.qpn,
             psn: pkt.psn,
             aeth: Some((AETH_ACK, 0)),
             payload: Payload::Dma {
-                mem: self.mem.clone(),
+                mem: self.dev.mem.clone(),
                 segs,
-                grant,
+                grant: self.dev.grant_of(reth.rkey),
             },
             ..Default::default()
         };
-        let resp = Packet::message(head, RC_READ_RESP_ONLY, len, mtu as u32);
+        let resp = Packet::message(head, RC_READ_RESP_ONLY, len, self.qp.mtu());
         let npk = resp.span();
-        self.transmit_train(resp);
+        self.dev.transmit_train(resp);
         if fresh {
-            self.advance_epsn(qpn, npk);
+            self.advance_epsn(npk);
         }
     }
 
-    fn rc_atomic(&mut self, qpn: u32, pkt: Packet) {
+    fn rc_atomic(&mut self, pkt: Packet) {
         let (Some(reth), Some((swap_add, compare))) = (pkt.reth, pkt.atomic) else {
-            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
         };
         if reth.va % 8 != 0 {
-            return self.nak(qpn, &pkt, AETH_NAK_INV_REQ);
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
         }
-        let Some(qp) = self.qps.get(qpn) else {
-            return;
-        };
-        let (pdn, access) = (qp.pdn, qp.attr.access_flags);
+        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteAtomic, self.qp.attr.access_flags);
         let mut segs = SegList::new();
         if self
-            .resolve_key(
-                reth.rkey,
-                reth.va,
-                8,
-                &KeyCheck::remote(pdn, Use::RemoteAtomic, access),
-                &mut segs,
-            )
+            .dev
+            .resolve_key(reth.rkey, reth.va, 8, &check, &mut segs)
             .is_err()
         {
-            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+            return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         }
         // Atomic with respect to other atomics through this HCA (IB_ATOMIC_HCA): the HCA's
         // lock is held across the read-modify-write.
         let [target] = segs.as_slice() else {
-            return self.nak(qpn, &pkt, AETH_NAK_REM_ACCESS);
+            return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         };
         let at = target.addr;
         let mut b = [0u8; 8];
-        if self.mem.read(at, &mut b).is_err() {
-            return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
+        if self.dev.mem.read(at, &mut b).is_err() {
+            return self.nak(&pkt, AETH_NAK_REM_OP);
         }
         let orig = u64::from_le_bytes(b);
         let new = if pkt.opcode == RC_CMP_SWAP {
@@ -529,46 +481,33 @@ impl HcaState {
         } else {
             orig.wrapping_add(swap_add)
         };
-        if self.mem.write(at, &new.to_le_bytes()).is_err() {
-            return self.nak(qpn, &pkt, AETH_NAK_REM_OP);
+        if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
+            return self.nak(&pkt, AETH_NAK_REM_OP);
         }
-        let resp = atomic_ack(qpn, &pkt, orig);
-        self.transmit(resp);
-        if let Some(qp) = self.qps.get_mut(qpn) {
-            qp.last_atomic = Some((pkt.psn, orig));
-        }
-        self.advance_epsn(qpn, 1);
+        self.dev.transmit(atomic_ack(self.qpn, &pkt, orig));
+        self.qp.last_atomic = Some((pkt.psn, orig));
+        self.advance_epsn(1);
     }
 
-    fn receive_ud(&mut self, pkt: Packet) {
-        if !pkt.is_multicast() {
-            return self.receive_ud_on(pkt.dest_qpn, &pkt);
-        }
-        // A group's datagram: a copy to every QP attached here (each checks its Q_Key).
-        for qpn in self.attached(pkt.dlid) {
-            self.receive_ud_on(qpn, &pkt);
-        }
-    }
-
-    fn receive_ud_on(&mut self, qpn: u32, pkt: &Packet) {
-        let ok = self.qps.get(qpn).is_some_and(|q| {
-            q.is_ud()
-                && matches!(u32::from(q.attr.state), QPS_RTR | QPS_RTS)
-                && q.attr.qkey == pkt.qkey
-        });
+    /// A datagram for this QP.
+    fn receive_ud(&mut self, pkt: &Packet) {
+        let qp = &*self.qp;
+        let ok = qp.is_ud()
+            && matches!(u32::from(qp.attr.state), QPS_RTR | QPS_RTS)
+            && qp.attr.qkey == pkt.qkey;
         if !ok {
-            self.stats.ud_dropped += 1;
+            self.dev.stats.ud_dropped += 1;
             return;
         }
-        let r = match self.take_recv(qpn) {
+        let r = match self.take_recv() {
             Ok(r) => r,
             Err(RecvError::Empty) | Err(RecvError::Fatal) => {
-                self.stats.ud_dropped += 1;
+                self.dev.stats.ud_dropped += 1;
                 return;
             }
             Err(RecvError::Bad { wr_id, status }) => {
-                self.fail_recv(qpn, wr_id, status);
-                return self.qp_to_error(qpn);
+                self.fail_recv(wr_id, status);
+                return self.enter_error();
             }
         };
         let grh = u64::from(UD_GRH_BYTES);
@@ -576,10 +515,8 @@ impl HcaState {
         if r.cap < grh + len {
             // A datagram too long for the buffer is dropped and the WQE stays for the next:
             // a remote sender (QP1's Q_Key is public) must never break this QP.
-            if let Some(qp) = self.qps.get_mut(qpn) {
-                qp.rq.ci = qp.rq.ci.wrapping_sub(1);
-            }
-            self.stats.ud_dropped += 1;
+            self.qp.rq.ci = self.qp.rq.ci.wrapping_sub(1);
+            self.dev.stats.ud_dropped += 1;
             return;
         }
         // A multicast datagram's GRH as on the wire (BTH, DETH, payload, ICRC after it);
@@ -588,22 +525,20 @@ impl HcaState {
             Some(g) => g.to_bytes((12 + 8 + len + 4) as u16).to_vec(),
             None => vec![0u8; UD_GRH_BYTES as usize],
         };
+        let mem = self.dev.mem.as_ref();
         let placed = Payload::Bytes(room)
-            .scatter(self.mem.as_ref(), &sub_segs(&r.segs, 0, grh))
-            .and_then(|()| {
-                pkt.payload
-                    .scatter(self.mem.as_ref(), &sub_segs(&r.segs, grh, len))
-            });
+            .scatter(mem, &sub_segs(&r.segs, 0, grh))
+            .and_then(|()| pkt.payload.scatter(mem, &sub_segs(&r.segs, grh, len)));
         if placed.is_err() {
-            self.stats.dma_faults += 1;
-            self.fail_recv(qpn, r.wr_id, WcError::LocProt);
-            return self.qp_to_error(qpn);
+            self.dev.stats.dma_faults += 1;
+            self.fail_recv(r.wr_id, WcError::LocProt);
+            return self.enter_error();
         }
         let cqe = HcaCqe {
             wr_id: r.wr_id,
             byte_len: (grh + len) as u32,
             imm: pkt.imm.unwrap_or(0),
-            qpn,
+            qpn: self.qpn,
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
             opcode: CQE_OP_RECV as u8,
@@ -611,7 +546,7 @@ impl HcaState {
                 | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
             ..Default::default()
         };
-        self.post_recv_cqe(qpn, cqe, pkt.solicited);
+        self.post_recv_cqe(cqe, pkt.solicited);
     }
 }
 
