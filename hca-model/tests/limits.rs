@@ -117,16 +117,9 @@ fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
     (key, iova)
 }
 
-#[test]
-fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
-    // B posts no receives: its RNR NAKs keep every SEND in flight (rnr_retry 7: forever).
-    let mut p = Pair::new(3);
-    // A send queue of 1024 slots, so that its window is no bound here.
-    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
-    // 64 MiB SENDs gathered from one page: 16K records (256 KiB of host memory) each.
-    let npages = 16384u64;
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
-    let per_wr = npages as usize * 16;
+/// 512 SENDs of 64 MiB, each gathered from one page (16K records, 256 KiB of host memory
+/// each), posted to `qa`; returns (WRs posted, host bytes one WR holds).
+fn post_big_sends(p: &mut Pair, qa: &mut QpH, lkey: u32, iova: u64, npages: u64) -> usize {
     let posted = 512usize; // 128 MiB of records if all were in flight
     for i in 0..posted {
         let w = HcaSendWqe {
@@ -134,8 +127,21 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
             opcode: WR_SEND as u8,
             ..Default::default()
         };
-        p.a.post_send(&mut qa, w, &[sge(iova, (npages * 4096) as u32, lkey)]);
+        p.a.post_send(qa, w, &[sge(iova, (npages * 4096) as u32, lkey)]);
     }
+    posted
+}
+
+#[test]
+fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
+    // B posts no receives: its RNR NAKs keep every SEND in flight (rnr_retry 7: forever).
+    let mut p = Pair::new(3);
+    // A send queue of 1024 slots, so that its window is no bound here.
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
+    let npages = 16384u64;
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let per_wr = npages as usize * 16;
+    let posted = post_big_sends(&mut p, &mut qa, lkey, iova, npages);
     let (wrs, bytes) = p.a.hca.in_flight();
     assert!(
         bytes <= MAX_IN_FLIGHT_BYTES + per_wr,
@@ -146,6 +152,38 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
         bytes >= MAX_IN_FLIGHT_BYTES / 2,
         "and the bound is not tiny: {bytes}"
     );
+}
+
+#[test]
+fn test_memory_a_qp_held_returns_to_the_device_when_it_fails_or_goes() {
+    let mut p = Pair::new(3);
+    let npages = 16384u64;
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let cqs = (p.cq_a.cqn, p.cq_b.cqn);
+    // A QP that fills the device's bound, then goes to ERR (its WRs flushed).
+    let (mut q1, _) = p.connect_more(cqs, 10, 0);
+    post_big_sends(&mut p, &mut q1, lkey, iova, npages);
+    assert!(p.a.hca.in_flight().1 >= MAX_IN_FLIGHT_BYTES / 2);
+    let attr = HcaQpAttr {
+        state: QPS_ERR as u8,
+        ..Default::default()
+    };
+    assert_eq!(p.a.modify_qp(q1.qpn, QP_ATTR_STATE, attr), CMD_OK);
+    assert_eq!(p.a.hca.in_flight(), (0, 0), "ERR flushed what it held");
+    // Another fills it again and is destroyed with its WRs in flight.
+    let (mut q2, _) = p.connect_more(cqs, 10, 0);
+    post_big_sends(&mut p, &mut q2, lkey, iova, npages);
+    assert!(p.a.hca.in_flight().1 >= MAX_IN_FLIGHT_BYTES / 2);
+    let h = HcaCmdHandle {
+        handle: q2.qpn,
+        rsvd: 0,
+    };
+    assert_eq!(p.a.cmd(CMD_DESTROY_QP, &h).0, CMD_OK);
+    assert_eq!(p.a.hca.in_flight(), (0, 0), "a destroyed QP holds nothing");
+    // The device's room is whole again: a third QP gets as far as the first did.
+    let (mut q3, _) = p.connect_more(cqs, 10, 0);
+    post_big_sends(&mut p, &mut q3, lkey, iova, npages);
+    assert!(p.a.hca.in_flight().1 >= MAX_IN_FLIGHT_BYTES / 2);
 }
 
 /// Fast registrations of 64K pages each: one doorbell's worth is 4M page-list reads, which
