@@ -4,41 +4,9 @@
 
 use hca_model::abi::*;
 use hca_model::Fabric;
+use hca_test_driver::hostile::{Action, Pick, Target};
 use hca_test_driver::*;
 use proptest::prelude::*;
-
-/// What a hostile guest does, one step at a time.
-#[derive(Clone, Debug)]
-enum Action {
-    /// Writes a WQE with these fields at the next SQ slot and rings.
-    Wqe {
-        opcode: u8,
-        flags: u8,
-        remote: Pick,
-        rkey: Pick,
-        inline_len: u32,
-        sges: Vec<(Pick, u32, Pick)>,
-        raw_num_sge: Option<u8>,
-    },
-    /// Writes raw bytes over the next SQ slot and rings.
-    RawWqe(Vec<u8>),
-    /// Publishes an arbitrary send or receive producer index.
-    ProducerIndex { recv: bool, value: u32 },
-    /// Rings any doorbell value.
-    Doorbell(u32),
-    /// Writes any u32 anywhere in BAR2 (mailbox, doorbell records, EQ indices, header).
-    Bar2Write { offset: u32, value: u32 },
-    /// Runs a command with random opcode and input bytes.
-    Command { opcode: u32, input: Vec<u8> },
-}
-
-/// A number, picked to be interesting more often than chance would.
-#[derive(Clone, Copy, Debug)]
-enum Pick {
-    Real,
-    RealPlus(u32),
-    Any(u64),
-}
 
 fn pick() -> impl Strategy<Value = Pick> {
     prop_oneof![
@@ -51,11 +19,11 @@ fn pick() -> impl Strategy<Value = Pick> {
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         6 => (prop_oneof![Just(2u8), Just(3), Just(4), Just(5), Just(6), 0u8..9],
-              prop_oneof![Just(WQE_SIGNALED as u8), any::<u8>()], pick(), pick(), 0u32..600,
-              prop::collection::vec((pick(), 0u32..10_000, pick()), 0..4),
+              prop_oneof![Just(WQE_SIGNALED as u8), any::<u8>()], pick(), pick(), pick(),
+              0u32..600, prop::collection::vec((pick(), 0u32..10_000, pick()), 0..4),
               prop::option::weighted(0.2, any::<u8>()))
-            .prop_map(|(opcode, flags, remote, rkey, inline_len, sges, raw_num_sge)| Action::Wqe {
-                opcode, flags, remote, rkey, inline_len, sges, raw_num_sge,
+            .prop_map(|(opcode, flags, remote, rkey, imm, inline_len, sges, raw_num_sge)| {
+                Action::Wqe { opcode, flags, remote, rkey, imm, inline_len, sges, raw_num_sge }
             }),
         1 => prop::collection::vec(any::<u8>(), 64..=512).prop_map(Action::RawWqe),
         1 => (any::<bool>(), prop_oneof![0u32..80, any::<u32>()])
@@ -130,14 +98,6 @@ fn world_on(fabric: Fabric) -> World {
     }
 }
 
-fn resolve(p: Pick, real: u64) -> u64 {
-    match p {
-        Pick::Real => real,
-        Pick::RealPlus(d) => real.wrapping_add(u64::from(d)),
-        Pick::Any(v) => v,
-    }
-}
-
 fn qp_state(d: &mut Driver, qpn: u32) -> Option<u32> {
     let (st, out) = d.cmd(
         CMD_QUERY_QP,
@@ -176,60 +136,11 @@ fn recover(w: &mut World) {
 }
 
 fn attack(w: &mut World, a: &Action) {
-    let p = &mut w.p;
-    match a {
-        Action::Wqe {
-            opcode,
-            flags,
-            remote,
-            rkey,
-            inline_len,
-            sges,
-            raw_num_sge,
-        } => {
-            let wr = HcaSendWqe {
-                wr_id: 0xbad,
-                opcode: *opcode,
-                flags: *flags,
-                num_sge: raw_num_sge.unwrap_or(sges.len() as u8),
-                remote_addr: resolve(*remote, w.window),
-                rkey: resolve(*rkey, u64::from(w.window_key)) as u32,
-                inline_len: *inline_len,
-                ud_dlid: p.b.lid(),
-                ..Default::default()
-            };
-            let list: Vec<HcaSge> = sges
-                .iter()
-                .map(|(addr, len, key)| {
-                    sge(
-                        resolve(*addr, 0x10_0000),
-                        *len,
-                        resolve(*key, u64::from(p.key_a)) as u32,
-                    )
-                })
-                .collect();
-            p.a.write_send(&mut p.qa, &wr, &list, &[]);
-            p.a.ring_sq(&p.qa);
-        }
-        Action::RawWqe(bytes) => {
-            let slot = p.a.write_send(&mut p.qa, &HcaSendWqe::default(), &[], &[]);
-            p.a.write(slot, bytes);
-            p.a.ring_sq(&p.qa);
-        }
-        Action::ProducerIndex { recv, value } => {
-            let off = BAR2_QP_DB_OFFSET + p.qa.qpn * 8 + if *recv { 4 } else { 0 };
-            p.a.hca.bar2().store_u32(off, *value);
-            p.a.hca.doorbell(if *recv { DB_RQ } else { DB_SQ });
-        }
-        Action::Doorbell(v) => p.a.hca.doorbell(*v),
-        Action::Bar2Write { offset, value } => {
-            p.a.hca.bar2().store_u32(*offset, *value);
-            p.a.hca.doorbell(*value & 3);
-        }
-        Action::Command { opcode, input } => {
-            p.a.cmd_raw(*opcode, input, 0);
-        }
-    }
+    let target = Target {
+        window: w.window,
+        key: w.window_key,
+    };
+    a.apply(&mut w.p, target);
 }
 
 proptest! {

@@ -3,6 +3,7 @@
 //! device is reached through a [`Port`]: an in-process [`Hca`] (the model's tests, bench and
 //! example), or BAR2 and doorbell eventfds a device server handed over (its tests).
 
+pub mod hostile;
 pub mod tshark;
 
 use std::sync::atomic::{AtomicU32, Ordering};
