@@ -86,9 +86,12 @@ pub trait PacketSink: Send + Sync {
     }
 }
 
-/// The most queued items a sender may leave behind it (see
+/// The most queued items a port may leave behind it (see
 /// [`Fabric::pump_with_backpressure`]): about 64 MiB of full-size datagrams.
 pub const MAX_BACKLOG: usize = 16384;
+
+/// The most queued items in all, past which every sender waits: several floods at once.
+pub const MAX_TOTAL_BACKLOG: usize = 8 * MAX_BACKLOG;
 
 thread_local! {
     /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
@@ -270,6 +273,8 @@ struct Queue {
     /// Destination slots that may have items no thread has claimed (checked when taken).
     ready: VecDeque<usize>,
     len: usize,
+    /// Items queued per source slot (what backpressure holds a sender to).
+    from: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -313,6 +318,12 @@ impl Queue {
         }
         q.push_back(item);
         self.len += 1;
+        if self.from.len() <= usize::from(src) {
+            self.from.resize(usize::from(src) + 1, 0);
+        }
+        if let Some(n) = self.from.get_mut(usize::from(src)) {
+            *n += 1;
+        }
         if !d.claimed && !d.in_ready {
             d.in_ready = true;
             self.ready.push_back(dst);
@@ -332,14 +343,22 @@ impl Queue {
     fn take_from(&mut self, dst: usize) -> Option<Item> {
         let d = self.dsts.get_mut(dst)?;
         let i = d.turn.pop_front()?;
-        let (_, q) = d.srcs.get_mut(i)?;
+        let (src, q) = d.srcs.get_mut(i)?;
         let item = q.pop_front()?;
         if !q.is_empty() {
             d.turn.push_back(i);
         }
         d.claimed = true;
         self.len -= 1;
+        if let Some(n) = self.from.get_mut(usize::from(*src)) {
+            *n -= 1;
+        }
         Some(item)
+    }
+
+    /// Items queued from `src`'s slot.
+    fn queued_from(&self, src: Lid) -> usize {
+        self.from.get(slot(src)).copied().unwrap_or(0)
     }
 
     /// The next item of any destination no thread is delivering to.
@@ -783,16 +802,19 @@ impl Fabric {
         self.queue().len
     }
 
-    /// Like [`Fabric::pump_own`]; then, while more than [`MAX_BACKLOG`] items wait, a
-    /// sender that out-runs the fabric waits for it (pumping what it queued itself), so one
-    /// guest's flood of datagrams cannot grow the queue without bound. Never waits inside a
-    /// pump (a delivery's own sends). Call it with no HCA lock held.
-    pub fn pump_with_backpressure(&self) {
+    /// Like [`Fabric::pump_own`]; then, while more than [`MAX_BACKLOG`] items from the port
+    /// at `sender` wait, that sender waits for the fabric (pumping meanwhile), so one guest's
+    /// flood of datagrams cannot grow the queue without bound. Only the port past its bound
+    /// waits: another guest's turn goes on at once, whatever one flood has queued (past
+    /// [`MAX_TOTAL_BACKLOG`] in all, every sender waits). Never waits inside a pump (a
+    /// delivery's own sends). Call it with no HCA lock held.
+    pub fn pump_with_backpressure(&self, sender: Lid) {
         self.pump_own();
         if PUMPING.with(Cell::get) {
             return;
         }
-        while self.backlog() > MAX_BACKLOG {
+        let over = |q: &Queue| q.queued_from(sender) > MAX_BACKLOG || q.len > MAX_TOTAL_BACKLOG;
+        while over(&self.queue()) {
             self.pump();
             std::thread::yield_now();
         }

@@ -409,7 +409,7 @@ impl Shared {
         mut st: MutexGuard<'_, HcaState>,
         f: impl FnOnce(&mut HcaState) -> R,
     ) -> (R, bool) {
-        let (r, irqs, fabric, more) = {
+        let (r, irqs, fabric, lid, more) = {
             st.dev.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
             while !st.dev.stranded.is_empty() {
@@ -432,7 +432,7 @@ impl Shared {
                 st.dev.timer_hint
             };
             self.timer_hint.store(hint, Ordering::Relaxed);
-            (r, irqs, st.dev.fabric.clone(), st.dev.more_work)
+            (r, irqs, st.dev.fabric.clone(), st.dev.lid, st.dev.more_work)
         };
         drop(st);
         for v in 0..NUM_VECTORS {
@@ -441,7 +441,7 @@ impl Shared {
             }
         }
         if let Some(f) = fabric {
-            f.pump_with_backpressure();
+            f.pump_with_backpressure(lid);
         }
         (r, more)
     }

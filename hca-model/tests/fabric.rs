@@ -406,3 +406,120 @@ fn test_a_delivery_that_panics_leaves_its_port_reachable() {
     assert_eq!(port.got.load(SeqCst), 1, "the next packet arrived");
     assert_eq!(fabric.backlog(), 0);
 }
+
+/// Holds the first packet from the port at `lid` on its uplink until released (or, at
+/// the latest, until `patience` has passed: then it says so).
+struct HoldFirst {
+    lid: u16,
+    released: Mutex<bool>,
+    wake: std::sync::Condvar,
+    held: std::sync::atomic::AtomicBool,
+    patience: std::time::Duration,
+    ran_out: std::sync::atomic::AtomicBool,
+}
+
+impl HoldFirst {
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.wake.notify_all();
+    }
+}
+
+impl LinkHook for HoldFirst {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, _pkt: &mut Packet) -> Verdict {
+        use std::sync::atomic::Ordering::Relaxed;
+        if link.lid != self.lid || link.dir != LinkDir::Up || self.held.swap(true, Relaxed) {
+            return Verdict::Pass;
+        }
+        let released = self.released.lock().unwrap();
+        let (released, wait) = self
+            .wake
+            .wait_timeout_while(released, self.patience, |r| !*r)
+            .unwrap();
+        drop(released);
+        self.ran_out.store(wait.timed_out(), Relaxed);
+        Verdict::Pass
+    }
+}
+
+#[test]
+fn test_a_datagram_flood_past_the_backlog_bound_does_not_hold_up_a_victim() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // A queues 32K datagrams to C with one doorbell (two UD QPs of 16K slots, one turn):
+    // more than the fabric's backlog bound, and they stay queued (the hook holds A's first
+    // one on the wire). A victim pair's SEND round trips must go on meanwhile: the bound
+    // holds back the sender that exceeds it, not everyone on the fabric.
+    let fabric = Fabric::with_manual_clock();
+    let mut victim = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    let mut a = Driver::new(Some(&fabric), 24);
+    let mut c = Driver::new(Some(&fabric), 4);
+    let (pd_a, pd_c) = (a.alloc_pd(), c.alloc_pd());
+    let (cq_a, cq_c) = (a.create_cq(6), c.create_cq(6));
+    let mut floods: Vec<QpH> = (0..2)
+        .map(|_| {
+            let q = a
+                .try_create_qp(QPT_UD, pd_a, (cq_a.cqn, cq_a.cqn), (MAX_QP_LOG_WR, 0), 0)
+                .expect("UD QP");
+            a.bring_up_ud(q.qpn, 7, false);
+            q
+        })
+        .collect();
+    let uc = c.create_qp(QPT_UD, pd_c, cq_c.cqn, cq_c.cqn);
+    c.bring_up_ud(uc.qpn, 7, false); // no receives posted: C drops what arrives
+    let src = a.alloc(64, 64);
+    for q in floods.iter_mut() {
+        for _ in 0..1 << MAX_QP_LOG_WR {
+            let w = HcaSendWqe {
+                opcode: WR_SEND as u8,
+                ud_dlid: c.lid(),
+                ud_remote_qpn: uc.qpn,
+                ud_qkey: 7,
+                ..Default::default()
+            };
+            a.write_send(q, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
+        }
+    }
+    let hold = Arc::new(HoldFirst {
+        lid: a.lid(),
+        released: Mutex::new(false),
+        wake: Default::default(),
+        held: false.into(),
+        patience: std::time::Duration::from_secs(10),
+        ran_out: false.into(),
+    });
+    fabric.set_hook(Some(hold.clone()));
+    for q in &floods {
+        a.hca
+            .bar2()
+            .store_u32(BAR2_QP_DB_OFFSET + q.qpn * 8, q.sq_pi);
+    }
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "never saw {what}");
+            std::thread::yield_now();
+        }
+    };
+    std::thread::scope(|s| {
+        // A rings from two threads (as its guest's vCPUs may): the first one's turn queues
+        // 16K datagrams and its pump stops on the held one; the second's turn queues the
+        // rest, and that thread waits (A is past its bound).
+        let (h1, h2) = (a.hca.clone(), a.hca.clone());
+        s.spawn(move || h1.doorbell(DB_SQ));
+        wait_for("A's first datagram on the wire", &|| {
+            hold.held.load(Relaxed)
+        });
+        s.spawn(move || h2.doorbell(DB_SQ));
+        let over = || fabric.backlog() > hca_model::fabric::MAX_BACKLOG;
+        wait_for("A past the backlog bound", &over);
+        victim.sends_in_order(50);
+        hold.release();
+    });
+    assert!(
+        !hold.ran_out.load(Relaxed),
+        "the victim's round trips waited for the attacker's backlog"
+    );
+    fabric.set_hook(None);
+    fabric.pump();
+    assert_eq!(fabric.backlog(), 0);
+}

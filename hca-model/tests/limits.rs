@@ -357,3 +357,36 @@ fn test_a_long_message_moves_in_pieces_and_arrives_whole() {
     assert_eq!(fabric.stats().delivered - before, 9);
     assert_eq!(b.read(dst, len as usize), pattern(len as usize, 11));
 }
+
+#[test]
+fn test_many_floods_at_once_bound_the_fabric_queue_in_all() {
+    // Nine sources each leave just under the per-port bound queued for C (raw packets from
+    // LIDs no HCA holds, which C refuses; queued by another thread, which leaves them): more
+    // than the fabric's total bound. The next device turn to end, A's, whose own traffic
+    // goes elsewhere, waits (pumping) until the queue is back within it.
+    use hca_model::fabric::{MAX_BACKLOG, MAX_TOTAL_BACKLOG};
+    let mut p = Pair::new(3);
+    let c = Driver::new(Some(&p.fabric), 4);
+    let (fabric, dlid) = (p.fabric.clone(), c.lid());
+    std::thread::spawn(move || {
+        for src in 0..9u16 {
+            for _ in 0..MAX_BACKLOG - 1 {
+                fabric.enqueue(Packet {
+                    slid: 100 + src,
+                    dlid,
+                    opcode: hca_model::packet::UD_SEND_ONLY,
+                    dest_qpn: 0xffff,
+                    ..Default::default()
+                });
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(p.fabric.backlog() > MAX_TOTAL_BACKLOG);
+    let src = p.a.alloc(8, 8);
+    let key = p.key_a;
+    p.a.post_send(&mut p.qa, send_wr(1, WR_RDMA_WRITE, 0), &[sge(src, 8, key)]);
+    let left = p.fabric.backlog();
+    assert!(left <= MAX_TOTAL_BACKLOG, "{left} items still queued");
+}
