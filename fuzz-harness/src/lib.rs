@@ -5,6 +5,7 @@
 //! `tests/corpus.rs` replays the committed corpora (`fuzz/corpus/TARGET/`) on stable, so
 //! CI runs every target on every input the fuzzer kept.
 
+pub mod cluster_config;
 pub mod common;
 pub mod device;
 pub mod fault_plan;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use hcabench_fuzz_harness::{device, fault_plan, pci, replay, responder, sa};
+use hcabench_fuzz_harness::{cluster_config, device, fault_plan, pci, replay, responder, sa};
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -71,4 +71,11 @@ fn test_fault_plan_corpus() {
 #[test]
 fn test_pci_corpus() {
     replay_all("pci", |b| replay::<pci::Input>(b, pci::run));
+}
+
+#[test]
+fn test_cluster_config_corpus() {
+    replay_all("cluster_config", |b| {
+        replay::<cluster_config::Input>(b, cluster_config::run)
+    });
 }

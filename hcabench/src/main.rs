@@ -3,7 +3,6 @@
 
 mod apps_bench;
 mod bench;
-mod config;
 mod console;
 mod control;
 mod daemon;
@@ -22,7 +21,7 @@ use cluster::console_protocol::{INIT, IPOIB, PROBE, READY};
 use cluster::node::complete_lines;
 use cluster::Backend;
 
-use config::ClusterConfig;
+use hcabench::config::{self, ClusterConfig};
 use rundir::{pid_alive, ClusterState, RunDir};
 
 /// Boots clusters of Linux guests, each with an emulated InfiniBand HCA on one fabric, so
