@@ -469,13 +469,7 @@ fn test_a_datagram_flood_past_the_backlog_bound_does_not_hold_up_a_victim() {
     let src = a.alloc(64, 64);
     for q in floods.iter_mut() {
         for _ in 0..1 << MAX_QP_LOG_WR {
-            let w = HcaSendWqe {
-                opcode: WR_SEND as u8,
-                ud_dlid: c.lid(),
-                ud_remote_qpn: uc.qpn,
-                ud_qkey: 7,
-                ..Default::default()
-            };
+            let w = ud_send_wr(c.lid(), uc.qpn, 7);
             a.write_send(q, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
         }
     }

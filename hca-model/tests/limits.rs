@@ -301,13 +301,7 @@ fn test_a_datagram_flood_waits_for_the_fabric_instead_of_growing_its_queue() {
     let mut sent = 0;
     for _ in 0..10 {
         for _ in 0..size {
-            let w = HcaSendWqe {
-                opcode: WR_SEND as u8,
-                ud_dlid: b.lid(),
-                ud_remote_qpn: ub.qpn,
-                ud_qkey: 7,
-                ..Default::default()
-            };
+            let w = ud_send_wr(b.lid(), ub.qpn, 7);
             a.write_send(&mut ua, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
             sent += 1;
         }

@@ -590,6 +590,17 @@ pub fn send_wr(wr_id: u64, opcode: u32, flags: u32) -> HcaSendWqe {
     }
 }
 
+/// An unsignaled UD SEND to QP `remote_qpn` at `dlid`, with Q_Key `qkey`.
+pub fn ud_send_wr(dlid: u16, remote_qpn: u32, qkey: u32) -> HcaSendWqe {
+    HcaSendWqe {
+        opcode: WR_SEND as u8,
+        ud_dlid: dlid,
+        ud_remote_qpn: remote_qpn,
+        ud_qkey: qkey,
+        ..Default::default()
+    }
+}
+
 /// Two nodes on one fabric with one RC QP each, connected; shared helpers for many tests.
 pub struct Pair {
     pub fabric: Fabric,
