@@ -74,25 +74,27 @@ impl QpEngine<'_> {
 
     /// Completes, in order, every ACK-awaiting WR up to and including `psn`.
     pub(crate) fn complete_acked(&mut self, psn: u32) {
-        let mut done_any = false;
-        loop {
-            let done = self.qp.pending.front().is_some_and(|p| match p.kind {
-                PendKind::Ack => psn_le(p.last_psn, psn),
-                PendKind::Local => true,
-                _ => false,
-            });
-            if !done {
-                break;
-            }
-            let Some(p) = self.qp.pending.pop_front() else {
-                break;
-            };
-            done_any = true;
-            self.post_ok(&p);
-        }
+        let done_any = self.complete_while(|p| match p.kind {
+            PendKind::Ack => psn_le(p.last_psn, psn),
+            PendKind::Local => true,
+            _ => false,
+        });
         if done_any {
             self.progress();
         }
+    }
+
+    /// Completes, in order, the WRs at the front that `done` says are done; whether any.
+    fn complete_while(&mut self, done: impl Fn(&Pending) -> bool) -> bool {
+        let mut any = false;
+        while self.qp.pending.front().is_some_and(&done) {
+            let Some(p) = self.qp.pending.pop_front() else {
+                break;
+            };
+            any = true;
+            self.post_ok(&p);
+        }
+        any
     }
 
     /// A completed WR's CQE, if it was signaled.
@@ -185,17 +187,7 @@ impl QpEngine<'_> {
     /// After WRs completed: the local operations now at the front complete, and a send
     /// queue that waited looks again (and waits again if it still must).
     fn resume_sq(&mut self) {
-        while self
-            .qp
-            .pending
-            .front()
-            .is_some_and(|p| matches!(p.kind, PendKind::Local))
-        {
-            let Some(p) = self.qp.pending.pop_front() else {
-                break;
-            };
-            self.post_ok(&p);
-        }
+        self.complete_while(|p| matches!(p.kind, PendKind::Local));
         if std::mem::take(&mut self.qp.sq_waits) {
             self.process_sq();
         }
