@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hca_model::abi::*;
-use hca_model::{DeviceMemory, Fabric, Hca, InterruptSink};
+use hca_model::dma::{read_obj, write_obj};
+use hca_model::{DeviceMemory, DmaSpace, Fabric, GuestRam, Hca, InterruptSink};
 use vm_memory::{Address, GuestMemoryBackend};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, GuestAddress, GuestMemoryMmap};
 
 /// How the driver reaches its device.
 pub trait Port {
@@ -98,6 +99,9 @@ pub struct Driver<P: Port = Hca> {
     /// The device (an in-process HCA, or a remote port).
     pub hca: P,
     pub mem: GuestMemoryMmap,
+    /// The same memory through the model's region table: the rings' plain stores and loads
+    /// (a guest's driver writes a WQE with a few moves, not a region search per field).
+    ram: GuestRam<GuestMemoryMmap>,
     /// Interrupts an in-process HCA raised (a remote device raises its own eventfds).
     pub irq: Arc<IrqCount>,
     next_free: u64,
@@ -128,6 +132,7 @@ impl Driver {
         }
         Self {
             hca,
+            ram: GuestRam::new(mem.clone()),
             mem,
             irq,
             next_free: 0x1000,
@@ -148,6 +153,7 @@ impl<P: Port> Driver<P> {
         let done: HcaCmdMailbox = port.bar2().read_obj(BAR2_MAILBOX_OFFSET);
         Self {
             hca: port,
+            ram: GuestRam::new(mem.clone()),
             mem,
             irq: Arc::new(IrqCount::default()),
             next_free: 0x1000,
@@ -169,13 +175,18 @@ impl<P: Port> Driver<P> {
         at
     }
 
+    /// Stores a ring entry (an ABI struct) at `addr`.
+    fn put<T: ByteValued>(&self, addr: u64, v: &T) {
+        write_obj(&self.ram, addr, v).expect("ring inside guest memory");
+    }
+
     pub fn write(&self, addr: u64, b: &[u8]) {
-        self.mem.write_slice(b, GuestAddress(addr)).unwrap();
+        self.ram.write(addr, b).expect("inside guest memory");
     }
 
     pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
         let mut b = vec![0u8; len];
-        self.mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        self.ram.read(addr, &mut b).expect("inside guest memory");
         b
     }
 
@@ -455,11 +466,9 @@ impl<P: Port> Driver<P> {
         inline: &[u8],
     ) -> u64 {
         let slot = qp.sq + (u64::from(qp.sq_pi & ((1 << qp.sq_log) - 1)) << qp.sq_shift);
-        self.mem.write_obj(*wqe, GuestAddress(slot)).unwrap();
+        self.put(slot, wqe);
         for (i, s) in sges.iter().enumerate() {
-            self.mem
-                .write_obj(*s, GuestAddress(slot + 64 + 16 * i as u64))
-                .unwrap();
+            self.put(slot + 64 + 16 * i as u64, s);
         }
         if !inline.is_empty() {
             self.write(slot + 64, inline);
@@ -478,7 +487,7 @@ impl<P: Port> Driver<P> {
     pub fn write_reg_mr(&mut self, qp: &mut QpH, mut w: HcaRegMrWqe) {
         w.opcode = WR_REG_MR as u8;
         let slot = qp.sq + (u64::from(qp.sq_pi & ((1 << qp.sq_log) - 1)) << qp.sq_shift);
-        self.mem.write_obj(w, GuestAddress(slot)).unwrap();
+        self.put(slot, &w);
         qp.sq_pi = qp.sq_pi.wrapping_add(1);
     }
 
@@ -504,11 +513,9 @@ impl<P: Port> Driver<P> {
             num_sge: sges.len() as u8,
             ..Default::default()
         };
-        self.mem.write_obj(hdr, GuestAddress(slot)).unwrap();
+        self.put(slot, &hdr);
         for (i, s) in sges.iter().enumerate() {
-            self.mem
-                .write_obj(*s, GuestAddress(slot + 16 + 16 * i as u64))
-                .unwrap();
+            self.put(slot + 16 + 16 * i as u64, s);
         }
         qp.rq_pi = qp.rq_pi.wrapping_add(1);
         self.hca
@@ -520,7 +527,7 @@ impl<P: Port> Driver<P> {
     /// Takes the next CQE if the device wrote one, and publishes the new consumer index.
     pub fn poll_cq(&mut self, cq: &mut CqH) -> Option<HcaCqe> {
         let slot = cq.ring + u64::from(cq.ci & ((1 << cq.log) - 1)) * 32;
-        let cqe: HcaCqe = self.mem.read_obj(GuestAddress(slot)).unwrap();
+        let cqe: HcaCqe = read_obj(&self.ram, slot).expect("CQ ring inside guest memory");
         if cqe.owner != owner_bit(cq.ci, cq.log) {
             return None;
         }
