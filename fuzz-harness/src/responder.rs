@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use hca_model::abi::*;
-use hca_model::packet::{Packet, Payload, Reth};
+use hca_model::packet::{Packet, Payload, RareHeaders, Reth};
 use hca_test_driver::*;
 
 use crate::common;
@@ -83,7 +83,11 @@ pub fn run(packets: Input) {
                 rkey: if real_key { window_key } else { len },
                 len: len % 0x8000,
             }),
-            atomic: r.atomic,
+            rare: RareHeaders {
+                atomic: r.atomic,
+                ..Default::default()
+            }
+            .boxed(),
             aeth: r.aeth,
             imm: r.imm,
             ieth: r

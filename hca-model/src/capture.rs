@@ -80,7 +80,7 @@ const DEFAULT_PKEY: u16 = 0xffff;
 pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(104 + payload.len());
     f.extend_from_slice(&[0; LRH_BYTES]); // LRH, filled in once the length is known
-    if pkt.grh.is_some() {
+    if pkt.grh().is_some() {
         f.extend_from_slice(&[0; GRH_BYTES]); // GRH, likewise
     }
     encode_bth(&mut f, pkt, payload.len());
@@ -90,7 +90,7 @@ pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
     f.resize(f.len() + pad, 0);
     // PktLen counts 4-byte words from the LRH through the ICRC.
     let words = ((f.len() + 4) / 4) as u16;
-    let lnh = match &pkt.grh {
+    let lnh = match pkt.grh() {
         Some(g) => {
             // PayLen: from the end of the GRH through the ICRC.
             let pay_len = (f.len() - LRH_BYTES - GRH_BYTES + 4) as u16;
@@ -109,7 +109,7 @@ pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
     if let Some(room) = f.get_mut(..LRH_BYTES) {
         room.copy_from_slice(&lrh);
     }
-    let icrc = icrc(&f, pkt.grh.is_some());
+    let icrc = icrc(&f, pkt.grh().is_some());
     f.extend_from_slice(&icrc.to_le_bytes());
     let vcrc = vcrc(&f);
     f.extend_from_slice(&vcrc.to_be_bytes());
@@ -133,7 +133,7 @@ fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
         f.extend_from_slice(&pkt.qkey.to_be_bytes());
         f.extend_from_slice(&(pkt.src_qpn & 0x00ff_ffff).to_be_bytes());
     }
-    match (pkt.reth, pkt.atomic) {
+    match (pkt.reth, pkt.atomic()) {
         (Some(r), Some((swap_add, compare))) => {
             f.extend_from_slice(&r.va.to_be_bytes());
             f.extend_from_slice(&r.rkey.to_be_bytes());
@@ -150,7 +150,7 @@ fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
     if let Some((syndrome, msn)) = pkt.aeth {
         f.extend_from_slice(&(u32::from(syndrome) << 24 | msn & 0x00ff_ffff).to_be_bytes());
     }
-    if let Some(orig) = pkt.atomic_ack {
+    if let Some(orig) = pkt.atomic_ack() {
         f.extend_from_slice(&orig.to_be_bytes());
     }
     if let Some(imm) = pkt.imm {

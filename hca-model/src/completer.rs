@@ -157,7 +157,7 @@ impl QpEngine<'_> {
         let Some(PendKind::Atomic { dst }) = self.qp.pending.front().map(|p| &p.kind) else {
             return;
         };
-        let orig = pkt.atomic_ack.unwrap_or(0);
+        let orig = pkt.atomic_ack().unwrap_or(0);
         if self.dev.mem.write(dst.addr, &orig.to_le_bytes()).is_err() {
             self.dev.stats.dma_faults += 1;
             return self.fail_front(WcError::LocProt);

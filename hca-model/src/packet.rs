@@ -153,13 +153,18 @@ pub enum Payload {
     #[default]
     Empty,
     Bytes(Vec<u8>),
-    Dma {
-        mem: Arc<dyn DmaSpace>,
-        segs: SegList,
-        /// The remote access that reached these bytes (a READ's rkey), when it can be
-        /// revoked before they are copied: then they are never copied.
-        grant: Option<Arc<Grant>>,
-    },
+    /// Shared: the copy a sender keeps for retransmission is the same list.
+    Dma(Arc<Gather>),
+}
+
+/// Bytes in one guest's memory, as a gather list: what a message's payload is until a
+/// receiver copies it.
+pub struct Gather {
+    pub mem: Arc<dyn DmaSpace>,
+    pub segs: SegList,
+    /// The remote access that reached these bytes (a READ's rkey), when it can be revoked
+    /// before they are copied: then they are never copied.
+    pub grant: Option<Arc<Grant>>,
 }
 
 /// Permission for remote access through one MR key, as it stood when the key was checked.
@@ -184,19 +189,24 @@ impl std::fmt::Debug for Payload {
         match self {
             Payload::Empty => write!(f, "Empty"),
             Payload::Bytes(b) => write!(f, "Bytes({})", b.len()),
-            Payload::Dma { segs, .. } => {
-                write!(f, "Dma({} segs, {} bytes)", segs.len(), self.len())
+            Payload::Dma(g) => {
+                write!(f, "Dma({} segs, {} bytes)", g.segs.len(), self.len())
             }
         }
     }
 }
 
 impl Payload {
+    /// The bytes of `segs` in `mem`, reached (when remotely) through `grant`.
+    pub fn dma(mem: Arc<dyn DmaSpace>, segs: SegList, grant: Option<Arc<Grant>>) -> Payload {
+        Payload::Dma(Arc::new(Gather { mem, segs, grant }))
+    }
+
     pub fn len(&self) -> u32 {
         match self {
             Payload::Empty => 0,
             Payload::Bytes(b) => b.len() as u32,
-            Payload::Dma { segs, .. } => segs.iter().map(|s| s.len).sum(),
+            Payload::Dma(g) => g.segs.iter().map(|s| s.len).sum(),
         }
     }
 
@@ -206,7 +216,7 @@ impl Payload {
 
     /// Whether the payload refers to memory whose remote access was revoked.
     pub fn is_revoked(&self) -> bool {
-        matches!(self, Payload::Dma { grant: Some(g), .. } if g.is_revoked())
+        matches!(self, Payload::Dma(g) if g.grant.as_ref().is_some_and(|g| g.is_revoked()))
     }
 
     /// Replaces a memory reference by a copy of the bytes, as a wire would carry them.
@@ -214,13 +224,13 @@ impl Payload {
         if self.is_revoked() {
             return Err(DmaFault { addr: 0, len: 0 });
         }
-        if let Payload::Dma { mem, segs, .. } = self {
-            let mut bytes = vec![0u8; segs.iter().map(|s| s.len as usize).sum()];
+        if let Payload::Dma(g) = self {
+            let mut bytes = vec![0u8; g.segs.iter().map(|s| s.len as usize).sum()];
             let mut rest = bytes.as_mut_slice();
-            for s in segs.iter() {
+            for s in g.segs.iter() {
                 // The buffer is the pieces' total: each piece has its room.
                 let (piece, tail) = rest.split_at_mut((s.len as usize).min(rest.len()));
-                mem.read(s.addr, piece)?;
+                g.mem.read(s.addr, piece)?;
                 rest = tail;
             }
             *self = Payload::Bytes(bytes);
@@ -242,18 +252,10 @@ impl Payload {
                 let (a, e) = (off as usize, (off + n) as usize);
                 Payload::Bytes(b.get(a..e).unwrap_or_default().to_vec())
             }
-            Payload::Dma { mem, segs, grant } if off == 0 && n == self.len() as u64 => {
-                Payload::Dma {
-                    mem: mem.clone(),
-                    segs: segs.clone(),
-                    grant: grant.clone(),
-                }
+            Payload::Dma(g) if off == 0 && n == self.len() as u64 => Payload::Dma(g.clone()),
+            Payload::Dma(g) => {
+                Payload::dma(g.mem.clone(), sub_segs(&g.segs, off, n), g.grant.clone())
             }
-            Payload::Dma { mem, segs, grant } => Payload::Dma {
-                mem: mem.clone(),
-                segs: sub_segs(segs, off, n),
-                grant: grant.clone(),
-            },
         }
     }
 
@@ -277,7 +279,7 @@ impl Payload {
                 }
                 Ok(())
             }
-            Payload::Dma { mem, segs: src, .. } => merge_copy(mem.as_ref(), src, dst, segs),
+            Payload::Dma(g) => merge_copy(g.mem.as_ref(), &g.segs, dst, segs),
         }
     }
 }
@@ -365,14 +367,32 @@ impl Grh {
     }
 }
 
+/// The headers few packets carry, boxed beside the packet: a packet moves by value through
+/// the requester, the fabric's queue and the responder, and without them it is half the
+/// size (small enough to be moved without a call to memcpy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RareHeaders {
+    /// The GRH of a multicast datagram.
+    pub grh: Option<Grh>,
+    /// AtomicETH: address/key in the packet's `reth`, then swap-or-add and compare.
+    pub atomic: Option<(u64, u64)>,
+    /// AtomicAckETH: the original remote value.
+    pub atomic_ack: Option<u64>,
+}
+
+impl RareHeaders {
+    /// As a packet carries them: no box when there are none.
+    pub fn boxed(self) -> Option<Box<RareHeaders>> {
+        (self != RareHeaders::default()).then(|| Box::new(self))
+    }
+}
+
 /// One packet. Fields an opcode does not carry are zero/None.
 #[derive(Clone, Debug, Default)]
 pub struct Packet {
     pub slid: u16,
     pub dlid: u16,
     pub sl: u8,
-    /// The GRH of a multicast datagram.
-    pub grh: Option<Grh>,
     pub opcode: u8,
     /// BTH solicited-event bit.
     pub solicited: bool,
@@ -382,12 +402,10 @@ pub struct Packet {
     pub src_qpn: u32,
     pub psn: u32,
     pub reth: Option<Reth>,
-    /// AtomicETH: address/key in `reth`, then swap-or-add and compare.
-    pub atomic: Option<(u64, u64)>,
     /// AETH: syndrome and MSN.
     pub aeth: Option<(u8, u32)>,
-    /// AtomicAckETH: the original remote value.
-    pub atomic_ack: Option<u64>,
+    /// A GRH, AtomicETH or AtomicAckETH, when the packet has one.
+    pub rare: Option<Box<RareHeaders>>,
     pub imm: Option<u32>,
     /// IETH: the rkey a SEND with Invalidate makes the responder invalidate.
     pub ieth: Option<u32>,
@@ -444,6 +462,23 @@ enum Tail {
 }
 
 impl Packet {
+    pub fn grh(&self) -> Option<&Grh> {
+        self.rare.as_ref()?.grh.as_ref()
+    }
+
+    pub fn atomic(&self) -> Option<(u64, u64)> {
+        self.rare.as_ref()?.atomic
+    }
+
+    pub fn atomic_ack(&self) -> Option<u64> {
+        self.rare.as_ref()?.atomic_ack
+    }
+
+    /// The rare headers, to set one.
+    pub fn rare_mut(&mut self) -> &mut RareHeaders {
+        self.rare.get_or_insert_with(Default::default)
+    }
+
     fn tail(&self) -> Tail {
         match (self.imm, self.ieth) {
             (Some(_), _) => Tail::Imm,
@@ -515,11 +550,13 @@ impl Packet {
         let off = u64::from(start) * mtu;
         let len = total.saturating_sub(off).min(u64::from(n) * mtu);
         let payload = match &self.payload {
-            Payload::Dma { mem, segs, grant } => Payload::Dma {
-                mem: mem.clone(),
-                segs: cursor.cut(segs, off, len),
-                grant: grant.clone(),
-            },
+            // The whole list (a train that is one piece) is the same list, shared.
+            Payload::Dma(g) if off == 0 && len == total => Payload::Dma(g.clone()),
+            Payload::Dma(g) => Payload::dma(
+                g.mem.clone(),
+                cursor.cut(&g.segs, off, len),
+                g.grant.clone(),
+            ),
             p => p.slice(off, len),
         };
         Packet {
@@ -594,16 +631,14 @@ impl Packet {
             slid: self.slid,
             dlid: self.dlid,
             sl: self.sl,
-            grh: self.grh,
             opcode: self.opcode,
             solicited: self.solicited,
             dest_qpn: self.dest_qpn,
             src_qpn: self.src_qpn,
             psn: self.psn,
             reth: self.reth,
-            atomic: self.atomic,
             aeth: self.aeth,
-            atomic_ack: self.atomic_ack,
+            rare: self.rare.clone(),
             imm: self.imm,
             ieth: self.ieth,
             qkey: self.qkey,

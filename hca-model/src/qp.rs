@@ -83,7 +83,7 @@ impl Pending {
         let seg = std::mem::size_of::<Seg>();
         let request = match self.request.as_ref().map(|r| &r.payload) {
             Some(crate::packet::Payload::Bytes(b)) => b.len(),
-            Some(crate::packet::Payload::Dma { segs, .. }) => segs.len() * seg,
+            Some(crate::packet::Payload::Dma(g)) => g.segs.len() * seg,
             _ => 0,
         };
         let dst = match &self.kind {

@@ -34,11 +34,7 @@ impl Source {
     fn into_payload(self, dev: &Device) -> Payload {
         match self {
             Source::Inline(b) => Payload::Bytes(b),
-            Source::Gather(segs) => Payload::Dma {
-                mem: dev.mem.clone(),
-                segs,
-                grant: None,
-            },
+            Source::Gather(segs) => Payload::dma(dev.mem.clone(), segs, None),
         }
     }
 }
@@ -361,7 +357,7 @@ impl QpEngine<'_> {
             len: 8,
         });
         // CMP_SWAP: (swap, compare); FETCH_ADD: (add, unused).
-        pkt.atomic = Some(if opcode == RC_CMP_SWAP {
+        pkt.rare_mut().atomic = Some(if opcode == RC_CMP_SWAP {
             (w.swap, w.compare_add)
         } else {
             (w.compare_add, 0)
@@ -406,7 +402,11 @@ impl QpEngine<'_> {
         payload.make_owned().map_err(|_| WcError::LocProt)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
-            grh: self.dev.multicast_grh(w.ud_dlid),
+            rare: RareHeaders {
+                grh: self.dev.multicast_grh(w.ud_dlid),
+                ..Default::default()
+            }
+            .boxed(),
             opcode: if op == WR_SEND_IMM {
                 UD_SEND_ONLY_IMM
             } else {

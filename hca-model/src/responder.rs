@@ -344,7 +344,7 @@ impl QpEngine<'_> {
             slid: pkt.slid,
             opcode: opcode as u8,
             flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
-                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }
+                | if pkt.grh().is_some() { CQE_FLAG_GRH } else { 0 }
                 | if pkt.ieth.is_some() { CQE_FLAG_INV } else { 0 }) as u8,
             ..Default::default()
         };
@@ -430,11 +430,7 @@ impl QpEngine<'_> {
             src_qpn: self.qpn,
             psn: pkt.psn,
             aeth: Some((AETH_ACK, 0)),
-            payload: Payload::Dma {
-                mem: self.dev.mem.clone(),
-                segs,
-                grant: self.dev.grant_of(reth.rkey),
-            },
+            payload: Payload::dma(self.dev.mem.clone(), segs, self.dev.grant_of(reth.rkey)),
             ..Default::default()
         };
         let resp = Packet::message(head, RC_READ_RESP_ONLY, len, self.qp.mtu());
@@ -446,7 +442,7 @@ impl QpEngine<'_> {
     }
 
     fn rc_atomic(&mut self, pkt: Packet) {
-        let (Some(reth), Some((swap_add, compare))) = (pkt.reth, pkt.atomic) else {
+        let (Some(reth), Some((swap_add, compare))) = (pkt.reth, pkt.atomic()) else {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         };
         if reth.va % 8 != 0 {
@@ -521,7 +517,7 @@ impl QpEngine<'_> {
         }
         // A multicast datagram's GRH as on the wire (BTH, DETH, payload, ICRC after it);
         // a unicast one has none: the room is zeroed and CQE_FLAG_GRH clear.
-        let room = match &pkt.grh {
+        let room = match pkt.grh() {
             Some(g) => g.to_bytes((12 + 8 + len + 4) as u16).to_vec(),
             None => vec![0u8; UD_GRH_BYTES as usize],
         };
@@ -543,7 +539,7 @@ impl QpEngine<'_> {
             slid: pkt.slid,
             opcode: CQE_OP_RECV as u8,
             flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
-                | if pkt.grh.is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
+                | if pkt.grh().is_some() { CQE_FLAG_GRH } else { 0 }) as u8,
             ..Default::default()
         };
         self.post_recv_cqe(cqe, pkt.solicited);
@@ -559,7 +555,11 @@ fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
         src_qpn: qpn,
         psn: req.psn,
         aeth: Some((AETH_ACK, 0)),
-        atomic_ack: Some(orig),
+        rare: RareHeaders {
+            atomic_ack: Some(orig),
+            ..Default::default()
+        }
+        .boxed(),
         ..Default::default()
     }
 }
