@@ -17,7 +17,10 @@ use crate::status::WcError;
 impl HcaState {
     /// A response packet for requester QP `pkt.dest_qpn`.
     pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
-        self.engine(pkt.dest_qpn).ok_or(Rejected)?.on_response(pkt)
+        match self.engine(pkt.dest_qpn) {
+            Some(mut e) => e.on_response(pkt),
+            None => Err(Rejected(Box::new(pkt))),
+        }
     }
 
     /// One of our packets reached no receiver. UD: counted. RC: lost on a link (a fault),
@@ -48,7 +51,7 @@ impl QpEngine<'_> {
     fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         let qp = &*self.qp;
         if qp.is_ud() || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
-            return Err(Rejected);
+            return Err(Rejected(Box::new(pkt)));
         }
         if u32::from(qp.attr.state) != QPS_RTS {
             return Ok(()); // Late response to a QP that moved on: ignored, as hardware does.
@@ -66,7 +69,7 @@ impl QpEngine<'_> {
             }
             RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => self.on_read_response(pkt),
             RC_ATOMIC_ACK => self.on_atomic_ack(pkt),
-            _ => return Err(Rejected),
+            _ => return Err(Rejected(Box::new(pkt))),
         }
         self.resume_sq();
         Ok(())

@@ -45,9 +45,11 @@ pub enum DropReason {
     Rejected,
 }
 
-/// A receiver discarded a packet (no such QP, wrong state, not from the QP's peer, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rejected;
+/// A receiver discarded a packet (no such QP, wrong state, not from the QP's peer, ...),
+/// and gives it back unchanged: its sender hears of it. (Boxed: refusals are rare, and the
+/// result of every delivery stays small.)
+#[derive(Debug)]
+pub struct Rejected(pub Box<Packet>);
 
 /// A LID that is 0 or held by a live port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +100,7 @@ thread_local! {
     static PUMPING: Cell<bool> = const { Cell::new(false) };
     /// (fabric, destination slot) this thread queued items for since its last pump of that
     /// fabric: what [`Fabric::pump_own`] serves.
-    static QUEUED_TO: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+    static QUEUED_TO: RefCell<VecDeque<(usize, usize)>> = const { RefCell::new(VecDeque::new()) };
 }
 
 /// The next item of the destinations this thread queued for on fabric `fabric`, served in
@@ -108,22 +110,19 @@ thread_local! {
 fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
     QUEUED_TO.with(|mine| {
         let mut mine = mine.borrow_mut();
-        let mut i = 0;
-        while let Some(&(f, dst)) = mine.get(i) {
-            if f != fabric {
-                i += 1;
+        // Each entry is looked at once, from the front: one of this fabric's that is no
+        // longer open drops out; the first open one is served and goes to the back, so that
+        // this thread's destinations take turns; another fabric's goes to the back as it is.
+        for _ in 0..mine.len() {
+            let (f, dst) = mine.pop_front()?;
+            let ours = f == fabric;
+            if ours && !q.open(dst) {
                 continue;
             }
-            if !q.open(dst) {
-                mine.remove(i);
-                continue;
+            mine.push_back((f, dst));
+            if ours {
+                return Some((dst, q.take_from(dst)?));
             }
-            // Served: to the back, so that this thread's destinations take turns.
-            if i + 1 < mine.len() {
-                let entry = mine.remove(i);
-                mine.push(entry);
-            }
-            return Some((dst, q.take_from(dst)?));
         }
         None
     })
@@ -160,8 +159,8 @@ impl Drop for Pumping<'_> {
 fn note_queued(fabric: usize, dst: usize) {
     QUEUED_TO.with(|q| {
         let mut q = q.borrow_mut();
-        if q.last() != Some(&(fabric, dst)) && !q.contains(&(fabric, dst)) {
-            q.push((fabric, dst));
+        if q.back() != Some(&(fabric, dst)) && !q.contains(&(fabric, dst)) {
+            q.push_back((fabric, dst));
         }
     });
 }
@@ -449,7 +448,7 @@ struct SaPort {
 impl PacketSink for SaPort {
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
         let Some(inner) = self.fabric.upgrade() else {
-            return Err(Rejected);
+            return Err(Rejected(Box::new(pkt)));
         };
         let fabric = Fabric { inner };
         let answer = {
@@ -464,7 +463,7 @@ impl PacketSink for SaPort {
                 }
                 Ok(())
             }
-            None => Err(Rejected),
+            None => Err(Rejected(Box::new(pkt))),
         }
     }
 
@@ -996,13 +995,12 @@ impl Fabric {
     }
 
     fn deliver(&self, dst: &Arc<dyn PacketSink>, pkt: Packet) {
-        // A rejected packet goes back to its sender as a notice (headers only).
-        let probe = pkt.clone_header();
         match dst.deliver(pkt) {
             Ok(()) => {
                 self.inner.stats.delivered.fetch_add(1, Relaxed);
             }
-            Err(Rejected) => self.bounce(probe, DropReason::Rejected),
+            // Back to its sender as a notice (headers only).
+            Err(Rejected(pkt)) => self.bounce(*pkt, DropReason::Rejected),
         }
     }
 

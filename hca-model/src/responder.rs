@@ -57,7 +57,10 @@ impl HcaState {
             return self.on_response(pkt);
         }
         if !pkt.is_ud() {
-            return self.engine(pkt.dest_qpn).ok_or(Rejected)?.receive_rc(pkt);
+            return match self.engine(pkt.dest_qpn) {
+                Some(mut e) => e.receive_rc(pkt),
+                None => Err(Rejected(Box::new(pkt))),
+            };
         }
         // A group's datagram goes to every QP attached here (each checks its Q_Key); it
         // may be attached under two MGIDs that share the MLID: it gets one copy.
@@ -83,7 +86,7 @@ impl QpEngine<'_> {
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
         if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
-            return Err(Rejected);
+            return Err(Rejected(Box::new(pkt)));
         }
         if pkt.psn != qp.epsn {
             self.out_of_sequence(pkt);
