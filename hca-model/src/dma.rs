@@ -61,26 +61,36 @@ pub trait DmaSpace: Send + Sync {
 
     /// Reads exactly `buf.len()` bytes at `addr`.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        // The pieces cover exactly `buf.len()` bytes, in order.
-        let mut rest = buf;
-        for s in self.slices(addr, rest.len() as u64)?.as_slice() {
-            let (piece, tail) = rest.split_at_mut(s.len().min(rest.len()));
-            s.copy_to(piece);
-            rest = tail;
-        }
-        Ok(())
+        read_pieces(self, addr, buf)
     }
 
     /// Writes all of `buf` at `addr`; on a fault nothing is written.
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let mut rest = buf;
-        for s in self.slices(addr, rest.len() as u64)?.as_slice() {
-            let (piece, tail) = rest.split_at(s.len().min(rest.len()));
-            s.copy_from(piece);
-            rest = tail;
-        }
-        Ok(())
+        write_pieces(self, addr, buf)
     }
+}
+
+/// [`DmaSpace::read`] through the space's slices.
+fn read_pieces<D: DmaSpace + ?Sized>(d: &D, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+    // The pieces cover exactly `buf.len()` bytes, in order.
+    let mut rest = buf;
+    for s in d.slices(addr, rest.len() as u64)?.as_slice() {
+        let (piece, tail) = rest.split_at_mut(s.len().min(rest.len()));
+        s.copy_to(piece);
+        rest = tail;
+    }
+    Ok(())
+}
+
+/// [`DmaSpace::write`] through the space's slices.
+fn write_pieces<D: DmaSpace + ?Sized>(d: &D, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
+    let mut rest = buf;
+    for s in d.slices(addr, rest.len() as u64)?.as_slice() {
+        let (piece, tail) = rest.split_at(s.len().min(rest.len()));
+        s.copy_from(piece);
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// Reads a plain ABI object at `addr`.
@@ -179,6 +189,26 @@ impl<M> GuestRam<M> {
     }
 }
 
+impl<M> GuestRam<M> {
+    /// The host address of `[addr, addr + len)` when it lies inside one region (and is not
+    /// empty).
+    #[inline]
+    fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        if len == 0 {
+            return None;
+        }
+        self.regions.iter().find_map(|r| {
+            let off = addr.checked_sub(r.start)?;
+            (off <= r.len && len <= r.len - off).then(|| (r.host + off as usize) as *mut u8)
+        })
+    }
+}
+
+/// Copies of this many bytes or fewer go through vm-memory's volatile path, which keeps an
+/// aligned word a single access (a CQE's owner byte, a counter); longer ones are a memcpy
+/// there too, done here without building its slices.
+const SMALL_COPY: usize = 8;
+
 impl<M> DmaSpace for GuestRam<M>
 where
     M: GuestMemory<Bitmap = ()> + Send + Sync,
@@ -190,17 +220,12 @@ where
         if count == 0 {
             return Ok(Slices::Many(Vec::new()));
         }
-        for r in &self.regions {
-            let off = addr.wrapping_sub(r.start);
-            if addr >= r.start && off <= r.len && len <= r.len - off {
-                // SAFETY: [off, off + len) lies inside the region, which `self.mem` keeps
-                // mapped at `host` for as long as `self` lives (a GuestMemory's regions do
-                // not change through a shared reference), and guest memory is only ever
-                // accessed through volatile slices.
-                let slice =
-                    unsafe { VolatileSlice::new((r.host + off as usize) as *mut u8, count) };
-                return Ok(Slices::One(slice));
-            }
+        if let Some(host) = self.host_range(addr, len) {
+            // SAFETY: [addr, addr + len) lies inside one region, which `self.mem` keeps
+            // mapped at its host address for as long as `self` lives (a GuestMemory's
+            // regions do not change through a shared reference), and guest memory is only
+            // ever accessed through volatile slices or whole-range copies.
+            return Ok(Slices::One(unsafe { VolatileSlice::new(host, count) }));
         }
         let mut it = self
             .mem
@@ -216,6 +241,29 @@ where
             all.push(s.map_err(|_| fault)?);
         }
         Ok(Slices::Many(all))
+    }
+
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        match self.host_range(addr, buf.len() as u64) {
+            // SAFETY: as in `slices`: the range is mapped guest RAM, and `buf` is this
+            // process's own memory, so the two do not overlap.
+            Some(host) if buf.len() > SMALL_COPY => unsafe {
+                std::ptr::copy_nonoverlapping(host, buf.as_mut_ptr(), buf.len());
+            },
+            _ => read_pieces(self, addr, buf)?,
+        }
+        Ok(())
+    }
+
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        match self.host_range(addr, buf.len() as u64) {
+            // SAFETY: as in `read`.
+            Some(host) if buf.len() > SMALL_COPY => unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), host, buf.len());
+            },
+            _ => write_pieces(self, addr, buf)?,
+        }
+        Ok(())
     }
 }
 
@@ -246,6 +294,21 @@ mod tests {
         assert!(m.check(0, 0x2000));
         assert!(!m.check(0x1ff0, 0x20), "runs into the hole");
         assert!(!m.check(u64::MAX - 4, 8), "wraps around");
+    }
+
+    #[test]
+    fn test_copies_inside_one_region_small_and_large() {
+        let m = ram();
+        for len in [1usize, 4, 8, 9, 32, 0x1000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let at = 0x1000 - len as u64; // ends exactly at the first region's end
+            m.write(at, &data).unwrap();
+            let mut got = vec![0u8; len];
+            m.read(at, &mut got).unwrap();
+            assert_eq!(got, data, "{len} bytes");
+        }
+        assert!(m.write(0x4ff8, &[1; 9]).is_err(), "past the last region");
+        assert!(m.read(u64::MAX - 8, &mut [0; 9]).is_err(), "wraps around");
     }
 
     #[test]
