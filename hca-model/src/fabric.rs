@@ -237,11 +237,14 @@ pub struct FabricStats {
 
 /// What the fabric moves: packets, and notices to senders whose packets went nowhere. A
 /// notice waits its turn behind what was already queued, as the sender's timeout would: an
-/// ACK or NAK already on its way arrives first.
+/// ACK or NAK already on its way arrives first. (A notice is boxed: it is rare, and an item
+/// as small as a packet moves without a memcpy.)
 enum Item {
     Packet(Packet),
-    Bounce(Packet, DropReason),
+    Bounce(Box<(Packet, DropReason)>),
 }
+
+const _: () = assert!(std::mem::size_of::<Item>() <= std::mem::size_of::<Packet>());
 
 /// Queues past this LID share slot 0 with the SM and multicast (a guest may address any
 /// LID; the slot table stays small).
@@ -859,7 +862,8 @@ impl Fabric {
             pumping.claimed = Some(dst);
             match item {
                 Item::Packet(pkt) => self.forward(pkt),
-                Item::Bounce(pkt, why) => {
+                Item::Bounce(notice) => {
+                    let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
                         src.undeliverable(pkt, why);
                     }
@@ -1016,6 +1020,6 @@ impl Fabric {
         // Back to its sender, behind what the port it was for has already sent there (an
         // ACK on its way arrives first, as it would before the sender's timeout).
         let (dst, src) = (slot(pkt.slid), slot(pkt.dlid) as Lid);
-        self.push(dst, src, Item::Bounce(pkt, why));
+        self.push(dst, src, Item::Bounce(Box::new((pkt, why))));
     }
 }
