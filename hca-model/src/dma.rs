@@ -204,10 +204,60 @@ impl<M> GuestRam<M> {
     }
 }
 
-/// Copies of this many bytes or fewer go through vm-memory's volatile path, which keeps an
-/// aligned word a single access (a CQE's owner byte, a counter); longer ones are a memcpy
-/// there too, done here without building its slices.
+/// Copies of this many bytes or fewer are volatile accesses, an aligned word a single one
+/// (a CQE's owner byte, a counter), as vm-memory makes them; longer ones are a memcpy, as
+/// there too. Both are done here without building vm-memory's slices.
 const SMALL_COPY: usize = 8;
+
+/// Stores `buf` (at most [`SMALL_COPY`] bytes) at `dst` with volatile writes: one when its
+/// length is 2, 4 or 8 and `dst` is aligned to it, else one per byte.
+///
+/// # Safety
+/// `dst` must be valid for writes of `buf.len()` bytes.
+unsafe fn store_small(dst: *mut u8, buf: &[u8]) {
+    use std::ptr::write_volatile;
+    let aligned = |n: usize| dst as usize % n == 0;
+    // SAFETY: the caller's promise; each arm writes exactly `buf.len()` bytes at `dst`.
+    unsafe {
+        match *buf {
+            [a, b] if aligned(2) => write_volatile(dst.cast(), u16::from_ne_bytes([a, b])),
+            [a, b, c, d] if aligned(4) => {
+                write_volatile(dst.cast(), u32::from_ne_bytes([a, b, c, d]))
+            }
+            [a, b, c, d, e, f, g, h] if aligned(8) => {
+                write_volatile(dst.cast(), u64::from_ne_bytes([a, b, c, d, e, f, g, h]))
+            }
+            _ => {
+                for (i, &v) in buf.iter().enumerate() {
+                    write_volatile(dst.add(i), v);
+                }
+            }
+        }
+    }
+}
+
+/// Loads `buf.len()` (at most [`SMALL_COPY`]) bytes from `src` the way [`store_small`]
+/// stores them.
+///
+/// # Safety
+/// `src` must be valid for reads of `buf.len()` bytes.
+unsafe fn load_small(src: *const u8, buf: &mut [u8]) {
+    use std::ptr::read_volatile;
+    let aligned = |n: usize| src as usize % n == 0;
+    // SAFETY: the caller's promise; each arm reads exactly `buf.len()` bytes at `src`.
+    unsafe {
+        match buf.len() {
+            2 if aligned(2) => buf.copy_from_slice(&read_volatile(src.cast::<u16>()).to_ne_bytes()),
+            4 if aligned(4) => buf.copy_from_slice(&read_volatile(src.cast::<u32>()).to_ne_bytes()),
+            8 if aligned(8) => buf.copy_from_slice(&read_volatile(src.cast::<u64>()).to_ne_bytes()),
+            _ => {
+                for (i, v) in buf.iter_mut().enumerate() {
+                    *v = read_volatile(src.add(i));
+                }
+            }
+        }
+    }
+}
 
 impl<M> DmaSpace for GuestRam<M>
 where
@@ -243,25 +293,37 @@ where
         Ok(Slices::Many(all))
     }
 
+    fn check(&self, addr: u64, len: u64) -> bool {
+        self.host_range(addr, len).is_some() || self.slices(addr, len).is_ok()
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        match self.host_range(addr, buf.len() as u64) {
-            // SAFETY: as in `slices`: the range is mapped guest RAM, and `buf` is this
-            // process's own memory, so the two do not overlap.
-            Some(host) if buf.len() > SMALL_COPY => unsafe {
+        let Some(host) = self.host_range(addr, buf.len() as u64) else {
+            return read_pieces(self, addr, buf);
+        };
+        // SAFETY: as in `slices`: the range is mapped guest RAM; `buf` is this process's own
+        // memory, so the two do not overlap.
+        unsafe {
+            if buf.len() > SMALL_COPY {
                 std::ptr::copy_nonoverlapping(host, buf.as_mut_ptr(), buf.len());
-            },
-            _ => read_pieces(self, addr, buf)?,
+            } else {
+                load_small(host, buf);
+            }
         }
         Ok(())
     }
 
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        match self.host_range(addr, buf.len() as u64) {
-            // SAFETY: as in `read`.
-            Some(host) if buf.len() > SMALL_COPY => unsafe {
+        let Some(host) = self.host_range(addr, buf.len() as u64) else {
+            return write_pieces(self, addr, buf);
+        };
+        // SAFETY: as in `read`.
+        unsafe {
+            if buf.len() > SMALL_COPY {
                 std::ptr::copy_nonoverlapping(buf.as_ptr(), host, buf.len());
-            },
-            _ => write_pieces(self, addr, buf)?,
+            } else {
+                store_small(host, buf);
+            }
         }
         Ok(())
     }
@@ -307,7 +369,18 @@ mod tests {
             m.read(at, &mut got).unwrap();
             assert_eq!(got, data, "{len} bytes");
         }
+        // Small ones at every alignment (one access when aligned, else bytes).
+        for len in 1..=8usize {
+            for at in 0x4000..0x4008u64 {
+                let data: Vec<u8> = (0..len).map(|i| (at as usize + i * 13) as u8).collect();
+                m.write(at, &data).unwrap();
+                let mut got = vec![0u8; len];
+                m.read(at, &mut got).unwrap();
+                assert_eq!(got, data, "{len} bytes at {at:#x}");
+            }
+        }
         assert!(m.write(0x4ff8, &[1; 9]).is_err(), "past the last region");
+        assert!(m.write(0x4ffc, &[1; 5]).is_err(), "a small one past the last region");
         assert!(m.read(u64::MAX - 8, &mut [0; 9]).is_err(), "wraps around");
     }
 
