@@ -21,7 +21,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{
-    AtomicBool, AtomicU64,
+    AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -153,6 +153,11 @@ impl Drop for Pumping<'_> {
         }
         PUMPING.with(|p| p.set(false));
     }
+}
+
+/// Whether this thread has queued items for fabric `fabric` that it has not moved.
+fn queued_any(fabric: usize) -> bool {
+    QUEUED_TO.with(|q| q.borrow().iter().any(|&(f, _)| f == fabric))
 }
 
 /// Notes that this thread queued an item for `dst` on fabric `fabric`.
@@ -425,6 +430,9 @@ impl<T: ?Sized> Attachment<T> {
 struct Inner {
     ports: RwLock<Vec<Option<Weak<dyn PacketSink>>>>,
     queue: Mutex<Queue>,
+    /// The queue's length as of its last change, read without its lock: while it is within
+    /// [`MAX_BACKLOG`] no sender can be past its bound, and a sender's turn need not look.
+    backlog: AtomicUsize,
     hook: Attachment<dyn LinkHook>,
     tap: Attachment<dyn PacketTap>,
     adapter_hook: Attachment<dyn AdapterHook>,
@@ -571,6 +579,7 @@ impl Fabric {
             inner: Arc::new_cyclic(|weak| Inner {
                 ports: RwLock::new(vec![None]),
                 queue: Mutex::new(Queue::default()),
+                backlog: AtomicUsize::new(0),
                 hook: Attachment::default(),
                 tap: Attachment::default(),
                 adapter_hook: Attachment::default(),
@@ -790,7 +799,10 @@ impl Fabric {
 
     #[inline]
     fn push(&self, dst: usize, src: Lid, item: Item) {
-        self.queue().push(dst, src, item);
+        let mut q = self.queue();
+        q.push(dst, src, item);
+        self.inner.backlog.store(q.len, Relaxed);
+        drop(q);
         note_queued(self.id(), dst);
     }
 
@@ -812,7 +824,8 @@ impl Fabric {
     /// delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self, sender: Lid) {
         self.pump_own();
-        if PUMPING.with(Cell::get) {
+        // A sender's own pushes precede this load: it sees at least its own items.
+        if PUMPING.with(Cell::get) || self.inner.backlog.load(Relaxed) <= MAX_BACKLOG {
             return;
         }
         let over = |q: &Queue| q.queued_from(sender) > MAX_BACKLOG || q.len > MAX_TOTAL_BACKLOG;
@@ -843,6 +856,9 @@ impl Fabric {
             return;
         }
         let id = self.id();
+        if !any && !queued_any(id) {
+            return; // nothing of this thread's to move (a turn that sent nothing)
+        }
         let mut pumping = Pumping::start(self);
         loop {
             let next = {
@@ -850,11 +866,13 @@ impl Fabric {
                 if let Some(dst) = pumping.claimed.take() {
                     q.release(dst);
                 }
-                match take_own(&mut q, id) {
+                let next = match take_own(&mut q, id) {
                     Some(next) => Some(next),
                     None if any => q.take_any(),
                     None => None,
-                }
+                };
+                self.inner.backlog.store(q.len, Relaxed);
+                next
             };
             let Some((dst, item)) = next else {
                 break;
