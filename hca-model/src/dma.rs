@@ -3,10 +3,12 @@
 //! The model is generic over `vm_memory::GuestMemory` at its public edge ([`GuestRam`]); inside,
 //! everything goes through `dyn DmaSpace` so that a packet can carry a reference to its
 //! sender's memory and the receiver can copy straight from one guest into another (one
-//! memmove per host-contiguous piece, no bounce buffer). Every access is bounds-checked by
-//! vm-memory against the guest's regions: an address outside them is a [`DmaFault`], never a
-//! host access. A range is looked up once per region it crosses, and a write that would
-//! fault writes nothing.
+//! memmove per host-contiguous piece, no bounce buffer). Every access is bounds-checked
+//! against the guest's regions: an address outside them is a [`DmaFault`], never a host
+//! access. [`GuestRam`] answers a range inside one region from its own table of the
+//! regions (nearly every access: one copy, no slice list) and leaves the rest to vm-memory;
+//! a range is looked up once per region it crosses, and a write that would fault writes
+//! nothing.
 
 use std::fmt;
 
