@@ -182,6 +182,9 @@ pub(crate) struct Device {
     pub turn_left: u64,
     /// A send queue stopped for want of budget: more turns follow.
     pub more_work: bool,
+    /// QPs that entered ERR, each once (kept until a receive doorbell finds one reset or
+    /// destroyed): the only QPs a receive doorbell acts on.
+    pub qps_in_error: Vec<u32>,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -244,6 +247,7 @@ impl Device {
             held: Arc::default(),
             turn_left: WORK_PER_TURN,
             more_work: false,
+            qps_in_error: Vec::new(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();

@@ -500,15 +500,19 @@ impl HcaState {
     }
 
     /// DB_RQ: only QPs in ERR act on receive doorbells (new receives are flushed); others
-    /// consume receive WQEs when messages arrive.
+    /// consume receive WQEs when messages arrive. So only the QPs that entered ERR are
+    /// visited, not every live one; one that left ERR since (reset, or destroyed and its
+    /// number reused) drops out of the list.
     pub(crate) fn scan_recv_queues(&mut self) {
-        for i in 0..self.live_qps.len() {
-            let Some(&qpn) = self.live_qps.get(i) else {
-                break;
-            };
-            if let Some(mut e) = self.engine(qpn) {
-                if u32::from(e.qp.attr.state) == QPS_ERR {
+        let mut i = 0;
+        while let Some(&qpn) = self.dev.qps_in_error.get(i) {
+            match self.engine(qpn) {
+                Some(mut e) if u32::from(e.qp.attr.state) == QPS_ERR => {
                     e.flush_queues();
+                    i += 1;
+                }
+                _ => {
+                    self.dev.qps_in_error.swap_remove(i);
                 }
             }
         }
@@ -534,6 +538,9 @@ impl QpEngine<'_> {
     pub(crate) fn enter_error(&mut self) {
         let (qpn, qp) = (self.qpn, &mut *self.qp);
         qp.attr.state = QPS_ERR as u8;
+        if !self.dev.qps_in_error.contains(&qpn) {
+            self.dev.qps_in_error.push(qpn);
+        }
         qp.sq_waits = false;
         qp.retry = Retry::default();
         // A message half received has consumed a receive WQE: it is flushed too.

@@ -645,6 +645,42 @@ fn test_wrs_posted_to_an_error_qp_are_flushed() {
 }
 
 #[test]
+fn test_a_qp_reset_out_of_error_keeps_its_new_receives() {
+    // A receive doorbell flushes the receives of QPs in ERR only: one brought back from
+    // ERR through RESET takes messages into its receives again.
+    let mut p = Pair::new(5);
+    let to = |s: u32| HcaQpAttr {
+        state: s as u8,
+        ..Default::default()
+    };
+    let buf = p.b.alloc(8, 8);
+    assert_eq!(p.b.modify_qp(p.qb.qpn, QP_ATTR_STATE, to(QPS_ERR)), CMD_OK);
+    p.b.post_recv(&mut p.qb, 1, &[sge(buf, 8, p.key_b)]);
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!((c.len(), status(&c[0])), (1, WC_WR_FLUSH_ERR));
+
+    assert_eq!(
+        p.b.modify_qp(p.qb.qpn, QP_ATTR_STATE, to(QPS_RESET)),
+        CMD_OK
+    );
+    (p.qb.sq_pi, p.qb.rq_pi) = (0, 0);
+    let la = p.a.lid();
+    p.b.bring_up_rc(p.qb.qpn, la, p.qa.qpn, ALL_ACCESS, 5);
+    p.b.post_recv(&mut p.qb, 2, &[sge(buf, 8, p.key_b)]);
+    assert!(
+        p.b.drain_cq(&mut p.cq_b).is_empty(),
+        "a live QP's receive waits"
+    );
+
+    let src = p.a.alloc(8, 8);
+    p.a.write(src, b"intact!!");
+    p.a.post_send(&mut p.qa, send_wr(3, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    let c = p.b.drain_cq(&mut p.cq_b);
+    assert_eq!((c.len(), c[0].wr_id, status(&c[0])), (1, 2, WC_SUCCESS));
+    assert_eq!(p.b.read(buf, 8), b"intact!!");
+}
+
+#[test]
 fn test_repeated_doorbell_does_not_rerun_a_command() {
     let mut a = Driver::new(None, 4);
     a.alloc_pd();
