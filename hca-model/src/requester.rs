@@ -50,12 +50,22 @@ impl HcaState {
         true
     }
 
-    /// DB_SQ: runs every QP's send queue.
+    /// DB_SQ: runs every QP's send queue. (The doorbell does not say which QP rang, so
+    /// each live one is looked at; one in RTS with nothing new posted, or waiting for
+    /// completions, is passed over without starting its engine.)
     pub(crate) fn scan_send_queues(&mut self) {
         for i in 0..self.live_qps.len() {
             let Some(&qpn) = self.live_qps.get(i) else {
                 break;
             };
+            let Some(qp) = self.qps.get(qpn) else {
+                continue;
+            };
+            let idle = u32::from(qp.attr.state) == QPS_RTS
+                && (qp.sq_waits || self.dev.bar2.load_u32(qp_db(qpn)) == qp.sq.ci);
+            if idle {
+                continue;
+            }
             if let Some(mut e) = self.engine(qpn) {
                 e.process_sq();
             }
