@@ -3,10 +3,11 @@
 //!   memcpy of the same size (rounds of the two alternate, best round of each is kept);
 //! - 8-byte SEND message rate on one core, doorbell to CQE on both sides;
 //! - fairness: one pair's 8-byte SEND round-trip rate alone, and while another pair on the
-//!   same fabric floods it with 64 KiB RDMA WRITEs from another thread.
+//!   same fabric floods it with 64 KiB RDMA WRITEs from another thread;
+//! - scale: the 8-byte SEND rate with many other QPs connected and idle.
 //!
 //! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run, and
-//! `write`, `send` or `fair` for one part).
+//! `write`, `send`, `fair` or `scale` for one part).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -119,6 +120,47 @@ fn send_rate(quick: bool) {
     println!("(each message also costs the test driver's posting and polling, measured in)");
 }
 
+/// 8-byte SENDs one per doorbell, as in [`send_rate`], with `idle` more connected QPs on
+/// each device: a send doorbell does not name its QP, so the device looks at every live
+/// one. Prints the rate and the cost per message.
+fn send_rate_among(idle: usize, quick: bool) {
+    let mut p = Pair::new(MTU_4096 as u8);
+    for _ in 0..idle {
+        p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 2, 0);
+    }
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    let (key_a, key_b) = (p.key_a, p.key_b);
+    let total = if quick { 10_000 } else { 100_000 };
+    let start = Instant::now();
+    for n in 0..total {
+        p.b.post_recv(&mut p.qb, n, &[sge(dst, 8, key_b)]);
+        let mut wr = send_wr(n, WR_SEND, WQE_SIGNALED);
+        wr.num_sge = 1;
+        p.a.post_send(&mut p.qa, wr, &[sge(src, 8, key_a)]);
+        let mut got = (false, false);
+        while got != (true, true) {
+            got.0 |= p.a.poll_cq(&mut p.cq_a).is_some();
+            got.1 |= p.b.poll_cq(&mut p.cq_b).is_some();
+        }
+    }
+    let el = start.elapsed();
+    println!(
+        "{:>14} {:>14.0} {:>12.0}",
+        idle,
+        total as f64 / el.as_secs_f64(),
+        el.as_nanos() as f64 / total as f64
+    );
+}
+
+fn scale(quick: bool) {
+    println!();
+    println!("8-byte SEND, 1 WR/doorbell, with other connected QPs idle on both devices");
+    println!("{:>14} {:>14} {:>12}", "idle QPs", "msgs/s", "ns/msg");
+    for idle in [0, 64, 512] {
+        send_rate_among(idle, quick);
+    }
+}
+
 /// 8-byte SENDs, one at a time, from `p.a` to `p.b` until `stop`: how many completed.
 fn ping_for(p: &mut Pair, dur: Duration) -> u64 {
     let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
@@ -228,5 +270,8 @@ fn main() {
     }
     if want("fair") {
         fairness(quick);
+    }
+    if want("scale") {
+        scale(quick);
     }
 }
