@@ -74,9 +74,24 @@ impl QemuRam {
     }
 }
 
+/// Every access goes to the mapped [`GuestRam`], its fast paths included.
 impl DmaSpace for QemuRam {
     fn slices(&self, addr: u64, len: u64) -> Result<Slices<'_>, DmaFault> {
         self.map().ok_or(DmaFault { addr, len })?.slices(addr, len)
+    }
+
+    fn check(&self, addr: u64, len: u64) -> bool {
+        self.map().is_some_and(|m| m.check(addr, len))
+    }
+
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let len = buf.len() as u64;
+        self.map().ok_or(DmaFault { addr, len })?.read(addr, buf)
+    }
+
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        let len = buf.len() as u64;
+        self.map().ok_or(DmaFault { addr, len })?.write(addr, buf)
     }
 }
 

@@ -382,7 +382,10 @@ mod tests {
             }
         }
         assert!(m.write(0x4ff8, &[1; 9]).is_err(), "past the last region");
-        assert!(m.write(0x4ffc, &[1; 5]).is_err(), "a small one past the last region");
+        assert!(
+            m.write(0x4ffc, &[1; 5]).is_err(),
+            "a small one past the last region"
+        );
         assert!(m.read(u64::MAX - 8, &mut [0; 9]).is_err(), "wraps around");
     }
 
