@@ -823,6 +823,9 @@ impl Fabric {
     /// [`MAX_TOTAL_BACKLOG`] in all, every sender waits). Never waits inside a pump (a
     /// delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self, sender: Lid) {
+        if !self.has_work_for_this_thread() {
+            return;
+        }
         self.pump_own();
         // A sender's own pushes precede this load: it sees at least its own items.
         if PUMPING.with(Cell::get) || self.inner.backlog.load(Relaxed) <= MAX_BACKLOG {
@@ -833,6 +836,15 @@ impl Fabric {
             self.pump();
             std::thread::yield_now();
         }
+    }
+
+    /// Whether [`Fabric::pump_with_backpressure`] would do anything on this thread: not
+    /// inside a pump, and this thread has items of its own queued or the queue is past
+    /// [`MAX_BACKLOG`]. A device asks before it lets go of its lock (a turn that sent
+    /// nothing, or a delivery's turn inside a pump, then needs no hold on the fabric).
+    pub fn has_work_for_this_thread(&self) -> bool {
+        !PUMPING.with(Cell::get)
+            && (queued_any(self.id()) || self.inner.backlog.load(Relaxed) > MAX_BACKLOG)
     }
 
     /// Delivers every queued item that no other thread is delivering, until none is left.

@@ -436,7 +436,9 @@ impl Shared {
                 st.dev.timer_hint
             };
             self.timer_hint.store(hint, Ordering::Relaxed);
-            (r, irqs, st.dev.fabric.clone(), st.dev.lid, st.dev.more_work)
+            let fabric = st.dev.fabric.as_ref();
+            let fabric = fabric.filter(|f| f.has_work_for_this_thread()).cloned();
+            (r, irqs, fabric, st.dev.lid, st.dev.more_work)
         };
         drop(st);
         for v in 0..NUM_VECTORS {
