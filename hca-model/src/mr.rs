@@ -210,10 +210,12 @@ impl Device {
     /// Returns the total length.
     /// The `n` SGEs of a WQE, at `addr`.
     pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, WcError> {
-        (0..n)
-            .map(|i| read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * u64::from(i)))
-            .collect::<Result<_, _>>()
-            .map_err(|_| WcError::LocQpOp)
+        let mut sges = SgeList::new();
+        for i in 0..u64::from(n) {
+            let sge = read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * i);
+            sges.push(sge.map_err(|_| WcError::LocQpOp)?);
+        }
+        Ok(sges)
     }
 
     pub(crate) fn resolve_sges(
