@@ -120,36 +120,17 @@ fn send_rate(quick: bool) {
     println!("(each message also costs the test driver's posting and polling, measured in)");
 }
 
-/// 8-byte SENDs one per doorbell, as in [`send_rate`], with `idle` more connected QPs on
-/// each device: a send doorbell does not name its QP, so the device looks at every live
-/// one. Prints the rate and the cost per message.
+/// 8-byte SENDs one per doorbell (as [`ping_for`] sends them), with `idle` more connected
+/// QPs on each device: a send doorbell does not name its QP, so the device looks at every
+/// live one. Prints the rate and the cost per message.
 fn send_rate_among(idle: usize, quick: bool) {
     let mut p = Pair::new(MTU_4096 as u8);
     for _ in 0..idle {
         p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 2, 0);
     }
-    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
-    let (key_a, key_b) = (p.key_a, p.key_b);
-    let total = if quick { 10_000 } else { 100_000 };
-    let start = Instant::now();
-    for n in 0..total {
-        p.b.post_recv(&mut p.qb, n, &[sge(dst, 8, key_b)]);
-        let mut wr = send_wr(n, WR_SEND, WQE_SIGNALED);
-        wr.num_sge = 1;
-        p.a.post_send(&mut p.qa, wr, &[sge(src, 8, key_a)]);
-        let mut got = (false, false);
-        while got != (true, true) {
-            got.0 |= p.a.poll_cq(&mut p.cq_a).is_some();
-            got.1 |= p.b.poll_cq(&mut p.cq_b).is_some();
-        }
-    }
-    let el = start.elapsed();
-    println!(
-        "{:>14} {:>14.0} {:>12.0}",
-        idle,
-        total as f64 / el.as_secs_f64(),
-        el.as_nanos() as f64 / total as f64
-    );
+    let dur = Duration::from_millis(if quick { 300 } else { 2000 });
+    let rate = ping_for(&mut p, dur) as f64 / dur.as_secs_f64();
+    println!("{:>14} {:>14.0} {:>12.0}", idle, rate, 1e9 / rate);
 }
 
 fn scale(quick: bool) {
