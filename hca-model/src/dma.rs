@@ -189,9 +189,7 @@ impl<M> GuestRam<M> {
     pub fn inner(&self) -> &M {
         &self.mem
     }
-}
 
-impl<M> GuestRam<M> {
     /// The host address of `[addr, addr + len)` when it lies inside one region (and is not
     /// empty).
     #[inline]
