@@ -19,7 +19,7 @@ impl HcaState {
     pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         match self.engine(pkt.dest_qpn) {
             Some(mut e) => e.on_response(pkt),
-            None => Err(Rejected(Box::new(pkt))),
+            None => Err(Rejected::of(pkt)),
         }
     }
 
@@ -51,7 +51,7 @@ impl QpEngine<'_> {
     fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         let qp = &*self.qp;
         if qp.is_ud() || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
-            return Err(Rejected(Box::new(pkt)));
+            return Err(Rejected::of(pkt));
         }
         if u32::from(qp.attr.state) != QPS_RTS {
             return Ok(()); // Late response to a QP that moved on: ignored, as hardware does.
@@ -69,7 +69,7 @@ impl QpEngine<'_> {
             }
             RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY => self.on_read_response(pkt),
             RC_ATOMIC_ACK => self.on_atomic_ack(pkt),
-            _ => return Err(Rejected(Box::new(pkt))),
+            _ => return Err(Rejected::of(pkt)),
         }
         self.resume_sq();
         Ok(())

@@ -51,6 +51,12 @@ pub enum DropReason {
 #[derive(Debug)]
 pub struct Rejected(pub Box<Packet>);
 
+impl Rejected {
+    pub fn of(pkt: Packet) -> Self {
+        Rejected(Box::new(pkt))
+    }
+}
+
 /// A LID that is 0 or held by a live port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LidTaken(pub Lid);
@@ -459,7 +465,7 @@ struct SaPort {
 impl PacketSink for SaPort {
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
         let Some(inner) = self.fabric.upgrade() else {
-            return Err(Rejected(Box::new(pkt)));
+            return Err(Rejected::of(pkt));
         };
         let fabric = Fabric { inner };
         let answer = {
@@ -474,7 +480,7 @@ impl PacketSink for SaPort {
                 }
                 Ok(())
             }
-            None => Err(Rejected(Box::new(pkt))),
+            None => Err(Rejected::of(pkt)),
         }
     }
 

@@ -59,7 +59,7 @@ impl HcaState {
         if !pkt.is_ud() {
             return match self.engine(pkt.dest_qpn) {
                 Some(mut e) => e.receive_rc(pkt),
-                None => Err(Rejected(Box::new(pkt))),
+                None => Err(Rejected::of(pkt)),
             };
         }
         // A group's datagram goes to every QP attached here (each checks its Q_Key); it
@@ -86,7 +86,7 @@ impl QpEngine<'_> {
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
         if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
-            return Err(Rejected(Box::new(pkt)));
+            return Err(Rejected::of(pkt));
         }
         if pkt.psn != qp.epsn {
             self.out_of_sequence(pkt);
