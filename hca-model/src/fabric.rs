@@ -829,9 +829,6 @@ impl Fabric {
     /// [`MAX_TOTAL_BACKLOG`] in all, every sender waits). Never waits inside a pump (a
     /// delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self, sender: Lid) {
-        if !self.has_work_for_this_thread() {
-            return;
-        }
         self.pump_own();
         // A sender's own pushes precede this load: it sees at least its own items.
         if PUMPING.with(Cell::get) || self.inner.backlog.load(Relaxed) <= MAX_BACKLOG {
