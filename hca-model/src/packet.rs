@@ -553,9 +553,9 @@ impl Packet {
         let off = u64::from(start) * mtu;
         let len = total.saturating_sub(off).min(u64::from(n) * mtu);
         let payload = match &self.payload {
-            // The whole list (a train that is one piece) is the same list, shared.
-            Payload::Dma(g) if off == 0 && len == total => Payload::Dma(g.clone()),
-            Payload::Dma(g) => Payload::dma(
+            // A piece of the list, cut where the last piece ended (the whole list, a train
+            // that is one piece, is shared by `slice`).
+            Payload::Dma(g) if len < total => Payload::dma(
                 g.mem.clone(),
                 cursor.cut(&g.segs, off, len),
                 g.grant.clone(),
