@@ -7,7 +7,8 @@
 #   --with-qemu     also carry this host's qemu-system-x86_64 into L1 (reference boots
 #                   under QEMU/KVM: qemu-system-x86_64 -accel kvm ...)
 #   --timeout S     give up on L1 after S seconds (default 1800)
-#   --retries N     when L1's own kernel reports a soft lockup, a panic or a corrupted stack
+#   --retries N     when L1's own kernel reports a soft lockup, a panic, a corrupted stack
+#                   or a task blocked in it for a minute, or L1 stops printing its heartbeat
 #                   (the nested host broke, not the commands), boot it again, up to N times
 #                   (default 0); each broken console is kept. Failing commands never retry
 #   --cpus N        L1's vCPUs (default 2)      --mem MIB   L1's RAM (default 3072)
@@ -76,8 +77,19 @@ python3 images/nested.py --hcabench "$bin" --job "$job" --out "$out/l1-initrd" $
 kver=$(cat target/images/current)
 
 # L1's own kernel alarms on its kernel log (ttyS1; the commands write to ttyS0): the nested
-# host broke, not the commands.
-broke_signs='soft lockup|Kernel panic|stack guard page was hit|corrupted stack end|BUG: '
+# host broke, not the commands. A user-space VMM cannot leave a task blocked in the kernel
+# for a minute (its vCPU threads sleep interruptibly when L2 idles); L1's KVM can.
+broke_signs='soft lockup|Kernel panic|stack guard page was hit|corrupted stack end|BUG: |blocked for more than'
+# L1's init prints a heartbeat every 20 s (images/nested-init.sh); a console silent this
+# long means L1 itself is wedged (seen in CI: no alarm, no output, until the time limit).
+silence_limit=150
+
+# L1's first alarm, as "\"ALARM\" in its kernel log", or nothing.
+alarm() {
+	local sign
+	sign=$(grep -m1 -oE "$broke_signs" "$out/kernel.log" || true)
+	[ -z "$sign" ] || echo "\"$sign\" in its kernel log"
+}
 
 # Boots L1 once, showing its console as it goes; sets qemu_rc, and broke (the first alarm
 # seen) or timed_out. Stops L1 at its first alarm rather than waiting out the time limit.
@@ -95,10 +107,18 @@ boot_l1() {
 		-serial stdio -serial "file:$out/kernel.log" \
 		2> "$out/qemu.log" < /dev/null > "$out/console.log" &
 	qemu_pid=$!
-	tail -n +1 -f --pid="$qemu_pid" "$out/console.log" &
-	local tail_pid=$! started=$SECONDS
+	# Shown without the heartbeat (it stays in console.log).
+	tail -n +1 -f --pid="$qemu_pid" "$out/console.log" | grep --line-buffered -v '^NESTED-ALIVE' &
+	local tail_pid=$! started=$SECONDS size=0 heard=$SECONDS now_size
 	while kill -0 "$qemu_pid" 2> /dev/null; do
-		broke=$(grep -m1 -oE "$broke_signs" "$out/kernel.log" || true)
+		broke=$(alarm)
+		now_size=$(stat -c %s "$out/console.log")
+		if [ "$now_size" != "$size" ]; then
+			size=$now_size
+			heard=$SECONDS
+		elif [ $((SECONDS - heard)) -ge "$silence_limit" ]; then
+			broke="no output from L1 for ${silence_limit}s, its heartbeat included"
+		fi
 		if [ -n "$broke" ]; then
 			sleep 5 # the rest of L1's report
 			kill "$qemu_pid" 2> /dev/null
@@ -114,8 +134,8 @@ boot_l1() {
 	wait "$qemu_pid" || qemu_rc=$?
 	qemu_pid=
 	wait "$tail_pid" 2> /dev/null || true
-	[ -n "$broke" ] || broke=$(grep -m1 -oE "$broke_signs" "$out/kernel.log" || true)
-	if [ -n "$broke" ]; then
+	[ -n "$broke" ] || broke=$(alarm)
+	if [ -n "$broke" ] || [ -n "$timed_out" ]; then
 		echo "nested-kvm: L1's kernel log ($out/kernel.log) ends:" >&2
 		tail -n 40 "$out/kernel.log" >&2
 	fi
@@ -131,12 +151,12 @@ while :; do
 	fi
 	cp "$out/console.log" "$out/console.broken-$attempt.log"
 	cp "$out/kernel.log" "$out/kernel.broken-$attempt.log"
-	echo "nested-kvm: L1 broke (\"$broke\" in its kernel log: the nested host, not the" \
+	echo "nested-kvm: L1 broke ($broke: the nested host, not the" \
 		"commands); booting it again, try $((attempt + 1)) of $((retries + 1))" \
 		"(kept: $out/console.broken-$attempt.log, $out/kernel.broken-$attempt.log)" >&2
 done
 if [ -n "$broke" ]; then
-	echo "nested-kvm: L1 broke (\"$broke\" in its kernel log): the nested host failed, not" \
+	echo "nested-kvm: L1 broke ($broke): the nested host failed, not" \
 		"the commands; see $out/kernel.log and $out/console.log" >&2
 	exit 125
 fi
