@@ -137,6 +137,25 @@ pub(crate) struct HcaState {
     pub qps: Table<Qp>,
     /// QPNs in use, so doorbells scan only live QPs.
     pub live_qps: Vec<u32>,
+    /// What a send doorbell's scan last found of each QP's send queue, by QPN: lets the
+    /// scan pass over an idle QP reading this dense table and the QP's doorbell record
+    /// alone, not the QP (see `SqHint`).
+    pub sq_hints: Vec<SqHint>,
+}
+
+/// A send doorbell's note on one QP's send queue. Only the scan sets one, after running
+/// the QP; every other access to the QP goes through `HcaState::engine`, which clears it,
+/// so a hint never outlives the state it describes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum SqHint {
+    /// Unknown: the scan looks at the QP.
+    #[default]
+    Look,
+    /// Nothing for a send doorbell to do whatever is posted (a state that does not send,
+    /// or RTS waiting for completions).
+    Still,
+    /// In RTS with its consumer index here: nothing to do while the producer index equals it.
+    Idle(u32),
 }
 
 /// The HCA apart from its QPs: guest memory and BAR2, protection domains and keys, CQs and
@@ -198,6 +217,7 @@ impl HcaState {
             dev: Device::new(mem, bar2, node_guid),
             qps: Table::new(MAX_QP, 2),
             live_qps: Vec::new(),
+            sq_hints: vec![SqHint::Look; MAX_QP as usize],
         }
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::abi::*;
 use crate::dma::read_obj;
-use crate::hca::{Device, HcaState};
+use crate::hca::{Device, HcaState, SqHint};
 use crate::packet::{Packet, Seg, SegList, PSN_MASK};
 use crate::reliability::Retry;
 use crate::status::{CmdError, WcError};
@@ -356,12 +356,20 @@ pub(crate) struct QpEngine<'a> {
 impl HcaState {
     /// QP `qpn`'s engine, if the QP exists.
     pub(crate) fn engine(&mut self, qpn: u32) -> Option<QpEngine<'_>> {
+        // The engine may change anything of the QP: what the send scan noted goes.
+        self.forget_sq_hint(qpn);
         let qp = self.qps.get_mut(qpn)?;
         Some(QpEngine {
             qpn,
             qp,
             dev: &mut self.dev,
         })
+    }
+
+    fn forget_sq_hint(&mut self, qpn: u32) {
+        if let Some(h) = self.sq_hints.get_mut(qpn as usize) {
+            *h = SqHint::Look;
+        }
     }
 
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
@@ -442,12 +450,14 @@ impl HcaState {
         }
         dev.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
         self.live_qps.push(qpn);
+        self.forget_sq_hint(qpn);
         Ok(qpn)
     }
 
     pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), CmdError> {
         let qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
         self.live_qps.retain(|&q| q != qpn);
+        self.forget_sq_hint(qpn);
         let dev = &mut self.dev;
         dev.detach_qp(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {

@@ -605,6 +605,59 @@ fn test_loopback_qps_on_one_hca() {
 }
 
 #[test]
+fn test_a_send_doorbell_finds_work_after_any_change_to_a_qp_since_its_last_scan() {
+    // A send doorbell passes over QPs on what its last scan noted of them; whatever has
+    // changed a QP since (a command, a delivery) must make the next scan look again.
+    let mut p = Pair::new(5);
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    p.a.write(src, &7u64.to_le_bytes());
+    let write = |wr_id| HcaSendWqe {
+        remote_addr: dst,
+        rkey: p.key_b,
+        num_sge: 1,
+        ..send_wr(wr_id, WR_RDMA_WRITE, WQE_SIGNALED)
+    };
+    for i in 0..3 {
+        p.a.post_send(&mut p.qa, write(i), &[sge(src, 8, p.key_a)]);
+    }
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 3);
+
+    // Reset and reconnect both ends: A's consumer index is 0 again, and three WQEs rung
+    // at once bring its producer index to 3, what the scan last saw with nothing to do.
+    let reset = HcaQpAttr::default();
+    for (d, q) in [(&mut p.a, &mut p.qa), (&mut p.b, &mut p.qb)] {
+        assert_eq!(d.modify_qp(q.qpn, QP_ATTR_STATE, reset), CMD_OK);
+        (q.sq_pi, q.rq_pi) = (0, 0);
+    }
+    let (la, lb) = (p.a.lid(), p.b.lid());
+    p.a.bring_up_rc(p.qa.qpn, lb, p.qb.qpn, ALL_ACCESS, 5);
+    p.b.bring_up_rc(p.qb.qpn, la, p.qa.qpn, ALL_ACCESS, 5);
+    for i in 10..13 {
+        p.a.write_send(&mut p.qa, &write(i), &[sge(src, 8, p.key_a)], &[]);
+    }
+    p.a.ring_sq(&p.qa);
+    let c = p.a.drain_cq(&mut p.cq_a);
+    let ids: Vec<u64> = c.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [10, 11, 12], "the reconnected QP's WQEs run");
+
+    // A QP scanned while it could not send (just created, in RESET: another QP's doorbell
+    // rang) sends once it is brought to RTS.
+    let mut cq2 = p.a.create_cq(4);
+    let mut q2 = p.a.create_qp(QPT_RC, p.pd_a, cq2.cqn, cq2.cqn);
+    let q2b = p.b.create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
+    p.a.post_send(&mut p.qa, write(20), &[sge(src, 8, p.key_a)]);
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 1);
+    p.a.bring_up_rc(q2.qpn, lb, q2b.qpn, ALL_ACCESS, 5);
+    p.b.bring_up_rc(q2b.qpn, la, q2.qpn, ALL_ACCESS, 5);
+    p.a.post_send(&mut q2, write(21), &[sge(src, 8, p.key_a)]);
+    let c = p.a.drain_cq(&mut cq2);
+    assert_eq!(
+        (c.len(), c[0].wr_id, u32::from(c[0].status)),
+        (1, 21, WC_SUCCESS)
+    );
+}
+
+#[test]
 fn test_reset_then_reconnect_works_again() {
     let mut p = Pair::new(5);
     let reset = HcaQpAttr::default();
