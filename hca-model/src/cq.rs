@@ -46,7 +46,6 @@ impl Device {
                 cqe.wr_id
             );
         }
-        let mem = self.mem.clone();
         let ci = self.bar2.load_u32(cq_db(cqn));
         let Some(cq) = self.cqs.get_mut(cqn) else {
             self.stats.cqes_lost += 1;
@@ -74,7 +73,8 @@ impl Device {
         let slot = cq.ring + u64::from(cq.pi & (size - 1)) * 32;
         let owner = owner_bit(cq.pi, cq.log_entries);
         cqe.owner = owner ^ 1;
-        let written = write_obj(mem.as_ref(), slot, &cqe).and_then(|()| {
+        let mem = self.mem.as_ref();
+        let written = write_obj(mem, slot, &cqe).and_then(|()| {
             fence(Ordering::Release);
             mem.write(slot + u64::from(CQE_OWNER_OFFSET), &[owner])
         });
