@@ -77,6 +77,15 @@ impl std::error::Error for LidTaken {}
 pub trait PacketSink: Send + Sync {
     /// Takes one packet; `Err` means the receiver discarded it.
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected>;
+    /// Like `deliver`; `more`: another item for this port is queued right behind this one,
+    /// to be delivered next (by this thread or another). A port may hold back what the last
+    /// delivery of such a burst can send for all of it: one ACK covers every message
+    /// before it. The fabric says `more` only where nothing can come between (no hook or
+    /// tap attached).
+    fn deliver_in_burst(&self, pkt: Packet, more: bool) -> Result<(), Rejected> {
+        let _ = more;
+        self.deliver(pkt)
+    }
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
     /// The fabric's clock reads `now_ns`: fire the timers that are due.
@@ -369,6 +378,11 @@ impl Queue {
         Some(item)
     }
 
+    /// Whether `dst` has more items queued (what its next delivery will bring).
+    fn has_more(&self, dst: usize) -> bool {
+        self.dsts.get(dst).is_some_and(|d| !d.turn.is_empty())
+    }
+
     /// Items queued from `src`'s slot.
     fn queued_from(&self, src: Lid) -> usize {
         self.from.get(slot(src)).copied().unwrap_or(0)
@@ -638,7 +652,7 @@ impl Fabric {
         let mut released = !due.is_empty();
         let hook = self.hook();
         for (_, stage, pkt) in due {
-            self.resume(pkt, stage, hook.as_ref());
+            self.resume(pkt, stage, hook.as_ref(), false);
         }
         let ports: Vec<(Lid, Arc<dyn PacketSink>)> = {
             let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
@@ -887,14 +901,14 @@ impl Fabric {
                     None => None,
                 };
                 self.inner.backlog.store(q.len, Relaxed);
-                next
+                next.map(|(dst, item)| (dst, item, q.has_more(dst)))
             };
-            let Some((dst, item)) = next else {
+            let Some((dst, item, more)) = next else {
                 break;
             };
             pumping.claimed = Some(dst);
             match item {
-                Item::Packet(pkt) => self.forward(pkt),
+                Item::Packet(pkt) => self.forward(pkt, more),
                 Item::Bounce(notice) => {
                     let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
@@ -925,30 +939,32 @@ impl Fabric {
         self.inner.tap.get()
     }
 
-    fn forward(&self, pkt: Packet) {
+    /// `more`: another item for the same port waits behind this one (see
+    /// [`PacketSink::deliver_in_burst`]); said only where nothing can come between.
+    fn forward(&self, pkt: Packet, more: bool) {
         let (hook, tap) = (self.hook(), self.tap());
         if hook.is_none() && tap.is_none() {
-            return self.forward_one(pkt, None);
+            return self.forward_one(pkt, None, more);
         }
         // Hooks and taps see every MTU packet of a train, one by one.
         for p in pkt.packets() {
             if let Some(t) = &tap {
                 t.on_wire(self.now_ns(), &p);
             }
-            self.forward_one(p, hook.as_ref());
+            self.forward_one(p, hook.as_ref(), false);
         }
     }
 
-    fn forward_one(&self, mut pkt: Packet, hook: Option<&Arc<dyn LinkHook>>) {
+    fn forward_one(&self, mut pkt: Packet, hook: Option<&Arc<dyn LinkHook>>, more: bool) {
         let up = LinkId {
             lid: pkt.slid,
             dir: LinkDir::Up,
         };
         if let Some(copy) = self.judge(hook, up, &mut pkt, Stage::Routed) {
             let dup = copy.then(|| pkt.clone());
-            self.resume(pkt, Stage::Routed, hook);
+            self.resume(pkt, Stage::Routed, hook, more && dup.is_none());
             if let Some(d) = dup {
-                self.resume(d, Stage::Routed, hook);
+                self.resume(d, Stage::Routed, hook, false);
             }
         }
     }
@@ -983,10 +999,10 @@ impl Fabric {
     }
 
     /// Takes a packet on from `stage`: route and downlink, or delivery.
-    fn resume(&self, pkt: Packet, stage: Stage, hook: Option<&Arc<dyn LinkHook>>) {
+    fn resume(&self, pkt: Packet, stage: Stage, hook: Option<&Arc<dyn LinkHook>>, more: bool) {
         match stage {
             Stage::Arrived(lid) => match self.port(lid) {
-                Some(dst) => self.deliver(&dst, pkt),
+                Some(dst) => self.deliver(&dst, pkt, false),
                 None => self.bounce(pkt, DropReason::NoRoute),
             },
             Stage::Routed if pkt.is_multicast() => {
@@ -1004,18 +1020,24 @@ impl Fabric {
                     return self.bounce(pkt, DropReason::NoRoute);
                 }
                 for lid in lids {
-                    self.down_and_deliver(pkt.clone(), lid, hook);
+                    self.down_and_deliver(pkt.clone(), lid, hook, false);
                 }
             }
             Stage::Routed => {
                 let lid = pkt.dlid;
-                self.down_and_deliver(pkt, lid, hook);
+                self.down_and_deliver(pkt, lid, hook, more);
             }
         }
     }
 
     /// The downlink of the port at `lid`, then delivery there.
-    fn down_and_deliver(&self, mut pkt: Packet, lid: Lid, hook: Option<&Arc<dyn LinkHook>>) {
+    fn down_and_deliver(
+        &self,
+        mut pkt: Packet,
+        lid: Lid,
+        hook: Option<&Arc<dyn LinkHook>>,
+        more: bool,
+    ) {
         let Some(dst) = self.port(lid) else {
             return self.bounce(pkt, DropReason::NoRoute);
         };
@@ -1025,14 +1047,17 @@ impl Fabric {
         };
         match self.judge(hook, down, &mut pkt, Stage::Arrived(lid)) {
             None => return,
-            Some(true) => self.deliver(&dst, pkt.clone()),
+            Some(true) => {
+                self.deliver(&dst, pkt.clone(), false);
+                return self.deliver(&dst, pkt, false);
+            }
             Some(false) => {}
         }
-        self.deliver(&dst, pkt);
+        self.deliver(&dst, pkt, more);
     }
 
-    fn deliver(&self, dst: &Arc<dyn PacketSink>, pkt: Packet) {
-        match dst.deliver(pkt) {
+    fn deliver(&self, dst: &Arc<dyn PacketSink>, pkt: Packet, more: bool) {
+        match dst.deliver_in_burst(pkt, more) {
             Ok(()) => {
                 self.inner.stats.delivered.fetch_add(1, Relaxed);
             }

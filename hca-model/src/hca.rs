@@ -204,6 +204,12 @@ pub(crate) struct Device {
     /// QPs that entered ERR, each once (kept until a receive doorbell finds one reset or
     /// destroyed): the only QPs a receive doorbell acts on.
     pub qps_in_error: Vec<u32>,
+    /// This turn delivers a packet with more for this port queued right behind it: the
+    /// responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
+    /// ends the burst sends them, one per QP for all its messages.
+    pub hold_acks: bool,
+    /// QPs holding an ACK, each once.
+    pub held_acks: Vec<u32>,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -268,6 +274,8 @@ impl Device {
             turn_left: WORK_PER_TURN,
             more_work: false,
             qps_in_error: Vec::new(),
+            hold_acks: false,
+            held_acks: Vec::new(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -436,6 +444,10 @@ impl Shared {
         let (r, irqs, fabric, lid, more) = {
             st.dev.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
+            // Any turn but a delivery with more behind it ends a burst: its ACKs go now.
+            if !std::mem::take(&mut st.dev.hold_acks) && !st.dev.held_acks.is_empty() {
+                st.send_held_acks();
+            }
             while !st.dev.stranded.is_empty() {
                 for pkt in std::mem::take(&mut st.dev.stranded) {
                     st.bounced(pkt, DropReason::NoRoute);
@@ -476,6 +488,13 @@ impl Shared {
 impl PacketSink for Shared {
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
         self.with_state(|st| st.receive(pkt))
+    }
+
+    fn deliver_in_burst(&self, pkt: Packet, more: bool) -> Result<(), Rejected> {
+        self.with_state(|st| {
+            st.dev.hold_acks = more;
+            st.receive(pkt)
+        })
     }
 
     fn undeliverable(&self, pkt: Packet, why: DropReason) {

@@ -240,6 +240,9 @@ pub(crate) struct Qp {
     /// The last atomic executed: its PSN and the original value, to answer a duplicate
     /// without executing it twice.
     pub last_atomic: Option<(u32, u64)>,
+    /// The responder's latest ACK, held while a burst of packets for this device is being
+    /// delivered (see `Device::hold_acks`); it covers every message before it.
+    pub held_ack: Option<Packet>,
 }
 
 impl Qp {
@@ -430,6 +433,7 @@ impl HcaState {
             inbound: None,
             nak_sent: false,
             last_atomic: None,
+            held_ack: None,
         };
         let qpn = if a.qp_type == QPT_GSI {
             if !self.qps.insert_at(GSI_QPN, qp) {
@@ -539,6 +543,7 @@ impl QpEngine<'_> {
         qp.inbound = None;
         qp.sq_waits = false;
         qp.msn = 0;
+        qp.held_ack = None;
         self.dev
             .bar2
             .write_obj(qp_db(self.qpn), &HcaQpDb::default());
@@ -553,6 +558,7 @@ impl QpEngine<'_> {
         }
         qp.sq_waits = false;
         qp.retry = Retry::default();
+        qp.held_ack = None;
         // A message half received has consumed a receive WQE: it is flushed too.
         let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
         let pending: Vec<Pending> = qp.pending.take_all();

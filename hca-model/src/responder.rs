@@ -7,7 +7,9 @@
 //! the requester resends from there. SENDs consume a
 //! receive WQE at their first packet and complete it at their last; RDMA WRITEs are checked
 //! against the rkey (PD, REMOTE_WRITE on both MR and QP, bounds) at their first packet; READs
-//! and atomics are answered from local memory. Every accepted message is ACKed; a violation
+//! and atomics are answered from local memory. Every accepted message is ACKed (inside a
+//! burst of deliveries, the latest ACK is held and sent at the burst's end: it covers the
+//! messages before it, and anything else the QP answers goes behind it); a violation
 //! is NAKed with IB's syndrome (remote access, invalid request, remote operational), posts
 //! EV_QP_ACCESS_ERR where IB raises it, and moves this QP to ERR too. A SEND with no receive
 //! WQE posted gets an RNR NAK and leaves the QP as it was.
@@ -123,7 +125,7 @@ impl QpEngine<'_> {
             RC_READ_REQUEST => self.rc_read(pkt, false),
             RC_CMP_SWAP | RC_FETCH_ADD => match qp.last_atomic {
                 Some((psn, orig)) if psn == pkt.psn => {
-                    self.dev.transmit(atomic_ack(self.qpn, &pkt, orig));
+                    self.reply(atomic_ack(self.qpn, &pkt, orig));
                 }
                 _ => {} // Older than the one we keep: its ACK must have arrived.
             },
@@ -175,16 +177,31 @@ impl QpEngine<'_> {
         })
     }
 
-    /// ACKs message `req`, which completed here (the MSN counts it).
+    /// ACKs message `req`, which completed here (the MSN counts it). Inside a burst (more
+    /// for this device queued behind `req`) the ACK is held: the burst's end sends the
+    /// latest, which covers every message before it, as IB lets ACKs coalesce.
     fn transmit_ack(&mut self, req: &Packet) {
         self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;
-        self.transmit_aeth(req, AETH_ACK, psn_add(req.psn, req.span() - 1));
+        let ack = self.aeth(req, AETH_ACK, psn_add(req.psn, req.span() - 1));
+        if !self.dev.hold_acks {
+            // A held ACK is older: this one covers its messages too.
+            self.qp.held_ack = None;
+            return self.dev.transmit(ack);
+        }
+        if self.qp.held_ack.replace(ack).is_none() {
+            self.dev.held_acks.push(self.qpn);
+        }
     }
 
     /// An ACK or NAK (AETH `syndrome`, the current MSN) to `req`'s sender naming `psn`:
     /// an ACK covers everything up to it, a NAK asks for a resend from it (or fails it).
     fn transmit_aeth(&mut self, req: &Packet, syndrome: u8, psn: u32) {
-        let pkt = Packet {
+        let pkt = self.aeth(req, syndrome, psn);
+        self.reply(pkt);
+    }
+
+    fn aeth(&self, req: &Packet, syndrome: u8, psn: u32) -> Packet {
+        Packet {
             dlid: req.slid,
             opcode: RC_ACK,
             dest_qpn: req.src_qpn,
@@ -192,8 +209,19 @@ impl QpEngine<'_> {
             psn,
             aeth: Some((syndrome, self.qp.msn)),
             ..Default::default()
-        };
+        }
+    }
+
+    /// Sends a response, behind the ACK this QP holds (which is older).
+    fn reply(&mut self, pkt: Packet) {
+        self.send_held_ack();
         self.dev.transmit(pkt);
+    }
+
+    pub(crate) fn send_held_ack(&mut self) {
+        if let Some(ack) = self.qp.held_ack.take() {
+            self.dev.transmit(ack);
+        }
     }
 
     /// NAKs `req` (naming its first PSN, the one refused) and, unless it is an RNR NAK,
@@ -438,6 +466,7 @@ impl QpEngine<'_> {
         };
         let resp = Packet::message(head, RC_READ_RESP_ONLY, len, self.qp.mtu());
         let npk = resp.span();
+        self.send_held_ack();
         self.dev.transmit_train(resp);
         if fresh {
             self.advance_epsn(npk);
@@ -483,7 +512,7 @@ impl QpEngine<'_> {
         if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(&pkt, AETH_NAK_REM_OP);
         }
-        self.dev.transmit(atomic_ack(self.qpn, &pkt, orig));
+        self.reply(atomic_ack(self.qpn, &pkt, orig));
         self.qp.last_atomic = Some((pkt.psn, orig));
         self.advance_epsn(1);
     }
@@ -564,5 +593,21 @@ fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
         }
         .boxed(),
         ..Default::default()
+    }
+}
+
+impl HcaState {
+    /// Ends a burst of deliveries: each QP's held ACK goes out.
+    pub(crate) fn send_held_acks(&mut self) {
+        let mut list = std::mem::take(&mut self.dev.held_acks);
+        for &qpn in &list {
+            if let Some(mut e) = self.engine(qpn) {
+                e.send_held_ack();
+            }
+        }
+        list.clear();
+        if self.dev.held_acks.is_empty() {
+            self.dev.held_acks = list; // keeps its capacity
+        }
     }
 }

@@ -658,6 +658,86 @@ fn test_a_send_doorbell_finds_work_after_any_change_to_a_qp_since_its_last_scan(
 }
 
 #[test]
+fn test_a_burst_of_sends_is_acknowledged_once_and_every_wr_completes() {
+    // Sixteen SENDs rung with one doorbell arrive as a burst: the responder ACKs the last,
+    // which covers the others (IB lets ACKs coalesce), and every WR completes in order.
+    let mut p = Pair::new(5);
+    let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(16 * 8, 8));
+    p.a.write(src, b"burst!!!");
+    for i in 0..16 {
+        p.b.post_recv(&mut p.qb, i, &[sge(dst + 8 * i, 8, p.key_b)]);
+    }
+    let before = p.fabric.stats().delivered;
+    for i in 0..16 {
+        let wr = HcaSendWqe {
+            num_sge: 1,
+            ..send_wr(i, WR_SEND, WQE_SIGNALED)
+        };
+        p.a.write_send(&mut p.qa, &wr, &[sge(src, 8, p.key_a)], &[]);
+    }
+    p.a.ring_sq(&p.qa);
+    let sent: Vec<(u64, u32)> =
+        p.a.drain_cq(&mut p.cq_a)
+            .iter()
+            .map(|c| (c.wr_id, u32::from(c.status)))
+            .collect();
+    let want: Vec<(u64, u32)> = (0..16).map(|i| (i, WC_SUCCESS)).collect();
+    assert_eq!(sent, want);
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 16);
+    assert_eq!(p.b.read(dst + 8 * 15, 8), b"burst!!!");
+    assert_eq!(
+        p.fabric.stats().delivered - before,
+        17,
+        "16 requests and one ACK crossed the fabric"
+    );
+
+    // One SEND alone is ACKed at once.
+    p.b.post_recv(&mut p.qb, 16, &[sge(dst, 8, p.key_b)]);
+    let before = p.fabric.stats().delivered;
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(16, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 8, p.key_a)],
+    );
+    assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 1);
+    assert_eq!(p.fabric.stats().delivered - before, 2);
+}
+
+#[test]
+fn test_a_nak_inside_a_burst_follows_the_ack_it_held() {
+    // The third of four SENDs rung at once finds a receive too small: the two before it
+    // were ACKed (held while the burst went on), so they complete; the third fails, the
+    // fourth is flushed.
+    let mut p = Pair::new(5);
+    let (src, dst) = (p.a.alloc(16, 8), p.b.alloc(64, 8));
+    for (i, len) in [(0u64, 16u32), (1, 16), (2, 4), (3, 16)] {
+        p.b.post_recv(&mut p.qb, i, &[sge(dst + 16 * i, len, p.key_b)]);
+    }
+    for i in 0..4 {
+        let wr = HcaSendWqe {
+            num_sge: 1,
+            ..send_wr(i, WR_SEND, WQE_SIGNALED)
+        };
+        p.a.write_send(&mut p.qa, &wr, &[sge(src, 16, p.key_a)], &[]);
+    }
+    p.a.ring_sq(&p.qa);
+    let sent: Vec<(u64, u32)> =
+        p.a.drain_cq(&mut p.cq_a)
+            .iter()
+            .map(|c| (c.wr_id, u32::from(c.status)))
+            .collect();
+    assert_eq!(
+        sent,
+        [
+            (0, WC_SUCCESS),
+            (1, WC_SUCCESS),
+            (2, WC_REM_INV_REQ_ERR),
+            (3, WC_WR_FLUSH_ERR)
+        ]
+    );
+}
+
+#[test]
 fn test_reset_then_reconnect_works_again() {
     let mut p = Pair::new(5);
     let reset = HcaQpAttr::default();
