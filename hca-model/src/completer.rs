@@ -3,7 +3,8 @@
 //!
 //! An ACK completes every WR up to its PSN; a read completes when its last response is
 //! scattered into the local buffer, an atomic when its original value is written there. A
-//! fatal NAK fails the oldest WR and the QP goes to ERR; sequence and RNR NAKs are retried
+//! NAK acknowledges the WRs before the PSN it names; a fatal one fails the WR it names
+//! (the oldest left) and the QP goes to ERR; sequence and RNR NAKs are retried
 //! (reliability.rs). Completions end the waits of a send queue that was held (a FENCE,
 //! credits, the window), which then goes on.
 
@@ -64,6 +65,9 @@ impl QpEngine<'_> {
                 } else if syndrome == AETH_NAK_PSN_SEQ || syndrome & 0xe0 == AETH_RNR_NAK {
                     self.on_retry_nak(syndrome, pkt.psn);
                 } else {
+                    // A NAK acknowledges every request before the one it names, whatever
+                    // became of their ACKs; the WR it names fails.
+                    self.complete_acked(psn_add(pkt.psn, PSN_MASK)); // psn - 1
                     self.fail_front(nak_status(syndrome));
                 }
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan};
-use hca_model::packet::{Packet, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY};
+use hca_model::packet::{Packet, AETH_ACK, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
 use hca_test_driver::*;
@@ -441,4 +441,37 @@ fn test_a_read_response_gap_is_asked_again_at_once() {
     let st = p.a.hca.stats();
     assert_eq!(st.read_gaps, 1, "one gap, asked once: {st:?}");
     assert_eq!(st.retransmits, 1, "one read request again");
+}
+
+/// Drops every positive ACK (NAKs pass).
+struct DropAcks;
+
+impl LinkHook for DropAcks {
+    fn on_packet(&self, _link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
+        if pkt.opcode == RC_ACK && pkt.aeth.is_some_and(|(s, _)| s == AETH_ACK) {
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    }
+}
+
+#[test]
+fn test_a_fatal_nak_acknowledges_the_messages_before_it() {
+    // A NAK acknowledges every request before the one it names (IB): with the first SEND's
+    // ACK lost, the NAK for the second still completes the first, and fails only the second.
+    let mut p = Pair::new(5);
+    p.fabric.set_hook(Some(Arc::new(DropAcks)));
+    let (src, dst) = (p.a.alloc(16, 8), p.b.alloc(32, 8));
+    p.b.post_recv(&mut p.qb, 0, &[sge(dst, 16, p.key_b)]);
+    p.b.post_recv(&mut p.qb, 1, &[sge(dst + 16, 4, p.key_b)]); // too small
+    for i in 0..2 {
+        let wr = send_wr(i, WR_SEND, WQE_SIGNALED);
+        p.a.post_send(&mut p.qa, wr, &[sge(src, 16, p.key_a)]);
+    }
+    let sent: Vec<(u64, u32)> =
+        p.a.drain_cq(&mut p.cq_a)
+            .iter()
+            .map(|c| (c.wr_id, u32::from(c.status)))
+            .collect();
+    assert_eq!(sent, [(0, WC_SUCCESS), (1, WC_REM_INV_REQ_ERR)]);
 }
