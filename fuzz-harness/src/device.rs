@@ -1,7 +1,7 @@
 //! A hostile guest (A) drives its HCA with any sequence of WQEs, raw ring bytes, producer
 //! indices, doorbells, BAR2 writes and commands (the actions of `hca_test_driver::hostile`,
 //! which the model's property tests draw too), while the fabric's clock moves and a link
-//! hook drops, duplicates and delays packets. The device never panics, and the victim (B)
+//! hook drops, duplicates and delays packets (or, with no hook, bursts go through whole). The device never panics, and the victim (B)
 //! sees no byte change outside the window it opened to A and its own CQ rings.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -23,7 +23,9 @@ pub enum Step {
     Advance {
         ms: u8,
     },
-    /// The hook's next verdicts (two bits each: pass, drop, duplicate, delay).
+    /// The hook's next verdicts (two bits each: pass, drop, duplicate, delay); 0 (pass
+    /// everything) takes the hook off, so that the fabric delivers bursts as such (one ACK
+    /// per burst, see `PacketSink::deliver_in_burst`).
     Verdicts(u64),
 }
 
@@ -52,7 +54,6 @@ pub fn run(steps: Input) {
     let chaos = Arc::new(Chaos(AtomicU64::new(0)));
     let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, DEFAULT_RTS);
     let win = common::Window::open(&mut p, |_, _| {});
-    fabric.set_hook(Some(chaos.clone()));
     let target = Target {
         window: win.addr,
         key: win.key,
@@ -61,7 +62,11 @@ pub fn run(steps: Input) {
         match step {
             Step::Guest(a) => a.apply(&mut p, target),
             Step::Advance { ms } => fabric.advance(Duration::from_millis(u64::from(*ms))),
-            Step::Verdicts(v) => chaos.0.store(*v, Relaxed),
+            Step::Verdicts(v) => {
+                chaos.0.store(*v, Relaxed);
+                let hook: Arc<dyn LinkHook> = chaos.clone();
+                fabric.set_hook((*v != 0).then_some(hook));
+            }
         }
     }
     fabric.set_hook(None);
