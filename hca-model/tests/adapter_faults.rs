@@ -35,10 +35,7 @@ fn write(p: &mut Pair, wr_id: u64) {
 }
 
 fn statuses(p: &mut Pair) -> Vec<(u64, u32)> {
-    let cqes = p.a.drain_cq(&mut p.cq_a);
-    cqes.iter()
-        .map(|c| (c.wr_id, u32::from(c.status)))
-        .collect()
+    p.a.drain_statuses(&mut p.cq_a)
 }
 
 #[test]

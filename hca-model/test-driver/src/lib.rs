@@ -542,6 +542,14 @@ impl<P: Port> Driver<P> {
         std::iter::from_fn(|| self.poll_cq(cq)).collect()
     }
 
+    /// The CQEs there, as (wr_id, status).
+    pub fn drain_statuses(&mut self, cq: &mut CqH) -> Vec<(u64, u32)> {
+        let cqes = self.drain_cq(cq);
+        cqes.iter()
+            .map(|c| (c.wr_id, u32::from(c.status)))
+            .collect()
+    }
+
     pub fn arm_cq(&mut self, cq: &mut CqH, solicited_only: bool) {
         cq.arm_sn += 1;
         let word = (cq.arm_sn << 1) | u32::from(solicited_only);
