@@ -243,6 +243,8 @@ pub(crate) struct Qp {
     /// The responder's latest ACK, held while a burst of packets for this device is being
     /// delivered (see `Device::hold_acks`); it covers every message before it.
     pub held_ack: Option<Packet>,
+    /// This QP is in `Device::held_acks` (until the burst's end goes through the list).
+    pub held_ack_listed: bool,
 }
 
 impl Qp {
@@ -434,6 +436,7 @@ impl HcaState {
             nak_sent: false,
             last_atomic: None,
             held_ack: None,
+            held_ack_listed: false,
         };
         let qpn = if a.qp_type == QPT_GSI {
             if !self.qps.insert_at(GSI_QPN, qp) {

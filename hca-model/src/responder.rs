@@ -188,7 +188,8 @@ impl QpEngine<'_> {
             self.qp.held_ack = None;
             return self.dev.transmit(ack);
         }
-        if self.qp.held_ack.replace(ack).is_none() {
+        self.qp.held_ack = Some(ack);
+        if !std::mem::replace(&mut self.qp.held_ack_listed, true) {
             self.dev.held_acks.push(self.qpn);
         }
     }
@@ -602,6 +603,7 @@ impl HcaState {
         let mut list = std::mem::take(&mut self.dev.held_acks);
         for &qpn in &list {
             if let Some(mut e) = self.engine(qpn) {
+                e.qp.held_ack_listed = false;
                 e.send_held_ack();
             }
         }
