@@ -1,6 +1,7 @@
 //! The responder fed raw packets, as a hostile peer (or a spoofing node) could put them on
 //! the wire: any opcode, PSN, QPN, RETH, AtomicETH, AETH, ImmDt, IETH and payload, one
-//! packet at a time (trains are the model's own, never a peer's). The device never panics,
+//! packet at a time (trains are the model's own, never a peer's); packets with no time
+//! between them reach the device as one burst. The device never panics,
 //! and the victim's memory changes only inside the window it opened and its own CQ rings.
 
 use std::time::Duration;
@@ -59,6 +60,10 @@ pub fn run(packets: Input) {
     });
     let (window, window_key) = (win.addr, win.key);
     let (la, lb) = (p.a.lid(), p.b.lid());
+    // The expected PSN as of the last pump, and packets queued since (a burst's PSNs run on
+    // from it: asking the device would be a turn that moves them).
+    let mut epsn_then = p.b.query_qp(p.qb.qpn).rq_psn;
+    let mut queued = 0u32;
     for r in packets.iter().take(64) {
         let dest_qpn = match r.qp % 4 {
             0 => p.qb.qpn,
@@ -66,7 +71,7 @@ pub fn run(packets: Input) {
             2 => 1,
             _ => u32::from(r.qp),
         };
-        let epsn = p.b.query_qp(p.qb.qpn).rq_psn;
+        let epsn = epsn_then.wrapping_add(queued);
         let psn = r.any_psn.unwrap_or(epsn.wrapping_add(r.psn_delta as u32)) & 0xff_ffff;
         let opcode = OPCODES[usize::from(r.opcode) % OPCODES.len()];
         let mtu = 256u32 << (r.mtu % 5);
@@ -101,9 +106,16 @@ pub fn run(packets: Input) {
             ..Default::default()
         };
         p.fabric.enqueue(pkt);
-        p.fabric.pump();
-        p.fabric
-            .advance(Duration::from_millis(u64::from(r.advance_ms)));
+        queued += 1;
+        // Packets with no time between them move as one burst (one ACK for all of it).
+        if r.advance_ms != 0 {
+            p.fabric.pump();
+            p.fabric
+                .advance(Duration::from_millis(u64::from(r.advance_ms)));
+            epsn_then = p.b.query_qp(p.qb.qpn).rq_psn;
+            queued = 0;
+        }
     }
+    p.fabric.pump();
     win.check(&p);
 }
