@@ -77,11 +77,12 @@ impl std::error::Error for LidTaken {}
 pub trait PacketSink: Send + Sync {
     /// Takes one packet; `Err` means the receiver discarded it.
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected>;
-    /// Like `deliver`; `more`: another item for this port is queued right behind this one,
-    /// to be delivered next (by this thread or another). A port may hold back what the last
-    /// delivery of such a burst can send for all of it: one ACK covers every message
-    /// before it. The fabric says `more` only where nothing can come between (no hook or
-    /// tap attached).
+    /// Like `deliver`; `more`: the next item queued for this port is a packet of the same
+    /// stream (from the same sender QP to the same QP), to be delivered next (by this
+    /// thread or another). A port may hold back what the last delivery of such a burst can
+    /// send for all of it: one ACK covers every message before it. The fabric says `more`
+    /// only where nothing can come between (no hook or tap attached), and never across
+    /// streams, so no QP's answer waits behind another QP's traffic.
     fn deliver_in_burst(&self, pkt: Packet, more: bool) -> Result<(), Rejected> {
         let _ = more;
         self.deliver(pkt)
@@ -378,9 +379,15 @@ impl Queue {
         Some(item)
     }
 
-    /// Whether `dst` has more items queued (what its next delivery will bring).
-    fn has_more(&self, dst: usize) -> bool {
-        self.dsts.get(dst).is_some_and(|d| !d.turn.is_empty())
+    /// Whether the next item `dst` will be served is a packet of `pkt`'s stream (the same
+    /// sender QP to the same QP).
+    fn next_follows(&self, dst: usize, pkt: &Packet) -> bool {
+        let Some(d) = self.dsts.get(dst) else {
+            return false;
+        };
+        let next = d.turn.front().and_then(|&i| d.srcs.get(i)?.1.front());
+        matches!(next, Some(Item::Packet(n))
+            if n.slid == pkt.slid && n.src_qpn == pkt.src_qpn && n.dest_qpn == pkt.dest_qpn)
     }
 
     /// Items queued from `src`'s slot.
@@ -901,7 +908,10 @@ impl Fabric {
                     None => None,
                 };
                 self.inner.backlog.store(q.len, Relaxed);
-                next.map(|(dst, item)| (dst, item, q.has_more(dst)))
+                next.map(|(dst, item)| {
+                    let more = matches!(&item, Item::Packet(p) if q.next_follows(dst, p));
+                    (dst, item, more)
+                })
             };
             let Some((dst, item, more)) = next else {
                 break;
@@ -939,7 +949,7 @@ impl Fabric {
         self.inner.tap.get()
     }
 
-    /// `more`: another item for the same port waits behind this one (see
+    /// `more`: the next item for the same port is a packet of this one's stream (see
     /// [`PacketSink::deliver_in_burst`]); said only where nothing can come between.
     fn forward(&self, pkt: Packet, more: bool) {
         let (hook, tap) = (self.hook(), self.tap());

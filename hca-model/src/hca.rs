@@ -204,8 +204,8 @@ pub(crate) struct Device {
     /// QPs that entered ERR, each once (kept until a receive doorbell finds one reset or
     /// destroyed): the only QPs a receive doorbell acts on.
     pub qps_in_error: Vec<u32>,
-    /// This turn delivers a packet with more for this port queued right behind it: the
-    /// responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
+    /// This turn delivers a packet with more of its stream (the same sender QP to the same
+    /// QP) queued right behind it: the responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
     /// ends the burst sends them, one per QP for all its messages.
     pub hold_acks: bool,
     /// QPs holding an ACK, each once.

@@ -177,8 +177,8 @@ impl QpEngine<'_> {
         })
     }
 
-    /// ACKs message `req`, which completed here (the MSN counts it). Inside a burst (more
-    /// for this device queued behind `req`) the ACK is held: the burst's end sends the
+    /// ACKs message `req`, which completed here (the MSN counts it). Inside a burst (more of
+    /// `req`'s stream queued behind it) the ACK is held: the burst's end sends the
     /// latest, which covers every message before it, as IB lets ACKs coalesce.
     fn transmit_ack(&mut self, req: &Packet) {
         self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;

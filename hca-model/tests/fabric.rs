@@ -517,3 +517,59 @@ fn test_a_datagram_flood_past_the_backlog_bound_does_not_hold_up_a_victim() {
     fabric.pump();
     assert_eq!(fabric.backlog(), 0);
 }
+
+/// An RC SEND of 8 bytes from `p`'s node A (QP `src_qpn`) to B's QP `dest_qpn`, as A's
+/// requester would put it on the wire.
+fn raw_send(p: &Pair, src_qpn: u32, dest_qpn: u32, psn: u32) -> Packet {
+    Packet {
+        slid: p.a.lid(),
+        dlid: p.b.lid(),
+        opcode: RC_SEND_ONLY,
+        src_qpn,
+        dest_qpn,
+        psn,
+        payload: Payload::Bytes(b"8 bytes!".to_vec()),
+        count: 1,
+        mtu: 4096,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn test_a_qps_ack_never_waits_behind_another_qps_packets() {
+    // The responder holds an ACK only while the next packet queued for its port continues
+    // the same stream (the same sender QP to the same QP): interleaved streams are each
+    // ACKed at once, a stream's run of packets once at its end.
+    let mut p = Pair::new(5);
+    let (qa2, mut qb2) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 4, 0);
+    let buf = p.b.alloc(64, 8);
+    for i in 0..4 {
+        p.b.post_recv(&mut p.qb, i, &[sge(buf + 8 * i, 8, p.key_b)]);
+    }
+    p.b.post_recv(&mut qb2, 9, &[sge(buf + 32, 8, p.key_b)]);
+    let (q1, q2) = ((p.qa.qpn, p.qb.qpn), (qa2.qpn, qb2.qpn));
+
+    let before = p.fabric.stats().delivered;
+    for (src, dst, psn) in [(q1.0, q1.1, 100), (q2.0, q2.1, 100), (q1.0, q1.1, 101)] {
+        p.fabric.enqueue(raw_send(&p, src, dst, psn));
+    }
+    p.fabric.pump();
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 3);
+    assert_eq!(
+        p.fabric.stats().delivered - before,
+        6,
+        "three requests, each ACKed: none continues the stream before it"
+    );
+
+    let before = p.fabric.stats().delivered;
+    for psn in [102, 103] {
+        p.fabric.enqueue(raw_send(&p, q1.0, q1.1, psn));
+    }
+    p.fabric.pump();
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 2);
+    assert_eq!(
+        p.fabric.stats().delivered - before,
+        3,
+        "two requests of one stream, one ACK"
+    );
+}
