@@ -240,8 +240,8 @@ pub(crate) struct Qp {
     /// The last atomic executed: its PSN and the original value, to answer a duplicate
     /// without executing it twice.
     pub last_atomic: Option<(u32, u64)>,
-    /// The responder's latest ACK, held while a burst of packets for this device is being
-    /// delivered (see `Device::hold_acks`); it covers every message before it.
+    /// The responder's latest ACK, held while a burst of this QP's stream is being delivered
+    /// (see `Device::hold_acks`); it covers every message before it.
     pub held_ack: Option<Packet>,
     /// This QP is in `Device::held_acks` (until the burst's end goes through the list).
     pub held_ack_listed: bool,

@@ -57,11 +57,8 @@ impl HcaState {
     /// QP or starting its engine.
     pub(crate) fn scan_send_queues(&mut self) {
         let mut from = 0;
-        while let Some(i) = self.next_sq_to_look(from) {
+        while let Some((i, qpn)) = self.next_sq_to_look(from) {
             from = i + 1;
-            let Some(&qpn) = self.live_qps.get(i) else {
-                break;
-            };
             let Some(mut e) = self.engine(qpn) else {
                 continue;
             };
@@ -75,10 +72,10 @@ impl HcaState {
 }
 
 impl HcaState {
-    /// The index in `live_qps`, from `from` on, of the next QP whose hint does not say its
-    /// send queue has nothing to do. (A loop of its own: with no call in it that may change
-    /// the tables, it runs on borrowed slices, about 10 instructions per idle QP.)
-    fn next_sq_to_look(&self, from: usize) -> Option<usize> {
+    /// The index in `live_qps`, from `from` on, and the QPN of the next QP whose hint does
+    /// not say its send queue has nothing to do. (A loop of its own: with no call in it that
+    /// may change the tables, it runs on borrowed slices, about 20 instructions per idle QP.)
+    fn next_sq_to_look(&self, from: usize) -> Option<(usize, u32)> {
         let (hints, bar2) = (self.sq_hints.as_slice(), &self.dev.bar2);
         let k =
             self.live_qps
@@ -89,7 +86,8 @@ impl HcaState {
                     Some(&SqHint::Idle(ci)) => bar2.load_u32(qp_db(qpn)) != ci,
                     _ => true,
                 })?;
-        Some(from + k)
+        let i = from + k;
+        Some((i, *self.live_qps.get(i)?))
     }
 }
 
