@@ -33,8 +33,21 @@ impl Source {
     /// The whole source as a payload.
     fn into_payload(self, dev: &Device) -> Payload {
         match self {
-            Source::Inline(b) => Payload::Bytes(b),
-            Source::Gather(segs) => Payload::dma(dev.mem.clone(), segs, None),
+            Source::Inline(b) => match SmallBytes::new(&b) {
+                Some(small) => Payload::Small(small),
+                None => Payload::Bytes(b),
+            },
+            Source::Gather(segs) => {
+                let len: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+                // A fault reading them now shows, as before, when the receiver copies.
+                let small = (len <= SMALL_PAYLOAD as u64)
+                    .then(|| SmallBytes::gather(dev.mem.as_ref(), &segs))
+                    .flatten();
+                match small {
+                    Some(small) => Payload::Small(small),
+                    None => Payload::dma(dev.mem.clone(), segs, None),
+                }
+            }
         }
     }
 }

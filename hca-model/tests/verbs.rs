@@ -129,6 +129,47 @@ fn test_send_scatters_into_several_receive_sges_and_gathers_from_several_send_sg
 }
 
 #[test]
+fn test_small_messages_gathered_from_several_sges_arrive_whole() {
+    // Small payloads travel inside the packet, read when the WR is sent; sizes on both
+    // sides of that limit, gathered from three SGEs, by SEND and by RDMA WRITE.
+    let mut p = Pair::new(5);
+    let src = p.a.alloc(64, 8);
+    let (dst, wdst) = (p.b.alloc(64, 8), p.b.alloc(64, 8));
+    let wkey =
+        p.b.reg_mr(p.pd_b, wdst, 64, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    for len in 0..=20u32 {
+        let data = pattern(len as usize, len as u8);
+        p.a.write(src, &data);
+        // Three pieces, the first two a third each, apart in memory.
+        let (a, b) = (len / 3, len / 3);
+        let ka = p.key_a;
+        let parts = [
+            sge(src, a, ka),
+            sge(src + 24, b, ka),
+            sge(src + 48, len - a - b, ka),
+        ];
+        p.a.write(src + 24, &data[a as usize..(a + b) as usize]);
+        p.a.write(src + 48, &data[(a + b) as usize..]);
+        p.b.write(dst, &[0xee; 64]);
+        p.b.post_recv(&mut p.qb, u64::from(len), &[sge(dst, 64, p.key_b)]);
+        p.a.post_send(&mut p.qa, send_wr(1, WR_SEND, WQE_SIGNALED), &parts);
+        let r = p.b.drain_cq(&mut p.cq_b);
+        assert_eq!((r.len(), r[0].byte_len), (1, len), "SEND of {len}");
+        assert_eq!(p.b.read(dst, len as usize), data, "SEND of {len}");
+        assert_eq!(p.b.read(dst + u64::from(len), 1), [0xee], "SEND of {len}");
+
+        p.b.write(wdst, &[0xee; 64]);
+        let mut wr = send_wr(2, WR_RDMA_WRITE, WQE_SIGNALED);
+        (wr.remote_addr, wr.rkey) = (wdst, wkey);
+        p.a.post_send(&mut p.qa, wr, &parts);
+        let done = p.a.drain_statuses(&mut p.cq_a);
+        assert_eq!(done, [(1, WC_SUCCESS), (2, WC_SUCCESS)], "len {len}");
+        assert_eq!(p.b.read(wdst, len as usize), data, "WRITE of {len}");
+        assert_eq!(p.b.read(wdst + u64::from(len), 1), [0xee], "WRITE of {len}");
+    }
+}
+
+#[test]
 fn test_inline_send_needs_no_lkey() {
     let mut p = Pair::new(5);
     let dst = p.b.alloc(64, 8);
