@@ -7,7 +7,9 @@
 //! Any thread that pumps delivers items for destinations no other thread is serving, taking
 //! one HCA lock at a time: each source's packets reach each destination in order (RC's
 //! need), exactly once, deliveries to different ports run in parallel, and no deadlock is
-//! possible (no thread holds two HCA locks).
+//! possible (no thread holds two HCA locks). Where no hook or tap watches, a run of one
+//! stream's packets (the same sender QP to the same QP) is handed to its port as one burst
+//! of at most [`MAX_BURST`] packets, taken in one turn of the port's lock.
 //!
 //! Every packet crosses two links: its source port's uplink and its destination port's
 //! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
@@ -87,6 +89,19 @@ pub trait PacketSink: Send + Sync {
         let _ = more;
         self.deliver(pkt)
     }
+    /// Takes several packets of one stream, in order, as [`PacketSink::deliver_in_burst`]
+    /// would one by one (`more` for the last); a port may take them in one turn. Returns
+    /// the packets it discarded.
+    fn deliver_burst(&self, pkts: Vec<Packet>, more: bool) -> Vec<Rejected> {
+        let n = pkts.len();
+        let mut rejected = Vec::new();
+        for (i, pkt) in pkts.into_iter().enumerate() {
+            if let Err(r) = self.deliver_in_burst(pkt, more || i + 1 < n) {
+                rejected.push(r);
+            }
+        }
+        rejected
+    }
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
     /// The fabric's clock reads `now_ns`: fire the timers that are due.
@@ -110,6 +125,13 @@ pub const MAX_BACKLOG: usize = 16384;
 
 /// The most queued items in all, past which every sender waits: several floods at once.
 pub const MAX_TOTAL_BACKLOG: usize = 8 * MAX_BACKLOG;
+
+/// The most packets of one stream a pump hands a port at once (see
+/// [`PacketSink::deliver_burst`]), and the payload bytes past which it stops adding more:
+/// a burst saves the queue's and the port's per-packet bookkeeping, and stays short enough
+/// that another source's packet for the same port waits for little.
+const MAX_BURST: usize = 16;
+const MAX_BURST_BYTES: u64 = 256 << 10;
 
 thread_local! {
     /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
@@ -266,6 +288,32 @@ enum Item {
 }
 
 const _: () = assert!(std::mem::size_of::<Item>() <= std::mem::size_of::<Packet>());
+
+/// What a pump took for one destination: an item, or a burst of one stream's packets.
+enum Next {
+    One(Item),
+    Burst(Vec<Packet>),
+}
+
+/// `first` and the packets of its stream queued right behind it for `dst` (which the caller
+/// has claimed), up to [`MAX_BURST`] packets or [`MAX_BURST_BYTES`] of payload. Also says
+/// whether the stream goes on behind them.
+fn take_burst(q: &mut Queue, dst: usize, first: Packet) -> (Vec<Packet>, bool) {
+    let mut bytes = u64::from(first.payload.len());
+    let mut burst = Vec::with_capacity(MAX_BURST);
+    burst.push(first);
+    loop {
+        let follows = burst.last().is_some_and(|last| q.next_follows(dst, last));
+        if !follows || burst.len() == MAX_BURST || bytes > MAX_BURST_BYTES {
+            return (burst, follows);
+        }
+        let Some(Item::Packet(p)) = q.take_from(dst) else {
+            unreachable!("next_follows saw a packet next");
+        };
+        bytes += u64::from(p.payload.len());
+        burst.push(p);
+    }
+}
 
 /// Queues past this LID share slot 0 with the SM and multicast (a guest may address any
 /// LID; the slot table stays small).
@@ -910,13 +958,27 @@ impl Fabric {
                 self.inner.backlog.store(q.len, Relaxed);
                 next.map(|(dst, item)| {
                     let more = matches!(&item, Item::Packet(p) if q.next_follows(dst, p));
-                    (dst, item, more)
+                    match item {
+                        Item::Packet(p) if more && self.unwatched() => {
+                            let (burst, more) = take_burst(&mut q, dst, p);
+                            self.inner.backlog.store(q.len, Relaxed);
+                            (dst, Next::Burst(burst), more)
+                        }
+                        item => (dst, Next::One(item), more),
+                    }
                 })
             };
-            let Some((dst, item, more)) = next else {
+            let Some((dst, next, more)) = next else {
                 break;
             };
             pumping.claimed = Some(dst);
+            let item = match next {
+                Next::Burst(burst) => {
+                    self.forward_burst(burst, more);
+                    continue;
+                }
+                Next::One(item) => item,
+            };
             match item {
                 Item::Packet(pkt) => self.forward(pkt, more),
                 Item::Bounce(notice) => {
@@ -947,6 +1009,35 @@ impl Fabric {
 
     fn tap(&self) -> Option<Arc<dyn PacketTap>> {
         self.inner.tap.get()
+    }
+
+    /// No hook or tap is attached: nothing sees packets between the queue and their port.
+    fn unwatched(&self) -> bool {
+        !self.inner.hook.present.load(Acquire) && !self.inner.tap.present.load(Acquire)
+    }
+
+    /// Packets of one stream for one port (see [`take_burst`]), handed over at once; `more`:
+    /// the next item for the port continues the stream. A hook or tap attached meanwhile
+    /// sees them one by one.
+    fn forward_burst(&self, burst: Vec<Packet>, more: bool) {
+        let n = burst.len();
+        let lid = burst.first().map_or(0, |p| p.dlid);
+        let dst = self.port(lid).filter(|_| self.unwatched());
+        let Some(dst) = dst else {
+            for (i, pkt) in burst.into_iter().enumerate() {
+                self.forward(pkt, more || i + 1 < n);
+            }
+            return;
+        };
+        let rejected = dst.deliver_burst(burst, more);
+        let delivered = n - rejected.len();
+        self.inner
+            .stats
+            .delivered
+            .fetch_add(delivered as u64, Relaxed);
+        for Rejected(pkt) in rejected {
+            self.bounce(*pkt, DropReason::Rejected);
+        }
     }
 
     /// `more`: the next item for the same port is a packet of this one's stream (see

@@ -497,6 +497,22 @@ impl PacketSink for Shared {
         })
     }
 
+    /// One turn for the whole burst: its ACKs are held until its last packet (or past it,
+    /// with `more`), as when delivered one by one.
+    fn deliver_burst(&self, pkts: Vec<Packet>, more: bool) -> Vec<Rejected> {
+        let n = pkts.len();
+        let mut rejected = Vec::new();
+        self.with_state(|st| {
+            for (i, pkt) in pkts.into_iter().enumerate() {
+                st.dev.hold_acks = more || i + 1 < n;
+                if let Err(r) = st.receive(pkt) {
+                    rejected.push(r);
+                }
+            }
+        });
+        rejected
+    }
+
     fn undeliverable(&self, pkt: Packet, why: DropReason) {
         self.with_state(|st| st.bounced(pkt, why))
     }

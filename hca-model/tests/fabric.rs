@@ -573,3 +573,63 @@ fn test_a_qps_ack_never_waits_behind_another_qps_packets() {
         "two requests of one stream, one ACK"
     );
 }
+
+#[test]
+fn test_a_long_run_of_one_stream_crosses_in_bursts_with_one_ack() {
+    // The pump hands a port a stream's packets in bursts of a bounded size; the ACK the
+    // responder holds carries over from one burst to the next while the stream goes on, and
+    // every message arrives once and in order.
+    let mut p = Pair::new(5);
+    let mut cq = p.b.create_cq(7);
+    let (qa2, mut qb2) = p.connect_more((p.cq_a.cqn, cq.cqn), 6, 0);
+    let buf = p.b.alloc(8 * 40, 8);
+    for i in 0..40 {
+        p.b.post_recv(&mut qb2, i, &[sge(buf + 8 * i, 8, p.key_b)]);
+    }
+    let before = p.fabric.stats().delivered;
+    for psn in 100..140 {
+        p.fabric.enqueue(raw_send(&p, qa2.qpn, qb2.qpn, psn));
+    }
+    p.fabric.pump();
+    let got: Vec<(u64, u32)> = p.b.drain_statuses(&mut cq);
+    let want: Vec<(u64, u32)> = (0..40).map(|i| (i, WC_SUCCESS)).collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        p.fabric.stats().delivered - before,
+        41,
+        "forty requests of one stream, one ACK"
+    );
+}
+
+#[test]
+fn test_a_burst_its_port_refuses_goes_back_packet_by_packet() {
+    // B's QP is reset: every packet of the run is refused and bounced to A, none counted
+    // as delivered; A's QP fails its front WR and flushes the rest.
+    let mut p = Pair::new(5);
+    let attr = HcaQpAttr {
+        state: QPS_RESET as u8,
+        ..Default::default()
+    };
+    assert_eq!(p.b.modify_qp(p.qb.qpn, QP_ATTR_STATE, attr), 0);
+    let src = p.a.alloc(8, 8);
+    let (delivered, rejected) = (p.fabric.stats().delivered, p.fabric.stats().rejected);
+    let from = sge(src, 8, p.key_a);
+    sends_at_once_from(&mut p, 20, from);
+    let statuses = p.a.drain_statuses(&mut p.cq_a);
+    assert_eq!(statuses.len(), 20);
+    assert_eq!(statuses[0], (0, WC_RETRY_EXC_ERR));
+    assert!(statuses[1..].iter().all(|s| s.1 == WC_WR_FLUSH_ERR));
+    assert_eq!(p.fabric.stats().rejected - rejected, 20);
+    assert_eq!(p.fabric.stats().delivered, delivered);
+}
+
+fn sends_at_once_from(p: &mut Pair, n: u64, from: HcaSge) {
+    for i in 0..n {
+        let wr = HcaSendWqe {
+            num_sge: 1,
+            ..send_wr(i, WR_SEND, WQE_SIGNALED)
+        };
+        p.a.write_send(&mut p.qa, &wr, &[from], &[]);
+    }
+    p.a.ring_sq(&p.qa);
+}
