@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use hca_model::abi::*;
-use hca_model::packet::{Packet, Payload, RareHeaders, Reth};
+use hca_model::packet::{Packet, Payload, RareHeaders, Reth, SmallBytes};
 use hca_test_driver::*;
 
 use crate::common;
@@ -99,7 +99,11 @@ pub fn run(packets: Input) {
                 .ieth
                 .map(|real| if real { window_key } else { 0x1234_5678 }),
             qkey: r.qkey,
-            payload: Payload::Bytes(payload),
+            // As a requester sends them: a few bytes inside the packet, more as bytes.
+            payload: match SmallBytes::new(&payload) {
+                Some(small) => Payload::Small(small),
+                None => Payload::Bytes(payload),
+            },
             count: 1,
             mtu,
             corrupt: r.corrupt,
