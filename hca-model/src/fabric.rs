@@ -131,7 +131,7 @@ pub const MAX_TOTAL_BACKLOG: usize = 8 * MAX_BACKLOG;
 /// a burst saves the queue's and the port's per-packet bookkeeping, and stays short enough
 /// that another source's packet for the same port waits for little.
 const MAX_BURST: usize = 16;
-const MAX_BURST_BYTES: u64 = 256 << 10;
+const MAX_BURST_BYTES: u64 = 64 << 10;
 
 thread_local! {
     /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
