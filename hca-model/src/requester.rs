@@ -31,24 +31,25 @@ enum Source {
 
 impl Source {
     /// The whole source as a payload.
-    fn into_payload(self, dev: &Device) -> Payload {
+    fn into_payload(self, dev: &Device, len: u64) -> Payload {
         match self {
             Source::Inline(b) => match SmallBytes::new(&b) {
                 Some(small) => Payload::Small(small),
                 None => Payload::Bytes(b),
             },
-            Source::Gather(segs) => {
-                let len: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
-                // A fault reading them now shows, as before, when the receiver copies.
-                let small = (len <= SMALL_PAYLOAD as u64)
-                    .then(|| SmallBytes::gather(dev.mem.as_ref(), &segs))
-                    .flatten();
-                match small {
-                    Some(small) => Payload::Small(small),
-                    None => Payload::dma(dev.mem.clone(), segs, None),
-                }
-            }
+            Source::Gather(segs) if len <= SMALL_PAYLOAD as u64 => small_or_dma(dev, segs),
+            Source::Gather(segs) => Payload::dma(dev.mem.clone(), segs, None),
         }
+    }
+}
+
+/// A few bytes read now, or (if reading them faults) the gather list: the fault then shows,
+/// as for any payload, when the receiver copies.
+#[inline(never)]
+fn small_or_dma(dev: &Device, segs: SegList) -> Payload {
+    match SmallBytes::gather(dev.mem.as_ref(), &segs) {
+        Some(small) => Payload::Small(small),
+        None => Payload::dma(dev.mem.clone(), segs, None),
     }
 }
 
@@ -330,7 +331,7 @@ impl QpEngine<'_> {
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
         let mut head = self.rc_packet(0, first_psn);
-        head.payload = src.into_payload(self.dev);
+        head.payload = src.into_payload(self.dev, len);
         head.reth = write.then_some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -450,7 +451,7 @@ impl QpEngine<'_> {
         } else {
             w.ud_qkey
         };
-        let mut payload = src.into_payload(self.dev);
+        let mut payload = src.into_payload(self.dev, len);
         payload.make_owned().map_err(|_| WcError::LocProt)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
