@@ -1043,6 +1043,13 @@ impl Fabric {
     /// `more`: the next item for the same port is a packet of this one's stream (see
     /// [`PacketSink::deliver_in_burst`]); said only where nothing can come between.
     fn forward(&self, pkt: Packet, more: bool) {
+        if self.unwatched() && !pkt.is_multicast() {
+            // Nothing on the links: straight to the port (the usual case).
+            return match self.port(pkt.dlid) {
+                Some(dst) => self.deliver(&dst, pkt, more),
+                None => self.bounce(pkt, DropReason::NoRoute),
+            };
+        }
         let (hook, tap) = (self.hook(), self.tap());
         if hook.is_none() && tap.is_none() {
             return self.forward_one(pkt, None, more);
