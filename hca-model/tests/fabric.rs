@@ -614,22 +614,11 @@ fn test_a_burst_its_port_refuses_goes_back_packet_by_packet() {
     let src = p.a.alloc(8, 8);
     let (delivered, rejected) = (p.fabric.stats().delivered, p.fabric.stats().rejected);
     let from = sge(src, 8, p.key_a);
-    sends_at_once_from(&mut p, 20, from);
+    p.sends_at_once(20, from);
     let statuses = p.a.drain_statuses(&mut p.cq_a);
     assert_eq!(statuses.len(), 20);
     assert_eq!(statuses[0], (0, WC_RETRY_EXC_ERR));
     assert!(statuses[1..].iter().all(|s| s.1 == WC_WR_FLUSH_ERR));
     assert_eq!(p.fabric.stats().rejected - rejected, 20);
     assert_eq!(p.fabric.stats().delivered, delivered);
-}
-
-fn sends_at_once_from(p: &mut Pair, n: u64, from: HcaSge) {
-    for i in 0..n {
-        let wr = HcaSendWqe {
-            num_sge: 1,
-            ..send_wr(i, WR_SEND, WQE_SIGNALED)
-        };
-        p.a.write_send(&mut p.qa, &wr, &[from], &[]);
-    }
-    p.a.ring_sq(&p.qa);
 }

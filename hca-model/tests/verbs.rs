@@ -699,17 +699,6 @@ fn test_a_send_doorbell_finds_work_after_any_change_to_a_qp_since_its_last_scan(
 }
 
 /// `n` signaled SENDs of `from` (wr_id 0..n) on A's QP, rung with one doorbell.
-fn sends_at_once(p: &mut Pair, n: u64, from: HcaSge) {
-    for i in 0..n {
-        let wr = HcaSendWqe {
-            num_sge: 1,
-            ..send_wr(i, WR_SEND, WQE_SIGNALED)
-        };
-        p.a.write_send(&mut p.qa, &wr, &[from], &[]);
-    }
-    p.a.ring_sq(&p.qa);
-}
-
 #[test]
 fn test_a_burst_of_sends_is_acknowledged_once_and_every_wr_completes() {
     // Sixteen SENDs rung with one doorbell arrive as a burst: the responder ACKs the last,
@@ -722,7 +711,7 @@ fn test_a_burst_of_sends_is_acknowledged_once_and_every_wr_completes() {
     }
     let before = p.fabric.stats().delivered;
     let from = sge(src, 8, p.key_a);
-    sends_at_once(&mut p, 16, from);
+    p.sends_at_once(16, from);
     let sent = p.a.drain_statuses(&mut p.cq_a);
     let want: Vec<(u64, u32)> = (0..16).map(|i| (i, WC_SUCCESS)).collect();
     assert_eq!(sent, want);
@@ -757,7 +746,7 @@ fn test_a_nak_inside_a_burst_follows_the_ack_it_held() {
         p.b.post_recv(&mut p.qb, i, &[sge(dst + 16 * i, len, p.key_b)]);
     }
     let from = sge(src, 16, p.key_a);
-    sends_at_once(&mut p, 4, from);
+    p.sends_at_once(4, from);
     let sent = p.a.drain_statuses(&mut p.cq_a);
     assert_eq!(
         sent,

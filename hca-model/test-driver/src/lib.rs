@@ -732,6 +732,19 @@ impl Pair {
         }
     }
 
+    /// `n` signaled 8-byte SENDs from A (wr_ids 0..n), all from `from`, rung with one
+    /// doorbell.
+    pub fn sends_at_once(&mut self, n: u64, from: HcaSge) {
+        for i in 0..n {
+            let wr = HcaSendWqe {
+                num_sge: 1,
+                ..send_wr(i, WR_SEND, WQE_SIGNALED)
+            };
+            self.a.write_send(&mut self.qa, &wr, &[from], &[]);
+        }
+        self.a.ring_sq(&self.qa);
+    }
+
     /// Another connected RC QP pair: A's QP reports to CQ `cqs.0`, B's to `cqs.1`; rings of
     /// `2^log` entries; `flags_a` for A's QP (QP_FLAG_SIG_ALL, say).
     pub fn connect_more(&mut self, cqs: (u32, u32), log: u32, flags_a: u32) -> (QpH, QpH) {
