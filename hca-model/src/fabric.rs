@@ -494,8 +494,13 @@ impl<T: ?Sized> Attachment<T> {
         *slot = v;
     }
 
+    /// Whether something is attached (one atomic load).
+    fn is_set(&self) -> bool {
+        self.present.load(Acquire)
+    }
+
     fn get(&self) -> Option<Arc<T>> {
-        if !self.present.load(Acquire) {
+        if !self.is_set() {
             return None;
         }
         self.slot.read().unwrap_or_else(|e| e.into_inner()).clone()
@@ -955,33 +960,27 @@ impl Fabric {
                     None if any => q.take_any(),
                     None => None,
                 };
-                self.inner.backlog.store(q.len, Relaxed);
-                next.map(|(dst, item)| {
+                let next = next.map(|(dst, item)| {
                     let more = matches!(&item, Item::Packet(p) if q.next_follows(dst, p));
                     match item {
                         Item::Packet(p) if more && self.unwatched() => {
                             let (burst, more) = take_burst(&mut q, dst, p);
-                            self.inner.backlog.store(q.len, Relaxed);
                             (dst, Next::Burst(burst), more)
                         }
                         item => (dst, Next::One(item), more),
                     }
-                })
+                });
+                self.inner.backlog.store(q.len, Relaxed);
+                next
             };
             let Some((dst, next, more)) = next else {
                 break;
             };
             pumping.claimed = Some(dst);
-            let item = match next {
-                Next::Burst(burst) => {
-                    self.forward_burst(burst, more);
-                    continue;
-                }
-                Next::One(item) => item,
-            };
-            match item {
-                Item::Packet(pkt) => self.forward(pkt, more),
-                Item::Bounce(notice) => {
+            match next {
+                Next::Burst(burst) => self.forward_burst(burst, more),
+                Next::One(Item::Packet(pkt)) => self.forward(pkt, more),
+                Next::One(Item::Bounce(notice)) => {
                     let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
                         src.undeliverable(pkt, why);
@@ -1013,7 +1012,7 @@ impl Fabric {
 
     /// No hook or tap is attached: nothing sees packets between the queue and their port.
     fn unwatched(&self) -> bool {
-        !self.inner.hook.present.load(Acquire) && !self.inner.tap.present.load(Acquire)
+        !self.inner.hook.is_set() && !self.inner.tap.is_set()
     }
 
     /// Packets of one stream for one port (see [`take_burst`]), handed over at once; `more`:
