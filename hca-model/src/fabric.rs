@@ -136,30 +136,46 @@ const MAX_BURST_BYTES: u64 = 64 << 10;
 thread_local! {
     /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
     static PUMPING: Cell<bool> = const { Cell::new(false) };
-    /// (fabric, destination slot) this thread queued items for since its last pump of that
-    /// fabric: what [`Fabric::pump_own`] serves.
-    static QUEUED_TO: RefCell<VecDeque<(usize, usize)>> = const { RefCell::new(VecDeque::new()) };
+    /// What [`Fabric::pump_own`] serves: the destinations this thread queued items for.
+    static QUEUED_TO: RefCell<QueuedTo> = const {
+        RefCell::new(QueuedTo { to: Vec::new(), next: 0 })
+    };
 }
 
-/// The next item of the destinations this thread queued for on fabric `fabric`, served in
-/// turn. A destination drops from the list once it is empty, or claimed by another thread
-/// (which goes on with it: it holds it in its own list, or serves every destination).
+/// (fabric, destination slot) pairs this thread queued items for since its last pump of
+/// that fabric, and where its next look starts (so that its destinations take turns). A
+/// few entries: a plain list beats a ring here.
+struct QueuedTo {
+    to: Vec<(usize, usize)>,
+    next: usize,
+}
+
+/// The next of the destinations this thread queued for on fabric `fabric` that is
+/// [`Queue::open`], served in turn. A destination drops from the list once it is empty, or
+/// claimed by another thread (which goes on with it: it holds it in its own list, or serves
+/// every destination). (The item is taken by the caller: moving it out through the
+/// thread-local's closure would copy it twice more.)
 #[inline]
-fn take_own(q: &mut Queue, fabric: usize) -> Option<(usize, Item)> {
+fn next_own(q: &Queue, fabric: usize) -> Option<usize> {
     QUEUED_TO.with(|mine| {
-        let mut mine = mine.borrow_mut();
-        // Each entry is looked at once, from the front: one of this fabric's that is no
-        // longer open drops out; the first open one is served and goes to the back, so that
-        // this thread's destinations take turns; another fabric's goes to the back as it is.
-        for _ in 0..mine.len() {
-            let (f, dst) = mine.pop_front()?;
-            let ours = f == fabric;
-            if ours && !q.open(dst) {
-                continue;
+        let mine = &mut *mine.borrow_mut();
+        // Each entry is looked at once, from the cursor on and around: one of this fabric's
+        // that is no longer open drops out (the last entry takes its place, looked at next);
+        // the first open one is served and the cursor moves past it; another fabric's is
+        // passed over.
+        let mut i = mine.next;
+        for _ in 0..mine.to.len() {
+            if i >= mine.to.len() {
+                i = 0;
             }
-            mine.push_back((f, dst));
-            if ours {
-                return Some((dst, q.take_from(dst)?));
+            let &(f, dst) = mine.to.get(i)?;
+            if f != fabric {
+                i += 1;
+            } else if !q.open(dst) {
+                mine.to.swap_remove(i);
+            } else {
+                mine.next = i + 1;
+                return Some(dst);
             }
         }
         None
@@ -195,15 +211,15 @@ impl Drop for Pumping<'_> {
 
 /// Whether this thread has queued items for fabric `fabric` that it has not moved.
 fn queued_any(fabric: usize) -> bool {
-    QUEUED_TO.with(|q| q.borrow().iter().any(|&(f, _)| f == fabric))
+    QUEUED_TO.with(|q| q.borrow().to.iter().any(|&(f, _)| f == fabric))
 }
 
 /// Notes that this thread queued an item for `dst` on fabric `fabric`.
 fn note_queued(fabric: usize, dst: usize) {
     QUEUED_TO.with(|q| {
-        let mut q = q.borrow_mut();
-        if q.back() != Some(&(fabric, dst)) && !q.contains(&(fabric, dst)) {
-            q.push_back((fabric, dst));
+        let to = &mut q.borrow_mut().to;
+        if to.last() != Some(&(fabric, dst)) && !to.contains(&(fabric, dst)) {
+            to.push((fabric, dst));
         }
     });
 }
@@ -288,12 +304,6 @@ enum Item {
 }
 
 const _: () = assert!(std::mem::size_of::<Item>() <= std::mem::size_of::<Packet>());
-
-/// What a pump took for one destination: an item, or a burst of one stream's packets.
-enum Next {
-    One(Item),
-    Burst(Vec<Packet>),
-}
 
 /// `first` and the packets of its stream queued right behind it for `dst` (which the caller
 /// has claimed), up to [`MAX_BURST`] packets or [`MAX_BURST_BYTES`] of payload. Also says
@@ -443,15 +453,15 @@ impl Queue {
         self.from.get(slot(src)).copied().unwrap_or(0)
     }
 
-    /// The next item of any destination no thread is delivering to.
+    /// The next destination with items that no thread is delivering to.
     #[inline]
-    fn take_any(&mut self) -> Option<(usize, Item)> {
+    fn next_any(&mut self) -> Option<usize> {
         while let Some(dst) = self.ready.pop_front() {
             if let Some(d) = self.dsts.get_mut(dst) {
                 d.in_ready = false;
             }
             if self.open(dst) {
-                return Some((dst, self.take_from(dst)?));
+                return Some(dst);
             }
         }
         None
@@ -949,38 +959,37 @@ impl Fabric {
             return; // nothing of this thread's to move (a turn that sent nothing)
         }
         let mut pumping = Pumping::start(self);
+        // The item goes from the queue to its port in as few moves as the code can make it:
+        // a packet is 128 bytes, and every move of one is a dozen instructions.
         loop {
-            let next = {
-                let mut q = self.queue();
-                if let Some(dst) = pumping.claimed.take() {
-                    q.release(dst);
-                }
-                let next = match take_own(&mut q, id) {
-                    Some(next) => Some(next),
-                    None if any => q.take_any(),
-                    None => None,
-                };
-                let next = next.map(|(dst, item)| {
-                    let more = matches!(&item, Item::Packet(p) if q.next_follows(dst, p));
-                    match item {
-                        Item::Packet(p) if more && self.unwatched() => {
-                            let (burst, more) = take_burst(&mut q, dst, p);
-                            (dst, Next::Burst(burst), more)
-                        }
-                        item => (dst, Next::One(item), more),
-                    }
-                });
-                self.inner.backlog.store(q.len, Relaxed);
-                next
+            let mut q = self.queue();
+            if let Some(dst) = pumping.claimed.take() {
+                q.release(dst);
+            }
+            let dst = match next_own(&q, id) {
+                Some(dst) => Some(dst),
+                None if any => q.next_any(),
+                None => None,
             };
-            let Some((dst, next, more)) = next else {
+            let Some((dst, item)) = dst.and_then(|dst| Some((dst, q.take_from(dst)?))) else {
+                self.let_go(q);
                 break;
             };
             pumping.claimed = Some(dst);
-            match next {
-                Next::Burst(burst) => self.forward_burst(burst, more),
-                Next::One(Item::Packet(pkt)) => self.forward(pkt, more),
-                Next::One(Item::Bounce(notice)) => {
+            match item {
+                Item::Packet(pkt) => {
+                    let more = q.next_follows(dst, &pkt);
+                    if more && self.unwatched() {
+                        let (burst, more) = take_burst(&mut q, dst, pkt);
+                        self.let_go(q);
+                        self.forward_burst(burst, more);
+                    } else {
+                        self.let_go(q);
+                        self.forward(pkt, more);
+                    }
+                }
+                Item::Bounce(notice) => {
+                    self.let_go(q);
                     let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
                         src.undeliverable(pkt, why);
@@ -988,6 +997,12 @@ impl Fabric {
                 }
             }
         }
+    }
+
+    /// Unlocks the queue, leaving its length where [`Fabric::pump_with_backpressure`] reads
+    /// it without the lock.
+    fn let_go(&self, q: std::sync::MutexGuard<'_, Queue>) {
+        self.inner.backlog.store(q.len, Relaxed);
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
