@@ -473,10 +473,11 @@ impl Shared {
             (r, irqs, fabric, st.dev.lid, st.dev.more_work)
         };
         drop(st);
-        for v in 0..NUM_VECTORS {
-            if irqs & (1 << v) != 0 {
-                self.irq.raise(v);
-            }
+        // The vectors to raise, lowest first (most turns raise none).
+        let mut irqs = irqs & ((1 << NUM_VECTORS) - 1);
+        while irqs != 0 {
+            self.irq.raise(irqs.trailing_zeros());
+            irqs &= irqs - 1;
         }
         if let Some(f) = fabric {
             f.pump_with_backpressure(lid);
