@@ -103,13 +103,16 @@ impl QpEngine<'_> {
     }
 
     /// Something completed: the budgets refill and the timer restarts for what is left.
+    /// (The clock is read only when a timer restarts: on a real clock a reading costs about
+    /// as much as a tenth of a message, and the last ACK of a run leaves nothing to time.)
     pub(crate) fn progress(&mut self) {
-        let now = self.dev.now();
         let qp = &mut *self.qp;
         qp.refill_retries();
         let busy = qp.awaits_peer();
         let wait = match ack_timeout_ns(qp.attr.timeout) {
-            Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => Wait::Ack(now + t),
+            Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => {
+                Wait::Ack(self.dev.now() + t)
+            }
             _ if busy => qp.retry.wait,
             _ => Wait::Idle,
         };
