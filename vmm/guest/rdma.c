@@ -63,6 +63,20 @@ static void ring(unsigned int class)
 		     db_peer << HCA_DOORBELL_PEER_SHIFT | class);
 }
 
+/* Waits for the last command posted (hcatest.c's) to complete. */
+static const char *wait_for_probe_command(void)
+{
+	volatile struct hca_cmd_mailbox *mb = mailbox();
+	unsigned long long t0;
+	unsigned long spins;
+
+	for (spins = 0, t0 = rdtsc(); mb->done_seq != mb->seq;)
+		if (waited_too_long(&spins, t0))
+			return "the probe's QUERY_PORT never completed";
+	cmd_seq = mb->done_seq;
+	return 0;
+}
+
 /* Runs one command; its status (HCA_CMD_*), ~0 on a timeout. */
 static unsigned int cmd(unsigned int op, const void *in, unsigned int len,
 			unsigned int *handle)
@@ -256,8 +270,16 @@ const char *rdma_test(unsigned long bar0, unsigned long bar2, unsigned int peer)
 	bar0_base = bar0;
 	bar2_base = bar2;
 	db_peer = peer;
-	cmd_seq = mailbox()->done_seq;	/* hcatest.c's QUERY_PORT used one */
-	err = create_resources(&self);
+	/*
+	 * hcatest.c's QUERY_PORT may still be running: its wait ends at the
+	 * first interrupt, and vector 0 also carries asynchronous events (a CI
+	 * run printed "done-seq 0" after "interrupts 1"). Starting before it
+	 * completes would reuse its sequence number and take its output for
+	 * ALLOC_PD's (then REG_MR "failed" on a PD that does not exist).
+	 */
+	err = wait_for_probe_command();
+	if (!err)
+		err = create_resources(&self);
 	if (!err) {
 		say("rdma-lid", self.lid);
 		say("rdma-qpn", self.qpn);
