@@ -5,8 +5,8 @@
  * mechanism 1, finds the hcabench HCA (1234:21a8), checks BAR2's
  * signature, programs MSI-X vector 0 to its local APIC, posts a
  * QUERY_PORT command through the mailbox, rings the command doorbell and
- * waits for the interrupt. Given a role in the exchange block, it then
- * runs the two-VM RDMA Write test (rdma.c). Every step prints a line on
+ * waits for its completion and an interrupt. Given a role in the exchange
+ * block, it then runs the two-VM RDMA Write test (rdma.c). Every step prints a line on
  * the serial port; the last one is "HCATEST PASS" or "HCATEST FAIL <why>";
  * then it writes its verdict to the VMM's exit port.
  */
@@ -165,7 +165,9 @@ static const char *echo_line(void)
 void guest_main(void)
 {
 	unsigned long bar0, bar2;
-	unsigned int sig, peer, spins;
+	unsigned int sig, peer;
+	unsigned long long t0;
+	unsigned long spins;
 	const char *err;
 	int dev;
 
@@ -194,12 +196,22 @@ void guest_main(void)
 	mmio_write32(bar2 + HCA_BAR2_MAILBOX_OFFSET + 8, 1);	/* seq */
 	__asm__ volatile("sti");
 	mmio_write32(bar0 + 0x0c, peer << 16 | HCA_DB_CMD);
-	for (spins = 0; !irq_count && spins < 100000; spins++)
-		__asm__ volatile("pause");
+	/*
+	 * Vector 0 also carries asynchronous events, so an interrupt alone does
+	 * not say the command is done: wait for both (a CI run went on at the
+	 * first interrupt with "done-seq 0", and rdma.c's first command then
+	 * reused sequence number 1 and took QUERY_PORT's output for its own).
+	 */
+	for (spins = 0, t0 = rdtsc();
+	     !irq_count || mmio_read32(bar2 + HCA_BAR2_MAILBOX_OFFSET + 12) != 1;)
+		if (waited_too_long(&spins, t0))
+			break;
 	say("done-seq", mmio_read32(bar2 + HCA_BAR2_MAILBOX_OFFSET + 12));
 	say("interrupts", irq_count);
 	if (!irq_count)
 		finish("no MSI-X interrupt after the doorbell");
+	if (mmio_read32(bar2 + HCA_BAR2_MAILBOX_OFFSET + 12) != 1)
+		finish("QUERY_PORT never completed");
 	if (((volatile struct xchg *)XCHG_ADDR)->magic == XCHG_MAGIC &&
 	    ((volatile struct xchg *)XCHG_ADDR)->role == 3)
 		finish(echo_line());

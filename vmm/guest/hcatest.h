@@ -70,6 +70,27 @@ static inline void mmio_write32(unsigned long a, unsigned int v)
 	*(volatile unsigned int *)a = v;
 }
 
+/*
+ * Waits are bounded in time (the TSC), not in spins: under an emulating KVM the
+ * guest may run far slower, or far faster, than the host threads it waits for.
+ * 60e9 cycles is 60 s at 1 GHz, 20 s at 3 GHz.
+ */
+#define WAIT_CYCLES	60000000000ULL
+
+static inline unsigned long long rdtsc(void)
+{
+	unsigned int lo, hi;
+
+	__asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+	return (unsigned long long)hi << 32 | lo;
+}
+
+/* True once a wait begun at @t0 has run out (the TSC read every 4096 spins). */
+static inline int waited_too_long(unsigned long *spins, unsigned long long t0)
+{
+	return (++*spins & 0xfff) == 0 && rdtsc() - t0 > WAIT_CYCLES;
+}
+
 void say(const char *what, unsigned long v);
 void finish(const char *why);
 
