@@ -698,7 +698,6 @@ fn test_a_send_doorbell_finds_work_after_any_change_to_a_qp_since_its_last_scan(
     );
 }
 
-/// `n` signaled SENDs of `from` (wr_id 0..n) on A's QP, rung with one doorbell.
 #[test]
 fn test_a_burst_of_sends_is_acknowledged_once_and_every_wr_completes() {
     // Sixteen SENDs rung with one doorbell arrive as a burst: the responder ACKs the last,
