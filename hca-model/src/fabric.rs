@@ -117,6 +117,9 @@ pub trait PacketSink: Send + Sync {
     fn capability_mask(&self) -> u32 {
         0
     }
+    /// The fabric has an adapter hook (true) or none (false) from now on: said when the
+    /// port is attached and at every change, in order.
+    fn adapter_hook_changed(&self, _attached: bool) {}
 }
 
 /// The most queued items a port may leave behind it (see
@@ -792,6 +795,7 @@ impl Fabric {
         let lid = {
             let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
             let lid = ports.len() as Lid;
+            self.tell_adapter_hook(&sink);
             ports.push(Some(sink));
             lid
         };
@@ -831,6 +835,7 @@ impl Fabric {
         if slot.as_ref().is_some_and(|w| w.strong_count() > 0) {
             return Err(LidTaken(lid));
         }
+        self.tell_adapter_hook(&sink);
         *slot = Some(sink);
         drop(ports);
         // A new port starts up; the next tick tells it if its link is down.
@@ -863,7 +868,26 @@ impl Fabric {
 
     /// Faults for the HCAs on this fabric (see adapter_hook.rs).
     pub fn set_adapter_hook(&self, hook: Option<Arc<dyn AdapterHook>>) {
+        let attached = hook.is_some();
+        // Ports keep whether there is one without asking the fabric (an HCA's receive
+        // doorbell needs no turn unless a hook is to see it): each hears of the change
+        // under the ports' lock, which orders it with every other change and attachment.
+        let ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
         self.inner.adapter_hook.set(hook);
+        let sinks: Vec<Arc<dyn PacketSink>> =
+            ports.iter().flatten().filter_map(Weak::upgrade).collect();
+        for s in &sinks {
+            s.adapter_hook_changed(attached);
+        }
+        drop(ports);
+    }
+
+    /// Tells a port being attached (the caller holds the ports' lock) whether there is an
+    /// adapter hook.
+    fn tell_adapter_hook(&self, sink: &Weak<dyn PacketSink>) {
+        if let Some(s) = sink.upgrade() {
+            s.adapter_hook_changed(self.inner.adapter_hook.is_set());
+        }
     }
 
     pub fn adapter_hook(&self) -> Option<Arc<dyn AdapterHook>> {

@@ -14,7 +14,7 @@
 //! `HcaState` keeps what needs the QP table: commands (command.rs) and the dispatch of a
 //! doorbell, a packet or a tick to the QPs it concerns.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vm_memory::GuestMemory;
@@ -204,6 +204,8 @@ pub(crate) struct Device {
     /// QPs that entered ERR, each once (kept until a receive doorbell finds one reset or
     /// destroyed): the only QPs a receive doorbell acts on.
     pub qps_in_error: Vec<u32>,
+    /// What a receive doorbell reads before it takes the lock; shared with `Shared`.
+    pub recv_doorbells: Arc<RecvDoorbells>,
     /// This turn delivers a packet with more of its stream (the same sender QP to the same
     /// QP) queued right behind it: the responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
     /// ends the burst sends them, one per QP for all its messages.
@@ -274,6 +276,7 @@ impl Device {
             turn_left: WORK_PER_TURN,
             more_work: false,
             qps_in_error: Vec::new(),
+            recv_doorbells: Arc::default(),
             hold_acks: false,
             held_acks: Vec::new(),
         };
@@ -392,8 +395,53 @@ const PIECE_BYTES: u32 = 1 << 20;
 /// (16K fast registrations of 1M pages each, say).
 const WORK_PER_TURN: u64 = 1 << 16;
 
+/// What a receive doorbell needs to know before it takes the device lock, kept where it
+/// can be read without it. Only QPs in ERR act on receive doorbells (they flush the new
+/// receives; other QPs take receives as messages arrive), and an adapter hook may lose or
+/// log any doorbell: with neither, a receive doorbell is counted and has nothing to do.
+/// A guest posts a receive per message, so this spares every message a turn of the lock.
+#[derive(Default)]
+pub(crate) struct RecvDoorbells {
+    /// Set when a QP enters ERR (before its queues are flushed); cleared by a receive
+    /// doorbell's visit that finds no QP left in ERR.
+    qps_in_error: AtomicBool,
+    /// The port's fabric has an adapter hook (`PacketSink::adapter_hook_changed`).
+    hooked: AtomicBool,
+    /// Receive doorbells counted here, not in `HcaStats::doorbells` under the lock.
+    quiet: AtomicU64,
+}
+
+impl RecvDoorbells {
+    /// A QP enters ERR: call it before its receive queue's producer index is read.
+    pub(crate) fn qp_entered_error(&self) {
+        self.qps_in_error.store(true, Ordering::Relaxed);
+        // Pairs with the fence in `idle`: the guest wrote its producer index before it
+        // rang, so either that doorbell sees the flag or this QP's flush sees the receive.
+        fence(Ordering::SeqCst);
+    }
+
+    /// No QP is in ERR any more (under the device lock, as every `qp_entered_error`).
+    pub(crate) fn no_qp_in_error(&self) {
+        self.qps_in_error.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a receive doorbell has nothing to do; if so it is counted here.
+    fn idle(&self) -> bool {
+        if self.hooked.load(Ordering::Acquire) {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        if self.qps_in_error.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.quiet.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+}
+
 struct Shared {
     state: Mutex<HcaState>,
+    recv_doorbells: Arc<RecvDoorbells>,
     /// HcaState::timer_hint as of the last unlock, so that ticks skip the lock when idle.
     timer_hint: AtomicU64,
     bar2: Arc<DeviceMemory>,
@@ -535,6 +583,12 @@ impl PacketSink for Shared {
         self.port_caps.load(Ordering::Relaxed)
     }
 
+    fn adapter_hook_changed(&self, attached: bool) {
+        self.recv_doorbells
+            .hooked
+            .store(attached, Ordering::Release);
+    }
+
     fn link_changed(&self, up: bool) {
         self.with_state(|st| {
             if st.dev.link_down != up || st.dev.fabric.is_none() {
@@ -574,9 +628,11 @@ impl Hca {
         let bar2 = Arc::new(bar2);
         let state = HcaState::new(mem, bar2.clone(), node_guid);
         let port_caps = state.dev.port_caps.clone();
+        let recv_doorbells = state.dev.recv_doorbells.clone();
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
+                recv_doorbells,
                 timer_hint: AtomicU64::new(crate::reliability::NEVER),
                 bar2,
                 irq,
@@ -636,7 +692,11 @@ impl Hca {
 
     /// The doorbell: the guest wrote `class` (the vector field of an ivshmem doorbell write).
     pub fn doorbell(&self, class: u32) {
-        self.shared.with_state(|st| st.doorbell(class & 0xff));
+        let class = class & 0xff;
+        if class == DB_RQ && self.shared.recv_doorbells.idle() {
+            return;
+        }
+        self.shared.with_state(|st| st.doorbell(class));
     }
 
     pub fn bar2(&self) -> &DeviceMemory {
@@ -648,7 +708,9 @@ impl Hca {
     }
 
     pub fn stats(&self) -> HcaStats {
-        self.shared.lock().dev.stats
+        let mut stats = self.shared.lock().dev.stats;
+        stats.doorbells += self.shared.recv_doorbells.quiet.load(Ordering::Relaxed);
+        stats
     }
 
     /// What the device holds for its guest's WRs in flight now: (WRs sent and not yet

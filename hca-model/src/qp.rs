@@ -533,6 +533,9 @@ impl HcaState {
                 }
             }
         }
+        if self.dev.qps_in_error.is_empty() {
+            self.dev.recv_doorbells.no_qp_in_error();
+        }
     }
 }
 
@@ -559,6 +562,7 @@ impl QpEngine<'_> {
         if !self.dev.qps_in_error.contains(&qpn) {
             self.dev.qps_in_error.push(qpn);
         }
+        self.dev.recv_doorbells.qp_entered_error();
         qp.sq_waits = false;
         qp.retry = Retry::default();
         qp.held_ack = None;

@@ -93,6 +93,38 @@ fn test_a_lost_doorbell_leaves_the_wqe_until_the_next_one() {
 }
 
 #[test]
+fn test_a_hook_attached_after_its_ports_sees_their_receive_doorbells() {
+    // A receive doorbell with nothing to do (no QP in ERR) takes no turn of the device
+    // lock, unless a hook is there to see it: one attached to a fabric whose ports are up.
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 2\nlose_doorbell = 1.0\n");
+    let buf = p.b.alloc(8, 8);
+    let rung = p.b.hca.stats().doorbells;
+    p.b.post_recv(&mut p.qb, 1, &[sge(buf, 8, p.key_b)]);
+    assert_eq!(hook.counts().doorbells_lost, 1);
+    assert_eq!(
+        p.b.hca.stats().doorbells,
+        rung,
+        "a lost doorbell is not rung"
+    );
+    p.fabric.set_adapter_hook(None);
+    p.b.post_recv(&mut p.qb, 2, &[sge(buf, 8, p.key_b)]);
+    assert_eq!(
+        p.b.hca.stats().doorbells,
+        rung + 1,
+        "one with nothing to do is still counted"
+    );
+    // Both receives are there for the next messages.
+    let src = p.a.alloc(8, 8);
+    for id in [1, 2] {
+        p.a.post_send(&mut p.qa, send_wr(id, WR_SEND, 0), &[sge(src, 8, p.key_a)]);
+    }
+    assert_eq!(
+        p.b.drain_statuses(&mut p.cq_b),
+        [(1, WC_SUCCESS), (2, WC_SUCCESS)]
+    );
+}
+
+#[test]
 fn test_interrupts_can_be_lost_or_late() {
     let (mut p, hook) = pair_with("[[adapter]]\nlid = 1\nlose_interrupt = 1.0\n");
     let irqs = |p: &Pair| p.a.irq.get(VEC_COMP_FIRST);

@@ -645,6 +645,36 @@ fn test_wrs_posted_to_an_error_qp_are_flushed() {
 }
 
 #[test]
+fn test_receives_posted_while_another_thread_moves_the_qp_to_err_are_all_flushed() {
+    // A receive doorbell with no QP in ERR takes no turn of the device lock. One racing
+    // with its QP's move to ERR (here on A's thread, which delivers the WRITE that B
+    // refuses) must still see its receive flushed: each of B's receives completes.
+    for round in 0..200u64 {
+        let mut p = Pair::new(5);
+        let (buf_a, buf_b) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+        let (key_a, key_b) = (p.key_a, p.key_b);
+        let Pair { a, b, qa, qb, .. } = &mut p;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..6 {
+                    b.post_recv(qb, i, &[sge(buf_b, 8, key_b)]);
+                    if i == round % 6 {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+            let mut w = send_wr(100, WR_RDMA_WRITE, WQE_SIGNALED);
+            (w.remote_addr, w.rkey) = (buf_b, key_b ^ 0x100); // no such MR
+            a.post_send(qa, w, &[sge(buf_a, 8, key_a)]);
+        });
+        assert_eq!(p.b.qp_state(p.qb.qpn), QPS_ERR);
+        let got = p.b.drain_statuses(&mut p.cq_b);
+        let flushed: Vec<(u64, u32)> = (0..6).map(|i| (i, WC_WR_FLUSH_ERR)).collect();
+        assert_eq!(got, flushed, "round {round}");
+    }
+}
+
+#[test]
 fn test_a_qp_reset_out_of_error_keeps_its_new_receives() {
     // A receive doorbell flushes the receives of QPs in ERR only: one brought back from
     // ERR through RESET takes messages into its receives again.
