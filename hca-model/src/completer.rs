@@ -10,7 +10,7 @@
 
 use crate::abi::*;
 use crate::fabric::{DropReason, Rejected};
-use crate::hca::HcaState;
+use crate::hca::{Device, HcaState};
 use crate::packet::*;
 use crate::qp::{PendKind, Pending, QpEngine};
 use crate::status::WcError;
@@ -94,22 +94,12 @@ impl QpEngine<'_> {
     /// Completes, in order, the WRs at the front that `done` says are done; whether any.
     fn complete_while(&mut self, done: impl Fn(&Pending) -> bool) -> bool {
         let mut any = false;
-        while self.qp.pending.front().is_some_and(&done) {
-            let Some(p) = self.qp.pending.pop_front() else {
-                break;
-            };
+        while let Some(p) = self.qp.pending.front().filter(|p| done(p)) {
             any = true;
-            self.post_ok(&p);
+            post_ok(self.dev, self.qp.send_cqn, self.qpn, p);
+            self.qp.pending.drop_front();
         }
         any
-    }
-
-    /// A completed WR's CQE, if it was signaled.
-    fn post_ok(&mut self, p: &Pending) {
-        if p.signaled {
-            self.dev
-                .post_cqe(self.qp.send_cqn, ok_cqe(self.qpn, p), false);
-        }
     }
 
     fn on_read_response(&mut self, pkt: Packet) {
@@ -173,10 +163,11 @@ impl QpEngine<'_> {
     }
 
     fn complete_front(&mut self) {
-        let Some(p) = self.qp.pending.pop_front() else {
+        let Some(p) = self.qp.pending.front() else {
             return;
         };
-        self.post_ok(&p);
+        post_ok(self.dev, self.qp.send_cqn, self.qpn, p);
+        self.qp.pending.drop_front();
         self.progress();
     }
 
@@ -213,6 +204,13 @@ fn nak_status(syndrome: u8) -> WcError {
 }
 
 /// The successful CQE for sent WR `p`.
+/// A completed WR's CQE on `cqn`, if it was signaled.
+fn post_ok(dev: &mut Device, cqn: u32, qpn: u32, p: &Pending) {
+    if p.signaled {
+        dev.post_cqe(cqn, ok_cqe(qpn, p), false);
+    }
+}
+
 pub(crate) fn ok_cqe(qpn: u32, p: &Pending) -> HcaCqe {
     HcaCqe {
         wr_id: p.wr_id,

@@ -131,18 +131,35 @@ impl InFlight {
         let (r, f) = Self::counts(&p);
         let b = p.host_bytes();
         (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
-        self.device_bytes.fetch_add(b, Ordering::Relaxed);
+        // Most WRs hold nothing (a small payload rides in its packet): no atomic for them.
+        if b != 0 {
+            self.device_bytes.fetch_add(b, Ordering::Relaxed);
+        }
         self.list.push_back((p, b));
     }
 
     pub fn pop_front(&mut self) -> Option<Pending> {
-        let (p, b) = self.list.pop_front()?;
-        let (r, f) = Self::counts(&p);
+        self.uncount_front();
+        self.list.pop_front().map(|(p, _)| p)
+    }
+
+    /// Drops the oldest WR.
+    pub fn drop_front(&mut self) {
+        self.uncount_front();
+        self.list.pop_front();
+    }
+
+    fn uncount_front(&mut self) {
+        let Some((p, b)) = self.list.front() else {
+            return;
+        };
+        let (r, f) = Self::counts(p);
         self.reads -= r;
         self.fenced -= f;
         self.bytes -= b;
-        self.device_bytes.fetch_sub(b, Ordering::Relaxed);
-        Some(p)
+        if *b != 0 {
+            self.device_bytes.fetch_sub(*b, Ordering::Relaxed);
+        }
     }
 
     /// Empties the list (flush, reset), oldest first.

@@ -361,15 +361,15 @@ impl QpEngine<'_> {
 
     /// Completes the inbound message: a receive CQE if it consumed a receive WQE.
     fn finish_inbound(&mut self, pkt: &Packet, opcode: u32) {
-        let Some(msg) = self.qp.inbound.take() else {
-            return;
-        };
-        let Some(wr_id) = msg.recv_wr_id else {
+        // Read in place, then dropped there (`take` would move it out first: a memcpy).
+        let done = self.qp.inbound.as_ref().map(|m| (m.recv_wr_id, m.offset));
+        self.qp.inbound = None;
+        let Some((Some(wr_id), offset)) = done else {
             return;
         };
         let cqe = HcaCqe {
             wr_id,
-            byte_len: msg.offset as u32,
+            byte_len: offset as u32,
             imm: pkt.imm.or(pkt.ieth).unwrap_or(0),
             qpn: self.qpn,
             src_qp: pkt.src_qpn,
