@@ -66,9 +66,6 @@ pub(crate) struct Pending {
     pub last_psn: u32,
     pub byte_len: u32,
     pub kind: PendKind,
-    /// The request as sent (a train for a multi-packet message), to resend from; None for
-    /// a local WR.
-    pub request: Option<Packet>,
     /// A read: the next response PSN it expects (responses come in order or not at all).
     pub next_resp_psn: u32,
     /// A read: the response PSN it was last asked again from after a gap, so that the
@@ -76,22 +73,20 @@ pub(crate) struct Pending {
     pub reread_from: Option<u32>,
 }
 
-impl Pending {
-    /// Host bytes the WR holds while in flight: its request's payload (owned bytes, or the
-    /// records of the guest memory it gathers from) and a read's scatter list.
-    fn host_bytes(&self) -> usize {
-        let seg = std::mem::size_of::<Seg>();
-        let request = match self.request.as_ref().map(|r| &r.payload) {
-            Some(crate::packet::Payload::Bytes(b)) => b.len(),
-            Some(crate::packet::Payload::Dma(g)) => g.segs.len() * seg,
-            _ => 0,
-        };
-        let dst = match &self.kind {
-            PendKind::Read { dst, .. } => dst.len() * seg,
-            _ => 0,
-        };
-        request + dst
-    }
+/// Host bytes a WR holds while in flight: its request's payload (owned bytes, or the
+/// records of the guest memory it gathers from) and a read's scatter list.
+fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
+    let seg = std::mem::size_of::<Seg>();
+    let request = match request.map(|r| &r.payload) {
+        Some(crate::packet::Payload::Bytes(b)) => b.len(),
+        Some(crate::packet::Payload::Dma(g)) => g.segs.len() * seg,
+        _ => 0,
+    };
+    let dst = match &p.kind {
+        PendKind::Read { dst, .. } => dst.len() * seg,
+        _ => 0,
+    };
+    request + dst
 }
 
 /// The WRs a QP has sent and not yet completed, in send order, with what they hold: the
@@ -99,8 +94,13 @@ impl Pending {
 /// the host bytes their requests keep, which also count in the device's total (against its
 /// bound, [`MAX_IN_FLIGHT_BYTES`]) until they complete or the QP goes. Changes go through
 /// the methods, which keep the counts.
+///
+/// Each WR's request as sent (a train for a multi-packet message; none for a local WR), to
+/// resend from, lies in a queue beside the list, not in its `Pending`: both then stay
+/// within the size the compiler moves without a call to memcpy.
 pub(crate) struct InFlight {
     list: VecDeque<(Pending, usize)>,
+    requests: VecDeque<Option<Packet>>,
     reads: usize,
     fenced: usize,
     bytes: usize,
@@ -112,6 +112,7 @@ impl InFlight {
     pub fn new(device_bytes: Arc<AtomicUsize>) -> Self {
         Self {
             list: VecDeque::new(),
+            requests: VecDeque::new(),
             reads: 0,
             fenced: 0,
             bytes: 0,
@@ -127,25 +128,29 @@ impl InFlight {
         )
     }
 
-    pub fn push_back(&mut self, p: Pending) {
+    /// Adds a WR sent as `request` (None: a local WR).
+    pub fn push_back(&mut self, p: Pending, request: Option<Packet>) {
         let (r, f) = Self::counts(&p);
-        let b = p.host_bytes();
+        let b = host_bytes(&p, request.as_ref());
         (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
         // Most WRs hold nothing (a small payload rides in its packet): no atomic for them.
         if b != 0 {
             self.device_bytes.fetch_add(b, Ordering::Relaxed);
         }
         self.list.push_back((p, b));
+        self.requests.push_back(request);
     }
 
     pub fn pop_front(&mut self) -> Option<Pending> {
         self.uncount_front();
+        self.requests.pop_front();
         self.list.pop_front().map(|(p, _)| p)
     }
 
     /// Drops the oldest WR.
     pub fn drop_front(&mut self) {
         self.uncount_front();
+        self.requests.pop_front();
         self.list.pop_front();
     }
 
@@ -166,6 +171,7 @@ impl InFlight {
     pub fn take_all(&mut self) -> Vec<Pending> {
         self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
         (self.reads, self.fenced, self.bytes) = (0, 0, 0);
+        self.requests.clear();
         self.list.drain(..).map(|(p, _)| p).collect()
     }
 
@@ -181,6 +187,14 @@ impl InFlight {
 
     pub fn iter(&self) -> impl Iterator<Item = &Pending> {
         self.list.iter().map(|(p, _)| p)
+    }
+
+    /// The WRs with their requests as sent (None for a local WR), oldest first.
+    pub fn with_requests(&self) -> impl Iterator<Item = (&Pending, Option<&Packet>)> {
+        self.list
+            .iter()
+            .zip(&self.requests)
+            .map(|((p, _), r)| (p, r.as_ref()))
     }
 
     pub fn len(&self) -> usize {

@@ -162,8 +162,8 @@ impl QpEngine<'_> {
     pub(crate) fn resend_from(&mut self, from: u32, now: u64, restart: bool) {
         let mtu = u64::from(self.qp.mtu());
         let mut resent = 0;
-        for p in self.qp.pending.iter() {
-            let Some(req) = &p.request else {
+        for (p, req) in self.qp.pending.with_requests() {
+            let Some(req) = req else {
                 continue;
             };
             if !psn_le(from, p.last_psn) {

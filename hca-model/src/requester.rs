@@ -261,7 +261,6 @@ impl QpEngine<'_> {
             last_psn: 0,
             byte_len: len as u32,
             kind: PendKind::Ack,
-            request: None,
             next_resp_psn: 0,
             reread_from: None,
         };
@@ -293,12 +292,11 @@ impl QpEngine<'_> {
             last_psn: 0,
             byte_len: 0,
             kind: PendKind::Local,
-            request: None,
             next_resp_psn: 0,
             reread_from: None,
         };
         if !self.qp.pending.is_empty() {
-            self.qp.pending.push_back(pend);
+            self.qp.pending.push_back(pend, None);
         } else if signaled {
             self.dev
                 .post_cqe(self.qp.send_cqn, ok_cqe(self.qpn, &pend), false);
@@ -343,11 +341,11 @@ impl QpEngine<'_> {
         let kind = if write { RC_WRITE_ONLY } else { RC_SEND_ONLY };
         let train = Packet::message(head, kind, len, mtu);
         let npk = train.span();
-        pend.request = Some(train.clone());
+        let request = train.clone();
         self.dev.transmit_train(train);
         pend.first_psn = first_psn;
         pend.last_psn = psn_add(first_psn, npk - 1);
-        self.push_pending(pend, npk);
+        self.push_pending(pend, request, npk);
         Ok(())
     }
 
@@ -369,7 +367,7 @@ impl QpEngine<'_> {
             rkey: w.rkey,
             len: len as u32,
         });
-        pend.request = Some(pkt.clone());
+        let request = pkt.clone();
         self.dev.transmit(pkt);
         pend.first_psn = psn;
         pend.last_psn = psn_add(psn, npk - 1);
@@ -378,7 +376,7 @@ impl QpEngine<'_> {
             dst,
             cursor: Default::default(),
         };
-        self.push_pending(pend, npk);
+        self.push_pending(pend, request, npk);
         Ok(())
     }
 
@@ -415,19 +413,19 @@ impl QpEngine<'_> {
         } else {
             (w.compare_add, 0)
         });
-        pend.request = Some(pkt.clone());
+        let request = pkt.clone();
         self.dev.transmit(pkt);
         pend.first_psn = psn;
         pend.last_psn = psn;
         pend.byte_len = 8;
         pend.kind = PendKind::Atomic { dst: result };
-        self.push_pending(pend, 1);
+        self.push_pending(pend, request, 1);
         Ok(())
     }
 
-    fn push_pending(&mut self, pend: Pending, npk: u32) {
+    fn push_pending(&mut self, pend: Pending, request: Packet, npk: u32) {
         self.qp.next_psn = psn_add(self.qp.next_psn, npk);
-        self.qp.pending.push_back(pend);
+        self.qp.pending.push_back(pend, Some(request));
         self.arm_timer();
     }
 
