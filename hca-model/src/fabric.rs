@@ -372,6 +372,9 @@ struct DstQueue {
     last: usize,
     claimed: bool,
     in_ready: bool,
+    /// The port at this slot (slot 0, shared, has none): the pump finds it here while it
+    /// holds the queue anyway, not through the table's lock (two atomics less a packet).
+    port: Option<Weak<dyn PacketSink>>,
 }
 
 impl Queue {
@@ -412,6 +415,25 @@ impl Queue {
             d.in_ready = true;
             self.ready.push_back(dst);
         }
+    }
+
+    /// Keeps the port at `lid` (None: none there now) beside its slot's queue.
+    fn set_port(&mut self, lid: Lid, sink: Option<Weak<dyn PacketSink>>) {
+        let dst = slot(lid);
+        if dst == 0 {
+            return;
+        }
+        if self.dsts.len() <= dst {
+            self.dsts.resize_with(dst + 1, DstQueue::default);
+        }
+        if let Some(d) = self.dsts.get_mut(dst) {
+            d.port = sink;
+        }
+    }
+
+    /// The port at slot `dst`, if it has its own (not slot 0) and it is still there.
+    fn port(&self, dst: usize) -> Option<Arc<dyn PacketSink>> {
+        self.dsts.get(dst)?.port.as_ref()?.upgrade()
     }
 
     /// Whether `dst` has items that no thread is delivering.
@@ -796,6 +818,7 @@ impl Fabric {
             let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
             let lid = ports.len() as Lid;
             self.tell_adapter_hook(&sink);
+            self.queue().set_port(lid, Some(sink.clone()));
             ports.push(Some(sink));
             lid
         };
@@ -836,6 +859,7 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         self.tell_adapter_hook(&sink);
+        self.queue().set_port(lid, Some(sink.clone()));
         *slot = Some(sink);
         drop(ports);
         // A new port starts up; the next tick tells it if its link is down.
@@ -855,6 +879,7 @@ impl Fabric {
         let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = ports.get_mut(lid as usize) {
             *p = None;
+            self.queue().set_port(lid, None);
         }
     }
 
@@ -1003,13 +1028,14 @@ impl Fabric {
             match item {
                 Item::Packet(pkt) => {
                     let more = q.next_follows(dst, &pkt);
+                    let port = q.port(dst);
                     if more && self.unwatched() {
                         let (burst, more) = take_burst(&mut q, dst, pkt);
                         self.let_go(q);
-                        self.forward_burst(burst, more);
+                        self.forward_burst(burst, more, port);
                     } else {
                         self.let_go(q);
-                        self.forward(pkt, more);
+                        self.forward(pkt, more, port);
                     }
                 }
                 Item::Bounce(notice) => {
@@ -1057,13 +1083,14 @@ impl Fabric {
     /// Packets of one stream for one port (see [`take_burst`]), handed over at once; `more`:
     /// the next item for the port continues the stream. A hook or tap attached meanwhile
     /// sees them one by one.
-    fn forward_burst(&self, burst: Vec<Packet>, more: bool) {
+    /// `port`: the port they are for, if the caller has it.
+    fn forward_burst(&self, burst: Vec<Packet>, more: bool, port: Option<Arc<dyn PacketSink>>) {
         let n = burst.len();
         let lid = burst.first().map_or(0, |p| p.dlid);
-        let dst = self.port(lid).filter(|_| self.unwatched());
+        let dst = port.or_else(|| self.port(lid)).filter(|_| self.unwatched());
         let Some(dst) = dst else {
             for (i, pkt) in burst.into_iter().enumerate() {
-                self.forward(pkt, more || i + 1 < n);
+                self.forward(pkt, more || i + 1 < n, None);
             }
             return;
         };
@@ -1080,10 +1107,11 @@ impl Fabric {
 
     /// `more`: the next item for the same port is a packet of this one's stream (see
     /// [`PacketSink::deliver_in_burst`]); said only where nothing can come between.
-    fn forward(&self, pkt: Packet, more: bool) {
+    /// `port`: the port at the packet's DLID, if the caller has it.
+    fn forward(&self, pkt: Packet, more: bool, port: Option<Arc<dyn PacketSink>>) {
         if self.unwatched() && !pkt.is_multicast() {
             // Nothing on the links: straight to the port (the usual case).
-            return match self.port(pkt.dlid) {
+            return match port.or_else(|| self.port(pkt.dlid)) {
                 Some(dst) => self.deliver(&dst, pkt, more),
                 None => self.bounce(pkt, DropReason::NoRoute),
             };
