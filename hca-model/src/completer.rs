@@ -203,7 +203,6 @@ fn nak_status(syndrome: u8) -> WcError {
     }
 }
 
-/// The successful CQE for sent WR `p`.
 /// A completed WR's CQE on `cqn`, if it was signaled.
 fn post_ok(dev: &mut Device, cqn: u32, qpn: u32, p: &Pending) {
     if p.signaled {
@@ -211,6 +210,7 @@ fn post_ok(dev: &mut Device, cqn: u32, qpn: u32, p: &Pending) {
     }
 }
 
+/// The successful CQE for sent WR `p`.
 pub(crate) fn ok_cqe(qpn: u32, p: &Pending) -> HcaCqe {
     HcaCqe {
         wr_id: p.wr_id,
