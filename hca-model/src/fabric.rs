@@ -191,6 +191,9 @@ fn next_own(q: &Queue, fabric: usize) -> Option<usize> {
 struct Pumping<'a> {
     fabric: &'a Fabric,
     claimed: Option<usize>,
+    /// Packets it handed to their ports since it last held the queue's lock, counted there
+    /// (`Queue::delivered`) the next time: no atomic of their own.
+    delivered: u64,
 }
 
 impl<'a> Pumping<'a> {
@@ -199,14 +202,24 @@ impl<'a> Pumping<'a> {
         Self {
             fabric,
             claimed: None,
+            delivered: 0,
+        }
+    }
+
+    /// With the queue's lock: counts what was delivered, lets go of the claim.
+    fn settle(&mut self, q: &mut Queue) {
+        q.delivered += std::mem::take(&mut self.delivered);
+        if let Some(dst) = self.claimed.take() {
+            q.release(dst);
         }
     }
 }
 
 impl Drop for Pumping<'_> {
     fn drop(&mut self) {
-        if let Some(dst) = self.claimed.take() {
-            self.fabric.queue().release(dst);
+        if self.claimed.is_some() || self.delivered != 0 {
+            let fabric = self.fabric;
+            self.settle(&mut fabric.queue());
         }
         PUMPING.with(|p| p.set(false));
     }
@@ -359,6 +372,8 @@ struct Queue {
     len: usize,
     /// Items queued per source slot (what backpressure holds a sender to).
     from: Vec<usize>,
+    /// Packets pumps handed straight to their ports (part of `FabricStats::delivered`).
+    delivered: u64,
 }
 
 #[derive(Default)]
@@ -922,7 +937,7 @@ impl Fabric {
     pub fn stats(&self) -> FabricStats {
         let c = &self.inner.stats;
         FabricStats {
-            delivered: c.delivered.load(Relaxed),
+            delivered: c.delivered.load(Relaxed) + self.queue().delivered,
             no_route: c.no_route.load(Relaxed),
             hook_dropped: c.hook_dropped.load(Relaxed),
             rejected: c.rejected.load(Relaxed),
@@ -1012,9 +1027,7 @@ impl Fabric {
         // a packet is 128 bytes, and every move of one is a dozen instructions.
         loop {
             let mut q = self.queue();
-            if let Some(dst) = pumping.claimed.take() {
-                q.release(dst);
-            }
+            pumping.settle(&mut q);
             let dst = match next_own(&q, id) {
                 Some(dst) => Some(dst),
                 None if any => q.next_any(),
@@ -1032,10 +1045,10 @@ impl Fabric {
                     if more && self.unwatched() {
                         let (burst, more) = take_burst(&mut q, dst, pkt);
                         self.let_go(q);
-                        self.forward_burst(burst, more, port);
+                        pumping.delivered += self.forward_burst(burst, more, port);
                     } else {
                         self.let_go(q);
-                        self.forward(pkt, more, port);
+                        pumping.delivered += self.forward(pkt, more, port);
                     }
                 }
                 Item::Bounce(notice) => {
@@ -1083,42 +1096,50 @@ impl Fabric {
     /// Packets of one stream for one port (see [`take_burst`]), handed over at once; `more`:
     /// the next item for the port continues the stream. A hook or tap attached meanwhile
     /// sees them one by one.
-    /// `port`: the port they are for, if the caller has it.
-    fn forward_burst(&self, burst: Vec<Packet>, more: bool, port: Option<Arc<dyn PacketSink>>) {
+    /// `port`: the port they are for, if the caller has it. Returns how many went straight
+    /// to the port, for the pump to count (see [`Fabric::forward`]).
+    fn forward_burst(
+        &self,
+        burst: Vec<Packet>,
+        more: bool,
+        port: Option<Arc<dyn PacketSink>>,
+    ) -> u64 {
         let n = burst.len();
         let lid = burst.first().map_or(0, |p| p.dlid);
         let dst = port.or_else(|| self.port(lid)).filter(|_| self.unwatched());
         let Some(dst) = dst else {
-            for (i, pkt) in burst.into_iter().enumerate() {
-                self.forward(pkt, more || i + 1 < n, None);
-            }
-            return;
+            return (burst.into_iter().enumerate())
+                .map(|(i, pkt)| self.forward(pkt, more || i + 1 < n, None))
+                .sum();
         };
         let rejected = dst.deliver_burst(burst, more);
         let delivered = n - rejected.len();
-        self.inner
-            .stats
-            .delivered
-            .fetch_add(delivered as u64, Relaxed);
         for Rejected(pkt) in rejected {
             self.bounce(*pkt, DropReason::Rejected);
         }
+        delivered as u64
     }
 
     /// `more`: the next item for the same port is a packet of this one's stream (see
     /// [`PacketSink::deliver_in_burst`]); said only where nothing can come between.
-    /// `port`: the port at the packet's DLID, if the caller has it.
-    fn forward(&self, pkt: Packet, more: bool, port: Option<Arc<dyn PacketSink>>) {
+    /// `port`: the port at the packet's DLID, if the caller has it. Returns 1 if the packet
+    /// went straight to its port, which the pump then counts as delivered; packets past a
+    /// hook or tap, or to multicast groups, are counted where they arrive.
+    fn forward(&self, pkt: Packet, more: bool, port: Option<Arc<dyn PacketSink>>) -> u64 {
         if self.unwatched() && !pkt.is_multicast() {
             // Nothing on the links: straight to the port (the usual case).
             return match port.or_else(|| self.port(pkt.dlid)) {
-                Some(dst) => self.deliver(&dst, pkt, more),
-                None => self.bounce(pkt, DropReason::NoRoute),
+                Some(dst) => u64::from(self.hand_over(&dst, pkt, more)),
+                None => {
+                    self.bounce(pkt, DropReason::NoRoute);
+                    0
+                }
             };
         }
         let (hook, tap) = (self.hook(), self.tap());
         if hook.is_none() && tap.is_none() {
-            return self.forward_one(pkt, None, more);
+            self.forward_one(pkt, None, more);
+            return 0;
         }
         // Hooks and taps see every MTU packet of a train, one by one.
         for p in pkt.packets() {
@@ -1127,6 +1148,7 @@ impl Fabric {
             }
             self.forward_one(p, hook.as_ref(), false);
         }
+        0
     }
 
     fn forward_one(&self, mut pkt: Packet, hook: Option<&Arc<dyn LinkHook>>, more: bool) {
@@ -1231,12 +1253,20 @@ impl Fabric {
     }
 
     fn deliver(&self, dst: &Arc<dyn PacketSink>, pkt: Packet, more: bool) {
+        if self.hand_over(dst, pkt, more) {
+            self.inner.stats.delivered.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Gives `pkt` to its port: whether the port took it (one it refused goes back to its
+    /// sender as a notice, headers only).
+    fn hand_over(&self, dst: &Arc<dyn PacketSink>, pkt: Packet, more: bool) -> bool {
         match dst.deliver_in_burst(pkt, more) {
-            Ok(()) => {
-                self.inner.stats.delivered.fetch_add(1, Relaxed);
+            Ok(()) => true,
+            Err(Rejected(pkt)) => {
+                self.bounce(*pkt, DropReason::Rejected);
+                false
             }
-            // Back to its sender as a notice (headers only).
-            Err(Rejected(pkt)) => self.bounce(*pkt, DropReason::Rejected),
         }
     }
 
