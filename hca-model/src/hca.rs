@@ -345,6 +345,15 @@ impl Device {
         self.fabric.as_ref().map_or(0, |f| f.now_ns())
     }
 
+    /// Fabric time to start a timer from, where reading it is cheap (a manual clock; 0 off a
+    /// fabric); None on a real clock: the timer starts at the next tick (see
+    /// [`Fabric::now_ns_if_cheap`]).
+    pub(crate) fn timer_start(&self) -> Option<u64> {
+        self.fabric
+            .as_ref()
+            .map_or(Some(0), |f| f.now_ns_if_cheap())
+    }
+
     /// The fabric's adapter-fault hook and clock, when the port is on a fabric that has one.
     pub fn adapter_hook(&self) -> Option<(Arc<dyn AdapterHook>, u64)> {
         let f = self.fabric.as_ref()?;

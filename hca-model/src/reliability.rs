@@ -49,6 +49,9 @@ pub(crate) enum Wait {
     Idle,
     /// The ACK timeout: resend from the oldest unacknowledged PSN, spending a retry.
     Ack(u64),
+    /// The ACK timeout, counted from the fabric's next tick (armed on a real clock, without
+    /// reading it: see [`crate::Fabric::now_ns_if_cheap`]).
+    AckFromTick,
     /// An RNR delay: resend from this PSN when it passes.
     Rnr(u64, u32),
 }
@@ -83,9 +86,19 @@ impl HcaState {
 impl QpEngine<'_> {
     fn set_wait(&mut self, wait: Wait) {
         self.qp.retry.wait = wait;
-        if let Wait::Ack(t) | Wait::Rnr(t, _) = wait {
-            self.dev.timer_hint = self.dev.timer_hint.min(t);
+        match wait {
+            Wait::Ack(t) | Wait::Rnr(t, _) => self.dev.timer_hint = self.dev.timer_hint.min(t),
+            Wait::AckFromTick => self.dev.timer_hint = 0, // the next tick starts it
+            Wait::Idle => {}
         }
+    }
+
+    /// The ACK timer (`timeout_ns` long) started now: from the clock where reading it is
+    /// cheap, else from the next tick.
+    fn ack_wait(&self, timeout_ns: u64) -> Wait {
+        self.dev
+            .timer_start()
+            .map_or(Wait::AckFromTick, |now| Wait::Ack(now + timeout_ns))
     }
 
     /// Arms the ACK timer for requests just sent, if it is not running; a QP that was idle
@@ -97,22 +110,20 @@ impl QpEngine<'_> {
         }
         qp.refill_retries();
         if let Some(t) = ack_timeout_ns(qp.attr.timeout) {
-            let now = self.dev.now();
-            self.set_wait(Wait::Ack(now + t));
+            let wait = self.ack_wait(t);
+            self.set_wait(wait);
         }
     }
 
     /// Something completed: the budgets refill and the timer restarts for what is left.
-    /// (The clock is read only when a timer restarts: on a real clock a reading costs about
-    /// 26 ns here, some 5% of a lone SEND, and the last ACK of a run leaves nothing to time.)
+    /// (A real clock is not read here either: the restarted timer counts from the next
+    /// tick, and the last ACK of a run leaves nothing to time.)
     pub(crate) fn progress(&mut self) {
         let qp = &mut *self.qp;
         qp.refill_retries();
         let busy = qp.awaits_peer();
         let wait = match ack_timeout_ns(qp.attr.timeout) {
-            Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => {
-                Wait::Ack(self.dev.now() + t)
-            }
+            Some(t) if busy && !matches!(qp.retry.wait, Wait::Rnr(..)) => self.ack_wait(t),
             _ if busy => qp.retry.wait,
             _ => Wait::Idle,
         };
@@ -142,6 +153,10 @@ impl QpEngine<'_> {
                 }
             }
             Wait::Rnr(t, psn) if t <= now => self.resend_from(psn, now, true),
+            Wait::AckFromTick => {
+                let timeout = ack_timeout_ns(self.qp.attr.timeout);
+                self.set_wait(timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t)));
+            }
             w => self.set_wait(w), // not due: keeps it in the hint
         }
     }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan};
-use hca_model::packet::{Packet, AETH_ACK, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY};
+use hca_model::packet::{
+    Packet, AETH_ACK, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_ONLY, RC_SEND_ONLY,
+};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
 use hca_test_driver::*;
@@ -474,4 +476,92 @@ fn test_a_fatal_nak_acknowledges_the_messages_before_it() {
             .map(|c| (c.wr_id, u32::from(c.status)))
             .collect();
     assert_eq!(sent, [(0, WC_SUCCESS), (1, WC_REM_INV_REQ_ERR)]);
+}
+
+/// Drops the SEND packets it is told to by their order on the wire (the first is 0), and
+/// notes when each SEND packet went up, by PSN.
+struct DropSends {
+    drop: Vec<usize>,
+    seen: std::sync::Mutex<Vec<(u32, u64)>>,
+}
+
+impl LinkHook for DropSends {
+    fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict {
+        if link.dir != LinkDir::Up || pkt.opcode != RC_SEND_ONLY {
+            return Verdict::Pass;
+        }
+        let mut seen = self.seen.lock().unwrap();
+        seen.push((pkt.psn, now_ns));
+        if self.drop.contains(&(seen.len() - 1)) {
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    }
+}
+
+/// On the real clock (as the device server and the VMM run it) an ACK timer is started
+/// without reading the clock, from the fabric's next tick: a lost SEND is still sent again,
+/// and never before the QP's timeout has passed since it was sent. Both ways a timer
+/// starts: armed by a SEND on an idle QP, and restarted by an ACK that leaves a SEND
+/// outstanding.
+#[test]
+fn test_on_the_real_clock_a_lost_send_is_sent_again_after_its_timeout() {
+    const TIMEOUT: u8 = 10; // 4.2 ms: longer than a tick or two
+    let fabric = Fabric::new();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (TIMEOUT, 7, 7));
+    // Sends 0 (dropped) and 1 (again); then 2, 3 (dropped) and 4 (3 again).
+    let hook = Arc::new(DropSends {
+        drop: vec![0, 3],
+        seen: Default::default(),
+    });
+    fabric.set_hook(Some(hook.clone()));
+    let src = p.a.alloc(64, 64);
+    p.a.write(src, &pattern(64, 5));
+    let dst = p.b.alloc(3 * 64, 64);
+    for i in 0..3u64 {
+        p.b.post_recv(&mut p.qb, i, &[sge(dst + i * 64, 64, p.key_b)]);
+    }
+    let wait_for = |p: &mut Pair, n: usize| {
+        let start = std::time::Instant::now();
+        let mut got = Vec::new();
+        while got.len() < n && start.elapsed() < Duration::from_secs(10) {
+            got.extend(p.a.drain_cq(&mut p.cq_a));
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        got
+    };
+    // Armed: one SEND on an idle QP.
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(0, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 64, p.key_a)],
+    );
+    let c = wait_for(&mut p, 1);
+    assert_eq!(c.len(), 1, "the lost SEND completes once sent again");
+    // Restarted: two SENDs in one doorbell; the first one's ACK restarts the timer for the
+    // second, which was lost.
+    for i in 1..3u64 {
+        let mut w = send_wr(i, WR_SEND, WQE_SIGNALED);
+        w.num_sge = 1;
+        p.a.write_send(&mut p.qa, &w, &[sge(src, 64, p.key_a)], &[]);
+    }
+    p.a.ring_sq(&p.qa);
+    let c2 = wait_for(&mut p, 2);
+    let all: Vec<_> = c.iter().chain(&c2).map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(all, [(0, 0), (1, 0), (2, 0)]);
+    assert_eq!(p.b.drain_cq(&mut p.cq_b).len(), 3, "each delivered once");
+    assert_eq!(p.b.read(dst + 128, 64), pattern(64, 5));
+    assert_eq!(p.a.hca.stats().retransmits, 2);
+    let seen = hook.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    let timeout = ack_timeout_ns(TIMEOUT).unwrap();
+    for (lost, again) in [(0, 1), (3, 4)] {
+        let ((psn, sent), (psn2, resent)) = (seen[lost], seen[again]);
+        assert_eq!(psn, psn2, "send {again} is send {lost} again: {seen:?}");
+        assert!(
+            resent - sent >= timeout,
+            "sent again {} ns after it was sent, before the {timeout} ns timeout",
+            resent - sent
+        );
+    }
 }
