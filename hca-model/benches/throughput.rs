@@ -8,10 +8,13 @@
 //!   server and the VMM run, whose readings cost);
 //! - fairness: one pair's 8-byte SEND round-trip rate alone, and while another pair on the
 //!   same fabric floods it with 64 KiB RDMA WRITEs from another thread;
-//! - scale: the 8-byte SEND rate with many other QPs connected and idle.
+//! - scale: the 8-byte SEND rate with many other QPs connected and idle;
+//! - cores: pairs sending 8-byte SENDs each on a thread of its own, all on one fabric, beside
+//!   the same pairs each on a fabric of its own (what sharing the fabric costs: as a device
+//!   server or VMM runs several guests, a thread each).
 //!
 //! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run, and
-//! `write`, `send`, `fair` or `scale` for one part).
+//! `write`, `send`, `fair`, `scale` or `cores` for one part).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -268,6 +271,46 @@ fn fairness(quick: bool) {
     println!("(a fair fabric keeps the ratio near the victim's share of the host's cores)");
 }
 
+/// Pairs on one fabric, one thread each: the aggregate 8-byte SEND rate (1 WR/doorbell),
+/// beside the same pairs each on a fabric of its own (nothing shared between threads).
+fn cores(quick: bool) {
+    println!();
+    println!("8-byte SEND, 1 WR/doorbell, pairs on threads of their own: one fabric vs one each");
+    println!(
+        "{:>8} {:>16} {:>16} {:>8}",
+        "pairs", "one fabric", "own fabrics", "ratio"
+    );
+    let dur = Duration::from_millis(if quick { 300 } else { 2000 });
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for n in [1, 2, 4, 8].into_iter().filter(|&n| n <= threads) {
+        let run = |shared: bool| {
+            let fabric = Fabric::with_manual_clock();
+            let mut pairs: Vec<Pair> = (0..n)
+                .map(|_| {
+                    let f = if shared {
+                        fabric.clone()
+                    } else {
+                        Fabric::with_manual_clock()
+                    };
+                    Pair::build(f, MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS)
+                })
+                .collect();
+            std::thread::scope(|s| {
+                let hs: Vec<_> = pairs
+                    .iter_mut()
+                    .map(|p| s.spawn(|| ping_for(p, dur)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("pair thread"))
+                    .sum::<u64>()
+            }) as f64
+                / dur.as_secs_f64()
+        };
+        let (one, own) = (run(true), run(false));
+        println!("{:>8} {:>16.0} {:>16.0} {:>7.2}x", n, one, own, one / own);
+    }
+}
+
 fn fmt_size(n: usize) -> String {
     if n >= 1 << 20 {
         format!("{} MiB", n >> 20)
@@ -297,5 +340,8 @@ fn main() {
     }
     if want("scale") {
         scale(quick);
+    }
+    if want("cores") {
+        cores(quick);
     }
 }
