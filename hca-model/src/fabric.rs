@@ -971,6 +971,11 @@ impl Fabric {
         note_queued(self.id(), dst);
     }
 
+    /// Whether `other` is this fabric (a clone of its handle).
+    pub fn same(&self, other: &Fabric) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// This fabric's identity, for [`QUEUED_TO`].
     fn id(&self) -> usize {
         Arc::as_ptr(&self.inner) as usize

@@ -15,7 +15,7 @@
 //! doorbell, a packet or a tick to the QPs it concerns.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use vm_memory::GuestMemory;
 
@@ -459,6 +459,19 @@ struct Shared {
     guid: u64,
     /// HcaState::port_caps.
     port_caps: Arc<AtomicU32>,
+    /// The fabric the port was first attached to, for the pump a turn runs once it has let
+    /// go of the device lock: read here without a lock or a clone of the fabric's handle,
+    /// whose count every device's turn would change (a cache line the cores of all guests
+    /// would pass around). A port later on another fabric clones its handle to pump.
+    first_fabric: OnceLock<Fabric>,
+}
+
+/// What a turn pumps once it has let go of the device lock.
+enum Pump {
+    No,
+    /// [`Shared::first_fabric`], the one the port is on.
+    First,
+    Other(Fabric),
 }
 
 impl Shared {
@@ -498,7 +511,7 @@ impl Shared {
         mut st: MutexGuard<'_, HcaState>,
         f: impl FnOnce(&mut HcaState) -> R,
     ) -> (R, bool) {
-        let (r, irqs, fabric, lid, more) = {
+        let (r, irqs, pump, lid, more) = {
             st.dev.turn_left = WORK_PER_TURN;
             let r = f(&mut st);
             // Any turn but a delivery with more behind it ends a burst: its ACKs go now.
@@ -525,9 +538,14 @@ impl Shared {
                 st.dev.timer_hint
             };
             self.timer_hint.store(hint, Ordering::Relaxed);
-            let fabric = st.dev.fabric.as_ref();
-            let fabric = fabric.filter(|f| f.has_work_for_this_thread()).cloned();
-            (r, irqs, fabric, st.dev.lid, st.dev.more_work)
+            let pump = match st.dev.fabric.as_ref() {
+                Some(f) if f.has_work_for_this_thread() => match self.first_fabric.get() {
+                    Some(first) if first.same(f) => Pump::First,
+                    _ => Pump::Other(f.clone()),
+                },
+                _ => Pump::No,
+            };
+            (r, irqs, pump, st.dev.lid, st.dev.more_work)
         };
         drop(st);
         // The vectors to raise, lowest first (most turns raise none).
@@ -536,8 +554,14 @@ impl Shared {
             self.irq.raise(irqs.trailing_zeros());
             irqs &= irqs - 1;
         }
-        if let Some(f) = fabric {
-            f.pump_with_backpressure(lid);
+        match pump {
+            Pump::No => {}
+            Pump::First => {
+                if let Some(f) = self.first_fabric.get() {
+                    f.pump_with_backpressure(lid);
+                }
+            }
+            Pump::Other(f) => f.pump_with_backpressure(lid),
         }
         (r, more)
     }
@@ -647,6 +671,7 @@ impl Hca {
                 irq,
                 guid: node_guid,
                 port_caps,
+                first_fabric: OnceLock::new(),
             }),
         }
     }
@@ -672,6 +697,8 @@ impl Hca {
     }
 
     fn port_up(&self, fabric: &Fabric, lid: Lid) {
+        // (Set once: a port moved to another fabric pumps with a clone of its handle.)
+        let _ = self.shared.first_fabric.set(fabric.clone());
         self.shared.with_state(|st| {
             st.dev.fabric = Some(fabric.clone());
             st.dev.lid = lid;
