@@ -4,6 +4,8 @@
 //! Delivery: packets are queued per (destination, source) port in the order their senders
 //! produced them (a sender enqueues while holding its own lock) and served round-robin, so a
 //! port flooding the fabric delays another's packets by one item each, not by its backlog.
+//! Each destination has a lane of its own (its own lock and cache lines: see `Lanes`), so
+//! guests whose traffic goes to different ports move it on different cores without meeting.
 //! Any thread that pumps delivers items for destinations no other thread is serving, taking
 //! one HCA lock at a time: each source's packets reach each destination in order (RC's
 //! need), exactly once, deliveries to different ports run in parallel, and no deadlock is
@@ -26,7 +28,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::adapter_hook::AdapterHook;
@@ -153,13 +155,15 @@ struct QueuedTo {
     next: usize,
 }
 
-/// The next of the destinations this thread queued for on fabric `fabric` that is
-/// [`Queue::open`], served in turn. A destination drops from the list once it is empty, or
-/// claimed by another thread (which goes on with it: it holds it in its own list, or serves
-/// every destination). (The item is taken by the caller: moving it out through the
-/// thread-local's closure would copy it twice more.)
+/// The next of the destinations this thread queued for on fabric `fabric` whose lane
+/// `open` finds open (it returns the lane, locked), served in turn. A destination drops
+/// from the list once it is empty, or claimed by another thread (which goes on with it: it
+/// holds it in its own list, or serves every destination).
 #[inline]
-fn next_own(q: &Queue, fabric: usize) -> Option<usize> {
+fn next_own<'a>(
+    fabric: usize,
+    mut open: impl FnMut(usize) -> Option<MutexGuard<'a, DstQueue>>,
+) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
     QUEUED_TO.with(|mine| {
         let mine = &mut *mine.borrow_mut();
         // Each entry is looked at once, from the cursor on and around: one of this fabric's
@@ -174,15 +178,34 @@ fn next_own(q: &Queue, fabric: usize) -> Option<usize> {
             let &(f, dst) = mine.to.get(i)?;
             if f != fabric {
                 i += 1;
-            } else if !q.open(dst) {
-                mine.to.swap_remove(i);
-            } else {
+            } else if let Some(lane) = open(dst) {
                 mine.next = i + 1;
-                return Some(dst);
+                return Some((dst, lane));
+            } else {
+                mine.to.swap_remove(i);
             }
         }
         None
     })
+}
+
+/// Whether `dst` is the only destination on fabric `fabric` in this thread's list.
+fn only_own(fabric: usize, dst: usize) -> bool {
+    QUEUED_TO.with(|mine| {
+        let mine = mine.borrow();
+        let mut on = mine.to.iter().filter(|&&(f, _)| f == fabric);
+        on.next() == Some(&(fabric, dst)) && on.next().is_none()
+    })
+}
+
+/// Drops `dst` on fabric `fabric` from this thread's list (its lane is empty).
+fn forget_own(fabric: usize, dst: usize) {
+    QUEUED_TO.with(|mine| {
+        let to = &mut mine.borrow_mut().to;
+        if let Some(i) = to.iter().position(|&e| e == (fabric, dst)) {
+            to.swap_remove(i);
+        }
+    });
 }
 
 /// This thread's pump of `fabric`, and the destination it has claimed. Ends the pump
@@ -191,8 +214,8 @@ fn next_own(q: &Queue, fabric: usize) -> Option<usize> {
 struct Pumping<'a> {
     fabric: &'a Fabric,
     claimed: Option<usize>,
-    /// Packets it handed to their ports since it last held the queue's lock, counted there
-    /// (`Queue::delivered`) the next time: no atomic of their own.
+    /// Packets it handed to their ports since it claimed its lane, counted there
+    /// (`DstQueue::delivered`) when it lets go of it: no atomic of their own.
     delivered: u64,
 }
 
@@ -206,20 +229,23 @@ impl<'a> Pumping<'a> {
         }
     }
 
-    /// With the queue's lock: counts what was delivered, lets go of the claim.
-    fn settle(&mut self, q: &mut Queue) {
-        q.delivered += std::mem::take(&mut self.delivered);
-        if let Some(dst) = self.claimed.take() {
-            q.release(dst);
-        }
+    /// Lets go of the lane it claimed, counting there what it delivered; returns that
+    /// lane, still locked (the pump may serve it again in the same turn of its lock).
+    fn settle(&mut self) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+        let dst = self.claimed.take()?;
+        let mut lane = self.fabric.lane(dst)?;
+        lane.claimed = false;
+        lane.delivered += std::mem::take(&mut self.delivered);
+        Some((dst, lane))
     }
 }
 
 impl Drop for Pumping<'_> {
     fn drop(&mut self) {
-        if self.claimed.is_some() || self.delivered != 0 {
-            let fabric = self.fabric;
-            self.settle(&mut fabric.queue());
+        drop(self.settle());
+        if self.delivered != 0 {
+            let c = &self.fabric.inner.stats.delivered;
+            c.fetch_add(self.delivered, Relaxed);
         }
         PUMPING.with(|p| p.set(false));
     }
@@ -321,19 +347,19 @@ enum Item {
 
 const _: () = assert!(std::mem::size_of::<Item>() <= std::mem::size_of::<Packet>());
 
-/// `first` and the packets of its stream queued right behind it for `dst` (which the caller
-/// has claimed), up to [`MAX_BURST`] packets or [`MAX_BURST_BYTES`] of payload. Also says
-/// whether the stream goes on behind them.
-fn take_burst(q: &mut Queue, dst: usize, first: Packet) -> (Vec<Packet>, bool) {
+/// `first` and the packets of its stream queued right behind it in lane `d` (which the
+/// caller has claimed), up to [`MAX_BURST`] packets or [`MAX_BURST_BYTES`] of payload.
+/// Also says whether the stream goes on behind them.
+fn take_burst(d: &mut DstQueue, first: Packet) -> (Vec<Packet>, bool) {
     let mut bytes = u64::from(first.payload.len());
     let mut burst = Vec::with_capacity(MAX_BURST);
     burst.push(first);
     loop {
-        let follows = burst.last().is_some_and(|last| q.next_follows(dst, last));
+        let follows = burst.last().is_some_and(|last| d.next_follows(last));
         if !follows || burst.len() == MAX_BURST || bytes > MAX_BURST_BYTES {
             return (burst, follows);
         }
-        let Some(Item::Packet(p)) = q.take_from(dst) else {
+        let Some((_, Item::Packet(p))) = d.take() else {
             unreachable!("next_follows saw a packet next");
         };
         bytes += u64::from(p.payload.len());
@@ -354,28 +380,109 @@ fn slot(lid: Lid) -> usize {
     }
 }
 
-/// Everything queued: a FIFO per (destination, source) port, served round-robin over the
-/// sources of a destination. One sender's flood then delays another's packet to the same
-/// port by one item, not by the flood; the order of one source's items to one destination
-/// (what RC needs) is kept.
+/// Items a source may have queued before it counts as crowding the fabric: while no
+/// source has more, the fabric holds at most [`MAX_TOTAL_BACKLOG`] items in all (one
+/// source per slot), and no sender's turn needs to add them up.
+const CROWD: usize = MAX_TOTAL_BACKLOG / SLOTS;
+const _: () = assert!(CROWD * SLOTS <= MAX_TOTAL_BACKLOG && CROWD > 0 && CROWD < MAX_BACKLOG);
+
+/// Everything queued, as a lane per destination slot: in each, a FIFO per source slot,
+/// served round-robin over the sources. One sender's flood then delays another's packet
+/// to the same port by one item, not by the flood; the order of one source's items to one
+/// destination (what RC needs) is kept.
 ///
-/// A destination is claimed by the thread delivering its item, so its items arrive one at a
-/// time and in order, while items for other destinations are delivered by other threads at
-/// the same moment (each HCA has its own lock). A device's thread delivers what it queued
-/// itself (and what those deliveries queue), not another guest's backlog: see
-/// [`Fabric::pump_with_backpressure`].
-#[derive(Default)]
-struct Queue {
-    dsts: Vec<DstQueue>,
-    /// Destination slots that may have items no thread has claimed (checked when taken).
-    ready: VecDeque<usize>,
-    len: usize,
-    /// Items queued per source slot (what backpressure holds a sender to).
-    from: Vec<usize>,
-    /// Packets pumps handed straight to their ports (part of `FabricStats::delivered`).
-    delivered: u64,
+/// Each lane has its own lock, and beside it the count of items its slot has queued as a
+/// source (in any lane): guests whose traffic goes to different ports share no lock and no
+/// cache line they write, and their threads move packets on different cores at once. (One
+/// lock for the whole queue made each pump wait for the other's and miss in cache on what
+/// it wrote: two pairs on two threads moved fewer messages than one; the bench's `cores`
+/// part measures it.) A lane is made when its slot is first used.
+///
+/// A destination is claimed by the thread delivering its item, so its items arrive one at
+/// a time and in order, while items for other destinations are delivered by other threads
+/// at the same moment (each HCA has its own lock). A device's thread delivers what it
+/// queued itself (and what those deliveries queue), not another guest's backlog: see
+/// [`Fabric::pump_with_backpressure`]. No thread holds two lanes' locks at once.
+struct Lanes {
+    slots: Box<[OnceLock<Box<Lane>>]>,
+    /// One past the highest slot with a lane: what a look at every lane covers.
+    top: AtomicUsize,
+    /// Sources with more than [`CROWD`] items queued.
+    crowded: AtomicUsize,
 }
 
+/// One slot's lane, on cache lines of its own (see [`Lanes`]).
+#[derive(Default)]
+#[repr(align(128))]
+struct Lane {
+    q: Mutex<DstQueue>,
+    /// Items queued with this slot as their source, in every lane: what backpressure
+    /// holds a sender to. Counted before an item is queued and after it is taken, so never
+    /// short.
+    from_here: AtomicUsize,
+}
+
+impl Lanes {
+    fn new() -> Self {
+        Self {
+            slots: std::iter::repeat_with(OnceLock::new).take(SLOTS).collect(),
+            top: AtomicUsize::new(0),
+            crowded: AtomicUsize::new(0),
+        }
+    }
+
+    fn get(&self, slot: usize) -> Option<&Lane> {
+        self.slots.get(slot)?.get().map(|l| &**l)
+    }
+
+    fn get_or_make(&self, slot: usize) -> Option<&Lane> {
+        let cell = self.slots.get(slot)?;
+        Some(cell.get_or_init(|| {
+            self.top.fetch_max(slot + 1, Relaxed);
+            Box::default()
+        }))
+    }
+
+    /// Every lane made so far, with its slot.
+    fn all(&self) -> impl Iterator<Item = (usize, &Lane)> {
+        let top = self.top.load(Acquire).min(SLOTS);
+        (0..top).filter_map(|s| Some((s, self.get(s)?)))
+    }
+
+    /// `n` more items queued from slot `src`.
+    fn count_in(&self, src: usize, n: usize) {
+        let Some(lane) = self.get_or_make(src) else {
+            return;
+        };
+        let before = lane.from_here.fetch_add(n, Relaxed);
+        if before <= CROWD && before + n > CROWD {
+            self.crowded.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `n` items from slot `src` taken off the queue.
+    fn count_out(&self, src: usize, n: usize) {
+        let Some(lane) = self.get(src) else {
+            return;
+        };
+        let before = lane.from_here.fetch_sub(n, Relaxed);
+        if before > CROWD && before - n <= CROWD {
+            self.crowded.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Items queued from slot `src`.
+    fn queued_from(&self, src: usize) -> usize {
+        self.get(src).map_or(0, |l| l.from_here.load(Relaxed))
+    }
+
+    /// Items queued in all.
+    fn total(&self) -> usize {
+        self.all().map(|(_, l)| l.from_here.load(Relaxed)).sum()
+    }
+}
+
+/// A destination's queue: what its [`Lane`]'s lock guards.
 #[derive(Default)]
 struct DstQueue {
     /// Per source slot, its FIFO; kept when empty (the same few sources keep sending), at
@@ -386,138 +493,80 @@ struct DstQueue {
     /// The index the last push used.
     last: usize,
     claimed: bool,
-    in_ready: bool,
     /// The port at this slot (slot 0, shared, has none): the pump finds it here while it
-    /// holds the queue anyway, not through the table's lock (two atomics less a packet).
+    /// holds the lane anyway, not through the table's lock (two atomics less a packet).
     port: Option<Weak<dyn PacketSink>>,
+    /// Packets pumps handed straight to their ports from here (part of
+    /// `FabricStats::delivered`).
+    delivered: u64,
 }
 
-impl Queue {
+impl DstQueue {
+    /// The index of `src`'s FIFO (a new one for a new source).
     #[inline]
-    fn push(&mut self, dst: usize, src: Lid, item: Item) {
-        if self.dsts.len() <= dst {
-            self.dsts.resize_with(dst + 1, DstQueue::default);
-        }
-        let Some(d) = self.dsts.get_mut(dst) else {
-            return;
-        };
-        let i = match d.srcs.get(d.last) {
-            Some((s, _)) if *s == src => d.last,
-            _ => match d.srcs.iter().position(|(s, _)| *s == src) {
+    fn source(&mut self, src: Lid) -> usize {
+        match self.srcs.get(self.last) {
+            Some((s, _)) if *s == src => self.last,
+            _ => match self.srcs.iter().position(|(s, _)| *s == src) {
                 Some(i) => i,
                 None => {
-                    d.srcs.push((src, VecDeque::new()));
-                    d.srcs.len() - 1
+                    self.srcs.push((src, VecDeque::new()));
+                    self.srcs.len() - 1
                 }
             },
-        };
-        d.last = i;
-        let Some((_, q)) = d.srcs.get_mut(i) else {
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, src: Lid, item: Item) {
+        let i = self.source(src);
+        self.last = i;
+        let Some((_, q)) = self.srcs.get_mut(i) else {
             return;
         };
         if q.is_empty() {
-            d.turn.push_back(i);
+            self.turn.push_back(i);
         }
         q.push_back(item);
-        self.len += 1;
-        if self.from.len() <= usize::from(src) {
-            self.from.resize(usize::from(src) + 1, 0);
-        }
-        if let Some(n) = self.from.get_mut(usize::from(src)) {
-            *n += 1;
-        }
-        if !d.claimed && !d.in_ready {
-            d.in_ready = true;
-            self.ready.push_back(dst);
-        }
     }
 
-    /// Keeps the port at `lid` (None: none there now) beside its slot's queue.
-    fn set_port(&mut self, lid: Lid, sink: Option<Weak<dyn PacketSink>>) {
-        let dst = slot(lid);
-        if dst == 0 {
-            return;
-        }
-        if self.dsts.len() <= dst {
-            self.dsts.resize_with(dst + 1, DstQueue::default);
-        }
-        if let Some(d) = self.dsts.get_mut(dst) {
-            d.port = sink;
-        }
+    /// The port at this slot, if it has its own (not slot 0) and it is still there.
+    fn port(&self) -> Option<Arc<dyn PacketSink>> {
+        self.port.as_ref()?.upgrade()
     }
 
-    /// The port at slot `dst`, if it has its own (not slot 0) and it is still there.
-    fn port(&self, dst: usize) -> Option<Arc<dyn PacketSink>> {
-        self.dsts.get(dst)?.port.as_ref()?.upgrade()
+    /// Whether it has items that no thread is delivering.
+    fn open(&self) -> bool {
+        !self.claimed && !self.turn.is_empty()
     }
 
-    /// Whether `dst` has items that no thread is delivering.
-    fn open(&self, dst: usize) -> bool {
-        self.dsts
-            .get(dst)
-            .is_some_and(|d| !d.claimed && !d.turn.is_empty())
-    }
-
-    /// The next item for `dst` (which must be [`Queue::open`]); the caller then holds it
-    /// claimed until [`Queue::release`].
+    /// The next item, and the source slot it came from; the caller then holds the lane
+    /// claimed until it lets go of it.
     #[inline]
-    fn take_from(&mut self, dst: usize) -> Option<Item> {
-        let d = self.dsts.get_mut(dst)?;
-        let i = d.turn.pop_front()?;
-        let (src, q) = d.srcs.get_mut(i)?;
+    fn take(&mut self) -> Option<(Lid, Item)> {
+        let i = self.turn.pop_front()?;
+        let (src, q) = self.srcs.get_mut(i)?;
         let item = q.pop_front()?;
         if !q.is_empty() {
-            d.turn.push_back(i);
+            self.turn.push_back(i);
         }
-        d.claimed = true;
-        self.len -= 1;
-        if let Some(n) = self.from.get_mut(usize::from(*src)) {
-            *n -= 1;
-        }
-        Some(item)
+        self.claimed = true;
+        Some((*src, item))
     }
 
-    /// Whether the next item `dst` will be served is a packet of `pkt`'s stream (the same
-    /// sender QP to the same QP).
-    fn next_follows(&self, dst: usize, pkt: &Packet) -> bool {
-        let Some(d) = self.dsts.get(dst) else {
-            return false;
-        };
-        let next = d.turn.front().and_then(|&i| d.srcs.get(i)?.1.front());
+    /// Whether the next item it will serve is a packet of `pkt`'s stream (the same sender
+    /// QP to the same QP).
+    fn next_follows(&self, pkt: &Packet) -> bool {
+        let next = self.turn.front().and_then(|&i| self.srcs.get(i)?.1.front());
         matches!(next, Some(Item::Packet(n))
             if n.slid == pkt.slid && n.src_qpn == pkt.src_qpn && n.dest_qpn == pkt.dest_qpn)
     }
+}
 
-    /// Items queued from `src`'s slot.
-    fn queued_from(&self, src: Lid) -> usize {
-        self.from.get(slot(src)).copied().unwrap_or(0)
-    }
-
-    /// The next destination with items that no thread is delivering to.
-    #[inline]
-    fn next_any(&mut self) -> Option<usize> {
-        while let Some(dst) = self.ready.pop_front() {
-            if let Some(d) = self.dsts.get_mut(dst) {
-                d.in_ready = false;
-            }
-            if self.open(dst) {
-                return Some(dst);
-            }
-        }
-        None
-    }
-
-    /// The caller is done with its item for `dst`.
-    fn release(&mut self, dst: usize) {
-        let Some(d) = self.dsts.get_mut(dst) else {
-            return;
-        };
-        d.claimed = false;
-        if !d.turn.is_empty() && !d.in_ready {
-            d.in_ready = true;
-            self.ready.push_back(dst);
-        }
-    }
+/// Locks a lane (one a panicking delivery left behind is whole: no change to a lane runs
+/// into a delivery).
+fn lock(q: &Mutex<DstQueue>) -> MutexGuard<'_, DstQueue> {
+    q.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Something attached to the fabric at run time (a hook, a tap), swapped under traffic.
@@ -559,10 +608,7 @@ impl<T: ?Sized> Attachment<T> {
 
 struct Inner {
     ports: RwLock<Vec<Option<Weak<dyn PacketSink>>>>,
-    queue: Mutex<Queue>,
-    /// The queue's length as of its last change, read without its lock: while it is within
-    /// [`MAX_BACKLOG`] no sender can be past its bound, and a sender's turn need not look.
-    backlog: AtomicUsize,
+    lanes: Lanes,
     hook: Attachment<dyn LinkHook>,
     tap: Attachment<dyn PacketTap>,
     adapter_hook: Attachment<dyn AdapterHook>,
@@ -708,8 +754,7 @@ impl Fabric {
         Self {
             inner: Arc::new_cyclic(|weak| Inner {
                 ports: RwLock::new(vec![None]),
-                queue: Mutex::new(Queue::default()),
-                backlog: AtomicUsize::new(0),
+                lanes: Lanes::new(),
                 hook: Attachment::default(),
                 tap: Attachment::default(),
                 adapter_hook: Attachment::default(),
@@ -844,7 +889,7 @@ impl Fabric {
             let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
             let lid = ports.len() as Lid;
             self.tell_adapter_hook(&sink);
-            self.queue().set_port(lid, Some(sink.clone()));
+            self.set_port(lid, Some(sink.clone()));
             ports.push(Some(sink));
             lid
         };
@@ -885,7 +930,7 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         self.tell_adapter_hook(&sink);
-        self.queue().set_port(lid, Some(sink.clone()));
+        self.set_port(lid, Some(sink.clone()));
         *slot = Some(sink);
         drop(ports);
         // A new port starts up; the next tick tells it if its link is down.
@@ -905,7 +950,7 @@ impl Fabric {
         let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = ports.get_mut(lid as usize) {
             *p = None;
-            self.queue().set_port(lid, None);
+            self.set_port(lid, None);
         }
     }
 
@@ -948,7 +993,10 @@ impl Fabric {
     pub fn stats(&self) -> FabricStats {
         let c = &self.inner.stats;
         FabricStats {
-            delivered: c.delivered.load(Relaxed) + self.queue().delivered,
+            delivered: c.delivered.load(Relaxed)
+                + (self.inner.lanes.all())
+                    .map(|(_, l)| lock(&l.q).delivered)
+                    .sum::<u64>(),
             no_route: c.no_route.load(Relaxed),
             hook_dropped: c.hook_dropped.load(Relaxed),
             rejected: c.rejected.load(Relaxed),
@@ -964,11 +1012,31 @@ impl Fabric {
 
     #[inline]
     fn push(&self, dst: usize, src: Lid, item: Item) {
-        let mut q = self.queue();
-        q.push(dst, src, item);
-        self.inner.backlog.store(q.len, Relaxed);
-        drop(q);
+        let lanes = &self.inner.lanes;
+        let Some(lane) = lanes.get_or_make(dst) else {
+            return;
+        };
+        let mut d = lock(&lane.q);
+        lanes.count_in(usize::from(src), 1);
+        d.push(src, item);
+        drop(d);
         note_queued(self.id(), dst);
+    }
+
+    /// Keeps the port at `lid` (None: none there now) in its slot's lane.
+    fn set_port(&self, lid: Lid, sink: Option<Weak<dyn PacketSink>>) {
+        let dst = slot(lid);
+        if dst == 0 {
+            return;
+        }
+        if let Some(lane) = self.inner.lanes.get_or_make(dst) {
+            lock(&lane.q).port = sink;
+        }
+    }
+
+    /// Slot `dst`'s lane, locked, if it has one.
+    fn lane(&self, dst: usize) -> Option<MutexGuard<'_, DstQueue>> {
+        Some(lock(&self.inner.lanes.get(dst)?.q))
     }
 
     /// Whether `other` is this fabric (a clone of its handle).
@@ -983,7 +1051,7 @@ impl Fabric {
 
     /// Packets and bounces queued, not yet moved.
     pub fn backlog(&self) -> usize {
-        self.queue().len
+        self.inner.lanes.total()
     }
 
     /// Like [`Fabric::pump_own`]; then, while more than [`MAX_BACKLOG`] items from the port
@@ -994,24 +1062,28 @@ impl Fabric {
     /// delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self, sender: Lid) {
         self.pump_own();
-        // A sender's own pushes precede this load: it sees at least its own items.
-        if PUMPING.with(Cell::get) || self.inner.backlog.load(Relaxed) <= MAX_BACKLOG {
+        // While no source crowds the fabric (a sender that does has counted so itself,
+        // before this load), none is past its bound nor the queue past its total: the
+        // usual case reads one counter that packets leave alone.
+        let lanes = &self.inner.lanes;
+        if PUMPING.with(Cell::get) || lanes.crowded.load(Relaxed) == 0 {
             return;
         }
-        let over = |q: &Queue| q.queued_from(sender) > MAX_BACKLOG || q.len > MAX_TOTAL_BACKLOG;
-        while over(&self.queue()) {
+        let over =
+            || lanes.queued_from(slot(sender)) > MAX_BACKLOG || lanes.total() > MAX_TOTAL_BACKLOG;
+        while over() {
             self.pump();
             std::thread::yield_now();
         }
     }
 
     /// Whether [`Fabric::pump_with_backpressure`] would do anything on this thread: not
-    /// inside a pump, and this thread has items of its own queued or the queue is past
-    /// [`MAX_BACKLOG`]. A device asks before it lets go of its lock (a turn that sent
+    /// inside a pump, and this thread has items of its own queued or a source has many
+    /// queued (see `CROWD`). A device asks before it lets go of its lock (a turn that sent
     /// nothing, or a delivery's turn inside a pump, then needs no hold on the fabric).
     pub fn has_work_for_this_thread(&self) -> bool {
         !PUMPING.with(Cell::get)
-            && (queued_any(self.id()) || self.inner.backlog.load(Relaxed) > MAX_BACKLOG)
+            && (queued_any(self.id()) || self.inner.lanes.crowded.load(Relaxed) > 0)
     }
 
     /// Delivers every queued item that no other thread is delivering, until none is left.
@@ -1039,36 +1111,34 @@ impl Fabric {
             return; // nothing of this thread's to move (a turn that sent nothing)
         }
         let mut pumping = Pumping::start(self);
+        let mut cursor = 0;
         // The item goes from the queue to its port in as few moves as the code can make it:
         // a packet is 128 bytes, and every move of one is a dozen instructions.
-        loop {
-            let mut q = self.queue();
-            pumping.settle(&mut q);
-            let dst = match next_own(&q, id) {
-                Some(dst) => Some(dst),
-                None if any => q.next_any(),
-                None => None,
-            };
-            let Some((dst, item)) = dst.and_then(|dst| Some((dst, q.take_from(dst)?))) else {
-                self.let_go(q);
-                break;
+        let lanes = &self.inner.lanes;
+        while let Some((dst, mut d)) = self.next_lane(&mut pumping, any, &mut cursor) {
+            let Some((src, item)) = d.take() else {
+                continue; // (next_lane gives open lanes only)
             };
             pumping.claimed = Some(dst);
+            let src = usize::from(src);
             match item {
                 Item::Packet(pkt) => {
-                    let more = q.next_follows(dst, &pkt);
-                    let port = q.port(dst);
+                    let more = d.next_follows(&pkt);
+                    let port = d.port();
                     if more && self.unwatched() {
-                        let (burst, more) = take_burst(&mut q, dst, pkt);
-                        self.let_go(q);
+                        let (burst, more) = take_burst(&mut d, pkt);
+                        drop(d);
+                        lanes.count_out(src, burst.len());
                         pumping.delivered += self.forward_burst(burst, more, port);
                     } else {
-                        self.let_go(q);
+                        drop(d);
+                        lanes.count_out(src, 1);
                         pumping.delivered += self.forward(pkt, more, port);
                     }
                 }
                 Item::Bounce(notice) => {
-                    self.let_go(q);
+                    drop(d);
+                    lanes.count_out(src, 1);
                     let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
                         src.undeliverable(pkt, why);
@@ -1078,14 +1148,41 @@ impl Fabric {
         }
     }
 
-    /// Unlocks the queue, leaving its length where [`Fabric::pump_with_backpressure`] reads
-    /// it without the lock.
-    fn let_go(&self, q: std::sync::MutexGuard<'_, Queue>) {
-        self.inner.backlog.store(q.len, Relaxed);
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner())
+    /// The lane a pump serves next, locked and open (its items wait and no thread is
+    /// delivering them). First the pump lets go of the lane it served last, and serves it
+    /// again in the same turn of its lock if it is still open and this thread has no other
+    /// destination waiting; then this thread's own destinations in turn; with `any`, every
+    /// lane in turn from `cursor`.
+    fn next_lane<'a>(
+        &'a self,
+        pumping: &mut Pumping<'a>,
+        any: bool,
+        cursor: &mut usize,
+    ) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+        let id = self.id();
+        if let Some((dst, lane)) = pumping.settle() {
+            if !lane.open() {
+                drop(lane);
+                forget_own(id, dst);
+            } else if only_own(id, dst) {
+                return Some((dst, lane));
+            }
+        }
+        if let Some(found) = next_own(id, |dst| self.lane(dst).filter(|d| d.open())) {
+            return Some(found);
+        }
+        if !any {
+            return None;
+        }
+        let top = self.inner.lanes.top.load(Acquire).min(SLOTS);
+        for _ in 0..top {
+            let dst = *cursor % top;
+            *cursor = dst + 1;
+            if let Some(lane) = self.lane(dst).filter(|d| d.open()) {
+                return Some((dst, lane));
+            }
+        }
+        None
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
