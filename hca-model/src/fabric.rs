@@ -11,7 +11,9 @@
 //! need), exactly once, deliveries to different ports run in parallel, and no deadlock is
 //! possible (no thread holds two HCA locks). Where no hook or tap watches, a run of one
 //! stream's packets (the same sender QP to the same QP) is handed to its port as one burst
-//! of at most [`MAX_BURST`] packets, taken in one turn of the port's lock.
+//! of at most [`MAX_BURST`] packets, taken in one turn of the port's lock. An answer sent
+//! inside a pump (an ACK, a response) to a port nothing waits for goes to that pump
+//! directly (`Fabric::push`).
 //!
 //! Every packet crosses two links: its source port's uplink and its destination port's
 //! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
@@ -139,8 +141,13 @@ const MAX_BURST: usize = 16;
 const MAX_BURST_BYTES: u64 = 64 << 10;
 
 thread_local! {
-    /// This thread is moving a fabric's queue (deliveries' own sends must not wait for it).
-    static PUMPING: Cell<bool> = const { Cell::new(false) };
+    /// The fabric whose queue this thread is moving (its [`Fabric::id`]; 0: none).
+    /// Deliveries' own sends must not wait for it.
+    static PUMPING: Cell<usize> = const { Cell::new(0) };
+    /// A packet a delivery inside this thread's pump sent to a lane with nothing queued and
+    /// no one delivering: claimed for the pump, which delivers it next (see
+    /// [`Fabric::push`]).
+    static HANDOFF: RefCell<Option<Handoff>> = const { RefCell::new(None) };
     /// What [`Fabric::pump_own`] serves: the destinations this thread queued items for.
     static QUEUED_TO: RefCell<QueuedTo> = const {
         RefCell::new(QueuedTo { to: Vec::new(), next: 0 })
@@ -208,6 +215,14 @@ fn forget_own(fabric: usize, dst: usize) {
     });
 }
 
+/// A packet handed to the pump of the thread that sent it (see [`HANDOFF`]).
+struct Handoff {
+    dst: usize,
+    src: Lid,
+    pkt: Packet,
+    port: Option<Arc<dyn PacketSink>>,
+}
+
 /// This thread's pump of `fabric`, and the destination it has claimed. Ends the pump
 /// however it ends: a delivery that panics (a device bug) must not leave its destination
 /// claimed, or this thread's later pumps returning at once.
@@ -221,7 +236,7 @@ struct Pumping<'a> {
 
 impl<'a> Pumping<'a> {
     fn start(fabric: &'a Fabric) -> Self {
-        PUMPING.with(|p| p.set(true));
+        PUMPING.with(|p| p.set(fabric.id()));
         Self {
             fabric,
             claimed: None,
@@ -243,11 +258,22 @@ impl<'a> Pumping<'a> {
 impl Drop for Pumping<'_> {
     fn drop(&mut self) {
         drop(self.settle());
+        // A delivery that panicked may leave a packet handed over: back at the head of
+        // its lane, which is no longer claimed.
+        if let Some(h) = HANDOFF.with(|h| h.borrow_mut().take()) {
+            let lanes = &self.fabric.inner.lanes;
+            if let Some(lane) = lanes.get(h.dst) {
+                let mut d = lock(&lane.q);
+                lanes.count_in(usize::from(h.src), 1);
+                d.push_front(h.src, Item::Packet(h.pkt));
+                d.claimed = false;
+            }
+        }
         if self.delivered != 0 {
             let c = &self.fabric.inner.stats.delivered;
             c.fetch_add(self.delivered, Relaxed);
         }
-        PUMPING.with(|p| p.set(false));
+        PUMPING.with(|p| p.set(0));
     }
 }
 
@@ -528,6 +554,18 @@ impl DstQueue {
             self.turn.push_back(i);
         }
         q.push_back(item);
+    }
+
+    /// Puts `item` back at the head of its source's FIFO, first in turn.
+    fn push_front(&mut self, src: Lid, item: Item) {
+        let i = self.source(src);
+        let Some((_, q)) = self.srcs.get_mut(i) else {
+            return;
+        };
+        if q.is_empty() {
+            self.turn.push_front(i);
+        }
+        q.push_front(item);
     }
 
     /// The port at this slot, if it has its own (not slot 0) and it is still there.
@@ -1017,10 +1055,45 @@ impl Fabric {
             return;
         };
         let mut d = lock(&lane.q);
+        let item = match item {
+            // A delivery inside this fabric's pump answering to a lane with nothing queued
+            // and no one delivering (an ACK, a response): the lane is claimed here and the
+            // packet goes to the pump, next, without passing through the queue (one turn
+            // of the lane's lock instead of two). The order of the lane's items holds: any
+            // later one waits behind the claim.
+            Item::Packet(pkt) if d.turn.is_empty() && !d.claimed && self.pumping_here() => {
+                // (Given back when the pump has a packet handed over already.)
+                let left = HANDOFF.with(|h| {
+                    let mut h = h.borrow_mut();
+                    if h.is_some() {
+                        return Some(pkt);
+                    }
+                    d.claimed = true;
+                    let port = d.port();
+                    *h = Some(Handoff {
+                        dst,
+                        src,
+                        pkt,
+                        port,
+                    });
+                    None
+                });
+                match left {
+                    None => return,
+                    Some(pkt) => Item::Packet(pkt),
+                }
+            }
+            item => item,
+        };
         lanes.count_in(usize::from(src), 1);
         d.push(src, item);
         drop(d);
         note_queued(self.id(), dst);
+    }
+
+    /// Whether this thread is inside a pump of this fabric.
+    fn pumping_here(&self) -> bool {
+        PUMPING.with(Cell::get) == self.id()
     }
 
     /// Keeps the port at `lid` (None: none there now) in its slot's lane.
@@ -1066,7 +1139,7 @@ impl Fabric {
         // before this load), none is past its bound nor the queue past its total: the
         // usual case reads one counter that packets leave alone.
         let lanes = &self.inner.lanes;
-        if PUMPING.with(Cell::get) || lanes.crowded.load(Relaxed) == 0 {
+        if PUMPING.with(Cell::get) != 0 || lanes.crowded.load(Relaxed) == 0 {
             return;
         }
         let over =
@@ -1082,7 +1155,7 @@ impl Fabric {
     /// queued (see `CROWD`). A device asks before it lets go of its lock (a turn that sent
     /// nothing, or a delivery's turn inside a pump, then needs no hold on the fabric).
     pub fn has_work_for_this_thread(&self) -> bool {
-        !PUMPING.with(Cell::get)
+        PUMPING.with(Cell::get) == 0
             && (queued_any(self.id()) || self.inner.lanes.crowded.load(Relaxed) > 0)
     }
 
@@ -1103,7 +1176,7 @@ impl Fabric {
     /// The pump; `any`: items anyone queued, else this thread's own. A nested call (from a
     /// delivery) returns at once: the outer frame goes on with what it queued.
     fn pump_while(&self, any: bool) {
-        if PUMPING.with(Cell::get) {
+        if PUMPING.with(Cell::get) != 0 {
             return;
         }
         let id = self.id();
@@ -1115,7 +1188,17 @@ impl Fabric {
         // The item goes from the queue to its port in as few moves as the code can make it:
         // a packet is 128 bytes, and every move of one is a dozen instructions.
         let lanes = &self.inner.lanes;
-        while let Some((dst, mut d)) = self.next_lane(&mut pumping, any, &mut cursor) {
+        loop {
+            if let Some(h) = HANDOFF.with(|h| h.borrow_mut().take()) {
+                // Sent by the delivery just made; its lane is claimed for it already.
+                self.let_go(&mut pumping);
+                pumping.claimed = Some(h.dst);
+                pumping.delivered += self.forward(h.pkt, false, h.port);
+                continue;
+            }
+            let Some((dst, mut d)) = self.next_lane(&mut pumping, any, &mut cursor) else {
+                break;
+            };
             let Some((src, item)) = d.take() else {
                 continue; // (next_lane gives open lanes only)
             };
@@ -1148,6 +1231,19 @@ impl Fabric {
         }
     }
 
+    /// Lets go of the lane the pump served last: forgotten if it is empty, else (items
+    /// came in behind the claim) served in turn with this thread's own.
+    fn let_go(&self, pumping: &mut Pumping<'_>) {
+        if let Some((dst, lane)) = pumping.settle() {
+            if lane.open() {
+                note_queued(self.id(), dst);
+            } else {
+                drop(lane);
+                forget_own(self.id(), dst);
+            }
+        }
+    }
+
     /// The lane a pump serves next, locked and open (its items wait and no thread is
     /// delivering them). First the pump lets go of the lane it served last, and serves it
     /// again in the same turn of its lock if it is still open and this thread has no other
@@ -1164,8 +1260,13 @@ impl Fabric {
             if !lane.open() {
                 drop(lane);
                 forget_own(id, dst);
-            } else if only_own(id, dst) {
-                return Some((dst, lane));
+            } else {
+                // Others' items came in behind the claim (they left the lane to this pump):
+                // served in turn with this thread's own.
+                note_queued(id, dst);
+                if only_own(id, dst) {
+                    return Some((dst, lane));
+                }
             }
         }
         if let Some(found) = next_own(id, |dst| self.lane(dst).filter(|d| d.open())) {

@@ -622,3 +622,88 @@ fn test_a_burst_its_port_refuses_goes_back_packet_by_packet() {
     assert_eq!(p.fabric.stats().rejected - rejected, 20);
     assert_eq!(p.fabric.stats().delivered, delivered);
 }
+
+/// Holds up the first ACK from `from` on its way up until `go` has been run (on the
+/// pumping thread, while the ACK's lane is claimed for it).
+struct HoldFirstAck {
+    from: u16,
+    go: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl LinkHook for HoldFirstAck {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
+        if link.dir == LinkDir::Up && pkt.opcode == RC_ACK && pkt.slid == self.from {
+            if let Some(go) = self.go.lock().unwrap().take() {
+                go();
+            }
+        }
+        Verdict::Pass
+    }
+}
+
+/// A port's ACK sent inside a pump goes to that pump directly, its lane claimed for it;
+/// a packet another thread queues for the same port meanwhile (and leaves to the claim's
+/// holder) is still delivered, by that holder, though the other thread never pumps again.
+#[test]
+fn test_a_packet_queued_behind_an_ack_handed_to_another_threads_pump_is_delivered() {
+    use std::sync::mpsc::channel;
+    use std::time::{Duration, Instant};
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+    // C writes into A's memory over a QP of its own.
+    let mut c = Driver::new(Some(&fabric), 4);
+    let pd_c = c.alloc_pd();
+    let mut cq_c = c.create_cq(4);
+    let mut qc = c.create_qp(QPT_RC, pd_c, cq_c.cqn, cq_c.cqn);
+    let qa2 = p.a.create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn);
+    let mtu = MTU_4096 as u8;
+    p.a.bring_up_rc(qa2.qpn, c.lid(), qc.qpn, ALL_ACCESS, mtu);
+    c.bring_up_rc(qc.qpn, p.a.lid(), qa2.qpn, ALL_ACCESS, mtu);
+    let key_c = c.reg_dma_mr(pd_c, ALL_ACCESS);
+    let src = c.alloc(64, 64);
+    c.write(src, &pattern(64, 9));
+    let dst = p.a.alloc(64, 64);
+    let key_a = p.key_a;
+
+    let (posted_tx, posted_rx) = channel::<()>();
+    let (go_tx, go_rx) = channel::<()>();
+    fabric.set_hook(Some(Arc::new(HoldFirstAck {
+        from: p.b.lid(),
+        go: Mutex::new(Some(Box::new(move || {
+            go_tx.send(()).unwrap();
+            posted_rx.recv().unwrap();
+        }))),
+    })));
+    let writer = std::thread::spawn(move || {
+        go_rx.recv().unwrap();
+        let mut w = send_wr(7, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst, key_a);
+        c.post_send(&mut qc, w, &[sge(src, 64, key_c)]);
+        posted_tx.send(()).unwrap();
+        // This thread does nothing more that would move the fabric.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Some(cqe) = c.poll_cq(&mut cq_c) {
+                return Some(cqe);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    });
+    // A SEND from A to B: B's ACK, sent inside this thread's pump, is held up by the hook
+    // while C's WRITE to A is queued behind it.
+    let rbuf = p.b.alloc(8, 8);
+    p.b.post_recv(&mut p.qb, 1, &[sge(rbuf, 8, p.key_b)]);
+    let sbuf = p.a.alloc(8, 8);
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(1, WR_SEND, WQE_SIGNALED),
+        &[sge(sbuf, 8, p.key_a)],
+    );
+    let done = p.a.drain_cq(&mut p.cq_a);
+    assert_eq!(done.len(), 1, "the SEND completed");
+    let cqe = writer.join().unwrap().expect("C's WRITE completed");
+    assert_eq!((cqe.wr_id, cqe.status), (7, 0));
+    assert_eq!(p.a.read(dst, 64), pattern(64, 9));
+    assert_eq!(fabric.backlog(), 0, "nothing left queued");
+}
