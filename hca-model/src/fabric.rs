@@ -1191,7 +1191,7 @@ impl Fabric {
         loop {
             if let Some(h) = HANDOFF.with(|h| h.borrow_mut().take()) {
                 // Sent by the delivery just made; its lane is claimed for it already.
-                self.let_go(&mut pumping);
+                drop(self.let_go(&mut pumping));
                 pumping.claimed = Some(h.dst);
                 pumping.delivered += self.forward(h.pkt, false, h.port);
                 continue;
@@ -1231,16 +1231,18 @@ impl Fabric {
         }
     }
 
-    /// Lets go of the lane the pump served last: forgotten if it is empty, else (items
-    /// came in behind the claim) served in turn with this thread's own.
-    fn let_go(&self, pumping: &mut Pumping<'_>) {
-        if let Some((dst, lane)) = pumping.settle() {
-            if lane.open() {
-                note_queued(self.id(), dst);
-            } else {
-                drop(lane);
-                forget_own(self.id(), dst);
-            }
+    /// Lets go of the lane the pump served last: forgotten if it is empty; else (others'
+    /// items came in behind the claim and were left to this pump) served in turn with this
+    /// thread's own, and returned, still locked.
+    fn let_go<'a>(&self, pumping: &mut Pumping<'a>) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+        let (dst, lane) = pumping.settle()?;
+        if lane.open() {
+            note_queued(self.id(), dst);
+            Some((dst, lane))
+        } else {
+            drop(lane);
+            forget_own(self.id(), dst);
+            None
         }
     }
 
@@ -1256,17 +1258,9 @@ impl Fabric {
         cursor: &mut usize,
     ) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
         let id = self.id();
-        if let Some((dst, lane)) = pumping.settle() {
-            if !lane.open() {
-                drop(lane);
-                forget_own(id, dst);
-            } else {
-                // Others' items came in behind the claim (they left the lane to this pump):
-                // served in turn with this thread's own.
-                note_queued(id, dst);
-                if only_own(id, dst) {
-                    return Some((dst, lane));
-                }
+        if let Some((dst, lane)) = self.let_go(pumping) {
+            if only_own(id, dst) {
+                return Some((dst, lane));
             }
         }
         if let Some(found) = next_own(id, |dst| self.lane(dst).filter(|d| d.open())) {
