@@ -93,6 +93,11 @@ impl QpEngine<'_> {
         }
     }
 
+    /// The ACK timer started at fabric time `now` (Idle for an infinite timeout).
+    fn ack_wait_from(&self, now: u64) -> Wait {
+        ack_timeout_ns(self.qp.attr.timeout).map_or(Wait::Idle, |t| Wait::Ack(now + t))
+    }
+
     /// The ACK timer (`timeout_ns` long) started now: from the clock where reading it is
     /// cheap, else from the next tick.
     fn ack_wait(&self, timeout_ns: u64) -> Wait {
@@ -154,8 +159,8 @@ impl QpEngine<'_> {
             }
             Wait::Rnr(t, psn) if t <= now => self.resend_from(psn, now, true),
             Wait::AckFromTick => {
-                let timeout = ack_timeout_ns(self.qp.attr.timeout);
-                self.set_wait(timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t)));
+                let wait = self.ack_wait_from(now);
+                self.set_wait(wait);
             }
             w => self.set_wait(w), // not due: keeps it in the hint
         }
@@ -209,8 +214,8 @@ impl QpEngine<'_> {
         }
         self.dev.stats.retransmits += resent;
         if restart {
-            let timeout = ack_timeout_ns(self.qp.attr.timeout);
-            self.set_wait(timeout.map_or(Wait::Idle, |t| Wait::Ack(now + t)));
+            let wait = self.ack_wait_from(now);
+            self.set_wait(wait);
         }
     }
 
