@@ -196,6 +196,11 @@ fn next_own<'a>(
     })
 }
 
+/// Whether this thread is inside a pump (of any fabric).
+fn in_a_pump() -> bool {
+    PUMPING.with(Cell::get) != 0
+}
+
 /// Whether `dst` is the only destination on fabric `fabric` in this thread's list.
 fn only_own(fabric: usize, dst: usize) -> bool {
     QUEUED_TO.with(|mine| {
@@ -469,10 +474,14 @@ impl Lanes {
         }))
     }
 
+    /// One past the highest slot with a lane.
+    fn top(&self) -> usize {
+        self.top.load(Acquire).min(SLOTS)
+    }
+
     /// Every lane made so far, with its slot.
     fn all(&self) -> impl Iterator<Item = (usize, &Lane)> {
-        let top = self.top.load(Acquire).min(SLOTS);
-        (0..top).filter_map(|s| Some((s, self.get(s)?)))
+        (0..self.top()).filter_map(|s| Some((s, self.get(s)?)))
     }
 
     /// `n` more items queued from slot `src`.
@@ -1113,7 +1122,7 @@ impl Fabric {
     }
 
     /// Whether `other` is this fabric (a clone of its handle).
-    pub fn same(&self, other: &Fabric) -> bool {
+    pub(crate) fn same(&self, other: &Fabric) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
@@ -1139,7 +1148,7 @@ impl Fabric {
         // before this load), none is past its bound nor the queue past its total: the
         // usual case reads one counter that packets leave alone.
         let lanes = &self.inner.lanes;
-        if PUMPING.with(Cell::get) != 0 || lanes.crowded.load(Relaxed) == 0 {
+        if in_a_pump() || lanes.crowded.load(Relaxed) == 0 {
             return;
         }
         let over =
@@ -1155,8 +1164,7 @@ impl Fabric {
     /// queued (see `CROWD`). A device asks before it lets go of its lock (a turn that sent
     /// nothing, or a delivery's turn inside a pump, then needs no hold on the fabric).
     pub fn has_work_for_this_thread(&self) -> bool {
-        PUMPING.with(Cell::get) == 0
-            && (queued_any(self.id()) || self.inner.lanes.crowded.load(Relaxed) > 0)
+        !in_a_pump() && (queued_any(self.id()) || self.inner.lanes.crowded.load(Relaxed) > 0)
     }
 
     /// Delivers every queued item that no other thread is delivering, until none is left.
@@ -1176,7 +1184,7 @@ impl Fabric {
     /// The pump; `any`: items anyone queued, else this thread's own. A nested call (from a
     /// delivery) returns at once: the outer frame goes on with what it queued.
     fn pump_while(&self, any: bool) {
-        if PUMPING.with(Cell::get) != 0 {
+        if in_a_pump() {
             return;
         }
         let id = self.id();
@@ -1269,7 +1277,7 @@ impl Fabric {
         if !any {
             return None;
         }
-        let top = self.inner.lanes.top.load(Acquire).min(SLOTS);
+        let top = self.inner.lanes.top();
         for _ in 0..top {
             let dst = *cursor % top;
             *cursor = dst + 1;
