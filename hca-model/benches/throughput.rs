@@ -282,7 +282,7 @@ fn cores(quick: bool) {
     );
     let dur = Duration::from_millis(if quick { 300 } else { 2000 });
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    for n in [1, 2, 4, 8].into_iter().filter(|&n| n <= threads) {
+    for n in [1, 2, 4, 8, 16].into_iter().filter(|&n| n <= threads) {
         let run = |shared: bool| {
             let fabric = Fabric::with_manual_clock();
             let mut pairs: Vec<Pair> = (0..n)
