@@ -239,6 +239,33 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
     }
 }
 
+/// Why a row shows no speedup.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum NoSpeedup {
+    Failed,
+    Load,
+    /// The guests' vCPUs outnumber the host's cores.
+    SharedCores,
+    NoSequential,
+}
+
+/// The sequential run's time over the slowest node's, where that compares like with like:
+/// where guests share cores (with each other or with the load), a node's time is not
+/// comparable with one guest's sequential run.
+fn speedup(c: &Cell, cores: usize, vcpus: u32) -> Result<f64, NoSpeedup> {
+    if !c.ok() {
+        return Err(NoSpeedup::Failed);
+    }
+    if c.load {
+        return Err(NoSpeedup::Load);
+    }
+    if cores < c.nodes * vcpus as usize {
+        return Err(NoSpeedup::SharedCores);
+    }
+    let seq = c.seq_ms().ok_or(NoSpeedup::NoSequential)?;
+    Ok(seq / c.time_ms().max(1e-3))
+}
+
 fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!();
@@ -255,7 +282,7 @@ fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
     }
     head += &format!(" {:>8} {:>8} {:>8}", "faults", "msgs", "speedup");
     println!("{head}");
-    let mut speedup_left_out = Vec::new();
+    let mut left_out = Vec::new();
     for group in cells.chunks(b.modes.len()) {
         let first = &group[0];
         let mut row = format!(
@@ -279,26 +306,108 @@ fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
                 format!(" {:>13}", "-")
             };
         }
-        let speedup = match first.seq_ms() {
-            Some(seq) if cores >= first.nodes * vcpus as usize && !first.load => {
-                format!("{:.2}", seq / first.time_ms().max(1e-3))
-            }
-            _ => {
-                speedup_left_out.push(first.nodes);
+        let speedup = match speedup(first, cores, vcpus) {
+            Ok(x) => format!("{x:.2}"),
+            Err(why) => {
+                left_out.push((why, first.nodes));
                 "-".to_string()
             }
         };
         row += &format!(" {:>8} {:>8} {:>8}", first.faults(), first.msgs(), speedup);
         println!("{row}");
     }
-    if !speedup_left_out.is_empty() {
-        let most = speedup_left_out.iter().max().copied().unwrap_or(0);
+    let mut why: Vec<String> = Vec::new();
+    for reason in [
+        NoSpeedup::Failed,
+        NoSpeedup::Load,
+        NoSpeedup::SharedCores,
+        NoSpeedup::NoSequential,
+    ] {
+        let Some(most) = left_out
+            .iter()
+            .filter(|(r, _)| *r == reason)
+            .map(|(_, n)| *n)
+            .max()
+        else {
+            continue;
+        };
+        why.push(match reason {
+            NoSpeedup::Failed => "a failed run".into(),
+            NoSpeedup::Load => "a run under load (the guests share cores with it)".into(),
+            NoSpeedup::SharedCores => format!(
+                "more guest vCPUs than host cores ({cores} cores here; {most} nodes x {vcpus} \
+                 vCPUs = {}: the guests share cores)",
+                most * vcpus as usize
+            ),
+            NoSpeedup::NoSequential => "an application that reported no sequential time".into(),
+        });
+    }
+    if !why.is_empty() {
         println!(
-            "speedup left out where the guests' vCPUs outnumber the host's cores (this host: \
-             {cores} cores; {most} nodes x {vcpus} vCPUs = {} vCPUs), and under load: the \
-             guests then share cores, so a node's time is not comparable with one guest's \
-             sequential run",
-            most * vcpus as usize
+            "speedup (the sequential run on node 1 over the slowest node's time) left out for {}",
+            why.join("; ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(nodes: usize, load: bool, seq_ms: Option<f64>, ran: bool) -> Cell {
+        let res = (1..=nodes as u32)
+            .filter(|_| ran)
+            .map(|node| AppResult {
+                node,
+                verified: Some(true),
+                time_ms: 100.0 + f64::from(node),
+                read_faults: 0,
+                write_faults: 0,
+                msgs: 0,
+                msg_bytes: 0,
+                data_bytes: 0,
+                read_fault_us: 0.0,
+                write_fault_us: 0.0,
+                irq: 0,
+                process: 0,
+                seq_ms: if node == 1 { seq_ms } else { None },
+                line: String::new(),
+            })
+            .collect();
+        Cell {
+            app: Job::Sor,
+            nodes,
+            threads: 1,
+            load,
+            res,
+        }
+    }
+
+    #[test]
+    fn test_speedup_is_the_sequential_time_over_the_slowest_node() {
+        // 8 nodes x 2 vCPUs on 16 cores: every vCPU has a core; the slowest node took 108 ms.
+        let s = speedup(&cell(8, false, Some(540.0), true), 16, 2).unwrap();
+        assert!((s - 5.0).abs() < 1e-9, "{s}");
+    }
+
+    #[test]
+    fn test_speedup_left_out_says_why() {
+        assert_eq!(
+            speedup(&cell(8, false, Some(540.0), true), 8, 2),
+            Err(NoSpeedup::SharedCores)
+        );
+        assert_eq!(
+            speedup(&cell(2, true, Some(540.0), true), 16, 1),
+            Err(NoSpeedup::Load)
+        );
+        assert_eq!(
+            speedup(&cell(2, false, None, false), 16, 1),
+            Err(NoSpeedup::Failed)
+        );
+        // A verified run whose application timed no sequential run is not blamed on the cores.
+        assert_eq!(
+            speedup(&cell(2, false, None, true), 16, 1),
+            Err(NoSpeedup::NoSequential)
         );
     }
 }
