@@ -56,15 +56,27 @@ pub fn check_kvm() -> KvmCheck {
         .filter(|l| l.starts_with("flags"))
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     if !hw {
-        return KvmCheck::Unusable(
-            "the CPU shows no vmx/svm flag: /dev/kvm here emulates in software and cannot \
-             run a Linux guest"
-                .into(),
-        );
+        return KvmCheck::Unusable(no_hw_virt(std::path::Path::new("/sys/module")));
     }
     match spin_test(&kvm, Duration::from_millis(100)) {
         Ok(()) => KvmCheck::Usable,
         Err(e) => KvmCheck::Unusable(e),
+    }
+}
+
+/// Why a KVM without vmx/svm cannot run Linux. The build machines' /dev/kvm, and the
+/// accelerator machines', is PVM (the `kvm_pvm` module: KVM without hardware
+/// virtualisation), which runs only guest kernels built for it: Debian's kernel dies there
+/// of an emulation failure.
+fn no_hw_virt(modules: &std::path::Path) -> String {
+    if modules.join("kvm_pvm").exists() {
+        "the CPU shows no vmx/svm flag and /dev/kvm here is PVM (module kvm_pvm), which runs \
+         only guest kernels built for PVM, not Debian's"
+            .into()
+    } else {
+        "the CPU shows no vmx/svm flag: /dev/kvm here cannot run a Linux guest at native \
+         speed"
+            .into()
     }
 }
 
@@ -111,4 +123,20 @@ fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), String> {
 /// other devices go on with it rather than failing every exit after.
 pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_kvm_without_vmx_or_svm_is_named_pvm_when_kvm_pvm_is_loaded() {
+        let dir = std::env::temp_dir().join(format!("vmm-modules-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!no_hw_virt(&dir).contains("PVM"), "{}", no_hw_virt(&dir));
+        std::fs::create_dir_all(dir.join("kvm_pvm")).unwrap();
+        let why = no_hw_virt(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(why.contains("PVM (module kvm_pvm)"), "{why}");
+    }
 }
