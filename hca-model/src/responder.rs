@@ -408,7 +408,14 @@ impl QpEngine<'_> {
                 offset: 0,
                 cap: len,
                 recv_wr_id: None,
-                grant: self.dev.grant_of(reth.rkey),
+                // A WRITE in one packet is placed in this turn, under the device lock that
+                // deregistering or invalidating its MR must take: nothing can revoke the
+                // key between the check and the copy, so it needs no grant.
+                grant: if pkt.ends_message() {
+                    None
+                } else {
+                    self.dev.grant_of(reth.rkey)
+                },
                 cursor: Default::default(),
             });
         }
