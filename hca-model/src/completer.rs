@@ -97,7 +97,7 @@ impl QpEngine<'_> {
         while let Some(p) = self.qp.pending.front().filter(|p| done(p)) {
             any = true;
             post_ok(self.dev, self.qp.send_cqn, self.qpn, p);
-            self.qp.pending.drop_front();
+            self.drop_front();
         }
         any
     }
@@ -162,12 +162,20 @@ impl QpEngine<'_> {
         self.complete_front();
     }
 
+    /// Drops the oldest WR, which has completed; its request's gather list goes back to
+    /// the device's pool.
+    fn drop_front(&mut self) {
+        if let Some(req) = self.qp.pending.drop_front() {
+            self.dev.gathers.recycle(&self.dev.mem, req.payload);
+        }
+    }
+
     fn complete_front(&mut self) {
         let Some(p) = self.qp.pending.front() else {
             return;
         };
         post_ok(self.dev, self.qp.send_cqn, self.qpn, p);
-        self.qp.pending.drop_front();
+        self.drop_front();
         self.progress();
     }
 

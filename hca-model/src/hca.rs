@@ -217,6 +217,8 @@ pub(crate) struct Device {
     pub port_caps: Arc<AtomicU32>,
     /// Host bytes that every QP's WRs in flight hold (each QP's `InFlight` keeps it).
     pub held: Arc<AtomicUsize>,
+    /// Gather lists of completed messages, for the next ones.
+    pub gathers: crate::packet::GatherPool,
 }
 
 impl HcaState {
@@ -279,6 +281,7 @@ impl Device {
             recv_doorbells: Arc::default(),
             hold_acks: false,
             held_acks: Vec::new(),
+            gathers: Default::default(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();

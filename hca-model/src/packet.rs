@@ -210,6 +210,52 @@ pub struct Gather {
     pub grant: Option<Arc<Grant>>,
 }
 
+/// Gather lists of one device's sent messages, kept for reuse once nothing else holds
+/// them (the receiver has dropped every copy sent, and the WR completed): a message's DMA
+/// payload then costs no allocation and no count on the memory's handle. At most
+/// [`GatherPool::MAX`] are kept.
+#[derive(Default)]
+pub(crate) struct GatherPool(Vec<Arc<Gather>>);
+
+impl GatherPool {
+    pub const MAX: usize = 64;
+
+    /// A payload of `segs` in `mem`.
+    pub fn payload(&mut self, mem: &Arc<dyn DmaSpace>, segs: SegList) -> Payload {
+        // Only unique lists of `mem`'s are kept, so `get_mut` finds it unique.
+        if let Some(mut g) = self.0.pop() {
+            if let Some(inner) = Arc::get_mut(&mut g) {
+                inner.segs = segs;
+                return Payload::Dma(g);
+            }
+        }
+        Payload::dma(mem.clone(), segs, None)
+    }
+
+    /// Keeps `payload`'s gather list if it is one of `mem`'s that nothing else holds.
+    pub fn recycle(&mut self, mem: &Arc<dyn DmaSpace>, payload: Payload) {
+        let Payload::Dma(mut g) = payload else {
+            return;
+        };
+        if self.0.len() >= Self::MAX {
+            return;
+        }
+        let Some(inner) = Arc::get_mut(&mut g) else {
+            return;
+        };
+        if inner.grant.is_some() || !std::ptr::addr_eq(Arc::as_ptr(&inner.mem), Arc::as_ptr(mem)) {
+            return;
+        }
+        inner.segs = SegList::new();
+        self.0.push(g);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// Permission for remote access through one MR key, as it stood when the key was checked.
 /// Deregistering, invalidating or re-mapping the MR revokes it; bytes that a revoked grant
 /// covers are never copied, so no remote access touches an MR's pages once the command or
@@ -765,6 +811,66 @@ impl Packet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ram() -> Arc<dyn DmaSpace> {
+        use vm_memory::{GuestAddress, GuestMemoryMmap};
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        Arc::new(crate::dma::GuestRam::new(m))
+    }
+
+    fn segs(addr: u64, len: u32) -> SegList {
+        smallvec::smallvec![Seg { addr, len }]
+    }
+
+    fn gather(p: &Payload) -> &Arc<Gather> {
+        match p {
+            Payload::Dma(g) => g,
+            other => panic!("not a DMA payload: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn test_a_gather_list_is_reused_only_once_nothing_else_holds_it() {
+        let (mem, other) = (ram(), ram());
+        let mut pool = GatherPool::default();
+        let sent = pool.payload(&mem, segs(0x100, 64));
+        let first = Arc::as_ptr(gather(&sent));
+        // The copy kept for retransmission is taken back while the receiver still holds
+        // the one sent: not kept.
+        let kept = sent.clone();
+        pool.recycle(&mem, kept);
+        assert_eq!(pool.len(), 0);
+        // Once the receiver is done, the same allocation carries the next message.
+        pool.recycle(&mem, sent);
+        assert_eq!(pool.len(), 1);
+        let next = pool.payload(&mem, segs(0x200, 32));
+        assert_eq!(Arc::as_ptr(gather(&next)), first);
+        assert_eq!(
+            gather(&next).segs.as_slice(),
+            &[Seg {
+                addr: 0x200,
+                len: 32
+            }]
+        );
+        assert_eq!(next.len(), 32);
+        // Another memory's list, or one with a grant (a read response), is not kept.
+        pool.recycle(&mem, Payload::dma(other.clone(), segs(0, 8), None));
+        pool.recycle(
+            &mem,
+            Payload::dma(mem.clone(), segs(0, 8), Some(Arc::default())),
+        );
+        assert_eq!(pool.len(), 0);
+    }
+
+    #[test]
+    fn test_the_gather_pool_is_bounded() {
+        let mem = ram();
+        let mut pool = GatherPool::default();
+        for _ in 0..GatherPool::MAX + 10 {
+            pool.recycle(&mem, Payload::dma(mem.clone(), segs(0, 8), None));
+        }
+        assert_eq!(pool.len(), GatherPool::MAX);
+    }
 
     /// The plain walk from the start that a cursor must agree with.
     fn cut_from_start(segs: &[Seg], off: u64, n: u64) -> Vec<(u64, u32)> {

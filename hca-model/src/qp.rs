@@ -147,11 +147,11 @@ impl InFlight {
         self.list.pop_front().map(|(p, _)| p)
     }
 
-    /// Drops the oldest WR.
-    pub fn drop_front(&mut self) {
+    /// Drops the oldest WR; returns its request as sent, if it had one.
+    pub fn drop_front(&mut self) -> Option<Packet> {
         self.uncount_front();
-        self.requests.pop_front();
         self.list.pop_front();
+        self.requests.pop_front().flatten()
     }
 
     fn uncount_front(&mut self) {

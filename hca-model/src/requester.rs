@@ -31,14 +31,14 @@ enum Source {
 
 impl Source {
     /// The whole source as a payload.
-    fn into_payload(self, dev: &Device, len: u64) -> Payload {
+    fn into_payload(self, dev: &mut Device, len: u64) -> Payload {
         match self {
             Source::Inline(b) => match SmallBytes::new(&b) {
                 Some(small) => Payload::Small(small),
                 None => Payload::Bytes(b),
             },
             Source::Gather(segs) if len <= SMALL_PAYLOAD as u64 => small_or_dma(dev, segs),
-            Source::Gather(segs) => Payload::dma(dev.mem.clone(), segs, None),
+            Source::Gather(segs) => dev.gathers.payload(&dev.mem, segs),
         }
     }
 }
@@ -46,10 +46,10 @@ impl Source {
 /// A few bytes read now, or (if reading them faults) the gather list: the fault then shows,
 /// as for any payload, when the receiver copies.
 #[inline(never)]
-fn small_or_dma(dev: &Device, segs: SegList) -> Payload {
+fn small_or_dma(dev: &mut Device, segs: SegList) -> Payload {
     match SmallBytes::gather(dev.mem.as_ref(), &segs) {
         Some(small) => Payload::Small(small),
-        None => Payload::dma(dev.mem.clone(), segs, None),
+        None => dev.gathers.payload(&dev.mem, segs),
     }
 }
 
