@@ -199,7 +199,7 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     let timeout = Duration::from_secs(900);
     let res = s.with_kills(|agents| run_app(agents, &cmd, timeout));
     if let Ok(r) = &res {
-        print_results(&app, dev, r);
+        print_results(&app, dev, r, o.cfg.vcpus);
     }
     // The report comes whether or not the application survived the plan.
     if let Some(h) = s.faults() {
@@ -223,7 +223,8 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     }
 }
 
-pub fn print_results(app: &str, dev: &str, res: &[AppResult]) {
+/// The per-node table and the totals; `vcpus`: each guest's.
+pub fn print_results(app: &str, dev: &str, res: &[AppResult], vcpus: u32) {
     println!();
     println!(
         "{:<6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>12}",
@@ -269,9 +270,18 @@ pub fn print_results(app: &str, dev: &str, res: &[AppResult]) {
         sum(|r| r.data_bytes) / 1024
     );
     if let Some(seq) = res.iter().find_map(|r| r.seq_ms) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let guest_vcpus = res.len() * vcpus as usize;
+        let shared = if guest_vcpus > cores {
+            format!(
+                " (the guests' {guest_vcpus} vCPUs share this host's {cores} cores: a speedup \
+                 needs a host core per guest vCPU)"
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup {:.2} \
-             (the guests share this host's CPUs: speedups need one host core per guest)",
+            "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup {:.2}{shared}",
             seq / time.max(1e-3)
         );
     }
