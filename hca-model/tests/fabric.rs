@@ -707,3 +707,67 @@ fn test_a_packet_queued_behind_an_ack_handed_to_another_threads_pump_is_delivere
     assert_eq!(p.a.read(dst, 64), pattern(64, 9));
     assert_eq!(fabric.backlog(), 0, "nothing left queued");
 }
+
+/// A port whose first delivery answers another port (inside the pump: the answer is handed
+/// to that pump) and then panics (a device bug); it counts what it gets.
+struct AnswersThenPanics {
+    fabric: Fabric,
+    answer_to: u16,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl hca_model::fabric::PacketSink for AnswersThenPanics {
+    fn deliver(&self, pkt: Packet) -> Result<(), hca_model::fabric::Rejected> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.panicked.swap(true, SeqCst) {
+            self.fabric.enqueue(Packet {
+                slid: pkt.dlid,
+                dlid: self.answer_to,
+                opcode: RC_SEND_ONLY,
+                count: 1,
+                ..Default::default()
+            });
+            panic!("a device bug");
+        }
+        Ok(())
+    }
+
+    fn undeliverable(&self, _pkt: Packet, _why: hca_model::fabric::DropReason) {}
+}
+
+#[test]
+fn test_an_answer_handed_to_a_pump_whose_delivery_panics_is_still_delivered() {
+    // The delivery's answer goes to a lane nobody is delivering, so it is handed to the
+    // pump, not queued; the delivery then panics, on a thread that ends. The answer must
+    // go back to its lane and reach its port, and that lane stay open to everyone.
+    use std::sync::atomic::Ordering::SeqCst;
+    let fabric = Fabric::with_manual_clock();
+    let other = Arc::new(PanicsOnce {
+        panicked: true.into(), // counts only
+        got: Default::default(),
+    });
+    let other_sink: Arc<dyn hca_model::fabric::PacketSink> = other.clone();
+    let other_lid = fabric.attach(Arc::downgrade(&other_sink));
+    let answering: Arc<dyn hca_model::fabric::PacketSink> = Arc::new(AnswersThenPanics {
+        fabric: fabric.clone(),
+        answer_to: other_lid,
+        panicked: Default::default(),
+    });
+    let lid = fabric.attach(Arc::downgrade(&answering));
+    let f = fabric.clone();
+    let died = std::thread::spawn(move || {
+        f.enqueue(Packet {
+            slid: 7,
+            dlid: lid,
+            opcode: RC_SEND_ONLY,
+            count: 1,
+            ..Default::default()
+        });
+        f.pump();
+    })
+    .join();
+    assert!(died.is_err(), "the delivery panicked");
+    fabric.pump();
+    assert_eq!(other.got.load(SeqCst), 1, "the answer arrived");
+    assert_eq!(fabric.backlog(), 0);
+}
