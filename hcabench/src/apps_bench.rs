@@ -335,8 +335,9 @@ fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
             NoSpeedup::Failed => "a failed run".into(),
             NoSpeedup::Load => "a run under load (the guests share cores with it)".into(),
             NoSpeedup::SharedCores => format!(
-                "more guest vCPUs than host cores ({cores} cores here; {most} nodes x {vcpus} \
-                 vCPUs = {}: the guests share cores)",
+                "more guest vCPUs than host cores ({} here; {most} nodes x {vcpus} vCPUs = \
+                 {}: the guests share cores)",
+                crate::dsmrun::host_cores(cores),
                 most * vcpus as usize
             ),
             NoSpeedup::NoSequential => "an application that reported no sequential time".into(),

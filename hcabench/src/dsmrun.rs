@@ -223,6 +223,15 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     }
 }
 
+/// "1 core", "16 cores".
+pub fn host_cores(n: usize) -> String {
+    if n == 1 {
+        "1 core".into()
+    } else {
+        format!("{n} cores")
+    }
+}
+
 /// The per-node table and the totals; `vcpus`: each guest's.
 pub fn print_results(app: &str, dev: &str, res: &[AppResult], vcpus: u32) {
     println!();
@@ -274,8 +283,9 @@ pub fn print_results(app: &str, dev: &str, res: &[AppResult], vcpus: u32) {
         let guest_vcpus = res.len() * vcpus as usize;
         let shared = if guest_vcpus > cores {
             format!(
-                " (the guests' {guest_vcpus} vCPUs share this host's {cores} cores: a speedup \
-                 needs a host core per guest vCPU)"
+                " (the guests' {guest_vcpus} vCPUs share the {} this process may use: a \
+                 speedup needs a host core per guest vCPU)",
+                host_cores(cores)
             )
         } else {
             String::new()
