@@ -15,7 +15,7 @@ use cluster::dsm::{app_command, close_all, configure, connect_mesh, run_app, App
 use cluster::Backend;
 
 use crate::config::ClusterConfig;
-use crate::dsmrun::{Job, Mode};
+use crate::dsmrun::{self, Job, Mode};
 use crate::session::{Session, Shape};
 
 /// The sizes `bench apps` runs each application at (the e2e tests' sizes: seconds each on
@@ -79,9 +79,6 @@ impl Cell {
     }
     fn msgs(&self) -> u64 {
         self.res.iter().map(|r| r.msgs).sum()
-    }
-    fn seq_ms(&self) -> Option<f64> {
-        self.res.iter().find_map(|r| r.seq_ms)
     }
 }
 
@@ -249,9 +246,8 @@ enum NoSpeedup {
     NoSequential,
 }
 
-/// The sequential run's time over the slowest node's, where that compares like with like:
-/// where guests share cores (with each other or with the load), a node's time is not
-/// comparable with one guest's sequential run.
+/// The row's DSM speedup, where it compares like with like: not where guests share cores
+/// (with each other or with the load).
 fn speedup(c: &Cell, cores: usize, vcpus: u32) -> Result<f64, NoSpeedup> {
     if !c.ok() {
         return Err(NoSpeedup::Failed);
@@ -259,15 +255,14 @@ fn speedup(c: &Cell, cores: usize, vcpus: u32) -> Result<f64, NoSpeedup> {
     if c.load {
         return Err(NoSpeedup::Load);
     }
-    if cores < c.nodes * vcpus as usize {
+    if dsmrun::shares_cores(c.nodes, vcpus, cores) {
         return Err(NoSpeedup::SharedCores);
     }
-    let seq = c.seq_ms().ok_or(NoSpeedup::NoSequential)?;
-    Ok(seq / c.time_ms().max(1e-3))
+    dsmrun::speedup_of(&c.res).ok_or(NoSpeedup::NoSequential)
 }
 
 fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = dsmrun::host_cores();
     println!();
     println!(
         "DSM applications, every result verified against a sequential run; time in ms \
@@ -337,7 +332,7 @@ fn print_table(b: &AppsBench, cells: &[Cell], vcpus: u32) {
             NoSpeedup::SharedCores => format!(
                 "more guest vCPUs than host cores ({} here; {most} nodes x {vcpus} vCPUs = \
                  {}: the guests share cores)",
-                crate::dsmrun::host_cores(cores),
+                dsmrun::cores_phrase(cores),
                 most * vcpus as usize
             ),
             NoSpeedup::NoSequential => "an application that reported no sequential time".into(),

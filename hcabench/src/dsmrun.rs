@@ -223,8 +223,26 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
     }
 }
 
+/// The host cores this process may use (its CPU affinity counted).
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Whether `nodes` guests of `vcpus` vCPUs each outnumber `cores`: the guests then share
+/// cores, and a node's time is not comparable with one guest's sequential run.
+pub fn shares_cores(nodes: usize, vcpus: u32, cores: usize) -> bool {
+    nodes * vcpus as usize > cores
+}
+
+/// The DSM speedup: node 1's sequential run over the slowest node's time, if the
+/// application timed a sequential run.
+pub fn speedup_of(res: &[AppResult]) -> Option<f64> {
+    let seq = res.iter().find_map(|r| r.seq_ms)?;
+    Some(seq / res.iter().map(|r| r.time_ms).fold(0.0, f64::max).max(1e-3))
+}
+
 /// "1 core", "16 cores".
-pub fn host_cores(n: usize) -> String {
+pub fn cores_phrase(n: usize) -> String {
     if n == 1 {
         "1 core".into()
     } else {
@@ -278,21 +296,21 @@ pub fn print_results(app: &str, dev: &str, res: &[AppResult], vcpus: u32) {
         sum(|r| r.msg_bytes) / 1024,
         sum(|r| r.data_bytes) / 1024
     );
-    if let Some(seq) = res.iter().find_map(|r| r.seq_ms) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let guest_vcpus = res.len() * vcpus as usize;
-        let shared = if guest_vcpus > cores {
+    if let (Some(seq), Some(speedup)) = (res.iter().find_map(|r| r.seq_ms), speedup_of(res)) {
+        let cores = host_cores();
+        let shared = if shares_cores(res.len(), vcpus, cores) {
             format!(
-                " (the guests' {guest_vcpus} vCPUs share the {} this process may use: a \
-                 speedup needs a host core per guest vCPU)",
-                host_cores(cores)
+                " (the guests' {} vCPUs share the {} this process may use: a speedup needs a \
+                 host core per guest vCPU)",
+                res.len() * vcpus as usize,
+                cores_phrase(cores)
             )
         } else {
             String::new()
         };
         println!(
-            "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup {:.2}{shared}",
-            seq / time.max(1e-3)
+            "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup \
+             {speedup:.2}{shared}"
         );
     }
 }
