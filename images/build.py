@@ -39,12 +39,14 @@ IPOIB_MODULES = ["ib_ipoib"]
 # NVMe over Fabrics on RDMA (`nvmeof`): Debian's target and host, and brd for a RAM disk
 # to export.
 NVME_MODULES = ["nvmet_rdma", "nvme_rdma", "brd"]
+# Reliable Datagram Sockets over IB (rds and its RDMA transport), loaded by `rds-up`.
+RDS_MODULES = ["rds_rdma"]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
-USER_TOOLS = ["vbench-user", "dsm-prot"]
+USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
@@ -335,12 +337,13 @@ def main():
         img.file(f"bin/{name}", data, 0o755)
     for path, data in debian_tools.items():
         img.file(path, data, 0o755)
-    load_order, rxe_order, ipoib_order, nvme_order = [], [], [], []
+    load_order, rxe_order, ipoib_order, nvme_order, rds_order = [], [], [], [], []
     for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order),
-                         (IPOIB_MODULES, ipoib_order), (NVME_MODULES, nvme_order)):
+                         (IPOIB_MODULES, ipoib_order), (NVME_MODULES, nvme_order),
+                         (RDS_MODULES, rds_order)):
         for rel in module_closure(moddir, names):
             name = Path(rel).name
-            if f"kernel/{name}" in load_order + rxe_order + ipoib_order + nvme_order:
+            if f"kernel/{name}" in load_order + rxe_order + ipoib_order + nvme_order + rds_order:
                 continue
             img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
             order.append(f"kernel/{name}")
@@ -352,10 +355,12 @@ def main():
     # brd takes its size as a parameter: `nvmeof` loads it itself.
     nvme_order = [m for m in nvme_order if m != "kernel/brd.ko"]
     img.file(f"lib/modules/{kver}/nvme-order", ("\n".join(nvme_order) + "\n").encode())
+    img.file(f"lib/modules/{kver}/rds-order", ("\n".join(rds_order) + "\n").encode())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
         "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order, "nvme_modules": nvme_order,
+        "rds_modules": rds_order,
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")
