@@ -51,6 +51,7 @@ struct hca_dev {
 	void __iomem *bar0;
 	void __iomem *bar2;
 	u32 doorbell_peer;
+	u32 caps;		/* HCA_CAP_* the device offers */
 
 	struct hca_device_attr attr;
 	struct hca_port_attr port;

@@ -26,6 +26,7 @@ static int hca_identify(struct hca_dev *dev)
 		return -ENODEV;
 	}
 	dev->doorbell_peer = ioread32(dev->bar2 + INFO(doorbell_peer));
+	dev->caps = ioread32(dev->bar2 + INFO(caps));
 	/* Continue the mailbox sequence where a previous load left it. */
 	dev->cmd_seq = ioread32(dev->bar2 + HCA_BAR2_MAILBOX_OFFSET +
 				offsetof(struct hca_cmd_mailbox, done_seq));

@@ -42,6 +42,10 @@ static int hca_wr_opcode(enum ib_wr_opcode op)
 		return HCA_WR_ATOMIC_CMP_SWP;
 	case IB_WR_ATOMIC_FETCH_AND_ADD:
 		return HCA_WR_ATOMIC_FETCH_ADD;
+	case IB_WR_MASKED_ATOMIC_CMP_AND_SWP:
+		return HCA_WR_MASKED_CMP_SWP;
+	case IB_WR_MASKED_ATOMIC_FETCH_AND_ADD:
+		return HCA_WR_MASKED_FETCH_ADD;
 	case IB_WR_REG_MR:
 		return HCA_WR_REG_MR;
 	case IB_WR_LOCAL_INV:
@@ -103,6 +107,19 @@ static void hca_wqe_remote(struct hca_qp *qp, struct hca_send_wqe *w,
 		w->compare_add = atomic_wr(wr)->compare_add;
 		w->swap = atomic_wr(wr)->swap;
 		break;
+	case IB_WR_MASKED_ATOMIC_CMP_AND_SWP:
+	case IB_WR_MASKED_ATOMIC_FETCH_AND_ADD: {
+		/* The masks take the UD fields' place (an RC-only WR). */
+		struct hca_masked_atomic_wqe *m = (void *)w;
+
+		m->remote_addr = atomic_wr(wr)->remote_addr;
+		m->rkey = atomic_wr(wr)->rkey;
+		m->compare_add = atomic_wr(wr)->compare_add;
+		m->swap = atomic_wr(wr)->swap;
+		m->compare_add_mask = atomic_wr(wr)->compare_add_mask;
+		m->swap_mask = atomic_wr(wr)->swap_mask;
+		break;
+	}
 	default:
 		break;
 	}
@@ -147,6 +164,9 @@ static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 	int op = hca_wr_opcode(wr->opcode);
 
 	if (op < 0 || wr->num_sge < 0 || wr->num_sge > wq->max_sge)
+		return -EINVAL;
+	if ((op == HCA_WR_MASKED_CMP_SWP || op == HCA_WR_MASKED_FETCH_ADD) &&
+	    !(to_hdev(qp->ibqp.device)->caps & HCA_CAP_MASKED_ATOMIC))
 		return -EINVAL;
 	if ((qp->ibqp.qp_type != IB_QPT_RC) &&
 	    op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)

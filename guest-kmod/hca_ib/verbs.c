@@ -34,6 +34,9 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->max_qp_init_rd_atom = 16;
 	a->max_res_rd_atom = 16 * h->max_qp;
 	a->atomic_cap = IB_ATOMIC_HCA;
+	/* RDS posts every atomic as a masked one. */
+	if (dev->caps & HCA_CAP_MASKED_ATOMIC)
+		a->masked_atomic_cap = IB_ATOMIC_HCA;
 	a->max_ah = INT_MAX;
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 15;

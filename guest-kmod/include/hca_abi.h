@@ -86,6 +86,7 @@
 #define HCA_CAP_RDMA_READ		(1 << 2)
 #define HCA_CAP_ATOMIC			(1 << 3)
 #define HCA_CAP_LOCAL_DMA_LKEY		(1 << 4)
+#define HCA_CAP_MASKED_ATOMIC		(1 << 5)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -173,6 +174,8 @@
 #define HCA_WR_REG_MR			7
 #define HCA_WR_LOCAL_INV		8
 #define HCA_WR_SEND_INV			9
+#define HCA_WR_MASKED_CMP_SWP		10
+#define HCA_WR_MASKED_FETCH_ADD		11
 #define HCA_WQE_SIGNALED		(1 << 0)
 #define HCA_WQE_SOLICITED		(1 << 1)
 #define HCA_WQE_INLINE			(1 << 2)
@@ -186,6 +189,8 @@
 #define HCA_CQE_OP_FETCH_ADD		4
 #define HCA_CQE_OP_LOCAL_INV		6
 #define HCA_CQE_OP_REG_MR		8
+#define HCA_CQE_OP_MASKED_COMP_SWAP	9
+#define HCA_CQE_OP_MASKED_FETCH_ADD	10
 #define HCA_CQE_OP_RECV			0x80
 #define HCA_CQE_OP_RECV_RDMA_IMM	0x81
 #define HCA_CQE_FLAG_IMM		(1 << 0)
@@ -432,6 +437,29 @@ struct hca_reg_mr_wqe {
 	__u64 rsvd2;
 };
 
+/*
+ * HCA_WR_MASKED_CMP_SWP / HCA_WR_MASKED_FETCH_ADD: a send WQE whose UD fields
+ * (unused by an RC atomic) carry the masks; num_sge struct hca_sge (the 8-byte
+ * result buffer) follow. compare_add_mask: the bits compared (CMP_SWP) or the
+ * fields' top bits, past which no carry goes (FETCH_ADD); swap_mask: the bits
+ * swapped (CMP_SWP).
+ */
+struct hca_masked_atomic_wqe {
+	__u64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__u8 num_sge;
+	__u8 rsvd0;
+	__u32 rsvd1;
+	__u64 remote_addr;
+	__u32 rkey;
+	__u32 rsvd2;
+	__u64 compare_add_mask;
+	__u64 swap_mask;
+	__u64 compare_add;
+	__u64 swap;
+};
+
 /* Followed by num_sge struct hca_sge */
 struct hca_recv_wqe {
 	__u64 wr_id;
@@ -472,6 +500,7 @@ _Static_assert(sizeof(struct hca_cmd_create_qp) == 40, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");
 _Static_assert(sizeof(struct hca_send_wqe) == 64, "hca_send_wqe");
 _Static_assert(sizeof(struct hca_reg_mr_wqe) == 64, "hca_reg_mr_wqe");
+_Static_assert(sizeof(struct hca_masked_atomic_wqe) == 64, "hca_masked_atomic_wqe");
 _Static_assert(sizeof(struct hca_recv_wqe) == 16, "hca_recv_wqe");
 _Static_assert(sizeof(struct hca_cqe) == 32, "hca_cqe");
 _Static_assert(sizeof(struct hca_eqe) == 16, "hca_eqe");

@@ -118,6 +118,8 @@ pub const CAP_UD: u32 = 1 << 1;
 pub const CAP_RDMA_READ: u32 = 1 << 2;
 pub const CAP_ATOMIC: u32 = 1 << 3;
 pub const CAP_LOCAL_DMA_LKEY: u32 = 1 << 4;
+/// Masked atomics (`WR_MASKED_CMP_SWP`, `WR_MASKED_FETCH_ADD`).
+pub const CAP_MASKED_ATOMIC: u32 = 1 << 5;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 pub const PORT_DOWN: u32 = 1;
@@ -219,6 +221,13 @@ pub const WR_REG_MR: u32 = 7;
 pub const WR_LOCAL_INV: u32 = 8;
 /// A SEND (RC) that makes the responder invalidate the MR whose rkey is in `imm` (IETH).
 pub const WR_SEND_INV: u32 = 9;
+/// Compare-and-swap under masks; the WQE is an `HcaMaskedAtomicWqe`. The 8 bytes at
+/// `remote_addr` become `(orig & !swap_mask) | (swap & swap_mask)` when `orig` and
+/// `compare` agree on the bits of `compare_mask`; the result buffer gets `orig`.
+pub const WR_MASKED_CMP_SWP: u32 = 10;
+/// Fetch-and-add of several fields at once; the WQE is an `HcaMaskedAtomicWqe`. A set bit
+/// of `boundary_mask` is the top bit of a field: no carry goes past it.
+pub const WR_MASKED_FETCH_ADD: u32 = 11;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
 pub const WQE_SOLICITED: u32 = 1 << 1;
@@ -233,6 +242,8 @@ pub const CQE_OP_COMP_SWAP: u32 = 3;
 pub const CQE_OP_FETCH_ADD: u32 = 4;
 pub const CQE_OP_LOCAL_INV: u32 = 6;
 pub const CQE_OP_REG_MR: u32 = 8;
+pub const CQE_OP_MASKED_COMP_SWAP: u32 = 9;
+pub const CQE_OP_MASKED_FETCH_ADD: u32 = 10;
 pub const CQE_OP_RECV: u32 = 0x80;
 pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
 
@@ -574,6 +585,31 @@ pub struct HcaRegMrWqe {
 }
 abi_struct!(HcaRegMrWqe, 64);
 
+/// A send-queue WQE with opcode `WR_MASKED_CMP_SWP` or `WR_MASKED_FETCH_ADD`: a send WQE
+/// whose UD fields (unused by an RC atomic) carry the two masks. `num_sge` SGEs (one
+/// 8-byte result buffer) follow it, as for an atomic.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaMaskedAtomicWqe {
+    pub wr_id: u64,
+    pub opcode: u8,
+    pub flags: u8,
+    pub num_sge: u8,
+    pub rsvd0: u8,
+    pub rsvd1: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub rsvd2: u32,
+    /// CMP_SWP: the bits compared; FETCH_ADD: the fields' top bits (`boundary_mask`).
+    pub compare_add_mask: u64,
+    /// CMP_SWP: the bits swapped; FETCH_ADD: unused.
+    pub swap_mask: u64,
+    /// CMP_SWP: the value compared with; FETCH_ADD: what is added.
+    pub compare_add: u64,
+    pub swap: u64,
+}
+abi_struct!(HcaMaskedAtomicWqe, 64);
+
 /// Receive WQE header; `num_sge` HcaSge follow it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -714,6 +750,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_UD,
         CAP_RDMA_READ,
         CAP_ATOMIC,
+        CAP_MASKED_ATOMIC,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -787,6 +824,8 @@ pub fn layout() -> Vec<(String, u64)> {
         WR_REG_MR,
         WR_LOCAL_INV,
         WR_SEND_INV,
+        WR_MASKED_CMP_SWP,
+        WR_MASKED_FETCH_ADD,
         WQE_SIGNALED,
         WQE_SOLICITED,
         WQE_INLINE,
@@ -798,6 +837,8 @@ pub fn layout() -> Vec<(String, u64)> {
         CQE_OP_FETCH_ADD,
         CQE_OP_LOCAL_INV,
         CQE_OP_REG_MR,
+        CQE_OP_MASKED_COMP_SWAP,
+        CQE_OP_MASKED_FETCH_ADD,
         CQE_OP_RECV,
         CQE_OP_RECV_RDMA_IMM,
         CQE_FLAG_IMM,
@@ -860,6 +901,9 @@ pub fn layout() -> Vec<(String, u64)> {
         compare_add, swap });
     layout_of!(HcaRegMrWqe => "hca_reg_mr_wqe" { wr_id, opcode, flags, rsvd0, access, iova,
         key, npages, length, page_list, page_shift, rsvd1, rsvd2 });
+    layout_of!(HcaMaskedAtomicWqe => "hca_masked_atomic_wqe" { wr_id, opcode, flags,
+        num_sge, rsvd0, rsvd1, remote_addr, rkey, rsvd2, compare_add_mask, swap_mask,
+        compare_add, swap });
     layout_of!(HcaRecvWqe => "hca_recv_wqe" { wr_id, num_sge, rsvd });
     layout_of!(HcaCqe => "hca_cqe" { wr_id, byte_len, imm, qpn, src_qp, slid, opcode,
         status, flags, owner, pkey_index });

@@ -139,6 +139,12 @@ fn encode_ext_headers(f: &mut Vec<u8>, pkt: &Packet) {
             f.extend_from_slice(&r.rkey.to_be_bytes());
             f.extend_from_slice(&swap_add.to_be_bytes());
             f.extend_from_slice(&compare.to_be_bytes());
+            // IBA has no header for a masked atomic's masks (vendors' extended atomics
+            // differ): they follow the AtomicETH, where a dissector shows them as data.
+            if let Some((compare_mask, swap_mask)) = pkt.atomic_masks() {
+                f.extend_from_slice(&compare_mask.to_be_bytes());
+                f.extend_from_slice(&swap_mask.to_be_bytes());
+            }
         }
         (Some(r), None) => {
             f.extend_from_slice(&r.va.to_be_bytes());

@@ -296,7 +296,12 @@ impl Device {
             lid: self.lid,
             port_state: self.port_state() as u8,
             num_vectors: NUM_VECTORS as u8,
-            caps: CAP_RC | CAP_UD | CAP_RDMA_READ | CAP_ATOMIC | CAP_LOCAL_DMA_LKEY,
+            caps: CAP_RC
+                | CAP_UD
+                | CAP_RDMA_READ
+                | CAP_ATOMIC
+                | CAP_MASKED_ATOMIC
+                | CAP_LOCAL_DMA_LKEY,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,

@@ -478,6 +478,9 @@ pub struct RareHeaders {
     pub grh: Option<Grh>,
     /// AtomicETH: address/key in the packet's `reth`, then swap-or-add and compare.
     pub atomic: Option<(u64, u64)>,
+    /// A masked atomic's masks, after its AtomicETH: compare (or the fields' top bits,
+    /// for a fetch-and-add) and swap.
+    pub atomic_masks: Option<(u64, u64)>,
     /// AtomicAckETH: the original remote value.
     pub atomic_ack: Option<u64>,
 }
@@ -577,6 +580,11 @@ impl Packet {
 
     pub fn atomic_ack(&self) -> Option<u64> {
         self.rare.as_ref()?.atomic_ack
+    }
+
+    /// A masked atomic's (compare or boundary mask, swap mask).
+    pub fn atomic_masks(&self) -> Option<(u64, u64)> {
+        self.rare.as_ref()?.atomic_masks
     }
 
     /// The rare headers, to set one.

@@ -313,6 +313,8 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
         WR_RDMA_READ => CQE_OP_RDMA_READ,
         WR_ATOMIC_CMP_SWP => CQE_OP_COMP_SWAP,
         WR_ATOMIC_FETCH_ADD => CQE_OP_FETCH_ADD,
+        WR_MASKED_CMP_SWP => CQE_OP_MASKED_COMP_SWAP,
+        WR_MASKED_FETCH_ADD => CQE_OP_MASKED_FETCH_ADD,
         WR_REG_MR => CQE_OP_REG_MR,
         WR_LOCAL_INV => CQE_OP_LOCAL_INV,
         _ => return None,

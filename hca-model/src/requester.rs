@@ -11,6 +11,8 @@
 
 use std::sync::atomic::Ordering;
 
+use vm_memory::ByteValued;
+
 use crate::abi::*;
 use crate::completer::ok_cqe;
 use crate::dma::read_obj;
@@ -168,7 +170,7 @@ impl QpEngine<'_> {
     fn sq_must_wait(&self, wqe: &HcaSendWqe) -> bool {
         let qp = &*self.qp;
         let op = u32::from(wqe.opcode);
-        let read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
+        let read_like = is_read_like(op);
         let fence = u32::from(wqe.flags) & WQE_FENCE != 0 && qp.pending.fenced() > 0;
         let window = qp.pending.len() >= qp.sq.size() as usize;
         let credits = read_like
@@ -213,7 +215,7 @@ impl QpEngine<'_> {
             return Err(WcError::LocQpOp);
         }
         let cqe_op = cqe_op_of(op).ok_or(WcError::LocQpOp)?;
-        let is_read_like = matches!(op, WR_RDMA_READ | WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD);
+        let is_read_like = is_read_like(op);
         let stride = 1u32 << self.qp.sq.wqe_shift;
         let max_sge = self.qp.sq.max_sge(64);
         let src = if flags & WQE_INLINE != 0 {
@@ -266,7 +268,9 @@ impl QpEngine<'_> {
         };
         match op {
             WR_RDMA_READ => self.send_read(w, src, len, pend),
-            WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD => self.send_atomic(w, src, len, pend),
+            WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD | WR_MASKED_CMP_SWP | WR_MASKED_FETCH_ADD => {
+                self.send_atomic(w, src, len, pend)
+            }
             _ => self.send_rc_message(w, src, len, pend),
         }
     }
@@ -396,7 +400,8 @@ impl QpEngine<'_> {
         };
         let result = *result;
         let psn = self.qp.next_psn;
-        let opcode = if u32::from(w.opcode) == WR_ATOMIC_CMP_SWP {
+        let wr_op = u32::from(w.opcode);
+        let opcode = if matches!(wr_op, WR_ATOMIC_CMP_SWP | WR_MASKED_CMP_SWP) {
             RC_CMP_SWAP
         } else {
             RC_FETCH_ADD
@@ -413,6 +418,12 @@ impl QpEngine<'_> {
         } else {
             (w.compare_add, 0)
         });
+        if matches!(wr_op, WR_MASKED_CMP_SWP | WR_MASKED_FETCH_ADD) {
+            // The masks sit where a send WQE has its UD fields.
+            let mut m = HcaMaskedAtomicWqe::default();
+            m.as_mut_slice().copy_from_slice(w.as_slice());
+            pkt.rare_mut().atomic_masks = Some((m.compare_add_mask, m.swap_mask));
+        }
         let request = pkt.clone();
         self.dev.transmit(pkt);
         pend.first_psn = psn;
@@ -486,4 +497,16 @@ impl QpEngine<'_> {
         }
         Ok(())
     }
+}
+
+/// WRs that take a responder's resources (`max_rd_atomic`) and can carry no inline data.
+fn is_read_like(op: u32) -> bool {
+    matches!(
+        op,
+        WR_RDMA_READ
+            | WR_ATOMIC_CMP_SWP
+            | WR_ATOMIC_FETCH_ADD
+            | WR_MASKED_CMP_SWP
+            | WR_MASKED_FETCH_ADD
+    )
 }

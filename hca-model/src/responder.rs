@@ -508,14 +508,14 @@ impl QpEngine<'_> {
             return self.nak(&pkt, AETH_NAK_REM_OP);
         }
         let orig = u64::from_le_bytes(b);
+        // Unmasked atomics are masked ones with every bit compared and swapped, and one
+        // 64-bit field.
+        let (compare_mask, swap_mask) = pkt.atomic_masks().unwrap_or((!0, !0));
         let new = if pkt.opcode == RC_CMP_SWAP {
-            if orig == compare {
-                swap_add
-            } else {
-                orig
-            }
+            masked_cmp_swap(orig, compare, swap_add, compare_mask, swap_mask)
         } else {
-            orig.wrapping_add(swap_add)
+            let boundaries = pkt.atomic_masks().map_or(0, |(b, _)| b);
+            fields_add(orig, swap_add, boundaries)
         };
         if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(&pkt, AETH_NAK_REM_OP);
@@ -587,6 +587,41 @@ impl QpEngine<'_> {
 }
 
 /// The response to atomic request `req`, carrying the original value.
+/// A masked compare-and-swap's new value: `swap`'s bits under `swap_mask` when `orig` and
+/// `compare` agree under `compare_mask`, else `orig` unchanged.
+pub(crate) fn masked_cmp_swap(orig: u64, compare: u64, swap: u64, cmask: u64, smask: u64) -> u64 {
+    if (orig ^ compare) & cmask == 0 {
+        (orig & !smask) | (swap & smask)
+    } else {
+        orig
+    }
+}
+
+/// `a + b` as fields added side by side: a set bit of `boundaries` is a field's top bit,
+/// and the carry out of it is dropped (0: one 64-bit field).
+pub(crate) fn fields_add(a: u64, b: u64, boundaries: u64) -> u64 {
+    if boundaries == 0 {
+        return a.wrapping_add(b);
+    }
+    // Each field's bits: from just above the previous boundary to its own.
+    let mut sum = 0u64;
+    let mut low = 0u32;
+    let mut rest = boundaries;
+    while low < 64 {
+        let top = if rest == 0 { 63 } else { rest.trailing_zeros() };
+        let width = top - low + 1;
+        let mask = if width == 64 {
+            !0
+        } else {
+            ((1u64 << width) - 1) << low
+        };
+        sum |= ((a & mask).wrapping_add(b & mask)) & mask;
+        rest &= rest.wrapping_sub(1); // this boundary done
+        low = top + 1;
+    }
+    sum
+}
+
 fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
     Packet {
         dlid: req.slid,
@@ -618,5 +653,55 @@ impl HcaState {
         if self.dev.held_acks.is_empty() {
             self.dev.held_acks = list; // keeps its capacity
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fields_add, masked_cmp_swap};
+
+    #[test]
+    fn test_a_masked_compare_and_swap_compares_and_swaps_only_the_masked_bits() {
+        // Equal under the compare mask (the high half), though not in the low half: the
+        // swap mask's bits (the low byte) take the swap value's, the rest stay.
+        let orig = 0x1234_5678_0000_00aa;
+        assert_eq!(
+            masked_cmp_swap(
+                orig,
+                0x1234_5678_ffff_ffff,
+                0xffff_ffff_ffff_ff55,
+                !0 << 32,
+                0xff
+            ),
+            0x1234_5678_0000_0055
+        );
+        // One compared bit differs: no swap.
+        assert_eq!(
+            masked_cmp_swap(orig, 0x1234_5679_0000_00aa, 0x55, !0 << 32, !0),
+            orig
+        );
+        // All bits compared and swapped: the plain compare-and-swap.
+        assert_eq!(masked_cmp_swap(7, 7, 9, !0, !0), 9);
+        assert_eq!(masked_cmp_swap(7, 8, 9, !0, !0), 7);
+    }
+
+    #[test]
+    fn test_a_masked_fetch_and_add_drops_each_fields_carry() {
+        // No boundary: one 64-bit field, wrapping.
+        assert_eq!(fields_add(u64::MAX, 2, 0), 1);
+        // Two 32-bit fields (top bits 31 and 63): the low field's carry stays in it.
+        let b = 1 << 31 | 1 << 63;
+        assert_eq!(
+            fields_add(0x0000_0001_ffff_ffff, 0x0000_0001_0000_0001, b),
+            0x0000_0002_0000_0000
+        );
+        // Eight byte-wide counters, each incremented; 0xff wraps to 0 alone.
+        let bytes = 0x8080_8080_8080_8080;
+        assert_eq!(
+            fields_add(0x00ff_0102_0304_0506, 0x0101_0101_0101_0101, bytes),
+            0x0100_0203_0405_0607
+        );
+        // A boundary at bit 63 alone is the plain add.
+        assert_eq!(fields_add(5, 6, 1 << 63), 11);
     }
 }

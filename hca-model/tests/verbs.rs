@@ -303,6 +303,58 @@ fn test_atomics_compare_swap_and_fetch_add() {
     assert_eq!(p.b.read(remote, 8), 7u64.to_le_bytes());
 }
 
+/// Masked atomics (as RDS posts every atomic): a compare-and-swap that compares and swaps
+/// only some bits, one whose compared bits differ, and a fetch-and-add of eight byte-wide
+/// counters whose carries stay in their bytes; each result buffer gets the value before.
+#[test]
+fn test_masked_atomics_compare_and_add_only_within_their_masks() {
+    let mut p = Pair::new(5);
+    let remote = p.b.alloc(16, 8);
+    let local = p.a.alloc(24, 8);
+    p.b.write(remote, &0x1234_5678_0000_00aau64.to_le_bytes());
+    p.b.write(remote + 8, &0x00ff_0102_0304_0506u64.to_le_bytes());
+    // Equal under the high half, unequal below it; only the low byte is swapped.
+    let mut cs = masked_atomic_wr(1, WR_MASKED_CMP_SWP, remote, p.key_b);
+    (cs.compare_add, cs.compare_add_mask) = (0x1234_5678_ffff_ffff, !0 << 32);
+    (cs.swap, cs.swap_mask) = (0xffff_ffff_ffff_ff55, 0xff);
+    p.a.post_send(&mut p.qa, as_send_wqe(&cs), &[sge(local, 8, p.key_a)]);
+    // A compared bit differs now: nothing is swapped.
+    cs.wr_id = 2;
+    cs.compare_add = 0x1234_5679_0000_0000;
+    p.a.post_send(&mut p.qa, as_send_wqe(&cs), &[sge(local + 8, 8, p.key_a)]);
+    let mut fa = masked_atomic_wr(3, WR_MASKED_FETCH_ADD, remote + 8, p.key_b);
+    (fa.compare_add, fa.compare_add_mask) = (0x0101_0101_0101_0101, 0x8080_8080_8080_8080);
+    p.a.post_send(&mut p.qa, as_send_wqe(&fa), &[sge(local + 16, 8, p.key_a)]);
+    let c = p.a.drain_cq(&mut p.cq_a);
+    let got: Vec<_> = c
+        .iter()
+        .map(|c| {
+            (
+                c.wr_id,
+                u32::from(c.status),
+                u32::from(c.opcode),
+                c.byte_len,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WC_SUCCESS, CQE_OP_MASKED_COMP_SWAP, 8),
+            (2, WC_SUCCESS, CQE_OP_MASKED_COMP_SWAP, 8),
+            (3, WC_SUCCESS, CQE_OP_MASKED_FETCH_ADD, 8),
+        ]
+    );
+    let word = |d: &mut hca_test_driver::Driver<_>, at| {
+        u64::from_le_bytes(d.read(at, 8).try_into().unwrap())
+    };
+    assert_eq!(word(&mut p.a, local), 0x1234_5678_0000_00aa);
+    assert_eq!(word(&mut p.a, local + 8), 0x1234_5678_0000_0055);
+    assert_eq!(word(&mut p.b, remote), 0x1234_5678_0000_0055);
+    assert_eq!(word(&mut p.a, local + 16), 0x00ff_0102_0304_0506);
+    assert_eq!(word(&mut p.b, remote + 8), 0x0100_0203_0405_0607);
+}
+
 #[test]
 fn test_fenced_send_waits_for_the_read_before_it() {
     let mut p = Pair::new(5);

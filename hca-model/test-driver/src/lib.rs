@@ -605,6 +605,31 @@ pub fn send_wr(wr_id: u64, opcode: u32, flags: u32) -> HcaSendWqe {
     }
 }
 
+/// A signaled masked atomic (`WR_MASKED_CMP_SWP` or `WR_MASKED_FETCH_ADD`) on the 8 bytes
+/// at `remote_addr` under `rkey`, as the send WQE it overlays.
+pub fn masked_atomic_wr(
+    wr_id: u64,
+    opcode: u32,
+    remote_addr: u64,
+    rkey: u32,
+) -> HcaMaskedAtomicWqe {
+    HcaMaskedAtomicWqe {
+        wr_id,
+        opcode: opcode as u8,
+        flags: WQE_SIGNALED as u8,
+        remote_addr,
+        rkey,
+        ..Default::default()
+    }
+}
+
+/// `w` as the send WQE whose bytes it has.
+pub fn as_send_wqe(w: &HcaMaskedAtomicWqe) -> HcaSendWqe {
+    let mut s = HcaSendWqe::default();
+    s.as_mut_slice().copy_from_slice(w.as_slice());
+    s
+}
+
 /// An unsignaled UD SEND to QP `remote_qpn` at `dlid`, with Q_Key `qkey`.
 pub fn ud_send_wr(dlid: u16, remote_qpn: u32, qkey: u32) -> HcaSendWqe {
     HcaSendWqe {
