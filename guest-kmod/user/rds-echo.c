@@ -10,6 +10,18 @@
  *   rds-echo ping LOCAL ADDR PORT COUNT WINDOW SIZE...
  *	from LOCAL, send COUNT messages of each SIZE to ADDR:PORT, WINDOW in
  *	flight at a time; every echo must come back whole, with the bytes sent
+ *   rds-echo rdma LOCAL ADDR PORT COUNT SIZE...
+ *	RDS's RDMA: the server registers SIZE bytes of its memory for this
+ *	client (RDS_CMSG_RDMA_MAP on its reply, which rds_ib serves with a
+ *	fast-registration MR posted on the connection's QP; the client finds
+ *	the cookie in RDS_CMSG_RDMA_DEST); then COUNT times an RDMA WRITE of fresh bytes into it (the
+ *	server checks them when the message sent behind the WRITE arrives) and
+ *	an RDMA READ of bytes the server wrote there (checked here once RDS
+ *	reports the READ done); the server serves this to one client at a time
+ *   rds-echo atomic LOCAL ADDR PORT
+ *	RDS's atomics on 8 bytes the server registered the same way: exit 0
+ *	when checked, 3 when the server's HCA refused them for their key
+ *	(what Linux's rds_ib registers allows no remote atomics; see atomics())
  *
  * The socket is held to the InfiniBand transport (SO_RDS_TRANSPORT), so a
  * run never passes over loopback or TCP in its place. Exit 0 only when every
@@ -26,20 +38,28 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-#ifndef AF_RDS
-#define AF_RDS		21
-#endif
-#ifndef SOL_RDS
-#define SOL_RDS		276
-#endif
-#define SO_RDS_TRANSPORT	8
-#define RDS_TRANS_IB		0
+#include <linux/rds.h>
 
 /* RDS's largest message (RDS_MAX_MSG_SIZE). */
 #define MAX_MSG		(1 << 20)
 #define MAX_WINDOW	64
 #define REPLY_WAIT_MS	20000
+
+/* What the RDMA mode's client asks of the server, and the server's answer: a message of
+ * exactly this size that starts with CTL_MAGIC (an echoed message never does: its bytes
+ * are pattern()'s). */
+#define CTL_MAGIC	0x2173647262616368ull	/* "hcabrds!" */
+enum { CTL_MAP = 1, CTL_FILL, CTL_CHECK, CTL_NOOP, CTL_REPLY };
+
+struct ctl {
+	uint64_t magic;
+	uint32_t kind;
+	uint32_t len;
+	uint32_t seq;
+	/* CTL_REPLY: 0, a negative errno, or 1 + the first byte that differs */
+	int32_t result;
+	uint64_t cookie;
+};
 
 static void die(const char *what)
 {
@@ -101,13 +121,105 @@ static long mismatch(const uint8_t *p, uint32_t seq, uint32_t len)
 	return -1;
 }
 
+static void send_all(int fd, const void *p, size_t len, const struct sockaddr_in *to)
+{
+	/* The peer's window bounds what is queued here; retry a full queue. */
+	while (sendto(fd, p, len, 0, (const struct sockaddr *)to, sizeof(*to)) < 0) {
+		if (errno != ENOBUFS && errno != EAGAIN && errno != EINTR)
+			die("sendto");
+		usleep(1000);
+	}
+}
+
+/* The server's side of the RDMA mode: memory registered for the client's RDMA. */
+static uint8_t *region;
+static uint64_t region_cookie;
+
+/* Sends control message c to `to` with one RDS control message (type, args) on it. */
+static void send_with(int fd, const struct sockaddr_in *to, int type, const void *args,
+		      size_t n, const struct ctl *c)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(struct rds_atomic_args))];
+		struct cmsghdr align;
+	} cm;
+	struct iovec iov = { .iov_base = (void *)c, .iov_len = sizeof(*c) };
+	struct msghdr m = {
+		.msg_name = (void *)to, .msg_namelen = sizeof(*to),
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cm.buf, .msg_controllen = CMSG_SPACE(n),
+	};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+
+	h->cmsg_level = SOL_RDS;
+	h->cmsg_type = type;
+	h->cmsg_len = CMSG_LEN(n);
+	memcpy(CMSG_DATA(h), args, n);
+	while (sendmsg(fd, &m, 0) < 0) {
+		if (errno != ENOBUFS && errno != EAGAIN && errno != EINTR)
+			die("sendmsg");
+		usleep(1000);
+	}
+}
+
+/* Registers len bytes of the region for the peer at `to` and replies: the reply carries
+ * the registration (RDS_CMSG_RDMA_MAP), so that the peer receives its cookie. rds_ib
+ * registers through the connection's QP; RDS_GET_MR, which has none, is refused
+ * (EOPNOTSUPP) where the device has only fast registration. */
+static int map_for(int fd, uint32_t len, const struct sockaddr_in *to)
+{
+	struct ctl r = { .magic = CTL_MAGIC, .kind = CTL_REPLY };
+	struct rds_get_mr_args mr = {
+		.vec = { .addr = (uintptr_t)region, .bytes = len },
+		.cookie_addr = (uintptr_t)&region_cookie,
+		.flags = RDS_RDMA_READWRITE,
+	};
+	struct rds_free_mr_args old = { .cookie = region_cookie };
+
+	if (region_cookie && setsockopt(fd, SOL_RDS, RDS_FREE_MR, &old, sizeof(old)))
+		die("RDS_FREE_MR");
+	region_cookie = 0;
+	send_with(fd, to, RDS_CMSG_RDMA_MAP, &mr, sizeof(mr), &r);
+	return 1;
+}
+
+/* Answers a control message; 0 if it was not one. */
+static int control(int fd, const uint8_t *msg, ssize_t len, const struct sockaddr_in *from)
+{
+	struct ctl c, r = { .magic = CTL_MAGIC, .kind = CTL_REPLY };
+	long bad;
+
+	if (len != sizeof(c))
+		return 0;
+	memcpy(&c, msg, sizeof(c));
+	if (c.magic != CTL_MAGIC)
+		return 0;
+	if (c.len > MAX_MSG) {
+		r.result = -EINVAL;
+	} else if (c.kind == CTL_MAP) {
+		return map_for(fd, c.len, from);
+	} else if (c.kind == CTL_FILL) {
+		fill(region, c.seq, c.len);
+	} else if (c.kind == CTL_CHECK) {
+		bad = mismatch(region, c.seq, c.len);
+		r.result = bad < 0 ? 0 : bad + 1;
+	} else if (c.kind == CTL_NOOP) {
+		return 1;
+	} else {
+		r.result = -EINVAL;
+	}
+	send_all(fd, &r, sizeof(r), from);
+	return 1;
+}
+
 static int serve(const char *addr, int port)
 {
 	int fd = rds_socket(addr, port);
 	uint8_t *buf = malloc(MAX_MSG);
 	unsigned long n = 0;
 
-	if (!buf)
+	region = aligned_alloc(4096, MAX_MSG);
+	if (!buf || !region)
 		die("malloc");
 	printf("rds-echo: serving on %s:%d\n", addr, port);
 	fflush(stdout);
@@ -121,12 +233,8 @@ static int serve(const char *addr, int port)
 				continue;
 			die("recvfrom");
 		}
-		/* The sender's window bounds what is queued here; retry a full queue. */
-		while (sendto(fd, buf, got, 0, (struct sockaddr *)&from, flen) < 0) {
-			if (errno != ENOBUFS && errno != EAGAIN && errno != EINTR)
-				die("sendto (echo)");
-			usleep(1000);
-		}
+		if (!control(fd, buf, got, &from))
+			send_all(fd, buf, got, &from);
 		n++;
 	}
 	return 0;
@@ -221,6 +329,290 @@ static int ping(const char *local, const char *addr, int port, int count, int wi
 	return 0;
 }
 
+/* The cookie the last message received carried (RDS_CMSG_RDMA_DEST), or 0. */
+static uint64_t dest_cookie;
+
+/* Waits for a message or an RDMA notification. Returns the message's length, or -1 for a
+ * notification (its token and status in *token and *status). */
+static ssize_t take(int fd, void *buf, size_t cap, uint64_t *token, int *status)
+{
+	char cbuf[CMSG_SPACE(sizeof(struct rds_rdma_notify)) * 4];
+
+	dest_cookie = 0;
+	struct iovec iov = { .iov_base = buf, .iov_len = cap };
+	struct msghdr m = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+	};
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	struct cmsghdr *c;
+	ssize_t got;
+
+	if (poll(&p, 1, REPLY_WAIT_MS) != 1) {
+		fprintf(stderr, "rds-echo: nothing arrived in %d ms\n", REPLY_WAIT_MS);
+		exit(1);
+	}
+	got = recvmsg(fd, &m, 0);
+	if (got < 0)
+		die("recvmsg");
+	for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		struct rds_rdma_notify n;
+
+		if (c->cmsg_level == SOL_RDS && c->cmsg_type == RDS_CMSG_RDMA_DEST)
+			memcpy(&dest_cookie, CMSG_DATA(c), sizeof(dest_cookie));
+		if (c->cmsg_level != SOL_RDS || c->cmsg_type != RDS_CMSG_RDMA_STATUS)
+			continue;
+		memcpy(&n, CMSG_DATA(c), sizeof(n));
+		*token = n.user_token;
+		*status = n.status;
+		return -1;
+	}
+	return got;
+}
+
+/* A control message to the server and its reply (no RDMA outstanding meanwhile). */
+static struct ctl ask(int fd, const struct sockaddr_in *to, uint32_t kind, uint32_t seq,
+		      uint32_t len)
+{
+	struct ctl c = { .magic = CTL_MAGIC, .kind = kind, .len = len, .seq = seq };
+	uint64_t token;
+	int status;
+
+	send_all(fd, &c, sizeof(c), to);
+	if (take(fd, &c, sizeof(c), &token, &status) != sizeof(c) || c.magic != CTL_MAGIC ||
+	    c.kind != CTL_REPLY) {
+		fprintf(stderr, "rds-echo: the server's reply to request %u is not one\n", kind);
+		exit(1);
+	}
+	c.cookie = dest_cookie;
+	return c;
+}
+
+/* Sends control message c with an RDMA op on the server's registered memory riding
+ * before it: a WRITE from local, or a READ into it. RDS notifies the op's end. */
+static void send_rdma(int fd, const struct sockaddr_in *to, uint64_t cookie, void *local,
+		      uint32_t len, int write, uint64_t token, const struct ctl *c)
+{
+	struct rds_iovec lv = { .addr = (uintptr_t)local, .bytes = len };
+	struct rds_rdma_args a = {
+		.cookie = cookie,
+		/* The registered range starts at remote address 0 plus the cookie's offset. */
+		.remote_vec = { .addr = 0, .bytes = len },
+		.local_vec_addr = (uintptr_t)&lv,
+		.nr_local = 1,
+		.flags = RDS_RDMA_NOTIFY_ME | (write ? RDS_RDMA_READWRITE : 0),
+		.user_token = token,
+	};
+
+	send_with(fd, to, RDS_CMSG_RDMA_ARGS, &a, sizeof(a), c);
+}
+
+/* Takes what arrives until the notification for token and, if want_reply, a control
+ * reply (its result must be 0). Returns the op's RDS status (RDS_RDMA_SUCCESS or why not). */
+static int finish_rdma(int fd, uint64_t token, int want_reply, const char *what,
+		       uint32_t seq, uint32_t len)
+{
+	int notified = 0, replied = !want_reply, op_status = RDS_RDMA_SUCCESS;
+
+	while (!notified || !replied) {
+		struct ctl r;
+		uint64_t t = 0;
+		int status = 0;
+		ssize_t got = take(fd, &r, sizeof(r), &t, &status);
+
+		if (got < 0) {
+			if (t != token) {
+				fprintf(stderr, "rds-echo: a notification for %llu, not %llu\n",
+					(unsigned long long)t, (unsigned long long)token);
+				exit(1);
+			}
+			op_status = status;
+			notified = 1;
+			/* A failed op's message is not delivered: no reply comes. */
+			if (status != RDS_RDMA_SUCCESS)
+				replied = 1;
+		} else if (got == sizeof(r) && r.magic == CTL_MAGIC && r.kind == CTL_REPLY) {
+			if (r.result) {
+				fprintf(stderr, "rds-echo: RDMA %s %u (%u bytes): the server says %d\n",
+					what, seq, len, r.result);
+				exit(1);
+			}
+			replied = 1;
+		} else {
+			fprintf(stderr, "rds-echo: an unexpected %zd-byte message\n", got);
+			exit(1);
+		}
+	}
+	return op_status;
+}
+
+/* Exits unless an RDMA op ended well. */
+static void must_succeed(int status, const char *what, uint32_t seq, uint32_t len)
+{
+	if (status == RDS_RDMA_SUCCESS)
+		return;
+	fprintf(stderr, "rds-echo: RDMA %s %u (%u bytes) failed: RDS status %d\n",
+		what, seq, len, status);
+	exit(1);
+}
+
+/* An RDS atomic (fetch-and-add of a, or compare a and swap b) on the first 8 bytes of
+ * the server's registered memory; the value there before lands in *old. Returns the op's
+ * RDS status. */
+static int atomic_op(int fd, const struct sockaddr_in *to, uint64_t cookie, int type,
+		     uint64_t a, uint64_t b, uint64_t *old, uint32_t token)
+{
+	struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_NOOP, .seq = token };
+	struct rds_atomic_args x = {
+		.cookie = cookie,
+		.local_addr = (uintptr_t)old,
+		.remote_addr = 0,
+		.flags = RDS_RDMA_NOTIFY_ME,
+		.user_token = token,
+	};
+
+	if (type == RDS_CMSG_ATOMIC_FADD) {
+		x.fadd.add = a;
+	} else {
+		x.cswp.compare = a;
+		x.cswp.swap = b;
+	}
+	*old = ~0ull;
+	send_with(fd, to, type, &x, sizeof(x), &c);
+	return finish_rdma(fd, token, 0, "atomic", token, 8);
+}
+
+/*
+ * RDS atomics on 8 bytes of the server's memory, registered for this client: fetch-and-add,
+ * then a compare-and-swap that matches and one that does not, each checked, then an RDMA
+ * READ of the result. RDS posts them as masked atomics. Exit 0 when all were checked; 3
+ * when the server's HCA refused the first for its key (RDS_RDMA_REMOTE_ERROR): Linux's
+ * rds_ib registers memory for RDMA with local write and remote read and write only
+ * (IB_WR_REG_MR, access 0x7), and IB executes an atomic only through a key that allows it.
+ */
+static int atomics(const char *local, const char *addr, int port)
+{
+	struct sockaddr_in to = inet(addr, port);
+	int fd = rds_socket(local, 0);
+	uint64_t *buf = aligned_alloc(4096, 4096);
+	uint64_t v, add = 0x1111111111111111ull, swap = 0x5eed5eed5eed5eedull, got = 0;
+	struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_NOOP }, r;
+	uint32_t seq = 1;
+	uint8_t first[8];
+	int status;
+
+	if (!buf)
+		die("malloc");
+	r = ask(fd, &to, CTL_MAP, 0, 8);
+	if (!r.result && !r.cookie)
+		r.result = -ENOKEY;
+	if (r.result || ask(fd, &to, CTL_FILL, seq, 8).result) {
+		fprintf(stderr, "rds-echo: the server could not register or fill 8 bytes\n");
+		return 1;
+	}
+	for (int i = 0; i < 8; i++)
+		first[i] = pattern(seq, 8, i);
+	memcpy(&v, first, 8);
+	status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_FADD, add, 0, buf, ++seq);
+	if (status == RDS_RDMA_REMOTE_ERROR) {
+		printf("rds-echo: atomic: remote access error: the server's key does not allow "
+		       "remote atomics\n");
+		return 3;
+	}
+	must_succeed(status, "fetch-and-add", seq, 8);
+	got = *buf;
+	if (got == v) {
+		status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_CSWP, v + add, swap, buf, ++seq);
+		must_succeed(status, "compare-and-swap", seq, 8);
+		got = *buf;
+	}
+	if (got == v + add) {
+		status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_CSWP, v, 0, buf, ++seq);
+		must_succeed(status, "compare-and-swap", seq, 8);
+		got = *buf;
+	}
+	if (got != swap) {
+		fprintf(stderr, "rds-echo: atomic %u saw %#llx (from %#llx)\n", seq,
+			(unsigned long long)got, (unsigned long long)v);
+		return 1;
+	}
+	*buf = 0;
+	c.seq = ++seq;
+	send_rdma(fd, &to, r.cookie, buf, 8, 0, seq, &c);
+	must_succeed(finish_rdma(fd, seq, 0, "READ", seq, 8), "READ", seq, 8);
+	if (*buf != swap) {
+		fprintf(stderr, "rds-echo: after the atomics the server's memory holds %#llx\n",
+			(unsigned long long)*buf);
+		return 1;
+	}
+	printf("rds-echo: atomic: fetch-and-add and compare-and-swap verified\n");
+	return 0;
+}
+
+static int rdma(const char *local, const char *addr, int port, int count, char **sizes,
+		int nsizes)
+{
+	struct sockaddr_in to = inet(addr, port);
+	int fd = rds_socket(local, 0);
+	uint8_t *buf = aligned_alloc(4096, MAX_MSG);
+	uint32_t seq = 0;
+	unsigned long long bytes = 0;
+
+	if (!buf)
+		die("malloc");
+	for (int s = 0; s < nsizes; s++) {
+		long len = strtol(sizes[s], NULL, 0);
+		struct ctl r;
+		double t;
+
+		if (len < 1 || len > MAX_MSG || count < 1) {
+			fprintf(stderr, "rds-echo: COUNT >= 1 and SIZE in 1..%d\n", MAX_MSG);
+			return 2;
+		}
+		r = ask(fd, &to, CTL_MAP, 0, len);
+		if (!r.result && !r.cookie)
+			r.result = -ENOKEY;
+		if (r.result) {
+			fprintf(stderr, "rds-echo: the server could not register %ld bytes: %s\n",
+				len, strerror(-r.result));
+			return 1;
+		}
+		t = now_us();
+		for (int i = 0; i < count; i++) {
+			struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_CHECK, .len = len };
+
+			/* WRITE: the server checks its memory when the message behind it lands. */
+			c.seq = ++seq;
+			fill(buf, seq, len);
+			send_rdma(fd, &to, r.cookie, buf, len, 1, seq, &c);
+			must_succeed(finish_rdma(fd, seq, 1, "WRITE", seq, len), "WRITE", seq, len);
+			/* READ: of what the server wrote there, checked here once done. */
+			seq++;
+			if (ask(fd, &to, CTL_FILL, seq, len).result) {
+				fprintf(stderr, "rds-echo: the server could not fill\n");
+				return 1;
+			}
+			memset(buf, 0, len);
+			c.kind = CTL_NOOP;
+			c.seq = seq;
+			send_rdma(fd, &to, r.cookie, buf, len, 0, seq, &c);
+			must_succeed(finish_rdma(fd, seq, 0, "READ", seq, len), "READ", seq, len);
+			if (mismatch(buf, seq, len) >= 0) {
+				fprintf(stderr, "rds-echo: RDMA READ %u (%ld bytes) differs at byte %ld\n",
+					seq, len, mismatch(buf, seq, len));
+				return 1;
+			}
+		}
+		t = now_us() - t;
+		bytes += 2ull * count * len;
+		printf("rds-echo: %d RDMA WRITEs and READs of %ld bytes verified, %.1f us per pair\n",
+		       count, len, t / count);
+
+	}
+	printf("rds-echo: %u RDMA operations, %llu bytes, every one verified\n", seq, bytes);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && !strcmp(argv[1], "serve"))
@@ -228,8 +620,14 @@ int main(int argc, char **argv)
 	if (argc >= 8 && !strcmp(argv[1], "ping"))
 		return ping(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
 			    argv + 7, argc - 7);
+	if (argc == 5 && !strcmp(argv[1], "atomic"))
+		return atomics(argv[2], argv[3], atoi(argv[4]));
+	if (argc >= 7 && !strcmp(argv[1], "rdma"))
+		return rdma(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv + 6, argc - 6);
 	fprintf(stderr,
 		"usage: rds-echo serve ADDR PORT\n"
-		"       rds-echo ping LOCAL ADDR PORT COUNT WINDOW SIZE...\n");
+		"       rds-echo ping LOCAL ADDR PORT COUNT WINDOW SIZE...\n"
+		"       rds-echo rdma LOCAL ADDR PORT COUNT SIZE...\n"
+		"       rds-echo atomic LOCAL ADDR PORT\n");
 	return 2;
 }

@@ -248,7 +248,13 @@ const RDS_PORT: u16 = 18634;
 /// Reliable Datagram Sockets with Debian's rds and rds_rdma: RDS/IB connects through rdma_cm
 /// to the peer's IPoIB address and moves messages as RC SENDs with its own credit flow
 /// control. Two nodes at once keep 8 messages each in flight to node 3's echo server, from
-/// 1 byte to RDS's largest (1 MiB); every echo comes back whole with the bytes sent.
+/// 1 byte to RDS's largest (1 MiB); every echo comes back whole with the bytes sent. Then
+/// RDS's RDMA: node 3 registers memory for node 1 (RDS_CMSG_RDMA_MAP, a fast-registration
+/// MR posted on the connection), node 1 RDMA-writes and reads it, every byte checked; and
+/// RDS's atomics, which it posts as masked atomics, reach node 3's HCA and are refused for
+/// their key (rds_ib registers without remote-atomic access), as IB requires: a remote
+/// access error for the application, both QPs in ERR with every WR flushed, and once
+/// node 3's server lets go of its MR, RDS reconnects and messages flow again.
 fn rds_over_ib(tb: &mut Testbed) {
     for i in 0..NODES {
         // The TCP checks' 64 MiB files live in guest RAM (206 MiB): with them, node 3's
@@ -260,7 +266,10 @@ fn rds_over_ib(tb: &mut Testbed) {
     }
     tb.agents[2]
         .run(
-            &format!("rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &", addr(2)),
+            &format!(
+                "rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &",
+                addr(2)
+            ),
             T,
         )
         .unwrap();
@@ -292,6 +301,53 @@ fn rds_over_ib(tb: &mut Testbed) {
     assert!(
         log.contains("conn connected <::ffff:10.78.0.1,::ffff:10.78.0.3"),
         "RDS's connection is its IB transport's: {log}"
+    );
+
+    let rdma = format!(
+        "rds-echo rdma {} {} {RDS_PORT} 4 1 5000 65536 1048576",
+        addr(0),
+        addr(2)
+    );
+    let out = tb.agents[0]
+        .run(&rdma, T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(2)));
+    assert!(
+        out.contains("32 RDMA operations, 8952904 bytes, every one verified"),
+        "{out}"
+    );
+    let (rc, out) = tb.agents[0]
+        .status(
+            &format!("rds-echo atomic {} {} {RDS_PORT}", addr(0), addr(2)),
+            T,
+        )
+        .unwrap();
+    assert!(
+        rc == 3 && out.contains("remote access error"),
+        "RDS's atomic ends in an error the application sees (exit {rc}): {out}"
+    );
+    // The connection's teardown waits for node 3's MR, which its server holds.
+    tb.agents[2]
+        .run(
+            &format!(
+                "killall rds-echo; sleep 1; rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &",
+                addr(2)
+            ),
+            T,
+        )
+        .unwrap();
+    let out = tb.agents[0]
+        .run(
+            &format!(
+                "rds-echo ping {} {} {RDS_PORT} 8 4 1 65536",
+                addr(0),
+                addr(2)
+            ),
+            T,
+        )
+        .unwrap_or_else(|e| panic!("RDS reconnects: {e}\n{}", tb.console(2)));
+    assert!(
+        out.contains("16 messages, 524296 bytes, every echo verified"),
+        "{out}"
     );
 }
 
