@@ -104,6 +104,7 @@ impl QpEngine<'_> {
 
     fn on_read_response(&mut self, pkt: Packet) {
         let mtu = u64::from(self.qp.mtu());
+        let asked = psn_add(self.qp.next_psn, PSN_MASK); // the last request PSN sent
         let Some(front) = self.qp.pending.front_mut() else {
             return;
         };
@@ -113,9 +114,11 @@ impl QpEngine<'_> {
         // In order only: a duplicate is ignored; one past a gap means the responses before
         // it were lost, so the read is asked again from the first missing PSN at once (an
         // implied sequence NAK), once per gap; no retry is spent and the timer runs on.
+        // Responses come in order, so one for a later request (another read behind this
+        // one) shows a gap too: this read's last responses were lost.
         if pkt.psn != front.next_resp_psn || !psn_le(pkt.psn, front.last_psn) {
             let from = front.next_resp_psn;
-            let gap = psn_le(from, pkt.psn) && psn_le(pkt.psn, front.last_psn);
+            let gap = psn_le(from, pkt.psn) && pkt.psn != from && psn_le(pkt.psn, asked);
             if gap && front.reread_from != Some(from) {
                 front.reread_from = Some(from);
                 self.dev.stats.read_gaps += 1;
