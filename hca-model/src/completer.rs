@@ -62,6 +62,7 @@ impl QpEngine<'_> {
                 let (syndrome, _msn) = pkt.aeth.unwrap_or((AETH_ACK, 0));
                 if syndrome == AETH_ACK {
                     self.complete_acked(pkt.psn);
+                    self.read_gap_before(pkt.psn);
                 } else if syndrome == AETH_NAK_PSN_SEQ || syndrome & 0xe0 == AETH_RNR_NAK {
                     self.on_retry_nak(syndrome, pkt.psn);
                 } else {
@@ -104,28 +105,15 @@ impl QpEngine<'_> {
 
     fn on_read_response(&mut self, pkt: Packet) {
         let mtu = u64::from(self.qp.mtu());
-        let asked = psn_add(self.qp.next_psn, PSN_MASK); // the last request PSN sent
         let Some(front) = self.qp.pending.front_mut() else {
             return;
         };
         let PendKind::Read { dst, cursor } = &mut front.kind else {
             return; // A response nobody asked for: dropped.
         };
-        // In order only: a duplicate is ignored; one past a gap means the responses before
-        // it were lost, so the read is asked again from the first missing PSN at once (an
-        // implied sequence NAK), once per gap; no retry is spent and the timer runs on.
-        // Responses come in order, so one for a later request (another read behind this
-        // one) shows a gap too: this read's last responses were lost.
+        // In order only: a duplicate is ignored; one past the next expected shows a gap.
         if pkt.psn != front.next_resp_psn || !psn_le(pkt.psn, front.last_psn) {
-            let from = front.next_resp_psn;
-            let gap = psn_le(from, pkt.psn) && pkt.psn != from && psn_le(pkt.psn, asked);
-            if gap && front.reread_from != Some(from) {
-                front.reread_from = Some(from);
-                self.dev.stats.read_gaps += 1;
-                let now = self.dev.now();
-                self.resend_from(from, now, false);
-            }
-            return;
+            return self.read_gap_before(pkt.psn);
         }
         front.next_resp_psn = psn_add(pkt.psn, pkt.span());
         let off = u64::from(pkt.psn.wrapping_sub(front.first_psn) & PSN_MASK) * mtu;
@@ -150,6 +138,29 @@ impl QpEngine<'_> {
             self.complete_front();
         } else {
             self.progress();
+        }
+    }
+
+    /// A response or ACK naming `psn`, past the next response the front read expects,
+    /// shows that the responses between were lost (the responder answers in order: for a
+    /// later read's response, or an ACK past the read, IB's implied NAK). The read is asked
+    /// again from the first missing PSN at once, once per gap; no retry is spent and the
+    /// timer runs on.
+    fn read_gap_before(&mut self, psn: u32) {
+        let asked = psn_add(self.qp.next_psn, PSN_MASK); // the last request PSN sent
+        let Some(front) = self.qp.pending.front_mut() else {
+            return;
+        };
+        let from = front.next_resp_psn;
+        let past = psn_le(from, psn) && psn != from && psn_le(psn, asked);
+        if !matches!(front.kind, PendKind::Read { .. }) || !past {
+            return;
+        }
+        if front.reread_from != Some(from) {
+            front.reread_from = Some(from);
+            self.dev.stats.read_gaps += 1;
+            let now = self.dev.now();
+            self.resend_from(from, now, false);
         }
     }
 

@@ -468,6 +468,37 @@ fn test_a_lost_last_read_response_is_asked_again_when_the_next_reads_arrive() {
     assert_eq!(st.read_gaps, 1, "one gap, asked once: {st:?}");
 }
 
+/// A read whose last response is lost, with a SEND behind it: the SEND's ACK names a PSN
+/// past the read, which IB takes as an implied NAK: the read is asked again at once.
+#[test]
+fn test_an_ack_past_a_read_missing_its_last_response_asks_again_at_once() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
+    fabric.set_hook(Some(Arc::new(DropFirstLastReadResponse(AtomicBool::new(
+        false,
+    )))));
+    let remote = p.b.alloc(8192, 64);
+    let local = p.a.alloc(8192, 64);
+    let (msg, rbuf) = (p.a.alloc(64, 64), p.b.alloc(64, 64));
+    p.b.write(remote, &pattern(8192, 3));
+    let mut rd = send_wr(1, WR_RDMA_READ, WQE_SIGNALED);
+    (rd.remote_addr, rd.rkey) = (remote, p.key_b);
+    p.a.post_send(&mut p.qa, rd, &[sge(local, 8192, p.key_a)]);
+    p.b.post_recv(&mut p.qb, 9, &[sge(rbuf, 64, p.key_b)]);
+    let mut send = send_wr(2, WR_SEND, WQE_SIGNALED);
+    send.num_sge = 1;
+    p.a.post_send(&mut p.qa, send, &[sge(msg, 64, p.key_a)]);
+    let (c, t) = collect(&fabric, &mut p.a, &mut p.cq_a, 2, Duration::from_millis(20));
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        [(1, 0), (2, 0)],
+        "both done in order before the 67 ms timeout ({t:?})"
+    );
+    assert_eq!(p.a.read(local, 8192), pattern(8192, 3));
+    assert_eq!(p.a.hca.stats().read_gaps, 1);
+}
+
 /// A lost read response shows as a gap when the next one arrives: the read is asked again
 /// from the missing PSN at once (as IB's requester does), not after the QP's timeout.
 #[test]
