@@ -248,7 +248,8 @@ const RDS_PORT: u16 = 18634;
 /// Reliable Datagram Sockets with Debian's rds and rds_rdma: RDS/IB connects through rdma_cm
 /// to the peer's IPoIB address and moves messages as RC SENDs with its own credit flow
 /// control. Two nodes at once keep 8 messages each in flight to node 3's echo server, from
-/// 1 byte to RDS's largest (1 MiB); every echo comes back whole with the bytes sent. Then
+/// 1 byte to RDS's largest (1 MiB); every echo comes back whole with the bytes sent, also
+/// under 1% packet drops. Then
 /// RDS's RDMA: node 3 registers memory for node 1 (RDS_CMSG_RDMA_MAP, a fast-registration
 /// MR posted on the connection), node 1 RDMA-writes and reads it, every byte checked; and
 /// RDS's atomics, which it posts as masked atomics, reach node 3's HCA and are refused for
@@ -302,6 +303,28 @@ fn rds_over_ib(tb: &mut Testbed) {
         log.contains("conn connected <::ffff:10.78.0.1,::ffff:10.78.0.3"),
         "RDS's connection is its IB transport's: {log}"
     );
+
+    // Under 1% drops on every link RC resends below RDS; every message still arrives whole.
+    let fabric = tb.fabric().clone();
+    let plan = FaultPlan::parse("seed = 5\n[[link]]\ndrop = 0.01\n").unwrap();
+    let hook = Arc::new(FaultHook::new(plan, None));
+    fabric.set_hook(Some(hook.clone()));
+    let out = tb.agents[0]
+        .run(
+            &format!(
+                "rds-echo ping {} {} {RDS_PORT} 16 4 1 4096 65536 262144",
+                addr(0),
+                addr(2)
+            ),
+            T,
+        )
+        .unwrap_or_else(|e| panic!("RDS under 1% drops: {e}\n{}", tb.console(2)));
+    fabric.set_hook(None);
+    assert!(
+        out.contains("64 messages, 5308432 bytes, every echo verified"),
+        "{out}"
+    );
+    assert!(hook.counts().dropped > 0, "the plan dropped nothing");
 
     let rdma = format!(
         "rds-echo rdma {} {} {RDS_PORT} 4 1 5000 65536 1048576",
