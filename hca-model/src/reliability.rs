@@ -15,6 +15,10 @@
 //!   its syndrome encodes before resending; rnr_retry 7 retries forever, otherwise the
 //!   budget runs out into WcError::RnrRetryExc.
 //!
+//! - A read missing responses is asked again at once, from the first one missing, when
+//!   a response past it arrives (of the same read or of a later one: responses come in
+//!   order) or an ACK past it does (IB's implied NAK); once per gap, no retry spent.
+//!
 //! Resending re-reads the WR's memory, as hardware does; a read resumes at the first
 //! response PSN not yet received (its RETH advanced to match).
 
