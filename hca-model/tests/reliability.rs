@@ -409,27 +409,31 @@ fn test_a_planned_link_flap_is_ridden_out() {
 }
 
 /// Drops the first read response packet it sees (and nothing else).
-struct DropFirstReadResponse(AtomicBool);
+/// Drops the first packet on its way up whose opcode is in the range, once.
+struct DropFirst(std::ops::RangeInclusive<u8>, AtomicBool);
 
-impl LinkHook for DropFirstReadResponse {
-    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
-        let resp = (RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY).contains(&pkt.opcode);
-        if link.dir == LinkDir::Up && resp && !self.0.swap(true, Ordering::Relaxed) {
-            return Verdict::Drop;
-        }
-        Verdict::Pass
+impl DropFirst {
+    /// The first read response of any kind.
+    fn read_response() -> Arc<Self> {
+        Arc::new(Self(
+            RC_READ_RESP_FIRST..=RC_READ_RESP_ONLY,
+            AtomicBool::new(false),
+        ))
+    }
+
+    /// The first READ_RESP_LAST: a multi-packet read's last response.
+    fn last_read_response() -> Arc<Self> {
+        Arc::new(Self(
+            RC_READ_RESP_LAST..=RC_READ_RESP_LAST,
+            AtomicBool::new(false),
+        ))
     }
 }
 
-/// Drops the first READ_RESP_LAST on its way up, once.
-struct DropFirstLastReadResponse(AtomicBool);
-
-impl LinkHook for DropFirstLastReadResponse {
+impl LinkHook for DropFirst {
     fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
-        if link.dir == LinkDir::Up
-            && pkt.opcode == RC_READ_RESP_LAST
-            && !self.0.swap(true, Ordering::Relaxed)
-        {
+        let hit = self.0.contains(&pkt.opcode);
+        if link.dir == LinkDir::Up && hit && !self.1.swap(true, Ordering::Relaxed) {
             return Verdict::Drop;
         }
         Verdict::Pass
@@ -445,9 +449,7 @@ fn test_a_lost_last_read_response_is_asked_again_when_the_next_reads_arrive() {
     let fabric = Fabric::with_manual_clock();
     // timeout 14: ~67 ms; both reads must finish long before that.
     let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
-    fabric.set_hook(Some(Arc::new(DropFirstLastReadResponse(AtomicBool::new(
-        false,
-    )))));
+    fabric.set_hook(Some(DropFirst::last_read_response()));
     let remote = p.b.alloc(16384, 64);
     let local = p.a.alloc(16384, 64);
     p.b.write(remote, &pattern(16384, 6));
@@ -474,9 +476,7 @@ fn test_a_lost_last_read_response_is_asked_again_when_the_next_reads_arrive() {
 fn test_an_ack_past_a_read_missing_its_last_response_asks_again_at_once() {
     let fabric = Fabric::with_manual_clock();
     let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
-    fabric.set_hook(Some(Arc::new(DropFirstLastReadResponse(AtomicBool::new(
-        false,
-    )))));
+    fabric.set_hook(Some(DropFirst::last_read_response()));
     let remote = p.b.alloc(8192, 64);
     let local = p.a.alloc(8192, 64);
     let (msg, rbuf) = (p.a.alloc(64, 64), p.b.alloc(64, 64));
@@ -506,9 +506,7 @@ fn test_a_read_response_gap_is_asked_again_at_once() {
     let fabric = Fabric::with_manual_clock();
     // timeout 14: ~67 ms; the read must finish long before that.
     let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
-    fabric.set_hook(Some(Arc::new(DropFirstReadResponse(AtomicBool::new(
-        false,
-    )))));
+    fabric.set_hook(Some(DropFirst::read_response()));
     let remote = p.b.alloc(8192, 64);
     let local = p.a.alloc(8192, 64);
     p.b.write(remote, &pattern(8192, 4));
