@@ -223,10 +223,10 @@ pub const WR_LOCAL_INV: u32 = 8;
 pub const WR_SEND_INV: u32 = 9;
 /// Compare-and-swap under masks; the WQE is an `HcaMaskedAtomicWqe`. The 8 bytes at
 /// `remote_addr` become `(orig & !swap_mask) | (swap & swap_mask)` when `orig` and
-/// `compare` agree on the bits of `compare_mask`; the result buffer gets `orig`.
+/// `compare_add` agree on the bits of `compare_add_mask`; the result buffer gets `orig`.
 pub const WR_MASKED_CMP_SWP: u32 = 10;
 /// Fetch-and-add of several fields at once; the WQE is an `HcaMaskedAtomicWqe`. A set bit
-/// of `boundary_mask` is the top bit of a field: no carry goes past it.
+/// of `compare_add_mask` is the top bit of a field: no carry goes past it.
 pub const WR_MASKED_FETCH_ADD: u32 = 11;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
@@ -600,7 +600,7 @@ pub struct HcaMaskedAtomicWqe {
     pub remote_addr: u64,
     pub rkey: u32,
     pub rsvd2: u32,
-    /// CMP_SWP: the bits compared; FETCH_ADD: the fields' top bits (`boundary_mask`).
+    /// CMP_SWP: the bits compared; FETCH_ADD: the fields' top bits.
     pub compare_add_mask: u64,
     /// CMP_SWP: the bits swapped; FETCH_ADD: unused.
     pub swap_mask: u64,
