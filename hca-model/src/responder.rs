@@ -510,12 +510,16 @@ impl QpEngine<'_> {
         let orig = u64::from_le_bytes(b);
         // Unmasked atomics are masked ones with every bit compared and swapped, and one
         // 64-bit field.
-        let (compare_mask, swap_mask) = pkt.atomic_masks().unwrap_or((!0, !0));
+        let masks = pkt.atomic_masks();
         let new = if pkt.opcode == RC_CMP_SWAP {
+            let (compare_mask, swap_mask) = masks.unwrap_or((!0, !0));
             masked_cmp_swap(orig, compare, swap_add, compare_mask, swap_mask)
         } else {
-            let boundaries = pkt.atomic_masks().map_or(0, |(b, _)| b);
-            fields_add(orig, swap_add, boundaries)
+            fields_add(
+                orig,
+                swap_add,
+                masks.map_or(0, |(boundaries, _)| boundaries),
+            )
         };
         if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(&pkt, AETH_NAK_REM_OP);
@@ -586,7 +590,6 @@ impl QpEngine<'_> {
     }
 }
 
-/// The response to atomic request `req`, carrying the original value.
 /// A masked compare-and-swap's new value: `swap`'s bits under `swap_mask` when `orig` and
 /// `compare` agree under `compare_mask`, else `orig` unchanged.
 pub(crate) fn masked_cmp_swap(orig: u64, compare: u64, swap: u64, cmask: u64, smask: u64) -> u64 {
@@ -622,6 +625,7 @@ pub(crate) fn fields_add(a: u64, b: u64, boundaries: u64) -> u64 {
     sum
 }
 
+/// The response to atomic request `req`, carrying the original value.
 fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
     Packet {
         dlid: req.slid,
