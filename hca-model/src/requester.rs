@@ -268,9 +268,7 @@ impl QpEngine<'_> {
         };
         match op {
             WR_RDMA_READ => self.send_read(w, src, len, pend),
-            WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD | WR_MASKED_CMP_SWP | WR_MASKED_FETCH_ADD => {
-                self.send_atomic(w, src, len, pend)
-            }
+            _ if is_atomic(op) => self.send_atomic(w, src, len, pend),
             _ => self.send_rc_message(w, src, len, pend),
         }
     }
@@ -499,14 +497,15 @@ impl QpEngine<'_> {
     }
 }
 
-/// WRs that take a responder's resources (`max_rd_atomic`) and can carry no inline data.
-fn is_read_like(op: u32) -> bool {
+/// The atomic WRs, plain and masked.
+fn is_atomic(op: u32) -> bool {
     matches!(
         op,
-        WR_RDMA_READ
-            | WR_ATOMIC_CMP_SWP
-            | WR_ATOMIC_FETCH_ADD
-            | WR_MASKED_CMP_SWP
-            | WR_MASKED_FETCH_ADD
+        WR_ATOMIC_CMP_SWP | WR_ATOMIC_FETCH_ADD | WR_MASKED_CMP_SWP | WR_MASKED_FETCH_ADD
     )
+}
+
+/// WRs that take a responder's resources (`max_rd_atomic`) and can carry no inline data.
+fn is_read_like(op: u32) -> bool {
+    op == WR_RDMA_READ || is_atomic(op)
 }
