@@ -592,9 +592,15 @@ impl QpEngine<'_> {
 
 /// A masked compare-and-swap's new value: `swap`'s bits under `swap_mask` when `orig` and
 /// `compare` agree under `compare_mask`, else `orig` unchanged.
-pub(crate) fn masked_cmp_swap(orig: u64, compare: u64, swap: u64, cmask: u64, smask: u64) -> u64 {
-    if (orig ^ compare) & cmask == 0 {
-        (orig & !smask) | (swap & smask)
+pub(crate) fn masked_cmp_swap(
+    orig: u64,
+    compare: u64,
+    swap: u64,
+    compare_mask: u64,
+    swap_mask: u64,
+) -> u64 {
+    if (orig ^ compare) & compare_mask == 0 {
+        (orig & !swap_mask) | (swap & swap_mask)
     } else {
         orig
     }
