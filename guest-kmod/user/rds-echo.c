@@ -415,6 +415,21 @@ static struct ctl ask(int fd, const struct sockaddr_in *to, uint32_t kind, uint3
 	return c;
 }
 
+/* Has the server map len bytes of its memory for this client; the cookie, or exits. */
+static uint64_t map_remote(int fd, const struct sockaddr_in *to, uint32_t len)
+{
+	struct ctl r = ask(fd, to, CTL_MAP, 0, len);
+
+	if (!r.result && !r.cookie)
+		r.result = -ENOKEY;
+	if (r.result) {
+		fprintf(stderr, "rds-echo: the server could not register %u bytes: %s\n",
+			len, strerror(-r.result));
+		exit(1);
+	}
+	return r.cookie;
+}
+
 /* Sends control message c with an RDMA op on the server's registered memory riding
  * before it: a WRITE from local, or a READ into it. RDS notifies the op's end. */
 static void send_rdma(int fd, const struct sockaddr_in *to, uint64_t cookie, void *local,
@@ -523,24 +538,22 @@ static int atomics(const char *local, const char *addr, int port)
 	int fd = rds_socket(local, 0);
 	uint64_t *buf = aligned_alloc(4096, 4096);
 	uint64_t v, add = 0x1111111111111111ull, swap = 0x5eed5eed5eed5eedull, got = 0;
-	struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_NOOP }, r;
+	struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_NOOP };
 	uint32_t seq = 1;
+	uint64_t cookie;
 	uint8_t first[8];
 	int status;
 
 	if (!buf)
 		die("malloc");
-	r = ask(fd, &to, CTL_MAP, 0, 8);
-	if (!r.result && !r.cookie)
-		r.result = -ENOKEY;
-	if (r.result || ask(fd, &to, CTL_FILL, seq, 8).result) {
-		fprintf(stderr, "rds-echo: the server could not register or fill 8 bytes\n");
+	cookie = map_remote(fd, &to, 8);
+	if (ask(fd, &to, CTL_FILL, seq, 8).result) {
+		fprintf(stderr, "rds-echo: the server could not fill 8 bytes\n");
 		return 1;
 	}
-	for (int i = 0; i < 8; i++)
-		first[i] = pattern(seq, 8, i);
+	fill(first, seq, 8);	/* what the server's 8 bytes hold now */
 	memcpy(&v, first, 8);
-	status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_FADD, add, 0, buf, ++seq);
+	status = atomic_op(fd, &to, cookie, RDS_CMSG_ATOMIC_FADD, add, 0, buf, ++seq);
 	if (status == RDS_RDMA_REMOTE_ERROR) {
 		printf("rds-echo: atomic: remote access error: the server's key does not allow "
 		       "remote atomics\n");
@@ -549,12 +562,12 @@ static int atomics(const char *local, const char *addr, int port)
 	must_succeed(status, "fetch-and-add", seq, 8);
 	got = *buf;
 	if (got == v) {
-		status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_CSWP, v + add, swap, buf, ++seq);
+		status = atomic_op(fd, &to, cookie, RDS_CMSG_ATOMIC_CSWP, v + add, swap, buf, ++seq);
 		must_succeed(status, "compare-and-swap", seq, 8);
 		got = *buf;
 	}
 	if (got == v + add) {
-		status = atomic_op(fd, &to, r.cookie, RDS_CMSG_ATOMIC_CSWP, v, 0, buf, ++seq);
+		status = atomic_op(fd, &to, cookie, RDS_CMSG_ATOMIC_CSWP, v, 0, buf, ++seq);
 		must_succeed(status, "compare-and-swap", seq, 8);
 		got = *buf;
 	}
@@ -565,7 +578,7 @@ static int atomics(const char *local, const char *addr, int port)
 	}
 	*buf = 0;
 	c.seq = ++seq;
-	send_rdma(fd, &to, r.cookie, buf, 8, 0, seq, &c);
+	send_rdma(fd, &to, cookie, buf, 8, 0, seq, &c);
 	must_succeed(finish_rdma(fd, seq, 0, "READ", seq, 8), "READ", seq, 8);
 	if (*buf != swap) {
 		fprintf(stderr, "rds-echo: after the atomics the server's memory holds %#llx\n",
@@ -589,21 +602,14 @@ static int rdma(const char *local, const char *addr, int port, int count, char *
 		die("malloc");
 	for (int s = 0; s < nsizes; s++) {
 		long len = strtol(sizes[s], NULL, 0);
-		struct ctl r;
+		uint64_t cookie;
 		double t;
 
 		if (len < 1 || len > MAX_MSG || count < 1) {
 			fprintf(stderr, "rds-echo: COUNT >= 1 and SIZE in 1..%d\n", MAX_MSG);
 			return 2;
 		}
-		r = ask(fd, &to, CTL_MAP, 0, len);
-		if (!r.result && !r.cookie)
-			r.result = -ENOKEY;
-		if (r.result) {
-			fprintf(stderr, "rds-echo: the server could not register %ld bytes: %s\n",
-				len, strerror(-r.result));
-			return 1;
-		}
+		cookie = map_remote(fd, &to, len);
 		t = now_us();
 		for (int i = 0; i < count; i++) {
 			struct ctl c = { .magic = CTL_MAGIC, .kind = CTL_CHECK, .len = len };
@@ -611,7 +617,7 @@ static int rdma(const char *local, const char *addr, int port, int count, char *
 			/* WRITE: the server checks its memory when the message behind it lands. */
 			c.seq = ++seq;
 			fill(buf, seq, len);
-			send_rdma(fd, &to, r.cookie, buf, len, 1, seq, &c);
+			send_rdma(fd, &to, cookie, buf, len, 1, seq, &c);
 			must_succeed(finish_rdma(fd, seq, 1, "WRITE", seq, len), "WRITE", seq, len);
 			/* READ: of what the server wrote there, checked here once done. */
 			seq++;
@@ -622,7 +628,7 @@ static int rdma(const char *local, const char *addr, int port, int count, char *
 			memset(buf, 0, len);
 			c.kind = CTL_NOOP;
 			c.seq = seq;
-			send_rdma(fd, &to, r.cookie, buf, len, 0, seq, &c);
+			send_rdma(fd, &to, cookie, buf, len, 0, seq, &c);
 			must_succeed(finish_rdma(fd, seq, 0, "READ", seq, len), "READ", seq, len);
 			if (mismatch(buf, seq, len) >= 0) {
 				explain(buf, seq, len);
