@@ -62,7 +62,10 @@ impl QpEngine<'_> {
                 let (syndrome, _msn) = pkt.aeth.unwrap_or((AETH_ACK, 0));
                 if syndrome == AETH_ACK {
                     self.complete_acked(pkt.psn);
-                    self.read_gap_before(pkt.psn);
+                    // Only a read still in flight can be missing responses.
+                    if self.qp.pending.reads() > 0 {
+                        self.read_gap_before(pkt.psn);
+                    }
                 } else if syndrome == AETH_NAK_PSN_SEQ || syndrome & 0xe0 == AETH_RNR_NAK {
                     self.on_retry_nak(syndrome, pkt.psn);
                 } else {
