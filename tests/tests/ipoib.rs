@@ -245,6 +245,23 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
 /// The port node 3's RDS echo server binds.
 const RDS_PORT: u16 = 18634;
 
+/// `rds-echo MODE` from node `from` to node 3's echo server, `args` after the port.
+fn rds_echo(mode: &str, from: usize, args: &str) -> String {
+    format!(
+        "rds-echo {mode} {} {} {RDS_PORT} {args}",
+        addr(from),
+        addr(2)
+    )
+}
+
+/// Node 3's echo server, in the background.
+fn rds_serve() -> String {
+    format!(
+        "rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &",
+        addr(2)
+    )
+}
+
 /// Reliable Datagram Sockets with Debian's rds and rds_rdma: RDS/IB connects through rdma_cm
 /// to the peer's IPoIB address and moves messages as RC SENDs with its own credit flow
 /// control. Two nodes at once keep 8 messages each in flight to node 3's echo server, from
@@ -265,22 +282,8 @@ fn rds_over_ib(tb: &mut Testbed) {
             .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(i)));
         assert!(out.contains("rds_rdma loaded"), "node{}: {out}", i + 1);
     }
-    tb.agents[2]
-        .run(
-            &format!(
-                "rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &",
-                addr(2)
-            ),
-            T,
-        )
-        .unwrap();
-    let ping = |from: usize| {
-        format!(
-            "rds-echo ping {} {} {RDS_PORT} 16 8 1 4096 65536 1048576",
-            addr(from),
-            addr(2)
-        )
-    };
+    tb.agents[2].run(&rds_serve(), T).unwrap();
+    let ping = |from: usize| rds_echo("ping", from, "16 8 1 4096 65536 1048576");
     // 16 of each of the four sizes, from each of two nodes.
     let done = "64 messages, 17891344 bytes, every echo verified";
     tb.agents[1]
@@ -310,14 +313,7 @@ fn rds_over_ib(tb: &mut Testbed) {
     let hook = Arc::new(FaultHook::new(plan, None));
     fabric.set_hook(Some(hook.clone()));
     let out = tb.agents[0]
-        .run(
-            &format!(
-                "rds-echo ping {} {} {RDS_PORT} 16 4 1 4096 65536 262144",
-                addr(0),
-                addr(2)
-            ),
-            T,
-        )
+        .run(&rds_echo("ping", 0, "16 4 1 4096 65536 262144"), T)
         .unwrap_or_else(|e| panic!("RDS under 1% drops: {e}\n{}", tb.console(2)));
     fabric.set_hook(None);
     assert!(
@@ -326,11 +322,7 @@ fn rds_over_ib(tb: &mut Testbed) {
     );
     assert!(hook.counts().dropped > 0, "the plan dropped nothing");
 
-    let rdma = format!(
-        "rds-echo rdma {} {} {RDS_PORT} 4 1 5000 65536 1048576",
-        addr(0),
-        addr(2)
-    );
+    let rdma = rds_echo("rdma", 0, "4 1 5000 65536 1048576");
     let out = tb.agents[0]
         .run(&rdma, T)
         .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(2)));
@@ -338,35 +330,17 @@ fn rds_over_ib(tb: &mut Testbed) {
         out.contains("32 RDMA operations, 8952904 bytes, every one verified"),
         "{out}"
     );
-    let (rc, out) = tb.agents[0]
-        .status(
-            &format!("rds-echo atomic {} {} {RDS_PORT}", addr(0), addr(2)),
-            T,
-        )
-        .unwrap();
+    let (rc, out) = tb.agents[0].status(&rds_echo("atomic", 0, ""), T).unwrap();
     assert!(
         rc == 3 && out.contains("remote access error"),
         "RDS's atomic ends in an error the application sees (exit {rc}): {out}"
     );
     // The connection's teardown waits for node 3's MR, which its server holds.
     tb.agents[2]
-        .run(
-            &format!(
-                "killall rds-echo; sleep 1; rds-echo serve {} {RDS_PORT} > /tmp/rds.log 2>&1 &",
-                addr(2)
-            ),
-            T,
-        )
+        .run(&format!("killall rds-echo; sleep 1; {}", rds_serve()), T)
         .unwrap();
     let out = tb.agents[0]
-        .run(
-            &format!(
-                "rds-echo ping {} {} {RDS_PORT} 8 4 1 65536",
-                addr(0),
-                addr(2)
-            ),
-            T,
-        )
+        .run(&rds_echo("ping", 0, "8 4 1 65536"), T)
         .unwrap_or_else(|e| panic!("RDS reconnects: {e}\n{}", tb.console(2)));
     assert!(
         out.contains("16 messages, 524296 bytes, every echo verified"),
