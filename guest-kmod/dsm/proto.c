@@ -230,6 +230,29 @@ static void wake_page(struct dsm_proto *d, u32 page)
 	wake_app(d);
 }
 
+/*
+ * A page granted to us stays ours until the thread that faulted on it has
+ * run again (plus DSM_HOLD_GRACE_NS for it to retry its access), and at
+ * most DSM_HOLD_MAX_NS after the grant. Without this, under contention the
+ * next request's invalidation or forward can take the page before that
+ * thread is scheduled, it faults again, and so on: with every vCPU busy
+ * (two spinning threads per node) litmus's mp took minutes instead of
+ * seconds. This is Mirage's time window, ended early by the faulter.
+ * Taking the page away is refused (-EAGAIN: deferred, retried in order).
+ */
+#define DSM_HOLD_MAX_NS		(20 * NSEC_PER_MSEC)
+#define DSM_HOLD_GRACE_NS	(200 * NSEC_PER_USEC)
+
+static bool page_held(struct dsm_proto *d, u32 page)
+{
+	return ktime_get_ns() < READ_ONCE(d->hold_until[page]);
+}
+
+void dsm_proto_page_used(struct dsm_proto *d, u32 page)
+{
+	WRITE_ONCE(d->hold_until[page], ktime_get_ns() + DSM_HOLD_GRACE_NS);
+}
+
 static void proto_error(struct dsm_proto *d, const char *what, u32 from, u32 arg)
 {
 	atomic64_inc(&d->st.protocol_errors);
@@ -398,6 +421,8 @@ static int on_forward(struct dsm_proto *d, u32 type, u32 page, u32 to, u32 flags
 		proto_error(d, "forward to a node that is not the owner", to, page);
 		return 0;
 	}
+	if (page_held(d, page))
+		return -EAGAIN;
 	if (out_reserve(d, &o, to))
 		return -EAGAIN;
 	/* No writes of ours may race the copy: protect first. */
@@ -418,6 +443,8 @@ static int on_inv(struct dsm_proto *d, u32 from, u32 page)
 {
 	struct dsm_out o;
 
+	if (page_held(d, page))
+		return -EAGAIN;
 	if (out_reserve(d, &o, from))
 		return -EAGAIN;
 	if (protect1(d, page, DSM_PROT_NONE)) {
@@ -442,6 +469,7 @@ static int on_data(struct dsm_proto *d, u32 type, u32 page)
 		out_cancel(d, &o);
 		return -EAGAIN;
 	}
+	WRITE_ONCE(d->hold_until[page], ktime_get_ns() + DSM_HOLD_MAX_NS);
 	wake_page(d, page);
 	out_post(d, &o, write ? DSM_CONFIRM_WRITE : DSM_CONFIRM_READ, page, 0, 0,
 		 d->dma[page]);
@@ -771,6 +799,7 @@ static void dsm_proto_free(struct dsm_proto *d)
 	d->dma = NULL;
 	kvfree(d->mgr);
 	kvfree(d->grants);
+	kvfree(d->hold_until);
 	kvfree(d->inflight);
 	dsm_region_put(d->r);
 	kfree(d);
@@ -835,11 +864,12 @@ int dsm_proto_open(struct dsm_comm *c, u32 npages)
 	d->dma = kvcalloc(npages, sizeof(*d->dma), GFP_KERNEL);
 	d->mgr = kvcalloc(npages, sizeof(*d->mgr), GFP_KERNEL);
 	d->grants = kvcalloc(npages, sizeof(*d->grants), GFP_KERNEL);
+	d->hold_until = kvcalloc(npages, sizeof(*d->hold_until), GFP_KERNEL);
 	d->inflight = kvcalloc(npages, 1, GFP_KERNEL);
 	d->heldq = kcalloc(DSM_HELD, sizeof(*d->heldq), GFP_KERNEL);
 	d->usim_ops = kcalloc(DSM_USIM_OPS, sizeof(*d->usim_ops), GFP_KERNEL);
-	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->inflight ||
-	    !d->heldq || !d->usim_ops)
+	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->hold_until ||
+	    !d->inflight || !d->heldq || !d->usim_ops)
 		goto err;
 	err = dsm_proto_map(d);
 	if (err)

@@ -159,6 +159,7 @@ struct dsm_proto {
 	struct task_struct *usim_server;	/* in SERVE now, if any */
 	/* async writes */
 	u32 *grants;			/* per page: grants received */
+	u64 *hold_until;		/* per page: ktime (ns) until which we keep it */
 	u32 bar_done;			/* last barrier generation released */
 	u32 lock_grants[DSM_LOCKS];
 	wait_queue_head_t wq;
@@ -179,6 +180,8 @@ static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
 /* sync.c: a DSM fault's request and wait; 0 once the access is allowed. */
 int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write);
+/* proto.c: the thread that faulted on the page runs again; the page's hold ends soon. */
+void dsm_proto_page_used(struct dsm_proto *d, u32 page);
 /* proto.c: handles one message in process context now; -EAGAIN: try again later. */
 int dsm_proto_handle_now(struct dsm_proto *d, u32 peer, const struct dsm_pmsg *m);
 /* proto.c: the process applied every recorded protection (if none is new): release held messages. */

@@ -83,6 +83,8 @@ int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 	wake_up_all(&d->wq);
 	if (err)
 		return err;
+	/* We run again: others may have the page once our retry has had its chance. */
+	dsm_proto_page_used(d, page);
 	atomic64_inc(write ? &d->st.write_faults : &d->st.read_faults);
 	atomic64_add(ktime_to_ns(ktime_sub(ktime_get(), t0)),
 		     write ? &d->st.write_fault_ns : &d->st.read_fault_ns);
