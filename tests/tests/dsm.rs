@@ -8,7 +8,7 @@
 //! page-protection primitive (section 3.3) on a scratch /dev/dsm region. Then the
 //! coherence protocol: sequential-consistency litmus tests (message passing, store
 //! buffering, a counter under a DSM lock, barrier phases) with one and two threads per
-//! node, and every application with two threads per node, each checked against a
+//! node, mp's writer making progress while every vCPU spins, and every application with two threads per node, each checked against a
 //! sequential run, with the protocol in the completion handler (TLB shootdowns fenced
 //! from there), once entirely in process context with read faults served by RDMA Read,
 //! and under the paper's simulation of a user-level DSM (litmus and two applications).
@@ -20,6 +20,17 @@ use cluster::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
 const T: Duration = Duration::from_secs(120);
+
+/// Prints how long each phase took (shown with `--nocapture`, or when the test fails): the
+/// test's time on a loaded 2-core host varies several-fold, and this says where.
+struct Phases(std::time::Instant);
+
+impl Phases {
+    fn done(&mut self, what: &str) {
+        eprintln!("dsm: {what}: {:.1?}", self.0.elapsed());
+        self.0 = std::time::Instant::now();
+    }
+}
 
 fn num(line: &str, key: &str) -> u64 {
     cluster::verbs::num(line, key).unwrap()
@@ -34,7 +45,9 @@ fn test_dsm_on_four_nodes() {
         vcpus: 2,
         ..e2e::qemu_spec(&image, "dsm", 4)
     };
+    let mut clock = Phases(std::time::Instant::now());
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
+    clock.done("boot");
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     // Every third PING is handled in process context instead of the interrupt handler.
     for a in tb.agents.iter_mut() {
@@ -56,6 +69,7 @@ fn test_dsm_on_four_nodes() {
         assert_eq!(num(line, "errors"), 0, "node{}: {line}", i + 1);
         assert_eq!(num(line, "err"), 0, "node{}: {line}", i + 1);
     }
+    clock.done("selftest, one node at a time");
 
     // All four at once: every connection carries traffic both ways.
     for a in tb.agents.iter_mut() {
@@ -74,6 +88,7 @@ fn test_dsm_on_four_nodes() {
         assert_eq!(num(&line, "pongs"), 600, "node{}: {line}", i + 1);
         assert_eq!(num(&line, "errors"), 0, "node{}: {line}", i + 1);
     }
+    clock.done("selftest, all at once");
 
     // The handlers deferred work to process context, and no completion failed.
     for (i, a) in tb.agents.iter_mut().enumerate() {
@@ -90,17 +105,23 @@ fn test_dsm_on_four_nodes() {
     let prot = tb.agents[1].run("dsm-prot check", T).unwrap();
     assert!(prot.contains("prot-check ok faults=4"), "{prot}");
 
+    clock.done("protection primitive");
+    mp_makes_progress(&mut tb, "handler=irq readfault=write");
+    clock.done("mp's writer, progress");
     litmus(&mut tb, 1, "handler=irq readfault=write");
+    clock.done("litmus, 1 thread");
     litmus(&mut tb, 2, "handler=irq readfault=write");
+    clock.done("litmus, 2 threads");
     // The paper's simulated user-level DSM: the process handles every message when
-    // signalled, protections change by its own mprotect calls, faults are SIGSEGVs. One
-    // thread per node: with two, mp's spinning writer and reader on node 1 leave its two
-    // vCPUs no time for the service thread, and the test takes minutes (the paper's
-    // point about user-level handling under load, shown by `bench apps`).
+    // signalled, protections change by its own mprotect calls, faults are SIGSEGVs.
+    mp_makes_progress(&mut tb, "handler=user-sim readfault=write");
     litmus(&mut tb, 1, "handler=user-sim readfault=write");
+    litmus(&mut tb, 2, "handler=user-sim readfault=write");
+    clock.done("litmus, user-sim");
     let mut fenced = 0;
     for (app, args) in APPS {
         fenced += app_verified(&mut tb, app, args, 2, "handler=irq readfault=write");
+        clock.done(app);
     }
     // Handlers in interrupt context took rights away on these SMP guests: their TLB
     // shootdowns were fenced, not pushed to process context.
@@ -108,6 +129,7 @@ fn test_dsm_on_four_nodes() {
     // The same protocol with every message handled in process context (the paper's
     // fallback path, forced, and its task-queue mode) and read faults fetched by RDMA Read.
     app_verified(&mut tb, "lu", "64", 2, "handler=process readfault=read");
+    clock.done("lu, process context");
     // Under the user-level simulation: lock-heavy write sharing, and a tree in shared
     // memory, the same programs unchanged.
     app_verified(
@@ -117,6 +139,7 @@ fn test_dsm_on_four_nodes() {
         2,
         "handler=user-sim readfault=write",
     );
+    clock.done("water, user-sim");
     app_verified(
         &mut tb,
         "barnes",
@@ -124,6 +147,7 @@ fn test_dsm_on_four_nodes() {
         2,
         "handler=user-sim readfault=write",
     );
+    clock.done("barnes, user-sim");
 }
 
 const APPS: [(&str, &str); 8] = [
@@ -194,6 +218,32 @@ fn litmus(tb: &mut Testbed, threads: u32, config: &str) {
         "no mp reader read more than once ({threads} threads)"
     );
     stats_clean(tb, "litmus");
+}
+
+/// mp with two threads per node: the writer (node 1) write-faults on its two pages once
+/// per round, give or take, and not thousands of times. Every vCPU is busy (seven readers
+/// spin), so unless a granted page stays until its faulting thread has retried, the next
+/// reader's request takes it first, and the writer faults again: 13,253 write faults for
+/// 80 writes (229 s) before the protocol kept granted pages (80 faults, under 1 s, since).
+fn mp_makes_progress(tb: &mut Testbed, config: &str) {
+    const ROUNDS: u64 = 40;
+    fresh_session(tb, config);
+    let out = run_everywhere(
+        &mut tb.agents,
+        &format!("DSM_THREADS=2 litmus {ROUNDS} mp"),
+        Duration::from_secs(600),
+    );
+    for (i, r) in out.into_iter().enumerate() {
+        let (rc, text) = r.unwrap();
+        assert_eq!(rc, 0, "node{}: mp ({config}) failed:\n{text}", i + 1);
+    }
+    let stats = stats_clean(tb, "mp");
+    let writes = 2 * ROUNDS;
+    assert!(
+        num(&stats[0], "wfaults") <= 4 * writes,
+        "mp ({config}): node 1's writer faulted more than 4 times per write ({writes} writes): {}",
+        stats[0]
+    );
 }
 
 /// Runs `app` verified with `threads` workers per node; the fenced shootdowns it caused.
