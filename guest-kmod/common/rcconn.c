@@ -38,7 +38,7 @@ static void rcconn_set_av(struct rdma_ah_attr *ah, const struct rcconn_path *p)
 	rdma_ah_set_port_num(ah, 1);
 }
 
-/* RESET -> INIT -> RTR -> RTS with remote read/write allowed on our side. */
+/* RESET -> INIT -> RTR -> RTS with remote read/write (and atomics) allowed on our side. */
 int rcconn_to_rts(struct ib_qp *qp, const struct rcconn_path *p)
 {
 	struct ib_qp_attr a = {};
@@ -48,6 +48,8 @@ int rcconn_to_rts(struct ib_qp *qp, const struct rcconn_path *p)
 	a.port_num = 1;
 	a.qp_access_flags = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
 			    IB_ACCESS_REMOTE_READ;
+	if (p->atomics)
+		a.qp_access_flags |= IB_ACCESS_REMOTE_ATOMIC;
 	err = ib_modify_qp(qp, &a, IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT |
 			   IB_QP_ACCESS_FLAGS);
 	if (err)

@@ -20,6 +20,7 @@ struct rcconn_path {
 	u32 dest_qpn;
 	u32 rq_psn;		/* the peer's starting PSN */
 	u32 sq_psn;		/* ours */
+	bool atomics;		/* allow remote atomics on our side too */
 };
 
 int rcconn_pick_gid(struct ib_device *dev, int *index, union ib_gid *gid);
