@@ -121,6 +121,8 @@ int vb_fastreg(char *out, size_t len);
 
 /* ud.c */
 int vb_udloop(char *out, size_t len);
+/* atomic.c */
+int vb_atomic(char *out, size_t len);
 
 /* mad.c */
 int vb_mad(char *out, size_t len);

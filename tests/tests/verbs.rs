@@ -119,6 +119,14 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         "{fr}"
     );
 
+    // IB's atomics, plain and masked, between two QPs of one node: each returns the old
+    // value and leaves what IBA prescribes; a key without remote-atomic access is refused.
+    let at = tb.agents[0].run("vb atomic", T).unwrap();
+    assert!(
+        at.contains("atomic ops=5 masked=yes errors=0 refused=REM_ACCESS_ERR"),
+        "{at}"
+    );
+
     // A bad rkey: the consumer gets a remote access error and its QP goes to error.
     let bad = tb.agents[0].run("vb badrkey", T).unwrap();
     assert!(
@@ -168,6 +176,7 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     bw_ok(&mut tb, "rxe0", true, 65536, 4);
     let fr = tb.agents[0].run("vb fastreg", T).unwrap();
     assert!(fr.contains("errors=0"), "rxe0: {fr}");
+
     // ... and its rdma_cm mode connects over rxe0 by the NIC's IP address.
     tb.connect_cm(0, 1, "10.77.0.2", 7472).unwrap();
     ping_ok(&mut tb, "rxe0 (rdma_cm)", Mode::Poll, 64, 10);
