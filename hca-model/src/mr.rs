@@ -180,6 +180,11 @@ impl Device {
         if use_.is_remote() && how.qp_access & use_.needed() == 0 {
             return Err(KeyViolation);
         }
+        // IBA C9-88: a zero-length RDMA WRITE or READ carries no R_Key or VA to check (and
+        // touches no memory); consumers such as ib_srpt post them with key 0.
+        if use_.is_remote() && len == 0 {
+            return Ok(());
+        }
         let end = va.checked_add(len).ok_or(KeyViolation)?;
         if key == LOCAL_DMA_LKEY && !use_.is_remote() {
             if !self.mem.check(va, len) {

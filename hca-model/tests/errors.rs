@@ -147,6 +147,34 @@ fn test_rkey_checks_pd_access_rights_bounds_and_qp_permission() {
 }
 
 #[test]
+fn test_zero_length_rdma_checks_no_rkey_but_the_qps_rights() {
+    // IBA C9-88: a zero-length RDMA WRITE or READ needs no valid R_Key or VA. ib_srpt
+    // posts one (rkey 0, address 0) once a channel is up, and tears the channel down if
+    // it fails.
+    let mut p = Pair::new(5);
+    let local = p.a.alloc(64, 8);
+    for (op, name) in [(WR_RDMA_WRITE, "WRITE"), (WR_RDMA_READ, "READ")] {
+        let mut wr = send_wr(1, op, WQE_SIGNALED);
+        (wr.remote_addr, wr.rkey) = (0, 0);
+        p.a.post_send(&mut p.qa, wr, &[]);
+        let c = p.a.drain_cq(&mut p.cq_a);
+        assert_eq!(status(&c[0]), WC_SUCCESS, "zero-length {name}");
+        assert_eq!(
+            p.b.qp_state(p.qb.qpn),
+            QPS_RTS,
+            "after a zero-length {name}"
+        );
+    }
+    // One byte through the same key is refused: the check is skipped for zero only.
+    p.a.post_send(&mut p.qa, write_wr(0, 0), &[sge(local, 1, p.key_a)]);
+    assert_eq!(status(&p.a.drain_cq(&mut p.cq_a)[0]), WC_REM_ACCESS_ERR);
+    // A responder QP that allows no remote writes refuses even a zero-length one.
+    let mut p = Pair::with_access(5, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ);
+    p.a.post_send(&mut p.qa, write_wr(0, 0), &[]);
+    assert_eq!(status(&p.a.drain_cq(&mut p.cq_a)[0]), WC_REM_ACCESS_ERR);
+}
+
+#[test]
 fn test_rdma_read_needs_remote_read_rights() {
     let mut p = Pair::new(5);
     let remote = p.b.alloc(4096, 4096);
