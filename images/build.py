@@ -41,6 +41,11 @@ IPOIB_MODULES = ["ib_ipoib"]
 NVME_MODULES = ["nvmet_rdma", "nvme_rdma", "brd"]
 # Reliable Datagram Sockets over IB (rds and its RDMA transport), loaded by `rds-up`.
 RDS_MODULES = ["rds_rdma"]
+# The order files modload reads (NAME-order: a list's modules with their dependencies,
+# dependencies first), and the manifest key each is listed under.
+ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
+          ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
+          ("rds", RDS_MODULES, "rds_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
@@ -337,30 +342,26 @@ def main():
         img.file(f"bin/{name}", data, 0o755)
     for path, data in debian_tools.items():
         img.file(path, data, 0o755)
-    load_order, rxe_order, ipoib_order, nvme_order, rds_order = [], [], [], [], []
-    for names, order in ((KERNEL_MODULES, load_order), (RXE_MODULES, rxe_order),
-                         (IPOIB_MODULES, ipoib_order), (NVME_MODULES, nvme_order),
-                         (RDS_MODULES, rds_order)):
+    # Each order lists its whole closure (modload skips what is loaded); each module file
+    # goes into the image once. brd takes its size as a parameter: its users load it.
+    packed, orders = set(), {}
+    for order_name, names, _ in ORDERS:
+        order = []
         for rel in module_closure(moddir, names):
-            name = Path(rel).name
-            if f"kernel/{name}" in load_order + rxe_order + ipoib_order + nvme_order + rds_order:
-                continue
-            img.file(f"lib/modules/{kver}/kernel/{name}", (moddir / rel).read_bytes())
-            order.append(f"kernel/{name}")
+            name = f"kernel/{Path(rel).name}"
+            if name not in packed:
+                img.file(f"lib/modules/{kver}/{name}", (moddir / rel).read_bytes())
+                packed.add(name)
+            if name != "kernel/brd.ko":
+                order.append(name)
+        orders[order_name] = order
+        img.file(f"lib/modules/{kver}/{order_name}-order", ("\n".join(order) + "\n").encode())
     for ko in ours:
         img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
-    img.file(f"lib/modules/{kver}/load-order", ("\n".join(load_order) + "\n").encode())
-    img.file(f"lib/modules/{kver}/rxe-order", ("\n".join(rxe_order) + "\n").encode())
-    img.file(f"lib/modules/{kver}/ipoib-order", ("\n".join(ipoib_order) + "\n").encode())
-    # brd takes its size as a parameter: `nvmeof` loads it itself.
-    nvme_order = [m for m in nvme_order if m != "kernel/brd.ko"]
-    img.file(f"lib/modules/{kver}/nvme-order", ("\n".join(nvme_order) + "\n").encode())
-    img.file(f"lib/modules/{kver}/rds-order", ("\n".join(rds_order) + "\n").encode())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
-        "kernel_modules": load_order, "rxe_modules": rxe_order, "ipoib_modules": ipoib_order, "nvme_modules": nvme_order,
-        "rds_modules": rds_order,
+        **{key: orders[order_name] for order_name, _, key in ORDERS},
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
     }, indent=2) + "\n")
     (out / "current").write_text(kver + "\n")
