@@ -41,15 +41,18 @@ IPOIB_MODULES = ["ib_ipoib"]
 NVME_MODULES = ["nvmet_rdma", "nvme_rdma", "brd"]
 # Reliable Datagram Sockets over IB (rds and its RDMA transport), loaded by `rds-up`.
 RDS_MODULES = ["rds_rdma"]
+# SCSI RDMA Protocol (`srp`): Debian's LIO target with its SRP fabric (ib_srpt), the
+# initiator (ib_srp) and the disk driver its LUNs appear through; brd as above.
+SRP_MODULES = ["ib_srpt", "target_core_iblock", "ib_srp", "sd_mod", "brd"]
 # The order files modload reads (NAME-order: a list's modules with their dependencies,
 # dependencies first), and the manifest key each is listed under.
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
-          ("rds", RDS_MODULES, "rds_modules")]
+          ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "modload"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "modload"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
