@@ -858,3 +858,47 @@ fn collect_real(
     }
     (got, start.elapsed())
 }
+
+/// A QP's responder side refuses a bad RDMA WRITE while its own SENDs wait for the peer's
+/// receives (RNR): the QP goes to ERR and each of its WRs completes exactly once, flushed,
+/// the unsignaled one too (as ib_drain_qp relies on), and nothing more comes as the RNR
+/// timer runs out or the peer posts receives. ib_srp's teardown calls whatever a
+/// completion's wr_id points at: a second CQE for a WR the consumer has retired is a crash.
+#[test]
+fn test_a_qp_killed_by_its_responder_side_flushes_each_waiting_wr_once() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
+    let src = p.a.alloc(64, 64);
+    for (wr_id, flags) in [(1, WQE_SIGNALED), (2, 0), (3, WQE_SIGNALED)] {
+        p.a.post_send(
+            &mut p.qa,
+            send_wr(wr_id, WR_SEND, flags),
+            &[sge(src, 64, p.key_a)],
+        );
+    }
+    let (c, _) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_millis(5));
+    assert!(c.is_empty(), "the SENDs wait for receives: {c:?}");
+    // B writes through a key A never issued: A's responder side refuses it.
+    let b_src = p.b.alloc(8, 8);
+    let mut wr = send_wr(9, WR_RDMA_WRITE, WQE_SIGNALED);
+    (wr.remote_addr, wr.rkey) = (src, 0x0bad_0003);
+    p.b.post_send(&mut p.qb, wr, &[sge(b_src, 8, p.key_b)]);
+    assert_eq!(p.a.qp_state(p.qa.qpn), QPS_ERR);
+    let dst = p.b.alloc(64, 64);
+    for i in 0..3 {
+        p.b.post_recv(&mut p.qb, 100 + i, &[sge(dst, 64, p.key_b)]);
+    }
+    let (c, _) = collect(
+        &fabric,
+        &mut p.a,
+        &mut p.cq_a,
+        4,
+        Duration::from_millis(100),
+    );
+    let ids: Vec<u64> = c.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3], "each WR once, in order: {c:?}");
+    assert!(
+        c.iter().all(|c| u32::from(c.status) == WC_WR_FLUSH_ERR),
+        "{c:?}"
+    );
+}
