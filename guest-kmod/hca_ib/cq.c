@@ -91,6 +91,28 @@ static struct hca_cqe *hca_next_cqe(struct hca_cq *cq)
 	return cqe;
 }
 
+/*
+ * A destroyed QP's CQEs still in the ring (the device made them before the
+ * DESTROY_QP command ended, and none after) are marked as no QP's, so that
+ * poll drops them: the QPN may be given to a new QP before they are polled,
+ * which would then retire them against its own work queues and hand its
+ * consumer wr_ids it never had in flight. Caller holds cq->lock.
+ */
+void hca_cq_clean(struct hca_cq *cq, u32 qpn)
+{
+	u32 i, mask = (1 << cq->log_entries) - 1;
+	struct hca_cqe *cqe;
+
+	for (i = cq->ci; i - cq->ci <= mask; i++) {
+		cqe = &cq->ring[i & mask];
+		if (READ_ONCE(cqe->owner) != hca_owner_bit(i, cq->log_entries))
+			break;
+		dma_rmb();
+		if (cqe->qpn == qpn)
+			WRITE_ONCE(cqe->qpn, HCA_MAX_QP);
+	}
+}
+
 /* Maps the device's work-queue index in wr_id back to the consumer's wr_id. */
 static u64 hca_retire(struct hca_wq *wq, u64 index)
 {

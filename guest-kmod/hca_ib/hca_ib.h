@@ -210,6 +210,7 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		  struct ib_udata *udata);
 int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
+void hca_cq_clean(struct hca_cq *cq, u32 qpn);
 int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 
 /* qp.c */

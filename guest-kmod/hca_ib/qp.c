@@ -280,7 +280,10 @@ int hca_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	return 0;
 }
 
-/* After this, no poller or event handler still holds the QP. */
+/*
+ * After this, no poller or event handler still holds the QP, and no CQE of
+ * it is left for a later QP with its number to take.
+ */
 static void hca_qp_unpublish(struct hca_dev *dev, struct hca_qp *qp)
 {
 	struct hca_cq *scq = to_hcq(qp->ibqp.send_cq);
@@ -291,8 +294,11 @@ static void hca_qp_unpublish(struct hca_dev *dev, struct hca_qp *qp)
 	WRITE_ONCE(dev->qps[qp->qpn], NULL);
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 	spin_lock_irqsave(&scq->lock, flags);
+	hca_cq_clean(scq, qp->qpn);
 	spin_unlock_irqrestore(&scq->lock, flags);
 	spin_lock_irqsave(&rcq->lock, flags);
+	if (rcq != scq)
+		hca_cq_clean(rcq, qp->qpn);
 	spin_unlock_irqrestore(&rcq->lock, flags);
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 }
