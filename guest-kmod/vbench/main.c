@@ -8,7 +8,7 @@
  * Commands: open DEV | connect lid= qpn= psn= rkey= raddr= gid= |
  *   serve poll|isr|wq|user [verify] | stop |
  *   ping poll|isr|wq SIZE ITERS [verify] | bw write|read SIZE ITERS |
- *   badrkey | fastreg | udloop | atomic | mad | close | devices |
+ *   badrkey | fastreg | udloop | atomic | cqclean | mad | close | devices |
  *   cm listen PORT | cm wait | cm connect IPV4 PORT  (rdma_cm, cm.c)
  */
 #include <linux/module.h>
@@ -125,6 +125,8 @@ static int vb_cmd_run(char *cmd, char *args)
 		return vb_fastreg(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "atomic"))
 		return vb_atomic(vb_ctl.result, sizeof(vb_ctl.result));
+	if (!strcmp(cmd, "cqclean"))
+		return vb_cqclean(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "udloop"))
 		return vb_udloop(vb_ctl.result, sizeof(vb_ctl.result));
 	if (!strcmp(cmd, "mad"))

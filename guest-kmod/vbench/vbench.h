@@ -123,6 +123,8 @@ int vb_fastreg(char *out, size_t len);
 int vb_udloop(char *out, size_t len);
 /* atomic.c */
 int vb_atomic(char *out, size_t len);
+/* cqclean.c */
+int vb_cqclean(char *out, size_t len);
 
 /* mad.c */
 int vb_mad(char *out, size_t len);

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A destroyed QP's completions on a CQ it shared: QP a, in error, gets a
+ * receive flushed (a CQE, left unpolled), and is destroyed; QP b, created
+ * on the same CQ, takes its number if the device gives numbers back at
+ * once, and gets one receive flushed. Polling must then give b's one
+ * completion and nothing of a's, as consumers that share a CQ between
+ * connections (IPoIB-CM, NVMe-oF's CQ pools) rely on. Caller holds the
+ * control lock (vb_ctl.lock).
+ */
+#include <linux/delay.h>
+#include "vbench.h"
+
+#define VB_CQC_A	0xa0a0a0a0a0a0a0a0ULL
+#define VB_CQC_B	0xb0b0b0b0b0b0b0b0ULL
+
+/* An RC QP on cq, moved straight to ERR, with one receive posted (and flushed). */
+static struct ib_qp *vb_cqc_flushed_qp(struct ib_cq *cq, u64 wr_id)
+{
+	struct ib_qp_init_attr init = {
+		.cap = { .max_send_wr = 1, .max_recv_wr = 1,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+		.sq_sig_type = IB_SIGNAL_ALL_WR,
+		.qp_type = IB_QPT_RC,
+		.send_cq = cq,
+		.recv_cq = cq,
+	};
+	struct ib_qp_attr attr = { .qp_state = IB_QPS_ERR };
+	struct ib_sge sge = {
+		.addr = vb->rbuf_dma,
+		.length = 8,
+		.lkey = vb->pd->local_dma_lkey,
+	};
+	struct ib_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 };
+	struct ib_qp *qp = ib_create_qp(vb->pd, &init);
+	int err;
+
+	if (IS_ERR(qp))
+		return qp;
+	err = ib_modify_qp(qp, &attr, IB_QP_STATE) ?: ib_post_recv(qp, &wr, NULL);
+	if (err) {
+		ib_destroy_qp(qp);
+		return ERR_PTR(err);
+	}
+	return qp;
+}
+
+/* Every completion the CQ gives within a second; how many were b's and how many not. */
+static void vb_cqc_poll(struct ib_cq *cq, int *b, int *other)
+{
+	unsigned long deadline = jiffies + HZ;
+	struct ib_wc wc;
+
+	while (time_before(jiffies, deadline)) {
+		if (ib_poll_cq(cq, 1, &wc) != 1) {
+			cond_resched();
+			continue;
+		}
+		if (wc.wr_id == VB_CQC_B && wc.status == IB_WC_WR_FLUSH_ERR)
+			(*b)++;
+		else
+			(*other)++;
+	}
+}
+
+int vb_cqclean(char *out, size_t len)
+{
+	struct ib_cq_init_attr ca = { .cqe = 8 };
+	struct ib_qp *a, *b;
+	struct ib_cq *cq;
+	int got_b = 0, other = 0;
+	u32 qpn_a;
+
+	if (!vb->pd)
+		return -ENOTCONN;
+	cq = ib_create_cq(vb->dev, NULL, NULL, NULL, &ca);
+	if (IS_ERR(cq))
+		return PTR_ERR(cq);
+	a = vb_cqc_flushed_qp(cq, VB_CQC_A);
+	if (IS_ERR(a)) {
+		ib_destroy_cq(cq);
+		return PTR_ERR(a);
+	}
+	/* Give the device time to flush a's receive into the CQ. */
+	msleep(100);
+	qpn_a = a->qp_num;
+	ib_destroy_qp(a);
+	b = vb_cqc_flushed_qp(cq, VB_CQC_B);
+	if (IS_ERR(b)) {
+		ib_destroy_cq(cq);
+		return PTR_ERR(b);
+	}
+	vb_cqc_poll(cq, &got_b, &other);
+	len = scnprintf(out, len, "cqclean qpn_reused=%d b=%d other=%d\n",
+			b->qp_num == qpn_a, got_b, other);
+	ib_destroy_qp(b);
+	ib_destroy_cq(cq);
+	return len;
+}
