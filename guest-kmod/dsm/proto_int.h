@@ -111,6 +111,13 @@ struct dsm_pstats {
 	atomic64_t fenced, held;
 };
 
+/* Per page: whether a grant to us is kept from other nodes (proto.c, page_held). */
+struct dsm_hold {
+	u64 until;		/* ktime (ns): kept until then, while contended */
+	u64 contended_until;	/* a grant was taken before use: hold until then */
+	bool unused;		/* granted, its faulting thread not yet run again */
+};
+
 struct dsm_proto {
 	struct dsm_comm *c;
 	struct ib_device *dev;
@@ -159,7 +166,7 @@ struct dsm_proto {
 	struct task_struct *usim_server;	/* in SERVE now, if any */
 	/* async writes */
 	u32 *grants;			/* per page: grants received */
-	u64 *hold_until;		/* per page: ktime (ns) until which we keep it */
+	struct dsm_hold *hold;		/* per page: see page_held() */
 	u32 bar_done;			/* last barrier generation released */
 	u32 lock_grants[DSM_LOCKS];
 	wait_queue_head_t wq;

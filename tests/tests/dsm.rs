@@ -224,7 +224,7 @@ fn litmus(tb: &mut Testbed, threads: u32, config: &str) {
 /// per round, give or take, and not thousands of times. Every vCPU is busy (seven readers
 /// spin), so unless a granted page stays until its faulting thread has retried, the next
 /// reader's request takes it first, and the writer faults again: 13,253 write faults for
-/// 80 writes (229 s) before the protocol kept granted pages (80 faults, under 1 s, since).
+/// 80 writes (229 s) before the protocol kept contended pages (99-110 faults, 1-2 s, since).
 fn mp_makes_progress(tb: &mut Testbed, config: &str) {
     const ROUNDS: u64 = 40;
     fresh_session(tb, config);
