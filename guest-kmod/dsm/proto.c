@@ -251,7 +251,13 @@ static bool page_held(struct dsm_proto *d, u32 page)
 	struct dsm_hold *h = &d->hold[page];
 	u64 now = ktime_get_ns();
 
-	return now < READ_ONCE(h->contended_until) && now < READ_ONCE(h->until);
+	if (now >= READ_ONCE(h->contended_until) || now >= READ_ONCE(h->until))
+		return false;
+	if (!h->counted) {
+		h->counted = true;
+		atomic64_inc(&d->st.kept);
+	}
+	return true;
 }
 
 /* Our grant of the page goes: if its faulting thread has not run yet, it will fault again. */
@@ -270,6 +276,7 @@ static void page_granted(struct dsm_proto *d, u32 page)
 
 	WRITE_ONCE(h->until, ktime_get_ns() + DSM_HOLD_MAX_NS);
 	WRITE_ONCE(h->unused, true);
+	h->counted = false;
 }
 
 void dsm_proto_page_used(struct dsm_proto *d, u32 page)

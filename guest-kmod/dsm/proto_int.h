@@ -109,6 +109,7 @@ struct dsm_pstats {
 	atomic64_t invalidations, handled_irq, handled_process;
 	atomic64_t barriers, lock_acquires, protocol_errors;
 	atomic64_t fenced, held;
+	atomic64_t kept;	/* grants of contended pages kept from a taker */
 };
 
 /* Per page: whether a grant to us is kept from other nodes (proto.c, page_held). */
@@ -116,6 +117,7 @@ struct dsm_hold {
 	u64 until;		/* ktime (ns): kept until then, while contended */
 	u64 contended_until;	/* a grant was taken before use: hold until then */
 	bool unused;		/* granted, its faulting thread not yet run again */
+	bool counted;		/* this grant is counted in kept */
 };
 
 struct dsm_proto {

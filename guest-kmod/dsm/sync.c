@@ -197,7 +197,7 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 "rfaults=%llu wfaults=%llu sent=%llu received=%llu "
 			 "data_bytes=%llu inv=%llu irq=%llu process=%llu "
 			 "rdma_reads=%llu deferred=%lld cqe_errors=%lld "
-			 "proto_errors=%lld fenced=%lld held=%lld\n",
+			 "proto_errors=%lld fenced=%lld held=%lld kept=%lld\n",
 			 u.read_faults, u.write_faults, u.msgs_sent,
 			 u.msgs_received, u.data_bytes, u.invalidations,
 			 u.handled_irq, u.handled_process, u.rdma_reads,
@@ -205,7 +205,8 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 atomic64_read(&d->c->stats.cqe_errors),
 			 atomic64_read(&d->st.protocol_errors),
 			 atomic64_read(&d->st.fenced),
-			 atomic64_read(&d->st.held));
+			 atomic64_read(&d->st.held),
+			 atomic64_read(&d->st.kept));
 }
 
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg)

@@ -238,6 +238,9 @@ fn mp_makes_progress(tb: &mut Testbed, config: &str) {
         assert_eq!(rc, 0, "node{}: mp ({config}) failed:\n{text}", i + 1);
     }
     let stats = stats_clean(tb, "mp");
+    // The nodes kept contended grants from their takers: what makes the writer progress.
+    let kept: u64 = stats.iter().map(|s| num(s, "kept")).sum();
+    assert!(kept > 0, "mp ({config}): no grant kept: {stats:?}");
     let writes = 2 * ROUNDS;
     assert!(
         num(&stats[0], "wfaults") <= 4 * writes,
