@@ -189,7 +189,7 @@ static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
 /* sync.c: a DSM fault's request and wait; 0 once the access is allowed. */
 int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write);
-/* proto.c: the thread that faulted on the page runs again; the page's hold ends soon. */
+/* proto.c: the thread that faulted on the page runs again; a hold of the page ends. */
 void dsm_proto_page_used(struct dsm_proto *d, u32 page);
 /* proto.c: handles one message in process context now; -EAGAIN: try again later. */
 int dsm_proto_handle_now(struct dsm_proto *d, u32 peer, const struct dsm_pmsg *m);

@@ -83,7 +83,7 @@ int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 	wake_up_all(&d->wq);
 	if (err)
 		return err;
-	/* We run again: others may have the page once our retry has had its chance. */
+	/* We run again, and retry the access next: the page need not be kept. */
 	dsm_proto_page_used(d, page);
 	atomic64_inc(write ? &d->st.write_faults : &d->st.read_faults);
 	atomic64_add(ktime_to_ns(ktime_sub(ktime_get(), t0)),
