@@ -117,13 +117,9 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     }
 
     // Under 1% drops on every link TCP resends and the bytes still arrive intact.
-    let fabric = tb.fabric().clone();
-    let plan = FaultPlan::parse("seed = 9\n[[link]]\ndrop = 0.01\n").unwrap();
-    let hook = Arc::new(FaultHook::new(plan, None));
-    hook.set_origin(fabric.now_ns());
-    fabric.set_hook(Some(hook.clone()));
+    let hook = drop_one_percent(&tb, 9);
     let got = fetch(&mut tb, 0, 2);
-    fabric.set_hook(None);
+    tb.fabric().set_hook(None);
     assert_eq!(got, sum, "under 1% drops");
     assert!(hook.counts().dropped > 0, "the plan dropped packets");
 
@@ -252,10 +248,21 @@ fn port_guid(tb: &mut Testbed, i: usize) -> String {
     g.trim().to_string()
 }
 
-/// `MIB` MiB of fresh random bytes written at `at_mib` into node `i`'s SRP disk `dev` and
-/// read back through it (direct I/O both ways): the md5 of what was written, and of what
-/// came back.
-fn srp_write_read(
+/// Sets a fault plan dropping 1% of the packets on every link (its `seed`) on the fabric,
+/// until the caller takes it off; the hook, for its counts.
+fn drop_one_percent(tb: &Testbed, seed: u64) -> Arc<FaultHook> {
+    let fabric = tb.fabric();
+    let plan = FaultPlan::parse(&format!("seed = {seed}\n[[link]]\ndrop = 0.01\n")).unwrap();
+    let hook = Arc::new(FaultHook::new(plan, None));
+    hook.set_origin(fabric.now_ns());
+    fabric.set_hook(Some(hook.clone()));
+    hook
+}
+
+/// `MIB` MiB of fresh random bytes written at `at_mib` into node `i`'s remote disk `dev`
+/// (NVMe-oF, SRP) and read back through it (direct I/O both ways): the md5 of what was
+/// written, and of what came back.
+fn disk_write_read(
     tb: &mut Testbed,
     i: usize,
     dev: &str,
@@ -265,14 +272,14 @@ fn srp_write_read(
     let out = tb.agents[i]
         .run(
             &format!(
-                "dd if=/dev/urandom of=/tmp/srp bs=1M count={mib} 2>/dev/null && md5sum < /tmp/srp && \
-                 dd if=/tmp/srp of=/dev/{dev} bs=1M seek={at_mib} oflag=direct 2>/dev/null && \
-                 rm /tmp/srp && \
+                "dd if=/dev/urandom of=/tmp/disk bs=1M count={mib} 2>/dev/null && md5sum < /tmp/disk && \
+                 dd if=/tmp/disk of=/dev/{dev} bs=1M seek={at_mib} oflag=direct 2>/dev/null && \
+                 rm /tmp/disk && \
                  dd if=/dev/{dev} bs=1M skip={at_mib} count={mib} iflag=direct 2>/dev/null | md5sum"
             ),
             T,
         )
-        .unwrap_or_else(|e| panic!("SRP I/O on node{}: {e}\n{}", i + 1, tb.console(i)));
+        .unwrap_or_else(|e| panic!("I/O to {dev} on node{}: {e}\n{}", i + 1, tb.console(i)));
     let sums: Vec<String> = out
         .split_whitespace()
         .filter(|w| w.len() == 32)
@@ -282,10 +289,11 @@ fn srp_write_read(
     (sums[0].clone(), sums[1].clone())
 }
 
-/// The md5 of `mib` MiB at `at_mib` of node 2's SRP target disk (its RAM disk), read direct:
-/// LIO writes the disk under node 2's page cache, which would keep what an earlier read saw.
-fn srp_target_sum(tb: &mut Testbed, at_mib: u32, mib: u32) -> String {
-    let out = tb.agents[1]
+/// The md5 of `mib` MiB at `at_mib` of node `i`'s RAM disk (a target's), read direct: the
+/// target writes the disk beneath the node's page cache, which would keep what an earlier
+/// read saw.
+fn ram_disk_sum(tb: &mut Testbed, i: usize, at_mib: u32, mib: u32) -> String {
+    let out = tb.agents[i]
         .run(
             &format!(
                 "dd if=/dev/ram0 bs=1M skip={at_mib} count={mib} iflag=direct 2>/dev/null | md5sum"
@@ -323,32 +331,29 @@ fn srp_over_ib(tb: &mut Testbed) {
         assert!(dev.starts_with("sd"), "node{}: {dev}", i + 1);
         disks.push(dev);
     }
-    let (w1, r1) = srp_write_read(tb, 0, &disks[0], 0, 8);
-    let (w3, r3) = srp_write_read(tb, 2, &disks[1], 8, 8);
+    let (w1, r1) = disk_write_read(tb, 0, &disks[0], 0, 8);
+    let (w3, r3) = disk_write_read(tb, 2, &disks[1], 8, 8);
     assert_eq!(w1, r1, "node1 read back through SRP");
     assert_eq!(w3, r3, "node3 read back through SRP");
     assert_eq!(
-        srp_target_sum(tb, 0, 8),
+        ram_disk_sum(tb, 1, 0, 8),
         w1,
         "node1's half on the target's disk"
     );
     assert_eq!(
-        srp_target_sum(tb, 8, 8),
+        ram_disk_sum(tb, 1, 8, 8),
         w3,
         "node3's half on the target's disk"
     );
 
     // Under 1% drops on every link RC resends below SRP; the bytes arrive intact.
-    let fabric = tb.fabric().clone();
-    let plan = FaultPlan::parse("seed = 7\n[[link]]\ndrop = 0.01\n").unwrap();
-    let hook = Arc::new(FaultHook::new(plan, None));
-    fabric.set_hook(Some(hook.clone()));
-    let (w1, r1) = srp_write_read(tb, 0, &disks[0], 0, 8);
-    fabric.set_hook(None);
+    let hook = drop_one_percent(tb, 7);
+    let (w1, r1) = disk_write_read(tb, 0, &disks[0], 0, 8);
+    tb.fabric().set_hook(None);
     assert_eq!(w1, r1, "node1 under 1% drops");
     assert!(hook.counts().dropped > 0, "the plan dropped packets");
     assert_eq!(
-        srp_target_sum(tb, 0, 8),
+        ram_disk_sum(tb, 1, 0, 8),
         w1,
         "written under drops, on the target's disk"
     );
@@ -367,7 +372,7 @@ fn srp_over_ib(tb: &mut Testbed) {
             T,
         )
         .unwrap();
-    assert!(again.starts_with(&srp_target_sum(tb, 0, 16)), "{again}");
+    assert!(again.starts_with(&ram_disk_sum(tb, 1, 0, 16)), "{again}");
     for i in [0, 2] {
         tb.agents[i].run("srp disconnect", T).unwrap();
     }
@@ -439,14 +444,11 @@ fn rds_over_ib(tb: &mut Testbed) {
     );
 
     // Under 1% drops on every link RC resends below RDS; every message still arrives whole.
-    let fabric = tb.fabric().clone();
-    let plan = FaultPlan::parse("seed = 5\n[[link]]\ndrop = 0.01\n").unwrap();
-    let hook = Arc::new(FaultHook::new(plan, None));
-    fabric.set_hook(Some(hook.clone()));
+    let hook = drop_one_percent(tb, 5);
     let out = tb.agents[0]
         .run(&rds_echo("ping", 0, "16 4 1 4096 65536 262144"), T)
         .unwrap_or_else(|e| panic!("RDS under 1% drops: {e}\n{}", tb.console(2)));
-    fabric.set_hook(None);
+    tb.fabric().set_hook(None);
     assert!(
         out.contains("64 messages, 5308432 bytes, every echo verified"),
         "{out}"
@@ -510,24 +512,11 @@ fn nvme_over_fabrics(tb: &mut Testbed, dir: &std::path::Path) {
             .count();
         assert!(inv > 0, "no RC SEND Only with Invalidate: {rows:?}");
     }
-    let sums = tb.agents[0]
-        .run(
-            &format!(
-                "dd if=/dev/urandom of=/tmp/nv bs=1M count=32 2>/dev/null && md5sum < /tmp/nv && \
-                 dd if=/tmp/nv of=/dev/{dev} bs=1M oflag=direct 2>/dev/null && rm /tmp/nv && \
-                 dd if=/dev/{dev} bs=1M count=32 iflag=direct 2>/dev/null | md5sum"
-            ),
-            T,
-        )
-        .unwrap();
-    let sums: Vec<&str> = sums.split_whitespace().filter(|w| w.len() == 32).collect();
-    assert_eq!(sums.len(), 2, "{sums:?}");
-    assert_eq!(sums[0], sums[1], "read back through NVMe-oF");
-    let target = tb.agents[2]
-        .run("dd if=/dev/ram0 bs=1M count=32 2>/dev/null | md5sum", T)
-        .unwrap();
+    let (written, read) = disk_write_read(tb, 0, &dev, 0, 32);
+    assert_eq!(written, read, "read back through NVMe-oF");
+    let target = ram_disk_sum(tb, 2, 0, 32);
     assert!(
-        target.starts_with(sums[0]),
+        target.starts_with(&written),
         "on the target's disk: {target}"
     );
     tb.agents[0].run("nvmeof disconnect", T).unwrap();
