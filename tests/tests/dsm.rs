@@ -8,8 +8,8 @@
 //! page-protection primitive (section 3.3) on a scratch /dev/dsm region. Then the
 //! coherence protocol: sequential-consistency litmus tests (message passing, store
 //! buffering, a counter under a DSM lock, barrier phases) with one and two threads per
-//! node, mp's writer making progress while every vCPU spins, and every application with two threads per node, each checked against a
-//! sequential run, with the protocol in the completion handler (TLB shootdowns fenced
+//! node, mp's writer making progress while every vCPU spins, and every application with
+//! two threads per node, each checked against a sequential run, with the protocol in the completion handler (TLB shootdowns fenced
 //! from there), once entirely in process context with read faults served by RDMA Read,
 //! and under the paper's simulation of a user-level DSM (litmus and two applications).
 
@@ -182,16 +182,11 @@ fn stats_clean(tb: &mut Testbed, what: &str) -> Vec<String> {
 
 /// The litmus tests with `threads` workers per node: every worker reports every test.
 fn litmus(tb: &mut Testbed, threads: u32, config: &str) {
-    fresh_session(tb, config);
-    let out = run_everywhere(
-        &mut tb.agents,
-        &format!("DSM_THREADS={threads} litmus 40"),
-        Duration::from_secs(600),
-    );
     let mut raced = false;
-    for (i, r) in out.into_iter().enumerate() {
-        let (rc, text) = r.unwrap();
-        assert_eq!(rc, 0, "node{}: litmus failed:\n{text}", i + 1);
+    for (i, text) in run_litmus(tb, threads, "40", config)
+        .into_iter()
+        .enumerate()
+    {
         for test in ["mp", "sb", "counter", "barrier"] {
             let lines: Vec<&str> = text
                 .lines()
@@ -227,16 +222,7 @@ fn litmus(tb: &mut Testbed, threads: u32, config: &str) {
 /// 80 writes (229 s) before the protocol kept contended pages (99-110 faults, 1-2 s, since).
 fn mp_makes_progress(tb: &mut Testbed, config: &str) {
     const ROUNDS: u64 = 40;
-    fresh_session(tb, config);
-    let out = run_everywhere(
-        &mut tb.agents,
-        &format!("DSM_THREADS=2 litmus {ROUNDS} mp"),
-        Duration::from_secs(600),
-    );
-    for (i, r) in out.into_iter().enumerate() {
-        let (rc, text) = r.unwrap();
-        assert_eq!(rc, 0, "node{}: mp ({config}) failed:\n{text}", i + 1);
-    }
+    run_litmus(tb, 2, &format!("{ROUNDS} mp"), config);
     let stats = stats_clean(tb, "mp");
     // The nodes kept contended grants from their takers: what makes the writer progress.
     let kept: u64 = stats.iter().map(|s| num(s, "kept")).sum();
@@ -247,6 +233,29 @@ fn mp_makes_progress(tb: &mut Testbed, config: &str) {
         "mp ({config}): node 1's writer faulted more than 4 times per write ({writes} writes): {}",
         stats[0]
     );
+}
+
+/// `litmus ARGS` with `threads` workers per node in a fresh session: each node's output,
+/// every node's run having succeeded.
+fn run_litmus(tb: &mut Testbed, threads: u32, args: &str, config: &str) -> Vec<String> {
+    fresh_session(tb, config);
+    let out = run_everywhere(
+        &mut tb.agents,
+        &format!("DSM_THREADS={threads} litmus {args}"),
+        Duration::from_secs(600),
+    );
+    let mut texts = Vec::new();
+    for (i, r) in out.into_iter().enumerate() {
+        let (rc, text) = r.unwrap();
+        assert_eq!(
+            rc,
+            0,
+            "node{}: litmus {args} ({config}) failed:\n{text}",
+            i + 1
+        );
+        texts.push(text);
+    }
+    texts
 }
 
 /// Runs `app` verified with `threads` workers per node; the fenced shootdowns it caused.
