@@ -13,7 +13,6 @@
 #include <linux/scatterlist.h>
 #include <linux/random.h>
 #include "vbench.h"
-#include "rcconn.h"
 #include "dmabuf.h"
 
 /* The target, then the old value each atomic returns. */
@@ -33,25 +32,13 @@ struct vb_at {
 	int errors;
 };
 
-static int vb_at_wait(struct vb_at *a, struct ib_wc *wc)
-{
-	unsigned long deadline = jiffies + 10 * HZ;
-
-	while (ib_poll_cq(a->cq, 1, wc) != 1) {
-		if (time_after(jiffies, deadline))
-			return -ETIMEDOUT;
-		cond_resched();
-	}
-	return 0;
-}
-
 /* Posts one signaled WR on QP i and waits for its completion. */
 static int vb_at_post(struct vb_at *a, int i, const struct ib_send_wr *wr,
 		      struct ib_wc *wc)
 {
 	int err = ib_post_send(a->qp[i], wr, NULL);
 
-	return err ?: vb_at_wait(a, wc);
+	return err ?: vb_poll_one(a->cq, wc, 10 * HZ);
 }
 
 static int vb_at_setup(struct vb_at *a)
@@ -63,14 +50,8 @@ static int vb_at_setup(struct vb_at *a)
 		.sq_sig_type = IB_SIGNAL_ALL_WR,
 		.qp_type = IB_QPT_RC,
 	};
-	struct rcconn_path p = {
-		.roce = vb->roce,
-		.dlid = vb->lid,
-		.dgid = vb->sgid,
-		.sgid_index = vb->sgid_index,
-		.mtu = vb->mtu,
-		.atomics = true,
-	};
+	/* To our own port. */
+	struct rcconn_path p = vb_rc_path(vb->lid, &vb->sgid);
 	int i, err;
 
 	a->cq = ib_create_cq(vb->dev, NULL, NULL, NULL, &ca);
@@ -84,6 +65,7 @@ static int vb_at_setup(struct vb_at *a)
 			return PTR_ERR(a->qp[i]);
 		a->psn[i] = get_random_u32() & 0xffffff;
 	}
+	p.atomics = true;
 	for (i = 0; i < 2; i++) {
 		p.dest_qpn = a->qp[!i]->qp_num;
 		p.rq_psn = a->psn[!i];

@@ -169,19 +169,38 @@ int vb_addr(char *out, size_t len)
 			 vb->pd->unsafe_global_rkey, vb->region_dma, vb->sgid.raw);
 }
 
-static int vb_to_rts(const struct vb_peer *p)
+/* The path to the port at dlid (IB) or dgid (RoCE), with our side of it; no QP yet. */
+struct rcconn_path vb_rc_path(u32 dlid, const union ib_gid *dgid)
 {
-	struct rcconn_path path = {
+	return (struct rcconn_path) {
 		.roce = vb->roce,
-		.dlid = p->lid,
-		.dgid = p->gid,
+		.dlid = dlid,
+		.dgid = *dgid,
 		.sgid_index = vb->sgid_index,
 		.mtu = vb->mtu,
-		.dest_qpn = p->qpn,
-		.rq_psn = p->psn,
-		.sq_psn = vb->psn,
 	};
+}
 
+/* Polls cq for one completion, for up to timeout jiffies: 0, or -ETIMEDOUT. */
+int vb_poll_one(struct ib_cq *cq, struct ib_wc *wc, unsigned long timeout)
+{
+	unsigned long deadline = jiffies + timeout;
+
+	while (ib_poll_cq(cq, 1, wc) != 1) {
+		if (time_after(jiffies, deadline))
+			return -ETIMEDOUT;
+		cond_resched();
+	}
+	return 0;
+}
+
+static int vb_to_rts(const struct vb_peer *p)
+{
+	struct rcconn_path path = vb_rc_path(p->lid, &p->gid);
+
+	path.dest_qpn = p->qpn;
+	path.rq_psn = p->psn;
+	path.sq_psn = vb->psn;
 	return rcconn_to_rts(vb->qp, &path);
 }
 

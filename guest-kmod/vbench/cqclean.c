@@ -45,17 +45,12 @@ static struct ib_qp *vb_cqc_flushed_qp(struct ib_cq *cq, u64 wr_id)
 	return qp;
 }
 
-/* Every completion the CQ gives within a second; how many were b's and how many not. */
+/* Every completion the CQ gives until a second passes without one: b's, and others. */
 static void vb_cqc_poll(struct ib_cq *cq, int *b, int *other)
 {
-	unsigned long deadline = jiffies + HZ;
 	struct ib_wc wc;
 
-	while (time_before(jiffies, deadline)) {
-		if (ib_poll_cq(cq, 1, &wc) != 1) {
-			cond_resched();
-			continue;
-		}
+	while (!vb_poll_one(cq, &wc, HZ)) {
 		if (wc.wr_id == VB_CQC_B && wc.status == IB_WC_WR_FLUSH_ERR)
 			(*b)++;
 		else

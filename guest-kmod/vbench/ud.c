@@ -113,22 +113,17 @@ static int vb_ud_post(struct vb_ud *u)
 /* Polls for the send and the receive completion; the receive lands in *rwc. */
 static int vb_ud_wait(struct vb_ud *u, struct ib_wc *rwc)
 {
-	unsigned long deadline = jiffies + 10 * HZ;
 	struct ib_wc wc;
-	int got = 0;
+	int got, err;
 
-	while (got < 2) {
-		if (ib_poll_cq(u->cq, 1, &wc) == 1) {
-			if (wc.status != IB_WC_SUCCESS)
-				return -EIO;
-			if (wc.opcode == IB_WC_RECV)
-				*rwc = wc;
-			got++;
-		} else if (time_after(jiffies, deadline)) {
-			return -ETIMEDOUT;
-		} else {
-			cond_resched();
-		}
+	for (got = 0; got < 2; got++) {
+		err = vb_poll_one(u->cq, &wc, 10 * HZ);
+		if (err)
+			return err;
+		if (wc.status != IB_WC_SUCCESS)
+			return -EIO;
+		if (wc.opcode == IB_WC_RECV)
+			*rwc = wc;
 	}
 	return 0;
 }

@@ -22,6 +22,7 @@
 #include <linux/workqueue.h>
 #include <linux/kthread.h>
 #include <rdma/ib_verbs.h>
+#include "rcconn.h"
 
 #define VB_MAX_MSG	4096
 #define VB_RECVS	64
@@ -99,6 +100,8 @@ int vb_post_recvs(void);
 void vb_close(void);
 int vb_connect(const struct vb_peer *peer);
 int vb_addr(char *out, size_t len);
+struct rcconn_path vb_rc_path(u32 dlid, const union ib_gid *dgid);
+int vb_poll_one(struct ib_cq *cq, struct ib_wc *wc, unsigned long timeout);
 int vb_post_recv(u32 slot);
 int vb_post_send(u32 size, u32 word0, bool force_signal);
 
