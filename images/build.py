@@ -44,27 +44,40 @@ RDS_MODULES = ["rds_rdma"]
 # SCSI RDMA Protocol (`srp`): Debian's LIO target with its SRP fabric (ib_srpt), the
 # initiator (ib_srp) and the disk driver its LUNs appear through; brd as above.
 SRP_MODULES = ["ib_srpt", "target_core_iblock", "ib_srp", "sd_mod", "brd"]
+# NFS over RDMA (`nfs`): Debian's server (nfsd; svcrdma is in rpcrdma) and NFSv4 client
+# (xprtrdma, in rpcrdma too).
+NFS_MODULES = ["nfsd", "rpcrdma", "nfsv4"]
 # The order files modload reads (NAME-order: a list's modules with their dependencies,
 # dependencies first), and the manifest key each is listed under.
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
-          ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules")]
+          ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules"),
+          ("nfs", NFS_MODULES, "nfs_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "modload"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "modload"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
-# infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad).
-USERLAND_TOOLS = ["rdma", "saquery", "ibstat"]
+# infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad), and
+# nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
+# Kerberos' GSS-API).
+USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "rpc.nfsd", "rpc.mountd", "exportfs"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
-                 "infiniband-diags", "libibmad5", "libibumad3"]
+                 "infiniband-diags", "libibmad5", "libibumad3",
+                 "nfs-kernel-server", "libtirpc3", "libwrap0", "libnsl2", "libblkid1",
+                 "libuuid1", "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3",
+                 "libkrb5support0", "libcom-err2", "libkeyutils1"]
 USERLAND_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
-                 "ld-linux-x86-64.so.2", "libibmad.so.5", "libibumad.so.3"]
+                 "ld-linux-x86-64.so.2", "libibmad.so.5", "libibumad.so.3",
+                 "libtirpc.so.3", "libwrap.so.0", "libnsl.so.2", "libblkid.so.1",
+                 "libuuid.so.1", "libgssapi_krb5.so.2", "libkrb5.so.3", "libk5crypto.so.3",
+                 "libkrb5support.so.0", "libcom_err.so.2", "libkeyutils.so.1",
+                 "libresolv.so.2"]
 
 quiet = False
 
