@@ -82,9 +82,13 @@ pub struct HcaStats {
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.
+/// A table made with [`Table::next_fit`] hands out the free index after the one it handed
+/// out last (wrapping round), not the lowest free one.
 pub(crate) struct Table<T> {
     slots: Vec<Option<T>>,
     first: u32,
+    /// Where the next search starts (next-fit tables only).
+    next: Option<u32>,
 }
 
 impl<T> Table<T> {
@@ -92,18 +96,31 @@ impl<T> Table<T> {
         Self {
             slots: (0..capacity).map(|_| None).collect(),
             first,
+            next: None,
+        }
+    }
+
+    /// A table whose freed indices come back only after every other free one has been
+    /// handed out: QPNs, as HCAs give them, so that a packet still in flight to a
+    /// destroyed QP does not reach the next QP created.
+    pub fn next_fit(capacity: u32, first: u32) -> Self {
+        Self {
+            next: Some(first),
+            ..Self::new(capacity, first)
         }
     }
 
     pub fn alloc(&mut self, v: T) -> Option<u32> {
         let first = self.first as usize;
-        let (i, slot) = self
-            .slots
-            .iter_mut()
-            .enumerate()
-            .skip(first)
-            .find(|(_, s)| s.is_none())?;
-        *slot = Some(v);
+        let start = self.next.map_or(first, |n| (n as usize).max(first));
+        let free = |s: &Option<T>| s.is_none();
+        let i = (start..self.slots.len())
+            .chain(first..start)
+            .find(|&i| self.slots.get(i).is_some_and(free))?;
+        *self.slots.get_mut(i)? = Some(v);
+        if self.next.is_some() {
+            self.next = Some(i as u32 + 1);
+        }
         Some(i as u32)
     }
 
@@ -225,7 +242,7 @@ impl HcaState {
     fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
         Self {
             dev: Device::new(mem, bar2, node_guid),
-            qps: Table::new(MAX_QP, 2),
+            qps: Table::next_fit(MAX_QP, 2),
             live_qps: Vec::new(),
             sq_hints: vec![SqHint::Look; MAX_QP as usize],
         }

@@ -514,6 +514,63 @@ fn test_ud_with_wrong_qkey_is_dropped_and_counted() {
     assert_eq!(b.drain_cq(&mut cqb).len(), 1);
 }
 
+/// A destroyed QP's number is not the next QP's: a datagram meant for the old QP (a peer
+/// that has not heard it is gone, or a packet that was in flight) must not land in a new QP
+/// that a consumer made with the same Q_Key, as it would if the device gave the number back
+/// at once. The number comes back once every other free one has been handed out.
+#[test]
+fn test_a_destroyed_qps_number_is_not_the_next_qps() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 4);
+    // Room for a full round of QPs' rings (the test driver never frees guest memory).
+    let mut b = Driver::new(Some(&fabric), 64);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let cqa = a.create_cq(6);
+    let mut cqb = b.create_cq(6);
+    let mut ua = a.create_qp(QPT_UD, pa, cqa.cqn, cqa.cqn);
+    let old = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
+    a.bring_up_ud(ua.qpn, 0x1111, false);
+    b.bring_up_ud(old.qpn, 0x1111, false);
+    let mut wr = send_wr(1, WR_SEND, 0);
+    wr.ud_dlid = b.lid();
+    wr.ud_remote_qpn = old.qpn;
+    wr.ud_qkey = 0x1111;
+    let h = |handle| HcaCmdHandle { handle, rsvd: 0 };
+    assert_eq!(b.cmd(CMD_DESTROY_QP, &h(old.qpn)).0, CMD_OK);
+    let mut new = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
+    assert_ne!(
+        new.qpn, old.qpn,
+        "the number is not handed out again at once"
+    );
+    b.bring_up_ud(new.qpn, 0x1111, false);
+    let rbuf = b.alloc(100, 8);
+    b.post_recv(&mut new, 1, &[sge(rbuf, 100, LOCAL_DMA_LKEY)]);
+    let sbuf = a.alloc(8, 8);
+    a.post_send(&mut ua, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+    assert!(
+        b.drain_cq(&mut cqb).is_empty(),
+        "the old QP's datagram reached the new QP"
+    );
+    // Round the whole space: the old number comes back after every other free one.
+    let mut seen = vec![new.qpn];
+    loop {
+        let q = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
+        assert_eq!(b.cmd(CMD_DESTROY_QP, &h(q.qpn)).0, CMD_OK);
+        if q.qpn == old.qpn {
+            break;
+        }
+        assert!(!seen.contains(&q.qpn), "QPN {} came back early", q.qpn);
+        assert!(
+            seen.len() < MAX_QP as usize,
+            "QPN {} never came back",
+            old.qpn
+        );
+        seen.push(q.qpn);
+    }
+    // Every number but the special QPs 0 and 1 and the two held (A's QP is on A).
+    assert_eq!(seen.len(), MAX_QP as usize - 3);
+}
+
 #[test]
 fn test_armed_cq_raises_its_vector_once_per_arm() {
     let mut p = Pair::new(5);
