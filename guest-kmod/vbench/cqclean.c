@@ -2,11 +2,12 @@
 /*
  * A destroyed QP's completions on a CQ it shared: QP a, in error, gets a
  * receive flushed (a CQE, left unpolled), and is destroyed; QP b, created
- * on the same CQ, takes its number if the device gives numbers back at
- * once, and gets one receive flushed. Polling must then give b's one
- * completion and nothing of a's, as consumers that share a CQ between
- * connections (IPoIB-CM, NVMe-oF's CQ pools) rely on. Caller holds the
- * control lock (vb_ctl.lock).
+ * on the same CQ with a's number (QPs are created and destroyed until the
+ * device hands it out again: it gives numbers out in turn, so that takes a
+ * round of its QPN space), gets one receive flushed. Polling must then give
+ * b's one completion and nothing of a's, as consumers that share a CQ
+ * between connections (IPoIB-CM, NVMe-oF's CQ pools) rely on. Caller holds
+ * the control lock (vb_ctl.lock).
  */
 #include <linux/delay.h>
 #include "vbench.h"
@@ -14,8 +15,12 @@
 #define VB_CQC_A	0xa0a0a0a0a0a0a0a0ULL
 #define VB_CQC_B	0xb0b0b0b0b0b0b0b0ULL
 
-/* An RC QP on cq, moved straight to ERR, with one receive posted (and flushed). */
-static struct ib_qp *vb_cqc_flushed_qp(struct ib_cq *cq, u64 wr_id)
+/*
+ * An RC QP on cq numbered want (0: any), moved straight to ERR, with one
+ * receive posted (and flushed). QPs the device numbers otherwise are
+ * destroyed at once, for at most two rounds of its QPN space.
+ */
+static struct ib_qp *vb_cqc_flushed_qp(struct ib_cq *cq, u64 wr_id, u32 want)
 {
 	struct ib_qp_init_attr init = {
 		.cap = { .max_send_wr = 1, .max_recv_wr = 1,
@@ -32,9 +37,18 @@ static struct ib_qp *vb_cqc_flushed_qp(struct ib_cq *cq, u64 wr_id)
 		.lkey = vb->pd->local_dma_lkey,
 	};
 	struct ib_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 };
-	struct ib_qp *qp = ib_create_qp(vb->pd, &init);
+	int tries = 2 * vb->dev->attrs.max_qp + 2;
+	struct ib_qp *qp;
 	int err;
 
+	for (;;) {
+		qp = ib_create_qp(vb->pd, &init);
+		if (IS_ERR(qp) || !want || qp->qp_num == want)
+			break;
+		ib_destroy_qp(qp);
+		if (--tries <= 0)
+			return ERR_PTR(-EAGAIN);
+	}
 	if (IS_ERR(qp))
 		return qp;
 	err = ib_modify_qp(qp, &attr, IB_QP_STATE) ?: ib_post_recv(qp, &wr, NULL);
@@ -71,7 +85,7 @@ int vb_cqclean(char *out, size_t len)
 	cq = ib_create_cq(vb->dev, NULL, NULL, NULL, &ca);
 	if (IS_ERR(cq))
 		return PTR_ERR(cq);
-	a = vb_cqc_flushed_qp(cq, VB_CQC_A);
+	a = vb_cqc_flushed_qp(cq, VB_CQC_A, 0);
 	if (IS_ERR(a)) {
 		ib_destroy_cq(cq);
 		return PTR_ERR(a);
@@ -80,7 +94,7 @@ int vb_cqclean(char *out, size_t len)
 	msleep(100);
 	qpn_a = a->qp_num;
 	ib_destroy_qp(a);
-	b = vb_cqc_flushed_qp(cq, VB_CQC_B);
+	b = vb_cqc_flushed_qp(cq, VB_CQC_B, qpn_a);
 	if (IS_ERR(b)) {
 		ib_destroy_cq(cq);
 		return PTR_ERR(b);
