@@ -48,7 +48,8 @@ fn same_user(stream: &UnixStream) -> bool {
 
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
-                           delay US [JITTER_US], clear, kill";
+                           delay US [JITTER_US] (these five in any number, one after another), \
+                           clear, kill";
 
 /// Why the control socket could not be served, or a request got no answer.
 #[derive(Debug)]
@@ -210,31 +211,7 @@ impl Control {
             ("link-up", []) => LiveFault::LinkUp,
             ("clear", []) => LiveFault::Clear,
             ("kill", []) => LiveFault::Kill,
-            (rate @ ("drop" | "duplicate" | "reorder" | "corrupt"), [p]) => {
-                let p = probability(p)?;
-                let mut r = hook.live_rule(lid).unwrap_or_default();
-                match rate {
-                    "drop" => r.drop = p,
-                    "duplicate" => r.duplicate = p,
-                    "reorder" => r.reorder = p,
-                    _ => r.corrupt = p,
-                }
-                LiveFault::Rule(r)
-            }
-            ("delay", [us, rest @ ..]) if rest.len() <= 1 => {
-                let r = LinkFaults {
-                    delay_us: micros(us)?,
-                    jitter_us: rest.first().map_or(Ok(0), |j| micros(j))?,
-                    ..hook.live_rule(lid).unwrap_or_default()
-                };
-                LiveFault::Rule(r)
-            }
-            _ => {
-                return Err(format!(
-                    "unknown action `{}`; actions: {ACTIONS}",
-                    words[2..].join(" ")
-                ))
-            }
+            _ => LiveFault::Rule(rule(hook.live_rule(lid).unwrap_or_default(), &words[2..])?),
         };
         hook.live(lid, change, self.fabric.now_ns());
         Ok(format!("{node}: {}", words[2..].join(" ")))
@@ -292,6 +269,47 @@ impl Control {
         *slot = Some(h.clone());
         Ok(h)
     }
+}
+
+/// The link's live rule `r` with the rates and the delay that `acts` set (`drop P`,
+/// `duplicate P`, `reorder P`, `corrupt P`, `delay US [JITTER_US]`, one after another: a
+/// campaign changes several at once), the rest as they were.
+fn rule(mut r: LinkFaults, acts: &[&str]) -> Result<LinkFaults, String> {
+    let unknown = || format!("unknown action `{}`; actions: {ACTIONS}", acts.join(" "));
+    if acts.is_empty() {
+        return Err(unknown());
+    }
+    let mut rest = acts;
+    while let [name, tail @ ..] = rest {
+        rest = match (*name, tail) {
+            (rate @ ("drop" | "duplicate" | "reorder" | "corrupt"), [p, more @ ..]) => {
+                let p = probability(p)?;
+                match rate {
+                    "drop" => r.drop = p,
+                    "duplicate" => r.duplicate = p,
+                    "reorder" => r.reorder = p,
+                    _ => r.corrupt = p,
+                }
+                more
+            }
+            ("delay", [us, more @ ..]) => {
+                r.delay_us = micros(us)?;
+                // The jitter is the number after the delay, if one follows.
+                match more {
+                    [j, after @ ..] if j.parse::<u64>().is_ok() => {
+                        r.jitter_us = micros(j)?;
+                        after
+                    }
+                    _ => {
+                        r.jitter_us = 0;
+                        more
+                    }
+                }
+            }
+            _ => return Err(unknown()),
+        };
+    }
+    Ok(r)
 }
 
 fn probability(s: &str) -> Result<f64, String> {
@@ -365,6 +383,27 @@ mod tests {
         c.handle("fault node2 delay 300 50").unwrap();
         let r = h.live_rule(2).unwrap();
         assert_eq!((r.drop, r.delay_us, r.jitter_us), (0.25, 300, 50));
+        // Several in one request; what it leaves out stays as it was.
+        assert_eq!(
+            c.handle("fault node2 reorder 0.05 delay 10 duplicate 0.02 corrupt 0.01")
+                .unwrap(),
+            "node2: reorder 0.05 delay 10 duplicate 0.02 corrupt 0.01"
+        );
+        let r = h.live_rule(2).unwrap();
+        assert_eq!(
+            (r.drop, r.reorder, r.duplicate, r.corrupt),
+            (0.25, 0.05, 0.02, 0.01)
+        );
+        assert_eq!((r.delay_us, r.jitter_us), (10, 0));
+        let e = c.handle("fault node2 drop 0.5 reorder").unwrap_err();
+        assert!(e.contains("unknown action"), "{e}");
+        let e = c.handle("fault node2 drop 0.5 link-down").unwrap_err();
+        assert!(e.contains("unknown action"), "{e}");
+        assert_eq!(
+            h.live_rule(2).unwrap().drop,
+            0.25,
+            "a refused request changes nothing"
+        );
         c.handle("fault node3 kill").unwrap();
         assert_eq!(c.due_kills(), [2], "node3 is index 2");
         assert!(c.due_kills().is_empty());
@@ -376,7 +415,7 @@ mod tests {
         assert!(e.contains("actions: link-down"), "{e}");
         h.flush();
         let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap();
-        assert_eq!(log.lines().count(), 4, "{log}");
+        assert_eq!(log.lines().count(), 5, "{log}");
         assert!(log.contains("\"live\":\"link-down\"") && log.contains("\"live\":\"kill\""));
         let _ = std::fs::remove_dir_all(dir);
     }

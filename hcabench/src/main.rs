@@ -61,8 +61,9 @@ enum Cmd {
     /// Inject a fault into the running cluster, now
     ///
     /// Actions on NODE's link (both directions): link-down, link-up; drop P, duplicate P,
-    /// reorder P, corrupt P (probabilities per packet, 0 clears); delay US [JITTER_US];
-    /// clear (back to the cluster's plan). `kill` stops NODE's guest and takes its HCA off
+    /// reorder P, corrupt P (probabilities per packet, 0 clears); delay US [JITTER_US]
+    /// (these five in any number in one call, e.g. `drop 0.01 reorder 0.05`); clear (back
+    /// to the cluster's plan). `kill` stops NODE's guest and takes its HCA off
     /// the fabric, so its peers' work requests end in error completions. Each change is
     /// logged in faults.jsonl next to the plan's decisions, and `hcabench down` reports
     /// it. Example: `hcabench fault node2 link-down`.
@@ -70,7 +71,7 @@ enum Cmd {
         /// The node, e.g. node2
         node: String,
         /// The action and its arguments
-        #[arg(required = true, num_args = 1..=3, allow_hyphen_values = true)]
+        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
         action: Vec<String>,
     },
     /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
