@@ -3,8 +3,9 @@
 //!
 //! An ACK completes every WR up to its PSN; a read completes when its last response is
 //! scattered into the local buffer, an atomic when its original value is written there. A
-//! NAK acknowledges the WRs before the PSN it names; a fatal one fails the WR it names
-//! (the oldest left) and the QP goes to ERR; sequence and RNR NAKs are retried
+//! NAK that names an outstanding request acknowledges the WRs before it; a fatal one fails
+//! the WR it names (the oldest left) and the QP goes to ERR (a NAK for a request already
+//! done is ignored); sequence and RNR NAKs are retried
 //! (reliability.rs). Completions end the waits of a send queue that was held (a FENCE,
 //! credits, the window), which then goes on.
 
@@ -66,6 +67,8 @@ impl QpEngine<'_> {
                     if self.qp.pending.reads() > 0 {
                         self.read_gap_before(pkt.psn);
                     }
+                } else if !self.outstanding(pkt.psn) {
+                    // A NAK for a request already done, or never sent: nothing to act on.
                 } else if syndrome == AETH_NAK_PSN_SEQ || syndrome & 0xe0 == AETH_RNR_NAK {
                     self.on_retry_nak(syndrome, pkt.psn);
                 } else {
@@ -81,6 +84,22 @@ impl QpEngine<'_> {
         }
         self.resume_sq();
         Ok(())
+    }
+
+    /// Whether `psn` names a request still waiting for its answer: from the first PSN of
+    /// the oldest WR sent and not complete to the last PSN sent. A NAK that names anything
+    /// else answers a request already done (a duplicate the responder saw again after the
+    /// requester moved on: a READ whose MR was deregistered since is NAKed) or one never
+    /// sent; IB's requester ignores responses outside its window. Acted on, it would fail
+    /// or resend whatever WR is at the front now.
+    fn outstanding(&self, psn: u32) -> bool {
+        let oldest = self
+            .qp
+            .pending
+            .iter()
+            .find(|p| !matches!(p.kind, PendKind::Local));
+        let last_sent = psn_add(self.qp.next_psn, PSN_MASK);
+        oldest.is_some_and(|p| psn_le(p.first_psn, psn) && psn_le(psn, last_sent))
     }
 
     /// Completes, in order, every ACK-awaiting WR up to and including `psn`.

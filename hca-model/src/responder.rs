@@ -461,6 +461,13 @@ impl QpEngine<'_> {
             .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
             .is_err()
         {
+            if !fresh {
+                // A duplicate of a read this QP took: its MR went away since (the
+                // requester may be done with it, and its consumer let go of the memory).
+                // The requester hears of it, if it still waits; this QP's state is not the
+                // duplicate's to change.
+                return self.transmit_aeth(&pkt, AETH_NAK_REM_ACCESS, pkt.psn);
+            }
             return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         }
         let head = Packet {

@@ -3,15 +3,15 @@
 //! within the bound the QP's attributes give; a link that flaps costs time, not data; RNR
 //! NAKs wait for a receive WQE, or run out.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::{
-    Packet, AETH_ACK, RC_ACK, RC_READ_RESP_FIRST, RC_READ_RESP_LAST, RC_READ_RESP_ONLY,
-    RC_SEND_ONLY,
+    Packet, AETH_ACK, RC_ACK, RC_READ_REQUEST, RC_READ_RESP_FIRST, RC_READ_RESP_LAST,
+    RC_READ_RESP_ONLY, RC_SEND_ONLY,
 };
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{Fabric, HcaStats, LinkDir, LinkHook, LinkId, Verdict};
@@ -453,6 +453,90 @@ impl LinkHook for DropFirst {
         }
         Verdict::Pass
     }
+}
+
+/// Sends a copy of the first READ request right behind it, and holds that copy back on its
+/// way down for `hold_ns`: a duplicate that reaches the responder long after the read was
+/// done (a link that duplicated the packet, a switch queue that kept it).
+struct LateDuplicateRead {
+    hold_ns: u64,
+    copied: AtomicBool,
+    seen_down: AtomicU32,
+}
+
+impl LinkHook for LateDuplicateRead {
+    fn on_packet(&self, link: LinkId, _now_ns: u64, pkt: &mut Packet) -> Verdict {
+        if pkt.opcode != RC_READ_REQUEST {
+            return Verdict::Pass;
+        }
+        if link.dir == LinkDir::Up {
+            if !self.copied.swap(true, Ordering::Relaxed) {
+                return Verdict::Duplicate;
+            }
+        } else if self.seen_down.fetch_add(1, Ordering::Relaxed) == 1 {
+            return Verdict::Delay(self.hold_ns);
+        }
+        Verdict::Pass
+    }
+}
+
+/// A READ request duplicated on the way and delivered again after the read completed and
+/// the responder deregistered the MR: the responder answers the duplicate with a remote
+/// access NAK, which names a PSN the requester finished with. The requester ignores it (it
+/// is outside its window of outstanding requests); before, the WR at the front of its
+/// send queue then (an unrelated SEND waiting for the peer's receive) failed with
+/// REM_ACCESS_ERR and the QP went to ERR. Debian's ib_srpt saw exactly this under a
+/// link's reordering and duplication: "RDMA_READ ... failed with status 10", and SRP
+/// reconnected.
+#[test]
+fn test_a_nak_for_a_request_already_done_is_ignored() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), MTU_1024, ALL_ACCESS, (14, 7, 7));
+    let hold_ns = 5_000_000;
+    fabric.set_hook(Some(Arc::new(LateDuplicateRead {
+        hold_ns,
+        copied: AtomicBool::new(false),
+        seen_down: 0.into(),
+    })));
+    let remote = p.b.alloc(4096, 64);
+    let key = p.b.reg_mr(p.pd_b, remote, 4096, ALL_ACCESS);
+    let local = p.a.alloc(4096, 64);
+    p.b.write(remote, &pattern(4096, 8));
+    let mut rd = send_wr(1, WR_RDMA_READ, WQE_SIGNALED);
+    (rd.remote_addr, rd.rkey) = (remote, key);
+    p.a.post_send(&mut p.qa, rd, &[sge(local, 4096, p.key_a)]);
+    let c = p.a.drain_cq(&mut p.cq_a);
+    assert_eq!(c.len(), 1, "the read is done at once");
+    assert_eq!((c[0].wr_id, c[0].status), (1, 0));
+    assert_eq!(p.a.read(local, 4096), pattern(4096, 8));
+    // The responder's consumer lets go of the memory it exposed.
+    let h = HcaCmdHandle {
+        handle: key,
+        rsvd: 0,
+    };
+    assert_eq!(p.b.cmd(CMD_DEREG_MR, &h).0, CMD_OK);
+    // A SEND that waits for the peer's receive (RNR) is at the front when the duplicate
+    // reaches the responder.
+    let msg = p.a.alloc(64, 64);
+    let mut send = send_wr(2, WR_SEND, WQE_SIGNALED);
+    send.num_sge = 1;
+    p.a.post_send(&mut p.qa, send, &[sge(msg, 64, p.key_a)]);
+    fabric.advance(Duration::from_nanos(hold_ns + 1_000_000));
+    assert_eq!(p.b.hca.stats().duplicates, 1, "the late copy arrived");
+    let early = p.a.drain_cq(&mut p.cq_a);
+    assert!(
+        early.is_empty(),
+        "nothing failed on the stale NAK: {early:?}"
+    );
+    let rbuf = p.b.alloc(64, 64);
+    p.b.post_recv(&mut p.qb, 9, &[sge(rbuf, 64, p.key_b)]);
+    let (c, t) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_secs(2));
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        [(2, 0)],
+        "the SEND completes once the receive is there ({t:?})"
+    );
 }
 
 /// A read whose last response is lost, with another read behind it: the next read's
