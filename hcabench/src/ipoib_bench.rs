@@ -41,12 +41,19 @@ fn ping_avg_us(out: &str) -> Option<f64> {
     Some(avg * 1e3)
 }
 
-/// Seconds of /proc/uptime around a command: `<seconds> <command's output>`.
-fn timed(cmd: &str) -> String {
+/// `cmd`, then the seconds of /proc/uptime it took on a line `elapsed=S` (see [`elapsed`]).
+pub(crate) fn timed(cmd: &str) -> String {
     format!(
         "a=$(cut -d' ' -f1 /proc/uptime); {cmd}; b=$(cut -d' ' -f1 /proc/uptime); \
          echo elapsed=$(echo \"$b - $a\" | bc)"
     )
+}
+
+/// The seconds a [`timed`] command took, from its output.
+pub(crate) fn elapsed(out: &str) -> Option<f64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("elapsed="))
+        .and_then(|s| s.trim().parse().ok())
 }
 
 fn measure(
@@ -75,11 +82,7 @@ fn measure(
     if !out.contains(sum) {
         return Err(format!("{name}: the TCP transfer arrived changed: {out}"));
     }
-    let secs: f64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("elapsed="))
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
+    let secs = elapsed(&out).ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
     let row = Row {
         name,
         ping_avg_us,
@@ -220,5 +223,12 @@ mod tests {
             received("20 packets transmitted, 17 packets received, 15% loss"),
             Some(17)
         );
+    }
+
+    #[test]
+    fn test_a_timed_commands_seconds_are_read() {
+        assert_eq!(elapsed("abc  -\nelapsed=2.41\n"), Some(2.41));
+        assert_eq!(elapsed("elapsed=.30"), Some(0.3));
+        assert_eq!(elapsed("no timing"), None);
     }
 }

@@ -9,6 +9,7 @@ mod daemon;
 mod dsmrun;
 mod faultrun;
 mod ipoib_bench;
+mod nfs_bench;
 mod rundir;
 mod session;
 
@@ -219,6 +220,20 @@ enum BenchCmd {
         iters: u64,
         /// Bytes sent over TCP per link (rounded down to whole MiB, at least 1)
         #[arg(long, default_value_t = 16 << 20)]
+        bw_bytes: u64,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// NFS over the fabric: over RDMA vs over TCP on IPoIB (datagram, connected)
+    ///
+    /// Debian's nfsd on one guest exports a tmpfs; the other mounts it over RDMA (port
+    /// 20049) and over TCP on ib0, writes a file through each (flushed to the server) and
+    /// reads it back with its page cache dropped, bytes checked by md5; then TCP again with
+    /// IPoIB in connected mode. Write and read MB/s, with ratios to RDMA.
+    Nfs {
+        /// Bytes written and read per transport (whole MiB, at least 1; at most a quarter
+        /// of a guest's memory)
+        #[arg(long, default_value_t = 32 << 20)]
         bw_bytes: u64,
         #[command(flatten)]
         on: BenchOn,
@@ -687,6 +702,7 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
         | BenchCmd::Dsm { on, .. }
         | BenchCmd::Vmm { on, .. }
         | BenchCmd::Ipoib { on, .. }
+        | BenchCmd::Nfs { on, .. }
         | BenchCmd::Apps { on, .. } => on.clone(),
     };
     let cfg = resolve(&on.cluster, None, on.image_dir.clone())?;
@@ -781,6 +797,17 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             }
             ("ipoib", b(iters, vec![], vec![], bw_bytes, 0))
         }
+        BenchCmd::Nfs { bw_bytes, .. } => {
+            let most = nfs_bench::max_mib(cfg.memory_mib);
+            if !(1..=most).contains(&(bw_bytes >> 20)) {
+                return Err(format!(
+                    "--bw-bytes {bw_bytes} is outside 1 MiB..={most} MiB (a quarter of \
+                     memory_mib = {})",
+                    cfg.memory_mib
+                ));
+            }
+            ("nfs", b(0, vec![], vec![], bw_bytes, 0))
+        }
     };
     session::refuse_node_kills(&b.cfg, &format!("bench {name}"))?;
     let (backend, why) = daemon::choose_backend(&b.cfg)?;
@@ -788,6 +815,7 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
     match name {
         "verbs" => bench::run(&b, backend),
         "dsm" => bench::run_dsm(&b, backend),
+        "nfs" => nfs_bench::run(&b, backend),
         _ => ipoib_bench::run(&b, backend),
     }
 }

@@ -253,6 +253,14 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
             &["bench", "dsm", "--pages", "0"][..],
             "--pages 0 is outside 1..=1024",
         ),
+        (
+            &["bench", "nfs", "--bw-bytes", "100000"][..],
+            "--bw-bytes 100000 is outside 1 MiB..=64 MiB",
+        ),
+        (
+            &["bench", "nfs", "--bw-bytes", "1073741824"][..],
+            "outside 1 MiB..=64 MiB (a quarter of memory_mib = 256)",
+        ),
     ] {
         let o = hcabench(&dir, args);
         assert!(!o.status.success(), "{args:?}");
