@@ -45,6 +45,9 @@ cargo run --release -q -p hcabench -- bench verbs --iters 50 --sizes 64,4096 \
 step "IP over the fabric: IPoIB datagram and connected mode vs virtio-net (quick run; figures for reading)"
 cargo run --release -q -p hcabench -- bench ipoib --iters 20 --bw-bytes 4194304
 
+step "NFS over RDMA vs over TCP on IPoIB (quick run; figures for reading)"
+cargo run --release -q -p hcabench -- bench nfs --bw-bytes 8388608
+
 step "DSM fault latency and protection primitive vs mprotect (quick run; figures for reading)"
 cargo run --release -q -p hcabench -- bench dsm --iters 100 --pages 32
 
