@@ -262,6 +262,14 @@ fn drop_one_percent(tb: &Testbed, seed: u64) -> Arc<FaultHook> {
     hook
 }
 
+/// The two md5 sums of a write-and-read-back's output on node `i`: what was written, and
+/// what came back.
+fn written_and_read(out: &str, i: usize) -> (String, String) {
+    let sums: Vec<&str> = out.split_whitespace().filter(|w| w.len() == 32).collect();
+    assert_eq!(sums.len(), 2, "node{}: {out}", i + 1);
+    (sums[0].to_string(), sums[1].to_string())
+}
+
 /// `MIB` MiB of fresh random bytes written at `at_mib` into node `i`'s remote disk `dev`
 /// (NVMe-oF, SRP) and read back through it (direct I/O both ways): the md5 of what was
 /// written, and of what came back.
@@ -283,13 +291,7 @@ fn disk_write_read(
             T,
         )
         .unwrap_or_else(|e| panic!("I/O to {dev} on node{}: {e}\n{}", i + 1, tb.console(i)));
-    let sums: Vec<String> = out
-        .split_whitespace()
-        .filter(|w| w.len() == 32)
-        .map(String::from)
-        .collect();
-    assert_eq!(sums.len(), 2, "node{}: {out}", i + 1);
-    (sums[0].clone(), sums[1].clone())
+    written_and_read(&out, i)
 }
 
 /// The md5 of `mib` MiB at `at_mib` of node `i`'s RAM disk (a target's), read direct: the
@@ -407,13 +409,7 @@ fn nfs_write_read(tb: &mut Testbed, i: usize, path: &str, mib: u32) -> (String, 
             T,
         )
         .unwrap_or_else(|e| panic!("NFS I/O on node{}: {e}\n{}", i + 1, tb.console(i)));
-    let sums: Vec<String> = out
-        .split_whitespace()
-        .filter(|w| w.len() == 32)
-        .map(String::from)
-        .collect();
-    assert_eq!(sums.len(), 2, "node{}: {out}", i + 1);
-    (sums[0].clone(), sums[1].clone())
+    written_and_read(&out, i)
 }
 
 /// NFS over RDMA with Debian's nfsd (svcrdma) and NFSv4.2 client (xprtrdma), nfs-utils'
@@ -451,21 +447,13 @@ fn nfs_over_rdma(tb: &mut Testbed, dir: &std::path::Path) {
     let (w3, r3) = nfs_write_read(tb, 2, "/mnt/nfs/node3", 8);
     assert_eq!(w1, r1, "node1 read back through NFS");
     assert_eq!(w3, r3, "node3 read back through NFS");
-    assert_eq!(
-        file_sum(tb, 1, "/export/node1"),
-        w1,
-        "node1's file on the server"
-    );
-    assert_eq!(
-        file_sum(tb, 1, "/export/node3"),
-        w3,
-        "node3's file on the server"
-    );
-    assert_eq!(
-        file_sum(tb, 2, "/mnt/nfs/node1"),
-        w1,
-        "node1's file read on node3"
-    );
+    for (i, path, want, what) in [
+        (1, "/export/node1", &w1, "node1's file on the server"),
+        (1, "/export/node3", &w3, "node3's file on the server"),
+        (2, "/mnt/nfs/node1", &w1, "node1's file read on node3"),
+    ] {
+        assert_eq!(&file_sum(tb, i, path), want, "{what}");
+    }
     let stats = tb.agents[0]
         .run("grep 'xprt:' /proc/self/mountstats", T)
         .unwrap();
@@ -496,16 +484,9 @@ fn nfs_over_rdma(tb: &mut Testbed, dir: &std::path::Path) {
     tb.agents[0]
         .run(&format!("nfs mount {} /mnt/nfs", addr(1)), T)
         .unwrap_or_else(|e| panic!("NFS mount again: {e}\n{}", tb.console(0)));
-    assert_eq!(
-        file_sum(tb, 0, "/mnt/nfs/node3"),
-        w3,
-        "node3's file, mounted again"
-    );
-    assert_eq!(
-        file_sum(tb, 0, "/mnt/nfs/drops"),
-        w,
-        "the drops' file, mounted again"
-    );
+    for (path, want) in [("/mnt/nfs/node3", &w3), ("/mnt/nfs/drops", &w)] {
+        assert_eq!(&file_sum(tb, 0, path), want, "{path}, mounted again");
+    }
     for i in [0, 2] {
         tb.agents[i].run("nfs umount /mnt/nfs", T).unwrap();
     }
