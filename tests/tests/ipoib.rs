@@ -317,9 +317,18 @@ fn ram_disk_sum(tb: &mut Testbed, i: usize, at_mib: u32, mib: u32) -> String {
 /// in at once, each writing its own half; every byte reads back the same on the initiator
 /// and on the target's disk, also under 1% drops, and after a logout and a new login.
 /// (ib_srpt checks its channel with a zero-length RDMA WRITE of key 0, which IBA C9-88 says
-/// no responder may refuse: refused, the channel was torn down at once.)
+/// no responder may refuse: refused, the channel was torn down at once.) The NVMe-oF
+/// target's node refuses to export its RAM disk over SRP too.
 fn srp_over_ib(tb: &mut Testbed) {
     let (g1, g2, g3) = (port_guid(tb, 0), port_guid(tb, 1), port_guid(tb, 2));
+    // Node 3 exports its RAM disk over NVMe-oF already: not a second time.
+    let (rc, out) = tb.agents[2]
+        .status(&format!("srp target 16 {g1}"), T)
+        .unwrap();
+    assert!(
+        rc == 1 && out.contains("exported over NVMe-oF on this node already"),
+        "exit {rc}: {out}"
+    );
     let out = tb.agents[1]
         .run(&format!("srp target 16 {g1} {g3}"), T)
         .unwrap();
