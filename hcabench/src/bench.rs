@@ -103,7 +103,20 @@ fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, St
     let mut ping = Vec::new();
     for mode in Mode::ALL {
         for &size in &b.sizes {
-            let r = tb.ping(mode, size, b.iters, false)?;
+            let mut r = tb.ping(mode, size, b.iters, false)?;
+            if r.done != b.iters && dev != "hcab0" {
+                // The baseline (Debian's rdma_rxe over virtio-net) now and then stalls
+                // under TCG: seen once in CI, 13 of 50 round trips in 60 s, and not in the
+                // next 7 runs. Its cell is measured again on a fresh connection, once, and
+                // the stall is said; hcab0 gets no second try.
+                println!(
+                    "  {dev}: stalled after {} of {} round trips ({mode}, {size} B); \
+                     reconnecting and measuring again",
+                    r.done, b.iters
+                );
+                tb.connect(dev)?;
+                r = tb.ping(mode, size, b.iters, false)?;
+            }
             if r.done != b.iters {
                 return Err(format!(
                     "{dev} {mode} {size}: {} of {} round trips",
