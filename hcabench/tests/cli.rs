@@ -35,6 +35,25 @@ fn live_faults_reach_the_running_cluster(run_dir: &Path) {
     let ok = hcabench(run_dir, &["fault", "node2", "drop", "0.5"]);
     assert!(ok.status.success(), "{}", text(&ok));
     assert!(text(&ok).contains("node2: drop 0.5"), "{}", text(&ok));
+    // Several rates and a delay in one call (a campaign's mix).
+    let mix = [
+        "fault",
+        "node2",
+        "reorder",
+        "0.05",
+        "duplicate",
+        "0.02",
+        "delay",
+        "100",
+        "20",
+    ];
+    let ok = hcabench(run_dir, &mix);
+    assert!(ok.status.success(), "{}", text(&ok));
+    assert!(
+        text(&ok).contains("node2: reorder 0.05 duplicate 0.02 delay 100 20"),
+        "{}",
+        text(&ok)
+    );
     for (args, says) in [
         (
             &["fault", "node3", "kill"][..],
@@ -42,6 +61,10 @@ fn live_faults_reach_the_running_cluster(run_dir: &Path) {
         ),
         (&["fault", "node1", "drop", "7"][..], "not a probability"),
         (&["fault", "node1", "melt"][..], "actions: link-down"),
+        (
+            &["fault", "node1", "drop", "0.1", "reorder"][..],
+            "unknown action `drop 0.1 reorder`",
+        ),
     ] {
         let o = hcabench(run_dir, args);
         assert!(!o.status.success(), "{args:?}");
