@@ -22,6 +22,36 @@ pub(crate) fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Ses
     })
 }
 
+/// `cmd`, then the seconds of /proc/uptime it took on a line `elapsed=S` (see [`elapsed`]).
+pub(crate) fn timed(cmd: &str) -> String {
+    format!(
+        "a=$(cut -d' ' -f1 /proc/uptime); {cmd}; b=$(cut -d' ' -f1 /proc/uptime); \
+         echo elapsed=$(echo \"$b - $a\" | bc)"
+    )
+}
+
+/// The seconds a [`timed`] command took, from its output.
+pub(crate) fn elapsed(out: &str) -> Option<f64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("elapsed="))
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// `mib` MiB of fresh random bytes in /tmp/blob on guest `i`: their md5 sum.
+pub(crate) fn random_blob(tb: &mut Testbed, i: usize, mib: u64) -> Result<String, String> {
+    let out = tb.agents[i].run(
+        &format!(
+            "dd if=/dev/urandom of=/tmp/blob bs=1M count={mib} 2>/dev/null && md5sum /tmp/blob"
+        ),
+        Duration::from_secs(600),
+    )?;
+    Ok(out
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
 /// What a bench measures, and on what guests.
 #[derive(Clone, Debug)]
 pub struct VerbsBench {
@@ -470,4 +500,16 @@ fn print_vmm_tables(b: &VerbsBench, all: &[HostResults]) {
         );
     }
     println!("(ratio below 1: hcabench's VMM is faster)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_timed_commands_seconds_are_read() {
+        assert_eq!(elapsed("abc  -\nelapsed=2.41\n"), Some(2.41));
+        assert_eq!(elapsed("elapsed=.30"), Some(0.3));
+        assert_eq!(elapsed("no timing"), None);
+    }
 }

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use cluster::Backend;
 
-use crate::bench::VerbsBench;
-use crate::ipoib_bench::{elapsed, timed};
+use crate::bench::{elapsed, random_blob, timed, VerbsBench};
 use crate::session::Shape;
 
 const T: Duration = Duration::from_secs(600);
@@ -89,17 +88,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
     if !out.contains("RDMA port 20049") {
         return Err(format!("the NFS server did not start: {out}"));
     }
-    let out = tb.agents[0].run(
-        &format!(
-            "dd if=/dev/urandom of=/tmp/blob bs=1M count={mib} 2>/dev/null && md5sum /tmp/blob"
-        ),
-        T,
-    )?;
-    let sum = out
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let sum = random_blob(tb, 0, mib)?;
     println!("{mib} MiB written and read back per transport (NFSv4.2, the server's tmpfs)");
     // One mount at a time: a second mount of the same server shares the first one's
     // transport (NFSv4.1's trunking discovery), whatever proto it asks for.
