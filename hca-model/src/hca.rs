@@ -112,7 +112,7 @@ impl<T> Table<T> {
 
     pub fn alloc(&mut self, v: T) -> Option<u32> {
         let first = self.first as usize;
-        let start = self.next.map_or(first, |n| (n as usize).max(first));
+        let start = self.next.map_or(first, |n| n as usize);
         let free = |s: &Option<T>| s.is_none();
         let i = (start..self.slots.len())
             .chain(first..start)

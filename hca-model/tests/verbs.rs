@@ -567,7 +567,8 @@ fn test_a_destroyed_qps_number_is_not_the_next_qps() {
         );
         seen.push(q.qpn);
     }
-    // Every number but the special QPs 0 and 1 and the two held (A's QP is on A).
+    // Every number from 2 up but the old one: the new QP's (still held), then each one
+    // created and destroyed here.
     assert_eq!(seen.len(), MAX_QP as usize - 3);
 }
 
