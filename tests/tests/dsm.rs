@@ -9,9 +9,10 @@
 //! coherence protocol: sequential-consistency litmus tests (message passing, store
 //! buffering, a counter under a DSM lock, barrier phases) with one and two threads per
 //! node, mp's writer making progress while every vCPU spins, and every application with
-//! two threads per node, each checked against a sequential run, with the protocol in the completion handler (TLB shootdowns fenced
-//! from there), once entirely in process context with read faults served by RDMA Read,
-//! and under the paper's simulation of a user-level DSM (litmus and two applications).
+//! two threads per node, each checked against a sequential run, with the protocol in the
+//! completion handler (TLB shootdowns fenced from there), once entirely in process context
+//! with read faults served by RDMA Read, and under the paper's simulation of a user-level
+//! DSM (litmus and two applications).
 
 use std::time::Duration;
 

@@ -127,8 +127,8 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
         "{at}"
     );
 
-    // A destroyed QP's unpolled completion on a shared CQ is not handed to the next QP the
-    // device gives its number (it does so at once: qpn_reused=1 is what makes this bite).
+    // A destroyed QP's unpolled completion on a shared CQ is not handed to a later QP the
+    // device gives its number (vb cqclean creates QPs until it does: qpn_reused=1).
     let cqc = tb.agents[0].run("vb cqclean", T).unwrap();
     assert!(cqc.contains("cqclean qpn_reused=1 b=1 other=0"), "{cqc}");
 
