@@ -823,6 +823,14 @@ impl Fabric {
         f(&self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Sets the PacketLifeTime the subnet administrator gives paths and groups (OpenSM's
+    /// `packet_life_time`; 4.096 us * 2^life, see [`crate::sa::DEFAULT_PACKET_LIFE`]).
+    /// Set it before guests ask for paths: ib_cm derives a connection's QP ACK timeout
+    /// from it. None (changing nothing) past [`crate::sa::MAX_PACKET_LIFE`].
+    pub fn set_packet_life(&self, life: u8) -> Option<()> {
+        (self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner())).set_packet_life(life)
+    }
+
     /// Nanoseconds since the fabric was made (its clock, real or manual).
     pub fn now_ns(&self) -> u64 {
         match &self.inner.clock {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use super::{
     be16, be32, gid_at, gid_guid, meets, select, status, Found, Ports, Request, DEFAULT_PKEY,
-    IPOIB_BROADCAST_MGID, IPOIB_QKEY, LIFE_TIME, MLID_BASE, MTU_2048, MTU_4096, RATE_10G, RATE_40G,
+    IPOIB_BROADCAST_MGID, IPOIB_QKEY, MLID_BASE, MTU_2048, MTU_4096, RATE_10G, RATE_40G,
 };
 use crate::fabric::Lid;
 
@@ -114,7 +114,12 @@ impl Groups {
     }
 
     /// MCMemberRecord Set: `req`'s port joins (and may create) a group.
-    pub(super) fn join(&mut self, req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+    pub(super) fn join(
+        &mut self,
+        req: &Request,
+        ports: &dyn Ports,
+        life: u8,
+    ) -> Result<Found, u16> {
         let d = req.data();
         if !req.has(mc::PORT_GID | mc::JOIN_STATE) {
             return Err(status::INSUFFICIENT_COMPONENTS);
@@ -173,7 +178,7 @@ impl Groups {
             *s |= join_state;
             *s
         };
-        Ok(Found::One(member_record(g, &port_gid, state)))
+        Ok(Found::One(member_record(g, &port_gid, state, life)))
     }
 
     /// A new group as a join describes it (the join has not been admitted yet).
@@ -211,7 +216,7 @@ impl Groups {
     }
 
     /// MCMemberRecord Delete: `req`'s port leaves the JoinState bits it names.
-    pub(super) fn leave(&mut self, req: &Request) -> Result<Found, u16> {
+    pub(super) fn leave(&mut self, req: &Request, life: u8) -> Result<Found, u16> {
         let d = req.data();
         if !req.has(mc::MGID | mc::PORT_GID | mc::JOIN_STATE) {
             return Err(status::INSUFFICIENT_COMPONENTS);
@@ -222,7 +227,7 @@ impl Groups {
         let state = g.members.get_mut(&guid).ok_or(status::NO_RECORDS)?;
         *state &= !(d[48] & 0x0f);
         let left = *state;
-        let rec = member_record(g, &port_gid, left);
+        let rec = member_record(g, &port_gid, left, life);
         if left == 0 {
             g.members.remove(&guid);
         }
@@ -235,7 +240,7 @@ impl Groups {
     /// MCMemberRecord Get/GetTable. With a port GID, the records of that port's
     /// memberships; otherwise a GetTable lists every member of every matching group (a
     /// group with none as one record with a zero port GID), and a Get the group itself.
-    pub(super) fn find(&self, req: &Request) -> Found {
+    pub(super) fn find(&self, req: &Request, life: u8) -> Found {
         let d = req.data();
         let groups = self.by_mgid.values().filter(|g| {
             (!req.has(mc::MGID) || g.mgid == gid_at(d, 0))
@@ -249,14 +254,14 @@ impl Groups {
                 let port_gid = gid_at(d, 16);
                 let state = gid_guid(&port_gid).and_then(|guid| g.members.get(&guid));
                 if let Some(&state) = state {
-                    rows.push(member_record(g, &port_gid, state));
+                    rows.push(member_record(g, &port_gid, state, life));
                 }
             } else if req.is_table() && !g.members.is_empty() {
                 for (&guid, &state) in &g.members {
-                    rows.push(member_record(g, &super::port_gid(guid), state));
+                    rows.push(member_record(g, &super::port_gid(guid), state, life));
                 }
             } else {
-                rows.push(member_record(g, &[0; 16], 0));
+                rows.push(member_record(g, &[0; 16], 0, life));
             }
         }
         Found::Records {
@@ -266,8 +271,9 @@ impl Groups {
     }
 }
 
-/// An MCMemberRecord of group `g` for the member `port_gid` in `join_state`.
-fn member_record(g: &Group, port_gid: &[u8; 16], join_state: u8) -> Vec<u8> {
+/// An MCMemberRecord of group `g` for the member `port_gid` in `join_state`; the
+/// subnet's packet lifetime is `life`.
+fn member_record(g: &Group, port_gid: &[u8; 16], join_state: u8, life: u8) -> Vec<u8> {
     let mut out = [0u8; 52];
     out[0..16].copy_from_slice(&g.mgid);
     out[16..32].copy_from_slice(port_gid);
@@ -277,7 +283,7 @@ fn member_record(g: &Group, port_gid: &[u8; 16], join_state: u8) -> Vec<u8> {
     out[39] = g.tclass;
     out[40..42].copy_from_slice(&g.pkey.to_be_bytes());
     out[42] = 2 << 6 | g.rate;
-    out[43] = 2 << 6 | LIFE_TIME;
+    out[43] = 2 << 6 | life;
     let sl_flow_hop = u32::from(g.sl) << 28 | g.flow_label << 8;
     out[44..48].copy_from_slice(&sl_flow_hop.to_be_bytes());
     // Scope: link-local (2), as IPoIB's groups are.

@@ -103,8 +103,16 @@ const MTU_2048: u8 = 4;
 const RATE_40G: u8 = 7;
 /// 10 Gb/s (OpenSM's default for IPoIB groups).
 const RATE_10G: u8 = 3;
-/// 4.096 us * 2^18: about one second, the SA's answer time and a path's packet lifetime.
-const LIFE_TIME: u8 = 18;
+/// 4.096 us * 2^18: about one second, the SA's answer time (RespTimeValue, SubnetTimeOut).
+const RESP_TIME: u8 = 18;
+/// The packet lifetime paths and groups get unless the fabric is told otherwise: OpenSM's
+/// default (`packet_life_time 0x12`), 4.096 us * 2^18, about 1.07 s. ib_cm gives a
+/// connection's QPs a local ACK timeout one step longer (about 2.1 s), so it sets how long a
+/// lost packet stalls an RC connection.
+pub const DEFAULT_PACKET_LIFE: u8 = 18;
+/// The largest packet lifetime: ib_cm adds one to it for a QP's 5-bit ACK timeout (31 at
+/// most, about 2.4 hours).
+pub const MAX_PACKET_LIFE: u8 = 30;
 const DEFAULT_PKEY: u16 = 0xffff;
 
 /// The IPoIB broadcast group of the default partition (RFC 4391), with OpenSM's defaults.
@@ -230,7 +238,7 @@ fn meets(selector: u8, value: u8, have: u8) -> bool {
 
 /// The SA's state: multicast groups, service records, trap subscriptions and the RMPP
 /// transfers under way.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SubnetAdmin {
     groups: groups::Groups,
     services: services::Services,
@@ -238,12 +246,38 @@ pub struct SubnetAdmin {
     transfers: rmpp::Transfers,
     /// Transaction IDs of the SA's own requests (Reports).
     next_tid: u64,
+    /// The PacketLifeTime of every path and group (see [`DEFAULT_PACKET_LIFE`]).
+    packet_life: u8,
+}
+
+impl Default for SubnetAdmin {
+    fn default() -> Self {
+        Self {
+            groups: Default::default(),
+            services: Default::default(),
+            informs: Default::default(),
+            transfers: Default::default(),
+            next_tid: 0,
+            packet_life: DEFAULT_PACKET_LIFE,
+        }
+    }
 }
 
 impl SubnetAdmin {
     /// The SA as the subnet comes up: the default partition's IPoIB broadcast group exists.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The PacketLifeTime the SA gives paths and groups (4.096 us * 2^life).
+    pub fn packet_life(&self) -> u8 {
+        self.packet_life
+    }
+
+    /// Sets the PacketLifeTime of the paths and groups the SA hands out from now on (an
+    /// OpenSM's `packet_life_time`); None (changing nothing) past [`MAX_PACKET_LIFE`].
+    pub fn set_packet_life(&mut self, life: u8) -> Option<()> {
+        (life <= MAX_PACKET_LIFE).then(|| self.packet_life = life)
     }
 
     pub fn groups(&self) -> impl Iterator<Item = &Group> {
@@ -390,12 +424,12 @@ impl SubnetAdmin {
         use method::*;
         match (req.method, req.attr) {
             (GET, attr::CLASS_PORT_INFO) => Ok(Found::One(records::class_port_info())),
-            (GET | GET_TABLE, attr::PATH_RECORD) => records::paths(req, ports),
+            (GET | GET_TABLE, attr::PATH_RECORD) => records::paths(req, ports, self.packet_life),
             (GET | GET_TABLE, attr::NODE_RECORD) => records::nodes(req, ports),
             (GET | GET_TABLE, attr::PORT_INFO_RECORD) => records::port_infos(req, ports),
-            (SET, attr::MCMEMBER_RECORD) => self.groups.join(req, ports),
-            (DELETE, attr::MCMEMBER_RECORD) => self.groups.leave(req),
-            (GET | GET_TABLE, attr::MCMEMBER_RECORD) => Ok(self.groups.find(req)),
+            (SET, attr::MCMEMBER_RECORD) => self.groups.join(req, ports, self.packet_life),
+            (DELETE, attr::MCMEMBER_RECORD) => self.groups.leave(req, self.packet_life),
+            (GET | GET_TABLE, attr::MCMEMBER_RECORD) => Ok(self.groups.find(req, self.packet_life)),
             (SET, attr::SERVICE_RECORD) => self.services.set(req, ports),
             (DELETE, attr::SERVICE_RECORD) => self.services.delete(req, ports.now_ns()),
             (GET | GET_TABLE, attr::SERVICE_RECORD) => Ok(self.services.find(req, ports.now_ns())),

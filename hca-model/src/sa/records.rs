@@ -4,7 +4,7 @@
 
 use super::{
     be16, be32, be64, gid_at, gid_guid, port_gid, select, status, Found, Ports, Request,
-    DEFAULT_PKEY, LIFE_TIME, MTU_4096, RATE_40G, SA_CLASS_VERSION, SM_LID, SUBNET_PREFIX,
+    DEFAULT_PKEY, MTU_4096, RATE_40G, RESP_TIME, SA_CLASS_VERSION, SM_LID, SUBNET_PREFIX,
 };
 use crate::fabric::Lid;
 
@@ -52,7 +52,7 @@ pub(super) fn class_port_info() -> Vec<u8> {
     // of the optional records.
     out[2..4].copy_from_slice(&1u16.to_be_bytes());
     // CapabilityMask2 (27 bits) | RespTimeValue (5 bits).
-    out[4..8].copy_from_slice(&u32::from(LIFE_TIME).to_be_bytes());
+    out[4..8].copy_from_slice(&u32::from(RESP_TIME).to_be_bytes());
     out.to_vec()
 }
 
@@ -77,8 +77,9 @@ fn named_lid(
 
 /// PathRecord Get/GetTable: paths from the sources (SGID, SLID; unnamed, the asker for a
 /// Get and every port for a GetTable) to the destinations (DGID, DLID; unnamed, every port
-/// for a GetTable; a Get must name one).
-pub(super) fn paths(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+/// for a GetTable; a Get must name one). Every path has PacketLifeTime `life` (a query's
+/// lifetime selector may ask for less, as for the MTU and rate).
+pub(super) fn paths(req: &Request, ports: &dyn Ports, life: u8) -> Result<Found, u16> {
     let d = req.data();
     let every = ports.lids();
     let dsts = match named_lid(req, pr::DGID, 8, pr::DLID, 40, ports) {
@@ -108,7 +109,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     let (Some(mtu), Some(rate), Some(life)) = (
         pick(pr::MTU_SELECTOR, pr::MTU, d[54], MTU_4096),
         pick(pr::RATE_SELECTOR, pr::RATE, d[55], RATE_40G),
-        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], LIFE_TIME),
+        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], life),
     ) else {
         return Ok(none);
     };
@@ -254,8 +255,8 @@ fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
     pi[37] = 1 << 4; // VLCap: VL0
     pi[41] = 5; // InitTypeReply 0 | MTUCap 4096
     pi[43] = 1 << 4; // OperationalVLs: VL0
-    pi[51] = LIFE_TIME; // SubnetTimeOut
-    pi[52] = LIFE_TIME; // RespTimeValue
+    pi[51] = RESP_TIME; // SubnetTimeOut
+    pi[52] = RESP_TIME; // RespTimeValue
     out[4..68].copy_from_slice(&pi);
     out.to_vec()
 }

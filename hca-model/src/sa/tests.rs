@@ -136,6 +136,40 @@ fn test_a_path_record_by_dgid_names_both_ends_and_honours_selectors() {
     assert_eq!((st, r[24..40].to_vec()), (0, gid(3).to_vec()));
 }
 
+#[test]
+fn test_paths_and_groups_carry_the_packet_lifetime_the_subnet_is_given() {
+    let mut sa = SubnetAdmin::new();
+    let mut d = [0u8; 64];
+    d[8..24].copy_from_slice(&gid(3));
+    let path = mad(method::GET, attr::PATH_RECORD, pr::DGID, &d);
+    let join = mad(
+        method::SET,
+        attr::MCMEMBER_RECORD,
+        mc::MGID | mc::PORT_GID | mc::JOIN_STATE,
+        &member(IPOIB_BROADCAST_MGID, 2, 1),
+    );
+    // OpenSM's default until told otherwise.
+    assert_eq!(ask(&mut sa, &path).2[56] & 0x3f, DEFAULT_PACKET_LIFE);
+    assert_eq!(ask(&mut sa, &join).2[43] & 0x3f, DEFAULT_PACKET_LIFE);
+    assert_eq!(sa.set_packet_life(12), Some(()));
+    let (_, st, r) = ask(&mut sa, &path);
+    assert_eq!((st, r[56]), (0, 2 << 6 | 12), "exactly 12");
+    assert_eq!(ask(&mut sa, &join).2[43], 2 << 6 | 12);
+    // A query's selector is met against it: "less than 12" may have 11, "greater than
+    // 12" has nothing.
+    let life = pr::DGID | pr::LIFE_SELECTOR | pr::LIFE;
+    d[56] = 1 << 6 | 12;
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, life, &d));
+    assert_eq!((st, r[56] & 0x3f), (0, 11));
+    d[56] = 12;
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, life, &d));
+    assert_eq!(st, status::NO_RECORDS);
+    // Past what a QP's 5-bit ACK timeout can follow: refused, nothing changed.
+    assert_eq!(sa.set_packet_life(MAX_PACKET_LIFE + 1), None);
+    assert_eq!(sa.packet_life(), 12);
+    assert_eq!(ask(&mut sa, &path).2[56] & 0x3f, 12);
+}
+
 fn member(mgid: [u8; 16], lid: Lid, join: u8) -> [u8; 52] {
     let mut d = [0u8; 52];
     d[0..16].copy_from_slice(&mgid);
@@ -317,7 +351,7 @@ fn test_many_members_join_and_leave_many_groups() {
 fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
     let mut sa = SubnetAdmin::new();
     let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
-    assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(LIFE_TIME)));
+    assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(RESP_TIME)));
     let (_, st, _) = ask(&mut sa, &mad(method::GET, 0x0030, 0, &[]));
     assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "GuidInfoRecord");
     let (_, st, _) = ask(&mut sa, &mad(0x07, attr::PATH_RECORD, 0, &[]));
