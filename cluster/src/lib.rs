@@ -70,6 +70,10 @@ pub struct ClusterSpec {
     pub qemu_accel: QemuAccel,
     /// Node name -> host PCI function passed through (the VMM, `vfio` feature).
     pub vfio: BTreeMap<String, PathBuf>,
+    /// The PacketLifeTime the fabric's SA gives paths (OpenSM's `packet_life_time`): the
+    /// kernel's ib_cm makes an RC connection's ACK timeout 4.096 us * 2^(life + 1), so it
+    /// sets how long a lost packet stalls a connection.
+    pub packet_life: u8,
 }
 
 impl ClusterSpec {
@@ -89,6 +93,7 @@ impl ClusterSpec {
             link: false,
             qemu_accel: QemuAccel::Tcg,
             vfio: BTreeMap::new(),
+            packet_life: hca_model::sa::DEFAULT_PACKET_LIFE,
         }
     }
 
@@ -104,6 +109,17 @@ impl ClusterSpec {
     pub fn console_socket(&self, i: usize) -> Option<PathBuf> {
         self.console_sockets
             .then(|| self.dir.join(format!("{}.serial", Self::node_name(i))))
+    }
+
+    /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
+    fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), BootError> {
+        fabric.set_packet_life(self.packet_life).ok_or_else(|| {
+            BootError::Spec(format!(
+                "packet lifetime {} is past {} (a QP's ACK timeout has 5 bits)",
+                self.packet_life,
+                hca_model::sa::MAX_PACKET_LIFE
+            ))
+        })
     }
 
     fn check(&self) -> Result<(), BootError> {
@@ -216,6 +232,7 @@ impl Cluster {
                 remove_all(&files);
                 let server =
                     DeviceServer::start(configs.clone()).map_err(BootError::DeviceServer)?;
+                spec.set_up_subnet(server.fabric())?;
                 Cluster {
                     backend: spec.backend,
                     nodes: Vec::new(),
@@ -238,6 +255,7 @@ impl Cluster {
                     gone: Vec::new(),
                     files,
                 };
+                spec.set_up_subnet(&c.fabric)?;
                 for i in 0..spec.nodes {
                     let name = ClusterSpec::node_name(i);
                     progress(&format!("starting {name} (hcabench's VMM)"));

@@ -425,10 +425,7 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         };
         let spec = ClusterSpec {
             qemu_accel: accel,
-            ram_mib: b.cfg.memory_mib,
-            vcpus: b.cfg.vcpus,
-            kernel_args: b.cfg.kernel_args.clone(),
-            ..ClusterSpec::new(backend, image.clone(), dir.clone(), 2)
+            ..b.cfg.spec(backend, image.clone(), dir.clone(), 2)
         };
         let mut tb = Testbed::boot(&spec, timeout, &mut progress)?;
         if b.keep {

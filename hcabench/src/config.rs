@@ -9,6 +9,14 @@
 //! image_dir = "target/images"   # where images/build.py put the guest image
 //! kernel_args = ""   # appended to every guest's kernel command line, e.g.
 //!                    # "earlyprintk=serial,ttyS0 initcall_debug" (default none)
+//! packet_life_time = 18   # the subnet's PacketLifeTime, 4.096 us * 2^N, 0 to 30: what
+//!                    # OpenSM's option of that name sets (default 18, OpenSM's). The
+//!                    # kernel's ib_cm derives an RC connection's ACK timeout from it:
+//!                    # about 2.1 s at 18, 268 ms at 14, and 134 ms at 13 or less (hcab0
+//!                    # reports a CA ACK delay of 15, which ib_cm takes when it is longer).
+//!                    # A lost packet stalls a connection that long: lower it for fault
+//!                    # campaigns. (Connections made through ib_cm or rdma_cm; the DSM
+//!                    # module and vbench set a 67 ms timeout of their own.)
 //!
 //! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
 //! capture = "fabric.pcap"        # every fabric packet to a pcap file
@@ -22,6 +30,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use cluster::{ClusterSpec, Image};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
@@ -78,6 +87,8 @@ pub struct ClusterConfig {
     pub image_dir: PathBuf,
     /// Appended to every guest's kernel command line.
     pub kernel_args: String,
+    /// The subnet's PacketLifeTime (see the module docs).
+    pub packet_life_time: u8,
     /// A fault plan (TOML) to run the fabric under.
     pub faults: Option<PathBuf>,
     /// A pcap file that gets every fabric packet.
@@ -97,6 +108,7 @@ impl Default for ClusterConfig {
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
             kernel_args: String::new(),
+            packet_life_time: hca_model::sa::DEFAULT_PACKET_LIFE,
             faults: None,
             capture: None,
             capture_format: CaptureFormat::Erf,
@@ -157,7 +169,34 @@ impl ClusterConfig {
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
             return Err("vfio: passthrough needs the kvm backend, not qemu".into());
         }
+        if self.packet_life_time > hca_model::sa::MAX_PACKET_LIFE {
+            return Err(format!(
+                "packet_life_time = {} (must be 0 to {}: ib_cm adds one for a QP's 5-bit \
+                 ACK timeout)",
+                self.packet_life_time,
+                hca_model::sa::MAX_PACKET_LIFE
+            ));
+        }
         Ok(())
+    }
+
+    /// A cluster of `nodes` guests as this file describes each one (RAM, vCPUs, kernel
+    /// arguments) on a subnet as it describes it, under `backend`, with its run files in
+    /// `dir`.
+    pub fn spec(
+        &self,
+        backend: cluster::Backend,
+        image: Image,
+        dir: PathBuf,
+        nodes: usize,
+    ) -> ClusterSpec {
+        ClusterSpec {
+            ram_mib: self.memory_mib,
+            vcpus: self.vcpus,
+            kernel_args: self.kernel_args.clone(),
+            packet_life: self.packet_life_time,
+            ..ClusterSpec::new(backend, image, dir, nodes)
+        }
     }
 }
 
@@ -188,6 +227,11 @@ mod tests {
         let e =
             ClusterConfig::parse("backend = \"qemu\"\n[vfio]\nnode1 = \"/x\"", "c").unwrap_err();
         assert!(e.0.contains("needs the kvm backend"), "{e}");
+        let e = ClusterConfig::parse("packet_life_time = 31", "c.toml").unwrap_err();
+        assert!(
+            e.0.contains("packet_life_time = 31 (must be 0 to 30"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -189,15 +189,17 @@ impl Control {
 
     /// Carries out one request: `fault NODE ACTION [ARGS]`, `groups` (the subnet
     /// administrator's multicast groups) or `registrations` (how many service records and
-    /// trap subscriptions it holds).
+    /// trap subscriptions it holds, and the subnet's packet lifetime).
     fn handle(&self, line: &str) -> Result<String, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
         if words == ["groups"] {
             return Ok(self.groups());
         }
         if words == ["registrations"] {
-            let (services, informs) = self.fabric.with_sa(|sa| sa.registrations());
-            return Ok(format!("{services} {informs}"));
+            let ((services, informs), life) = self
+                .fabric
+                .with_sa(|sa| (sa.registrations(), sa.packet_life()));
+            return Ok(format!("{services} {informs} {life}"));
         }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(

@@ -97,11 +97,8 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     eprintln!("daemon: backend {backend} ({why})");
     let image = Image::find(&cfg.image_dir)?;
     let spec = ClusterSpec {
-        ram_mib: cfg.memory_mib,
-        vcpus: cfg.vcpus,
-        kernel_args: cfg.kernel_args.clone(),
         vfio: cfg.vfio.clone(),
-        ..ClusterSpec::new(backend, image.clone(), run.dir().to_path_buf(), cfg.nodes)
+        ..cfg.spec(backend, image.clone(), run.dir().to_path_buf(), cfg.nodes)
     };
     let mut cluster = Cluster::boot(&spec, &mut |m| eprintln!("daemon: {m}"))?;
     let control = attach_fabric_tools(run, cfg, cluster.fabric())?;

@@ -29,7 +29,8 @@ use rundir::{pid_alive, ClusterState, RunDir};
 /// that kernel RDMA code runs unmodified without InfiniBand hardware.
 ///
 /// A cluster is described by a TOML file (--config) whose every field has a default:
-/// nodes (2), memory_mib (256), vcpus (1), backend ("auto"), image_dir ("target/images").
+/// nodes (2), memory_mib (256), vcpus (1), backend ("auto"), image_dir ("target/images"),
+/// packet_life_time (18, as OpenSM's: RC connections wait about 2.1 s for a lost packet).
 /// Build the guest image first with `python3 images/build.py`.
 #[derive(Parser)]
 #[command(name = "hcabench", version)]
@@ -155,6 +156,13 @@ struct ClusterArgs {
     /// reader does not know)
     #[arg(long, value_enum, default_value = "erf")]
     capture_format: config::CaptureFormat,
+    /// The subnet's PacketLifeTime, 0 to 30 (overrides the file; default 18, OpenSM's):
+    /// ib_cm gives RC connections an ACK timeout from it, about 2.1 s at 18 and 134 ms at
+    /// 13 or less, which is how long a lost packet stalls one. Lower it for fault plans.
+    /// (It reaches connections made through ib_cm or rdma_cm: IPoIB-CM, NVMe-oF, SRP, RDS,
+    /// NFS; the DSM module and vbench set a 67 ms timeout of their own)
+    #[arg(long, value_name = "N")]
+    packet_life_time: Option<u8>,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -363,8 +371,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The cluster file (or the defaults) with the flags over it: backend, nodes, image
-/// directory, fault plan (checked; made absolute) and capture (made absolute).
+/// The cluster file (or the defaults) with the flags over it, checked: backend, nodes,
+/// image directory, packet lifetime, fault plan (checked; made absolute) and capture (made
+/// absolute).
 fn resolve(
     a: &ClusterArgs,
     nodes: Option<usize>,
@@ -380,6 +389,9 @@ fn resolve(
     if let Some(b) = a.backend {
         c.backend = b;
     }
+    if let Some(l) = a.packet_life_time {
+        c.packet_life_time = l;
+    }
     if let Some(d) = image_dir {
         c.image_dir = d;
     }
@@ -394,6 +406,7 @@ fn resolve(
         c.capture = Some(absolute(p)?);
         c.capture_format = a.capture_format;
     }
+    c.validate()?;
     Ok(c)
 }
 
@@ -644,11 +657,15 @@ fn fabric_cmd(run: &RunDir) -> Result<(), String> {
         }
     }
     let reply = control::request(run.dir(), "registrations")?;
-    if let [services, informs] = reply.split_whitespace().collect::<Vec<_>>().as_slice() {
+    if let [services, informs, life] = reply.split_whitespace().collect::<Vec<_>>().as_slice() {
         println!(
             "service records: {services}; trap subscriptions: {informs} \
              (in a guest, `saquery SR` lists the records)"
         );
+        let secs = life
+            .parse::<u32>()
+            .map_or(0.0, |l| 4.096e-6 * f64::from(l).exp2());
+        println!("packet lifetime: {life} (4.096 us x 2^{life}, {secs:.3} s; packet_life_time in the cluster file)");
     }
     Ok(())
 }

@@ -46,11 +46,8 @@ impl Session {
         let dir: PathBuf =
             std::env::temp_dir().join(format!("hcabench-{}-{}", shape.what, std::process::id()));
         let spec = ClusterSpec {
-            ram_mib: cfg.memory_mib,
-            vcpus: cfg.vcpus,
-            kernel_args: cfg.kernel_args.clone(),
             link: shape.link,
-            ..ClusterSpec::new(backend, image, dir.clone(), shape.nodes)
+            ..cfg.spec(backend, image, dir.clone(), shape.nodes)
         };
         let mut tb = Testbed::boot(&spec, boot_timeout, progress).map_err(|e| match backend {
             Backend::Kvm => cluster::backend::kvm_boot_advice(&e.to_string(), boot_timeout),

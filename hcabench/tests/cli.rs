@@ -106,7 +106,11 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let cfg = dir.0.join("cluster.in.toml");
     let images = repo_root().join("target/images");
-    std::fs::write(&cfg, format!("nodes = 2\nimage_dir = {:?}\n", images)).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("nodes = 2\nimage_dir = {images:?}\npacket_life_time = 14\n"),
+    )
+    .unwrap();
     let cfg = cfg.to_str().unwrap();
 
     let pcap = dir.0.join("fabric.pcap");
@@ -146,6 +150,12 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     );
     assert!(
         text(&fabric).contains("service records: 0; trap subscriptions: 0"),
+        "{}",
+        text(&fabric)
+    );
+    // The cluster file's packet lifetime reached the SA.
+    assert!(
+        text(&fabric).contains("packet lifetime: 14 (4.096 us x 2^14, 0.067 s"),
         "{}",
         text(&fabric)
     );
@@ -430,6 +440,15 @@ fn test_fault_plans_are_checked_before_booting_anything() {
             "{out}"
         );
     }
+    assert!(!dir.0.join("state.toml").exists());
+    // A packet lifetime a QP's ACK timeout cannot follow, from the flag or the file.
+    let o = hcabench(&dir.0, &["up", "--packet-life-time", "31"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("packet_life_time = 31 (must be 0 to 30"),
+        "{}",
+        text(&o)
+    );
     assert!(!dir.0.join("state.toml").exists());
 }
 
