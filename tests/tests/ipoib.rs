@@ -23,6 +23,10 @@ use hca_model::sa::IPOIB_BROADCAST_MGID;
 
 const T: Duration = Duration::from_secs(120);
 const NODES: usize = 3;
+/// The subnet's packet lifetime: ib_cm's RC ACK timeouts are then about 134 ms (hcab0's CA
+/// ACK delay), not the 2.1 s of OpenSM's default, so the protocols' runs under drops below
+/// wait less for each lost packet. The SA's paths must carry it (saquery checks).
+const PACKET_LIFE: u8 = 13;
 
 fn addr(i: usize) -> String {
     format!("10.78.0.{}", i + 1)
@@ -66,7 +70,10 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     let Some(image) = image_or_skip("ipoib") else {
         return;
     };
-    let spec = e2e::qemu_spec(&image, "ipoib", NODES);
+    let spec = cluster::ClusterSpec {
+        packet_life: PACKET_LIFE,
+        ..e2e::qemu_spec(&image, "ipoib", NODES)
+    };
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
     // Everything IPoIB puts on the fabric until the pings are done, for tshark.
     let pcap = spec.dir.join("ipoib.pcap");
@@ -751,6 +758,9 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
         NODES * NODES,
         "{out}"
     );
+    // Every path has the cluster's packet lifetime (selector "exactly", 2 << 6).
+    let life = format!("pkt_life................0x{:X}\n", 2 << 6 | PACKET_LIFE);
+    assert_eq!(out.matches(&life).count(), NODES * NODES, "{life}: {out}");
     let out = ask(tb, "-m");
     for g in &gids {
         assert!(
