@@ -2,7 +2,7 @@
 //! file is needed for a first run.
 //!
 //! ```toml
-//! nodes = 4          # guests, 1..=16 (default 2)
+//! nodes = 4          # guests, 1..=64 (default 2)
 //! memory_mib = 256   # RAM per guest (default 256)
 //! vcpus = 1          # per guest (default 1)
 //! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
@@ -77,6 +77,9 @@ impl CaptureFormat {
     }
 }
 
+/// The most guests a cluster has.
+pub const MAX_NODES: usize = 64;
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
@@ -143,8 +146,8 @@ impl ClusterConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=16).contains(&self.nodes) {
-            return Err(format!("nodes = {} (must be 1 to 16)", self.nodes));
+        if !(1..=MAX_NODES).contains(&self.nodes) {
+            return Err(format!("nodes = {} (must be 1 to {MAX_NODES})", self.nodes));
         }
         if !(64..=16384).contains(&self.memory_mib) {
             return Err(format!(
@@ -216,8 +219,11 @@ mod tests {
 
     #[test]
     fn test_bad_files_say_what_is_wrong() {
-        let e = ClusterConfig::parse("nodes = 40", "c.toml").unwrap_err();
-        assert!(e.0.contains("c.toml") && e.0.contains("nodes = 40"), "{e}");
+        let e = ClusterConfig::parse("nodes = 65", "c.toml").unwrap_err();
+        assert!(
+            e.0.contains("c.toml") && e.0.contains("nodes = 65 (must be 1 to 64)"),
+            "{e}"
+        );
         let e = ClusterConfig::parse("node = 4", "c.toml").unwrap_err();
         assert!(e.0.contains("unknown field"), "{e}");
         let e = ClusterConfig::parse("backend = \"xen\"", "c.toml").unwrap_err();

@@ -313,7 +313,7 @@ struct BenchOn {
 struct UpArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Number of guests (overrides the file)
+    /// Number of guests, 1 to 64 (overrides the file)
     #[arg(long)]
     nodes: Option<usize>,
     /// Pass a host PCI function through to a node's guest, next to its emulated HCA:
