@@ -328,6 +328,13 @@ fn main() -> ExitCode {
     // warnings by default, RUST_LOG=debug for every refused command, QP error and NAK.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Status | Cmd::Fabric) {
+        // Listings end quietly when their reader does (`hcabench fabric | head`), as other
+        // tools' do, rather than panic on the closed pipe. Only these: a command that holds
+        // guests or sockets must hear of a closed one as an error, not die of it.
+        // SAFETY: SIG_DFL is a valid disposition; nothing else here handles SIGPIPE.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let run = RunDir::resolve(cli.run_dir);
     let result = match cli.cmd {
         Cmd::Up(a) => up(&run, &a).map(|_| ()),

@@ -97,6 +97,36 @@ impl Drop for RunDir {
     }
 }
 
+/// `hcabench status` and `fabric` into a pipe whose reader has gone (`| head` done): they
+/// end as other tools do, by SIGPIPE, without a panic's message.
+fn listings_end_quietly_when_their_reader_does(run_dir: &Path) {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    for cmd in ["status", "fabric"] {
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors pipe() writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe() just made both; each is owned once, here.
+        let (reader, writer) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        drop(reader);
+        let o = Command::new(env!("CARGO_BIN_EXE_hcabench"))
+            .arg("--run-dir")
+            .arg(run_dir)
+            .arg(cmd)
+            .stdout(writer)
+            .output()
+            .expect("run hcabench");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{cmd}: {err}");
+        assert!(!err.contains("panicked"), "{cmd}: {err}");
+    }
+}
+
 #[test]
 fn test_up_status_run_down_on_a_two_node_cluster() {
     let Some(_image) = image_or_skip("cli") else {
@@ -132,6 +162,7 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
 
     let st = hcabench(&dir.0, &["status"]);
     assert_eq!(text(&st).matches(" ready ").count(), 2, "{}", text(&st));
+    listings_end_quietly_when_their_reader_does(&dir.0);
     // Every node came up with IPoIB on ib0 (its address from its LID), members of the
     // partition's broadcast group at the fabric's SA.
     for addr in ["10.78.0.1/16", "10.78.0.2/16"] {
