@@ -57,7 +57,11 @@ pub struct ClusterSpec {
     /// Consoles and sockets go here (created if missing).
     pub dir: PathBuf,
     pub nodes: usize,
+    /// Each guest's RAM in MiB, but for those in `ram_mib_of`.
     pub ram_mib: u64,
+    /// Node name -> its RAM in MiB where it differs from `ram_mib` (a storage target that
+    /// serves many hosts, say).
+    pub ram_mib_of: BTreeMap<String, u64>,
     pub vcpus: u32,
     /// Appended to every guest's kernel command line.
     pub kernel_args: String,
@@ -86,6 +90,7 @@ impl ClusterSpec {
             dir,
             nodes,
             ram_mib: 256,
+            ram_mib_of: BTreeMap::new(),
             vcpus: 1,
             kernel_args: String::new(),
             job: "shell".into(),
@@ -100,6 +105,12 @@ impl ClusterSpec {
     /// Node `i`'s name.
     pub fn node_name(i: usize) -> String {
         format!("node{}", i + 1)
+    }
+
+    /// Node `i`'s RAM in MiB.
+    pub fn node_ram_mib(&self, i: usize) -> u64 {
+        let own = self.ram_mib_of.get(&Self::node_name(i));
+        own.copied().unwrap_or(self.ram_mib)
     }
 
     pub fn console_log(&self, i: usize) -> PathBuf {
@@ -126,6 +137,13 @@ impl ClusterSpec {
         let bad = |why: String| Err(BootError::Spec(why));
         if self.nodes == 0 {
             return bad("a cluster needs at least one node".into());
+        }
+        let named = |n: &String| (0..self.nodes).any(|i| Self::node_name(i) == *n);
+        if let Some(n) = self.ram_mib_of.keys().find(|n| !named(n)) {
+            return bad(format!(
+                "memory for {n}, which is not a node (the nodes are node1 to node{})",
+                self.nodes
+            ));
         }
         if self.link && (self.nodes != 2 || self.backend != Backend::Qemu) {
             return bad(
@@ -226,8 +244,10 @@ impl Cluster {
         let mut cluster = match spec.backend {
             Backend::Qemu => {
                 qemu::qemu_available().map_err(BootError::Backend)?;
-                let configs = NodeConfig::cluster(&spec.dir, spec.nodes, spec.ram_mib << 20)
-                    .map_err(BootError::Ram)?;
+                let ram: Vec<u64> = (0..spec.nodes)
+                    .map(|i| spec.node_ram_mib(i) << 20)
+                    .collect();
+                let configs = NodeConfig::cluster(&spec.dir, &ram).map_err(BootError::Ram)?;
                 files.extend(configs.iter().map(|n| n.socket.clone()));
                 remove_all(&files);
                 let server =
@@ -262,7 +282,7 @@ impl Cluster {
                     let node = KvmNodeSpec {
                         name: &name,
                         lid: (i + 1) as u16,
-                        ram_mib: spec.ram_mib,
+                        ram_mib: spec.node_ram_mib(i),
                         vcpus: spec.vcpus,
                         cmd: &spec.job,
                         kernel_args: &spec.kernel_args,

@@ -54,11 +54,13 @@ pub enum RamBacking {
 }
 
 impl NodeConfig {
-    /// `nodes` nodes named node1.., each with its socket (nodeK.sock) in `dir` and its RAM
-    /// a sealed memfd: the layout every cluster uses.
-    pub fn cluster(dir: &std::path::Path, nodes: usize, ram_size: u64) -> io::Result<Vec<Self>> {
-        (1..=nodes)
-            .map(|i| {
+    /// One node per entry of `ram_sizes` (its RAM in bytes), named node1.., each with its
+    /// socket (nodeK.sock) in `dir` and its RAM a sealed memfd: the layout every cluster
+    /// uses.
+    pub fn cluster(dir: &std::path::Path, ram_sizes: &[u64]) -> io::Result<Vec<Self>> {
+        (1..)
+            .zip(ram_sizes)
+            .map(|(i, &ram_size)| {
                 let name = format!("node{i}");
                 Ok(NodeConfig {
                     socket: dir.join(format!("{name}.sock")),

@@ -37,7 +37,7 @@ fn scratch(name: &str) -> Scratch {
 
 /// `n` nodes, their RAM sealed memfds (what clusters use).
 fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
-    NodeConfig::cluster(dir, n, RAM).unwrap()
+    NodeConfig::cluster(dir, &vec![RAM; n]).unwrap()
 }
 
 /// `n` nodes, their RAM files that QEMU creates (a QEMU started by someone else).
