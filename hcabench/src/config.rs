@@ -22,6 +22,9 @@
 //! capture = "fabric.pcap"        # every fabric packet to a pcap file
 //! capture_format = "erf"         # "erf" (Wireshark decodes it) or "infiniband" (link type 247)
 //!
+//! [node_memory_mib]  # nodes with RAM of their own, in MiB: e.g. a storage target
+//! node1 = 1024       # serving many hosts (each NVMe-oF host costs it about 3.3 MiB)
+//!
 //! [vfio]             # host PCI functions passed through (kvm backend, `vfio` feature)
 //! node1 = "/sys/bus/pci/devices/0000:03:00.0"
 //! ```
@@ -97,6 +100,8 @@ pub struct ClusterConfig {
     /// A pcap file that gets every fabric packet.
     pub capture: Option<PathBuf>,
     pub capture_format: CaptureFormat,
+    /// Node name -> its RAM in MiB, instead of `memory_mib`.
+    pub node_memory_mib: BTreeMap<String, u64>,
     /// Node name -> sysfs path of a host PCI function (bound to vfio-pci) that the node's
     /// guest gets next to its emulated HCA.
     pub vfio: BTreeMap<String, PathBuf>,
@@ -115,6 +120,7 @@ impl Default for ClusterConfig {
             faults: None,
             capture: None,
             capture_format: CaptureFormat::Erf,
+            node_memory_mib: BTreeMap::new(),
             vfio: BTreeMap::new(),
         }
     }
@@ -149,25 +155,33 @@ impl ClusterConfig {
         if !(1..=MAX_NODES).contains(&self.nodes) {
             return Err(format!("nodes = {} (must be 1 to {MAX_NODES})", self.nodes));
         }
-        if !(64..=16384).contains(&self.memory_mib) {
-            return Err(format!(
-                "memory_mib = {} (must be 64 to 16384)",
-                self.memory_mib
-            ));
-        }
+        let memory = |what: &str, mib: u64| {
+            if (64..=16384).contains(&mib) {
+                Ok(())
+            } else {
+                Err(format!("{what} = {mib} (must be 64 to 16384)"))
+            }
+        };
+        memory("memory_mib", self.memory_mib)?;
         if !(1..=16).contains(&self.vcpus) {
             return Err(format!("vcpus = {} (must be 1 to 16)", self.vcpus));
         }
-        for node in self.vfio.keys() {
-            let n = node
-                .strip_prefix("node")
-                .and_then(|n| n.parse::<usize>().ok());
-            if !n.is_some_and(|n| (1..=self.nodes).contains(&n)) {
-                return Err(format!(
-                    "vfio: no node {node:?} (the nodes are node1 to node{})",
-                    self.nodes
-                ));
+        let no_node = |table: &str, name: &str| {
+            format!(
+                "{table}: no node {name:?} (the nodes are node1 to node{})",
+                self.nodes
+            )
+        };
+        for name in self.vfio.keys() {
+            if !self.is_node(name) {
+                return Err(no_node("vfio", name));
             }
+        }
+        for (name, &mib) in &self.node_memory_mib {
+            if !self.is_node(name) {
+                return Err(no_node("node_memory_mib", name));
+            }
+            memory(&format!("node_memory_mib: {name}"), mib)?;
         }
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
             return Err("vfio: passthrough needs the kvm backend, not qemu".into());
@@ -183,6 +197,11 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// Whether `name` is one of the nodes' names (node1 to nodeN).
+    fn is_node(&self, name: &str) -> bool {
+        (1..=self.nodes).any(|i| format!("node{i}") == name)
+    }
+
     /// A cluster of `nodes` guests as this file describes each one (RAM, vCPUs, kernel
     /// arguments) on a subnet as it describes it, under `backend`, with its run files in
     /// `dir`.
@@ -195,6 +214,7 @@ impl ClusterConfig {
     ) -> ClusterSpec {
         ClusterSpec {
             ram_mib: self.memory_mib,
+            ram_mib_of: self.node_memory_mib.clone(),
             vcpus: self.vcpus,
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
@@ -238,6 +258,39 @@ mod tests {
             e.0.contains("packet_life_time = 31 (must be 0 to 30"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn test_a_node_table_gives_one_node_its_own_memory() {
+        let text = "nodes = 3\nmemory_mib = 256\n[node_memory_mib]\nnode1 = 1024\n";
+        let c = ClusterConfig::parse(text, "x").unwrap();
+        let back = ClusterConfig::parse(&toml::to_string(&c).unwrap(), "written").unwrap();
+        assert_eq!(back, c, "it writes and reads back unchanged");
+        let image = cluster::Image {
+            kernel_version: "6.1".into(),
+            vmlinux: "vmlinux".into(),
+            bzimage: "bzImage".into(),
+            initramfs: "initramfs".into(),
+        };
+        let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 3);
+        let ram: Vec<u64> = (0..3).map(|i| spec.node_ram_mib(i)).collect();
+        assert_eq!(ram, [1024, 256, 256]);
+        // A node that is not there, or a size out of range, is refused.
+        let bad = [
+            (
+                "nodes = 2\n[node_memory_mib]\nnode3 = 512",
+                "no node \"node3\"",
+            ),
+            ("[node_memory_mib]\nnode01 = 512", "no node \"node01\""),
+            (
+                "[node_memory_mib]\nnode1 = 32",
+                "node1 = 32 (must be 64 to 16384)",
+            ),
+        ];
+        for (text, says) in bad {
+            let e = ClusterConfig::parse(text, "c").unwrap_err();
+            assert!(e.0.contains(&format!("node_memory_mib: {says}")), "{e}");
+        }
     }
 
     #[test]

@@ -587,8 +587,8 @@ fn status(run: &RunDir) -> Result<(), String> {
         s.daemon_pid
     );
     println!(
-        "  {:<8} {:>4} {:>9} {:<8} {:<16} console log",
-        "node", "LID", "pid", "state", "ib0 (IPoIB)"
+        "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} console log",
+        "node", "LID", "pid", "state", "RAM MiB", "ib0 (IPoIB)"
     );
     for n in &s.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
@@ -608,12 +608,15 @@ fn status(run: &RunDir) -> Result<(), String> {
             .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
             .unwrap_or("-")
             .to_string();
+        let c = &s.config;
+        let ram = c.node_memory_mib.get(&n.name).unwrap_or(&c.memory_mib);
         println!(
-            "  {:<8} {:>4} {:>9} {:<8} {:<16} {}",
+            "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} {}",
             n.name,
             n.lid,
             n.pid,
             state,
+            ram,
             ib0,
             n.console_log.display()
         );

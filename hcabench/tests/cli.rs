@@ -138,7 +138,10 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let images = repo_root().join("target/images");
     std::fs::write(
         &cfg,
-        format!("nodes = 2\nimage_dir = {images:?}\npacket_life_time = 14\n"),
+        format!(
+            "nodes = 2\nimage_dir = {images:?}\npacket_life_time = 14\n\
+             [node_memory_mib]\nnode2 = 320\n"
+        ),
     )
     .unwrap();
     let cfg = cfg.to_str().unwrap();
@@ -162,6 +165,17 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
 
     let st = hcabench(&dir.0, &["status"]);
     assert_eq!(text(&st).matches(" ready ").count(), 2, "{}", text(&st));
+    // node2's own RAM (the cluster file's node_memory_mib), node1 the default.
+    for (node, mib) in [("node1", "256"), ("node2", "320")] {
+        assert!(
+            text(&st)
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(node)
+                    && l.split_whitespace().nth(4) == Some(mib)),
+            "{node} {mib}: {}",
+            text(&st)
+        );
+    }
     listings_end_quietly_when_their_reader_does(&dir.0);
     // Every node came up with IPoIB on ib0 (its address from its LID), members of the
     // partition's broadcast group at the fabric's SA.
