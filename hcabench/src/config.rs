@@ -199,12 +199,12 @@ impl ClusterConfig {
 
     /// Whether `name` is one of the nodes' names (node1 to nodeN).
     fn is_node(&self, name: &str) -> bool {
-        (1..=self.nodes).any(|i| format!("node{i}") == name)
+        (0..self.nodes).any(|i| ClusterSpec::node_name(i) == name)
     }
 
     /// A cluster of `nodes` guests as this file describes each one (RAM, vCPUs, kernel
     /// arguments) on a subnet as it describes it, under `backend`, with its run files in
-    /// `dir`.
+    /// `dir`. A bench that boots fewer nodes than the file has leaves out the others' RAM.
     pub fn spec(
         &self,
         backend: cluster::Backend,
@@ -214,7 +214,10 @@ impl ClusterConfig {
     ) -> ClusterSpec {
         ClusterSpec {
             ram_mib: self.memory_mib,
-            ram_mib_of: self.node_memory_mib.clone(),
+            ram_mib_of: (self.node_memory_mib.iter())
+                .filter(|(name, _)| (0..nodes).any(|i| ClusterSpec::node_name(i) == **name))
+                .map(|(name, &mib)| (name.clone(), mib))
+                .collect(),
             vcpus: self.vcpus,
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
@@ -275,6 +278,11 @@ mod tests {
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 3);
         let ram: Vec<u64> = (0..3).map(|i| spec.node_ram_mib(i)).collect();
         assert_eq!(ram, [1024, 256, 256]);
+        // A bench's own count of nodes leaves out the file's others.
+        let mut c = c;
+        c.node_memory_mib.insert("node3".into(), 512);
+        let spec = c.spec(cluster::Backend::Qemu, spec.image, "/tmp/x".into(), 2);
+        assert_eq!(spec.ram_mib_of.len(), 1);
         // A node that is not there, or a size out of range, is refused.
         let bad = [
             (
