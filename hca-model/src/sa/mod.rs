@@ -47,9 +47,9 @@ pub const MAD_SIZE: usize = 256;
 pub const SUBNET_PREFIX: u64 = 0xfe80_0000_0000_0000;
 /// The first multicast LID.
 pub const MLID_BASE: Lid = 0xc000;
-/// The most records one GetTable answer carries (about 110 KiB of path records); a query
-/// that matches more gets "no resources".
-pub const MAX_TABLE_RECORDS: usize = 2048;
+/// The most records one GetTable answer carries: every path of a 64-node fabric (the most
+/// hcabench boots; 256 KiB of path records); a query that matches more gets "no resources".
+pub const MAX_TABLE_RECORDS: usize = 4096;
 
 /// Management class of the SA, and its class version.
 const CLASS_SUBN_ADM: u8 = 0x03;
