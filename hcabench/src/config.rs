@@ -197,6 +197,12 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// The RAM of the node called `name`, in MiB.
+    pub fn memory_mib_of(&self, name: &str) -> u64 {
+        let own = self.node_memory_mib.get(name);
+        own.copied().unwrap_or(self.memory_mib)
+    }
+
     /// Whether `name` is one of the nodes' names (node1 to nodeN).
     fn is_node(&self, name: &str) -> bool {
         (0..self.nodes).any(|i| ClusterSpec::node_name(i) == name)

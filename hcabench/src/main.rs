@@ -608,8 +608,7 @@ fn status(run: &RunDir) -> Result<(), String> {
             .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
             .unwrap_or("-")
             .to_string();
-        let c = &s.config;
-        let ram = c.node_memory_mib.get(&n.name).unwrap_or(&c.memory_mib);
+        let ram = s.config.memory_mib_of(&n.name);
         println!(
             "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} {}",
             n.name,
@@ -825,12 +824,16 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             ("ipoib", b(iters, vec![], vec![], bw_bytes, 0))
         }
         BenchCmd::Nfs { bw_bytes, .. } => {
-            let most = nfs_bench::max_mib(cfg.memory_mib);
+            // The bench's two guests, server and client: the smaller bounds the file.
+            let guest_mib = (0..2)
+                .map(|i| cfg.memory_mib_of(&cluster::ClusterSpec::node_name(i)))
+                .min()
+                .unwrap_or(cfg.memory_mib);
+            let most = nfs_bench::max_mib(guest_mib);
             if !(1..=most).contains(&(bw_bytes >> 20)) {
                 return Err(format!(
                     "--bw-bytes {bw_bytes} is outside 1 MiB..={most} MiB (a quarter of \
-                     memory_mib = {})",
-                    cfg.memory_mib
+                     the smaller guest's {guest_mib} MiB)"
                 ));
             }
             ("nfs", b(0, vec![], vec![], bw_bytes, 0))

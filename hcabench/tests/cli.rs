@@ -304,6 +304,11 @@ fn test_commands_without_a_cluster_say_so() {
 #[test]
 fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
     let dir = std::env::temp_dir().join(format!("hcab-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The NFS bench's client (node2) with less RAM than the server: it bounds the file.
+    let small = dir.join("small-client.toml");
+    std::fs::write(&small, "[node_memory_mib]\nnode2 = 128\n").unwrap();
+    let small = small.to_str().unwrap();
     for (args, says) in [
         (&["bench", "lu"][..], "unrecognized subcommand 'lu'"),
         (
@@ -337,7 +342,11 @@ fn test_bench_rejects_what_it_cannot_measure_before_booting_anything() {
         ),
         (
             &["bench", "nfs", "--bw-bytes", "1073741824"][..],
-            "outside 1 MiB..=64 MiB (a quarter of memory_mib = 256)",
+            "outside 1 MiB..=64 MiB (a quarter of the smaller guest's 256 MiB)",
+        ),
+        (
+            &["bench", "nfs", "--bw-bytes", "67108864", "--config", small][..],
+            "outside 1 MiB..=32 MiB (a quarter of the smaller guest's 128 MiB)",
         ),
     ] {
         let o = hcabench(&dir, args);
