@@ -107,6 +107,17 @@ impl ClusterSpec {
         format!("node{}", i + 1)
     }
 
+    /// The node whose name is `name` (as [`ClusterSpec::node_name`] writes it: `node1`,
+    /// not `node01`), if it is among the first `nodes`.
+    pub fn node_index(name: &str, nodes: usize) -> Option<usize> {
+        let i = name
+            .strip_prefix("node")?
+            .parse::<usize>()
+            .ok()?
+            .checked_sub(1)?;
+        (i < nodes && Self::node_name(i) == name).then_some(i)
+    }
+
     /// Node `i`'s RAM in MiB.
     pub fn node_ram_mib(&self, i: usize) -> u64 {
         let own = self.ram_mib_of.get(&Self::node_name(i));
@@ -138,7 +149,7 @@ impl ClusterSpec {
         if self.nodes == 0 {
             return bad("a cluster needs at least one node".into());
         }
-        let named = |n: &String| (0..self.nodes).any(|i| Self::node_name(i) == *n);
+        let named = |n: &String| Self::node_index(n, self.nodes).is_some();
         if let Some(n) = self.ram_mib_of.keys().find(|n| !named(n)) {
             return bad(format!(
                 "memory for {n}, which is not a node (the nodes are node1 to node{})",
@@ -480,6 +491,26 @@ mod tests {
             initramfs: "/nonexistent/initramfs".into(),
         };
         ClusterSpec::new(backend, image, std::env::temp_dir().join("hcab-spec"), 3)
+    }
+
+    #[test]
+    fn test_a_node_name_reads_back_as_its_index_only_when_written_as_node_name_writes_it() {
+        for i in [0, 1, 63] {
+            assert_eq!(
+                ClusterSpec::node_index(&ClusterSpec::node_name(i), 64),
+                Some(i)
+            );
+        }
+        for name in [
+            "node0", "node01", "node65", "nodes", "node", "Node1", "node-1",
+        ] {
+            assert_eq!(ClusterSpec::node_index(name, 64), None, "{name}");
+        }
+        assert_eq!(
+            ClusterSpec::node_index("node3", 2),
+            None,
+            "past the cluster's nodes"
+        );
     }
 
     #[test]

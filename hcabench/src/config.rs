@@ -205,7 +205,7 @@ impl ClusterConfig {
 
     /// Whether `name` is one of the nodes' names (node1 to nodeN).
     fn is_node(&self, name: &str) -> bool {
-        (0..self.nodes).any(|i| ClusterSpec::node_name(i) == name)
+        ClusterSpec::node_index(name, self.nodes).is_some()
     }
 
     /// A cluster of `nodes` guests as this file describes each one (RAM, vCPUs, kernel
@@ -221,7 +221,7 @@ impl ClusterConfig {
         ClusterSpec {
             ram_mib: self.memory_mib,
             ram_mib_of: (self.node_memory_mib.iter())
-                .filter(|(name, _)| (0..nodes).any(|i| ClusterSpec::node_name(i) == **name))
+                .filter(|(name, _)| ClusterSpec::node_index(name, nodes).is_some())
                 .map(|(name, &mib)| (name.clone(), mib))
                 .collect(),
             vcpus: self.vcpus,
