@@ -77,9 +77,9 @@ fn named_lid(
 
 /// PathRecord Get/GetTable: paths from the sources (SGID, SLID; unnamed, the asker for a
 /// Get and every port for a GetTable) to the destinations (DGID, DLID; unnamed, every port
-/// for a GetTable; a Get must name one). Every path has PacketLifeTime `life` (a query's
-/// lifetime selector may ask for less, as for the MTU and rate).
-pub(super) fn paths(req: &Request, ports: &dyn Ports, life: u8) -> Result<Found, u16> {
+/// for a GetTable; a Get must name one). Every path has PacketLifeTime `packet_life` (a
+/// query's lifetime selector may ask for less, as for the MTU and rate).
+pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result<Found, u16> {
     let d = req.data();
     let every = ports.lids();
     let dsts = match named_lid(req, pr::DGID, 8, pr::DLID, 40, ports) {
@@ -109,7 +109,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, life: u8) -> Result<Found,
     let (Some(mtu), Some(rate), Some(life)) = (
         pick(pr::MTU_SELECTOR, pr::MTU, d[54], MTU_4096),
         pick(pr::RATE_SELECTOR, pr::RATE, d[55], RATE_40G),
-        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], life),
+        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], packet_life),
     ) else {
         return Ok(none);
     };
