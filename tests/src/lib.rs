@@ -81,6 +81,15 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 }
 
 /// `nodes` QEMU guests of 256 MiB in the scratch directory of test `name`.
+/// How many ports the fabric's SA has in IPoIB's broadcast group of the default partition.
+pub fn broadcast_members(fabric: &hca_model::Fabric) -> usize {
+    fabric.with_sa(|sa| {
+        sa.groups()
+            .find(|g| g.mgid == hca_model::sa::IPOIB_BROADCAST_MGID)
+            .map_or(0, |g| g.members.len())
+    })
+}
+
 pub fn qemu_spec(image: &Image, name: &str, nodes: usize) -> ClusterSpec {
     ClusterSpec::new(Backend::Qemu, image.clone(), scratch_dir(name), nodes)
 }

@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster::verbs::Testbed;
-use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
+use e2e::{broadcast_members, image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
-use hca_model::sa::IPOIB_BROADCAST_MGID;
 
 const T: Duration = Duration::from_secs(120);
 const NODES: usize = 3;
@@ -32,22 +31,13 @@ fn addr(i: usize) -> String {
     format!("10.78.0.{}", i + 1)
 }
 
-/// Members of the broadcast group, as the SA has them.
-fn broadcast_members(tb: &Testbed) -> usize {
-    tb.fabric().with_sa(|sa| {
-        sa.groups()
-            .find(|g| g.mgid == IPOIB_BROADCAST_MGID)
-            .map_or(0, |g| g.members.len())
-    })
-}
-
 fn wait_members(tb: &Testbed, want: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while broadcast_members(tb) != want {
+    while broadcast_members(tb.fabric()) != want {
         assert!(
             Instant::now() < deadline,
             "the broadcast group has {} members, not {want}",
-            broadcast_members(tb)
+            broadcast_members(tb.fabric())
         );
         std::thread::sleep(Duration::from_millis(50));
     }

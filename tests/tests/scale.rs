@@ -8,8 +8,7 @@
 
 use cluster::verbs::Testbed;
 use cluster::ClusterSpec;
-use e2e::{image_or_skip, BOOT_TIMEOUT};
-use hca_model::sa::IPOIB_BROADCAST_MGID;
+use e2e::{broadcast_members, image_or_skip, BOOT_TIMEOUT};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(180);
@@ -56,12 +55,11 @@ fn test_eight_guests_ping_and_write_to_one_nfs_server_at_once() {
             .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(i)));
         assert!(out.contains("LOWER_UP"), "node{}: {out}", i + 1);
     }
-    let members = tb.fabric().with_sa(|sa| {
-        sa.groups()
-            .find(|g| g.mgid == IPOIB_BROADCAST_MGID)
-            .map_or(0, |g| g.members.len())
-    });
-    assert_eq!(members, NODES, "the broadcast group's members");
+    assert_eq!(
+        broadcast_members(tb.fabric()),
+        NODES,
+        "the broadcast group's members"
+    );
     let last = NODES - 1;
     for j in 0..last {
         let out = tb.agents[last]
