@@ -13,7 +13,7 @@
 #include <linux/mutex.h>
 #include <rdma/ib_verbs.h>
 
-#define CTLDEV_RESULT	512
+#define CTLDEV_RESULT	2048
 #define CTLDEV_DEVS	8
 
 struct ctldev {

@@ -485,6 +485,60 @@ int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len)
 	return n + scnprintf(out + n, len - n, "\n");
 }
 
+/*
+ * The layer's state, for a report of a wait that ran out: messages
+ * deferred to process context (and the one at their head), RDMA Reads in
+ * flight, and per peer its QP's state, free send buffers and WRs not yet
+ * reclaimed. Process context (ib_query_qp may sleep).
+ */
+int dsm_comm_state(struct dsm_comm *c, char *out, size_t len)
+{
+	static const char *const qp_states[] = {
+		[IB_QPS_RESET] = "RESET", [IB_QPS_INIT] = "INIT",
+		[IB_QPS_RTR] = "RTR", [IB_QPS_RTS] = "RTS", [IB_QPS_SQD] = "SQD",
+		[IB_QPS_SQE] = "SQE", [IB_QPS_ERR] = "ERR",
+	};
+	struct ib_qp_init_attr init;
+	struct ib_qp_attr attr;
+	struct dsm_deferred *m;
+	struct dsm_peer *p;
+	const char *state;
+	unsigned long flags;
+	u32 n = 0, head_peer = 0, head_type = 0, reads = 0, i;
+	int w;
+
+	spin_lock_irqsave(&c->defer_lock, flags);
+	list_for_each_entry(m, &c->deferred, link) {
+		if (!n++ && m->len >= sizeof(struct dsm_msg_hdr)) {
+			head_peer = m->peer;
+			head_type = le16_to_cpu(((struct dsm_msg_hdr *)m->data)->type);
+		}
+	}
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	for (i = 0; i < DSM_READS; i++)
+		reads += !!READ_ONCE(c->reads[i].peer);
+	w = scnprintf(out, len, "deferred=%u", n);
+	if (n)
+		w += scnprintf(out + w, len - w, " (head: type %u from node %u)",
+			       head_type, head_peer);
+	w += scnprintf(out + w, len - w, " reads=%u send_busy=%lld", reads,
+		       atomic64_read(&c->stats.send_busy));
+	for (i = 1; i <= c->nodes; i++) {
+		p = &c->peers[i];
+		if (!p->qp || i == c->self)
+			continue;
+		state = "?";
+		if (!ib_query_qp(p->qp, &attr, IB_QP_STATE, &init) &&
+		    attr.qp_state <= IB_QPS_ERR)
+			state = qp_states[attr.qp_state];
+		spin_lock_irqsave(&p->lock, flags);
+		w += scnprintf(out + w, len - w, " node%u:qp=%s,free=%u,wrs=%u", i,
+			       state, p->nfree, p->fifo_tail - p->fifo_head);
+		spin_unlock_irqrestore(&p->lock, flags);
+	}
+	return w;
+}
+
 int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
 		     u32 rkey, const union ib_gid *gid)
 {

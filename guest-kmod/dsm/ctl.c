@@ -6,7 +6,7 @@
  *
  * Commands: open DEV SELF NODES [PAGES] | connect PEER lid= qpn= psn= rkey= gid= |
  *   config handler=irq|process|user-sim readfault=write|read | selftest MSGS SIZE |
- *   defer N | stats | close | devices
+ *   defer N | stats | state | close | devices
  */
 #include <linux/module.h>
 #include <linux/slab.h>
@@ -129,6 +129,22 @@ static int dsm_cmd_stats(void)
 			 atomic64_read(&s->cqe_errors));
 }
 
+/* What the session waits on and holds, when an application hangs. */
+static int dsm_cmd_state(void)
+{
+	int n;
+
+	if (comm->proto) {
+		dsm_proto_state(comm->proto, dsm_ctl.result, sizeof(dsm_ctl.result));
+		return 0;
+	}
+	if (!comm->nodes)
+		return -ENOTCONN;
+	n = dsm_comm_state(comm, dsm_ctl.result, sizeof(dsm_ctl.result));
+	scnprintf(dsm_ctl.result + n, sizeof(dsm_ctl.result) - n, "\n");
+	return 0;
+}
+
 static int dsm_cmd_run(char *cmd, char *args)
 {
 	u32 a, b;
@@ -139,6 +155,8 @@ static int dsm_cmd_run(char *cmd, char *args)
 		return dsm_cmd_connect(args);
 	if (!strcmp(cmd, "stats"))
 		return dsm_cmd_stats();
+	if (!strcmp(cmd, "state"))
+		return dsm_cmd_state();
 	if (!strcmp(cmd, "devices"))
 		return ctldev_list(&dsm_ctl);
 	if (!strcmp(cmd, "close"))

@@ -125,6 +125,8 @@ struct dsm_comm {
 int dsm_comm_open(struct dsm_comm *c, struct ib_device *dev, u32 self, u32 nodes);
 void dsm_comm_close(struct dsm_comm *c);
 int dsm_comm_addr(struct dsm_comm *c, char *out, size_t len);
+/* Deferred messages, reads in flight, per peer QP state and buffers; may sleep. */
+int dsm_comm_state(struct dsm_comm *c, char *out, size_t len);
 int dsm_comm_connect(struct dsm_comm *c, u32 peer, u32 lid, u32 qpn, u32 psn,
 		     u32 rkey, const union ib_gid *gid);
 void *dsm_msg_reserve(struct dsm_comm *c, u32 peer, u32 *slot);

@@ -792,6 +792,79 @@ int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 	}
 }
 
+/* Pages listed one by one in a state report; the rest are counted. */
+#define DSM_STATE_PAGES	8
+
+/*
+ * This node's side of the protocol, for a wait that ran out and for
+ * `dsmctl state`: the communication layer's line, then what the protocol
+ * holds back, the locks this node holds or wants, the lock managers'
+ * holders and queues here, the transactions open at this manager and our
+ * own requests in flight. Process context; a snapshot, not a consistent cut
+ * across nodes.
+ */
+int dsm_proto_state(struct dsm_proto *d, char *out, size_t len)
+{
+	struct dsm_mgr_page *mp;
+	struct dsm_lockmgr *l;
+	struct dsm_waiter *w;
+	u32 waiting = 0, busy = 0, mine = 0, i;
+	int n;
+
+	/* A device removed under us took the connections (dsm_close): none to show. */
+	if (READ_ONCE(d->c->proto) == d && !READ_ONCE(d->dead))
+		n = dsm_comm_state(d->c, out, len);
+	else
+		n = scnprintf(out, len, "connections closed");
+	spin_lock(&d->lock);
+	list_for_each_entry(w, &d->waiting, link)
+		waiting++;
+	n += scnprintf(out + n, len - n,
+		       "\nselfq=%s held=%u fenced=%d waiting=%u dead=%d bar_gen=%u bar_done=%u bar_count=%u,%u locks_wanted=%*pbl",
+		       list_empty(&d->selfq) ? "empty" : "queued", d->held_n,
+		       dsm_region_fenced(d->r), waiting, READ_ONCE(d->dead),
+		       READ_ONCE(d->bar_gen), READ_ONCE(d->bar_done),
+		       d->bar_count[0], d->bar_count[1], DSM_LOCKS,
+		       d->held);
+	for (i = 0; i < DSM_LOCKS; i++) {
+		l = &d->locks[i];
+		if (l->holder)
+			n += scnprintf(out + n, len - n, " lock%u:holder=%u,queued=%u",
+				       i, l->holder, l->qn);
+	}
+	n += scnprintf(out + n, len - n, "\n");
+	for (i = 0; i < d->npages; i++) {
+		mp = &d->mgr[i];
+		if (dsm_manager(d, i) == d->self && mp->busy &&
+		    busy++ < DSM_STATE_PAGES)
+			n += scnprintf(out + n, len - n,
+				       "page%u:open,from=%u,owner=%u,acks_left=%u ",
+				       i, mp->req_from, mp->owner, mp->acks_left);
+		if (READ_ONCE(d->inflight[i]) && mine++ < DSM_STATE_PAGES)
+			n += scnprintf(out + n, len - n,
+				       "page%u:requested,prot=%d,grants=%u ", i,
+				       dsm_region_prot(d->r, i), READ_ONCE(d->grants[i]));
+	}
+	spin_unlock(&d->lock);
+	return n + scnprintf(out + n, len - n, "open=%u requested=%u\n", busy,
+			     mine);
+}
+
+/* The state report in the kernel log, a line at a time. */
+void dsm_proto_report(struct dsm_proto *d)
+{
+	char *buf = kmalloc(DSM_STATE_MAX, GFP_KERNEL), *line, *rest;
+
+	if (!buf)
+		return;
+	dsm_proto_state(d, buf, DSM_STATE_MAX);
+	rest = buf;
+	while ((line = strsep(&rest, "\n")))
+		if (*line)
+			pr_err("dsm: node %u: state: %s\n", d->self, line);
+	kfree(buf);
+}
+
 int dsm_proto_config(struct dsm_proto *d, enum dsm_mode mode, bool rdma_read)
 {
 	int err = 0;

@@ -45,6 +45,14 @@ enum dsm_mode {
  */
 int dsm_proto_config(struct dsm_proto *d, enum dsm_mode mode, bool rdma_read);
 int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len);
+/* The size of a state report (dsm_proto_state). */
+#define DSM_STATE_MAX	2048
+/*
+ * What this node's side of the protocol waits on and holds (`dsmctl state`);
+ * dsm_proto_report() puts it in the kernel log. Process context.
+ */
+int dsm_proto_state(struct dsm_proto *d, char *out, size_t len);
+void dsm_proto_report(struct dsm_proto *d);
 /* usim.c: /dev/dsm's O_ASYNC (the user-level simulation's signal). */
 int dsm_proto_fasync(struct dsm_proto *d, int fd, struct file *f, int on);
 /*

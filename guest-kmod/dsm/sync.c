@@ -26,9 +26,11 @@ static int dsm_wait(struct dsm_proto *d, const char *what, u32 arg,
 		return -ENODEV;
 	if (left > 0)
 		return 0;
-	if (!left)
+	if (!left) {
 		pr_err("dsm: node %u: %s %u: no answer in %d s\n", d->self, what,
 		       arg, DSM_WAIT / HZ);
+		dsm_proto_report(d);
+	}
 	return left ? (int)left : -ETIMEDOUT;
 }
 
