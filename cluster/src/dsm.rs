@@ -21,6 +21,13 @@ pub enum DsmError {
         status: i32,
         output: String,
     },
+    /// An application failed; `state` is what every node's DSM waited on and held just
+    /// after (`dsmctl state` and the module's kernel log lines), to tell a lost message
+    /// from a stuck queue or a dead QP.
+    Failed {
+        cause: Box<DsmError>,
+        state: String,
+    },
 }
 
 impl fmt::Display for DsmError {
@@ -34,6 +41,9 @@ impl fmt::Display for DsmError {
                 status,
                 output,
             } => write!(f, "{node}: `{cmd}` exited {status}:\n{output}"),
+            DsmError::Failed { cause, state } => {
+                write!(f, "{cause}\nthe DSM on every node just after:\n{state}")
+            }
         }
     }
 }
@@ -194,6 +204,33 @@ pub fn run_app(
     cmd: &str,
     timeout: Duration,
 ) -> Result<Vec<AppResult>, DsmError> {
+    collect_results(agents, cmd, timeout).map_err(|cause| DsmError::Failed {
+        cause: Box::new(cause),
+        state: dsm_state(agents),
+    })
+}
+
+/// Every node's `dsmctl state` and the DSM's last kernel log lines (a wait that ran out
+/// logs its state there too); a node that cannot answer says why.
+pub fn dsm_state(agents: &mut [Agent]) -> String {
+    let mut out = String::new();
+    for a in agents.iter_mut() {
+        let text = a
+            .run(
+                "dsmctl state; dmesg | grep 'dsm:' | tail -n 20",
+                Duration::from_secs(30),
+            )
+            .unwrap_or_else(|e| format!("(no answer: {e})"));
+        out.push_str(&format!("== {} ==\n{}\n", a.name, text.trim_end()));
+    }
+    out
+}
+
+fn collect_results(
+    agents: &mut [Agent],
+    cmd: &str,
+    timeout: Duration,
+) -> Result<Vec<AppResult>, DsmError> {
     let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
     let mut out = Vec::new();
     for (name, r) in names.iter().zip(run_everywhere(agents, cmd, timeout)) {
@@ -220,6 +257,55 @@ pub fn run_app(
     Ok(out)
 }
 
+/// Whether one node's `dsmctl state` shows a protocol at rest: every connection in RTS,
+/// nothing deferred, held or queued, no lock held or wanted, no transaction open at this
+/// manager and no request of ours unanswered.
+pub fn at_rest(state: &str) -> bool {
+    let words: Vec<&str> = state.split_whitespace().collect();
+    let qps: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| w.contains(":qp="))
+        .collect();
+    !qps.is_empty()
+        && qps.iter().all(|w| w.contains(":qp=RTS,"))
+        && [
+            "deferred=0",
+            "reads=0",
+            "selfq=empty",
+            "held=0",
+            "waiting=0",
+            "dead=0",
+        ]
+        .iter()
+        .all(|k| words.contains(k))
+        && words.contains(&"locks_wanted=")
+        && !words.iter().any(|w| w.contains(":holder="))
+        && state.contains("open=0 requested=0")
+}
+
+/// Waits (up to `timeout`) until every node's protocol is at rest after an application:
+/// its last confirmations may still be landing when the processes exit. Err names the
+/// first node that stays busy, with its state.
+pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
+    let end = std::time::Instant::now() + timeout;
+    for a in agents.iter_mut() {
+        loop {
+            let state = a
+                .run("dsmctl state", T)
+                .map_err(|e| format!("{}: {e}", a.name))?;
+            if at_rest(&state) {
+                break;
+            }
+            if std::time::Instant::now() >= end {
+                return Err(format!("{}: the DSM is not at rest:\n{state}", a.name));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
 /// Sets the protocol's knobs on every guest (`dsmctl config handler=... readfault=...`).
 pub fn configure(agents: &mut [Agent], config: &str) -> Result<(), DsmError> {
     for a in agents.iter_mut() {
@@ -234,4 +320,48 @@ pub fn close_all(agents: &mut [Agent]) -> Result<(), DsmError> {
         a.run("dsmctl close", T)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_rest;
+
+    const REST: &str = "deferred=0 reads=0 send_busy=0 node2:qp=RTS,free=56,wrs=10 \
+        node3:qp=RTS,free=64,wrs=0\n\
+        selfq=empty held=0 fenced=0 waiting=0 dead=0 bar_gen=8 bar_done=8 bar_count=0,0 \
+        locks_wanted=\n\
+        open=0 requested=0\n";
+
+    #[test]
+    fn test_a_quiet_session_is_at_rest() {
+        assert!(at_rest(REST));
+    }
+
+    #[test]
+    fn test_anything_queued_held_or_open_is_not_at_rest() {
+        for (from, to) in [
+            ("deferred=0", "deferred=2 (head: type 20 from node 2)"),
+            ("node3:qp=RTS", "node3:qp=ERR"),
+            ("reads=0", "reads=1"),
+            ("selfq=empty", "selfq=queued"),
+            ("held=0", "held=3"),
+            ("waiting=0", "waiting=1"),
+            ("dead=0", "dead=1"),
+            ("locks_wanted=", "locks_wanted=5"),
+            ("locks_wanted=", "locks_wanted= lock5:holder=2,queued=0"),
+            (
+                "open=0 requested=0",
+                "page4:open,from=2,owner=1,acks_left=0 open=1 requested=0",
+            ),
+            (
+                "open=0 requested=0",
+                "page9:requested,prot=0,grants=3 open=0 requested=1",
+            ),
+        ] {
+            let state = REST.replacen(from, to, 1);
+            assert!(!at_rest(&state), "{state}");
+        }
+        // No connection at all is not a session at rest either.
+        assert!(!at_rest("connections closed\nselfq=empty"));
+    }
 }
