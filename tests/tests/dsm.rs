@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use cluster::dsm::{close_all, configure, connect_mesh, run_app, run_everywhere};
+use cluster::dsm::{close_all, configure, connect_mesh, run_app, run_everywhere, settle};
 use cluster::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
 
@@ -169,8 +169,11 @@ fn fresh_session(tb: &mut Testbed, config: &str) {
     configure(&mut tb.agents, config).unwrap();
 }
 
-/// Every node's protocol counters: no error completions, no protocol errors.
+/// Every node's protocol counters: no error completions, no protocol errors; and once the
+/// last messages of the run have landed, every node's protocol is at rest (a transaction
+/// left open or a message stuck in a queue would hang the next application).
 fn stats_clean(tb: &mut Testbed, what: &str) -> Vec<String> {
+    settle(&mut tb.agents, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{what}: {e}"));
     let mut all = Vec::new();
     for (i, a) in tb.agents.iter_mut().enumerate() {
         let s = a.run("dsmctl stats", T).unwrap();

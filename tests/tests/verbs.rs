@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use cluster::dsm::{close_all, configure, connect_mesh, run_app};
+use cluster::dsm::{close_all, configure, connect_mesh, run_app, settle};
 use cluster::verbs::{Mode, Testbed};
 use cluster::ClusterSpec;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
@@ -205,6 +205,8 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
             .unwrap_or_else(|e| panic!("rxe0 {cmd}: {e}"));
         assert_eq!(res[0].verified, Some(true), "rxe0 {cmd}: {}", res[0].line);
         assert!(res.iter().all(|r| r.data_bytes > 0), "rxe0 {cmd}: {res:?}");
+        settle(&mut tb.agents, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("rxe0 {cmd}: {e}"));
         for a in tb.agents.iter_mut() {
             let s = a.run("dsmctl stats", T).unwrap();
             assert!(s.contains("cqe_errors=0 proto_errors=0"), "rxe0 {cmd}: {s}");
