@@ -54,10 +54,14 @@
 #define HCA_EQ_ENTRIES			(1 << HCA_EQ_LOG_ENTRIES)
 #define HCA_BAR2_QP_DB_OFFSET		0x8000
 #define HCA_BAR2_CQ_DB_OFFSET		0xa000
+#define HCA_BAR2_SRQ_DB_OFFSET		0xb000
 
 /* Device limits */
 #define HCA_MAX_QP			1024
 #define HCA_MAX_CQ			256
+/* SRQN 0 is never handed out */
+#define HCA_MAX_SRQ			256
+#define HCA_MAX_SRQ_LOG_WR		14
 #define HCA_MAX_PD			1024
 #define HCA_MAX_MR			4096
 #define HCA_MAX_QP_LOG_WR		14
@@ -87,6 +91,7 @@
 #define HCA_CAP_ATOMIC			(1 << 3)
 #define HCA_CAP_LOCAL_DMA_LKEY		(1 << 4)
 #define HCA_CAP_MASKED_ATOMIC		(1 << 5)
+#define HCA_CAP_SRQ			(1 << 6)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -110,6 +115,11 @@
 #define HCA_CMD_ATTACH_MCAST		0x44
 #define HCA_CMD_DETACH_MCAST		0x45
 #define HCA_CMD_SET_PORT_CAP		0x46
+#define HCA_CMD_CREATE_SRQ		0x50
+/* arms (limit > 0) or disarms (0) an SRQ's limit event */
+#define HCA_CMD_MODIFY_SRQ		0x51
+#define HCA_CMD_QUERY_SRQ		0x52
+#define HCA_CMD_DESTROY_SRQ		0x53
 #define HCA_CMD_FLAG_EVENT		(1 << 0)
 
 /* Command status */
@@ -136,6 +146,8 @@
 #define HCA_QPT_RC			2
 #define HCA_QPT_UD			4
 #define HCA_QP_FLAG_SIG_ALL		(1 << 0)
+/* receives come from the SRQ srqn; the rq_* fields are unused */
+#define HCA_QP_FLAG_SRQ			(1 << 1)
 #define HCA_QPS_RESET			0
 #define HCA_QPS_INIT			1
 #define HCA_QPS_RTR			2
@@ -218,6 +230,12 @@
 #define HCA_EV_CQ_ERR			5
 #define HCA_EV_QP_FATAL			6
 #define HCA_EV_QP_ACCESS_ERR		7
+/* param = SRQN: posted WQEs fell below the armed limit (now disarmed) */
+#define HCA_EV_SRQ_LIMIT		8
+/* param = QPN: a QP on an SRQ entered ERR (IB's Last WQE Reached) */
+#define HCA_EV_QP_LAST_WQE		9
+/* param = SRQN, data = reason: the SRQ's index or ring is unusable */
+#define HCA_EV_SRQ_ERR			10
 #define HCA_ERR_CQ_OVERFLOW		1
 #define HCA_ERR_RING_ACCESS		2
 #define HCA_ERR_WQ_INDEX		3
@@ -242,7 +260,7 @@ struct hca_dev_info {
 	__u32 cq_db_offset;
 	__u32 eq_log_entries;
 	__u32 doorbell_peer;	/* the peer field of every doorbell write */
-	__u32 rsvd0;
+	__u32 srq_db_offset;	/* with HCA_CAP_SRQ */
 	__u64 rsvd[3];
 };
 
@@ -347,6 +365,25 @@ struct hca_cmd_create_qp {
 	__u8 sq_wqe_shift;
 	__u8 rq_log_entries;
 	__u8 rq_wqe_shift;
+	__u32 srqn;		/* with HCA_QP_FLAG_SRQ */
+	__u32 rsvd;
+};
+
+/* CREATE_SRQ: a ring of 1 << log_entries receive WQEs, 1 << wqe_shift bytes each */
+struct hca_cmd_create_srq {
+	__u64 ring_addr;
+	__u32 pdn;
+	__u32 limit;		/* arms the limit event at once; 0: not armed */
+	__u8 log_entries;
+	__u8 wqe_shift;
+	__u16 rsvd0;
+	__u32 rsvd1;
+};
+
+/* MODIFY_SRQ input, QUERY_SRQ output */
+struct hca_cmd_srq_limit {
+	__u32 srqn;
+	__u32 limit;
 };
 
 struct hca_qp_attr {
@@ -382,6 +419,12 @@ struct hca_cmd_modify_qp {
 struct hca_qp_db {
 	__u32 sq_pi;
 	__u32 rq_pi;
+};
+
+/* The SRQ's free-running producer index; posting rings no doorbell */
+struct hca_srq_db {
+	__u32 pi;
+	__u32 rsvd;
 };
 
 /* arm = (sn << 1) | solicited_only; a new sn arms the CQ once */
@@ -496,7 +539,8 @@ _Static_assert(sizeof(struct hca_cmd_mailbox) == 256, "hca_cmd_mailbox");
 _Static_assert(sizeof(struct hca_device_attr) == 64, "hca_device_attr");
 _Static_assert(sizeof(struct hca_port_attr) == 32, "hca_port_attr");
 _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
-_Static_assert(sizeof(struct hca_cmd_create_qp) == 40, "hca_cmd_create_qp");
+_Static_assert(sizeof(struct hca_cmd_create_qp) == 48, "hca_cmd_create_qp");
+_Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");
 _Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");
 _Static_assert(sizeof(struct hca_send_wqe) == 64, "hca_send_wqe");
 _Static_assert(sizeof(struct hca_reg_mr_wqe) == 64, "hca_reg_mr_wqe");

@@ -75,10 +75,15 @@ pub const EQ_ENTRIES: u32 = 1 << EQ_LOG_ENTRIES;
 pub const BAR2_QP_DB_OFFSET: u32 = 0x8000;
 /// CQ doorbell records, indexed by CQN.
 pub const BAR2_CQ_DB_OFFSET: u32 = 0xa000;
+/// SRQ doorbell records, indexed by SRQN.
+pub const BAR2_SRQ_DB_OFFSET: u32 = 0xb000;
 
 // ---- Device limits ------------------------------------------------------------------------
 pub const MAX_QP: u32 = 1024;
 pub const MAX_CQ: u32 = 256;
+/// Shared receive queues (SRQN 0 is never handed out), and the WQEs one holds at most.
+pub const MAX_SRQ: u32 = 256;
+pub const MAX_SRQ_LOG_WR: u32 = 14;
 pub const MAX_PD: u32 = 1024;
 pub const MAX_MR: u32 = 4096;
 pub const MAX_QP_LOG_WR: u32 = 14;
@@ -120,6 +125,8 @@ pub const CAP_ATOMIC: u32 = 1 << 3;
 pub const CAP_LOCAL_DMA_LKEY: u32 = 1 << 4;
 /// Masked atomics (`WR_MASKED_CMP_SWP`, `WR_MASKED_FETCH_ADD`).
 pub const CAP_MASKED_ATOMIC: u32 = 1 << 5;
+/// Shared receive queues (CREATE_SRQ and friends; `HcaDevInfo::srq_db_offset`).
+pub const CAP_SRQ: u32 = 1 << 6;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 pub const PORT_DOWN: u32 = 1;
@@ -145,6 +152,11 @@ pub const CMD_DESTROY_QP: u32 = 0x43;
 pub const CMD_ATTACH_MCAST: u32 = 0x44;
 pub const CMD_DETACH_MCAST: u32 = 0x45;
 pub const CMD_SET_PORT_CAP: u32 = 0x46;
+pub const CMD_CREATE_SRQ: u32 = 0x50;
+/// Arms (limit > 0) or disarms (0) an SRQ's limit event.
+pub const CMD_MODIFY_SRQ: u32 = 0x51;
+pub const CMD_QUERY_SRQ: u32 = 0x52;
+pub const CMD_DESTROY_SRQ: u32 = 0x53;
 /// Mailbox flag: post an EV_CMD_DONE event on EQ 0 and raise vector 0 when done.
 pub const CMD_FLAG_EVENT: u32 = 1 << 0;
 
@@ -178,6 +190,8 @@ pub const QPT_UD: u32 = 4;
 // CREATE_QP flags.
 /// Every send WR completes with a CQE (ib_qp_init_attr.sq_sig_type == IB_SIGNAL_ALL_WR).
 pub const QP_FLAG_SIG_ALL: u32 = 1 << 0;
+/// Receives come from the SRQ `srqn`; the QP has no receive queue of its own.
+pub const QP_FLAG_SRQ: u32 = 1 << 1;
 
 // QP states (ib_qp_state numbering).
 pub const QPS_RESET: u32 = 0;
@@ -280,6 +294,14 @@ pub const EV_CQ_ERR: u32 = 5;
 pub const EV_QP_FATAL: u32 = 6;
 /// A QP's responder saw an access violation (IB_EVENT_QP_ACCESS_ERR): `param` = QPN.
 pub const EV_QP_ACCESS_ERR: u32 = 7;
+/// An armed SRQ's posted WQEs fell below its limit (the limit is disarmed): `param` = SRQN.
+pub const EV_SRQ_LIMIT: u32 = 8;
+/// A QP on an SRQ entered ERR: it takes no more WQEs from the SRQ (IB's Last WQE Reached),
+/// `param` = QPN.
+pub const EV_QP_LAST_WQE: u32 = 9;
+/// An SRQ's producer index or ring became unusable; the SRQ is in error and every QP that
+/// next takes a WQE from it goes to ERR: `param` = SRQN, `data` = reason.
+pub const EV_SRQ_ERR: u32 = 10;
 
 // Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
 pub const ERR_CQ_OVERFLOW: u32 = 1;
@@ -318,7 +340,8 @@ pub struct HcaDevInfo {
     pub eq_log_entries: u32,
     /// The device's ivshmem peer id: the `peer` field of every doorbell write.
     pub doorbell_peer: u32,
-    pub rsvd0: u32,
+    /// Where SRQ doorbell records start (with CAP_SRQ; 0 without).
+    pub srq_db_offset: u32,
     pub rsvd: [u64; 3],
 }
 abi_struct!(HcaDevInfo, 80);
@@ -469,8 +492,11 @@ pub struct HcaCmdCreateQp {
     pub sq_wqe_shift: u8,
     pub rq_log_entries: u8,
     pub rq_wqe_shift: u8,
+    /// With QP_FLAG_SRQ: the SRQ its receives come from (the rq_* fields are then unused).
+    pub srqn: u32,
+    pub rsvd: u32,
 }
-abi_struct!(HcaCmdCreateQp, 40);
+abi_struct!(HcaCmdCreateQp, 48);
 
 /// QP attributes, as MODIFY_QP input and QUERY_QP output.
 #[repr(C)]
@@ -508,6 +534,42 @@ pub struct HcaCmdModifyQp {
     pub attr: HcaQpAttr,
 }
 abi_struct!(HcaCmdModifyQp, 48);
+
+/// CREATE_SRQ input. The ring holds `1 << log_entries` receive WQEs of `1 << wqe_shift`
+/// bytes, whose SGEs' lkeys belong to PD `pdn`; `limit` arms the limit event at once (0:
+/// not armed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdCreateSrq {
+    pub ring_addr: u64,
+    pub pdn: u32,
+    pub limit: u32,
+    pub log_entries: u8,
+    pub wqe_shift: u8,
+    pub rsvd0: u16,
+    pub rsvd1: u32,
+}
+abi_struct!(HcaCmdCreateSrq, 24);
+
+/// MODIFY_SRQ input and QUERY_SRQ output: the SRQ's limit (0: not armed; the event
+/// disarms it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdSrqLimit {
+    pub srqn: u32,
+    pub limit: u32,
+}
+abi_struct!(HcaCmdSrqLimit, 8);
+
+/// SRQ doorbell record (BAR2_SRQ_DB_OFFSET + 8 * SRQN): the free-running producer index.
+/// Posting needs no doorbell: the device reads it when a message needs a receive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaSrqDb {
+    pub pi: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaSrqDb, 8);
 
 /// QP doorbell record (BAR2_QP_DB_OFFSET + 8 * QPN): free-running producer indices.
 #[repr(C)]
@@ -659,7 +721,8 @@ const _: () = {
     assert!(BAR2_EQ_DB_OFFSET + NUM_VECTORS * EQ_DB_STRIDE <= BAR2_EQ_OFFSET);
     assert!(BAR2_EQ_OFFSET + NUM_VECTORS * EQ_ENTRIES * 16 <= BAR2_QP_DB_OFFSET);
     assert!(BAR2_QP_DB_OFFSET + MAX_QP * 8 <= BAR2_CQ_DB_OFFSET);
-    assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SIZE);
+    assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SRQ_DB_OFFSET);
+    assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_SIZE);
     assert!(64 + MAX_SGE * 16 <= 1 << MAX_SQ_WQE_SHIFT);
     assert!(64 + MAX_INLINE <= 1 << MAX_SQ_WQE_SHIFT);
     assert!(16 + MAX_SGE * 16 <= 1 << MAX_RQ_WQE_SHIFT);
@@ -723,8 +786,11 @@ pub fn layout() -> Vec<(String, u64)> {
         EQ_ENTRIES,
         BAR2_QP_DB_OFFSET,
         BAR2_CQ_DB_OFFSET,
+        BAR2_SRQ_DB_OFFSET,
         MAX_QP,
         MAX_CQ,
+        MAX_SRQ,
+        MAX_SRQ_LOG_WR,
         MAX_PD,
         MAX_MR,
         MAX_QP_LOG_WR,
@@ -751,6 +817,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_RDMA_READ,
         CAP_ATOMIC,
         CAP_MASKED_ATOMIC,
+        CAP_SRQ,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -771,6 +838,10 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_ATTACH_MCAST,
         CMD_DETACH_MCAST,
         CMD_SET_PORT_CAP,
+        CMD_CREATE_SRQ,
+        CMD_MODIFY_SRQ,
+        CMD_QUERY_SRQ,
+        CMD_DESTROY_SRQ,
         CMD_FLAG_EVENT,
         CMD_OK,
         CMD_BAD_OPCODE,
@@ -790,6 +861,7 @@ pub fn layout() -> Vec<(String, u64)> {
         QPT_RC,
         QPT_UD,
         QP_FLAG_SIG_ALL,
+        QP_FLAG_SRQ,
         QPS_RESET,
         QPS_INIT,
         QPS_RTR,
@@ -864,6 +936,9 @@ pub fn layout() -> Vec<(String, u64)> {
         EV_CQ_ERR,
         EV_QP_FATAL,
         EV_QP_ACCESS_ERR,
+        EV_SRQ_LIMIT,
+        EV_QP_LAST_WQE,
+        EV_SRQ_ERR,
         ERR_CQ_OVERFLOW,
         ERR_RING_ACCESS,
         ERR_WQ_INDEX,
@@ -872,7 +947,7 @@ pub fn layout() -> Vec<(String, u64)> {
     );
     layout_of!(HcaDevInfo => "hca_dev_info" { signature, abi_version, lid, port_state,
         num_vectors, caps, node_guid, mailbox_offset, eq_offset, eq_db_offset, qp_db_offset,
-        cq_db_offset, eq_log_entries, doorbell_peer, rsvd0, rsvd });
+        cq_db_offset, eq_log_entries, doorbell_peer, srq_db_offset, rsvd });
     layout_of!(HcaCmdMailbox => "hca_cmd_mailbox" { opcode, flags, seq, done_seq, status,
         rsvd0, rsvd1, input, output, rsvd2 });
     layout_of!(HcaDeviceAttr => "hca_device_attr" { fw_ver, node_guid, max_mr_size,
@@ -888,7 +963,11 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector });
     layout_of!(HcaCmdCreateQp => "hca_cmd_create_qp" { sq_addr, rq_addr, pdn, send_cqn,
         recv_cqn, qp_type, flags, sq_log_entries, sq_wqe_shift, rq_log_entries,
-        rq_wqe_shift });
+        rq_wqe_shift, srqn, rsvd });
+    layout_of!(HcaCmdCreateSrq => "hca_cmd_create_srq" { ring_addr, pdn, limit, log_entries,
+        wqe_shift, rsvd0, rsvd1 });
+    layout_of!(HcaCmdSrqLimit => "hca_cmd_srq_limit" { srqn, limit });
+    layout_of!(HcaSrqDb => "hca_srq_db" { pi, rsvd });
     layout_of!(HcaQpAttr => "hca_qp_attr" { qkey, rq_psn, sq_psn, dest_qpn, access_flags,
         pkey_index, dlid, state, cur_state, path_mtu, port_num, timeout, retry_cnt,
         rnr_retry, min_rnr_timer, max_rd_atomic, max_dest_rd_atomic, sl, qp_type, rsvd });

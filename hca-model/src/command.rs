@@ -85,6 +85,10 @@ impl HcaState {
             CMD_DESTROY_QP => self.cmd_destroy_qp(h)?,
             CMD_ATTACH_MCAST => self.cmd_attach_mcast(&input(mb))?,
             CMD_DETACH_MCAST => self.cmd_detach_mcast(&input(mb))?,
+            CMD_CREATE_SRQ => output(out, &handle(self.dev.cmd_create_srq(&input(mb))?)),
+            CMD_MODIFY_SRQ => self.dev.cmd_modify_srq(&input(mb))?,
+            CMD_QUERY_SRQ => output(out, &self.dev.cmd_query_srq(h)?),
+            CMD_DESTROY_SRQ => self.dev.cmd_destroy_srq(h)?,
             CMD_SET_PORT_CAP => {
                 let c: HcaCmdPortCap = input(mb);
                 self.dev

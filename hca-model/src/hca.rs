@@ -193,6 +193,7 @@ pub(crate) struct Device {
     pub cqs: Table<Cq>,
     /// CQNs in use, so doorbells scan only live CQs.
     pub live_cqs: Vec<u32>,
+    pub srqs: Table<crate::srq::Srq>,
     pub eqs: [Eq; NUM_VECTORS as usize],
     pub last_cmd_seq: u32,
     /// The host's id for this device as a doorbell target (ivshmem peer id), shown in BAR2.
@@ -279,6 +280,7 @@ impl Device {
             mr_pages: 0,
             cqs: Table::new(MAX_CQ, 1),
             live_cqs: Vec::new(),
+            srqs: Table::new(MAX_SRQ, 1),
             eqs: Default::default(),
             last_cmd_seq: 0,
             doorbell_peer: 0,
@@ -318,7 +320,8 @@ impl Device {
                 | CAP_RDMA_READ
                 | CAP_ATOMIC
                 | CAP_MASKED_ATOMIC
-                | CAP_LOCAL_DMA_LKEY,
+                | CAP_LOCAL_DMA_LKEY
+                | CAP_SRQ,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,
@@ -327,7 +330,7 @@ impl Device {
             cq_db_offset: BAR2_CQ_DB_OFFSET,
             eq_log_entries: EQ_LOG_ENTRIES,
             doorbell_peer: self.doorbell_peer,
-            rsvd0: 0,
+            srq_db_offset: BAR2_SRQ_DB_OFFSET,
             rsvd: [0; 3],
         };
         self.bar2.write_obj(BAR2_INFO_OFFSET, &info);

@@ -37,6 +37,7 @@ pub mod reliability;
 mod requester;
 mod responder;
 pub mod sa;
+mod srq;
 mod status;
 
 pub use adapter_hook::{AdapterHook, IrqFate};

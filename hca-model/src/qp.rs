@@ -250,7 +250,10 @@ pub(crate) struct Qp {
     pub recv_cqn: u32,
     pub sig_all: bool,
     pub sq: WorkQueue,
+    /// Its own receive queue; empty and unused when `srq` is set.
     pub rq: WorkQueue,
+    /// The SRQ its receives come from.
+    pub srq: Option<u32>,
     /// The current attributes; `attr.state` is the QP state.
     pub attr: HcaQpAttr,
     // Requester.
@@ -411,9 +414,12 @@ impl HcaState {
     }
 
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
-        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI) || a.flags & !QP_FLAG_SIG_ALL != 0 {
+        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI)
+            || a.flags & !(QP_FLAG_SIG_ALL | QP_FLAG_SRQ) != 0
+        {
             return Err(CmdError::BadParam);
         }
+        let srq = (a.flags & QP_FLAG_SRQ != 0).then_some(a.srqn);
         let dev = &mut self.dev;
         if dev.pds.get(a.pdn).is_none()
             || dev.cqs.get(a.send_cqn).is_none()
@@ -421,16 +427,28 @@ impl HcaState {
         {
             return Err(CmdError::BadHandle);
         }
+        match srq.map(|n| dev.srqs.get(n)) {
+            Some(None) => return Err(CmdError::BadHandle),
+            Some(Some(s)) if s.error => return Err(CmdError::BadState),
+            _ => {}
+        }
+        // On an SRQ the QP's own receive queue is empty: its fields are not looked at.
+        let (rq_log_entries, rq_wqe_shift, rq_addr) = match srq {
+            Some(_) => (0, MIN_RQ_WQE_SHIFT as u8, 0),
+            None => (a.rq_log_entries, a.rq_wqe_shift, a.rq_addr),
+        };
         let shapes_ok = u32::from(a.sq_log_entries) <= MAX_QP_LOG_WR
-            && u32::from(a.rq_log_entries) <= MAX_QP_LOG_WR
+            && u32::from(rq_log_entries) <= MAX_QP_LOG_WR
             && (MIN_SQ_WQE_SHIFT..=MAX_SQ_WQE_SHIFT).contains(&u32::from(a.sq_wqe_shift))
-            && (MIN_RQ_WQE_SHIFT..=MAX_RQ_WQE_SHIFT).contains(&u32::from(a.rq_wqe_shift));
+            && (MIN_RQ_WQE_SHIFT..=MAX_RQ_WQE_SHIFT).contains(&u32::from(rq_wqe_shift));
         if !shapes_ok {
             return Err(CmdError::BadParam);
         }
         let sq_bytes = 1u64 << (a.sq_log_entries + a.sq_wqe_shift);
-        let rq_bytes = 1u64 << (a.rq_log_entries + a.rq_wqe_shift);
-        if !dev.mem.check(a.sq_addr, sq_bytes) || !dev.mem.check(a.rq_addr, rq_bytes) {
+        let rq_bytes = 1u64 << (rq_log_entries + rq_wqe_shift);
+        if !dev.mem.check(a.sq_addr, sq_bytes)
+            || (srq.is_none() && !dev.mem.check(rq_addr, rq_bytes))
+        {
             return Err(CmdError::BadAddress);
         }
         let qp = Qp {
@@ -446,11 +464,12 @@ impl HcaState {
                 ci: 0,
             },
             rq: WorkQueue {
-                addr: a.rq_addr,
-                log_entries: a.rq_log_entries.into(),
-                wqe_shift: a.rq_wqe_shift.into(),
+                addr: rq_addr,
+                log_entries: rq_log_entries.into(),
+                wqe_shift: rq_wqe_shift.into(),
                 ci: 0,
             },
+            srq,
             attr: HcaQpAttr {
                 state: QPS_RESET as u8,
                 qp_type: a.qp_type as u8,
@@ -488,6 +507,9 @@ impl HcaState {
         if let Some(pd) = dev.pds.get_mut(a.pdn) {
             pd.users += 1;
         }
+        if let Some(s) = srq.and_then(|n| dev.srqs.get_mut(n)) {
+            s.users += 1;
+        }
         dev.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
         self.live_qps.push(qpn);
         self.forget_sq_hint(qpn);
@@ -495,10 +517,11 @@ impl HcaState {
     }
 
     pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), CmdError> {
-        let qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
+        let mut qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
         self.live_qps.retain(|&q| q != qpn);
         self.forget_sq_hint(qpn);
         let dev = &mut self.dev;
+        dev.give_back_inbound(qpn, &mut qp);
         dev.detach_qp(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {
             if let Some(cq) = dev.cqs.get_mut(cqn) {
@@ -507,6 +530,9 @@ impl HcaState {
         }
         if let Some(pd) = dev.pds.get_mut(qp.pdn) {
             pd.users -= 1;
+        }
+        if let Some(s) = qp.srq.and_then(|n| dev.srqs.get_mut(n)) {
+            s.users -= 1;
         }
         Ok(())
     }
@@ -542,7 +568,7 @@ impl HcaState {
         apply_attrs(e.qp, mask, a);
         match next {
             QPS_RESET => e.reset(),
-            QPS_ERR if cur != QPS_ERR => e.enter_error(),
+            QPS_ERR if cur != QPS_ERR => e.enter_error_from(cur),
             QPS_RTS if cur == QPS_RTR => e.process_sq(),
             _ => {}
         }
@@ -572,8 +598,23 @@ impl HcaState {
     }
 }
 
+impl Device {
+    /// A QP leaving without ERR (reset, destroyed) drops a message half received; a receive
+    /// it took from an SRQ completes flushed, so that the SRQ's owner gets its slot back
+    /// (a QP's own receive queue goes with it, and needs nothing).
+    fn give_back_inbound(&mut self, qpn: u32, qp: &mut Qp) {
+        if qp.srq.is_none() {
+            return;
+        }
+        if let Some(wr_id) = qp.inbound.take().and_then(|m| m.recv_wr_id) {
+            self.post_status(qp.recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
+        }
+    }
+}
+
 impl QpEngine<'_> {
     fn reset(&mut self) {
+        self.dev.give_back_inbound(self.qpn, self.qp);
         let qp = &mut *self.qp;
         qp.attr.state = QPS_RESET as u8;
         qp.sq.ci = 0;
@@ -590,8 +631,18 @@ impl QpEngine<'_> {
 
     /// Moves the QP to ERR and flushes everything it holds.
     pub(crate) fn enter_error(&mut self) {
+        let was = u32::from(self.qp.attr.state);
+        self.enter_error_from(was);
+    }
+
+    /// Moves the QP, which was in state `was`, to ERR (MODIFY_QP has set the state already).
+    fn enter_error_from(&mut self, was: u32) {
         let (qpn, qp) = (self.qpn, &mut *self.qp);
         qp.attr.state = QPS_ERR as u8;
+        if qp.srq.is_some() && was != QPS_ERR {
+            // It takes no more receives: the SRQ's owner may reclaim the QP.
+            self.dev.post_event(VEC_ASYNC, EV_QP_LAST_WQE, qpn, 0);
+        }
         if !self.dev.qps_in_error.contains(&qpn) {
             self.dev.qps_in_error.push(qpn);
         }
@@ -639,9 +690,11 @@ impl QpEngine<'_> {
         let db: HcaQpDb = self.dev.bar2.read_obj(qp_db(qpn));
         let mem = self.dev.mem.as_ref();
         let mut flushed = Vec::new();
+        // Receives posted to an SRQ stay there for its other QPs.
+        let rq_pi = if qp.srq.is_some() { qp.rq.ci } else { db.rq_pi };
         for (wq, pi, cqn, is_send) in [
             (&mut qp.sq, db.sq_pi, qp.send_cqn, true),
-            (&mut qp.rq, db.rq_pi, qp.recv_cqn, false),
+            (&mut qp.rq, rq_pi, qp.recv_cqn, false),
         ] {
             if pi.wrapping_sub(wq.ci) > wq.size() {
                 wq.ci = pi; // Nonsense index: nothing sensible to flush.

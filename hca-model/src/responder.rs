@@ -26,6 +26,7 @@ use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
 use crate::qp::{qp_db, Inbound, QpEngine};
+use crate::srq::SrqTake;
 use crate::status::WcError;
 
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
@@ -138,6 +139,16 @@ impl QpEngine<'_> {
     }
 
     fn take_recv(&mut self) -> Result<Recv, RecvError> {
+        if let Some(srqn) = self.qp.srq {
+            return match self.dev.srq_take(srqn) {
+                Ok(w) => self.parse_recv(w.addr, w.hdr, w.pdn, w.max_sge),
+                Err(SrqTake::Empty) => Err(RecvError::Empty),
+                Err(SrqTake::Broken) => {
+                    self.enter_error();
+                    Err(RecvError::Fatal)
+                }
+            };
+        }
         let pi = self.dev.bar2.load_u32(qp_db(self.qpn) + 4);
         let posted = pi.wrapping_sub(self.qp.rq.ci);
         if posted == 0 {
@@ -154,6 +165,17 @@ impl QpEngine<'_> {
             return Err(RecvError::Fatal);
         };
         self.qp.rq.ci = self.qp.rq.ci.wrapping_add(1);
+        self.parse_recv(addr, hdr, pdn, max_sge)
+    }
+
+    /// A receive WQE just taken (header `hdr` at `addr`): its SGEs, resolved in PD `pdn`.
+    fn parse_recv(
+        &mut self,
+        addr: u64,
+        hdr: HcaRecvWqe,
+        pdn: u32,
+        max_sge: u32,
+    ) -> Result<Recv, RecvError> {
         let bad = |status| RecvError::Bad {
             wr_id: hdr.wr_id,
             status,
@@ -175,6 +197,14 @@ impl QpEngine<'_> {
             segs,
             cap,
         })
+    }
+
+    /// Gives back the receive WQE just taken: the next message gets it.
+    fn untake_recv(&mut self) {
+        match self.qp.srq {
+            Some(srqn) => self.dev.srq_untake(srqn),
+            None => self.qp.rq.ci = self.qp.rq.ci.wrapping_sub(1),
+        }
     }
 
     /// ACKs message `req`, which completed here (the MSN counts it). Inside a burst (more of
@@ -562,7 +592,7 @@ impl QpEngine<'_> {
         if r.cap < grh + len {
             // A datagram too long for the buffer is dropped and the WQE stays for the next:
             // a remote sender (QP1's Q_Key is public) must never break this QP.
-            self.qp.rq.ci = self.qp.rq.ci.wrapping_sub(1);
+            self.untake_recv();
             self.dev.stats.ud_dropped += 1;
             return;
         }

@@ -84,6 +84,15 @@ pub struct QpH {
     pub rq_pi: u32,
 }
 
+/// The guest's view of an SRQ.
+pub struct SrqH {
+    pub srqn: u32,
+    pub ring: u64,
+    pub log: u32,
+    pub shift: u32,
+    pub pi: u32,
+}
+
 pub const MIB: u64 = 1 << 20;
 
 /// The attributes an RC QP needs for INIT -> RTR.
@@ -325,6 +334,8 @@ impl<P: Port> Driver<P> {
                 sq_wqe_shift: sq_shift as u8,
                 rq_log_entries: rq_log as u8,
                 rq_wqe_shift: rq_shift as u8,
+                srqn: 0,
+                rsvd: 0,
             }
             .as_slice(),
         )?;
@@ -339,6 +350,89 @@ impl<P: Port> Driver<P> {
             sq_pi: 0,
             rq_pi: 0,
         })
+    }
+
+    /// Creates an SRQ of `1 << log` receive WQEs (room for 8 SGEs each) in PD `pdn`, its limit
+    /// armed at `limit` (0: not armed).
+    pub fn try_create_srq(&mut self, pdn: u32, log: u32, limit: u32) -> Result<SrqH, u32> {
+        let shift = 8u32;
+        let ring = self.alloc(1 << (log + shift), 64);
+        let srqn = self.handle_out(
+            CMD_CREATE_SRQ,
+            HcaCmdCreateSrq {
+                ring_addr: ring,
+                pdn,
+                limit,
+                log_entries: log as u8,
+                wqe_shift: shift as u8,
+                ..Default::default()
+            }
+            .as_slice(),
+        )?;
+        Ok(SrqH {
+            srqn,
+            ring,
+            log,
+            shift,
+            pi: 0,
+        })
+    }
+
+    /// Creates a QP whose receives come from SRQ `srqn` (its own receive ring is empty).
+    pub fn try_create_qp_on_srq(
+        &mut self,
+        qp_type: u32,
+        pdn: u32,
+        (scq, rcq): (u32, u32),
+        srqn: u32,
+    ) -> Result<QpH, u32> {
+        let (sq_log, sq_shift) = (6u32, 9u32);
+        let sq = self.alloc(1 << (sq_log + sq_shift), 64);
+        let qpn = self.handle_out(
+            CMD_CREATE_QP,
+            HcaCmdCreateQp {
+                sq_addr: sq,
+                pdn,
+                send_cqn: scq,
+                recv_cqn: rcq,
+                qp_type,
+                flags: QP_FLAG_SRQ,
+                sq_log_entries: sq_log as u8,
+                sq_wqe_shift: sq_shift as u8,
+                srqn,
+                ..Default::default()
+            }
+            .as_slice(),
+        )?;
+        Ok(QpH {
+            qpn,
+            sq,
+            rq: 0,
+            sq_log,
+            rq_log: 0,
+            sq_shift,
+            rq_shift: MIN_RQ_WQE_SHIFT,
+            sq_pi: 0,
+            rq_pi: 0,
+        })
+    }
+
+    /// Posts a receive WQE to an SRQ: the WQE, then the producer index (no doorbell).
+    pub fn post_srq_recv(&mut self, srq: &mut SrqH, wr_id: u64, sges: &[HcaSge]) {
+        let slot = srq.ring + (u64::from(srq.pi & ((1 << srq.log) - 1)) << srq.shift);
+        let hdr = HcaRecvWqe {
+            wr_id,
+            num_sge: sges.len() as u8,
+            ..Default::default()
+        };
+        self.put(slot, &hdr);
+        for (i, s) in sges.iter().enumerate() {
+            self.put(slot + 16 + 16 * i as u64, s);
+        }
+        srq.pi = srq.pi.wrapping_add(1);
+        self.hca
+            .bar2()
+            .store_u32(BAR2_SRQ_DB_OFFSET + srq.srqn * 8, srq.pi);
     }
 
     pub fn create_qp(&mut self, qp_type: u32, pdn: u32, scq: u32, rcq: u32) -> QpH {
