@@ -96,10 +96,13 @@ static struct hca_cqe *hca_next_cqe(struct hca_cq *cq)
  * DESTROY_QP command ended, and none after) are marked as no QP's, so that
  * poll drops them: the QPN may be given to a new QP before they are polled,
  * which would then retire them against its own work queues and hand its
- * consumer wr_ids it never had in flight. Caller holds cq->lock.
+ * consumer wr_ids it never had in flight. Its receives from an SRQ are
+ * retired there now, or the SRQ's slots would never come back. Caller
+ * holds cq->lock.
  */
-void hca_cq_clean(struct hca_cq *cq, u32 qpn)
+void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp)
 {
+	u32 qpn = qp->qpn;
 	u32 i, mask = (1 << cq->log_entries) - 1;
 	struct hca_cqe *cqe;
 
@@ -108,8 +111,11 @@ void hca_cq_clean(struct hca_cq *cq, u32 qpn)
 		if (READ_ONCE(cqe->owner) != hca_owner_bit(i, cq->log_entries))
 			break;
 		dma_rmb();
-		if (cqe->qpn == qpn)
-			WRITE_ONCE(cqe->qpn, HCA_MAX_QP);
+		if (cqe->qpn != qpn)
+			continue;
+		if (qp->srq && (cqe->opcode & HCA_CQE_OP_RECV))
+			hca_srq_retire(qp->srq, cqe->wr_id);
+		WRITE_ONCE(cqe->qpn, HCA_MAX_QP);
 	}
 }
 
@@ -148,7 +154,9 @@ static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 	if (c->opcode & HCA_CQE_OP_RECV) {
 		wc->opcode = c->opcode == HCA_CQE_OP_RECV_RDMA_IMM ?
 			     IB_WC_RECV_RDMA_WITH_IMM : IB_WC_RECV;
-		if (qp)
+		if (qp && qp->srq)
+			wc->wr_id = hca_srq_retire(qp->srq, c->wr_id);
+		else if (qp)
 			wc->wr_id = hca_retire(&qp->rq, c->wr_id);
 	} else {
 		wc->opcode = c->opcode;

@@ -72,6 +72,22 @@ static void hca_qp_event(struct hca_dev *dev, u32 qpn, enum ib_event_type type)
 	spin_unlock(&dev->table_lock);
 }
 
+static void hca_srq_event(struct hca_dev *dev, u32 srqn, enum ib_event_type type)
+{
+	struct hca_srq *srq;
+	struct ib_event ev;
+
+	spin_lock(&dev->table_lock);
+	srq = hca_srq_lookup(dev, srqn);
+	if (srq && srq->ibsrq.event_handler) {
+		ev.device = &dev->ibdev;
+		ev.element.srq = &srq->ibsrq;
+		ev.event = type;
+		srq->ibsrq.event_handler(&ev, srq->ibsrq.srq_context);
+	}
+	spin_unlock(&dev->table_lock);
+}
+
 static void hca_port_event(struct hca_dev *dev, enum ib_event_type type)
 {
 	struct ib_event ev = {
@@ -107,6 +123,16 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 		break;
 	case HCA_EV_QP_ACCESS_ERR:
 		hca_qp_event(dev, e->param, IB_EVENT_QP_ACCESS_ERR);
+		break;
+	case HCA_EV_QP_LAST_WQE:
+		hca_qp_event(dev, e->param, IB_EVENT_QP_LAST_WQE_REACHED);
+		break;
+	case HCA_EV_SRQ_LIMIT:
+		hca_srq_event(dev, e->param, IB_EVENT_SRQ_LIMIT_REACHED);
+		break;
+	case HCA_EV_SRQ_ERR:
+		dev_warn(&dev->pdev->dev, "SRQ %u error %u\n", e->param, e->data);
+		hca_srq_event(dev, e->param, IB_EVENT_SRQ_ERR);
 		break;
 	default:
 		dev_warn_ratelimited(&dev->pdev->dev, "unknown event %u\n",

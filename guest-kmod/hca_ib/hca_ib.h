@@ -10,6 +10,7 @@
  *   which interrupt handlers read (poll_cq reads the QP table locklessly).
  * - cq->lock guards a CQ's consumer index and arming sequence.
  * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
+ * - srq->lock guards an SRQ's indices and which of its slots were polled.
  *
  * port_lock is a leaf lock, taken alone.
  *
@@ -18,7 +19,8 @@
  *   dev->port_mutex
  *     dev->cmd_mutex
  *       dev->table_lock
- *         cq->lock | qp->sq_lock | qp->rq_lock
+ *         cq->lock | qp->sq_lock | qp->rq_lock | srq->lock
+ *           srq->lock (poll_cq retires SRQ slots under cq->lock)
  *
  * table_lock is held across the consumer's completion and event handlers
  * (eq.c), which keeps the CQ or QP alive while they run; those handlers
@@ -70,6 +72,7 @@ struct hca_dev {
 	spinlock_t table_lock;
 	struct hca_qp *qps[HCA_MAX_QP];
 	struct hca_cq *cqs[HCA_MAX_CQ];
+	struct hca_srq *srqs[HCA_MAX_SRQ];
 
 	/*
 	 * The port's capability bits, which consumers set and clear through
@@ -137,11 +140,31 @@ struct hca_wq {
 	u64 *wrid;	/* consumer wr_id per slot; the WQE carries the index */
 };
 
+/*
+ * A shared receive queue (srq.c): wq.ci is how far the device is known to
+ * have taken; wq.wrid holds the consumers' wr_ids by tag.
+ */
+struct hca_srq {
+	struct ib_srq ibsrq;
+	u32 srqn;
+	spinlock_t lock;
+	struct hca_wq wq;
+	u8 *busy;	/* per tag: a receive holds it until its completion is polled */
+	u32 *free_tags;
+	u32 nfree;
+};
+
+static inline struct hca_srq *to_hsrq(struct ib_srq *ibsrq)
+{
+	return container_of(ibsrq, struct hca_srq, ibsrq);
+}
+
 struct hca_qp {
 	struct ib_qp ibqp;
 	u32 qpn;
 	u8 state;
 	bool sig_all;
+	struct hca_srq *srq;	/* receives come from it; rq is then unused */
 	/* Guards sq.pi and sq.ci (ci also moves in poll_cq). */
 	spinlock_t sq_lock;
 	struct hca_wq sq;
@@ -210,7 +233,7 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		  struct ib_udata *udata);
 int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
-void hca_cq_clean(struct hca_cq *cq, u32 qpn);
+void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp);
 int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 
 /* qp.c */
@@ -228,5 +251,18 @@ int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		  const struct ib_send_wr **bad_wr);
 int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		  const struct ib_recv_wr **bad_wr);
+void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n);
+
+/* srq.c */
+int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+		   struct ib_udata *udata);
+int hca_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+		   enum ib_srq_attr_mask mask, struct ib_udata *udata);
+int hca_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
+int hca_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
+int hca_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+		      const struct ib_recv_wr **bad_wr);
+struct hca_srq *hca_srq_lookup(struct hca_dev *dev, u32 srqn);
+u64 hca_srq_retire(struct hca_srq *srq, u64 index);
 
 #endif /* HCA_IB_H */

@@ -79,7 +79,7 @@ static int hca_copy_inline(struct hca_wq *wq, struct hca_send_wqe *w,
 	return 0;
 }
 
-static void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n)
+void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n)
 {
 	int i;
 
@@ -243,6 +243,11 @@ int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	u32 start;
 	int err = 0;
 
+	/* A QP on an SRQ has no receive queue of its own. */
+	if (qp->srq) {
+		*bad_wr = wr;
+		return -EINVAL;
+	}
 	spin_lock_irqsave(&qp->rq_lock, flags);
 	start = wq->pi;
 	for (; wr; wr = wr->next) {

@@ -55,6 +55,8 @@ static int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq)
 
 static void hca_wq_free(struct hca_dev *dev, struct hca_wq *wq)
 {
+	if (!wq->ring)
+		return;
 	kfree(wq->wrid);
 	dma_free_coherent(&dev->pdev->dev, wq->ring_bytes, wq->ring, wq->ring_dma);
 }
@@ -74,7 +76,7 @@ static int hca_qp_check(struct ib_qp_init_attr *init, u32 *type)
 	default:
 		return -EOPNOTSUPP;
 	}
-	if (init->srq || init->create_flags)
+	if (init->create_flags)
 		return -EOPNOTSUPP;
 	if (!init->send_cq || !init->recv_cq)
 		return -EINVAL;
@@ -84,9 +86,9 @@ static int hca_qp_check(struct ib_qp_init_attr *init, u32 *type)
 static void hca_qp_report_caps(struct hca_qp *qp, struct ib_qp_cap *cap)
 {
 	cap->max_send_wr = 1 << qp->sq.log_entries;
-	cap->max_recv_wr = 1 << qp->rq.log_entries;
+	cap->max_recv_wr = qp->srq ? 0 : 1 << qp->rq.log_entries;
 	cap->max_send_sge = qp->sq.max_sge;
-	cap->max_recv_sge = qp->rq.max_sge;
+	cap->max_recv_sge = qp->srq ? 0 : qp->rq.max_sge;
 	cap->max_inline_data = min_t(u32, HCA_MAX_INLINE,
 				     (1 << qp->sq.wqe_shift) -
 				     sizeof(struct hca_send_wqe));
@@ -120,10 +122,11 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	err = hca_qp_check(init, &type);
 	if (err)
 		return err;
+	qp->srq = init->srq ? to_hsrq(init->srq) : NULL;
 	err = hca_wq_size(&qp->sq, cap->max_send_wr, sizeof(struct hca_send_wqe),
 			  cap->max_send_sge, cap->max_inline_data,
 			  HCA_MIN_SQ_WQE_SHIFT, HCA_MAX_SQ_WQE_SHIFT);
-	if (!err)
+	if (!err && !qp->srq)
 		err = hca_wq_size(&qp->rq, cap->max_recv_wr,
 				  sizeof(struct hca_recv_wqe), cap->max_recv_sge,
 				  0, HCA_MIN_RQ_WQE_SHIFT, HCA_MAX_RQ_WQE_SHIFT);
@@ -134,7 +137,7 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	err = hca_wq_alloc(dev, &qp->sq);
 	if (err)
 		return err;
-	err = hca_wq_alloc(dev, &qp->rq);
+	err = qp->srq ? 0 : hca_wq_alloc(dev, &qp->rq);
 	if (err)
 		goto err_sq;
 	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
@@ -145,6 +148,10 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	in.recv_cqn = to_hcq(init->recv_cq)->cqn;
 	in.qp_type = type;
 	in.flags = qp->sig_all ? HCA_QP_FLAG_SIG_ALL : 0;
+	if (qp->srq) {
+		in.flags |= HCA_QP_FLAG_SRQ;
+		in.srqn = qp->srq->srqn;
+	}
 	in.sq_log_entries = qp->sq.log_entries;
 	in.sq_wqe_shift = qp->sq.wqe_shift;
 	in.rq_log_entries = qp->rq.log_entries;
@@ -277,6 +284,7 @@ int hca_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	init->recv_cq = ibqp->recv_cq;
 	init->cap = attr->cap;
 	init->sq_sig_type = qp->sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
+	init->srq = ibqp->srq;
 	return 0;
 }
 
@@ -294,11 +302,11 @@ static void hca_qp_unpublish(struct hca_dev *dev, struct hca_qp *qp)
 	WRITE_ONCE(dev->qps[qp->qpn], NULL);
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 	spin_lock_irqsave(&scq->lock, flags);
-	hca_cq_clean(scq, qp->qpn);
+	hca_cq_clean(scq, qp);
 	spin_unlock_irqrestore(&scq->lock, flags);
 	spin_lock_irqsave(&rcq->lock, flags);
 	if (rcq != scq)
-		hca_cq_clean(rcq, qp->qpn);
+		hca_cq_clean(rcq, qp);
 	spin_unlock_irqrestore(&rcq->lock, flags);
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 }

@@ -43,6 +43,11 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
 	a->device_cap_flags = IB_DEVICE_MEM_MGT_EXTENSIONS;
 	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
+	if (dev->caps & HCA_CAP_SRQ) {
+		a->max_srq = HCA_MAX_SRQ - 1;
+		a->max_srq_wr = 1 << HCA_MAX_SRQ_LOG_WR;
+		a->max_srq_sge = h->max_sge;
+	}
 	a->max_mcast_grp = HCA_MAX_MCAST_ATTACH;
 	a->max_mcast_qp_attach = HCA_MAX_MCAST_ATTACH;
 	a->max_total_mcast_qp_attach = HCA_MAX_MCAST_ATTACH;
@@ -254,10 +259,16 @@ const struct ib_device_ops hca_dev_ops = {
 	.destroy_qp = hca_destroy_qp,
 	.post_send = hca_post_send,
 	.post_recv = hca_post_recv,
+	.create_srq = hca_create_srq,
+	.modify_srq = hca_modify_srq,
+	.query_srq = hca_query_srq,
+	.destroy_srq = hca_destroy_srq,
+	.post_srq_recv = hca_post_srq_recv,
 	.attach_mcast = hca_attach_mcast,
 	.detach_mcast = hca_detach_mcast,
 	INIT_RDMA_OBJ_SIZE(ib_pd, hca_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_ah, hca_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, hca_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_qp, hca_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, hca_srq, ibsrq),
 };
