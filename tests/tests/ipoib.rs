@@ -233,11 +233,54 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     assert_eq!(fetch(&mut tb, 0, 2), sum, "connected mode");
     let log = tb.agents[0].run("dmesg", T).unwrap();
     assert!(!log.contains("failed to send cm req"), "{log}");
+    connected_mode_shares_one_srq_and_reaps_its_qps(&mut tb);
 
     nvme_over_fabrics(&mut tb, &spec.dir);
     rds_over_ib(&mut tb);
     srp_over_ib(&mut tb);
     nfs_over_rdma(&mut tb, &spec.dir);
+}
+
+/// IPoIB's connected mode takes every passive connection's receives from one SRQ (what
+/// keeps its memory per peer small), and when a peer drops its connections the passive
+/// QPs leave through IB's Last WQE Reached event and a drain: none is left behind and no
+/// drain times out. The peer then reconnects.
+fn connected_mode_shares_one_srq_and_reaps_its_qps(tb: &mut Testbed) {
+    let srqs = tb.agents[2].run("rdma res show srq", T).unwrap();
+    assert!(
+        srqs.lines()
+            .any(|l| l.contains("comm [ib_ipoib]") && l.contains("lqpn")),
+        "ib_ipoib's SRQ serves its connections: {srqs}"
+    );
+    let rc_qps = |tb: &mut Testbed| {
+        let out = tb.agents[2].run("rdma res show qp", T).unwrap();
+        out.lines().filter(|l| l.contains("type RC")).count()
+    };
+    let before = rc_qps(tb);
+    tb.agents[0]
+        .run("echo datagram > /sys/class/net/ib0/mode", T)
+        .unwrap();
+    let mut after = before;
+    for _ in 0..100 {
+        after = rc_qps(tb);
+        if after < before {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(after < before, "node3 still holds {after} RC QPs");
+    let log = tb.agents[2].run("dmesg", T).unwrap();
+    assert!(!log.contains("drain timing out"), "{log}");
+    tb.agents[0]
+        .run(
+            "echo connected > /sys/class/net/ib0/mode && ip link set ib0 mtu 65520",
+            T,
+        )
+        .unwrap();
+    let out = tb.agents[0]
+        .run(&format!("ping -c 2 -W 5 -s 30000 {}", addr(2)), T)
+        .unwrap();
+    assert!(out.contains("2 packets received"), "{out}");
 }
 
 /// A node's port GUID, as ib_srpt names ports and initiators.
@@ -640,7 +683,12 @@ fn rds_over_ib(tb: &mut Testbed) {
 /// a SEND with Invalidate; 32 MiB written through the namespace read back the same on the
 /// host and on the target's RAM disk.
 fn nvme_over_fabrics(tb: &mut Testbed, dir: &std::path::Path) {
-    let out = tb.agents[2].run("nvmeof target 48", T).unwrap();
+    // The target takes its hosts' commands from shared receive queues (hcab0's SRQs: one
+    // per completion vector, 1,024 commands of 4 KiB inline data each). With the RAM disk
+    // they need the room of the 64 MiB blob that the TCP checks served from this guest.
+    let out = tb.agents[2]
+        .run("rm -f /tmp/blob && nvmeof target 48 srq", T)
+        .unwrap();
     assert!(out.contains(&format!("at rdma {}:4420", addr(2))), "{out}");
     let fabric = tb.fabric().clone();
     let pcap = dir.join("nvme.pcap");
@@ -666,6 +714,12 @@ fn nvme_over_fabrics(tb: &mut Testbed, dir: &std::path::Path) {
             .count();
         assert!(inv > 0, "no RC SEND Only with Invalidate: {rows:?}");
     }
+    let srqs = tb.agents[2].run("rdma res show srq", T).unwrap();
+    assert!(
+        srqs.lines()
+            .any(|l| l.contains("comm [nvmet_rdma]") && l.contains("lqpn")),
+        "nvmet-rdma serves its queue from an SRQ: {srqs}"
+    );
     let (written, read) = disk_write_read(tb, 0, &dev, 0, 32);
     assert_eq!(written, read, "read back through NVMe-oF");
     let target = ram_disk_sum(tb, 2, 0, 32);
