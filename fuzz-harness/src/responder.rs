@@ -45,7 +45,7 @@ pub type Input = Vec<Raw>;
 /// One run of the target on a decoded input.
 pub fn run(packets: Input) {
     let mut p = Pair::new(3);
-    let mut udqpn = 0;
+    let (mut udqpn, mut srq_udqpn) = (0, 0);
     let win = common::Window::open(&mut p, |p, bufs| {
         let mut ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
         p.b.bring_up_ud(ud.qpn, 0x1234, false);
@@ -57,6 +57,18 @@ pub fn run(packets: Input) {
             );
         }
         udqpn = ud.qpn;
+        // A UD QP taking its receives from an SRQ (its limit armed), into the window too.
+        let mut srq = p.b.try_create_srq(p.pd_b, 2, 1).expect("create SRQ");
+        let ud = p
+            .b
+            .try_create_qp_on_srq(QPT_UD, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), srq.srqn)
+            .expect("create QP on SRQ");
+        p.b.bring_up_ud(ud.qpn, 0x1234, false);
+        for i in 0..4 {
+            let buf = sge(bufs + 0x800 + 512 * i, 512, LOCAL_DMA_LKEY);
+            p.b.post_srq_recv(&mut srq, 200 + i, &[buf]);
+        }
+        srq_udqpn = ud.qpn;
     });
     let (window, window_key) = (win.addr, win.key);
     let (la, lb) = (p.a.lid(), p.b.lid());
@@ -65,10 +77,11 @@ pub fn run(packets: Input) {
     let mut epsn_then = p.b.query_qp(p.qb.qpn).rq_psn;
     let mut queued = 0u32;
     for r in packets.iter().take(64) {
-        let dest_qpn = match r.qp % 4 {
+        let dest_qpn = match r.qp % 5 {
             0 => p.qb.qpn,
             1 => udqpn,
             2 => 1,
+            3 => srq_udqpn,
             _ => u32::from(r.qp),
         };
         let epsn = epsn_then.wrapping_add(queued);
