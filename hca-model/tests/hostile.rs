@@ -31,7 +31,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => any::<u32>().prop_map(Action::Doorbell),
         1 => ((0u32..BAR2_SIZE / 4).prop_map(|w| w * 4), any::<u32>())
             .prop_map(|(offset, value)| Action::Bar2Write { offset, value }),
-        2 => (prop_oneof![0u32..0x50, any::<u32>()], prop::collection::vec(any::<u8>(), 0..96))
+        2 => (prop_oneof![0u32..0x58, any::<u32>()], prop::collection::vec(any::<u8>(), 0..96))
             .prop_map(|(opcode, input)| Action::Command { opcode, input }),
     ]
 }
