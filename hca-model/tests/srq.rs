@@ -3,13 +3,13 @@
 //! a QP leaving for ERR says so (Last WQE Reached) and leaves the SRQ's receives to the
 //! others; a broken producer index breaks that SRQ only; commands check every handle.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::packet::{Packet, RC_SEND_FIRST};
-use hca_model::{Fabric, LinkHook, LinkId, Verdict};
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
 use hca_test_driver::*;
 
 const MS: Duration = Duration::from_millis(1);
@@ -434,4 +434,90 @@ fn test_a_half_received_message_completes_its_srq_receive_when_the_qp_goes() {
         assert_eq!(got, vec![(77, qpn, WC_WR_FLUSH_ERR)], "reset: {reset}");
         t.p.fabric.set_hook(None);
     }
+}
+
+/// Drops and duplicates packets on their way up by a seeded xorshift: 5% each.
+struct Chaos(AtomicU64);
+
+impl LinkHook for Chaos {
+    fn on_packet(&self, link: LinkId, _: u64, _: &mut Packet) -> Verdict {
+        if link.dir != LinkDir::Up {
+            return Verdict::Pass;
+        }
+        let mut x = self.0.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0.store(x, Ordering::Relaxed);
+        match x % 100 {
+            0..=4 => Verdict::Drop,
+            5..=9 => Verdict::Duplicate,
+            _ => Verdict::Pass,
+        }
+    }
+}
+
+/// Under drops and duplicates, every SEND on every QP lands once, intact, in its own SRQ
+/// receive: a resent or duplicated request takes no second WQE.
+#[test]
+fn test_resends_and_duplicates_take_no_second_srq_receive() {
+    let mut t = SrqBench::with_mtu(2, 6, 0, 3);
+    t.p.fabric
+        .set_hook(Some(Arc::new(Chaos(AtomicU64::new(0x9e37_79b9_7f4a_7c15)))));
+    let n = 40u64;
+    let mut bufs = Vec::new();
+    for k in 0..n {
+        let dst = t.p.b.alloc(4096, 64);
+        let key = t.p.key_b;
+        t.p.b.post_srq_recv(&mut t.srq, k, &[sge(dst, 4096, key)]);
+        bufs.push(dst);
+    }
+    // Sizes from 1 to 3 packets at MTU 1024, alternating QPs.
+    let sizes: Vec<usize> = (0..n as usize).map(|k| 100 + (k * 977) % 3000).collect();
+    for (k, &len) in sizes.iter().enumerate() {
+        let src = t.p.a.alloc(4096, 64);
+        t.p.a.write(src, &pattern(len, k as u8));
+        let key = t.p.key_a;
+        let qa = &mut t.links[k % 2].0;
+        t.p.a.post_send(
+            qa,
+            send_wr(k as u64, WR_SEND, WQE_SIGNALED),
+            &[sge(src, len as u32, key)],
+        );
+    }
+    let (mut sent, mut got) = (Vec::new(), Vec::new());
+    for _ in 0..2000 {
+        t.p.fabric.advance(MS);
+        sent.extend(t.p.a.drain_cq(&mut t.p.cq_a));
+        got.extend(t.p.b.drain_cq(&mut t.p.cq_b));
+        if sent.len() == n as usize && got.len() == n as usize {
+            break;
+        }
+    }
+    t.p.fabric.set_hook(None);
+    assert_eq!(sent.len(), n as usize, "{:?}", t.p.a.hca.stats());
+    assert!(sent.iter().all(|c| u32::from(c.status) == WC_SUCCESS));
+    assert_eq!(got.len(), n as usize, "one receive per message, no more");
+    // Each QP's messages land in order; the SRQ's WQEs went in order of arrival.
+    let mut wr_ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    wr_ids.sort_unstable();
+    assert_eq!(wr_ids, (0..n).collect::<Vec<_>>());
+    let mut seen = [0usize; 2];
+    for c in &got {
+        assert_eq!(u32::from(c.status), WC_SUCCESS);
+        let link = usize::from(c.qpn == t.links[1].1.qpn);
+        // The link's `seen[link]`-th message is message 2 * seen + link.
+        let k = 2 * seen[link] + link;
+        seen[link] += 1;
+        assert_eq!(c.byte_len as usize, sizes[k]);
+        let buf = bufs[c.wr_id as usize];
+        assert_eq!(
+            t.p.b.read(buf, sizes[k]),
+            pattern(sizes[k], k as u8),
+            "message {k}"
+        );
+    }
+    let s = t.p.a.hca.stats();
+    assert!(s.retransmits > 0, "the hook dropped nothing: {s:?}");
+    assert!(t.p.b.hca.stats().duplicates > 0, "{:?}", t.p.b.hca.stats());
 }
