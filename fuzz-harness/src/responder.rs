@@ -59,10 +59,9 @@ pub fn run(packets: Input) {
         udqpn = ud.qpn;
         // A UD QP taking its receives from an SRQ (its limit armed), into the window too.
         let mut srq = p.b.try_create_srq(p.pd_b, 2, 1).expect("create SRQ");
-        let ud = p
-            .b
-            .try_create_qp_on_srq(QPT_UD, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), srq.srqn)
-            .expect("create QP on SRQ");
+        let ud =
+            p.b.try_create_qp_on_srq(QPT_UD, p.pd_b, (p.cq_b.cqn, p.cq_b.cqn), srq.srqn)
+                .expect("create QP on SRQ");
         p.b.bring_up_ud(ud.qpn, 0x1234, false);
         for i in 0..4 {
             let buf = sge(bufs + 0x800 + 512 * i, 512, LOCAL_DMA_LKEY);
