@@ -420,15 +420,7 @@ impl<P: Port> Driver<P> {
     /// Posts a receive WQE to an SRQ: the WQE, then the producer index (no doorbell).
     pub fn post_srq_recv(&mut self, srq: &mut SrqH, wr_id: u64, sges: &[HcaSge]) {
         let slot = srq.ring + (u64::from(srq.pi & ((1 << srq.log) - 1)) << srq.shift);
-        let hdr = HcaRecvWqe {
-            wr_id,
-            num_sge: sges.len() as u8,
-            ..Default::default()
-        };
-        self.put(slot, &hdr);
-        for (i, s) in sges.iter().enumerate() {
-            self.put(slot + 16 + 16 * i as u64, s);
-        }
+        self.write_recv(slot, wr_id, sges);
         srq.pi = srq.pi.wrapping_add(1);
         self.hca
             .bar2()
@@ -600,8 +592,8 @@ impl<P: Port> Driver<P> {
         self.ring_sq(qp);
     }
 
-    pub fn post_recv(&mut self, qp: &mut QpH, wr_id: u64, sges: &[HcaSge]) {
-        let slot = qp.rq + (u64::from(qp.rq_pi & ((1 << qp.rq_log) - 1)) << qp.rq_shift);
+    /// A receive WQE (header and SGEs) at `slot`, of a QP's ring or an SRQ's.
+    fn write_recv(&mut self, slot: u64, wr_id: u64, sges: &[HcaSge]) {
         let hdr = HcaRecvWqe {
             wr_id,
             num_sge: sges.len() as u8,
@@ -611,6 +603,11 @@ impl<P: Port> Driver<P> {
         for (i, s) in sges.iter().enumerate() {
             self.put(slot + 16 + 16 * i as u64, s);
         }
+    }
+
+    pub fn post_recv(&mut self, qp: &mut QpH, wr_id: u64, sges: &[HcaSge]) {
+        let slot = qp.rq + (u64::from(qp.rq_pi & ((1 << qp.rq_log) - 1)) << qp.rq_shift);
+        self.write_recv(slot, wr_id, sges);
         qp.rq_pi = qp.rq_pi.wrapping_add(1);
         self.hca
             .bar2()
