@@ -211,20 +211,37 @@ pub fn run_app(
 }
 
 /// Every node's `dsmctl state` and the DSM's last kernel log lines (a wait that ran out
-/// logs its state there too); a node that cannot answer says why.
+/// logs its state there too); a node that cannot answer says why. All nodes are asked at
+/// once, each given `STATE_TIMEOUT`: a node killed under the application answers nothing,
+/// and its report must not hold up the others' or the failure's.
 pub fn dsm_state(agents: &mut [Agent]) -> String {
-    let mut out = String::new();
-    for a in agents.iter_mut() {
-        let text = a
-            .run(
-                "dsmctl state; dmesg | grep 'dsm:' | tail -n 20",
-                Duration::from_secs(30),
-            )
-            .unwrap_or_else(|e| format!("(no answer: {e})"));
-        out.push_str(&format!("== {} ==\n{}\n", a.name, text.trim_end()));
-    }
-    out
+    let texts: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = agents
+            .iter_mut()
+            .map(|a| {
+                s.spawn(move || {
+                    a.run(
+                        "dsmctl state; dmesg | grep 'dsm:' | tail -n 20",
+                        STATE_TIMEOUT,
+                    )
+                    .unwrap_or_else(|e| format!("(no answer: {e})"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    agents
+        .iter()
+        .zip(texts)
+        .map(|(a, t)| format!("== {} ==\n{}\n", a.name, t.trim_end()))
+        .collect()
 }
+
+/// How long a node has to report its DSM state after a failure.
+const STATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn collect_results(
     agents: &mut [Agent],
