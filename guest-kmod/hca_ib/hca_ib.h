@@ -236,7 +236,11 @@ int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
 void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp);
 int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 
-/* qp.c */
+/* qp.c; the work-queue helpers serve SRQs too */
+int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,
+		u32 min_shift, u32 max_shift);
+int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq);
+void hca_wq_free(struct hca_dev *dev, struct hca_wq *wq);
 int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		  struct ib_udata *udata);
 int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
@@ -251,7 +255,8 @@ int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		  const struct ib_send_wr **bad_wr);
 int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		  const struct ib_recv_wr **bad_wr);
-void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n);
+void hca_write_recv_wqe(struct hca_wq *wq, u32 idx, u64 hw_wr_id,
+			const struct ib_recv_wr *wr);
 
 /* srq.c */
 int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,

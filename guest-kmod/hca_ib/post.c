@@ -79,7 +79,7 @@ static int hca_copy_inline(struct hca_wq *wq, struct hca_send_wqe *w,
 	return 0;
 }
 
-void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n)
+static void hca_copy_sges(struct hca_sge *dst, const struct ib_sge *src, int n)
 {
 	int i;
 
@@ -232,13 +232,27 @@ int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	return err;
 }
 
+/*
+ * A receive WQE in slot idx of wq (a QP's receive queue or an SRQ): the
+ * consumer's SGEs, and the wr_id the device hands back in the CQE.
+ */
+void hca_write_recv_wqe(struct hca_wq *wq, u32 idx, u64 hw_wr_id,
+			const struct ib_recv_wr *wr)
+{
+	struct hca_recv_wqe *w = hca_wqe(wq, idx);
+
+	memset(w, 0, sizeof(*w));
+	w->wr_id = hw_wr_id;
+	w->num_sge = wr->num_sge;
+	hca_copy_sges((struct hca_sge *)(w + 1), wr->sg_list, wr->num_sge);
+}
+
 int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		  const struct ib_recv_wr **bad_wr)
 {
 	struct hca_dev *dev = to_hdev(ibqp->device);
 	struct hca_qp *qp = to_hqp(ibqp);
 	struct hca_wq *wq = &qp->rq;
-	struct hca_recv_wqe *w;
 	unsigned long flags;
 	u32 start;
 	int err = 0;
@@ -259,11 +273,7 @@ int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 			err = -EINVAL;
 			break;
 		}
-		w = hca_wqe(wq, wq->pi);
-		memset(w, 0, sizeof(*w));
-		w->wr_id = wq->pi;
-		w->num_sge = wr->num_sge;
-		hca_copy_sges((struct hca_sge *)(w + 1), wr->sg_list, wr->num_sge);
+		hca_write_recv_wqe(wq, wq->pi, wq->pi, wr);
 		wq->wrid[wq->pi & ((1 << wq->log_entries) - 1)] = wr->wr_id;
 		wq->pi++;
 	}

@@ -20,8 +20,8 @@ struct hca_qp *hca_qp_lookup(struct hca_dev *dev, u32 qpn)
 }
 
 /* Sizes a work queue for wr entries of hdr + sge * 16 (or hdr + inline) bytes. */
-static int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,
-		       u32 min_shift, u32 max_shift)
+int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,
+		u32 min_shift, u32 max_shift)
 {
 	u32 bytes = max(hdr + sge * (u32)sizeof(struct hca_sge), hdr + inl);
 
@@ -37,7 +37,7 @@ static int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,
 	return 0;
 }
 
-static int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq)
+int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq)
 {
 	wq->ring_bytes = (size_t)1 << (wq->log_entries + wq->wqe_shift);
 	wq->ring = dma_alloc_coherent(&dev->pdev->dev, wq->ring_bytes,
@@ -53,7 +53,7 @@ static int hca_wq_alloc(struct hca_dev *dev, struct hca_wq *wq)
 	return 0;
 }
 
-static void hca_wq_free(struct hca_dev *dev, struct hca_wq *wq)
+void hca_wq_free(struct hca_dev *dev, struct hca_wq *wq)
 {
 	if (!wq->ring)
 		return;

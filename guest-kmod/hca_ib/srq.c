@@ -57,36 +57,28 @@ int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		return -EOPNOTSUPP;
 	if (init->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
-	if (a->max_wr > (1 << HCA_MAX_SRQ_LOG_WR) || a->max_sge > HCA_MAX_SGE)
+	if (a->max_wr > (1 << HCA_MAX_SRQ_LOG_WR))
 		return -EINVAL;
-	srq->wq.log_entries = order_base_2(max(a->max_wr, 1u));
+	/* A QP's receive queue and an SRQ share a WQE format: sized alike. */
+	err = hca_wq_size(&srq->wq, a->max_wr, sizeof(struct hca_recv_wqe),
+			  a->max_sge, 0, HCA_MIN_RQ_WQE_SHIFT, HCA_MAX_RQ_WQE_SHIFT);
+	if (err)
+		return err;
 	entries = 1 << srq->wq.log_entries;
 	if (a->srq_limit > entries)
 		return -EINVAL;
-	srq->wq.wqe_shift = max_t(u32, order_base_2(sizeof(struct hca_recv_wqe) +
-						   max(a->max_sge, 1u) *
-						   sizeof(struct hca_sge)),
-				  HCA_MIN_RQ_WQE_SHIFT);
-	srq->wq.max_sge = min_t(u32, HCA_MAX_SGE,
-				((1 << srq->wq.wqe_shift) -
-				 sizeof(struct hca_recv_wqe)) /
-				sizeof(struct hca_sge));
-	srq->wq.ring_bytes = (size_t)entries << srq->wq.wqe_shift;
-	srq->wq.ring = dma_alloc_coherent(&dev->pdev->dev, srq->wq.ring_bytes,
-					  &srq->wq.ring_dma, GFP_KERNEL);
-	if (!srq->wq.ring)
-		return -ENOMEM;
-	srq->wq.wrid = kcalloc(entries, sizeof(u64), GFP_KERNEL);
+	/* wq.wrid is indexed by tag: as many tags as slots. */
+	err = hca_wq_alloc(dev, &srq->wq);
+	if (err)
+		return err;
 	srq->busy = kcalloc(entries, sizeof(u8), GFP_KERNEL);
 	srq->free_tags = kcalloc(entries, sizeof(u32), GFP_KERNEL);
 	err = -ENOMEM;
-	if (!srq->wq.wrid || !srq->busy || !srq->free_tags)
+	if (!srq->busy || !srq->free_tags)
 		goto err_free;
 	for (srq->nfree = 0; srq->nfree < entries; srq->nfree++)
 		srq->free_tags[srq->nfree] = entries - 1 - srq->nfree;
 	spin_lock_init(&srq->lock);
-	srq->wq.pi = 0;
-	srq->wq.ci = 0;
 	in.ring_addr = srq->wq.ring_dma;
 	in.pdn = to_hpd(ibsrq->pd)->pdn;
 	in.limit = a->srq_limit;
@@ -109,9 +101,7 @@ err_destroy:
 err_free:
 	kfree(srq->free_tags);
 	kfree(srq->busy);
-	kfree(srq->wq.wrid);
-	dma_free_coherent(&dev->pdev->dev, srq->wq.ring_bytes, srq->wq.ring,
-			  srq->wq.ring_dma);
+	hca_wq_free(dev, &srq->wq);
 	return err;
 }
 
@@ -164,9 +154,7 @@ int hca_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 	kfree(srq->free_tags);
 	kfree(srq->busy);
-	kfree(srq->wq.wrid);
-	dma_free_coherent(&dev->pdev->dev, srq->wq.ring_bytes, srq->wq.ring,
-			  srq->wq.ring_dma);
+	hca_wq_free(dev, &srq->wq);
 	return 0;
 }
 
@@ -177,7 +165,6 @@ int hca_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 	struct hca_srq *srq = to_hsrq(ibsrq);
 	struct hca_wq *wq = &srq->wq;
 	u32 mask = (1 << wq->log_entries) - 1, start, tag;
-	struct hca_recv_wqe *w;
 	unsigned long flags;
 	int err = 0;
 
@@ -196,11 +183,7 @@ int hca_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 		tag = srq->free_tags[--srq->nfree];
 		srq->busy[tag] = 1;
 		wq->wrid[tag] = wr->wr_id;
-		w = wq->ring + ((size_t)(wq->pi & mask) << wq->wqe_shift);
-		memset(w, 0, sizeof(*w));
-		w->wr_id = (u64)wq->pi << 32 | tag;
-		w->num_sge = wr->num_sge;
-		hca_copy_sges((struct hca_sge *)(w + 1), wr->sg_list, wr->num_sge);
+		hca_write_recv_wqe(wq, wq->pi, (u64)wq->pi << 32 | tag, wr);
 		wq->pi++;
 	}
 	if (err)
