@@ -215,28 +215,15 @@ pub fn run_app(
 /// once, each given `STATE_TIMEOUT`: a node killed under the application answers nothing,
 /// and its report must not hold up the others' or the failure's.
 pub fn dsm_state(agents: &mut [Agent]) -> String {
-    let texts: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = agents
-            .iter_mut()
-            .map(|a| {
-                s.spawn(move || {
-                    a.run(
-                        "dsmctl state; dmesg | grep 'dsm:' | tail -n 20",
-                        STATE_TIMEOUT,
-                    )
-                    .unwrap_or_else(|e| format!("(no answer: {e})"))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
+    let cmd = "dsmctl state; dmesg | grep 'dsm:' | tail -n 20";
+    let texts = run_everywhere(agents, cmd, STATE_TIMEOUT);
     agents
         .iter()
         .zip(texts)
-        .map(|(a, t)| format!("== {} ==\n{}\n", a.name, t.trim_end()))
+        .map(|(a, r)| {
+            let text = r.map_or_else(|e| format!("(no answer: {e})"), |(_, out)| out);
+            format!("== {} ==\n{}\n", a.name, text.trim_end())
+        })
         .collect()
 }
 
