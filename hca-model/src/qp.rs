@@ -599,15 +599,19 @@ impl HcaState {
 }
 
 impl Device {
-    /// A QP leaving without ERR (reset, destroyed) drops a message half received; a receive
-    /// it took from an SRQ completes flushed, so that the SRQ's owner gets its slot back
-    /// (a QP's own receive queue goes with it, and needs nothing).
-    fn give_back_inbound(&mut self, qpn: u32, qp: &mut Qp) {
-        if qp.srq.is_none() {
-            return;
-        }
+    /// Drops a message half received; the receive WQE it consumed completes flushed.
+    fn flush_inbound(&mut self, qpn: u32, qp: &mut Qp) {
         if let Some(wr_id) = qp.inbound.take().and_then(|m| m.recv_wr_id) {
             self.post_status(qp.recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
+        }
+    }
+
+    /// A QP leaving without ERR (reset, destroyed): a receive it took from an SRQ completes
+    /// flushed, so that the SRQ's owner gets its slot back (a QP's own receive queue goes
+    /// with it, and needs nothing).
+    fn give_back_inbound(&mut self, qpn: u32, qp: &mut Qp) {
+        if qp.srq.is_some() {
+            self.flush_inbound(qpn, qp);
         }
     }
 }
@@ -650,18 +654,14 @@ impl QpEngine<'_> {
         qp.sq_waits = false;
         qp.retry = Retry::default();
         qp.held_ack = None;
-        // A message half received has consumed a receive WQE: it is flushed too.
-        let half_received = qp.inbound.take().and_then(|m| m.recv_wr_id);
         let pending: Vec<Pending> = qp.pending.take_all();
         log::debug!(
             "LID {}: QP {qpn:#x} to ERR; {} outstanding WRs flushed",
             self.dev.lid,
             pending.len()
         );
-        if let Some(wr_id) = half_received {
-            self.dev
-                .post_status(qp.recv_cqn, qpn, wr_id, CQE_OP_RECV, WcError::WrFlush);
-        }
+        // A message half received has consumed a receive WQE: it is flushed too, first.
+        self.dev.flush_inbound(qpn, qp);
         for p in pending {
             self.dev
                 .post_status(qp.send_cqn, qpn, p.wr_id, p.cqe_op, WcError::WrFlush);
