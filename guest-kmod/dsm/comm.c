@@ -130,6 +130,8 @@ static int dsm_send(struct dsm_comm *c, u32 peer, u32 slot, u32 len,
 	spin_lock_irqsave(&p->lock, flags);
 	err = dsm_post_chain(c, p, data ? &data->wr : &wr, data ? 2 : 1, slot,
 			     notify);
+	if (!err)
+		p->msgs_out++;
 	spin_unlock_irqrestore(&p->lock, flags);
 	if (err)
 		return err;
@@ -305,6 +307,7 @@ static void dsm_on_recv(struct dsm_comm *c, const struct ib_wc *wc)
 		return;
 	p = &c->peers[peer];
 	atomic64_inc(&c->stats.received);
+	WRITE_ONCE(p->msgs_in, p->msgs_in + 1);
 	/* The buffer is the protocol's only for this call. */
 	dsm_deliver(c, peer, p->rbuf + (size_t)slot * DSM_MSG_MAX, wc->byte_len);
 	if (dsm_post_recv(c, p, slot))
@@ -532,8 +535,10 @@ int dsm_comm_state(struct dsm_comm *c, char *out, size_t len)
 		    attr.qp_state <= IB_QPS_ERR)
 			state = qp_states[attr.qp_state];
 		spin_lock_irqsave(&p->lock, flags);
-		w += scnprintf(out + w, len - w, " node%u:qp=%s,free=%u,wrs=%u", i,
-			       state, p->nfree, p->fifo_tail - p->fifo_head);
+		w += scnprintf(out + w, len - w,
+			       " node%u:qp=%s,free=%u,wrs=%u,out=%llu,in=%llu", i,
+			       state, p->nfree, p->fifo_tail - p->fifo_head,
+			       p->msgs_out, READ_ONCE(p->msgs_in));
 		spin_unlock_irqrestore(&p->lock, flags);
 	}
 	return w;

@@ -61,6 +61,12 @@ struct dsm_peer {
 	u32 fifo_head, fifo_tail;
 	u64 post_seq;		/* WRs posted so far */
 	u64 fifo_seq[DSM_SQ];
+	/*
+	 * Messages posted to the peer and received from it: with the peer's
+	 * own pair, a state report tells a message never taken from the
+	 * send queue from one lost on the receiving side.
+	 */
+	u64 msgs_out, msgs_in;
 };
 
 /* A message the handler could not take in interrupt context. */
