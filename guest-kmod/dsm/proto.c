@@ -597,6 +597,8 @@ static bool msg_ok(struct dsm_proto *d, u32 type, u32 arg)
 {
 	if (type >= DSM_BAR_ENTER && type <= DSM_BAR_GO)
 		return true;
+	if (type == DSM_PROBE)
+		return true;
 	if (type >= DSM_LOCK_REQ)
 		return arg < DSM_LOCKS;
 	return arg < d->npages;
@@ -648,6 +650,8 @@ static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
 		return 0;
 	case DSM_UNLOCK:
 		return on_unlock(d, from, arg);
+	case DSM_PROBE:
+		return 0;	/* its delivery is the point: dsm_proto_probe() */
 	}
 	return 0;
 }
@@ -774,6 +778,26 @@ void dsm_proto_peer_lost(struct dsm_comm *c, u32 peer,
 	wake_up_all(&d->wq);
 }
 
+/*
+ * A wait of ours has run long: a PROBE to every peer. IB tells a requester,
+ * not a waiter, that its peer is gone: a node waiting for an answer from a
+ * peer that died after acknowledging the request has nothing outstanding
+ * to fail. The probe is such a WR: over a dead peer its retries run out
+ * and the protocol goes dead (dsm_proto_peer_lost) within a second or so,
+ * not at the end of the wait. Best effort: with no send buffer free to a
+ * peer, WRs to it are outstanding anyway.
+ */
+void dsm_proto_probe(struct dsm_proto *d)
+{
+	u32 i;
+
+	spin_lock(&d->lock);
+	for (i = 1; i <= d->nodes; i++)
+		if (i != d->self && !send1(d, i, DSM_PROBE, 0, 0))
+			atomic64_inc(&d->st.probes);
+	spin_unlock(&d->lock);
+}
+
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 {
 	int err;
@@ -820,10 +844,10 @@ int dsm_proto_state(struct dsm_proto *d, char *out, size_t len)
 	list_for_each_entry(w, &d->waiting, link)
 		waiting++;
 	n += scnprintf(out + n, len - n,
-		       "\nselfq=%s held=%u fenced=%d waiting=%u dead=%d bar_gen=%u bar_done=%u bar_count=%u,%u locks_wanted=%*pbl",
+		       "\nselfq=%s held=%u fenced=%d waiting=%u dead=%d probes=%lld bar_gen=%u bar_done=%u bar_count=%u,%u locks_wanted=%*pbl",
 		       list_empty(&d->selfq) ? "empty" : "queued", d->held_n,
 		       dsm_region_fenced(d->r), waiting, READ_ONCE(d->dead),
-		       READ_ONCE(d->bar_gen), READ_ONCE(d->bar_done),
+		       atomic64_read(&d->st.probes), READ_ONCE(d->bar_gen), READ_ONCE(d->bar_done),
 		       d->bar_count[0], d->bar_count[1], DSM_LOCKS,
 		       d->held);
 	for (i = 0; i < DSM_LOCKS; i++) {

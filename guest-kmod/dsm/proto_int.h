@@ -42,6 +42,7 @@ enum dsm_type {
 	DSM_LOCK_REQ,		/* arg = lock id */
 	DSM_LOCK_GRANT,
 	DSM_UNLOCK,
+	DSM_PROBE,		/* a wait of ours runs long: are you there? (no answer) */
 	DSM_TYPE_END
 };
 
@@ -110,6 +111,7 @@ struct dsm_pstats {
 	atomic64_t barriers, lock_acquires, protocol_errors;
 	atomic64_t fenced, held;
 	atomic64_t kept;	/* grants of contended pages kept from a taker */
+	atomic64_t probes;	/* probes sent (dsm_proto_probe) */
 };
 
 /* Per page: whether a grant to us is kept from other nodes (proto.c, page_held). */
@@ -187,6 +189,8 @@ static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
 
 /* proto.c: queue a request to node `to` from process context (sleeps while resources are short). */
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
+/* A wait runs long: a message to every peer, so that a lost one shows. */
+void dsm_proto_probe(struct dsm_proto *d);
 /* sync.c: a DSM fault's request and wait; 0 once the access is allowed. */
 int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write);
 /* proto.c: the thread that faulted on the page runs again; a hold of the page ends. */

@@ -15,13 +15,25 @@
 
 /* Long enough for a slow emulated cluster; a lost message shows as an error. */
 #define DSM_WAIT	(60 * HZ)
+/* Each this long of a wait, the peers are probed (dsm_proto_probe). */
+#define DSM_PROBE_EVERY	(2 * HZ)
 
+/* Sleeps until done(), the protocol is dead, a signal kills us or DSM_WAIT passes. */
 static int dsm_wait(struct dsm_proto *d, const char *what, u32 arg,
 		    bool (*done)(struct dsm_proto *d, u32 arg, u32 g), u32 g)
 {
-	long left = wait_event_killable_timeout(d->wq, done(d, arg, g) ||
-						READ_ONCE(d->dead), DSM_WAIT);
+	long waited = 0, left;
 
+	for (;;) {
+		left = wait_event_killable_timeout(d->wq, done(d, arg, g) ||
+						   READ_ONCE(d->dead),
+						   min_t(long, DSM_PROBE_EVERY,
+							 DSM_WAIT - waited));
+		waited += DSM_PROBE_EVERY;
+		if (left || waited >= DSM_WAIT)
+			break;
+		dsm_proto_probe(d);
+	}
 	if (READ_ONCE(d->dead))
 		return -ENODEV;
 	if (left > 0)

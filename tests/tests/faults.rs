@@ -4,12 +4,15 @@
 //!   opcodes and the QPNs the guests' own QPs have;
 //! - the ping-pong under 1% packet drops: every round trip done, the data verified;
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
-//!   the device server and the other nodes go on (a new connection runs clean).
+//!   the device server and the other nodes go on (a new connection runs clean); a DSM
+//!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
+//!   its probes in seconds, not from its 60 s wait.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cluster::dsm::connect_mesh;
 use cluster::verbs::{num, Mode, Testbed};
 use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
@@ -123,7 +126,20 @@ fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
+    // A DSM on node1 and node2 where only node1 runs the application: it waits at its
+    // first barrier for node2, which has nothing of node1's to answer. IB tells a
+    // requester, not a waiter, that its peer is gone; the DSM's probes (every 2 s of a
+    // wait) are the requests that find out.
+    connect_mesh(&mut tb.agents[..2], "hcab0").unwrap();
+    tb.agents[0]
+        .run(
+            "(sor 34 1024 4 > /tmp/alone.out 2>&1; echo exit=$? >> /tmp/alone.out) &",
+            T,
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
     assert!(tb.cluster.kill(1), "node2 was running");
+    let killed = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(10);
     while tb.hca(1).is_some() {
         assert!(
@@ -149,6 +165,27 @@ fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
         "{log}"
     );
     assert!(tb.hca(0).is_some() && tb.hca(2).is_some());
+    // The waiting DSM node found node2 gone and failed its application with the reason.
+    let alone = loop {
+        let out = tb.agents[0]
+            .run("cat /tmp/alone.out; dmesg | grep 'dsm:'", T)
+            .unwrap();
+        if out.contains("exit=") || killed.elapsed() > Duration::from_secs(30) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        alone.contains("dsm: node 1 lost node 2") && !alone.contains("exit=0"),
+        "{:?} after the kill: {alone}",
+        killed.elapsed()
+    );
+    assert!(!alone.contains("no answer in"), "{alone}");
+    eprintln!(
+        "the waiting DSM node learned of the kill in {:?} (before probes: its 60 s wait)",
+        killed.elapsed()
+    );
+    tb.agents[0].run("dsmctl close", T).unwrap();
     let failed = tb.hca(0).unwrap().stats().retry_exceeded;
     assert!(failed >= 1, "node1's HCA counts the WR that found no node2");
     // The survivors connect anew and run clean.
