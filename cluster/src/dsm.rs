@@ -288,26 +288,140 @@ pub fn at_rest(state: &str) -> bool {
         && state.contains("open=0 requested=0")
 }
 
-/// Waits (up to `timeout`) until every node's protocol is at rest after an application:
-/// its last confirmations may still be landing when the processes exit. Err names the
-/// first node that stays busy, with its state.
-pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
-    let end = std::time::Instant::now() + timeout;
-    for a in agents.iter_mut() {
-        loop {
-            let state = a
-                .run("dsmctl state", T)
-                .map_err(|e| format!("{}: {e}", a.name))?;
-            if at_rest(&state) {
-                break;
-            }
-            if std::time::Instant::now() >= end {
-                return Err(format!("{}: the DSM is not at rest:\n{state}", a.name));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+/// A link on which messages were posted and not (yet) received: node `from` (1-based, the
+/// agents' order) posted `posted` messages to node `to`, which has received `received`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Undelivered {
+    pub from: usize,
+    pub to: usize,
+    pub posted: u64,
+    pub received: u64,
+}
+
+impl fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "node{} posted {} messages to node{}, which received {}",
+            self.from, self.posted, self.to, self.received
+        )
+    }
+}
+
+/// One node's message counts per peer from its `dsmctl state`: `nodeJ:...,out=N,in=M`
+/// means this node posted N messages to node J and received M from it (counted since the
+/// connections were made).
+fn message_counts(state: &str) -> HashMap<usize, (u64, u64)> {
+    let mut counts = HashMap::new();
+    for w in state.split_whitespace() {
+        let Some((peer, rest)) = w.split_once(":qp=") else {
+            continue;
+        };
+        let Some(peer) = peer.strip_prefix("node").and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix(k))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if let (Some(out), Some(inn)) = (field("out="), field("in=")) {
+            counts.insert(peer, (out, inn));
         }
     }
-    Ok(())
+    counts
+}
+
+/// Every link on which a node posted more messages than its peer received, from one
+/// snapshot of every node's `dsmctl state` (node i's at index i - 1). A message in flight
+/// shows here for a moment; one lost, or kept in a send queue, stays.
+pub fn undelivered(states: &[String]) -> Vec<Undelivered> {
+    let counts: Vec<_> = states.iter().map(|s| message_counts(s)).collect();
+    let mut out = Vec::new();
+    for (i, mine) in counts.iter().enumerate() {
+        for (&peer, &(posted, _)) in mine {
+            let received = counts
+                .get(peer.wrapping_sub(1))
+                .and_then(|theirs| theirs.get(&(i + 1)))
+                .map_or(0, |&(_, inn)| inn);
+            if posted > received {
+                out.push(Undelivered {
+                    from: i + 1,
+                    to: peer,
+                    posted,
+                    received,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|u| (u.from, u.to));
+    out
+}
+
+/// Every node's `dsmctl state`, asked of all at once.
+fn states(agents: &mut [Agent]) -> Result<Vec<String>, String> {
+    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
+    run_everywhere(agents, "dsmctl state", T)
+        .into_iter()
+        .zip(names)
+        .map(|(r, name)| r.map(|(_, out)| out).map_err(|e| format!("{name}: {e}")))
+        .collect()
+}
+
+/// Waits (up to `timeout`) until every node's protocol is at rest after an application
+/// (its last confirmations may still be landing when the processes exit) and every
+/// message posted has been received. Err names what stays busy, with every node's state.
+pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
+    let end = std::time::Instant::now() + timeout;
+    loop {
+        let states = states(agents)?;
+        let busy: Vec<String> = (agents.iter().zip(&states))
+            .filter(|(_, s)| !at_rest(s))
+            .map(|(a, _)| a.name.clone())
+            .collect();
+        let lost = undelivered(&states);
+        if busy.is_empty() && lost.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= end {
+            let mut why = String::new();
+            if !busy.is_empty() {
+                why += &format!("the DSM is not at rest on {}", busy.join(", "));
+            }
+            for u in lost {
+                why += &format!("{}{u}", if why.is_empty() { "" } else { "; " });
+            }
+            let all: String = (agents.iter().zip(&states))
+                .map(|(a, s)| format!("== {} ==\n{}\n", a.name, s.trim_end()))
+                .collect();
+            return Err(format!("{why}:\n{all}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// After a failed application: the links on which messages were posted and never
+/// received, and stay so for `wait` with nothing more arriving (the application is gone,
+/// so nothing else is sent). This is a transport that stopped delivering on a connection
+/// it still reports in RTS, outside the DSM, which counts a message as posted only when
+/// `ib_post_send` took it and as received when its completion was polled. Empty when
+/// every message arrived, or the counts moved meanwhile.
+pub fn stalled_links(agents: &mut [Agent], wait: Duration) -> Result<Vec<Undelivered>, String> {
+    let before = states(agents)?;
+    std::thread::sleep(wait);
+    let after = states(agents)?;
+    let all_rts = after.iter().all(|s| {
+        let qps: Vec<&str> = s
+            .split_whitespace()
+            .filter(|w| w.contains(":qp="))
+            .collect();
+        !qps.is_empty() && qps.iter().all(|w| w.contains(":qp=RTS,"))
+    });
+    let then = undelivered(&before);
+    Ok(undelivered(&after)
+        .into_iter()
+        .filter(|u| all_rts && then.contains(u))
+        .collect())
 }
 
 /// Sets the protocol's knobs on every guest (`dsmctl config handler=... readfault=...`).
@@ -328,7 +442,7 @@ pub fn close_all(agents: &mut [Agent]) -> Result<(), DsmError> {
 
 #[cfg(test)]
 mod tests {
-    use super::at_rest;
+    use super::{at_rest, undelivered, Undelivered};
 
     const REST: &str = "deferred=0 reads=0 send_busy=0 node2:qp=RTS,free=56,wrs=10 \
         node3:qp=RTS,free=64,wrs=0\n\
@@ -367,5 +481,30 @@ mod tests {
         }
         // No connection at all is not a session at rest either.
         assert!(!at_rest("connections closed\nselfq=empty"));
+    }
+
+    #[test]
+    fn test_messages_posted_and_not_received_are_named_per_link() {
+        let node = |peers: &str| format!("deferred=0 reads=0 send_busy=0 {peers}\nopen=0");
+        let states = [
+            node("node2:qp=RTS,free=62,wrs=2,out=23,in=21 node3:qp=RTS,free=64,wrs=0,out=5,in=5"),
+            node("node1:qp=RTS,free=56,wrs=12,out=21,in=21 node3:qp=RTS,free=64,wrs=0,out=0,in=0"),
+            node("node1:qp=RTS,free=64,wrs=0,out=5,in=5 node2:qp=RTS,free=64,wrs=0,out=0,in=0"),
+        ];
+        assert_eq!(
+            undelivered(&states),
+            [Undelivered {
+                from: 1,
+                to: 2,
+                posted: 23,
+                received: 21
+            }]
+        );
+        let even = states[0].replace("out=23", "out=21");
+        assert!(undelivered(&[even, states[1].clone(), states[2].clone()]).is_empty());
+        // A node that cannot report counts as having received nothing.
+        let lost = undelivered(&[states[0].clone(), String::new(), states[2].clone()]);
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].received, 0);
     }
 }

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use cluster::dsm::{close_all, configure, connect_mesh, run_app, settle};
+use cluster::dsm::{close_all, configure, connect_mesh, run_app, settle, stalled_links};
 use cluster::verbs::{Mode, Testbed};
 use cluster::ClusterSpec;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
@@ -189,6 +189,15 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     // The DSM module is a plain verbs consumer too: over rxe0 its protocol gives the same
     // verified results as over hcab0 (page data by RDMA Write, and by RDMA Read), for every
     // application.
+    //
+    // Debian 6.1's rdma_rxe sometimes stops delivering on a connection it still reports in
+    // RTS, with no error: messages the DSM posted (ib_post_send took them) never reach the
+    // peer, and 29 more posted on that QP over the next minute did not either (on a 16-core
+    // host with 6-7 pairs at once, 5 stalls in about 3,300 application runs; none in 1,420
+    // on this 2-core one). The DSM then waits its 60 s. That is SoftRoCE's, not the DSM's: every node's per-link message counts show it
+    // (`stalled_links`). Once per run such a stall is said and the application runs again
+    // on new QPs; any other failure, or a second stall, fails the test.
+    let mut rxe_stall_forgiven = false;
     for (cmd, config) in [
         ("sor 34 1024 4", "handler=irq readfault=write"),
         ("lu 64", "handler=irq readfault=read"),
@@ -201,8 +210,30 @@ fn test_kernel_verbs_over_the_hca_and_over_softroce() {
     ] {
         connect_mesh(&mut tb.agents, "rxe0").unwrap();
         configure(&mut tb.agents, config).unwrap();
-        let res = run_app(&mut tb.agents, cmd, Duration::from_secs(600))
-            .unwrap_or_else(|e| panic!("rxe0 {cmd}: {e}"));
+        let res = match run_app(&mut tb.agents, cmd, Duration::from_secs(600)) {
+            Ok(res) => res,
+            Err(e) => {
+                let stalled = stalled_links(&mut tb.agents, Duration::from_secs(3)).unwrap();
+                if stalled.is_empty() || rxe_stall_forgiven {
+                    panic!("rxe0 {cmd}: {e}\nlinks stalled: {stalled:?}");
+                }
+                rxe_stall_forgiven = true;
+                eprintln!(
+                    "rxe0 {cmd}: SoftRoCE stopped delivering ({}); running it again on new \
+                     QPs. The failure:\n{e}",
+                    stalled
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                close_all(&mut tb.agents).unwrap();
+                connect_mesh(&mut tb.agents, "rxe0").unwrap();
+                configure(&mut tb.agents, config).unwrap();
+                run_app(&mut tb.agents, cmd, Duration::from_secs(600))
+                    .unwrap_or_else(|e| panic!("rxe0 {cmd}, run again: {e}"))
+            }
+        };
         assert_eq!(res[0].verified, Some(true), "rxe0 {cmd}: {}", res[0].line);
         assert!(res.iter().all(|r| r.data_bytes > 0), "rxe0 {cmd}: {res:?}");
         settle(&mut tb.agents, Duration::from_secs(10))
