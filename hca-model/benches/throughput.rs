@@ -114,13 +114,18 @@ fn rdma_write_vs_memcpy(quick: bool) {
     }
 }
 
-fn send_rate(quick: bool) {
+/// `rows`: which of the rows to run (for a profiler: `send1`, `send16`, `send1real`).
+fn send_rate(quick: bool, rows: &[bool; 3]) {
     println!();
     println!("8-byte SEND, one core, doorbell to CQE on both sides (every WR signaled)");
     println!("{:>14} {:>14} {:>12}", "WRs/doorbell", "msgs/s", "ns/msg");
     // The last row on a fabric with the real clock (as the device server and the VMM run
     // it), whose readings the engine pays for when it arms and restarts timers.
-    for (batch, real_clock) in [(1usize, false), (16, false), (1, true)] {
+    let all = [(1usize, false), (16, false), (1, true)];
+    for (batch, real_clock) in (all.into_iter().zip(rows))
+        .filter(|(_, &on)| on)
+        .map(|(row, _)| row)
+    {
         let mut p = if real_clock {
             Pair::build(Fabric::new(), MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS)
         } else {
@@ -332,8 +337,9 @@ fn main() {
     if want("write") {
         rdma_write_vs_memcpy(quick);
     }
-    if want("send") {
-        send_rate(quick);
+    let rows = ["send1", "send16", "send1real"].map(|r| want("send") || parts.contains(&r));
+    if rows.contains(&true) {
+        send_rate(quick, &rows);
     }
     if want("fair") {
         fairness(quick);
