@@ -23,10 +23,12 @@ pub enum DsmError {
     },
     /// An application failed; `state` is what every node's DSM waited on and held just
     /// after (`dsmctl state` and the module's kernel log lines), to tell a lost message
-    /// from a stuck queue or a dead QP.
+    /// from a stuck queue or a dead QP; `stalled`, the links on which messages were posted
+    /// and never received (see [`stalled_links`]).
     Failed {
         cause: Box<DsmError>,
         state: String,
+        stalled: Vec<Undelivered>,
     },
 }
 
@@ -41,14 +43,38 @@ impl fmt::Display for DsmError {
                 status,
                 output,
             } => write!(f, "{node}: `{cmd}` exited {status}:\n{output}"),
-            DsmError::Failed { cause, state } => {
-                write!(f, "{cause}\nthe DSM on every node just after:\n{state}")
+            DsmError::Failed {
+                cause,
+                state,
+                stalled,
+            } => {
+                write!(f, "{cause}\nthe DSM on every node just after:\n{state}")?;
+                if !stalled.is_empty() {
+                    let links: Vec<String> = stalled.iter().map(ToString::to_string).collect();
+                    write!(
+                        f,
+                        "\nthe transport stopped delivering, with both ends' QPs in RTS: {}",
+                        links.join("; ")
+                    )?;
+                }
+                Ok(())
             }
         }
     }
 }
 
 impl std::error::Error for DsmError {}
+
+impl DsmError {
+    /// The links on which a failed application's messages were posted and never received
+    /// (empty for any other failure).
+    pub fn stalled(&self) -> &[Undelivered] {
+        match self {
+            DsmError::Failed { stalled, .. } => stalled,
+            _ => &[],
+        }
+    }
+}
 
 impl From<AgentError> for DsmError {
     fn from(e: AgentError) -> Self {
@@ -207,6 +233,8 @@ pub fn run_app(
     collect_results(agents, cmd, timeout).map_err(|cause| DsmError::Failed {
         cause: Box::new(cause),
         state: dsm_state(agents),
+        // (A node that cannot answer, killed say, leaves nothing to compare.)
+        stalled: stalled_links(agents, STALL_WAIT).unwrap_or_default(),
     })
 }
 
@@ -229,6 +257,10 @@ pub fn dsm_state(agents: &mut [Agent]) -> String {
 
 /// How long a node has to report its DSM state after a failure.
 const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long messages posted and not received must stay so after a failure to count as
+/// never delivered (the application is gone: nothing more is sent meanwhile).
+const STALL_WAIT: Duration = Duration::from_secs(2);
 
 fn collect_results(
     agents: &mut [Agent],
@@ -361,7 +393,7 @@ pub fn undelivered(states: &[String]) -> Vec<Undelivered> {
 /// Every node's `dsmctl state`, asked of all at once.
 fn states(agents: &mut [Agent]) -> Result<Vec<String>, String> {
     let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
-    run_everywhere(agents, "dsmctl state", T)
+    run_everywhere(agents, "dsmctl state", STATE_TIMEOUT)
         .into_iter()
         .zip(names)
         .map(|(r, name)| r.map(|(_, out)| out).map_err(|e| format!("{name}: {e}")))

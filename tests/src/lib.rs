@@ -15,6 +15,20 @@ use cluster::{Backend, ClusterSpec, Image};
 
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Every DSM application at the sizes the SoftRoCE comparison runs it (`verbs.rs`, and its
+/// soak `rxe_soak.rs`), with the protocol configuration it runs under: page data by RDMA
+/// Write, and by RDMA Read for two of them.
+pub const RXE_DSM_APPS: [(&str, &str); 8] = [
+    ("sor 34 1024 4", "handler=irq readfault=write"),
+    ("lu 64", "handler=irq readfault=read"),
+    ("is 16384 1024 2", "handler=irq readfault=write"),
+    ("tsp 8", "handler=irq readfault=write"),
+    ("nbody 64 2", "handler=irq readfault=write"),
+    ("nbodyw 64 2", "handler=irq readfault=read"),
+    ("water 27 2", "handler=irq readfault=write"),
+    ("barnes 64 2", "handler=irq readfault=write"),
+];
+
 /// The repository root (this crate lives in tests/).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
