@@ -6,12 +6,10 @@
 //! silently dropped. Arming is one-shot: a new `arm` word arms the CQ for the next CQE (or
 //! the next solicited or error CQE), which posts EV_COMPLETION on the CQ's vector.
 
-use std::sync::atomic::{fence, Ordering};
-
 use crate::abi::*;
-use crate::dma::write_obj;
 use crate::hca::Device;
 use crate::status::{CmdError, WcError};
+use vm_memory::ByteValued;
 
 pub(crate) struct Cq {
     pub ring: u64,
@@ -73,11 +71,7 @@ impl Device {
         let slot = cq.ring + u64::from(cq.pi & (size - 1)) * 32;
         let owner = owner_bit(cq.pi, cq.log_entries);
         cqe.owner = owner ^ 1;
-        let mem = self.mem.as_ref();
-        let written = write_obj(mem, slot, &cqe).and_then(|()| {
-            fence(Ordering::Release);
-            mem.write(slot + u64::from(CQE_OWNER_OFFSET), &[owner])
-        });
+        let written = (self.mem).publish(slot, cqe.as_slice(), CQE_OWNER_OFFSET as usize, owner);
         if written.is_err() {
             return self.cq_error(cqn, ERR_RING_ACCESS);
         }

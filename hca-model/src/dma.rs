@@ -11,6 +11,7 @@
 //! nothing.
 
 use std::fmt;
+use std::sync::atomic::{fence, Ordering};
 
 use vm_memory::{
     Address, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
@@ -69,6 +70,15 @@ pub trait DmaSpace: Send + Sync {
     /// Writes all of `buf` at `addr`; on a fault nothing is written.
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
         write_pieces(self, addr, buf)
+    }
+
+    /// Writes a ring entry whose consumer polls one byte of it: `entry` at `addr`, then,
+    /// after a release fence, `flag` at `addr + at` (inside the entry), so that a consumer
+    /// that sees the flag sees the whole entry. On a fault nothing is written.
+    fn publish(&self, addr: u64, entry: &[u8], at: usize, flag: u8) -> Result<(), DmaFault> {
+        self.write(addr, entry)?;
+        fence(Ordering::Release);
+        self.write(addr.wrapping_add(at as u64), &[flag])
     }
 }
 
@@ -345,6 +355,26 @@ where
             } else {
                 store_small(host, buf);
             }
+        }
+        Ok(())
+    }
+
+    /// One look-up of the entry's host address for both stores (a CQE per completion).
+    fn publish(&self, addr: u64, entry: &[u8], at: usize, flag: u8) -> Result<(), DmaFault> {
+        let in_entry = at < entry.len();
+        let Some(host) = self
+            .host_range(addr, entry.len() as u64)
+            .filter(|_| in_entry)
+        else {
+            self.write(addr, entry)?;
+            fence(Ordering::Release);
+            return self.write(addr.wrapping_add(at as u64), &[flag]);
+        };
+        // SAFETY: as in `write`; `at` lies inside the entry's range.
+        unsafe {
+            copy_object(entry.as_ptr(), host, entry.len());
+            fence(Ordering::Release);
+            std::ptr::write_volatile(host.add(at), flag);
         }
         Ok(())
     }
