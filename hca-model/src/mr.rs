@@ -6,7 +6,7 @@
 //! can never leave guest memory and the guest cannot change it afterwards.
 
 use crate::abi::*;
-use crate::dma::read_obj;
+use crate::dma::{read_obj, DmaFault};
 use crate::hca::Device;
 use crate::status::{CmdError, WcError};
 use std::sync::Arc;
@@ -15,6 +15,24 @@ use crate::packet::{Grant, Seg, SegList};
 
 /// SGEs read from one WQE, kept inline for the usual few.
 pub(crate) type SgeList = smallvec::SmallVec<[HcaSge; 4]>;
+
+/// A WQE's header `H` with the SGE after it, read in one access of guest memory where the
+/// WQE's slot holds both (the usual one-SGE WQE is then read whole): one look-up and copy,
+/// not two. The SGE means nothing when the header says there is none.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct WithSge<H> {
+    pub hdr: H,
+    pub sge: HcaSge,
+}
+
+const _: () = assert!(std::mem::size_of::<WithSge<HcaSendWqe>>() == 64 + 16);
+const _: () = assert!(std::mem::size_of::<WithSge<HcaRecvWqe>>() == 16 + 16);
+// SAFETY: two ABI byte images, each a multiple of 8 bytes and aligned to at most 8, laid
+// out back to back (sizes asserted above): no padding, every bit pattern valid.
+unsafe impl vm_memory::ByteValued for WithSge<HcaSendWqe> {}
+// SAFETY: as above.
+unsafe impl vm_memory::ByteValued for WithSge<HcaRecvWqe> {}
 
 /// A protection domain; counts the MRs and QPs that name it.
 #[derive(Default)]
@@ -214,9 +232,39 @@ impl Device {
     /// Resolves a list of SGEs (read from the guest) into guest-physical pieces.
     /// Returns the total length.
     /// The `n` SGEs of a WQE, at `addr`.
-    pub(crate) fn read_sges(&self, addr: u64, n: u32) -> Result<SgeList, WcError> {
+    /// The header of the WQE at `addr` in a slot of `stride` bytes, and the SGE after it
+    /// when the slot has room for one (read together: see [`WithSge`]).
+    pub(crate) fn read_wqe_head<H>(
+        &self,
+        addr: u64,
+        stride: u32,
+    ) -> Result<(H, Option<HcaSge>), DmaFault>
+    where
+        H: vm_memory::ByteValued + Default,
+        WithSge<H>: vm_memory::ByteValued,
+    {
+        if stride as usize >= std::mem::size_of::<WithSge<H>>() {
+            let w = read_obj::<WithSge<H>>(self.mem.as_ref(), addr)?;
+            return Ok((w.hdr, Some(w.sge)));
+        }
+        Ok((read_obj::<H>(self.mem.as_ref(), addr)?, None))
+    }
+
+    /// The `n` SGEs of a WQE, at `addr`; the first of them already read if `first` (with
+    /// its WQE's header: see [`WithSge`]).
+    pub(crate) fn read_sges(
+        &self,
+        addr: u64,
+        n: u32,
+        first: Option<HcaSge>,
+    ) -> Result<SgeList, WcError> {
         let mut sges = SgeList::new();
-        for i in 0..u64::from(n) {
+        let mut from = 0;
+        if let Some(sge) = first.filter(|_| n > 0) {
+            sges.push(sge);
+            from = 1;
+        }
+        for i in from..u64::from(n) {
             let sge = read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * i);
             sges.push(sge.map_err(|_| WcError::LocQpOp)?);
         }

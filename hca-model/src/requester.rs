@@ -140,7 +140,8 @@ impl QpEngine<'_> {
                 return self.fatal(ERR_WQ_INDEX);
             }
             let addr = self.qp.sq.slot(self.qp.sq.ci);
-            let Ok(wqe) = read_obj::<HcaSendWqe>(self.dev.mem.as_ref(), addr) else {
+            let stride = 1u32 << self.qp.sq.wqe_shift;
+            let Ok((wqe, first)) = self.dev.read_wqe_head::<HcaSendWqe>(addr, stride) else {
                 return self.fatal(ERR_RING_ACCESS);
             };
             if self.sq_must_wait(&wqe) {
@@ -155,7 +156,7 @@ impl QpEngine<'_> {
                     return self.fail_wr(&wqe, status);
                 }
             }
-            if let Err(status) = self.execute_send(addr, &wqe) {
+            if let Err(status) = self.execute_send(addr, &wqe, first) {
                 return self.fail_wr(&wqe, status);
             }
         }
@@ -196,7 +197,13 @@ impl QpEngine<'_> {
         self.enter_error();
     }
 
-    fn execute_send(&mut self, addr: u64, w: &HcaSendWqe) -> Result<(), WcError> {
+    /// `first`: the SGE after the header, if read with it.
+    fn execute_send(
+        &mut self,
+        addr: u64,
+        w: &HcaSendWqe,
+        first: Option<HcaSge>,
+    ) -> Result<(), WcError> {
         let op = u32::from(w.opcode);
         if op == WR_REG_MR {
             return self.execute_reg_mr(addr);
@@ -232,7 +239,7 @@ impl QpEngine<'_> {
             if u32::from(w.num_sge) > max_sge {
                 return Err(WcError::LocQpOp);
             }
-            let sges = self.dev.read_sges(addr + 64, w.num_sge.into())?;
+            let sges = self.dev.read_sges(addr + 64, w.num_sge.into(), first)?;
             let use_ = if is_read_like {
                 Use::LocalWrite
             } else {

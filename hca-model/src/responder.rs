@@ -20,7 +20,6 @@
 //! GRH. A group's datagram goes to every QP attached to the group here.
 
 use crate::abi::*;
-use crate::dma::read_obj;
 use crate::fabric::Rejected;
 use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
@@ -141,7 +140,7 @@ impl QpEngine<'_> {
     fn take_recv(&mut self) -> Result<Recv, RecvError> {
         if let Some(srqn) = self.qp.srq {
             return match self.dev.srq_take(srqn) {
-                Ok(w) => self.parse_recv(w.addr, w.hdr, w.pdn, w.max_sge),
+                Ok(w) => self.parse_recv(w.addr, w.hdr, w.first, w.pdn, w.max_sge),
                 Err(SrqTake::Empty) => Err(RecvError::Empty),
                 Err(SrqTake::Broken) => {
                     self.enter_error();
@@ -160,19 +159,22 @@ impl QpEngine<'_> {
         }
         let addr = self.qp.rq.slot(self.qp.rq.ci);
         let (pdn, max_sge) = (self.qp.pdn, self.qp.rq.max_sge(16));
-        let Ok(hdr) = read_obj::<HcaRecvWqe>(self.dev.mem.as_ref(), addr) else {
+        let stride = 1u32 << self.qp.rq.wqe_shift;
+        let Ok((hdr, first)) = self.dev.read_wqe_head::<HcaRecvWqe>(addr, stride) else {
             self.fatal(ERR_RING_ACCESS);
             return Err(RecvError::Fatal);
         };
         self.qp.rq.ci = self.qp.rq.ci.wrapping_add(1);
-        self.parse_recv(addr, hdr, pdn, max_sge)
+        self.parse_recv(addr, hdr, first, pdn, max_sge)
     }
 
-    /// A receive WQE just taken (header `hdr` at `addr`): its SGEs, resolved in PD `pdn`.
+    /// A receive WQE just taken (header `hdr` at `addr`, and its first SGE if read with
+    /// it): its SGEs, resolved in PD `pdn`.
     fn parse_recv(
         &mut self,
         addr: u64,
         hdr: HcaRecvWqe,
+        first: Option<HcaSge>,
         pdn: u32,
         max_sge: u32,
     ) -> Result<Recv, RecvError> {
@@ -185,7 +187,7 @@ impl QpEngine<'_> {
         }
         let sges = self
             .dev
-            .read_sges(addr + 16, hdr.num_sge.into())
+            .read_sges(addr + 16, hdr.num_sge.into(), first)
             .map_err(|_| bad(WcError::LocQpOp))?;
         let mut segs = SegList::new();
         let cap = self

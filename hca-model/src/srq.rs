@@ -14,7 +14,6 @@
 //! Last WQE Reached): its receives stay in the SRQ for the other QPs, nothing is flushed.
 
 use crate::abi::*;
-use crate::dma::read_obj;
 use crate::hca::Device;
 use crate::qp::WorkQueue;
 use crate::status::CmdError;
@@ -39,6 +38,8 @@ pub(crate) struct SrqWqe {
     pub pdn: u32,
     pub max_sge: u32,
     pub hdr: HcaRecvWqe,
+    /// The SGE after the header, read with it when the slot holds one.
+    pub first: Option<HcaSge>,
 }
 
 /// Why no WQE came from an SRQ.
@@ -138,12 +139,17 @@ impl Device {
             return Err(SrqTake::Empty);
         }
         let addr = srq.wq.slot(srq.wq.ci);
-        let hdr = if posted > srq.wq.size() {
+        let stride = 1u32 << srq.wq.wqe_shift;
+        let head = if posted > srq.wq.size() {
             Err(ERR_WQ_INDEX)
         } else {
-            read_obj::<HcaRecvWqe>(self.mem.as_ref(), addr).map_err(|_| ERR_RING_ACCESS)
+            self.read_wqe_head::<HcaRecvWqe>(addr, stride)
+                .map_err(|_| ERR_RING_ACCESS)
         };
-        let hdr = match hdr {
+        let Some(srq) = self.srqs.get_mut(srqn) else {
+            return Err(SrqTake::Broken);
+        };
+        let (hdr, first) = match head {
             Ok(h) => h,
             Err(reason) => {
                 srq.error = true;
@@ -158,6 +164,7 @@ impl Device {
             pdn: srq.pdn,
             max_sge: srq.wq.max_sge(16),
             hdr,
+            first,
         };
         if srq.limit != 0 && posted - 1 < srq.limit {
             srq.limit = 0;
