@@ -102,6 +102,7 @@
 /* Commands */
 #define HCA_CMD_QUERY_DEVICE		0x01
 #define HCA_CMD_QUERY_PORT		0x02
+#define HCA_CMD_QUERY_PKEYS		0x03
 #define HCA_CMD_ALLOC_PD		0x10
 #define HCA_CMD_DEALLOC_PD		0x11
 #define HCA_CMD_REG_MR			0x20
@@ -236,6 +237,8 @@
 #define HCA_EV_QP_LAST_WQE		9
 /* param = SRQN, data = reason: the SRQ's index or ring is unusable */
 #define HCA_EV_SRQ_ERR			10
+/* The port's P_Key table changed: read it again (QUERY_PKEYS). */
+#define HCA_EV_PKEY_CHANGE		11
 #define HCA_ERR_CQ_OVERFLOW		1
 #define HCA_ERR_RING_ACCESS		2
 #define HCA_ERR_WQ_INDEX		3
@@ -308,6 +311,15 @@ struct hca_port_attr {
 	__u8 active_mtu;
 	__u8 rsvd0;
 	__u64 rsvd1;
+};
+
+/*
+ * QUERY_PKEYS output: the port's P_Key table, as the subnet manager set it;
+ * entry 0 is the default partition's 0xffff, an entry of 0 is empty.
+ */
+#define HCA_PKEY_TABLE_LEN		16
+struct hca_pkey_table {
+	__u16 pkeys[HCA_PKEY_TABLE_LEN];
 };
 
 /* ATTACH_MCAST / DETACH_MCAST: a UD QP and a multicast group */
@@ -538,6 +550,7 @@ _Static_assert(sizeof(struct hca_dev_info) == 80, "hca_dev_info");
 _Static_assert(sizeof(struct hca_cmd_mailbox) == 256, "hca_cmd_mailbox");
 _Static_assert(sizeof(struct hca_device_attr) == 64, "hca_device_attr");
 _Static_assert(sizeof(struct hca_port_attr) == 32, "hca_port_attr");
+_Static_assert(sizeof(struct hca_pkey_table) == 32, "hca_pkey_table");
 _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
 _Static_assert(sizeof(struct hca_cmd_create_qp) == 48, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");

@@ -138,6 +138,8 @@ pub const MTU_4096: u32 = 5;
 // ---- Commands -----------------------------------------------------------------------------
 pub const CMD_QUERY_DEVICE: u32 = 0x01;
 pub const CMD_QUERY_PORT: u32 = 0x02;
+/// The port's P_Key table ([`HcaPKeyTable`]), as the subnet manager set it.
+pub const CMD_QUERY_PKEYS: u32 = 0x03;
 pub const CMD_ALLOC_PD: u32 = 0x10;
 pub const CMD_DEALLOC_PD: u32 = 0x11;
 pub const CMD_REG_MR: u32 = 0x20;
@@ -302,6 +304,8 @@ pub const EV_QP_LAST_WQE: u32 = 9;
 /// An SRQ's producer index or ring became unusable; the SRQ is in error and every QP that
 /// next takes a WQE from it goes to ERR: `param` = SRQN, `data` = reason.
 pub const EV_SRQ_ERR: u32 = 10;
+/// The subnet manager changed the port's P_Key table (read it again with QUERY_PKEYS).
+pub const EV_PKEY_CHANGE: u32 = 11;
 
 // Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
 pub const ERR_CQ_OVERFLOW: u32 = 1;
@@ -417,6 +421,18 @@ pub struct HcaPortAttr {
     pub rsvd1: u64,
 }
 abi_struct!(HcaPortAttr, 32);
+
+/// QUERY_PKEYS output: the port's P_Key table; entry 0 is the default partition's 0xffff,
+/// an entry of 0 is empty. A QP's `pkey_index` names a non-empty entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaPKeyTable {
+    pub pkeys: [u16; PKEY_TABLE_LEN],
+}
+abi_struct!(HcaPKeyTable, 32);
+
+/// Entries in a port's P_Key table.
+pub const PKEY_TABLE_LEN: usize = crate::partition::PKEY_TABLE_LEN;
 
 /// ATTACH_MCAST / DETACH_MCAST input: QP `qpn` (UD) and the group's MGID and MLID.
 #[repr(C)]
@@ -791,6 +807,7 @@ pub fn layout() -> Vec<(String, u64)> {
         MAX_CQ,
         MAX_SRQ,
         MAX_SRQ_LOG_WR,
+        PKEY_TABLE_LEN,
         MAX_PD,
         MAX_MR,
         MAX_QP_LOG_WR,
@@ -825,6 +842,7 @@ pub fn layout() -> Vec<(String, u64)> {
         MTU_4096,
         CMD_QUERY_DEVICE,
         CMD_QUERY_PORT,
+        CMD_QUERY_PKEYS,
         CMD_ALLOC_PD,
         CMD_DEALLOC_PD,
         CMD_REG_MR,
@@ -939,6 +957,7 @@ pub fn layout() -> Vec<(String, u64)> {
         EV_SRQ_LIMIT,
         EV_QP_LAST_WQE,
         EV_SRQ_ERR,
+        EV_PKEY_CHANGE,
         ERR_CQ_OVERFLOW,
         ERR_RING_ACCESS,
         ERR_WQ_INDEX,
@@ -957,6 +976,7 @@ pub fn layout() -> Vec<(String, u64)> {
         max_mtu, active_mtu, rsvd0, rsvd1 });
     layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
     layout_of!(HcaCmdMcast => "hca_cmd_mcast" { mgid, qpn, mlid, rsvd });
+    layout_of!(HcaPKeyTable => "hca_pkey_table" { pkeys });
     layout_of!(HcaCmdPortCap => "hca_cmd_port_cap" { cap_mask, rsvd });
     layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
         npages, page_shift, flags, rsvd });

@@ -10,8 +10,8 @@
 //!
 //! The capture point is the sender's uplink, before any fault hook: a packet a fault plan
 //! then drops, delays or duplicates appears once, as sent, and a resend appears again. The
-//! model carries no GRH (every packet is LRH-routed inside one subnet) and no P_Key
-//! partitions, so frames carry LNH = "IBA local" and the default P_Key 0xffff.
+//! model carries no GRH on unicast packets (every packet is LRH-routed inside one subnet),
+//! so those frames carry LNH = "IBA local"; the BTH carries the packet's P_Key.
 
 use std::io::{self, Write};
 use std::sync::Mutex;
@@ -74,7 +74,6 @@ const LNH_IBA_LOCAL: u8 = 2;
 const LNH_IBA_GLOBAL: u8 = 3;
 const LRH_BYTES: usize = 8;
 const GRH_BYTES: usize = 40;
-const DEFAULT_PKEY: u16 = 0xffff;
 
 /// The frame an IB link would carry for `pkt` (one MTU packet, not a train).
 pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
@@ -120,7 +119,7 @@ fn encode_bth(f: &mut Vec<u8>, pkt: &Packet, payload_len: usize) {
     let pad = ((4 - payload_len % 4) % 4) as u8;
     f.push(pkt.opcode);
     f.push(u8::from(pkt.solicited) << 7 | pad << 4); // SE, MigReq 0, PadCnt, TVer 0
-    f.extend_from_slice(&DEFAULT_PKEY.to_be_bytes());
+    f.extend_from_slice(&pkt.pkey.to_be_bytes());
     f.extend_from_slice(&(pkt.dest_qpn & 0x00ff_ffff).to_be_bytes()); // resv8a, DestQP
                                                                       // AckReq on the packet that ends a request message: the responder answers it.
     let ack_req = pkt.is_request() && !pkt.is_ud() && pkt.ends_message();

@@ -73,6 +73,12 @@ impl HcaState {
         match mb.opcode {
             CMD_QUERY_DEVICE => output(out, &self.dev.device_attr()),
             CMD_QUERY_PORT => output(out, &self.dev.port_attr()),
+            CMD_QUERY_PKEYS => output(
+                out,
+                &HcaPKeyTable {
+                    pkeys: self.dev.pkeys,
+                },
+            ),
             CMD_ALLOC_PD => output(out, &handle(self.dev.cmd_alloc_pd()?)),
             CMD_DEALLOC_PD => self.dev.cmd_dealloc_pd(h)?,
             CMD_REG_MR => output(out, &handle(self.dev.cmd_reg_mr(&input(mb))?)),

@@ -20,6 +20,10 @@ impl HcaState {
     /// A response packet for requester QP `pkt.dest_qpn`.
     pub(crate) fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         match self.engine(pkt.dest_qpn) {
+            Some(e) if !e.admits(&pkt) => {
+                e.dev.stats.pkey_violations += 1;
+                Ok(())
+            }
             Some(mut e) => e.on_response(pkt),
             None => Err(Rejected::of(pkt)),
         }

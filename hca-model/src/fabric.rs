@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::adapter_hook::AdapterHook;
 use crate::packet::Packet;
+use crate::partition::{self, PKeyTable, Partition, PartitionError};
 use crate::sa::{SubnetAdmin, SM_LID};
 
 /// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
@@ -124,6 +125,9 @@ pub trait PacketSink: Send + Sync {
     /// The fabric has an adapter hook (true) or none (false) from now on: said when the
     /// port is attached and at every change, in order.
     fn adapter_hook_changed(&self, _attached: bool) {}
+    /// The port's P_Key table, as the subnet manager set it (see `crate::partition`):
+    /// said when the port is attached and whenever the partitions change.
+    fn pkeys_changed(&self, _table: &PKeyTable) {}
 }
 
 /// The most queued items a port may leave behind it (see
@@ -667,6 +671,9 @@ struct Inner {
     sa: Arc<SaPort>,
     /// LIDs whose link the hook has down (their ports were told).
     links_down: Mutex<Vec<Lid>>,
+    /// The P_Key tables of the ports in a partition beside the default (the rest have
+    /// the default table).
+    pkeys: RwLock<Vec<(Lid, PKeyTable)>>,
     /// The SA queued trap Reports from where no pump may run (a port attaching or leaving
     /// under its device's lock): the next tick moves them.
     reports_waiting: AtomicBool,
@@ -746,6 +753,10 @@ impl crate::sa::Ports for Fabric {
         self.port(lid).map_or(0, |p| p.capability_mask())
     }
 
+    fn pkeys(&self, lid: Lid) -> PKeyTable {
+        self.pkey_table(lid)
+    }
+
     fn now_ns(&self) -> u64 {
         Fabric::now_ns(self)
     }
@@ -813,6 +824,7 @@ impl Fabric {
                     sa: Mutex::new(SubnetAdmin::new()),
                 }),
                 links_down: Mutex::new(Vec::new()),
+                pkeys: RwLock::new(Vec::new()),
                 reports_waiting: AtomicBool::new(false),
             }),
         }
@@ -944,6 +956,7 @@ impl Fabric {
             let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
             let lid = ports.len() as Lid;
             self.tell_adapter_hook(&sink);
+            self.tell_pkeys(lid, &sink);
             self.set_port(lid, Some(sink.clone()));
             ports.push(Some(sink));
             lid
@@ -985,6 +998,7 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         self.tell_adapter_hook(&sink);
+        self.tell_pkeys(lid, &sink);
         self.set_port(lid, Some(sink.clone()));
         *slot = Some(sink);
         drop(ports);
@@ -1038,6 +1052,73 @@ impl Fabric {
     fn tell_adapter_hook(&self, sink: &Weak<dyn PacketSink>) {
         if let Some(s) = sink.upgrade() {
             s.adapter_hook_changed(self.inner.adapter_hook.is_set());
+        }
+    }
+
+    /// The partitions beside the default, as the subnet manager sets them: every port's
+    /// P_Key table follows (ports on the fabric are told now, later ones as they attach),
+    /// and the SA answers by them. Replaces the partitions set before.
+    pub fn set_partitions(&self, parts: &[Partition]) -> Result<(), PartitionError> {
+        let tables = partition::tables(parts)?;
+        *self.inner.pkeys.write().unwrap_or_else(|e| e.into_inner()) = tables;
+        let ports: Vec<_> = {
+            let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+            ports
+                .iter()
+                .enumerate()
+                .map(|(l, p)| (l as Lid, p.clone()))
+                .collect()
+        };
+        for (lid, port) in ports {
+            if let Some(sink) = port.and_then(|w| w.upgrade()) {
+                sink.pkeys_changed(&self.pkey_table(lid));
+            }
+        }
+        Ok(())
+    }
+
+    /// The P_Key table of the port at `lid`.
+    pub fn pkey_table(&self, lid: Lid) -> PKeyTable {
+        let tables = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        tables
+            .iter()
+            .find(|(l, _)| *l == lid)
+            .map_or_else(partition::default_table, |(_, t)| *t)
+    }
+
+    /// Every partition beside the default (its P_Key with the full bit) and its full and
+    /// limited members' LIDs (`hcabench fabric`).
+    pub fn partitions(&self) -> Vec<Partition> {
+        let tables = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        let mut parts: Vec<Partition> = Vec::new();
+        for (lid, table) in tables.iter() {
+            for &k in table.iter().skip(1).filter(|&&k| k != 0) {
+                let pkey = k | partition::FULL_MEMBER;
+                let at = match parts.iter().position(|p| p.pkey == pkey) {
+                    Some(i) => i,
+                    None => {
+                        parts.push(Partition {
+                            pkey,
+                            ..Partition::default()
+                        });
+                        parts.len() - 1
+                    }
+                };
+                if let Some(p) = parts.get_mut(at) {
+                    if k & partition::FULL_MEMBER != 0 {
+                        p.members.push(*lid);
+                    } else {
+                        p.limited.push(*lid);
+                    }
+                }
+            }
+        }
+        parts
+    }
+
+    fn tell_pkeys(&self, lid: Lid, sink: &Weak<dyn PacketSink>) {
+        if let Some(s) = sink.upgrade() {
+            s.pkeys_changed(&self.pkey_table(lid));
         }
     }
 

@@ -73,6 +73,9 @@ pub struct HcaStats {
     pub duplicates: u64,
     /// Packets dropped on arrival for a bad ICRC (corrupted on the wire).
     pub icrc_errors: u64,
+    /// Packets dropped on arrival for a P_Key that does not match the receiving QP's
+    /// partition (IBA's P_Key violations; see `crate::partition`).
+    pub pkey_violations: u64,
     /// Remote accesses stopped because their MR was deregistered, invalidated or re-mapped
     /// after the key was checked: read responses not copied, write packets refused.
     pub revoked: u64,
@@ -237,6 +240,8 @@ pub(crate) struct Device {
     pub held: Arc<AtomicUsize>,
     /// Gather lists of completed messages, for the next ones.
     pub gathers: crate::packet::GatherPool,
+    /// The port's P_Keys, as the fabric's subnet manager set them.
+    pub pkeys: crate::partition::PKeyTable,
 }
 
 impl HcaState {
@@ -301,6 +306,7 @@ impl Device {
             hold_acks: false,
             held_acks: Vec::new(),
             gathers: Default::default(),
+            pkeys: crate::partition::default_table(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -642,6 +648,15 @@ impl PacketSink for Shared {
 
     fn capability_mask(&self) -> u32 {
         self.port_caps.load(Ordering::Relaxed)
+    }
+
+    fn pkeys_changed(&self, table: &crate::partition::PKeyTable) {
+        self.with_state(|st| {
+            if st.dev.pkeys != *table {
+                st.dev.pkeys = *table;
+                st.dev.post_event(VEC_ASYNC, EV_PKEY_CHANGE, 1, 0);
+            }
+        });
     }
 
     fn adapter_hook_changed(&self, attached: bool) {

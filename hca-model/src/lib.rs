@@ -32,6 +32,7 @@ mod hca;
 mod mcast;
 mod mr;
 pub mod packet;
+pub mod partition;
 mod qp;
 pub mod reliability;
 mod requester;

@@ -492,13 +492,16 @@ impl RareHeaders {
     }
 }
 
-/// One packet. Fields an opcode does not carry are zero/None.
-#[derive(Clone, Debug, Default)]
+/// One packet. Fields an opcode does not carry are zero/None; its P_Key is the default
+/// partition's unless its QP is in another.
+#[derive(Clone, Debug)]
 pub struct Packet {
     pub slid: u16,
     pub dlid: u16,
     pub sl: u8,
     pub opcode: u8,
+    /// BTH P_Key: the partition of the QP that sent it (see `crate::partition`).
+    pub pkey: u16,
     /// BTH solicited-event bit.
     pub solicited: bool,
     pub dest_qpn: u32,
@@ -528,6 +531,34 @@ pub struct Packet {
     pub of: u32,
     /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
     pub corrupt: bool,
+}
+
+impl Default for Packet {
+    fn default() -> Packet {
+        Packet {
+            slid: 0,
+            dlid: 0,
+            sl: 0,
+            opcode: 0,
+            pkey: crate::partition::DEFAULT_PKEY,
+            solicited: false,
+            dest_qpn: 0,
+            src_qpn: 0,
+            psn: 0,
+            reth: None,
+            aeth: None,
+            rare: None,
+            imm: None,
+            ieth: None,
+            qkey: 0,
+            payload: Payload::Empty,
+            count: 0,
+            mtu: 0,
+            first: 0,
+            of: 0,
+            corrupt: false,
+        }
+    }
 }
 
 // Moved by value on every hop: keep it within what the compiler moves without a call.
@@ -745,6 +776,7 @@ impl Packet {
             dlid: self.dlid,
             sl: self.sl,
             opcode: self.opcode,
+            pkey: self.pkey,
             solicited: self.solicited,
             dest_qpn: self.dest_qpn,
             src_qpn: self.src_qpn,

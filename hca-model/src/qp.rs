@@ -279,6 +279,9 @@ pub(crate) struct Qp {
     pub held_ack: Option<Packet>,
     /// This QP is in `Device::held_acks` (until the burst's end goes through the list).
     pub held_ack_listed: bool,
+    /// The P_Key at its P_Key index when that was set: its packets carry it, and only
+    /// packets of its partition reach it.
+    pub pkey: u16,
 }
 
 impl Qp {
@@ -369,7 +372,7 @@ fn transition(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
 /// Range checks on the attributes `mask` names.
 fn attrs_valid(mask: u32, a: &HcaQpAttr) -> bool {
     let has = |bit| mask & bit != 0;
-    !(has(QP_ATTR_PKEY_INDEX) && a.pkey_index != 0
+    !(has(QP_ATTR_PKEY_INDEX) && usize::from(a.pkey_index) >= crate::partition::PKEY_TABLE_LEN
         || has(QP_ATTR_PORT) && a.port_num != 1
         || has(QP_ATTR_ACCESS_FLAGS) && a.access_flags & !0xf != 0
         || has(QP_ATTR_PATH_MTU) && !(MTU_256..=MTU_4096).contains(&u32::from(a.path_mtu))
@@ -489,6 +492,7 @@ impl HcaState {
             last_atomic: None,
             held_ack: None,
             held_ack_listed: false,
+            pkey: crate::partition::DEFAULT_PKEY,
         };
         let qpn = if a.qp_type == QPT_GSI {
             if !self.qps.insert_at(GSI_QPN, qp) {
@@ -564,6 +568,13 @@ impl HcaState {
         }
         if !attrs_valid(mask, a) {
             return Err(CmdError::BadParam);
+        }
+        if mask & QP_ATTR_PKEY_INDEX != 0 {
+            // An empty entry names no partition (IBA: the index must hold a valid P_Key).
+            let pkey = e.dev.pkeys.get(usize::from(a.pkey_index)).copied();
+            e.qp.pkey = pkey
+                .filter(|&k| k & 0x7fff != 0)
+                .ok_or(CmdError::BadParam)?;
         }
         apply_attrs(e.qp, mask, a);
         match next {

@@ -318,6 +318,7 @@ impl QpEngine<'_> {
             dlid: self.qp.attr.dlid,
             sl: self.qp.attr.sl,
             opcode,
+            pkey: self.qp.pkey,
             dest_qpn: self.qp.attr.dest_qpn,
             src_qpn: self.qpn,
             psn,
@@ -469,6 +470,7 @@ impl QpEngine<'_> {
         payload.make_owned().map_err(|_| WcError::LocProt)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
+            pkey: self.qp.pkey,
             rare: RareHeaders {
                 grh: self.dev.multicast_grh(w.ud_dlid),
                 ..Default::default()

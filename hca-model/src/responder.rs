@@ -60,6 +60,10 @@ impl HcaState {
         }
         if !pkt.is_ud() {
             return match self.engine(pkt.dest_qpn) {
+                Some(e) if !e.admits(&pkt) => {
+                    e.dev.stats.pkey_violations += 1;
+                    Ok(())
+                }
                 Some(mut e) => e.receive_rc(pkt),
                 None => Err(Rejected::of(pkt)),
             };
@@ -73,6 +77,7 @@ impl HcaState {
         };
         for qpn in qpns {
             match self.engine(qpn) {
+                Some(e) if !e.admits(&pkt) => e.dev.stats.pkey_violations += 1,
                 Some(mut e) => e.receive_ud(&pkt),
                 None => self.dev.stats.ud_dropped += 1,
             }
@@ -82,6 +87,16 @@ impl HcaState {
 }
 
 impl QpEngine<'_> {
+    /// Whether a packet's partition lets it reach this QP: its P_Key matches the QP's, or,
+    /// for QP1 (which serves every partition of the port), any entry of the port's table.
+    /// A packet that fails is dropped unanswered, as IB drops a P_Key violation.
+    pub(crate) fn admits(&self, pkt: &Packet) -> bool {
+        if self.qpn == GSI_QPN {
+            return crate::partition::table_admits(&self.dev.pkeys, pkt.pkey);
+        }
+        crate::partition::pkeys_match(pkt.pkey, self.qp.pkey)
+    }
+
     /// An RC request for this QP.
     fn receive_rc(&mut self, pkt: Packet) -> Result<(), Rejected> {
         let qp = &mut *self.qp;
@@ -125,7 +140,7 @@ impl QpEngine<'_> {
             RC_READ_REQUEST => self.rc_read(pkt, false),
             RC_CMP_SWAP | RC_FETCH_ADD => match qp.last_atomic {
                 Some((psn, orig)) if psn == pkt.psn => {
-                    self.reply(atomic_ack(self.qpn, &pkt, orig));
+                    self.reply(atomic_ack(self.qpn, self.qp.pkey, &pkt, orig));
                 }
                 _ => {} // Older than the one we keep: its ACK must have arrived.
             },
@@ -237,6 +252,7 @@ impl QpEngine<'_> {
         Packet {
             dlid: req.slid,
             opcode: RC_ACK,
+            pkey: self.qp.pkey,
             dest_qpn: req.src_qpn,
             src_qpn: self.qpn,
             psn,
@@ -504,6 +520,7 @@ impl QpEngine<'_> {
         }
         let head = Packet {
             dlid: pkt.slid,
+            pkey: self.qp.pkey,
             dest_qpn: pkt.src_qpn,
             src_qpn: self.qpn,
             psn: pkt.psn,
@@ -563,7 +580,7 @@ impl QpEngine<'_> {
         if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(&pkt, AETH_NAK_REM_OP);
         }
-        self.reply(atomic_ack(self.qpn, &pkt, orig));
+        self.reply(atomic_ack(self.qpn, self.qp.pkey, &pkt, orig));
         self.qp.last_atomic = Some((pkt.psn, orig));
         self.advance_epsn(1);
     }
@@ -671,10 +688,11 @@ pub(crate) fn fields_add(a: u64, b: u64, boundaries: u64) -> u64 {
 }
 
 /// The response to atomic request `req`, carrying the original value.
-fn atomic_ack(qpn: u32, req: &Packet, orig: u64) -> Packet {
+fn atomic_ack(qpn: u32, pkey: u16, req: &Packet, orig: u64) -> Packet {
     Packet {
         dlid: req.slid,
         opcode: RC_ATOMIC_ACK,
+        pkey,
         dest_qpn: req.src_qpn,
         src_qpn: qpn,
         psn: req.psn,

@@ -3,6 +3,7 @@
 //! multicast as IPoIB uses it: join through the SA, attach a UD QP, send to the MLID.
 
 use hca_model::abi::*;
+use hca_model::partition::Partition;
 use hca_model::sa::{port_gid, IPOIB_BROADCAST_MGID, SM_LID};
 use hca_model::Fabric;
 use hca_test_driver::*;
@@ -439,4 +440,85 @@ fn test_a_subscriber_hears_a_node_arrive_and_leave() {
         assert_eq!(u16::from_be_bytes([m[56 + 4], m[56 + 5]]), trap);
         assert_eq!(m[56 + 16..56 + 32], port_gid(guid));
     }
+}
+
+/// PathRecord Get from `g` to the port with GUID `to`, in the partition of `pkey` if given:
+/// the MAD status and, when found, the path's P_Key.
+fn path_in(g: &mut Gsi, to: u64, pkey: Option<u16>, tid: u64) -> (u16, u16) {
+    let mask = 1 << 2 | pkey.map_or(0, |_| 1 << 13);
+    let mut q = sa_mad(0x01, 0x0035, mask, tid);
+    q[56 + 8..56 + 24].copy_from_slice(&port_gid(to));
+    if let Some(k) = pkey {
+        q[56 + 50..56 + 52].copy_from_slice(&k.to_be_bytes());
+    }
+    let r = ask(g, &q);
+    (
+        u16::from_be_bytes([r[4], r[5]]),
+        u16::from_be_bytes([r[56 + 50], r[56 + 51]]),
+    )
+}
+
+#[test]
+fn test_paths_and_groups_lie_in_partitions_their_ports_are_members_of() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let b = gsi(&fabric);
+    let mut c = gsi(&fabric);
+    let in_part = vec![a.d.lid(), b.d.lid()];
+    fabric
+        .set_partitions(&[Partition {
+            pkey: 0x8001,
+            members: in_part,
+            limited: vec![],
+        }])
+        .unwrap();
+    // A and B share partition 1; C is in the default partition only.
+    assert_eq!(path_in(&mut a, b.guid, Some(0x8001), 1), (0, 0x8001));
+    assert_eq!(path_in(&mut a, b.guid, None, 2), (0, 0xffff));
+    assert_ne!(
+        path_in(&mut a, c.guid, Some(0x8001), 3).0,
+        0,
+        "C is not in it"
+    );
+    assert_ne!(
+        path_in(&mut c, b.guid, Some(0x8001), 4).0,
+        0,
+        "nor may C ask"
+    );
+    assert_eq!(path_in(&mut c, b.guid, None, 5), (0, 0xffff));
+    // The partition's IPoIB broadcast group: A makes it and joins; C may not.
+    let mut mgid = IPOIB_BROADCAST_MGID;
+    mgid[4..6].copy_from_slice(&0x8001u16.to_be_bytes());
+    let join = |g: &mut Gsi, tid: u64| {
+        // MGID, PortGID, Q_Key, TClass, P_Key, SL, FlowLabel, JoinState: enough to create.
+        let mask = 1 | 2 | 1 << 2 | 1 << 6 | 1 << 7 | 1 << 12 | 1 << 13 | 1 << 16;
+        let mut q = sa_mad(0x02, 0x0038, mask, tid);
+        q[56..72].copy_from_slice(&mgid);
+        q[72..88].copy_from_slice(&port_gid(g.guid));
+        q[56 + 32..56 + 36].copy_from_slice(&0x0bu32.to_be_bytes());
+        q[56 + 40..56 + 42].copy_from_slice(&0x8001u16.to_be_bytes());
+        q[56 + 48] = 1;
+        let r = ask(g, &q);
+        u16::from_be_bytes([r[4], r[5]])
+    };
+    assert_eq!(join(&mut a, 6), 0, "a member makes the group");
+    assert_ne!(
+        join(&mut c, 7),
+        0,
+        "a port outside the partition may not join"
+    );
+    let members = fabric.with_sa(|sa| {
+        sa.groups()
+            .find(|g| g.mgid == mgid)
+            .map(|g| g.members.len())
+    });
+    assert_eq!(members, Some(1));
+    assert_eq!(
+        fabric.partitions(),
+        [Partition {
+            pkey: 0x8001,
+            members: vec![a.d.lid(), b.d.lid()],
+            limited: vec![],
+        }]
+    );
 }

@@ -157,6 +157,16 @@ impl Groups {
         } else if mgid[0] != 0xff {
             return Err(status::INVALID_GID);
         }
+        // A group lies in one partition: only its members may make it or join it.
+        let lid = ports.lid_of(guid).ok_or(status::INVALID_GID)?;
+        let pkey = match self.by_mgid.get(&mgid) {
+            Some(g) => g.pkey,
+            None if req.has(mc::PKEY) => be16(d, 40),
+            None => return Err(status::REQ_INVALID),
+        };
+        if super::records::member_entry(&ports.pkeys(lid), pkey).is_none() {
+            return Err(status::REQ_INVALID);
+        }
         if !self.by_mgid.contains_key(&mgid) {
             let group = self.create(req, mgid)?;
             self.by_mgid.insert(mgid, group);

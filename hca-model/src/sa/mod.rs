@@ -171,6 +171,10 @@ pub trait Ports {
     fn link_up(&self, lid: Lid) -> bool;
     /// The capability bits the port at `lid` advertises (PortInfo:CapabilityMask).
     fn capability_mask(&self, lid: Lid) -> u32;
+    /// The P_Key table of the port at `lid` (see `crate::partition`).
+    fn pkeys(&self, _lid: Lid) -> crate::partition::PKeyTable {
+        crate::partition::default_table()
+    }
     /// The fabric's clock, in nanoseconds (service leases run on it).
     fn now_ns(&self) -> u64;
 }

@@ -7,6 +7,7 @@ use super::{
     DEFAULT_PKEY, MTU_4096, RATE_40G, RESP_TIME, SA_CLASS_VERSION, SM_LID, SUBNET_PREFIX,
 };
 use crate::fabric::Lid;
+use crate::partition::{pkeys_match, PKeyTable};
 
 /// PathRecord component mask bits (IBA 15.2.5.16).
 pub(super) mod pr {
@@ -75,6 +76,12 @@ fn named_lid(
     }
 }
 
+/// The entry of `table` in the partition of P_Key `pkey` (either membership), if any.
+pub(super) fn member_entry(table: &PKeyTable, pkey: u16) -> Option<u16> {
+    let id = pkey & 0x7fff;
+    table.iter().copied().find(|&k| k != 0 && k & 0x7fff == id)
+}
+
 /// PathRecord Get/GetTable: paths from the sources (SGID, SLID; unnamed, the asker for a
 /// Get and every port for a GetTable) to the destinations (DGID, DLID; unnamed, every port
 /// for a GetTable; a Get must name one). Every path has PacketLifeTime `packet_life` (a
@@ -96,9 +103,13 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
         size: PATH_SIZE,
         rows: Vec::new(),
     };
-    if req.has(pr::PKEY) && be16(d, 50) & 0x7fff != DEFAULT_PKEY & 0x7fff {
-        return Ok(none);
-    }
+    // A path lies in one partition: the P_Key asked for (the default's when none is), of
+    // which both ends must be members, one of them full (see `crate::partition`).
+    let want = if req.has(pr::PKEY) {
+        be16(d, 50)
+    } else {
+        DEFAULT_PKEY
+    };
     let pick = |sel_bit: u64, val_bit: u64, byte: u8, have: u8| {
         if req.has(sel_bit | val_bit) {
             select(byte >> 6, byte & 0x3f, have)
@@ -118,10 +129,18 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
         let Some(sguid) = ports.guid_of(src) else {
             continue;
         };
+        let Some(pkey) = member_entry(&ports.pkeys(src), want) else {
+            continue;
+        };
         for &dst in &dsts {
             let Some(dguid) = ports.guid_of(dst) else {
                 continue;
             };
+            let reaches =
+                member_entry(&ports.pkeys(dst), want).is_some_and(|k| pkeys_match(pkey, k));
+            if !reaches {
+                continue;
+            }
             let mut out = [0u8; PATH_SIZE];
             out[0..8].copy_from_slice(&d[0..8]); // ServiceID, as asked
             out[8..24].copy_from_slice(&port_gid(dguid));
@@ -130,7 +149,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
             out[42..44].copy_from_slice(&src.to_be_bytes());
             // RawTraffic 0, FlowLabel 0, HopLimit 0: one subnet, no GRH needed.
             out[49] = 0x80 | 1; // reversible, one path
-            out[50..52].copy_from_slice(&DEFAULT_PKEY.to_be_bytes());
+            out[50..52].copy_from_slice(&pkey.to_be_bytes());
             out[54] = 2 << 6 | mtu;
             out[55] = 2 << 6 | rate;
             out[56] = 2 << 6 | life;

@@ -1,0 +1,207 @@
+//! Partitions on the data path: a QP sends in the partition of its P_Key index, every
+//! packet carries that P_Key, and a receiving QP takes only packets of its own partition
+//! (two limited members never talk). A guest names only an index into the table the
+//! fabric gave its port.
+
+use std::time::Duration;
+
+use hca_model::abi::*;
+use hca_model::partition::{Partition, DEFAULT_PKEY};
+use hca_model::Fabric;
+use hca_test_driver::*;
+
+/// A guest with a CQ, a PD and a DMA MR.
+struct Node {
+    d: Driver,
+    pd: u32,
+    cq: CqH,
+    key: u32,
+}
+
+fn node(fabric: &Fabric) -> Node {
+    let mut d = Driver::new(Some(fabric), 4);
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(6);
+    let key = d.reg_dma_mr(pd, ALL_ACCESS);
+    Node { d, pd, cq, key }
+}
+
+/// An RC QP brought to RTS towards `(dlid, dqpn)` in the partition at `pkey_index`.
+fn rc_qp(n: &mut Node) -> QpH {
+    n.d.create_qp(QPT_RC, n.pd, n.cq.cqn, n.cq.cqn)
+}
+
+fn connect(n: &mut Node, qp: &QpH, pkey_index: u16, dlid: u16, dqpn: u32) {
+    let init = HcaQpAttr {
+        state: QPS_INIT as u8,
+        port_num: 1,
+        pkey_index,
+        access_flags: ALL_ACCESS,
+        ..Default::default()
+    };
+    let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
+    assert_eq!(n.d.modify_qp(qp.qpn, m, init), CMD_OK);
+    let rtr = HcaQpAttr {
+        state: QPS_RTR as u8,
+        dlid,
+        dest_qpn: dqpn,
+        path_mtu: MTU_4096 as u8,
+        rq_psn: 100,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 12,
+        ..Default::default()
+    };
+    assert_eq!(n.d.modify_qp(qp.qpn, RC_RTR_MASK, rtr), CMD_OK);
+    let rts = HcaQpAttr {
+        state: QPS_RTS as u8,
+        sq_psn: 100,
+        timeout: 14,
+        retry_cnt: 2,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..Default::default()
+    };
+    let m = QP_ATTR_STATE
+        | QP_ATTR_SQ_PSN
+        | QP_ATTR_TIMEOUT
+        | QP_ATTR_RETRY_CNT
+        | QP_ATTR_RNR_RETRY
+        | QP_ATTR_MAX_QP_RD_ATOMIC;
+    assert_eq!(n.d.modify_qp(qp.qpn, m, rts), CMD_OK);
+}
+
+/// A SEND of 64 bytes from `a`'s QP to `b`'s (a receive posted there); the sender's
+/// completion status once the fabric's clock has run past every retry.
+fn send(fabric: &Fabric, a: &mut Node, qa: &mut QpH, b: &mut Node, qb: &mut QpH) -> u32 {
+    let (src, dst) = (a.d.alloc(64, 64), b.d.alloc(64, 64));
+    a.d.write(src, &pattern(64, 3));
+    b.d.post_recv(qb, 9, &[sge(dst, 64, b.key)]);
+    let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+    wr.num_sge = 1;
+    a.d.post_send(qa, wr, &[sge(src, 64, a.key)]);
+    for _ in 0..10 {
+        fabric.advance(Duration::from_millis(100));
+    }
+    let done = a.d.drain_statuses(&mut a.cq);
+    assert_eq!(done.len(), 1, "{done:?}");
+    let status = done[0].1;
+    let got = b.d.drain_statuses(&mut b.cq);
+    if status == WC_SUCCESS {
+        assert_eq!(got, [(9, WC_SUCCESS)]);
+        assert_eq!(b.d.read(dst, 64), pattern(64, 3));
+    } else {
+        assert!(got.is_empty(), "{got:?}");
+    }
+    status
+}
+
+fn table(n: &mut Node) -> [u16; PKEY_TABLE_LEN] {
+    decode::<HcaPKeyTable>(&n.d.cmd_raw(CMD_QUERY_PKEYS, &[], 0).1).pkeys
+}
+
+#[test]
+fn test_qps_talk_within_their_partition_and_not_across() {
+    let fabric = Fabric::with_manual_clock();
+    let (mut a, mut b) = (node(&fabric), node(&fabric));
+    let members = vec![a.d.lid(), b.d.lid()];
+    fabric
+        .set_partitions(&[Partition {
+            pkey: 0x8001,
+            members,
+            limited: vec![],
+        }])
+        .unwrap();
+    assert_eq!(&table(&mut a)[..3], &[DEFAULT_PKEY, 0x8001, 0]);
+    let (mut qa, mut qb) = (rc_qp(&mut a), rc_qp(&mut b));
+    connect(&mut a, &qa, 1, b.d.lid(), qb.qpn);
+    connect(&mut b, &qb, 1, a.d.lid(), qa.qpn);
+    assert_eq!(send(&fabric, &mut a, &mut qa, &mut b, &mut qb), WC_SUCCESS);
+    assert_eq!(b.d.hca.stats().pkey_violations, 0);
+
+    // The same peers, B's QP in the default partition: A's packets never reach it, and
+    // A's WR runs out of retries as over a lost link.
+    let (mut qa, mut qb) = (rc_qp(&mut a), rc_qp(&mut b));
+    connect(&mut a, &qa, 1, b.d.lid(), qb.qpn);
+    connect(&mut b, &qb, 0, a.d.lid(), qa.qpn);
+    assert_eq!(
+        send(&fabric, &mut a, &mut qa, &mut b, &mut qb),
+        WC_RETRY_EXC_ERR
+    );
+    assert!(b.d.hca.stats().pkey_violations >= 3, "every try dropped");
+}
+
+#[test]
+fn test_limited_members_talk_only_to_full_ones() {
+    let fabric = Fabric::with_manual_clock();
+    let (mut a, mut b, mut c) = (node(&fabric), node(&fabric), node(&fabric));
+    let (la, lb, lc) = (a.d.lid(), b.d.lid(), c.d.lid());
+    // Partition 2: C a full member, A and B limited ones.
+    fabric
+        .set_partitions(&[Partition {
+            pkey: 0x0002,
+            members: vec![lc],
+            limited: vec![la, lb],
+        }])
+        .unwrap();
+    assert_eq!(table(&mut a)[1], 0x0002);
+    assert_eq!(table(&mut c)[1], 0x8002);
+    let (mut qa, mut qb) = (rc_qp(&mut a), rc_qp(&mut b));
+    connect(&mut a, &qa, 1, lb, qb.qpn);
+    connect(&mut b, &qb, 1, la, qa.qpn);
+    assert_eq!(
+        send(&fabric, &mut a, &mut qa, &mut b, &mut qb),
+        WC_RETRY_EXC_ERR,
+        "two limited members"
+    );
+    let (mut qa, mut qc) = (rc_qp(&mut a), rc_qp(&mut c));
+    connect(&mut a, &qa, 1, lc, qc.qpn);
+    connect(&mut c, &qc, 1, la, qa.qpn);
+    assert_eq!(
+        send(&fabric, &mut a, &mut qa, &mut c, &mut qc),
+        WC_SUCCESS,
+        "a limited member and a full one"
+    );
+    assert_eq!(
+        fabric.partitions(),
+        [Partition {
+            pkey: 0x8002,
+            members: vec![lc],
+            limited: vec![la, lb],
+        }]
+    );
+}
+
+#[test]
+fn test_a_pkey_index_must_name_an_entry_and_a_new_table_is_announced() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = node(&fabric);
+    let qa = rc_qp(&mut a);
+    let attr = |pkey_index| HcaQpAttr {
+        state: QPS_INIT as u8,
+        port_num: 1,
+        pkey_index,
+        ..Default::default()
+    };
+    let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
+    for idx in [1, 15, 16, 0xffff] {
+        assert_eq!(a.d.modify_qp(qa.qpn, m, attr(idx)), CMD_BAD_PARAM, "{idx}");
+    }
+    a.d.drain_eq(VEC_ASYNC);
+    let lid = a.d.lid();
+    fabric
+        .set_partitions(&[Partition {
+            pkey: 0x8005,
+            members: vec![lid],
+            limited: vec![],
+        }])
+        .unwrap();
+    let events = a.d.drain_eq(VEC_ASYNC);
+    assert!(
+        events
+            .iter()
+            .any(|e| u32::from(e.event_type) == EV_PKEY_CHANGE),
+        "{events:?}"
+    );
+    assert_eq!(&table(&mut a)[..2], &[DEFAULT_PKEY, 0x8005]);
+    assert_eq!(a.d.modify_qp(qa.qpn, m, attr(1)), CMD_OK);
+}
