@@ -134,6 +134,10 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 		dev_warn(&dev->pdev->dev, "SRQ %u error %u\n", e->param, e->data);
 		hca_srq_event(dev, e->param, IB_EVENT_SRQ_ERR);
 		break;
+	case HCA_EV_PKEY_CHANGE:
+		/* ib_core reads the table again; IPoIB's children follow it. */
+		hca_port_event(dev, IB_EVENT_PKEY_CHANGE);
+		break;
 	default:
 		dev_warn_ratelimited(&dev->pdev->dev, "unknown event %u\n",
 				     e->event_type);

@@ -38,7 +38,7 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	if (dev->caps & HCA_CAP_MASKED_ATOMIC)
 		a->masked_atomic_cap = IB_ATOMIC_HCA;
 	a->max_ah = INT_MAX;
-	a->max_pkeys = 1;
+	a->max_pkeys = HCA_PKEY_TABLE_LEN;
 	a->local_ca_ack_delay = 15;
 	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
 	a->device_cap_flags = IB_DEVICE_MEM_MGT_EXTENSIONS;
@@ -70,7 +70,7 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	a->max_mtu = dev->port.max_mtu;
 	a->active_mtu = dev->port.active_mtu;
 	a->gid_tbl_len = 1;
-	a->pkey_tbl_len = 1;
+	a->pkey_tbl_len = HCA_PKEY_TABLE_LEN;
 	spin_lock_irqsave(&dev->port_lock, flags);
 	a->port_cap_flags = dev->port_cap_flags;
 	spin_unlock_irqrestore(&dev->port_lock, flags);
@@ -150,11 +150,18 @@ static int hca_query_gid(struct ib_device *ibdev, u32 port, int index,
 	return 0;
 }
 
+/* The table is the subnet manager's (the fabric's): asked of the device each time. */
 static int hca_query_pkey(struct ib_device *ibdev, u32 port, u16 index, u16 *pkey)
 {
-	if (index)
+	struct hca_pkey_table t;
+	int err;
+
+	if (index >= HCA_PKEY_TABLE_LEN)
 		return -EINVAL;
-	*pkey = 0xffff;
+	err = hca_cmd(to_hdev(ibdev), HCA_CMD_QUERY_PKEYS, NULL, 0, &t, sizeof(t));
+	if (err)
+		return err;
+	*pkey = t.pkeys[index];
 	return 0;
 }
 
