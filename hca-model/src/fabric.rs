@@ -1061,6 +1061,8 @@ impl Fabric {
     pub fn set_partitions(&self, parts: &[Partition]) -> Result<(), PartitionError> {
         let tables = partition::tables(parts)?;
         *self.inner.pkeys.write().unwrap_or_else(|e| e.into_inner()) = tables;
+        let pkeys: Vec<u16> = parts.iter().map(|p| p.pkey).collect();
+        (self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner())).set_partitions(&pkeys);
         let ports: Vec<_> = {
             let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
             ports

@@ -75,14 +75,37 @@ impl Default for Groups {
             next_mlid: MLID_BASE,
             next_mgid: 1,
         };
-        let mlid = groups.alloc_mlid().unwrap_or(MLID_BASE);
-        groups.by_mgid.insert(
-            IPOIB_BROADCAST_MGID,
+        groups.add_broadcast(DEFAULT_PKEY);
+        groups
+    }
+}
+
+/// The IPoIB broadcast MGID of the partition with P_Key `pkey` (RFC 4391: the P_Key, full
+/// bit set, at bytes 4 and 5).
+pub fn ipoib_broadcast_mgid(pkey: u16) -> [u8; 16] {
+    let mut mgid = IPOIB_BROADCAST_MGID;
+    let full = pkey | crate::partition::FULL_MEMBER;
+    mgid[4..6].copy_from_slice(&full.to_be_bytes());
+    mgid
+}
+
+impl Groups {
+    /// A partition's IPoIB broadcast group, which the SA keeps while the partition lasts.
+    fn add_broadcast(&mut self, pkey: u16) {
+        let mgid = ipoib_broadcast_mgid(pkey);
+        if self.by_mgid.contains_key(&mgid) {
+            return;
+        }
+        let Some(mlid) = self.alloc_mlid() else {
+            return;
+        };
+        self.by_mgid.insert(
+            mgid,
             Group {
-                mgid: IPOIB_BROADCAST_MGID,
+                mgid,
                 mlid,
                 qkey: IPOIB_QKEY,
-                pkey: DEFAULT_PKEY,
+                pkey: pkey | crate::partition::FULL_MEMBER,
                 mtu: MTU_2048,
                 rate: RATE_10G,
                 sl: 0,
@@ -92,11 +115,24 @@ impl Default for Groups {
                 permanent: true,
             },
         );
-        groups
     }
-}
 
-impl Groups {
+    /// The partitions beside the default are `pkeys`: see `SubnetAdmin::set_partitions`.
+    pub(super) fn partition_broadcasts(&mut self, pkeys: &[u16]) {
+        let keep: Vec<[u8; 16]> = std::iter::once(DEFAULT_PKEY)
+            .chain(pkeys.iter().copied())
+            .map(ipoib_broadcast_mgid)
+            .collect();
+        self.by_mgid.retain(|mgid, g| {
+            let broadcast =
+                mgid[6..] == IPOIB_BROADCAST_MGID[6..] && mgid[..4] == IPOIB_BROADCAST_MGID[..4];
+            !(g.permanent && broadcast) || keep.contains(mgid)
+        });
+        for &k in pkeys {
+            self.add_broadcast(k);
+        }
+    }
+
     pub(super) fn iter(&self) -> impl Iterator<Item = &Group> {
         self.by_mgid.values()
     }

@@ -288,6 +288,13 @@ impl SubnetAdmin {
         self.groups.iter()
     }
 
+    /// The partitions beside the default are these (P_Keys): each gets its IPoIB broadcast
+    /// group, made by the SA as OpenSM makes one for a partition with its `ipoib` flag
+    /// (IPoIB joins it and does not create it); a partition gone takes its group along.
+    pub fn set_partitions(&mut self, pkeys: &[u16]) {
+        self.groups.partition_broadcasts(pkeys);
+    }
+
     /// The group with multicast LID `mlid`.
     pub fn group_by_mlid(&self, mlid: Lid) -> Option<&Group> {
         self.groups.by_mlid(mlid)
