@@ -78,6 +78,18 @@ pub struct ClusterSpec {
     /// kernel's ib_cm makes an RC connection's ACK timeout 4.096 us * 2^(life + 1), so it
     /// sets how long a lost packet stalls a connection.
     pub packet_life: u8,
+    /// Partitions beside the default one every node is a full member of (see
+    /// `hca_model::partition`).
+    pub partitions: Vec<PartitionSpec>,
+}
+
+/// One partition of a cluster: its P_Key (the membership bit is each node's own) and its
+/// full and limited members by node name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionSpec {
+    pub pkey: u16,
+    pub members: Vec<String>,
+    pub limited: Vec<String>,
 }
 
 impl ClusterSpec {
@@ -99,6 +111,7 @@ impl ClusterSpec {
             qemu_accel: QemuAccel::Tcg,
             vfio: BTreeMap::new(),
             packet_life: hca_model::sa::DEFAULT_PACKET_LIFE,
+            partitions: Vec::new(),
         }
     }
 
@@ -141,7 +154,40 @@ impl ClusterSpec {
                 self.packet_life,
                 hca_model::sa::MAX_PACKET_LIFE
             ))
-        })
+        })?;
+        fabric
+            .set_partitions(&self.partitions()?)
+            .map_err(|e| BootError::Spec(e.to_string()))
+    }
+
+    /// The partitions with their nodes as LIDs (node `i` has LID `i + 1`).
+    fn partitions(&self) -> Result<Vec<hca_model::partition::Partition>, BootError> {
+        let lids = |names: &[String]| -> Result<Vec<u16>, BootError> {
+            names
+                .iter()
+                .map(|n| {
+                    Self::node_index(n, self.nodes)
+                        .map(|i| (i + 1) as u16)
+                        .ok_or_else(|| {
+                            BootError::Spec(format!(
+                                "partition member {n} is not a node (the nodes are node1 to \
+                                 node{})",
+                                self.nodes
+                            ))
+                        })
+                })
+                .collect()
+        };
+        self.partitions
+            .iter()
+            .map(|p| {
+                Ok(hca_model::partition::Partition {
+                    pkey: p.pkey,
+                    members: lids(&p.members)?,
+                    limited: lids(&p.limited)?,
+                })
+            })
+            .collect()
     }
 
     fn check(&self) -> Result<(), BootError> {

@@ -27,6 +27,12 @@
 //!
 //! [vfio]             # host PCI functions passed through (kvm backend, `vfio` feature)
 //! node1 = "/sys/bus/pci/devices/0000:03:00.0"
+//!
+//! [[partition]]      # a partition beside the default one (every node is a full member
+//! pkey = 0x8001      # of 0xffff): its P_Key, 0x0001 to 0x7ffe with or without the full
+//! members = ["node1", "node2"]   # bit; full members, and limited ones (which talk to
+//! limited = ["node3"]            # full members only). In a guest:
+//!                    # `ip link add link ib0 name ib0.8001 type ipoib pkey 0x8001`
 //! ```
 
 use std::collections::BTreeMap;
@@ -105,6 +111,17 @@ pub struct ClusterConfig {
     /// Node name -> sysfs path of a host PCI function (bound to vfio-pci) that the node's
     /// guest gets next to its emulated HCA.
     pub vfio: BTreeMap<String, PathBuf>,
+    /// Partitions beside the default (`[[partition]]`).
+    pub partition: Vec<PartitionConfig>,
+}
+
+/// One `[[partition]]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PartitionConfig {
+    pub pkey: u16,
+    pub members: Vec<String>,
+    pub limited: Vec<String>,
 }
 
 impl Default for ClusterConfig {
@@ -122,6 +139,7 @@ impl Default for ClusterConfig {
             capture_format: CaptureFormat::Erf,
             node_memory_mib: BTreeMap::new(),
             vfio: BTreeMap::new(),
+            partition: Vec::new(),
         }
     }
 }
@@ -194,6 +212,27 @@ impl ClusterConfig {
                 hca_model::sa::MAX_PACKET_LIFE
             ));
         }
+        for p in &self.partition {
+            for name in p.members.iter().chain(&p.limited) {
+                if !self.is_node(name) {
+                    return Err(no_node(&format!("partition {:#06x}", p.pkey), name));
+                }
+            }
+        }
+        let lids = |names: &[String]| -> Vec<u16> {
+            (names.iter())
+                .filter_map(|n| ClusterSpec::node_index(n, self.nodes))
+                .map(|i| (i + 1) as u16)
+                .collect()
+        };
+        let parts: Vec<hca_model::partition::Partition> = (self.partition.iter())
+            .map(|p| hca_model::partition::Partition {
+                pkey: p.pkey,
+                members: lids(&p.members),
+                limited: lids(&p.limited),
+            })
+            .collect();
+        hca_model::partition::tables(&parts).map_err(|e| format!("partition: {e}"))?;
         Ok(())
     }
 
@@ -227,6 +266,22 @@ impl ClusterConfig {
             vcpus: self.vcpus,
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
+            // (Members past a bench's `nodes` are left out, as their RAM is.)
+            partitions: (self.partition.iter())
+                .map(|p| {
+                    let within = |names: &[String]| -> Vec<String> {
+                        (names.iter())
+                            .filter(|n| ClusterSpec::node_index(n, nodes).is_some())
+                            .cloned()
+                            .collect()
+                    };
+                    cluster::PartitionSpec {
+                        pkey: p.pkey,
+                        members: within(&p.members),
+                        limited: within(&p.limited),
+                    }
+                })
+                .collect(),
             ..ClusterSpec::new(backend, image, dir, nodes)
         }
     }
@@ -267,6 +322,41 @@ mod tests {
             e.0.contains("packet_life_time = 31 (must be 0 to 30"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn test_partitions_name_nodes_and_valid_p_keys() {
+        let text = "nodes = 3\n[[partition]]\npkey = 0x8001\nmembers = [\"node1\", \"node2\"]\n\
+                    limited = [\"node3\"]\n";
+        let c = ClusterConfig::parse(text, "x").unwrap();
+        let dir = PathBuf::from("/tmp/x");
+        let image = Image {
+            kernel_version: "k".into(),
+            vmlinux: "v".into(),
+            bzimage: "b".into(),
+            initramfs: "i".into(),
+        };
+        let spec = c.spec(cluster::Backend::Qemu, image.clone(), dir.clone(), 3);
+        assert_eq!(
+            spec.partitions,
+            [cluster::PartitionSpec {
+                pkey: 0x8001,
+                members: vec!["node1".into(), "node2".into()],
+                limited: vec!["node3".into()],
+            }]
+        );
+        // A bench on fewer nodes leaves the others out.
+        let two = c.spec(cluster::Backend::Qemu, image, dir, 2);
+        assert!(two.partitions[0].limited.is_empty());
+        let e = ClusterConfig::parse("[[partition]]\npkey = 1\nmembers = [\"node5\"]", "c")
+            .unwrap_err();
+        assert!(e.0.contains("partition 0x0001: no node \"node5\""), "{e}");
+        let e = ClusterConfig::parse("[[partition]]\npkey = 0x7fff\nmembers = [\"node1\"]", "c")
+            .unwrap_err();
+        assert!(e.0.contains("the default's"), "{e}");
+        let twice = "[[partition]]\npkey = 3\n[[partition]]\npkey = 0x8003\n";
+        let e = ClusterConfig::parse(twice, "c").unwrap_err();
+        assert!(e.0.contains("given twice"), "{e}");
     }
 
     #[test]

@@ -195,6 +195,9 @@ impl Control {
         if words == ["groups"] {
             return Ok(self.groups());
         }
+        if words == ["partitions"] {
+            return Ok(self.partitions());
+        }
         if words == ["registrations"] {
             let ((services, informs), life) = self
                 .fabric
@@ -203,7 +206,8 @@ impl Control {
         }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(
-                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups or registrations)"
+                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups, partitions or \
+                 registrations)"
             ));
         };
         let lid = self.lid_of(node)?;
@@ -217,6 +221,30 @@ impl Control {
         };
         hook.live(lid, change, self.fabric.now_ns());
         Ok(format!("{node}: {}", words[2..].join(" ")))
+    }
+
+    /// The partitions beside the default on one line: `PKEY FULL LIMITED` per partition,
+    /// `;` between them, members as node names (`-` for none).
+    fn partitions(&self) -> String {
+        let names = |lids: &[u16]| {
+            if lids.is_empty() {
+                "-".to_string()
+            } else {
+                let n: Vec<String> = lids.iter().map(|l| format!("node{l}")).collect();
+                n.join(",")
+            }
+        };
+        (self.fabric.partitions().iter())
+            .map(|p| {
+                format!(
+                    "{:#06x} {} {}",
+                    p.pkey,
+                    names(&p.members),
+                    names(&p.limited)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(";")
     }
 
     /// The SA's groups on one line: `MGID MLID QKEY MEMBERS` per group, `;` between

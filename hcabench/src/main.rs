@@ -665,6 +665,16 @@ fn fabric_cmd(run: &RunDir) -> Result<(), String> {
             println!("  {mgid:<40} {mlid:>6} {qkey:>10}  {members}");
         }
     }
+    let reply = control::request(run.dir(), "partitions")?;
+    println!("partitions (every node is a full member of the default, 0xffff):");
+    if reply.trim().is_empty() {
+        println!("  none other ([[partition]] in the cluster file)");
+    }
+    for p in reply.split(';').filter(|p| !p.trim().is_empty()) {
+        if let [pkey, full, limited] = p.split_whitespace().collect::<Vec<_>>().as_slice() {
+            println!("  {pkey}  full: {full}  limited: {limited}");
+        }
+    }
     let reply = control::request(run.dir(), "registrations")?;
     if let [services, informs, life] = reply.split_whitespace().collect::<Vec<_>>().as_slice() {
         println!(
