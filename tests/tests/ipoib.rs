@@ -62,6 +62,12 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     };
     let spec = cluster::ClusterSpec {
         packet_life: PACKET_LIFE,
+        // Partition 1 holds node1 and node2; node3 is in the default partition only.
+        partitions: vec![cluster::PartitionSpec {
+            pkey: PARTITION,
+            members: vec!["node1".into(), "node2".into()],
+            limited: vec![],
+        }],
         ..e2e::qemu_spec(&image, "ipoib", NODES)
     };
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |_| {}).unwrap();
@@ -95,6 +101,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     fabric.set_tap(None);
     the_capture_shows_sa_queries_joins_and_ipoib_datagrams(&pcap);
     debians_saquery_reads_the_sa_tables(&mut tb);
+    a_partitions_ipoib_child_reaches_its_members_only(&mut tb);
 
     // 64 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
     let sum = tb.agents[2]
@@ -779,6 +786,121 @@ fn the_capture_shows_sa_queries_joins_and_ipoib_datagrams(pcap: &std::path::Path
 
 /// Debian's saquery (infiniband-diags, over ib_umad) asks the SA as it would ask OpenSM:
 /// its GetTable answers come back whole over RMPP and list every node, path and member.
+/// The partition beside the default (its P_Key, full members' form).
+const PARTITION: u16 = 0x8001;
+
+/// Debian's IPoIB makes a child interface per partition (`create_child`, what `ip link add
+/// ... type ipoib pkey` does): it finds the P_Key in hcab0's table (which the fabric's SM
+/// set), joins the partition's broadcast group (which the SA made) and runs in it, in
+/// datagram and in connected mode (ib_cm's RC QPs in the partition). A node outside the
+/// partition has no such P_Key: its child stays without carrier.
+fn a_partitions_ipoib_child_reaches_its_members_only(tb: &mut Testbed) {
+    let child = format!("ib0.{PARTITION:04x}");
+    let paddr = |i: usize| format!("10.79.0.{}", i + 1);
+    for i in 0..NODES {
+        let table = tb.agents[i]
+            .run("cat /sys/class/infiniband/hcab0/ports/1/pkeys/[01]", T)
+            .unwrap();
+        let want = if i < 2 { "0x8001" } else { "0x0000" };
+        assert_eq!(
+            table.split_whitespace().collect::<Vec<_>>(),
+            ["0xffff", want],
+            "node{}",
+            i + 1
+        );
+        tb.agents[i]
+            .run(
+                &format!(
+                    "echo {PARTITION:#x} > /sys/class/net/ib0/create_child && \
+                     ip addr add {}/24 dev {child} && ip link set {child} up",
+                    paddr(i)
+                ),
+                T,
+            )
+            .unwrap();
+    }
+    let carrier = |tb: &mut Testbed, i: usize| {
+        let c = tb.agents[i]
+            .run(&format!("cat /sys/class/net/{child}/carrier"), T)
+            .unwrap();
+        c.trim() == "1"
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(carrier(tb, 0) && carrier(tb, 1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the members' {child} got no carrier"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!carrier(tb, 2), "node3 is not in the partition");
+    let log = tb.agents[2].run("dmesg | grep 'P_Key'", T).unwrap();
+    assert!(log.contains("P_Key 0x8001 is not found"), "{log}");
+    let out = tb.agents[0]
+        .run(&format!("ping -c 2 -W 5 {}", paddr(1)), T)
+        .unwrap();
+    assert!(out.contains("2 packets received"), "{out}");
+    let out = tb.agents[0]
+        .run(&format!("ping -c 2 -W 2 {} || true", paddr(2)), T)
+        .unwrap();
+    assert!(out.contains("0 packets received"), "{out}");
+    // The partition's groups have its members only.
+    let groups: Vec<(usize, u16)> = tb.fabric().with_sa(|sa| {
+        sa.groups()
+            .filter(|g| g.pkey == PARTITION)
+            .map(|g| (g.members.len(), u16::from_be_bytes([g.mgid[4], g.mgid[5]])))
+            .collect()
+    });
+    assert!(!groups.is_empty());
+    assert!(
+        groups.iter().all(|&(n, k)| n <= 2 && k == PARTITION),
+        "{groups:?}"
+    );
+
+    // 4 MiB over TCP in connected mode: an RC connection in the partition, intact.
+    for i in 0..2 {
+        tb.agents[i]
+            .run(
+                &format!(
+                    "echo connected > /sys/class/net/{child}/mode && \
+                     ip link set {child} mtu 65520"
+                ),
+                T,
+            )
+            .unwrap();
+    }
+    let sum = tb.agents[1]
+        .run(
+            "mkdir -p /tmp/p && dd if=/dev/urandom of=/tmp/p/blob bs=1M count=4 2>/dev/null && \
+             md5sum /tmp/p/blob && httpd -p 8081 -h /tmp/p",
+            T,
+        )
+        .unwrap();
+    let sum = sum.split_whitespace().next().unwrap().to_string();
+    let got = tb.agents[0]
+        .run(
+            &format!("wget -q -O - http://{}:8081/blob | md5sum", paddr(1)),
+            T,
+        )
+        .unwrap();
+    assert_eq!(got.split_whitespace().next(), Some(sum.as_str()));
+    let rc = tb.agents[0]
+        .run("rdma res show qp | grep -c 'type RC'", T)
+        .unwrap();
+    assert!(rc.trim().parse::<u32>().unwrap_or(0) >= 1, "{rc}");
+    for i in 0..NODES {
+        tb.agents[i]
+            .run(
+                &format!(
+                    "echo {PARTITION:#x} > /sys/class/net/ib0/delete_child; \
+                     pkill -f 'httpd -p 8081'; rm -rf /tmp/p; true"
+                ),
+                T,
+            )
+            .unwrap();
+    }
+}
+
 fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, q: &str| {
         tb.agents[0]
