@@ -52,8 +52,9 @@ enum Cmd {
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
     /// Show the fabric's subnet administration: its multicast groups (MGID, MLID, Q_Key)
-    /// and which nodes joined them (IPoIB joins its broadcast group on every node), and how
-    /// many service records and trap subscriptions it holds
+    /// and which nodes joined them (IPoIB joins its broadcast group on every node), the
+    /// partitions and their members, and how many service records and trap subscriptions
+    /// it holds
     Fabric,
     /// Attach to a guest's serial console (Ctrl-] detaches)
     Console {
