@@ -369,10 +369,18 @@ pub fn request(run_dir: &Path, request: &str) -> Result<String, ControlError> {
     BufReader::new(&s)
         .read_line(&mut reply)
         .map_err(ControlError::Receive)?;
-    match reply.trim().split_once(' ') {
-        Some(("ok", rest)) => Ok(rest.to_string()),
-        Some(("error", rest)) => Err(ControlError::Refused(rest.to_string())),
-        _ => Err(ControlError::Garbled(reply.trim().to_string())),
+    parse_reply(&reply)
+}
+
+/// A reply line: `ok [TEXT]` or `error [WHY]`. An empty answer (no partitions, say) is
+/// `ok` alone.
+fn parse_reply(reply: &str) -> Result<String, ControlError> {
+    let line = reply.trim();
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match word {
+        "ok" => Ok(rest.to_string()),
+        "error" => Err(ControlError::Refused(rest.to_string())),
+        _ => Err(ControlError::Garbled(line.to_string())),
     }
 }
 
@@ -387,6 +395,22 @@ pub fn gid_text(gid: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_reply_may_carry_nothing() {
+        assert_eq!(parse_reply("ok\n").unwrap(), "");
+        assert_eq!(
+            parse_reply("ok 0x8001 node1 -\n").unwrap(),
+            "0x8001 node1 -"
+        );
+        assert!(
+            matches!(parse_reply("error no such node\n"), Err(ControlError::Refused(w)) if w == "no such node")
+        );
+        assert!(matches!(
+            parse_reply("huh\n"),
+            Err(ControlError::Garbled(_))
+        ));
+    }
 
     fn control(tag: &str) -> (Arc<Control>, PathBuf) {
         let dir = std::env::temp_dir().join(format!("hcab-control-{tag}-{}", std::process::id()));

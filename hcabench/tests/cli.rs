@@ -185,6 +185,11 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     let fabric = hcabench(&dir.0, &["fabric"]);
     assert!(fabric.status.success(), "{}", text(&fabric));
     assert!(
+        text(&fabric).contains("partitions") && text(&fabric).contains("none other"),
+        "a cluster file without [[partition]]: {}",
+        text(&fabric)
+    );
+    assert!(
         text(&fabric)
             .lines()
             .any(|l| l.contains("ff12:401b:ffff:0000:0000:0000:ffff:ffff")
