@@ -32,42 +32,17 @@ fn rc_qp(n: &mut Node) -> QpH {
 }
 
 fn connect(n: &mut Node, qp: &QpH, pkey_index: u16, dlid: u16, dqpn: u32) {
-    let init = HcaQpAttr {
-        state: QPS_INIT as u8,
-        port_num: 1,
+    // Two tries (67 ms apart) for a packet no QP takes.
+    let rts = (14, 2, 7);
+    (n.d).bring_up_rc_in(
+        qp.qpn,
         pkey_index,
-        access_flags: ALL_ACCESS,
-        ..Default::default()
-    };
-    let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
-    assert_eq!(n.d.modify_qp(qp.qpn, m, init), CMD_OK);
-    let rtr = HcaQpAttr {
-        state: QPS_RTR as u8,
         dlid,
-        dest_qpn: dqpn,
-        path_mtu: MTU_4096 as u8,
-        rq_psn: 100,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 12,
-        ..Default::default()
-    };
-    assert_eq!(n.d.modify_qp(qp.qpn, RC_RTR_MASK, rtr), CMD_OK);
-    let rts = HcaQpAttr {
-        state: QPS_RTS as u8,
-        sq_psn: 100,
-        timeout: 14,
-        retry_cnt: 2,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..Default::default()
-    };
-    let m = QP_ATTR_STATE
-        | QP_ATTR_SQ_PSN
-        | QP_ATTR_TIMEOUT
-        | QP_ATTR_RETRY_CNT
-        | QP_ATTR_RNR_RETRY
-        | QP_ATTR_MAX_QP_RD_ATOMIC;
-    assert_eq!(n.d.modify_qp(qp.qpn, m, rts), CMD_OK);
+        dqpn,
+        ALL_ACCESS,
+        MTU_4096 as u8,
+        rts,
+    );
 }
 
 /// A SEND of 64 bytes from `a`'s QP to `b`'s (a receive posted there); the sender's

@@ -474,11 +474,28 @@ impl<P: Port> Driver<P> {
         dqpn: u32,
         access: u32,
         mtu: u8,
+        rts: (u8, u8, u8),
+    ) {
+        self.bring_up_rc_in(qpn, 0, dlid, dqpn, access, mtu, rts);
+    }
+
+    /// Like [`Driver::bring_up_rc_tuned`] in the partition at `pkey_index` of the port's
+    /// P_Key table.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bring_up_rc_in(
+        &mut self,
+        qpn: u32,
+        pkey_index: u16,
+        dlid: u16,
+        dqpn: u32,
+        access: u32,
+        mtu: u8,
         (timeout, retry_cnt, rnr_retry): (u8, u8, u8),
     ) {
         let init = HcaQpAttr {
             state: QPS_INIT as u8,
             port_num: 1,
+            pkey_index,
             access_flags: access,
             ..Default::default()
         };
