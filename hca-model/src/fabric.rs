@@ -671,13 +671,16 @@ struct Inner {
     sa: Arc<SaPort>,
     /// LIDs whose link the hook has down (their ports were told).
     links_down: Mutex<Vec<Lid>>,
-    /// The P_Key tables of the ports in a partition beside the default (the rest have
-    /// the default table).
-    pkeys: RwLock<Vec<(Lid, PKeyTable)>>,
+    /// The partitions beside the default as last set, and the P_Key tables of the ports in
+    /// one (the rest have the default table).
+    pkeys: RwLock<Partitioning>,
     /// The SA queued trap Reports from where no pump may run (a port attaching or leaving
     /// under its device's lock): the next tick moves them.
     reports_waiting: AtomicBool,
 }
+
+/// A subnet's partitions beside the default and the port tables they make.
+type Partitioning = (Vec<Partition>, Vec<(Lid, PKeyTable)>);
 
 /// The port the subnet administrator answers on: a packet for [`SM_LID`] is a query, and
 /// its answer goes back onto the fabric like any port's packet.
@@ -824,7 +827,7 @@ impl Fabric {
                     sa: Mutex::new(SubnetAdmin::new()),
                 }),
                 links_down: Mutex::new(Vec::new()),
-                pkeys: RwLock::new(Vec::new()),
+                pkeys: RwLock::new((Vec::new(), Vec::new())),
                 reports_waiting: AtomicBool::new(false),
             }),
         }
@@ -1060,7 +1063,7 @@ impl Fabric {
     /// and the SA answers by them. Replaces the partitions set before.
     pub fn set_partitions(&self, parts: &[Partition]) -> Result<(), PartitionError> {
         let tables = partition::tables(parts)?;
-        *self.inner.pkeys.write().unwrap_or_else(|e| e.into_inner()) = tables;
+        *self.inner.pkeys.write().unwrap_or_else(|e| e.into_inner()) = (parts.to_vec(), tables);
         let pkeys: Vec<u16> = parts.iter().map(|p| p.pkey).collect();
         (self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner())).set_partitions(&pkeys);
         let ports: Vec<_> = {
@@ -1081,41 +1084,22 @@ impl Fabric {
 
     /// The P_Key table of the port at `lid`.
     pub fn pkey_table(&self, lid: Lid) -> PKeyTable {
-        let tables = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
-        tables
-            .iter()
+        let pkeys = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        (pkeys.1.iter())
             .find(|(l, _)| *l == lid)
             .map_or_else(partition::default_table, |(_, t)| *t)
     }
 
-    /// Every partition beside the default (its P_Key with the full bit) and its full and
-    /// limited members' LIDs (`hcabench fabric`).
+    /// Every partition beside the default, as last set (its P_Key with the full bit), in
+    /// the order given (`hcabench fabric`).
     pub fn partitions(&self) -> Vec<Partition> {
-        let tables = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
-        let mut parts: Vec<Partition> = Vec::new();
-        for (lid, table) in tables.iter() {
-            for &k in table.iter().skip(1).filter(|&&k| k != 0) {
-                let pkey = k | partition::FULL_MEMBER;
-                let at = match parts.iter().position(|p| p.pkey == pkey) {
-                    Some(i) => i,
-                    None => {
-                        parts.push(Partition {
-                            pkey,
-                            ..Partition::default()
-                        });
-                        parts.len() - 1
-                    }
-                };
-                if let Some(p) = parts.get_mut(at) {
-                    if k & partition::FULL_MEMBER != 0 {
-                        p.members.push(*lid);
-                    } else {
-                        p.limited.push(*lid);
-                    }
-                }
-            }
-        }
-        parts
+        let pkeys = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        (pkeys.0.iter())
+            .map(|p| Partition {
+                pkey: p.pkey | partition::FULL_MEMBER,
+                ..p.clone()
+            })
+            .collect()
     }
 
     fn tell_pkeys(&self, lid: Lid, sink: &Weak<dyn PacketSink>) {
