@@ -198,6 +198,9 @@ impl Control {
         if words == ["partitions"] {
             return Ok(self.partitions());
         }
+        if let ["partition", pkey, rest @ ..] = words.as_slice() {
+            return self.set_partition(pkey, rest);
+        }
         if words == ["registrations"] {
             let ((services, informs), life) = self
                 .fabric
@@ -206,8 +209,8 @@ impl Control {
         }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(
-                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups, partitions or \
-                 registrations)"
+                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups, partitions, \
+                 partition PKEY FULL LIMITED|remove or registrations)"
             ));
         };
         let lid = self.lid_of(node)?;
@@ -221,6 +224,53 @@ impl Control {
         };
         hook.live(lid, change, self.fabric.now_ns());
         Ok(format!("{node}: {}", words[2..].join(" ")))
+    }
+
+    /// `partition PKEY FULL LIMITED` (comma-separated node names, `-` for none) sets that
+    /// partition's members, replacing the ones it had; `partition PKEY remove` removes it.
+    /// The other partitions stay as they are, in their order (a new one comes last, so the
+    /// entries ports had keep their places).
+    fn set_partition(&self, pkey: &str, rest: &[&str]) -> Result<String, String> {
+        let pkey = u16::from_str_radix(pkey.trim_start_matches("0x"), 16)
+            .map_err(|_| format!("P_Key `{pkey}` is not a hex number"))?;
+        let id = pkey & 0x7fff;
+        let mut parts = self.fabric.partitions();
+        let at = parts.iter().position(|p| p.pkey & 0x7fff == id);
+        let lids = |names: &str| -> Result<Vec<u16>, String> {
+            if names == "-" {
+                return Ok(Vec::new());
+            }
+            names.split(',').map(|n| self.lid_of(n)).collect()
+        };
+        let what = match (rest, at) {
+            (["remove"], Some(i)) => {
+                parts.remove(i);
+                "removed".to_string()
+            }
+            (["remove"], None) => return Err(format!("no partition {pkey:#06x}")),
+            ([full, limited], _) => {
+                let p = hca_model::partition::Partition {
+                    pkey: pkey | hca_model::partition::FULL_MEMBER,
+                    members: lids(full)?,
+                    limited: lids(limited)?,
+                };
+                let what = format!("full: {full}, limited: {limited}");
+                match at {
+                    Some(i) => {
+                        if let Some(slot) = parts.get_mut(i) {
+                            *slot = p;
+                        }
+                    }
+                    None => parts.push(p),
+                }
+                what
+            }
+            _ => return Err("want: partition PKEY FULL LIMITED, or partition PKEY remove".into()),
+        };
+        self.fabric
+            .set_partitions(&parts)
+            .map_err(|e| e.to_string())?;
+        Ok(format!("partition {:#06x} {what}", pkey | 0x8000))
     }
 
     /// The partitions beside the default on one line: `PKEY FULL LIMITED` per partition,

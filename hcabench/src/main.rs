@@ -77,6 +77,26 @@ enum Cmd {
         #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
         action: Vec<String>,
     },
+    /// Change a partition of the running cluster, as an SM does: set PKEY's full and
+    /// limited members (replacing what it had), or remove it
+    ///
+    /// Every port's P_Key table follows at once and the guests' drivers hear of it (a P_Key
+    /// change event): an IPoIB child interface of that partition gets carrier on a node
+    /// that joins it. QPs made before keep the P_Key they were made with. Example:
+    /// `hcabench partition 0x8001 --members node1,node2 --limited node3`.
+    Partition {
+        /// The partition's P_Key, e.g. 0x8001 (the membership bit is each node's own)
+        pkey: String,
+        /// Full members, comma-separated node names
+        #[arg(long, default_value = "")]
+        members: String,
+        /// Limited members (they talk to full members only)
+        #[arg(long, default_value = "")]
+        limited: String,
+        /// Remove the partition instead
+        #[arg(long, conflicts_with_all = ["members", "limited"])]
+        remove: bool,
+    },
     /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
     /// on a fresh cluster of its own
     ///
@@ -344,6 +364,12 @@ fn main() -> ExitCode {
         Cmd::Fabric => fabric_cmd(&run),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
+        Cmd::Partition {
+            pkey,
+            members,
+            limited,
+            remove,
+        } => partition_cmd(&run, &pkey, &members, &limited, remove),
         Cmd::Run {
             app,
             up: a,
@@ -647,6 +673,41 @@ fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), String> 
     }
     let reply = control::request(run.dir(), &format!("fault {node} {}", action.join(" ")))?;
     println!("{reply}");
+    Ok(())
+}
+
+fn partition_cmd(
+    run: &RunDir,
+    pkey: &str,
+    members: &str,
+    limited: &str,
+    remove: bool,
+) -> Result<(), String> {
+    if run.live_state().is_none() {
+        return Err(format!(
+            "no cluster is up in {} (`hcabench up`)",
+            run.dir().display()
+        ));
+    }
+    let digits = pkey.strip_prefix("0x").or_else(|| pkey.strip_prefix("0X"));
+    let value = match digits {
+        Some(hex) => u16::from_str_radix(hex, 16),
+        None => pkey.parse::<u16>(),
+    }
+    .map_err(|_| format!("P_Key `{pkey}`: want a number to 0xffff, e.g. 0x8001"))?;
+    let list = |names: &str| {
+        if names.is_empty() {
+            "-".to_string()
+        } else {
+            names.to_string()
+        }
+    };
+    let request = if remove {
+        format!("partition {value:#06x} remove")
+    } else {
+        format!("partition {value:#06x} {} {}", list(members), list(limited))
+    };
+    println!("{}", control::request(run.dir(), &request)?);
     Ok(())
 }
 

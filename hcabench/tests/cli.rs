@@ -189,6 +189,35 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
         "a cluster file without [[partition]]: {}",
         text(&fabric)
     );
+    // A partition set and removed on the running cluster, as an SM would.
+    let set = hcabench(
+        &dir.0,
+        &[
+            "partition",
+            "0x8002",
+            "--members",
+            "node1",
+            "--limited",
+            "node2",
+        ],
+    );
+    assert!(set.status.success(), "{}", text(&set));
+    let fabric = hcabench(&dir.0, &["fabric"]);
+    assert!(
+        text(&fabric).contains("0x8002  full: node1  limited: node2"),
+        "{}",
+        text(&fabric)
+    );
+    let bad = hcabench(&dir.0, &["partition", "0x8003", "--members", "node9"]);
+    assert!(
+        !bad.status.success() && text(&bad).contains("no node `node9`"),
+        "{}",
+        text(&bad)
+    );
+    let gone = hcabench(&dir.0, &["partition", "0x8002", "--remove"]);
+    assert!(gone.status.success(), "{}", text(&gone));
+    let fabric = hcabench(&dir.0, &["fabric"]);
+    assert!(text(&fabric).contains("none other"), "{}", text(&fabric));
     assert!(
         text(&fabric)
             .lines()
