@@ -857,6 +857,30 @@ fn a_partitions_ipoib_child_reaches_its_members_only(tb: &mut Testbed) {
         "{groups:?}"
     );
 
+    // The SM adds node3 to the partition on the running cluster (what `hcabench
+    // partition` does): hcab0 tells ib_core the table changed, IPoIB finds the P_Key and
+    // node3's child comes up.
+    tb.fabric()
+        .set_partitions(&[hca_model::partition::Partition {
+            pkey: PARTITION,
+            members: vec![1, 2, 3],
+            limited: vec![],
+        }])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !carrier(tb, 2) {
+        let log = tb.agents[2].run("dmesg | tail -5", T).unwrap_or_default();
+        assert!(
+            Instant::now() < deadline,
+            "node3's {child} got no carrier after joining the partition: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = tb.agents[0]
+        .run(&format!("ping -c 2 -W 5 {}", paddr(2)), T)
+        .unwrap();
+    assert!(out.contains("2 packets received"), "{out}");
+
     // 4 MiB over TCP in connected mode: an RC connection in the partition, intact.
     for i in 0..2 {
         tb.agents[i]
