@@ -959,11 +959,12 @@ impl Fabric {
             let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
             let lid = ports.len() as Lid;
             self.tell_adapter_hook(&sink);
-            self.tell_pkeys(lid, &sink);
             self.set_port(lid, Some(sink.clone()));
-            ports.push(Some(sink));
+            ports.push(Some(sink.clone()));
             lid
         };
+        // Told outside the port table's lock: the port takes its device's lock to hear it.
+        self.tell_pkeys(lid, &sink);
         self.report_port(lid, true);
         lid
     }
@@ -1001,10 +1002,11 @@ impl Fabric {
             return Err(LidTaken(lid));
         }
         self.tell_adapter_hook(&sink);
-        self.tell_pkeys(lid, &sink);
         self.set_port(lid, Some(sink.clone()));
-        *slot = Some(sink);
+        *slot = Some(sink.clone());
         drop(ports);
+        // (Outside the port table's lock, as in `attach`.)
+        self.tell_pkeys(lid, &sink);
         // A new port starts up; the next tick tells it if its link is down.
         self.inner
             .links_down
