@@ -465,7 +465,7 @@ struct hca_send_wqe {
 	__u32 ud_remote_qpn;
 	__u32 ud_qkey;
 	__u16 ud_dlid;
-	__u16 rsvd1;
+	__u16 ud_pkey_index;	/* QP1: the P_Key table entry its MAD carries */
 	__u32 rsvd2;
 	__u64 compare_add;
 	__u64 swap;

@@ -632,7 +632,9 @@ pub struct HcaSendWqe {
     pub ud_remote_qpn: u32,
     pub ud_qkey: u32,
     pub ud_dlid: u16,
-    pub rsvd1: u16,
+    /// QP1 only: the entry of the port's P_Key table the datagram's P_Key is (a MAD in a
+    /// partition, as ib_ud_wr's pkey_index); other QPs send with their own P_Key.
+    pub ud_pkey_index: u16,
     pub rsvd2: u32,
     pub compare_add: u64,
     pub swap: u64,
@@ -996,7 +998,7 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaCqDb => "hca_cq_db" { ci, arm });
     layout_of!(HcaSge => "hca_sge" { addr, length, lkey });
     layout_of!(HcaSendWqe => "hca_send_wqe" { wr_id, opcode, flags, num_sge, rsvd0, imm,
-        remote_addr, rkey, inline_len, ud_remote_qpn, ud_qkey, ud_dlid, rsvd1, rsvd2,
+        remote_addr, rkey, inline_len, ud_remote_qpn, ud_qkey, ud_dlid, ud_pkey_index, rsvd2,
         compare_add, swap });
     layout_of!(HcaRegMrWqe => "hca_reg_mr_wqe" { wr_id, opcode, flags, rsvd0, access, iova,
         key, npages, length, page_list, page_shift, rsvd1, rsvd2 });

@@ -466,11 +466,18 @@ impl QpEngine<'_> {
         } else {
             w.ud_qkey
         };
+        // QP1 sends each MAD in the partition its WR names; other QPs in their own.
+        let pkey = if self.qpn == GSI_QPN {
+            let entry = self.dev.pkeys.get(usize::from(w.ud_pkey_index)).copied();
+            entry.filter(|&k| k & 0x7fff != 0).ok_or(WcError::LocQpOp)?
+        } else {
+            self.qp.pkey
+        };
         let mut payload = src.into_payload(self.dev, len);
         payload.make_owned().map_err(|_| WcError::LocProt)?;
         let pkt = Packet {
             dlid: w.ud_dlid,
-            pkey: self.qp.pkey,
+            pkey,
             rare: RareHeaders {
                 grh: self.dev.multicast_grh(w.ud_dlid),
                 ..Default::default()

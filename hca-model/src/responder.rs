@@ -630,6 +630,13 @@ impl QpEngine<'_> {
             self.fail_recv(r.wr_id, WcError::LocProt);
             return self.enter_error();
         }
+        // The partition it came in: QP1's answer goes back in it (ib_mad takes the index).
+        let pkey_index = if self.qpn == GSI_QPN {
+            let admits = |k: &u16| crate::partition::pkeys_match(pkt.pkey, *k);
+            self.dev.pkeys.iter().position(admits).unwrap_or(0) as u16
+        } else {
+            self.qp.attr.pkey_index
+        };
         let cqe = HcaCqe {
             wr_id: r.wr_id,
             byte_len: (grh + len) as u32,
@@ -637,6 +644,7 @@ impl QpEngine<'_> {
             qpn: self.qpn,
             src_qp: pkt.src_qpn,
             slid: pkt.slid,
+            pkey_index,
             opcode: CQE_OP_RECV as u8,
             flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
                 | if pkt.grh().is_some() { CQE_FLAG_GRH } else { 0 }) as u8,

@@ -180,3 +180,54 @@ fn test_a_pkey_index_must_name_an_entry_and_a_new_table_is_announced() {
     assert_eq!(&table(&mut a)[..2], &[DEFAULT_PKEY, 0x8005]);
     assert_eq!(a.d.modify_qp(qa.qpn, m, attr(1)), CMD_OK);
 }
+
+#[test]
+fn test_a_mad_travels_in_the_partition_its_wr_names() {
+    let fabric = Fabric::with_manual_clock();
+    let (mut a, mut b, mut c) = (node(&fabric), node(&fabric), node(&fabric));
+    let (la, lb, lc) = (a.d.lid(), b.d.lid(), c.d.lid());
+    fabric
+        .set_partitions(&[Partition {
+            pkey: 0x8001,
+            members: vec![la, lb],
+            limited: vec![],
+        }])
+        .unwrap();
+    let gsi = |n: &mut Node| {
+        let qp = n.d.create_qp(QPT_GSI, n.pd, n.cq.cqn, n.cq.cqn);
+        n.d.bring_up_ud(qp.qpn, GSI_QKEY, true);
+        let buf = n.d.alloc(40 + 256, 64);
+        (qp, buf)
+    };
+    let (mut qa, sa) = gsi(&mut a);
+    let (mut qb, rb) = gsi(&mut b);
+    let (mut qc, rc) = gsi(&mut c);
+    b.d.post_recv(&mut qb, 1, &[sge(rb, 40 + 256, LOCAL_DMA_LKEY)]);
+    c.d.post_recv(&mut qc, 1, &[sge(rc, 40 + 256, LOCAL_DMA_LKEY)]);
+    let mut mad = |to: u16, pkey_index: u16, wr_id: u64| {
+        let mut wr = send_wr(wr_id, WR_SEND, WQE_SIGNALED);
+        wr.ud_dlid = to;
+        wr.ud_remote_qpn = GSI_QPN;
+        wr.ud_qkey = GSI_QKEY;
+        wr.ud_pkey_index = pkey_index;
+        a.d.post_send(&mut qa, wr, &[sge(sa, 256, LOCAL_DMA_LKEY)]);
+        fabric.advance(Duration::from_millis(1));
+        a.d.drain_statuses(&mut a.cq)
+    };
+    // In partition 1 to a member: it arrives, and says which of B's entries it came in.
+    assert_eq!(mad(lb, 1, 1), [(1, WC_SUCCESS)]);
+    let got = b.d.drain_cq(&mut b.cq);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].status, got[0].pkey_index), (WC_SUCCESS as u8, 1));
+    // To a port outside it: dropped there (a datagram's sender hears nothing).
+    let before = c.d.hca.stats().pkey_violations;
+    assert_eq!(mad(lc, 1, 2), [(2, WC_SUCCESS)]);
+    assert!(c.d.drain_cq(&mut c.cq).is_empty());
+    assert_eq!(c.d.hca.stats().pkey_violations, before + 1);
+    // In the default partition it reaches C; an empty entry is refused.
+    assert_eq!(mad(lc, 0, 3), [(3, WC_SUCCESS)]);
+    assert_eq!(c.d.drain_cq(&mut c.cq).len(), 1);
+    let refused = mad(lb, 7, 4);
+    assert_eq!(refused.len(), 1);
+    assert_ne!(refused[0].1, WC_SUCCESS);
+}
