@@ -127,6 +127,8 @@ static void hca_wqe_remote(struct hca_qp *qp, struct hca_send_wqe *w,
 		w->ud_dlid = to_hah(ud_wr(wr)->ah)->dlid;
 		w->ud_remote_qpn = ud_wr(wr)->remote_qpn;
 		w->ud_qkey = ud_wr(wr)->remote_qkey;
+		/* The MAD layer sends each MAD in its partition (ib_cm: the path's). */
+		w->ud_pkey_index = ud_wr(wr)->pkey_index;
 	}
 }
 
