@@ -92,6 +92,32 @@ pub struct PartitionSpec {
     pub limited: Vec<String>,
 }
 
+impl PartitionSpec {
+    /// The partition with its members as LIDs (node `i` has LID `i + 1`) in a cluster of
+    /// `nodes`; Err names a member that is not a node.
+    pub fn with_lids(&self, nodes: usize) -> Result<hca_model::partition::Partition, String> {
+        let lids = |names: &[String]| -> Result<Vec<u16>, String> {
+            (names.iter())
+                .map(|n| {
+                    ClusterSpec::node_index(n, nodes)
+                        .map(|i| (i + 1) as u16)
+                        .ok_or_else(|| {
+                            format!(
+                                "partition member {n} is not a node (the nodes are node1 to \
+                                 node{nodes})"
+                            )
+                        })
+                })
+                .collect()
+        };
+        Ok(hca_model::partition::Partition {
+            pkey: self.pkey,
+            members: lids(&self.members)?,
+            limited: lids(&self.limited)?,
+        })
+    }
+}
+
 impl ClusterSpec {
     /// `nodes` guests of 256 MiB and one vCPU each, running the shell job, consoles on
     /// sockets.
@@ -160,33 +186,10 @@ impl ClusterSpec {
             .map_err(|e| BootError::Spec(e.to_string()))
     }
 
-    /// The partitions with their nodes as LIDs (node `i` has LID `i + 1`).
+    /// The partitions with their nodes as LIDs.
     fn partitions(&self) -> Result<Vec<hca_model::partition::Partition>, BootError> {
-        let lids = |names: &[String]| -> Result<Vec<u16>, BootError> {
-            names
-                .iter()
-                .map(|n| {
-                    Self::node_index(n, self.nodes)
-                        .map(|i| (i + 1) as u16)
-                        .ok_or_else(|| {
-                            BootError::Spec(format!(
-                                "partition member {n} is not a node (the nodes are node1 to \
-                                 node{})",
-                                self.nodes
-                            ))
-                        })
-                })
-                .collect()
-        };
-        self.partitions
-            .iter()
-            .map(|p| {
-                Ok(hca_model::partition::Partition {
-                    pkey: p.pkey,
-                    members: lids(&p.members)?,
-                    limited: lids(&p.limited)?,
-                })
-            })
+        (self.partitions.iter())
+            .map(|p| p.with_lids(self.nodes).map_err(BootError::Spec))
             .collect()
     }
 

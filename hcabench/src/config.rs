@@ -124,6 +124,17 @@ pub struct PartitionConfig {
     pub limited: Vec<String>,
 }
 
+impl PartitionConfig {
+    /// The partition as the launcher takes it.
+    fn spec(&self) -> cluster::PartitionSpec {
+        cluster::PartitionSpec {
+            pkey: self.pkey,
+            members: self.members.clone(),
+            limited: self.limited.clone(),
+        }
+    }
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
@@ -219,19 +230,9 @@ impl ClusterConfig {
                 }
             }
         }
-        let lids = |names: &[String]| -> Vec<u16> {
-            (names.iter())
-                .filter_map(|n| ClusterSpec::node_index(n, self.nodes))
-                .map(|i| (i + 1) as u16)
-                .collect()
-        };
-        let parts: Vec<hca_model::partition::Partition> = (self.partition.iter())
-            .map(|p| hca_model::partition::Partition {
-                pkey: p.pkey,
-                members: lids(&p.members),
-                limited: lids(&p.limited),
-            })
-            .collect();
+        let parts = (self.partition.iter())
+            .map(|p| p.spec().with_lids(self.nodes))
+            .collect::<Result<Vec<_>, String>>()?;
         hca_model::partition::tables(&parts).map_err(|e| format!("partition: {e}"))?;
         Ok(())
     }
