@@ -29,9 +29,15 @@ pub fn pkeys_match(pkt: u16, mine: u16) -> bool {
     a != 0 && a == b && (pkt | mine) & FULL_MEMBER != 0
 }
 
-/// Whether any entry of `table` admits a packet with P_Key `pkt` (QP1's check).
+/// The first entry of `table` that admits a packet with P_Key `pkt` (QP1's check, and
+/// the index its receive reports).
+pub fn entry_admitting(table: &PKeyTable, pkt: u16) -> Option<usize> {
+    table.iter().position(|&k| pkeys_match(pkt, k))
+}
+
+/// Whether any entry of `table` admits a packet with P_Key `pkt`.
 pub fn table_admits(table: &PKeyTable, pkt: u16) -> bool {
-    table.iter().any(|&k| pkeys_match(pkt, k))
+    entry_admitting(table, pkt).is_some()
 }
 
 /// One partition beside the default: its P_Key (the membership bit is each port's own)

@@ -632,8 +632,7 @@ impl QpEngine<'_> {
         }
         // The partition it came in: QP1's answer goes back in it (ib_mad takes the index).
         let pkey_index = if self.qpn == GSI_QPN {
-            let admits = |k: &u16| crate::partition::pkeys_match(pkt.pkey, *k);
-            self.dev.pkeys.iter().position(admits).unwrap_or(0) as u16
+            crate::partition::entry_admitting(&self.dev.pkeys, pkt.pkey).unwrap_or(0) as u16
         } else {
             self.qp.attr.pkey_index
         };
