@@ -124,8 +124,8 @@ impl Groups {
             .map(ipoib_broadcast_mgid)
             .collect();
         self.by_mgid.retain(|mgid, g| {
-            let broadcast =
-                mgid[6..] == IPOIB_BROADCAST_MGID[6..] && mgid[..4] == IPOIB_BROADCAST_MGID[..4];
+            // (A partition's broadcast MGID is the default's with its P_Key in it.)
+            let broadcast = *mgid == ipoib_broadcast_mgid(u16::from_be_bytes([mgid[4], mgid[5]]));
             !(g.permanent && broadcast) || keep.contains(mgid)
         });
         for &k in pkeys {
