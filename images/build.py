@@ -47,16 +47,23 @@ SRP_MODULES = ["ib_srpt", "target_core_iblock", "ib_srp", "sd_mod", "brd"]
 # NFS over RDMA (`nfs`): Debian's server (nfsd; svcrdma is in rpcrdma) and NFSv4 client
 # (xprtrdma, in rpcrdma too).
 NFS_MODULES = ["nfsd", "rpcrdma", "nfsv4"]
+# iSCSI Extensions for RDMA (`iser`): Debian's LIO iSCSI target with its iSER transport
+# (ib_isert), the initiator's iSER transport (ib_iser, under open-iscsi's iscsid), the disk
+# driver its LUNs appear through, brd as above, and CRC32C, which LIO's login sets up for
+# iSCSI digests whether or not they are negotiated.
+ISER_MODULES = ["ib_isert", "target_core_iblock", "ib_iser", "sd_mod", "crc32c_generic",
+                "brd"]
 # The order files modload reads (NAME-order: a list's modules with their dependencies,
 # dependencies first), and the manifest key each is listed under.
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
           ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules"),
-          ("nfs", NFS_MODULES, "nfs_modules")]
+          ("nfs", NFS_MODULES, "nfs_modules"), ("iser", ISER_MODULES, "iser_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "ib0-addr", "modload"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser", "ib0-addr",
+           "modload"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
@@ -65,19 +72,26 @@ DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "lit
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad), and
 # nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
-# Kerberos' GSS-API).
-USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "rpc.nfsd", "rpc.mountd", "exportfs"]
+# Kerberos' GSS-API), and open-iscsi's initiator daemon and admin tool (`iser connect`).
+USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "rpc.nfsd", "rpc.mountd", "exportfs",
+                  "iscsid", "iscsiadm"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
                  "infiniband-diags", "libibmad5", "libibumad3",
                  "nfs-kernel-server", "libtirpc3", "libwrap0", "libnsl2", "libblkid1",
                  "libuuid1", "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3",
-                 "libkrb5support0", "libcom-err2", "libkeyutils1"]
+                 "libkrb5support0", "libcom-err2", "libkeyutils1",
+                 "open-iscsi", "libisns0", "libssl3", "libmount1", "libkmod2",
+                 "libopeniscsiusr", "libsystemd0", "libselinux1", "libpcre2-8-0",
+                 "libgcrypt20", "libgpg-error0", "liblzma5", "libzstd1", "liblz4-1"]
 USERLAND_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
                  "ld-linux-x86-64.so.2", "libibmad.so.5", "libibumad.so.3",
                  "libtirpc.so.3", "libwrap.so.0", "libnsl.so.2", "libblkid.so.1",
                  "libuuid.so.1", "libgssapi_krb5.so.2", "libkrb5.so.3", "libk5crypto.so.3",
                  "libkrb5support.so.0", "libcom_err.so.2", "libkeyutils.so.1",
-                 "libresolv.so.2"]
+                 "libresolv.so.2", "libisns.so.0", "libcrypto.so.3", "libmount.so.1",
+                 "libkmod.so.2", "libopeniscsiusr.so.0.2.0", "libsystemd.so.0",
+                 "libselinux.so.1", "libpcre2-8.so.0", "libgcrypt.so.20",
+                 "libgpg-error.so.0", "liblzma.so.5", "libzstd.so.1", "liblz4.so.1"]
 
 quiet = False
 
