@@ -103,6 +103,7 @@
 #define HCA_CMD_QUERY_DEVICE		0x01
 #define HCA_CMD_QUERY_PORT		0x02
 #define HCA_CMD_QUERY_PKEYS		0x03
+#define HCA_CMD_QUERY_COUNTERS		0x04
 #define HCA_CMD_ALLOC_PD		0x10
 #define HCA_CMD_DEALLOC_PD		0x11
 #define HCA_CMD_REG_MR			0x20
@@ -321,6 +322,44 @@ struct hca_port_attr {
 struct hca_pkey_table {
 	__u16 pkeys[HCA_PKEY_TABLE_LEN];
 };
+
+/*
+ * QUERY_COUNTERS: eight of the port's counters from 'first' on (0 past the
+ * last); each counts from the device's creation and never goes back.
+ */
+struct hca_cmd_counters {
+	__u32 first;
+	__u32 rsvd;
+};
+
+struct hca_counters {
+	__u64 values[8];
+};
+
+/* Counter indices (QUERY_COUNTERS) */
+#define HCA_CTR_TX_PACKETS		0	/* MTU packets, ACKs and MADs too */
+#define HCA_CTR_RX_PACKETS		1
+#define HCA_CTR_TX_OCTETS		2	/* on the wire: headers, payload, CRCs */
+#define HCA_CTR_RX_OCTETS		3
+#define HCA_CTR_TX_MCAST_PACKETS	4
+#define HCA_CTR_RX_MCAST_PACKETS	5
+#define HCA_CTR_TX_DISCARDS		6	/* no port has the destination LID */
+#define HCA_CTR_LINK_DOWNED		7
+#define HCA_CTR_ICRC_ERRORS		8
+#define HCA_CTR_PKEY_VIOLATIONS		9
+#define HCA_CTR_RETRANSMITS		10	/* requests sent again */
+#define HCA_CTR_SEQ_NAKS		11	/* PSN sequence error NAKs received */
+#define HCA_CTR_RNR_NAKS		12	/* RNR NAKs received */
+#define HCA_CTR_RETRY_EXCEEDED		13
+#define HCA_CTR_DUPLICATES		14	/* requests answered again */
+#define HCA_CTR_UD_DROPPED		15
+#define HCA_CTR_RC_DROPPED		16
+#define HCA_CTR_REVOKED			17	/* accesses stopped by dereg/invalidate */
+#define HCA_CTR_READ_GAPS		18
+#define HCA_CTR_DMA_FAULTS		19
+#define HCA_CTR_CQES_LOST		20
+#define HCA_CTR_EVENTS_LOST		21
+#define HCA_COUNTERS_LEN		22
 
 /* ATTACH_MCAST / DETACH_MCAST: a UD QP and a multicast group */
 struct hca_cmd_mcast {
@@ -551,6 +590,8 @@ _Static_assert(sizeof(struct hca_cmd_mailbox) == 256, "hca_cmd_mailbox");
 _Static_assert(sizeof(struct hca_device_attr) == 64, "hca_device_attr");
 _Static_assert(sizeof(struct hca_port_attr) == 32, "hca_port_attr");
 _Static_assert(sizeof(struct hca_pkey_table) == 32, "hca_pkey_table");
+_Static_assert(sizeof(struct hca_cmd_counters) == 8, "hca_cmd_counters");
+_Static_assert(sizeof(struct hca_counters) == 64, "hca_counters");
 _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
 _Static_assert(sizeof(struct hca_cmd_create_qp) == 48, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");

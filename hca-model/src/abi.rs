@@ -140,6 +140,8 @@ pub const CMD_QUERY_DEVICE: u32 = 0x01;
 pub const CMD_QUERY_PORT: u32 = 0x02;
 /// The port's P_Key table ([`HcaPKeyTable`]), as the subnet manager set it.
 pub const CMD_QUERY_PKEYS: u32 = 0x03;
+/// Eight of the port's counters from `HcaCmdCounters::first` on ([`HcaCounters`]).
+pub const CMD_QUERY_COUNTERS: u32 = 0x04;
 pub const CMD_ALLOC_PD: u32 = 0x10;
 pub const CMD_DEALLOC_PD: u32 = 0x11;
 pub const CMD_REG_MR: u32 = 0x20;
@@ -430,6 +432,69 @@ pub struct HcaPKeyTable {
     pub pkeys: [u16; PKEY_TABLE_LEN],
 }
 abi_struct!(HcaPKeyTable, 32);
+
+/// QUERY_COUNTERS input: the index of the first counter wanted (a `CTR_*`), below
+/// [`COUNTERS_LEN`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdCounters {
+    pub first: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaCmdCounters, 8);
+
+/// QUERY_COUNTERS output: counters `first` to `first + 7` (0 past [`COUNTERS_LEN`]). Each
+/// counts from the device's creation and never goes back.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCounters {
+    pub values: [u64; 8],
+}
+abi_struct!(HcaCounters, 64);
+
+// ---- Port counters (QUERY_COUNTERS indices) -----------------------------------------------
+/// MTU packets sent and received (every packet of a message; ACKs and MADs too).
+pub const CTR_TX_PACKETS: u32 = 0;
+pub const CTR_RX_PACKETS: u32 = 1;
+/// Octets sent and received on the wire: headers, payload and CRCs (IBA's PortXmitData and
+/// PortRcvData count these, in units of 4).
+pub const CTR_TX_OCTETS: u32 = 2;
+pub const CTR_RX_OCTETS: u32 = 3;
+/// Of the packets, those to and from multicast groups.
+pub const CTR_TX_MCAST_PACKETS: u32 = 4;
+pub const CTR_RX_MCAST_PACKETS: u32 = 5;
+/// Packets the port could not send: no port has their destination LID.
+pub const CTR_TX_DISCARDS: u32 = 6;
+/// Times the port's link went down.
+pub const CTR_LINK_DOWNED: u32 = 7;
+/// Packets dropped on arrival for a bad ICRC.
+pub const CTR_ICRC_ERRORS: u32 = 8;
+/// Packets dropped on arrival for a P_Key outside the receiving QP's partition.
+pub const CTR_PKEY_VIOLATIONS: u32 = 9;
+/// Requests sent again (timeouts, sequence NAKs, RNR NAKs).
+pub const CTR_RETRANSMITS: u32 = 10;
+/// PSN sequence error NAKs and RNR NAKs received.
+pub const CTR_SEQ_NAKS: u32 = 11;
+pub const CTR_RNR_NAKS: u32 = 12;
+/// Send WRs that ended in a retry-exceeded error.
+pub const CTR_RETRY_EXCEEDED: u32 = 13;
+/// Requests that arrived twice and were answered again.
+pub const CTR_DUPLICATES: u32 = 14;
+/// Datagrams dropped (no receive posted, bad Q_Key, too long, ...), and RC packets sent
+/// that no receiver took.
+pub const CTR_UD_DROPPED: u32 = 15;
+pub const CTR_RC_DROPPED: u32 = 16;
+/// Remote accesses stopped because their MR was deregistered or invalidated in flight.
+pub const CTR_REVOKED: u32 = 17;
+/// Read responses that arrived past a gap (the read was asked again).
+pub const CTR_READ_GAPS: u32 = 18;
+/// Device accesses to guest memory that failed (outside RAM, or a bad ring).
+pub const CTR_DMA_FAULTS: u32 = 19;
+/// CQEs and EQEs lost to a full queue.
+pub const CTR_CQES_LOST: u32 = 20;
+pub const CTR_EVENTS_LOST: u32 = 21;
+/// How many counters there are.
+pub const COUNTERS_LEN: u32 = 22;
 
 /// Entries in a port's P_Key table.
 pub const PKEY_TABLE_LEN: usize = crate::partition::PKEY_TABLE_LEN;
@@ -845,6 +910,30 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_QUERY_DEVICE,
         CMD_QUERY_PORT,
         CMD_QUERY_PKEYS,
+        CMD_QUERY_COUNTERS,
+        CTR_TX_PACKETS,
+        CTR_RX_PACKETS,
+        CTR_TX_OCTETS,
+        CTR_RX_OCTETS,
+        CTR_TX_MCAST_PACKETS,
+        CTR_RX_MCAST_PACKETS,
+        CTR_TX_DISCARDS,
+        CTR_LINK_DOWNED,
+        CTR_ICRC_ERRORS,
+        CTR_PKEY_VIOLATIONS,
+        CTR_RETRANSMITS,
+        CTR_SEQ_NAKS,
+        CTR_RNR_NAKS,
+        CTR_RETRY_EXCEEDED,
+        CTR_DUPLICATES,
+        CTR_UD_DROPPED,
+        CTR_RC_DROPPED,
+        CTR_REVOKED,
+        CTR_READ_GAPS,
+        CTR_DMA_FAULTS,
+        CTR_CQES_LOST,
+        CTR_EVENTS_LOST,
+        COUNTERS_LEN,
         CMD_ALLOC_PD,
         CMD_DEALLOC_PD,
         CMD_REG_MR,
@@ -979,6 +1068,8 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
     layout_of!(HcaCmdMcast => "hca_cmd_mcast" { mgid, qpn, mlid, rsvd });
     layout_of!(HcaPKeyTable => "hca_pkey_table" { pkeys });
+    layout_of!(HcaCmdCounters => "hca_cmd_counters" { first, rsvd });
+    layout_of!(HcaCounters => "hca_counters" { values });
     layout_of!(HcaCmdPortCap => "hca_cmd_port_cap" { cap_mask, rsvd });
     layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
         npages, page_shift, flags, rsvd });

@@ -79,6 +79,9 @@ impl HcaState {
                     pkeys: self.dev.pkeys,
                 },
             ),
+            CMD_QUERY_COUNTERS => {
+                output(out, &self.dev.counters(input::<HcaCmdCounters>(mb).first)?)
+            }
             CMD_ALLOC_PD => output(out, &handle(self.dev.cmd_alloc_pd()?)),
             CMD_DEALLOC_PD => self.dev.cmd_dealloc_pd(h)?,
             CMD_REG_MR => output(out, &handle(self.dev.cmd_reg_mr(&input(mb))?)),
@@ -108,6 +111,48 @@ impl HcaState {
 }
 
 impl Device {
+    /// QUERY_COUNTERS: the eight counters from `first` on.
+    fn counters(&self, first: u32) -> Result<HcaCounters, CmdError> {
+        if first >= COUNTERS_LEN {
+            return Err(CmdError::BadParam);
+        }
+        let mut out = HcaCounters::default();
+        for (i, v) in (first..).zip(out.values.iter_mut()) {
+            *v = self.counter(i);
+        }
+        Ok(out)
+    }
+
+    /// Counter `i` (a `CTR_*`; 0 past the last).
+    fn counter(&self, i: u32) -> u64 {
+        let s = &self.stats;
+        match i {
+            CTR_TX_PACKETS => s.packets_out,
+            CTR_RX_PACKETS => s.packets_in,
+            CTR_TX_OCTETS => s.wire_out,
+            CTR_RX_OCTETS => s.wire_in,
+            CTR_TX_MCAST_PACKETS => s.mcast_out,
+            CTR_RX_MCAST_PACKETS => s.mcast_in,
+            CTR_TX_DISCARDS => s.xmit_discards,
+            CTR_LINK_DOWNED => s.link_downs,
+            CTR_ICRC_ERRORS => s.icrc_errors,
+            CTR_PKEY_VIOLATIONS => s.pkey_violations,
+            CTR_RETRANSMITS => s.retransmits,
+            CTR_SEQ_NAKS => s.seq_naks,
+            CTR_RNR_NAKS => s.rnr_naks,
+            CTR_RETRY_EXCEEDED => s.retry_exceeded,
+            CTR_DUPLICATES => s.duplicates,
+            CTR_UD_DROPPED => s.ud_dropped,
+            CTR_RC_DROPPED => s.rc_dropped,
+            CTR_REVOKED => s.revoked,
+            CTR_READ_GAPS => s.read_gaps,
+            CTR_DMA_FAULTS => s.dma_faults,
+            CTR_CQES_LOST => s.cqes_lost,
+            CTR_EVENTS_LOST => s.events_lost,
+            _ => 0,
+        }
+    }
+
     fn device_attr(&self) -> HcaDeviceAttr {
         HcaDeviceAttr {
             fw_ver: u64::from(ABI_VERSION),

@@ -34,6 +34,7 @@ impl HcaState {
     /// QP: every resend would meet the same fate, so the WR ends now as it would once the
     /// retries ran out (WcError::RetryExc) and the QP goes to ERR.
     pub(crate) fn bounced(&mut self, pkt: Packet, why: DropReason) {
+        self.dev.stats.xmit_discards += u64::from(why == DropReason::NoRoute);
         if pkt.is_ud() {
             self.dev.stats.ud_dropped += 1;
             return;

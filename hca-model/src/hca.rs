@@ -54,9 +54,22 @@ pub struct HcaStats {
     pub events: u64,
     pub events_lost: u64,
     pub interrupts: u64,
+    /// MTU packets sent and received (a train counts as the packets it stands for).
     pub packets_out: u64,
     pub packets_in: u64,
+    /// Payload bytes sent.
     pub bytes_out: u64,
+    /// Octets sent and received on the wire, headers and CRCs included
+    /// ([`Packet::wire_bytes`]).
+    pub wire_out: u64,
+    pub wire_in: u64,
+    /// MTU packets sent to and received from multicast groups.
+    pub mcast_out: u64,
+    pub mcast_in: u64,
+    /// Packets the port could not send: no port had their destination LID.
+    pub xmit_discards: u64,
+    /// Times the port's link went down.
+    pub link_downs: u64,
     pub ud_dropped: u64,
     pub rc_dropped: u64,
     pub dma_faults: u64,
@@ -357,8 +370,12 @@ impl Device {
             return;
         };
         pkt.slid = self.lid;
-        self.stats.packets_out += 1;
-        self.stats.bytes_out += u64::from(pkt.payload.len());
+        let n = u64::from(pkt.count.max(1));
+        let len = u64::from(pkt.payload.len());
+        self.stats.packets_out += n;
+        self.stats.mcast_out += n * u64::from(pkt.is_multicast());
+        self.stats.bytes_out += len;
+        self.stats.wire_out += pkt.header_bytes() + len;
         f.enqueue(pkt);
     }
 
@@ -671,6 +688,7 @@ impl PacketSink for Shared {
                 return;
             }
             st.dev.link_down = !up;
+            st.dev.stats.link_downs += u64::from(!up);
             st.dev.publish_info();
             let ev = if up { EV_PORT_ACTIVE } else { EV_PORT_DOWN };
             st.dev.post_event(VEC_ASYNC, ev, 1, 0);

@@ -601,6 +601,42 @@ enum Tail {
 }
 
 impl Packet {
+    /// Octets the packet (each of a train's `count` MTU packets) takes on the wire, as
+    /// IBA's PortXmitData and PortRcvData count them: its headers ([`Packet::header_bytes`])
+    /// and its payload.
+    #[inline]
+    pub fn wire_bytes(&self) -> u64 {
+        self.header_bytes() + u64::from(self.payload.len())
+    }
+
+    /// The header octets of [`Packet::wire_bytes`]: every packet's LRH, BTH, ICRC and VCRC
+    /// (and a datagram's DETH, a multicast's GRH), and the extension headers a message
+    /// carries once (RETH, AETH, ImmDt, IETH, AtomicETH, AtomicAckETH). (A read response
+    /// train's middle packets carry no AETH: it is counted once.) Branch-free but for the
+    /// rare headers: every packet sent and received is counted.
+    #[inline]
+    pub fn header_bytes(&self) -> u64 {
+        const LRH_BTH_CRCS: u64 = 8 + 12 + 4 + 2;
+        // DETH: UD's two opcodes differ in their low bit.
+        let each = LRH_BTH_CRCS + 8 * u64::from(self.opcode & !1 == UD_SEND_ONLY);
+        let once = 16 * u64::from(self.reth.is_some())
+            + 4 * u64::from(self.aeth.is_some())
+            + 4 * u64::from(self.imm.is_some())
+            + 4 * u64::from(self.ieth.is_some());
+        let n = u64::from(self.count.max(1));
+        match &self.rare {
+            None => n * each + once,
+            Some(r) => {
+                // AtomicETH is 28 octets: its address and key are the RETH's 16 above.
+                n * (each + 40 * u64::from(r.grh.is_some()))
+                    + once
+                    + 12 * u64::from(r.atomic.is_some())
+                    + 16 * u64::from(r.atomic_masks.is_some())
+                    + 8 * u64::from(r.atomic_ack.is_some())
+            }
+        }
+    }
+
     pub fn grh(&self) -> Option<&Grh> {
         self.rare.as_ref()?.grh.as_ref()
     }

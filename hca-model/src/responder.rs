@@ -49,7 +49,10 @@ impl HcaState {
     /// Handles one packet from the fabric. `Err` tells the fabric the packet was discarded
     /// (so that the sender learns it never arrived).
     pub(crate) fn receive(&mut self, pkt: Packet) -> Result<(), Rejected> {
-        self.dev.stats.packets_in += 1;
+        let n = u64::from(pkt.count.max(1));
+        self.dev.stats.packets_in += n;
+        self.dev.stats.mcast_in += n * u64::from(pkt.is_multicast());
+        self.dev.stats.wire_in += pkt.wire_bytes();
         if pkt.corrupt {
             // A bad ICRC: dropped unseen, as IB does; the sender's timer finds out.
             self.dev.stats.icrc_errors += 1;
