@@ -12,7 +12,7 @@
  * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
  * - srq->lock guards an SRQ's indices and which of its slots were polled.
  *
- * port_lock is a leaf lock, taken alone.
+ * port_lock and pma_mutex are leaf locks, taken alone.
  *
  * Lock order (outermost first):
  *
@@ -46,6 +46,7 @@
 
 #define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
 #define HCA_IB_CMD_TIMEOUT_MS	5000
+#define HCA_IB_PMA_FIELDS	12
 
 struct hca_dev {
 	struct ib_device ibdev;
@@ -83,6 +84,13 @@ struct hca_dev {
 	struct mutex port_mutex;
 	spinlock_t port_lock;
 	u32 port_cap_flags;
+
+	/*
+	 * What the Performance Management agent's counters read at their last
+	 * reset, per PMA field (counters.c); pma_mutex is a leaf lock.
+	 */
+	struct mutex pma_mutex;
+	u64 pma_base[HCA_IB_PMA_FIELDS];
 };
 
 struct hca_pd {
@@ -217,6 +225,7 @@ void hca_eq_cleanup(struct hca_dev *dev);
 
 /* verbs.c */
 extern const struct ib_device_ops hca_dev_ops;
+extern const struct ib_device_ops hca_counter_ops;
 
 /* mr.c */
 struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access);

@@ -80,6 +80,7 @@ static int hca_register(struct hca_dev *dev)
 	snprintf(ibdev->node_desc, sizeof(ibdev->node_desc),
 		 "hcabench HCA, LID %u", dev->port.lid);
 	ib_set_device_ops(ibdev, &hca_dev_ops);
+	ib_set_device_ops(ibdev, &hca_counter_ops);
 	return ib_register_device(ibdev, "hcab%d", &dev->pdev->dev);
 }
 
@@ -94,6 +95,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	dev->pdev = pdev;
 	mutex_init(&dev->cmd_mutex);
 	mutex_init(&dev->port_mutex);
+	mutex_init(&dev->pma_mutex);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->table_lock);
 	spin_lock_init(&dev->port_lock);
