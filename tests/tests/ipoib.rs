@@ -10,8 +10,10 @@
 //! rds_rdma) carry every size up to RDS's largest message between nodes, and the SCSI RDMA
 //! Protocol (LIO's ib_srpt, ib_srp) serves one RAM disk to two initiators through IB CM,
 //! iSER (LIO's ib_isert, open-iscsi with ib_iser) serves another to two initiators over
-//! rdma_cm, and NFS over RDMA (nfsd's svcrdma, the NFSv4 client's xprtrdma) serves one export to two
-//! clients.
+//! rdma_cm, and NFS over RDMA (nfsd's svcrdma, the NFSv4 client's xprtrdma) serves one
+//! export to two clients. The ports' counters (ib_core's sysfs through hca_ib's
+//! Performance Management agent, and hardware counters through Debian's `rdma statistic`)
+//! follow the traffic.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -114,6 +116,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         .unwrap();
     let sum = sum.split_whitespace().next().unwrap().to_string();
     assert_eq!(sum.len(), 32);
+    let before = [port_counters(&mut tb, 0), port_counters(&mut tb, 2)];
     for from in [0, 1] {
         assert_eq!(
             fetch(&mut tb, from, 2),
@@ -122,6 +125,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
             from + 1
         );
     }
+    the_port_counters_saw_the_fetch(&mut tb, before);
 
     // Under 1% drops on every link TCP resends and the bytes still arrive intact.
     let hook = drop_one_percent(&tb, 9);
@@ -441,6 +445,72 @@ fn srp_over_ib(tb: &mut Testbed) {
     }
 }
 
+/// Node `i`'s port counters as ib_core's sysfs shows them through hca_ib's Performance
+/// Management agent (`counters/`: IBA's PortCounters and PortCountersExtended) and as
+/// hardware counters (`hw_counters/`): name -> value.
+fn port_counters(tb: &mut Testbed, i: usize) -> std::collections::HashMap<String, u64> {
+    let out = tb.agents[i]
+        .run(
+            "cd /sys/class/infiniband/hcab0/ports/1 && \
+             for f in counters/* hw_counters/*; do echo \"$f $(cat $f)\"; done",
+            T,
+        )
+        .unwrap();
+    out.lines()
+        .filter_map(|l| {
+            let (name, v) = l.split_once(' ')?;
+            Some((name.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// One hardware counter of node `i`'s port as Debian's `rdma statistic` prints it.
+fn rdma_statistic(tb: &mut Testbed, i: usize, name: &str) -> u64 {
+    let out = tb.agents[i]
+        .run("rdma statistic show link hcab0/1", T)
+        .unwrap();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == name);
+    at.and_then(|k| words.get(k + 1)?.parse().ok())
+        .unwrap_or_else(|| panic!("node{}: no {name} in `{out}`", i + 1))
+}
+
+/// Nodes 1 and 2 each fetched 64 MiB from node 3 over TCP on ib0: node 3's port sent at
+/// least 128 MiB and node 1's received at least 64 MiB, in both views of the counters
+/// (the PMA's data counters count 4-octet words), and not much more (IPoIB, IP and TCP
+/// headers, TCP's ACKs, the fabric's own headers: under 10%).
+fn the_port_counters_saw_the_fetch(
+    tb: &mut Testbed,
+    before: [std::collections::HashMap<String, u64>; 2],
+) {
+    let after = [port_counters(tb, 0), port_counters(tb, 2)];
+    let grew = |k: usize, name: &str| {
+        let get = |m: &std::collections::HashMap<String, u64>| {
+            *m.get(name)
+                .unwrap_or_else(|| panic!("no {name} among {:?}", m.keys()))
+        };
+        get(&after[k]) - get(&before[k])
+    };
+    const MIB: u64 = 1 << 20;
+    let checks = [
+        (1, "counters/port_xmit_data", 4, 128 * MIB),
+        (1, "hw_counters/tx_octets", 1, 128 * MIB),
+        (0, "counters/port_rcv_data", 4, 64 * MIB),
+        (0, "hw_counters/rx_octets", 1, 64 * MIB),
+    ];
+    for (k, name, unit, want) in checks {
+        let got = grew(k, name) * unit;
+        assert!(
+            got >= want && got < want + want / 10,
+            "node{} {name}: {got} octets for {want} of payload",
+            if k == 0 { 1 } else { 3 }
+        );
+    }
+    // At IPoIB's datagram MTU of 2044 bytes, 64 MiB is at least 32,832 packets.
+    assert!(grew(0, "counters/port_rcv_packets") >= 64 * MIB / 2044);
+    assert_eq!(grew(0, "counters/port_rcv_errors"), 0);
+}
+
 /// iSCSI Extensions for RDMA with Debian's LIO iSCSI target (ib_isert) and open-iscsi's
 /// initiator (iscsid, iscsiadm, ib_iser), over rdma_cm on the ib0 addresses: node 1 exports a
 /// RAM disk; SendTargets discovery and the logins run over iSER. An initiator the target's
@@ -500,12 +570,24 @@ fn iser_over_ib(tb: &mut Testbed) {
         "node3's half on the target's disk"
     );
 
-    // Under 1% drops on every link RC resends below iSER; the bytes arrive intact.
+    // Under 1% drops on every link RC resends below iSER; the bytes arrive intact, and the
+    // hardware counters (as Debian's `rdma statistic` reads them) show the resends.
+    let resent = |tb: &mut Testbed| -> u64 {
+        [0, 1]
+            .iter()
+            .map(|&i| rdma_statistic(tb, i, "retransmits"))
+            .sum()
+    };
+    let resent_before = resent(tb);
     let hook = drop_one_percent(tb, 11);
     let (w2, r2) = disk_write_read(tb, 1, &disks[0], 0, 8);
     tb.fabric().set_hook(None);
     assert_eq!(w2, r2, "node2 under 1% drops");
     assert!(hook.counts().dropped > 0, "the plan dropped packets");
+    assert!(
+        resent(tb) > resent_before,
+        "no resends counted on node1 or node2 under drops"
+    );
     assert_eq!(
         ram_disk_sum(tb, 0, 0, 8),
         w2,
