@@ -495,6 +495,32 @@ pub const CTR_CQES_LOST: u32 = 20;
 pub const CTR_EVENTS_LOST: u32 = 21;
 /// How many counters there are.
 pub const COUNTERS_LEN: u32 = 22;
+/// The counters' names, in `CTR_*` order: hca_ib's hardware counters
+/// (`/sys/class/infiniband/hcab0/ports/1/hw_counters/`) carry the same.
+pub const COUNTER_NAMES: [&str; COUNTERS_LEN as usize] = [
+    "tx_packets",
+    "rx_packets",
+    "tx_octets",
+    "rx_octets",
+    "tx_mcast_packets",
+    "rx_mcast_packets",
+    "tx_discards",
+    "link_downed",
+    "icrc_errors",
+    "pkey_violations",
+    "retransmits",
+    "seq_naks_received",
+    "rnr_naks_received",
+    "retry_exceeded",
+    "duplicate_requests",
+    "ud_dropped",
+    "rc_dropped",
+    "revoked_accesses",
+    "read_gaps",
+    "dma_faults",
+    "cqes_lost",
+    "events_lost",
+];
 
 /// Entries in a port's P_Key table.
 pub const PKEY_TABLE_LEN: usize = crate::partition::PKEY_TABLE_LEN;

@@ -124,7 +124,7 @@ impl Device {
     }
 
     /// Counter `i` (a `CTR_*`; 0 past the last).
-    fn counter(&self, i: u32) -> u64 {
+    pub(crate) fn counter(&self, i: u32) -> u64 {
         let s = &self.stats;
         match i {
             CTR_TX_PACKETS => s.packets_out,

@@ -128,6 +128,10 @@ pub trait PacketSink: Send + Sync {
     /// The port's P_Key table, as the subnet manager set it (see `crate::partition`):
     /// said when the port is attached and whenever the partitions change.
     fn pkeys_changed(&self, _table: &PKeyTable) {}
+    /// The port's counters (`CTR_*` order, as QUERY_COUNTERS gives them), if it keeps any.
+    fn counters(&self) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
+        None
+    }
 }
 
 /// The most queued items a port may leave behind it (see
@@ -1363,6 +1367,11 @@ impl Fabric {
             }
         }
         None
+    }
+
+    /// The counters of the port at `lid` (`CTR_*` order), if a port there keeps them.
+    pub fn counters(&self, lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
+        self.port(lid)?.counters()
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
