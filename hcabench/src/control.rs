@@ -201,6 +201,9 @@ impl Control {
         if let ["partition", pkey, rest @ ..] = words.as_slice() {
             return self.set_partition(pkey, rest);
         }
+        if words == ["counters"] {
+            return Ok(self.counters());
+        }
         if words == ["registrations"] {
             let ((services, informs), life) = self
                 .fabric
@@ -210,7 +213,7 @@ impl Control {
         let ["fault", node, action, args @ ..] = words.as_slice() else {
             return Err(format!(
                 "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups, partitions, \
-                 partition PKEY FULL LIMITED|remove or registrations)"
+                 partition PKEY FULL LIMITED|remove, counters or registrations)"
             ));
         };
         let lid = self.lid_of(node)?;
@@ -271,6 +274,22 @@ impl Control {
             .set_partitions(&parts)
             .map_err(|e| e.to_string())?;
         Ok(format!("partition {:#06x} {what}", pkey | 0x8000))
+    }
+
+    /// Every node's port counters on one line: `NODE V0 V1 ...` per node in
+    /// [`hca_model::abi::COUNTER_NAMES`] order, `;` between nodes; a node whose HCA is not
+    /// on the fabric (its guest not connected yet, or killed) is `NODE -`.
+    fn counters(&self) -> String {
+        (1..=self.nodes as u16)
+            .map(|lid| match self.fabric.counters(lid) {
+                Some(c) => {
+                    let values: Vec<String> = c.iter().map(u64::to_string).collect();
+                    format!("node{lid} {}", values.join(" "))
+                }
+                None => format!("node{lid} -"),
+            })
+            .collect::<Vec<_>>()
+            .join(";")
     }
 
     /// The partitions beside the default on one line: `PKEY FULL LIMITED` per partition,
@@ -472,6 +491,36 @@ mod tests {
             3,
         );
         (c, dir)
+    }
+
+    #[test]
+    fn test_counters_give_every_nodes_port_counters_in_order() {
+        use hca_model::abi::*;
+        use hca_test_driver::*;
+        let mut p = Pair::new(MTU_4096 as u8);
+        let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+        p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
+        let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+        wr.num_sge = 1;
+        p.a.post_send(&mut p.qa, wr, &[sge(src, 8, p.key_a)]);
+        assert!(p.a.poll_cq(&mut p.cq_a).is_some());
+        let dir = std::env::temp_dir().join(format!("hcab-counters-{}", std::process::id()));
+        // A third node whose HCA is not on the fabric.
+        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3);
+        let reply = c.handle("counters").unwrap();
+        let nodes: Vec<Vec<&str>> = reply.split(';').map(|n| n.split(' ').collect()).collect();
+        assert_eq!(nodes.len(), 3, "{reply}");
+        assert_eq!(nodes[2], ["node3", "-"]);
+        for (i, n) in nodes.iter().take(2).enumerate() {
+            assert_eq!(n.len(), 1 + COUNTER_NAMES.len(), "{reply}");
+            assert_eq!(n[0], format!("node{}", i + 1));
+        }
+        let at = |node: usize, ctr: u32| nodes[node][1 + ctr as usize];
+        // The SEND one way, its ACK the other.
+        assert_eq!(at(0, CTR_TX_PACKETS), "1", "{reply}");
+        assert_eq!(at(1, CTR_RX_PACKETS), "1", "{reply}");
+        assert_eq!(at(1, CTR_TX_PACKETS), "1", "{reply}");
+        assert_eq!(at(0, CTR_RETRANSMITS), "0", "{reply}");
     }
 
     #[test]

@@ -56,6 +56,17 @@ enum Cmd {
     /// partitions and their members, and how many service records and trap subscriptions
     /// it holds
     Fabric,
+    /// Show the nodes' port counters, as the device counts them: packets and octets each
+    /// way, resends, NAKs, drops, discards, P_Key violations
+    ///
+    /// A row per node of the counters a fault run moves; with NODE, every counter of that
+    /// node, one per line. Guests read the same through their driver:
+    /// /sys/class/infiniband/hcab0/ports/1/hw_counters/ and `rdma statistic`, and IBA's
+    /// PortCounters in .../ports/1/counters/. Counters count from boot and never go back.
+    Counters {
+        /// One node, e.g. node2: all its counters
+        node: Option<String>,
+    },
     /// Attach to a guest's serial console (Ctrl-] detaches)
     Console {
         /// The node, e.g. node2
@@ -349,7 +360,7 @@ fn main() -> ExitCode {
     // warnings by default, RUST_LOG=debug for every refused command, QP error and NAK.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Status | Cmd::Fabric) {
+    if matches!(cli.cmd, Cmd::Status | Cmd::Fabric | Cmd::Counters { .. }) {
         // Listings end quietly when their reader does (`hcabench fabric | head`), as other
         // tools' do, rather than panic on the closed pipe. Only these: a command that holds
         // guests or sockets must hear of a closed one as an error, not die of it.
@@ -362,6 +373,7 @@ fn main() -> ExitCode {
         Cmd::Down => down(&run),
         Cmd::Status => status(&run),
         Cmd::Fabric => fabric_cmd(&run),
+        Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Partition {
@@ -708,6 +720,83 @@ fn partition_cmd(
         format!("partition {value:#06x} {} {}", list(members), list(limited))
     };
     println!("{}", control::request(run.dir(), &request)?);
+    Ok(())
+}
+
+/// The counters `hcabench counters` shows in its table, with their column headings.
+const COUNTER_COLUMNS: [(u32, &str); 11] = [
+    (hca_model::abi::CTR_TX_PACKETS, "tx pkts"),
+    (hca_model::abi::CTR_RX_PACKETS, "rx pkts"),
+    (hca_model::abi::CTR_TX_OCTETS, "tx MiB"),
+    (hca_model::abi::CTR_RX_OCTETS, "rx MiB"),
+    (hca_model::abi::CTR_RETRANSMITS, "resent"),
+    (hca_model::abi::CTR_SEQ_NAKS, "seq NAKs"),
+    (hca_model::abi::CTR_RNR_NAKS, "RNR NAKs"),
+    (hca_model::abi::CTR_RETRY_EXCEEDED, "retry exc"),
+    (hca_model::abi::CTR_DUPLICATES, "dups"),
+    (hca_model::abi::CTR_UD_DROPPED, "UD drops"),
+    (hca_model::abi::CTR_PKEY_VIOLATIONS, "P_Key viol"),
+];
+
+fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), String> {
+    use hca_model::abi::{COUNTER_NAMES, CTR_RX_OCTETS, CTR_TX_OCTETS};
+    if run.live_state().is_none() {
+        return Err(format!("no cluster is up in {}", run.dir().display()));
+    }
+    let reply = control::request(run.dir(), "counters")?;
+    // Per node its counters, or None while its HCA is off the fabric (`NODE -`).
+    let rows: Vec<(&str, Option<Vec<u64>>)> = (reply.split(';'))
+        .filter_map(|n| {
+            let mut w = n.split_whitespace();
+            let name = w.next()?;
+            let values: Vec<u64> = w.filter_map(|v| v.parse().ok()).collect();
+            Some((
+                name,
+                (values.len() == COUNTER_NAMES.len()).then_some(values),
+            ))
+        })
+        .collect();
+    const OFF: &str = "(its HCA is not on the fabric: guest not connected, or killed)";
+    if let Some(want) = node {
+        let (_, values) = (rows.iter())
+            .find(|(name, _)| *name == want)
+            .ok_or_else(|| {
+                format!(
+                    "no node `{want}` in this cluster (node1 to node{})",
+                    rows.len()
+                )
+            })?;
+        let Some(values) = values else {
+            println!("{want}: {OFF}");
+            return Ok(());
+        };
+        for (name, v) in COUNTER_NAMES.iter().zip(values) {
+            println!("{name:<20} {v}");
+        }
+        return Ok(());
+    }
+    print!("{:<8}", "node");
+    for (_, heading) in COUNTER_COLUMNS {
+        print!(" {heading:>10}");
+    }
+    println!();
+    for (name, values) in &rows {
+        let Some(values) = values else {
+            println!("{name:<8} {OFF}");
+            continue;
+        };
+        print!("{name:<8}");
+        for (ctr, _) in COUNTER_COLUMNS {
+            let v = values.get(ctr as usize).copied().unwrap_or(0);
+            if ctr == CTR_TX_OCTETS || ctr == CTR_RX_OCTETS {
+                print!(" {:>10.1}", v as f64 / f64::from(1u32 << 20));
+            } else {
+                print!(" {v:>10}");
+            }
+        }
+        println!();
+    }
+    println!("(octets on the wire: headers and CRCs too; `hcabench counters NODE` shows all)");
     Ok(())
 }
 

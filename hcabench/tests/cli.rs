@@ -87,6 +87,47 @@ fn live_faults_reach_the_running_cluster(run_dir: &Path) {
     }
 }
 
+/// `hcabench counters`: a row per node with what the port counted since boot (IPoIB's
+/// joins and the SA's answers at least: packets both ways on every node), and every
+/// counter of one node by name.
+fn port_counters_show_each_node(run_dir: &Path) {
+    let table = hcabench(run_dir, &["counters"]);
+    assert!(table.status.success(), "{}", text(&table));
+    let out = text(&table);
+    assert!(out.contains("tx pkts") && out.contains("resent"), "{out}");
+    for node in ["node1", "node2"] {
+        let row: Vec<&str> = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(node))
+            .unwrap_or_else(|| panic!("no row for {node}: {out}"))
+            .split_whitespace()
+            .collect();
+        let (tx, rx): (u64, u64) = (row[1].parse().unwrap(), row[2].parse().unwrap());
+        assert!(tx > 0 && rx > 0, "{node}: {out}");
+    }
+    let one = hcabench(run_dir, &["counters", "node2"]);
+    let out = text(&one);
+    assert!(one.status.success(), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        hca_model::abi::COUNTER_NAMES.len(),
+        "{out}"
+    );
+    for name in hca_model::abi::COUNTER_NAMES {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(name)),
+            "{name}: {out}"
+        );
+    }
+    let bad = hcabench(run_dir, &["counters", "node9"]);
+    assert!(
+        !bad.status.success() && text(&bad).contains("no node `node9`"),
+        "{}",
+        text(&bad)
+    );
+}
+
 /// A run directory removed at the end, with the cluster in it stopped.
 struct RunDir(std::path::PathBuf);
 
@@ -97,12 +138,12 @@ impl Drop for RunDir {
     }
 }
 
-/// `hcabench status` and `fabric` into a pipe whose reader has gone (`| head` done): they
+/// `hcabench status`, `fabric` and `counters` into a pipe whose reader has gone (`| head` done): they
 /// end as other tools do, by SIGPIPE, without a panic's message.
 fn listings_end_quietly_when_their_reader_does(run_dir: &Path) {
     use std::os::fd::FromRawFd;
     use std::os::unix::process::ExitStatusExt;
-    for cmd in ["status", "fabric"] {
+    for cmd in ["status", "fabric", "counters"] {
         let mut fds = [0; 2];
         // SAFETY: fds has room for the two descriptors pipe() writes.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -251,6 +292,8 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
         "{out}"
     );
     assert_eq!(out.matches("doorbell-irq rounds=200").count(), 2, "{out}");
+
+    port_counters_show_each_node(&dir.0);
 
     let bad = hcabench(&dir.0, &["console", "node7"]);
     assert!(!bad.status.success());
