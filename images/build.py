@@ -65,7 +65,7 @@ OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser", "ib0-addr",
            "modload"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
-USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo"]
+USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
