@@ -126,6 +126,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         );
     }
     the_port_counters_saw_the_fetch(&mut tb, before);
+    another_node_reads_and_resets_the_counters_over_qp1(&mut tb);
 
     // Under 1% drops on every link TCP resends and the bytes still arrive intact.
     let hook = drop_one_percent(&tb, 9);
@@ -484,6 +485,15 @@ fn the_port_counters_saw_the_fetch(
     before: [std::collections::HashMap<String, u64>; 2],
 ) {
     let after = [port_counters(tb, 0), port_counters(tb, 2)];
+    // hca_ib names its hardware counters as the device's ABI does.
+    for name in hca_model::abi::COUNTER_NAMES {
+        let key = format!("hw_counters/{name}");
+        assert!(
+            after[0].contains_key(&key),
+            "no {key}: {:?}",
+            after[0].keys()
+        );
+    }
     let grew = |k: usize, name: &str| {
         let get = |m: &std::collections::HashMap<String, u64>| {
             *m.get(name)
@@ -509,6 +519,58 @@ fn the_port_counters_saw_the_fetch(
     // At IPoIB's datagram MTU of 2044 bytes, 64 MiB is at least 32,832 packets.
     assert!(grew(0, "counters/port_rcv_packets") >= 64 * MIB / 2044);
     assert_eq!(grew(0, "counters/port_rcv_errors"), 0);
+}
+
+/// `pma-query` on node 2 asks node 1's Performance Management agent over QP1 (as a
+/// performance manager would): what it answers agrees with what node 1's own sysfs reads
+/// through the same agent; a Set resets the PMA's view, which node 1's `counters/` then
+/// shows, while its hardware counters keep counting.
+fn another_node_reads_and_resets_the_counters_over_qp1(tb: &mut Testbed) {
+    let query = |tb: &mut Testbed, args: &str| -> std::collections::HashMap<String, u64> {
+        let out = tb.agents[1]
+            .run(&format!("pma-query {args}"), T)
+            .unwrap_or_else(|e| panic!("pma-query {args}: {e}"));
+        out.lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                let v = v.trim();
+                let v = match v.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+                    None => v.parse().ok()?,
+                };
+                Some((k.to_string(), v))
+            })
+            .collect()
+    };
+    let remote = query(tb, "1");
+    let local = port_counters(tb, 0);
+    // PortCountersExtended, all of it (ib_core's sysfs reads its fields).
+    assert_eq!(remote.get("capability_mask"), Some(&0x200), "{remote:?}");
+    // Node 1 fetched 64 MiB over TCP: at least a packet per datagram MTU of it came in.
+    let got = remote["ext_port_rcv_packets"];
+    assert!(got > 64 * (1 << 20) / 2044, "{remote:?}");
+    assert!(
+        local["counters/port_rcv_packets"] >= got,
+        "{local:?} {remote:?}"
+    );
+    for way in ["xmit", "rcv"] {
+        assert_eq!(
+            remote[&format!("ext_port_{way}_packets")],
+            remote[&format!("ext_port_unicast_{way}_packets")]
+                + remote[&format!("ext_port_multicast_{way}_packets")],
+            "{remote:?}"
+        );
+    }
+    let reset = query(tb, "-r 1");
+    for k in ["port_rcv_packets", "port_xmit_data", "ext_port_rcv_packets"] {
+        assert_eq!(reset.get(k), Some(&0), "{k} after a reset: {reset:?}");
+    }
+    let after = port_counters(tb, 0);
+    assert!(
+        after["counters/port_rcv_packets"] < got / 100,
+        "node1's PMA view not reset: {after:?}"
+    );
+    assert!(after["hw_counters/rx_packets"] >= local["hw_counters/rx_packets"]);
 }
 
 /// iSCSI Extensions for RDMA with Debian's LIO iSCSI target (ib_isert) and open-iscsi's
