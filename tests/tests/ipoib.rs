@@ -399,51 +399,8 @@ fn srp_over_ib(tb: &mut Testbed) {
         assert!(dev.starts_with("sd"), "node{}: {dev}", i + 1);
         disks.push(dev);
     }
-    let (w1, r1) = disk_write_read(tb, 0, &disks[0], 0, 8);
-    let (w3, r3) = disk_write_read(tb, 2, &disks[1], 8, 8);
-    assert_eq!(w1, r1, "node1 read back through SRP");
-    assert_eq!(w3, r3, "node3 read back through SRP");
-    assert_eq!(
-        ram_disk_sum(tb, 1, 0, 8),
-        w1,
-        "node1's half on the target's disk"
-    );
-    assert_eq!(
-        ram_disk_sum(tb, 1, 8, 8),
-        w3,
-        "node3's half on the target's disk"
-    );
-
-    // Under 1% drops on every link RC resends below SRP; the bytes arrive intact.
-    let hook = drop_one_percent(tb, 7);
-    let (w1, r1) = disk_write_read(tb, 0, &disks[0], 0, 8);
-    tb.fabric().set_hook(None);
-    assert_eq!(w1, r1, "node1 under 1% drops");
-    assert!(hook.counts().dropped > 0, "the plan dropped packets");
-    assert_eq!(
-        ram_disk_sum(tb, 1, 0, 8),
-        w1,
-        "written under drops, on the target's disk"
-    );
-
-    // A logout and a new login: the disk comes back with its data.
-    tb.agents[0].run("srp disconnect", T).unwrap();
-    let gone = tb.agents[0].run("ls /sys/block", T).unwrap();
-    assert!(!gone.contains(&disks[0]), "{gone}");
-    let dev = tb.agents[0].run(&format!("srp connect {g2}"), T).unwrap();
-    let again = tb.agents[0]
-        .run(
-            &format!(
-                "dd if=/dev/{} bs=1M count=16 iflag=direct 2>/dev/null | md5sum",
-                dev.trim()
-            ),
-            T,
-        )
-        .unwrap();
-    assert!(again.starts_with(&ram_disk_sum(tb, 1, 0, 16)), "{again}");
-    for i in [0, 2] {
-        tb.agents[i].run("srp disconnect", T).unwrap();
-    }
+    let connect = format!("srp connect {g2}");
+    scsi_disk_keeps_every_byte(tb, 1, [0, 2], &disks, 7, &connect, "srp disconnect");
 }
 
 /// Node `i`'s port counters as ib_core's sysfs shows them through hca_ib's Performance
@@ -617,53 +574,68 @@ fn iser_over_ib(tb: &mut Testbed) {
             i + 1
         );
     }
-    let (w2, r2) = disk_write_read(tb, 1, &disks[0], 0, 8);
-    let (w3, r3) = disk_write_read(tb, 2, &disks[1], 8, 8);
-    assert_eq!(w2, r2, "node2 read back through iSER");
-    assert_eq!(w3, r3, "node3 read back through iSER");
+    let connect = format!("iser connect {}", addr(0));
+    scsi_disk_keeps_every_byte(tb, 0, [1, 2], &disks, 11, &connect, "iser disconnect");
+}
+
+/// What a RAM disk that node `target` serves over RDMA (SRP, iSER) to nodes `inits` (as
+/// their `disks`) must do: each initiator writes its own 8 MiB and every byte reads back
+/// the same on the initiator and on the target's disk; under 1% drops on every link (plan
+/// `seed`) RC resends below the protocol, the ports' hardware counters (as Debian's `rdma
+/// statistic` reads them) count the resends, and the bytes arrive intact; after a logout
+/// (`disconnect`) and a new login (`connect`) the first initiator's disk comes back with
+/// its data. Every initiator logs out at the end.
+fn scsi_disk_keeps_every_byte(
+    tb: &mut Testbed,
+    target: usize,
+    inits: [usize; 2],
+    disks: &[String],
+    seed: u64,
+    connect: &str,
+    disconnect: &str,
+) {
+    let [first, second] = inits;
+    let (wa, ra) = disk_write_read(tb, first, &disks[0], 0, 8);
+    let (wb, rb) = disk_write_read(tb, second, &disks[1], 8, 8);
+    assert_eq!(wa, ra, "node{} read back", first + 1);
+    assert_eq!(wb, rb, "node{} read back", second + 1);
     assert_eq!(
-        ram_disk_sum(tb, 0, 0, 8),
-        w2,
-        "node2's half on the target's disk"
+        ram_disk_sum(tb, target, 0, 8),
+        wa,
+        "node{}'s half on the target",
+        first + 1
     );
     assert_eq!(
-        ram_disk_sum(tb, 0, 8, 8),
-        w3,
-        "node3's half on the target's disk"
+        ram_disk_sum(tb, target, 8, 8),
+        wb,
+        "node{}'s half on the target",
+        second + 1
     );
 
-    // Under 1% drops on every link RC resends below iSER; the bytes arrive intact, and the
-    // hardware counters (as Debian's `rdma statistic` reads them) show the resends.
     let resent = |tb: &mut Testbed| -> u64 {
-        [0, 1]
+        [target, first]
             .iter()
             .map(|&i| rdma_statistic(tb, i, "retransmits"))
             .sum()
     };
     let resent_before = resent(tb);
-    let hook = drop_one_percent(tb, 11);
-    let (w2, r2) = disk_write_read(tb, 1, &disks[0], 0, 8);
+    let hook = drop_one_percent(tb, seed);
+    let (w, r) = disk_write_read(tb, first, &disks[0], 0, 8);
     tb.fabric().set_hook(None);
-    assert_eq!(w2, r2, "node2 under 1% drops");
+    assert_eq!(w, r, "node{} under 1% drops", first + 1);
     assert!(hook.counts().dropped > 0, "the plan dropped packets");
-    assert!(
-        resent(tb) > resent_before,
-        "no resends counted on node1 or node2 under drops"
-    );
+    assert!(resent(tb) > resent_before, "no resends counted under drops");
     assert_eq!(
-        ram_disk_sum(tb, 0, 0, 8),
-        w2,
-        "written under drops, on the target's disk"
+        ram_disk_sum(tb, target, 0, 8),
+        w,
+        "written under drops, on the target"
     );
 
-    // A logout and a new login: the disk comes back with its data.
-    tb.agents[1].run("iser disconnect", T).unwrap();
-    let gone = tb.agents[1].run("ls /sys/block", T).unwrap();
+    tb.agents[first].run(disconnect, T).unwrap();
+    let gone = tb.agents[first].run("ls /sys/block", T).unwrap();
     assert!(!gone.contains(&disks[0]), "{gone}");
-    let dev = tb.agents[1]
-        .run(&format!("iser connect {}", addr(0)), T)
-        .unwrap();
-    let again = tb.agents[1]
+    let dev = tb.agents[first].run(connect, T).unwrap();
+    let again = tb.agents[first]
         .run(
             &format!(
                 "dd if=/dev/{} bs=1M count=16 iflag=direct 2>/dev/null | md5sum",
@@ -672,9 +644,12 @@ fn iser_over_ib(tb: &mut Testbed) {
             T,
         )
         .unwrap();
-    assert!(again.starts_with(&ram_disk_sum(tb, 0, 0, 16)), "{again}");
-    for i in [1, 2] {
-        tb.agents[i].run("iser disconnect", T).unwrap();
+    assert!(
+        again.starts_with(&ram_disk_sum(tb, target, 0, 16)),
+        "{again}"
+    );
+    for i in inits {
+        tb.agents[i].run(disconnect, T).unwrap();
     }
 }
 
