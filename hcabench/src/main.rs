@@ -62,7 +62,8 @@ enum Cmd {
     /// A row per node of the counters a fault run moves; with NODE, every counter of that
     /// node, one per line. Guests read the same through their driver:
     /// /sys/class/infiniband/hcab0/ports/1/hw_counters/ and `rdma statistic`, and IBA's
-    /// PortCounters in .../ports/1/counters/. Counters count from boot and never go back.
+    /// PortCounters in .../ports/1/counters/. These count from boot and never go back; a
+    /// PMA reset (`pma-query -r LID` in a guest) changes only what counters/ shows.
     Counters {
         /// One node, e.g. node2: all its counters
         node: Option<String>,
