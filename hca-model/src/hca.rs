@@ -531,11 +531,6 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn counters_now(&self) -> [u64; COUNTERS_LEN as usize] {
-        let st = self.lock();
-        std::array::from_fn(|i| st.dev.counter(i as u32))
-    }
-
     /// Runs `f` under the lock, then raises interrupts and moves packets with it released.
     /// Send queues that had more work than one turn allows go on in further turns, the
     /// lock let go between them (so that packets for this device get in, and its own packets
@@ -672,8 +667,10 @@ impl PacketSink for Shared {
         self.port_caps.load(Ordering::Relaxed)
     }
 
+    /// As QUERY_COUNTERS gives them to the guest (named by [`COUNTER_NAMES`]).
     fn counters(&self) -> Option<[u64; COUNTERS_LEN as usize]> {
-        Some(self.counters_now())
+        let st = self.lock();
+        Some(std::array::from_fn(|i| st.dev.counter(i as u32)))
     }
 
     fn pkeys_changed(&self, table: &crate::partition::PKeyTable) {
@@ -811,12 +808,6 @@ impl Hca {
 
     pub fn lid(&self) -> Lid {
         self.shared.lock().dev.lid
-    }
-
-    /// The port's counters as QUERY_COUNTERS gives them to the guest, in `CTR_*` order
-    /// (named by [`COUNTER_NAMES`]).
-    pub fn counters(&self) -> [u64; COUNTERS_LEN as usize] {
-        self.shared.counters_now()
     }
 
     pub fn stats(&self) -> HcaStats {
