@@ -62,8 +62,8 @@ ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser", "ib0-addr",
-           "modload"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser",
+           "lio-disk", "ib0-addr", "modload"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
