@@ -406,7 +406,7 @@ fn srp_over_ib(tb: &mut Testbed) {
 /// Node `i`'s port counters as ib_core's sysfs shows them through hca_ib's Performance
 /// Management agent (`counters/`: IBA's PortCounters and PortCountersExtended) and as
 /// hardware counters (`hw_counters/`): name -> value.
-fn port_counters(tb: &mut Testbed, i: usize) -> std::collections::HashMap<String, u64> {
+fn port_counters(tb: &mut Testbed, i: usize) -> Counters {
     let out = tb.agents[i]
         .run(
             "cd /sys/class/infiniband/hcab0/ports/1 && \
@@ -414,10 +414,24 @@ fn port_counters(tb: &mut Testbed, i: usize) -> std::collections::HashMap<String
             T,
         )
         .unwrap();
+    name_values(&out)
+}
+
+/// Counters by name.
+type Counters = std::collections::HashMap<String, u64>;
+
+/// `NAME VALUE` lines (a value in decimal, or in hex after `0x`), by name; other lines are
+/// left out.
+fn name_values(out: &str) -> Counters {
     out.lines()
         .filter_map(|l| {
             let (name, v) = l.split_once(' ')?;
-            Some((name.to_string(), v.trim().parse().ok()?))
+            let v = v.trim();
+            let v = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+                None => v.parse().ok()?,
+            };
+            Some((name.to_string(), v))
         })
         .collect()
 }
@@ -437,10 +451,7 @@ fn rdma_statistic(tb: &mut Testbed, i: usize, name: &str) -> u64 {
 /// least 128 MiB and node 1's received at least 64 MiB, in both views of the counters
 /// (the PMA's data counters count 4-octet words), and not much more (IPoIB, IP and TCP
 /// headers, TCP's ACKs, the fabric's own headers: under 10%).
-fn the_port_counters_saw_the_fetch(
-    tb: &mut Testbed,
-    before: [std::collections::HashMap<String, u64>; 2],
-) {
+fn the_port_counters_saw_the_fetch(tb: &mut Testbed, before: [Counters; 2]) {
     let after = [port_counters(tb, 0), port_counters(tb, 2)];
     // hca_ib names its hardware counters as the device's ABI does.
     for name in hca_model::abi::COUNTER_NAMES {
@@ -452,7 +463,7 @@ fn the_port_counters_saw_the_fetch(
         );
     }
     let grew = |k: usize, name: &str| {
-        let get = |m: &std::collections::HashMap<String, u64>| {
+        let get = |m: &Counters| {
             *m.get(name)
                 .unwrap_or_else(|| panic!("no {name} among {:?}", m.keys()))
         };
@@ -483,21 +494,11 @@ fn the_port_counters_saw_the_fetch(
 /// through the same agent; a Set resets the PMA's view, which node 1's `counters/` then
 /// shows, while its hardware counters keep counting.
 fn another_node_reads_and_resets_the_counters_over_qp1(tb: &mut Testbed) {
-    let query = |tb: &mut Testbed, args: &str| -> std::collections::HashMap<String, u64> {
+    let query = |tb: &mut Testbed, args: &str| -> Counters {
         let out = tb.agents[1]
             .run(&format!("pma-query {args}"), T)
             .unwrap_or_else(|e| panic!("pma-query {args}: {e}"));
-        out.lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                let v = v.trim();
-                let v = match v.strip_prefix("0x") {
-                    Some(hex) => u64::from_str_radix(hex, 16).ok()?,
-                    None => v.parse().ok()?,
-                };
-                Some((k.to_string(), v))
-            })
-            .collect()
+        name_values(&out)
     };
     let remote = query(tb, "1");
     let local = port_counters(tb, 0);
