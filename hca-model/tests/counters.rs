@@ -36,6 +36,33 @@ fn at(c: &[u64], ctr: u32) -> u64 {
     c[ctr as usize]
 }
 
+/// An RDMA WRITE of one SGE to `dst` through `rkey`, signaled.
+fn write_wr(wr_id: u64, dst: u64, rkey: u32) -> HcaSendWqe {
+    let mut wr = send_wr(wr_id, WR_RDMA_WRITE, WQE_SIGNALED);
+    wr.remote_addr = dst;
+    wr.rkey = rkey;
+    wr.num_sge = 1;
+    wr
+}
+
+/// Posts `wr` on A's QP and checks that it completed (on a Pair's manual clock the
+/// completion is there when post_send returns); how A's and B's counters moved since
+/// `before`.
+fn post_ok(
+    p: &mut Pair,
+    wr: HcaSendWqe,
+    sge: HcaSge,
+    before: &(Vec<u64>, Vec<u64>),
+) -> (Vec<u64>, Vec<u64>) {
+    p.a.post_send(&mut p.qa, wr, &[sge]);
+    let c = p.a.poll_cq(&mut p.cq_a).expect("a completion");
+    assert_eq!(u32::from(c.status), WC_SUCCESS);
+    (
+        delta(&before.0, &counters(&mut p.a)),
+        delta(&before.1, &counters(&mut p.b)),
+    )
+}
+
 /// LRH, BTH, ICRC and VCRC: what every packet carries.
 const BASE: u64 = 8 + 12 + 4 + 2;
 
@@ -43,21 +70,14 @@ const BASE: u64 = 8 + 12 + 4 + 2;
 fn test_each_packet_counts_once_on_each_end_with_its_wire_octets() {
     let mut p = Pair::new(MTU_4096 as u8);
     let (src, dst) = (p.a.alloc(16 << 10, 4096), p.b.alloc(16 << 10, 4096));
-    let (a0, b0) = (counters(&mut p.a), counters(&mut p.b));
+    let start = (counters(&mut p.a), counters(&mut p.b));
 
     // An 8-byte SEND (SEND Only), and its ACK (AETH).
     p.b.post_recv(&mut p.qb, 1, &[sge(dst, 8, p.key_b)]);
     let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
     wr.num_sge = 1;
-    p.a.post_send(&mut p.qa, wr, &[sge(src, 8, p.key_a)]);
-    assert_eq!(
-        u32::from(p.a.poll_cq(&mut p.cq_a).unwrap().status),
-        WC_SUCCESS
-    );
-    let (a, b) = (
-        delta(&a0, &counters(&mut p.a)),
-        delta(&b0, &counters(&mut p.b)),
-    );
+    let from = sge(src, 8, p.key_a);
+    let (a, b) = post_ok(&mut p, wr, from, &start);
     assert_eq!(at(&a, CTR_TX_PACKETS), 1, "{a:?}");
     assert_eq!(at(&a, CTR_TX_OCTETS), BASE + 8);
     assert_eq!(at(&b, CTR_RX_PACKETS), 1, "{b:?}");
@@ -67,28 +87,18 @@ fn test_each_packet_counts_once_on_each_end_with_its_wire_octets() {
     assert_eq!(at(&a, CTR_RX_OCTETS), BASE + 4);
 
     // A 10,000-byte RDMA WRITE at MTU 4096: three packets, the RETH on the first.
-    let (a1, b1) = (counters(&mut p.a), counters(&mut p.b));
-    let mut wr = send_wr(2, WR_RDMA_WRITE, WQE_SIGNALED);
-    wr.remote_addr = dst;
-    wr.rkey = p.key_b;
-    wr.num_sge = 1;
-    p.a.post_send(&mut p.qa, wr, &[sge(src, 10_000, p.key_a)]);
-    assert_eq!(
-        u32::from(p.a.poll_cq(&mut p.cq_a).unwrap().status),
-        WC_SUCCESS
-    );
-    let (a, b) = (
-        delta(&a1, &counters(&mut p.a)),
-        delta(&b1, &counters(&mut p.b)),
-    );
+    let before = (counters(&mut p.a), counters(&mut p.b));
+    let wr = write_wr(2, dst, p.key_b);
+    let from = sge(src, 10_000, p.key_a);
+    let (a, b) = post_ok(&mut p, wr, from, &before);
     assert_eq!(at(&a, CTR_TX_PACKETS), 3, "{a:?}");
     assert_eq!(at(&a, CTR_TX_OCTETS), 3 * BASE + 16 + 10_000);
     assert_eq!(at(&b, CTR_RX_OCTETS), 3 * BASE + 16 + 10_000);
 
     // Nothing lost: what one end sent, the other received, in packets and in octets.
     let (a, b) = (
-        delta(&a0, &counters(&mut p.a)),
-        delta(&b0, &counters(&mut p.b)),
+        delta(&start.0, &counters(&mut p.a)),
+        delta(&start.1, &counters(&mut p.b)),
     );
     for (tx, rx) in [
         (CTR_TX_PACKETS, CTR_RX_PACKETS),
@@ -117,10 +127,7 @@ fn test_drops_show_as_resends_and_as_packets_sent_but_not_received() {
     hook.set_origin(p.fabric.now_ns());
     p.fabric.set_hook(Some(hook.clone()));
     for i in 0..20 {
-        let mut wr = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
-        wr.remote_addr = dst;
-        wr.rkey = p.key_b;
-        wr.num_sge = 1;
+        let wr = write_wr(i, dst, p.key_b);
         p.a.post_send(&mut p.qa, wr, &[sge(src, 16 << 10, p.key_a)]);
         let mut done = p.a.drain_cq(&mut p.cq_a);
         while done.is_empty() {

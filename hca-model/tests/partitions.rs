@@ -74,18 +74,22 @@ fn table(n: &mut Node) -> [u16; PKEY_TABLE_LEN] {
     decode::<HcaPKeyTable>(&n.d.cmd_raw(CMD_QUERY_PKEYS, &[], 0).1).pkeys
 }
 
+/// Sets the fabric's partitions to one: `pkey` with its full and limited members' LIDs.
+fn one_partition(fabric: &Fabric, pkey: u16, members: &[u16], limited: &[u16]) {
+    fabric
+        .set_partitions(&[Partition {
+            pkey,
+            members: members.to_vec(),
+            limited: limited.to_vec(),
+        }])
+        .unwrap();
+}
+
 #[test]
 fn test_qps_talk_within_their_partition_and_not_across() {
     let fabric = Fabric::with_manual_clock();
     let (mut a, mut b) = (node(&fabric), node(&fabric));
-    let members = vec![a.d.lid(), b.d.lid()];
-    fabric
-        .set_partitions(&[Partition {
-            pkey: 0x8001,
-            members,
-            limited: vec![],
-        }])
-        .unwrap();
+    one_partition(&fabric, 0x8001, &[a.d.lid(), b.d.lid()], &[]);
     assert_eq!(&table(&mut a)[..3], &[DEFAULT_PKEY, 0x8001, 0]);
     let (mut qa, mut qb) = (rc_qp(&mut a), rc_qp(&mut b));
     connect(&mut a, &qa, 1, b.d.lid(), qb.qpn);
@@ -111,13 +115,7 @@ fn test_limited_members_talk_only_to_full_ones() {
     let (mut a, mut b, mut c) = (node(&fabric), node(&fabric), node(&fabric));
     let (la, lb, lc) = (a.d.lid(), b.d.lid(), c.d.lid());
     // Partition 2: C a full member, A and B limited ones.
-    fabric
-        .set_partitions(&[Partition {
-            pkey: 0x0002,
-            members: vec![lc],
-            limited: vec![la, lb],
-        }])
-        .unwrap();
+    one_partition(&fabric, 0x0002, &[lc], &[la, lb]);
     assert_eq!(table(&mut a)[1], 0x0002);
     assert_eq!(table(&mut c)[1], 0x8002);
     let (mut qa, mut qb) = (rc_qp(&mut a), rc_qp(&mut b));
@@ -163,13 +161,7 @@ fn test_a_pkey_index_must_name_an_entry_and_a_new_table_is_announced() {
     }
     a.d.drain_eq(VEC_ASYNC);
     let lid = a.d.lid();
-    fabric
-        .set_partitions(&[Partition {
-            pkey: 0x8005,
-            members: vec![lid],
-            limited: vec![],
-        }])
-        .unwrap();
+    one_partition(&fabric, 0x8005, &[lid], &[]);
     let events = a.d.drain_eq(VEC_ASYNC);
     assert!(
         events
@@ -186,13 +178,7 @@ fn test_a_mad_travels_in_the_partition_its_wr_names() {
     let fabric = Fabric::with_manual_clock();
     let (mut a, mut b, mut c) = (node(&fabric), node(&fabric), node(&fabric));
     let (la, lb, lc) = (a.d.lid(), b.d.lid(), c.d.lid());
-    fabric
-        .set_partitions(&[Partition {
-            pkey: 0x8001,
-            members: vec![la, lb],
-            limited: vec![],
-        }])
-        .unwrap();
+    one_partition(&fabric, 0x8001, &[la, lb], &[]);
     let gsi = |n: &mut Node| {
         let qp = n.d.create_qp(QPT_GSI, n.pd, n.cq.cqn, n.cq.cqn);
         n.d.bring_up_ud(qp.qpn, GSI_QKEY, true);
