@@ -14,7 +14,8 @@
 //!   server or VMM runs several guests, a thread each).
 //!
 //! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run, and
-//! `write`, `send`, `fair`, `scale` or `cores` for one part).
+//! `write`, `send`, `fair`, `scale` or `cores` for one part; `write64k` or `send1` for one
+//! row).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -42,7 +43,9 @@ fn best_of(rounds: usize, iters: usize, mut op: impl FnMut()) -> Duration {
 /// WRITEs a bandwidth run posts per doorbell (as `ib_write_bw` keeps WRs in flight).
 const WRITES_IN_FLIGHT: usize = 16;
 
-fn rdma_write_vs_memcpy(quick: bool) {
+/// `sizes`: which of 4 KiB, 64 KiB and 1 MiB to run (for a profiler: `write4k`, `write64k`,
+/// `write1m`).
+fn rdma_write_vs_memcpy(quick: bool, sizes: &[bool; 3]) {
     println!("RDMA WRITE between two guest memories vs memcpy (best round per side)");
     println!(
         "{:>8} {:>12} {:>12} {:>12} {:>8} {:>14} {:>8}",
@@ -54,7 +57,11 @@ fn rdma_write_vs_memcpy(quick: bool) {
         format!("{WRITES_IN_FLIGHT}/doorbell"),
         "ratio"
     );
-    for size in [4 << 10, 64 << 10, 1 << 20] {
+    let all = [4 << 10, 64 << 10, 1 << 20];
+    for size in (all.into_iter().zip(sizes))
+        .filter(|(_, &on)| on)
+        .map(|(size, _)| size)
+    {
         let mut p = Pair::new(MTU_4096 as u8);
         let src = p.a.alloc(size as u64, 4096);
         let dst = p.b.alloc(size as u64, 4096);
@@ -334,8 +341,9 @@ fn main() {
         .map(String::as_str)
         .collect();
     let want = |p: &str| parts.is_empty() || parts.contains(&p);
-    if want("write") {
-        rdma_write_vs_memcpy(quick);
+    let sizes = ["write4k", "write64k", "write1m"].map(|s| want("write") || parts.contains(&s));
+    if sizes.contains(&true) {
+        rdma_write_vs_memcpy(quick, &sizes);
     }
     let rows = ["send1", "send16", "send1real"].map(|r| want("send") || parts.contains(&r));
     if rows.contains(&true) {
