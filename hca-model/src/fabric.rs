@@ -9,11 +9,14 @@
 //! Any thread that pumps delivers items for destinations no other thread is serving, taking
 //! one HCA lock at a time: each source's packets reach each destination in order (RC's
 //! need), exactly once, deliveries to different ports run in parallel, and no deadlock is
-//! possible (no thread holds two HCA locks). Where no hook or tap watches, a run of one
-//! stream's packets (the same sender QP to the same QP) is handed to its port as one burst
-//! of at most [`MAX_BURST`] packets, taken in one turn of the port's lock. An answer sent
-//! inside a pump (an ACK, a response) to a port nothing waits for goes to that pump
-//! directly (`Fabric::push`).
+//! possible (no thread waits for an HCA lock while it holds one). Where no hook or tap
+//! watches, a device's turn moves what it sent itself before it lets go of its lock, when
+//! that overtakes nothing and the receiving port is free (a cut-through: see `Cut`): a
+//! message and its ACK then take no queue, no pump and one turn of each port's lock. In
+//! the queue too, where no hook or tap watches, a run of one stream's packets (the same
+//! sender QP to the same QP) is handed to its port as one burst of at most [`MAX_BURST`]
+//! packets, taken in one turn of the port's lock. An answer sent inside a pump (an ACK, a
+//! response) to a port nothing waits for goes to that pump directly (`Fabric::push`).
 //!
 //! Every packet crosses two links: its source port's uplink and its destination port's
 //! downlink, and the [`LinkHook`] sees it on both. Fault injection, capture and remote links
@@ -107,6 +110,21 @@ pub trait PacketSink: Send + Sync {
         }
         rejected
     }
+    /// Takes a run of packets for this port from another port's turn (see `Cut`), in
+    /// order, each with whether the next is of its stream (as `more` in
+    /// [`PacketSink::deliver_in_burst`]), but only if it can without waiting (the caller
+    /// holds its own port's lock): None, with nothing taken from `run`, if it is busy.
+    /// Otherwise the packets it discarded, and whether its turn left work for more turns
+    /// (see [`PacketSink::resume`]).
+    fn try_deliver_run(
+        &self,
+        run: &mut dyn Iterator<Item = (Packet, bool)>,
+    ) -> Option<(Vec<Rejected>, bool)> {
+        let _ = run;
+        None
+    }
+    /// Goes on with work a turn left (`try_deliver_run` said so), waiting for the port.
+    fn resume(&self) {}
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
     /// The fabric's clock reads `now_ns`: fire the timers that are due.
@@ -156,10 +174,19 @@ thread_local! {
     /// no one delivering: claimed for the pump, which delivers it next (see
     /// [`Fabric::push`]).
     static HANDOFF: RefCell<Option<Handoff>> = const { RefCell::new(None) };
+    /// The cut-through this thread runs (see [`Cut`]): its port's slot (0: none), and the
+    /// packet for that port a delivery sent back, taken by the port's own turn.
+    static CUT: RefCell<CutBack> = const { RefCell::new(CutBack { port: 0, back: None }) };
     /// What [`Fabric::pump_own`] serves: the destinations this thread queued items for.
     static QUEUED_TO: RefCell<QueuedTo> = const {
         RefCell::new(QueuedTo { to: Vec::new(), next: 0 })
     };
+}
+
+/// See [`CUT`]: `back` is (source slot, packet).
+struct CutBack {
+    port: usize,
+    back: Option<(Lid, Packet)>,
 }
 
 /// (fabric, destination slot) pairs this thread queued items for since its last pump of
@@ -271,17 +298,178 @@ impl<'a> Pumping<'a> {
 impl Drop for Pumping<'_> {
     fn drop(&mut self) {
         drop(self.settle());
-        // A delivery that panicked may leave a packet handed over: back at the head of
-        // its lane, which is no longer claimed.
-        if let Some(h) = HANDOFF.with(|h| h.borrow_mut().take()) {
-            let lanes = &self.fabric.inner.lanes;
-            if let Some(lane) = lanes.get(h.dst) {
-                let mut d = lock(&lane.q);
-                lanes.count_in(usize::from(h.src), 1);
-                d.push_front(h.src, Item::Packet(h.pkt));
-                d.claimed = false;
+        // A delivery that panicked may leave a packet handed over.
+        self.fabric.requeue_handoff();
+        if self.delivered != 0 {
+            let c = &self.fabric.inner.stats.delivered;
+            c.fetch_add(self.delivered, Relaxed);
+        }
+        PUMPING.with(|p| p.set(0));
+    }
+}
+
+/// A device's turn moving what it sent itself, before it lets go of its own lock: a
+/// *cut-through*. Each run of its packets for one port goes straight to that port's
+/// [`PacketSink::try_deliver_run`] if nothing the sender sent earlier waits for that port
+/// or is being delivered to it (its lane holds nothing from the sender and is not
+/// claimed), and the port's lock is free; the sender's lock, held, keeps anything newer
+/// from the sender out meanwhile, so its order to each port holds. Else the run is queued
+/// as before. The deliveries' own sends are queued, as in a pump (this thread counts as
+/// pumping meanwhile), but for the first answer to the sender when nothing else waits for
+/// it: that one the turn takes itself ([`Cut::returned`]), in the same turn of its lock.
+///
+/// So an RC message sent by a doorbell's turn costs no queue round trip, no pump, and no
+/// second turn of the sender's lock for its ACK. No deadlock comes of holding two device
+/// locks: a turn takes the second only if it is free, and never waits while it holds one.
+pub(crate) struct Cut<'a> {
+    fabric: &'a Fabric,
+    /// Packets its ports took, counted once at its end.
+    delivered: u64,
+}
+
+impl Fabric {
+    /// Starts a cut-through for a device's turn on this thread: None inside a pump (a
+    /// delivery's own turn queues what it sends) or while a hook or tap watches the links
+    /// (they see every packet on the way).
+    pub(crate) fn begin_cut(&self, lid: Lid) -> Option<Cut<'_>> {
+        if in_a_pump() || !self.unwatched() {
+            return None;
+        }
+        PUMPING.with(|p| p.set(self.id()));
+        CUT.with(|c| c.borrow_mut().port = slot(lid));
+        Some(Cut {
+            fabric: self,
+            delivered: 0,
+        })
+    }
+
+    /// A packet left handed over to this thread's pump (see [`HANDOFF`]) goes back to the
+    /// head of its lane, no longer claimed, for this thread's next pump.
+    fn requeue_handoff(&self) {
+        let Some(h) = HANDOFF.with(|h| h.borrow_mut().take()) else {
+            return;
+        };
+        let lanes = &self.inner.lanes;
+        if let Some(lane) = lanes.get(h.dst) {
+            let mut d = lock(&lane.q);
+            lanes.count_in(usize::from(h.src), 1);
+            d.push_front(h.src, Item::Packet(h.pkt));
+            d.claimed = false;
+            drop(d);
+            note_queued(self.id(), h.dst);
+        }
+    }
+}
+
+impl Cut<'_> {
+    /// The port at `dlid`, if a packet from the port at `slid` may go to it now (see
+    /// [`Cut`]): a port's own LID other than the sender's, no hook or tap watching, and
+    /// nothing from `slid` waiting for it or being delivered to it.
+    fn port_for(&self, slid: Lid, dlid: Lid) -> Option<Arc<dyn PacketSink>> {
+        let dst = slot(dlid);
+        if dst == 0 || dlid == slid || !self.fabric.unwatched() {
+            return None;
+        }
+        let d = self.fabric.lane(dst)?;
+        if d.claimed || d.holds_from(slot(slid) as Lid) {
+            return None;
+        }
+        d.port()
+    }
+
+    /// Sends the packets in `out` (emptying it), which the port at `slid` sent in this
+    /// order: each run of them for one port straight to it, if [`Cut::port_for`] gives it
+    /// and it is free, else to the queue. A run is a burst at most (see [`take_burst`]);
+    /// what follows it for the same port is queued, where the port's other sources take
+    /// their turns. Ports whose turns left work go in `resume`.
+    pub(crate) fn send(
+        &mut self,
+        slid: Lid,
+        out: &mut Vec<Packet>,
+        resume: &mut Vec<Arc<dyn PacketSink>>,
+    ) {
+        let mut rest = out.drain(..).peekable();
+        while let Some(pkt) = rest.next() {
+            let dlid = pkt.dlid;
+            let mut first = Some(pkt);
+            if let Some(port) = self.port_for(slid, dlid) {
+                let (mut n, mut bytes) = (0, 0u64);
+                let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
+                    if n == MAX_BURST || bytes > MAX_BURST_BYTES {
+                        return None;
+                    }
+                    let pkt = first.take().or_else(|| rest.next_if(|p| p.dlid == dlid))?;
+                    // The port may hold its ACK while the same stream goes on.
+                    let more = rest.peek().is_some_and(|next| {
+                        next.dlid == dlid
+                            && next.src_qpn == pkt.src_qpn
+                            && next.dest_qpn == pkt.dest_qpn
+                    });
+                    n += 1;
+                    bytes += u64::from(pkt.payload.len());
+                    Some((pkt, more))
+                }));
+                if let Some((rejected, more_turns)) = took {
+                    self.delivered += (n - rejected.len()) as u64;
+                    for Rejected(pkt) in rejected {
+                        self.fabric.bounce(*pkt, DropReason::Rejected);
+                    }
+                    if more_turns {
+                        resume.push(port);
+                    }
+                }
+            }
+            // The run's first packet if the port was busy, and what follows a full run:
+            // queued, and later packets for the port behind them (its lane now holds
+            // some from this sender).
+            if let Some(pkt) = first {
+                self.fabric.enqueue(pkt);
+            }
+            while let Some(pkt) = rest.next_if(|p| p.dlid == dlid) {
+                self.fabric.enqueue(pkt);
             }
         }
+    }
+
+    /// Queues a packet the cut does not deliver, as [`Fabric::enqueue`] does.
+    pub(crate) fn enqueue(&self, pkt: Packet) {
+        self.fabric.enqueue(pkt);
+    }
+
+    /// The packet a delivery of this cut sent back to the cut's port when nothing from
+    /// its sender waited for that port (see [`Fabric::push`]): the port's turn, which
+    /// holds its lock, takes it now and gives [`Cut::took`] the outcome. Nothing can
+    /// overtake it: the port's lock keeps any other delivery out until then.
+    pub(crate) fn returned(&self) -> Option<Packet> {
+        CUT.with(|c| c.borrow_mut().back.take()).map(|(_, pkt)| pkt)
+    }
+
+    /// What became of the packet [`Cut::returned`] gave.
+    pub(crate) fn took(&mut self, outcome: Result<(), Rejected>) {
+        match outcome {
+            Ok(()) => self.delivered += 1,
+            Err(Rejected(pkt)) => self.fabric.bounce(*pkt, DropReason::Rejected),
+        }
+    }
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        // A packet sent back and not taken (the turn's rounds ran out) goes first in its
+        // source's turn in its lane: anything from there queued behind it is newer.
+        let (port, back) = CUT.with(|c| {
+            let mut c = c.borrow_mut();
+            (std::mem::take(&mut c.port), c.back.take())
+        });
+        if let Some((src, pkt)) = back {
+            let lanes = &self.fabric.inner.lanes;
+            if let Some(lane) = lanes.get(port) {
+                lanes.count_in(usize::from(src), 1);
+                lock(&lane.q).push_front(src, Item::Packet(pkt));
+                note_queued(self.fabric.id(), port);
+            }
+        }
+        self.fabric.requeue_handoff();
         if self.delivered != 0 {
             let c = &self.fabric.inner.stats.delivered;
             c.fetch_add(self.delivered, Relaxed);
@@ -583,6 +771,11 @@ impl DstQueue {
             self.turn.push_front(i);
         }
         q.push_front(item);
+    }
+
+    /// Whether items from `src` wait here.
+    fn holds_from(&self, src: Lid) -> bool {
+        self.srcs.iter().any(|(s, q)| *s == src && !q.is_empty())
     }
 
     /// The port at this slot, if it has its own (not slot 0) and it is still there.
@@ -1145,6 +1338,26 @@ impl Fabric {
             return;
         };
         let mut d = lock(&lane.q);
+        // Sent back, inside a cut-through, to the port whose turn runs it: that turn takes
+        // it (see [`Cut::returned`]) if nothing from this source is before it: none
+        // waits in the lane, and none is being delivered (the lane is not claimed).
+        let item = match item {
+            Item::Packet(pkt) if self.pumping_here() && !d.claimed && !d.holds_from(src) => {
+                let left = CUT.with(|c| {
+                    let mut c = c.borrow_mut();
+                    if c.port != dst || dst == 0 || c.back.is_some() {
+                        return Some(pkt);
+                    }
+                    c.back = Some((src, pkt));
+                    None
+                });
+                match left {
+                    None => return,
+                    Some(pkt) => Item::Packet(pkt),
+                }
+            }
+            item => item,
+        };
         let item = match item {
             // A delivery inside this fabric's pump answering to a lane with nothing queued
             // and no one delivering (an ACK, a response): the lane is claimed here and the
@@ -1388,6 +1601,12 @@ impl Fabric {
 
     fn tap(&self) -> Option<Arc<dyn PacketTap>> {
         self.inner.tap.get()
+    }
+
+    /// Whether a device's turn on this thread may move what it sends itself (see [`Cut`]):
+    /// not inside a pump, no hook or tap attached.
+    pub(crate) fn may_cut(&self) -> bool {
+        !in_a_pump() && self.unwatched()
     }
 
     /// No hook or tap is attached: nothing sees packets between the queue and their port.

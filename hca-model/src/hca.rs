@@ -246,6 +246,10 @@ pub(crate) struct Device {
     pub hold_acks: bool,
     /// QPs holding an ACK, each once.
     pub held_acks: Vec<u32>,
+    /// This turn keeps what it sends in `outbox`, and moves it itself at its end (see
+    /// `fabric::Cut`).
+    pub cut: bool,
+    pub outbox: Vec<Packet>,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -318,6 +322,8 @@ impl Device {
             recv_doorbells: Arc::default(),
             hold_acks: false,
             held_acks: Vec::new(),
+            cut: false,
+            outbox: Vec::new(),
             gathers: Default::default(),
             pkeys: crate::partition::default_table(),
         };
@@ -376,7 +382,21 @@ impl Device {
         self.stats.mcast_out += n * u64::from(pkt.is_multicast());
         self.stats.bytes_out += len;
         self.stats.wire_out += pkt.header_bytes() + len;
-        f.enqueue(pkt);
+        if self.cut {
+            self.outbox.push(pkt);
+        } else {
+            f.enqueue(pkt);
+        }
+    }
+
+    /// Queues what the turn kept to move itself (in order), as `transmit` would have.
+    fn queue_outbox(&mut self) {
+        for pkt in std::mem::take(&mut self.outbox) {
+            match &self.fabric {
+                Some(f) => f.enqueue(pkt),
+                None => self.stranded.push(pkt.clone_header()),
+            }
+        }
     }
 
     /// Sends a message's train in pieces of about [`PIECE_BYTES`]: the fabric moves, and the
@@ -562,12 +582,17 @@ impl Shared {
         mut st: MutexGuard<'_, HcaState>,
         f: impl FnOnce(&mut HcaState) -> R,
     ) -> (R, bool) {
+        let mut resume = Vec::new();
         let (r, irqs, pump, lid, more) = {
             st.dev.turn_left = WORK_PER_TURN;
+            st.dev.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
             let r = f(&mut st);
             // Any turn but a delivery with more behind it ends a burst: its ACKs go now.
             if !std::mem::take(&mut st.dev.hold_acks) && !st.dev.held_acks.is_empty() {
                 st.send_held_acks();
+            }
+            if std::mem::take(&mut st.dev.cut) {
+                self.cut_through(&mut st, &mut resume);
             }
             while !st.dev.stranded.is_empty() {
                 for pkt in std::mem::take(&mut st.dev.stranded) {
@@ -614,9 +639,50 @@ impl Shared {
             }
             Pump::Other(f) => f.pump_with_backpressure(lid),
         }
+        for port in resume {
+            port.resume();
+        }
         (r, more)
     }
+
+    /// The end of a turn that kept what it sent (see `fabric::Cut`): each run of packets
+    /// for one port goes to that port now if it can, else to the queue; an answer that
+    /// comes straight back (an ACK) is taken in this turn. Ports whose turns left work
+    /// go in `resume`, to go on once this device's lock is let go.
+    fn cut_through(&self, st: &mut HcaState, resume: &mut Vec<Arc<dyn PacketSink>>) {
+        let cut = match (self.first_fabric.get(), st.dev.fabric.as_ref()) {
+            (Some(first), Some(f)) if first.same(f) => first.begin_cut(st.dev.lid),
+            _ => None,
+        };
+        let Some(mut cut) = cut else {
+            return st.dev.queue_outbox();
+        };
+        let lid = st.dev.lid;
+        for _ in 0..CUT_ROUNDS {
+            if st.dev.outbox.is_empty() {
+                break;
+            }
+            let mut out = std::mem::take(&mut st.dev.outbox);
+            cut.send(lid, &mut out, resume);
+            if st.dev.outbox.is_empty() {
+                st.dev.outbox = out; // (emptied: kept for its capacity)
+            }
+            let Some(pkt) = cut.returned() else {
+                break;
+            };
+            st.dev.hold_acks = false;
+            cut.took(st.receive(pkt));
+        }
+        for pkt in st.dev.outbox.drain(..) {
+            cut.enqueue(pkt);
+        }
+    }
 }
+
+/// Rounds of a turn's cut-through: what it sent goes, and what comes straight back is
+/// taken, this many times at most; then the rest is queued (two ports answering each
+/// other end their exchange in the pump, a turn each).
+const CUT_ROUNDS: usize = 4;
 
 impl PacketSink for Shared {
     fn deliver(&self, pkt: Packet) -> Result<(), Rejected> {
@@ -644,6 +710,31 @@ impl PacketSink for Shared {
             }
         });
         rejected
+    }
+
+    fn try_deliver_run(
+        &self,
+        run: &mut dyn Iterator<Item = (Packet, bool)>,
+    ) -> Option<(Vec<Rejected>, bool)> {
+        let st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let mut rejected = Vec::new();
+        let ((), more) = self.turn(st, |st| {
+            for (pkt, more) in run {
+                st.dev.hold_acks = more;
+                if let Err(r) = st.receive(pkt) {
+                    rejected.push(r);
+                }
+            }
+        });
+        Some((rejected, more))
+    }
+
+    fn resume(&self) {
+        self.with_state(HcaState::continue_send_queues);
     }
 
     fn undeliverable(&self, pkt: Packet, why: DropReason) {
