@@ -385,22 +385,23 @@ impl Cut<'_> {
     pub(crate) fn send(
         &mut self,
         slid: Lid,
-        out: &mut Vec<Packet>,
+        out: &mut VecDeque<Packet>,
         resume: &mut Vec<Arc<dyn PacketSink>>,
     ) {
-        let mut rest = out.drain(..).peekable();
-        while let Some(pkt) = rest.next() {
-            let dlid = pkt.dlid;
-            let mut first = Some(pkt);
+        while let Some(dlid) = out.front().map(|p| p.dlid) {
+            let for_dst = |p: &Packet| p.dlid == dlid;
             if let Some(port) = self.port_for(slid, dlid) {
                 let (mut n, mut bytes) = (0, 0u64);
                 let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
-                    if n == MAX_BURST || bytes > MAX_BURST_BYTES {
+                    if n == MAX_BURST
+                        || bytes > MAX_BURST_BYTES
+                        || !out.front().is_some_and(for_dst)
+                    {
                         return None;
                     }
-                    let pkt = first.take().or_else(|| rest.next_if(|p| p.dlid == dlid))?;
+                    let pkt = out.pop_front()?;
                     // The port may hold its ACK while the same stream goes on.
-                    let more = rest.peek().is_some_and(|next| {
+                    let more = out.front().is_some_and(|next| {
                         next.dlid == dlid
                             && next.src_qpn == pkt.src_qpn
                             && next.dest_qpn == pkt.dest_qpn
@@ -419,14 +420,12 @@ impl Cut<'_> {
                     }
                 }
             }
-            // The run's first packet if the port was busy, and what follows a full run:
-            // queued, and later packets for the port behind them (its lane now holds
-            // some from this sender).
-            if let Some(pkt) = first {
-                self.fabric.enqueue(pkt);
-            }
-            while let Some(pkt) = rest.next_if(|p| p.dlid == dlid) {
-                self.fabric.enqueue(pkt);
+            // The run if the port was busy, or what follows a full run: queued, and later
+            // packets for the port behind them (its lane now holds some from this sender).
+            while out.front().is_some_and(for_dst) {
+                if let Some(pkt) = out.pop_front() {
+                    self.fabric.enqueue(pkt);
+                }
             }
         }
     }

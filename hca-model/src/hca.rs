@@ -14,6 +14,7 @@
 //! `HcaState` keeps what needs the QP table: commands (command.rs) and the dispatch of a
 //! doorbell, a packet or a tick to the QPs it concerns.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
@@ -249,7 +250,7 @@ pub(crate) struct Device {
     /// This turn keeps what it sends in `outbox`, and moves it itself at its end (see
     /// `fabric::Cut`).
     pub cut: bool,
-    pub outbox: Vec<Packet>,
+    pub outbox: VecDeque<Packet>,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -323,7 +324,7 @@ impl Device {
             hold_acks: false,
             held_acks: Vec::new(),
             cut: false,
-            outbox: Vec::new(),
+            outbox: VecDeque::new(),
             gathers: Default::default(),
             pkeys: crate::partition::default_table(),
         };
@@ -383,7 +384,7 @@ impl Device {
         self.stats.bytes_out += len;
         self.stats.wire_out += pkt.header_bytes() + len;
         if self.cut {
-            self.outbox.push(pkt);
+            self.outbox.push_back(pkt);
         } else {
             f.enqueue(pkt);
         }
