@@ -635,10 +635,19 @@ impl<P: Port> Driver<P> {
     /// Takes the next CQE if the device wrote one, and publishes the new consumer index.
     pub fn poll_cq(&mut self, cq: &mut CqH) -> Option<HcaCqe> {
         let slot = cq.ring + u64::from(cq.ci & ((1 << cq.log) - 1)) * 32;
-        let cqe: HcaCqe = read_obj(&self.ram, slot).expect("CQ ring inside guest memory");
-        if cqe.owner != owner_bit(cq.ci, cq.log) {
+        // The owner byte first, then (after an acquire fence) the entry, as a driver must:
+        // the device writes the entry, then its owner byte. Read in one copy, the entry
+        // may come from the lap before while the byte is this lap's (a device run by
+        // another thread writes it meanwhile).
+        let mut owner = [0u8];
+        (self.ram)
+            .read(slot + u64::from(CQE_OWNER_OFFSET), &mut owner)
+            .expect("CQ ring inside guest memory");
+        if owner[0] != owner_bit(cq.ci, cq.log) {
             return None;
         }
+        std::sync::atomic::fence(Ordering::Acquire);
+        let cqe: HcaCqe = read_obj(&self.ram, slot).expect("CQ ring inside guest memory");
         cq.ci = cq.ci.wrapping_add(1);
         self.hca
             .bar2()
