@@ -189,6 +189,21 @@ struct CutBack {
     back: Option<(Lid, Packet)>,
 }
 
+/// Keeps `pkt`, from slot `src`, for the turn of the port at slot `dst` if that port runs
+/// this thread's cut-through and has no packet kept yet (see [`Cut::returned`]); else
+/// gives it back. The caller has made sure that nothing from `src` waits for `dst` or is
+/// being delivered to it.
+fn keep_back(dst: usize, src: Lid, pkt: Packet) -> Option<Packet> {
+    CUT.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.port != dst || dst == 0 || c.back.is_some() {
+            return Some(pkt);
+        }
+        c.back = Some((src, pkt));
+        None
+    })
+}
+
 /// (fabric, destination slot) pairs this thread queued items for since its last pump of
 /// that fabric, and where its next look starts (so that its destinations take turns). A
 /// few entries: a plain list beats a ring here.
@@ -204,8 +219,8 @@ struct QueuedTo {
 #[inline]
 fn next_own<'a>(
     fabric: usize,
-    mut open: impl FnMut(usize) -> Option<MutexGuard<'a, DstQueue>>,
-) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+    mut open: impl FnMut(usize) -> Option<LaneGuard<'a>>,
+) -> Option<(usize, LaneGuard<'a>)> {
     QUEUED_TO.with(|mine| {
         let mine = &mut *mine.borrow_mut();
         // Each entry is looked at once, from the cursor on and around: one of this fabric's
@@ -286,7 +301,7 @@ impl<'a> Pumping<'a> {
 
     /// Lets go of the lane it claimed, counting there what it delivered; returns that
     /// lane, still locked (the pump may serve it again in the same turn of its lock).
-    fn settle(&mut self) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+    fn settle(&mut self) -> Option<(usize, LaneGuard<'a>)> {
         let dst = self.claimed.take()?;
         let mut lane = self.fabric.lane(dst)?;
         lane.claimed = false;
@@ -321,6 +336,16 @@ impl Drop for Pumping<'_> {
 /// So an RC message sent by a doorbell's turn costs no queue round trip, no pump, and no
 /// second turn of the sender's lock for its ACK. No deadlock comes of holding two device
 /// locks: a turn takes the second only if it is free, and never waits while it holds one.
+/// A sender's note of the port at one LID, for its cut-throughs (see [`Cut::port_for`]):
+/// good while no port has been attached to the fabric or detached from it since.
+#[derive(Default)]
+pub(crate) struct PortNote {
+    lid: Lid,
+    /// `Inner::port_epoch` when it was taken.
+    epoch: u64,
+    port: Option<Weak<dyn PacketSink>>,
+}
+
 pub(crate) struct Cut<'a> {
     fabric: &'a Fabric,
     /// Packets its ports took, counted once at its end.
@@ -351,7 +376,7 @@ impl Fabric {
         };
         let lanes = &self.inner.lanes;
         if let Some(lane) = lanes.get(h.dst) {
-            let mut d = lock(&lane.q);
+            let mut d = lane.lock();
             lanes.count_in(usize::from(h.src), 1);
             d.push_front(h.src, Item::Packet(h.pkt));
             d.claimed = false;
@@ -365,15 +390,29 @@ impl Cut<'_> {
     /// The port at `dlid`, if a packet from the port at `slid` may go to it now (see
     /// [`Cut`]): a port's own LID other than the sender's, no hook or tap watching, and
     /// nothing from `slid` waiting for it or being delivered to it.
-    fn port_for(&self, slid: Lid, dlid: Lid) -> Option<Arc<dyn PacketSink>> {
+    ///
+    /// A quiet lane says so without its lock, and `note` then names the port if it is the
+    /// one noted last and no port has been attached or detached since.
+    fn port_for(&self, slid: Lid, dlid: Lid, note: &mut PortNote) -> Option<Arc<dyn PacketSink>> {
         let dst = slot(dlid);
         if dst == 0 || dlid == slid || !self.fabric.unwatched() {
             return None;
         }
-        let d = self.fabric.lane(dst)?;
+        let inner = &self.fabric.inner;
+        let lane = inner.lanes.get(dst)?;
+        let epoch = inner.port_epoch.load(Acquire);
+        if lane.is_quiet() && note.lid == dlid && note.epoch == epoch {
+            return note.port.as_ref()?.upgrade();
+        }
+        let d = lane.lock();
         if d.claimed || d.holds_from(slot(slid) as Lid) {
             return None;
         }
+        *note = PortNote {
+            lid: dlid,
+            epoch,
+            port: d.port.clone(),
+        };
         d.port()
     }
 
@@ -386,11 +425,12 @@ impl Cut<'_> {
         &mut self,
         slid: Lid,
         out: &mut VecDeque<Packet>,
+        note: &mut PortNote,
         resume: &mut Vec<Arc<dyn PacketSink>>,
     ) {
         while let Some(dlid) = out.front().map(|p| p.dlid) {
             let for_dst = |p: &Packet| p.dlid == dlid;
-            if let Some(port) = self.port_for(slid, dlid) {
+            if let Some(port) = self.port_for(slid, dlid, note) {
                 let (mut n, mut bytes) = (0, 0u64);
                 let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
                     if n == MAX_BURST
@@ -464,7 +504,7 @@ impl Drop for Cut<'_> {
             let lanes = &self.fabric.inner.lanes;
             if let Some(lane) = lanes.get(port) {
                 lanes.count_in(usize::from(src), 1);
-                lock(&lane.q).push_front(src, Item::Packet(pkt));
+                lane.lock().push_front(src, Item::Packet(pkt));
                 note_queued(self.fabric.id(), port);
             }
         }
@@ -646,6 +686,12 @@ struct Lane {
     /// holds a sender to. Counted before an item is queued and after it is taken, so never
     /// short.
     from_here: AtomicUsize,
+    /// The lane held no item and was not claimed when its lock was last let go (false
+    /// until then). Read without the lock by a turn holding a sender's device lock: true
+    /// then means nothing that sender sent waits here or is being delivered from here
+    /// (whoever queued or claimed it let go of this lock, then of the sender's, before),
+    /// so a packet of the sender's may go straight to the port (see [`Cut`]).
+    quiet: AtomicBool,
 }
 
 impl Lanes {
@@ -810,10 +856,49 @@ impl DstQueue {
     }
 }
 
-/// Locks a lane (one a panicking delivery left behind is whole: no change to a lane runs
-/// into a delivery).
-fn lock(q: &Mutex<DstQueue>) -> MutexGuard<'_, DstQueue> {
-    q.lock().unwrap_or_else(|e| e.into_inner())
+impl Lane {
+    /// Locks the lane (one a panicking delivery left behind is whole: no change to a lane
+    /// runs into a delivery).
+    fn lock(&self) -> LaneGuard<'_> {
+        LaneGuard {
+            d: self.q.lock().unwrap_or_else(|e| e.into_inner()),
+            quiet: &self.quiet,
+        }
+    }
+
+    /// Whether the lane was empty and unclaimed when its lock was last let go (see
+    /// [`Lane::quiet`]).
+    fn is_quiet(&self) -> bool {
+        self.quiet.load(Acquire)
+    }
+}
+
+/// A lane, locked. Letting go of it notes in [`Lane::quiet`] whether it is empty and
+/// unclaimed.
+struct LaneGuard<'a> {
+    d: MutexGuard<'a, DstQueue>,
+    quiet: &'a AtomicBool,
+}
+
+impl std::ops::Deref for LaneGuard<'_> {
+    type Target = DstQueue;
+    fn deref(&self) -> &DstQueue {
+        &self.d
+    }
+}
+
+impl std::ops::DerefMut for LaneGuard<'_> {
+    fn deref_mut(&mut self) -> &mut DstQueue {
+        &mut self.d
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        // (Before the lock is let go: the guard's fields drop after this.)
+        self.quiet
+            .store(self.d.turn.is_empty() && !self.d.claimed, Release);
+    }
 }
 
 /// Something attached to the fabric at run time (a hook, a tap), swapped under traffic.
@@ -873,6 +958,8 @@ struct Inner {
     /// The SA queued trap Reports from where no pump may run (a port attaching or leaving
     /// under its device's lock): the next tick moves them.
     reports_waiting: AtomicBool,
+    /// Counts ports attached and detached (see [`PortNote`]).
+    port_epoch: AtomicU64,
 }
 
 /// A subnet's partitions beside the default and the port tables they make.
@@ -1025,6 +1112,7 @@ impl Fabric {
                 links_down: Mutex::new(Vec::new()),
                 pkeys: RwLock::new((Vec::new(), Vec::new())),
                 reports_waiting: AtomicBool::new(false),
+                port_epoch: AtomicU64::new(0),
             }),
         }
     }
@@ -1315,7 +1403,7 @@ impl Fabric {
         FabricStats {
             delivered: c.delivered.load(Relaxed)
                 + (self.inner.lanes.all())
-                    .map(|(_, l)| lock(&l.q).delivered)
+                    .map(|(_, l)| l.lock().delivered)
                     .sum::<u64>(),
             no_route: c.no_route.load(Relaxed),
             hook_dropped: c.hook_dropped.load(Relaxed),
@@ -1336,21 +1424,23 @@ impl Fabric {
         let Some(lane) = lanes.get_or_make(dst) else {
             return;
         };
-        let mut d = lock(&lane.q);
         // Sent back, inside a cut-through, to the port whose turn runs it: that turn takes
         // it (see [`Cut::returned`]) if nothing from this source is before it: none
-        // waits in the lane, and none is being delivered (the lane is not claimed).
+        // waits in the lane, and none is being delivered (the lane is not claimed). A
+        // quiet lane says so without its lock.
+        let item = match item {
+            Item::Packet(pkt) if lane.is_quiet() && self.pumping_here() => {
+                match keep_back(dst, src, pkt) {
+                    None => return,
+                    Some(pkt) => Item::Packet(pkt),
+                }
+            }
+            item => item,
+        };
+        let mut d = lane.lock();
         let item = match item {
             Item::Packet(pkt) if self.pumping_here() && !d.claimed && !d.holds_from(src) => {
-                let left = CUT.with(|c| {
-                    let mut c = c.borrow_mut();
-                    if c.port != dst || dst == 0 || c.back.is_some() {
-                        return Some(pkt);
-                    }
-                    c.back = Some((src, pkt));
-                    None
-                });
-                match left {
+                match keep_back(dst, src, pkt) {
                     None => return,
                     Some(pkt) => Item::Packet(pkt),
                 }
@@ -1405,13 +1495,15 @@ impl Fabric {
             return;
         }
         if let Some(lane) = self.inner.lanes.get_or_make(dst) {
-            lock(&lane.q).port = sink;
+            let mut d = lane.lock();
+            d.port = sink;
+            self.inner.port_epoch.fetch_add(1, Release);
         }
     }
 
     /// Slot `dst`'s lane, locked, if it has one.
-    fn lane(&self, dst: usize) -> Option<MutexGuard<'_, DstQueue>> {
-        Some(lock(&self.inner.lanes.get(dst)?.q))
+    fn lane(&self, dst: usize) -> Option<LaneGuard<'_>> {
+        Some(self.inner.lanes.get(dst)?.lock())
     }
 
     /// Whether `other` is this fabric (a clone of its handle).
@@ -1535,7 +1627,7 @@ impl Fabric {
     /// Lets go of the lane the pump served last: forgotten if it is empty; else (others'
     /// items came in behind the claim and were left to this pump) served in turn with this
     /// thread's own, and returned, still locked.
-    fn let_go<'a>(&self, pumping: &mut Pumping<'a>) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+    fn let_go<'a>(&self, pumping: &mut Pumping<'a>) -> Option<(usize, LaneGuard<'a>)> {
         let (dst, lane) = pumping.settle()?;
         if lane.open() {
             note_queued(self.id(), dst);
@@ -1557,7 +1649,7 @@ impl Fabric {
         pumping: &mut Pumping<'a>,
         any: bool,
         cursor: &mut usize,
-    ) -> Option<(usize, MutexGuard<'a, DstQueue>)> {
+    ) -> Option<(usize, LaneGuard<'a>)> {
         let id = self.id();
         if let Some((dst, lane)) = self.let_go(pumping) {
             if only_own(id, dst) {

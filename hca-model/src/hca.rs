@@ -26,7 +26,7 @@ use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
 use crate::eq::Eq;
-use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, Rejected};
+use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, PortNote, Rejected};
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
@@ -251,6 +251,8 @@ pub(crate) struct Device {
     /// `fabric::Cut`).
     pub cut: bool,
     pub outbox: VecDeque<Packet>,
+    /// The port this one's cut-throughs went to last.
+    pub port_note: PortNote,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -325,6 +327,7 @@ impl Device {
             held_acks: Vec::new(),
             cut: false,
             outbox: VecDeque::new(),
+            port_note: PortNote::default(),
             gathers: Default::default(),
             pkeys: crate::partition::default_table(),
         };
@@ -664,7 +667,7 @@ impl Shared {
                 break;
             }
             let mut out = std::mem::take(&mut st.dev.outbox);
-            cut.send(lid, &mut out, resume);
+            cut.send(lid, &mut out, &mut st.dev.port_note, resume);
             if st.dev.outbox.is_empty() {
                 st.dev.outbox = out; // (emptied: kept for its capacity)
             }

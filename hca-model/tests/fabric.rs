@@ -164,6 +164,15 @@ fn test_a_restarted_node_takes_its_old_lid_and_peers_reach_it_again() {
         p.b.hca.attach_at(&p.fabric, p.a.lid()).is_err(),
         "a live port's LID is not handed out twice"
     );
+    // A talks to B (over another QP pair) before B's guest reboots; the old device stays
+    // alive (held here) after it leaves the fabric: nothing may reach it there.
+    let (mut qa2, mut qb2) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 2, 0);
+    let (src0, dst0) = (p.a.alloc(8, 8), p.b.alloc(8, 8));
+    p.b.post_recv(&mut qb2, 0, &[sge(dst0, 8, p.key_b)]);
+    let wr = send_wr(0, WR_SEND, WQE_SIGNALED);
+    p.a.post_send(&mut qa2, wr, &[sge(src0, 8, p.key_a)]);
+    assert_eq!(p.a.drain_statuses(&mut p.cq_a), vec![(0, WC_SUCCESS)]);
+    assert_eq!(p.b.drain_statuses(&mut p.cq_b), vec![(0, WC_SUCCESS)]);
     p.b.hca.detach();
     // B's guest reboots: a fresh device on the same LID, QPs set up again.
     let mut b = Driver::new(None, 8);
@@ -186,6 +195,11 @@ fn test_a_restarted_node_takes_its_old_lid_and_peers_reach_it_again() {
     );
     assert_eq!(b.drain_cq(&mut cq).len(), 1);
     assert_eq!(b.read(dst, 8), b"rebooted");
+    assert_eq!(p.a.drain_statuses(&mut p.cq_a), vec![(1, WC_SUCCESS)]);
+    assert!(
+        p.b.drain_cq(&mut p.cq_b).is_empty(),
+        "the old device got nothing"
+    );
 }
 
 /// Records the sender and opcode of every packet as it enters the fabric; the first time a
@@ -905,4 +919,85 @@ fn test_two_nodes_sending_to_each_other_from_two_threads_deliver_everything_in_o
         s.spawn(|| back.sends_in_order(2000));
     });
     assert_eq!(p.fabric.backlog(), 0, "nothing left queued");
+}
+
+/// Sets its flag when dropped: threads that loop until it is set stop even when the
+/// test's own thread fails.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn test_doorbells_rung_from_two_threads_never_let_a_packet_overtake_another() {
+    // A guest's vCPUs ring its send doorbell at once: whichever turn finds a WQE sends
+    // it, and each turn hands its packets to B itself unless something of A's is still on
+    // its way there. On a lossless fabric no packet of a stream ever overtakes another:
+    // B never sees a PSN out of order (no sequence NAK, no duplicate) and A resends
+    // nothing.
+    // B's own doorbells keep its device busy now and then: A's turns find it taken and
+    // queue their packets, which later turns must not overtake.
+    let mut p = Pair::new(MTU_4096 as u8);
+    let (hca_a, hca_b, qpn_a) = (p.a.hca.clone(), p.b.hca.clone(), p.qa.qpn);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for hca in [&hca_a, &hca_b] {
+            let stop = &stop;
+            s.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    hca.doorbell(DB_SQ);
+                }
+            });
+        }
+        let _stop = StopOnDrop(&stop);
+        p.sends_in_order(3000);
+    });
+    let (a, b) = (p.a.hca.stats(), p.b.hca.stats());
+    assert_eq!(
+        (a.retransmits, b.seq_naks, b.duplicates),
+        (0, 0, 0),
+        "QP {qpn_a}'s packets reached B in order"
+    );
+    assert_eq!(p.fabric.backlog(), 0, "nothing left queued");
+}
+
+#[test]
+fn test_a_turn_never_hands_over_a_packet_ahead_of_its_own_still_queued_for_that_port() {
+    // A packet of A's waits in B's queue (as when B was busy at A's last turn); A's next
+    // turn must queue its own behind it, not hand it to B first. (A has sent to B
+    // before, over another QP pair: its turns know B's port.)
+    let mut p = Pair::new(MTU_4096 as u8);
+    let (mut qa2, mut qb2) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 2, 0);
+    let buf = p.b.alloc(24, 8);
+    p.b.post_recv(&mut qb2, 0, &[sge(buf + 16, 8, p.key_b)]);
+    let src = p.a.alloc(8, 8);
+    p.a.post_send(
+        &mut qa2,
+        send_wr(0, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 8, p.key_a)],
+    );
+    assert_eq!(p.b.drain_statuses(&mut p.cq_b), vec![(0, WC_SUCCESS)]);
+
+    p.b.post_recv(&mut p.qb, 1, &[sge(buf, 8, p.key_b)]);
+    p.b.post_recv(&mut p.qb, 2, &[sge(buf + 8, 8, p.key_b)]);
+    // The next PSN of A's QP, queued: "8 bytes!" (see raw_send).
+    let psn = p.a.query_qp(p.qa.qpn).sq_psn;
+    p.fabric.enqueue(raw_send(&p, p.qa.qpn, p.qb.qpn, psn));
+    p.a.write(src, b"the next");
+    p.a.post_send(
+        &mut p.qa,
+        send_wr(9, WR_SEND, WQE_SIGNALED),
+        &[sge(src, 8, p.key_a)],
+    );
+    // A's own SEND has the same PSN: whichever arrives second is a duplicate, not placed.
+    assert_eq!(
+        p.b.read(buf, 8),
+        b"8 bytes!",
+        "the queued packet went first"
+    );
+    assert_eq!(p.b.hca.stats().duplicates, 1);
+    assert_eq!(p.fabric.backlog(), 0);
 }
