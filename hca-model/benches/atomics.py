@@ -19,7 +19,8 @@ import subprocess
 import sys
 from collections import Counter, defaultdict
 
-ATOMIC = re.compile(r"\s*([0-9a-f]+):\s+(lock\b|xchg|mfence)")
+# (`xchg %ax,%ax`, a register with itself, is a two-byte no-op the assembler pads with.)
+ATOMIC = re.compile(r"\s*([0-9a-f]+):\s+(lock\b|xchg(?!\s+%(\w+),%\3$)|mfence)")
 NAMED = re.compile(r"(c?(?:ob|fn))=\((\d+)\)(?: (.*))?")
 
 
