@@ -350,7 +350,14 @@ pub(crate) struct Cut<'a> {
     fabric: &'a Fabric,
     /// Packets its ports took, counted once at its end.
     delivered: u64,
+    /// Payload bytes it may still hand over itself (see [`CUT_BYTES`]).
+    budget: u64,
 }
+
+/// The most payload one cut-through hands over itself, in bursts. The sender's lock is
+/// held meanwhile: packets for the sender wait for at most as long as the queue's
+/// longest item (`PIECE_BYTES` in hca.rs) takes to copy. The rest is queued.
+const CUT_BYTES: u64 = 1 << 20;
 
 impl Fabric {
     /// Starts a cut-through for a device's turn on this thread: None inside a pump (a
@@ -365,6 +372,7 @@ impl Fabric {
         Some(Cut {
             fabric: self,
             delivered: 0,
+            budget: CUT_BYTES,
         })
     }
 
@@ -418,9 +426,10 @@ impl Cut<'_> {
 
     /// Sends the packets in `out` (emptying it), which the port at `slid` sent in this
     /// order: each run of them for one port straight to it, if [`Cut::port_for`] gives it
-    /// and it is free, else to the queue. A run is a burst at most (see [`take_burst`]);
-    /// what follows it for the same port is queued, where the port's other sources take
-    /// their turns. Ports whose turns left work go in `resume`.
+    /// and it is free, else to the queue. A run is a burst at most (see [`take_burst`]).
+    /// Another follows for the same port while nothing else waits for it (its lane is
+    /// quiet) and the cut's budget lasts; else the rest is queued, where the port's other
+    /// sources take their turns. Ports whose turns left work go in `resume`.
     pub(crate) fn send(
         &mut self,
         slid: Lid,
@@ -430,7 +439,8 @@ impl Cut<'_> {
     ) {
         while let Some(dlid) = out.front().map(|p| p.dlid) {
             let for_dst = |p: &Packet| p.dlid == dlid;
-            if let Some(port) = self.port_for(slid, dlid, note) {
+            let mut queue_rest = true;
+            if let Some(port) = self.port_for(slid, dlid, note).filter(|_| self.budget > 0) {
                 let (mut n, mut bytes) = (0, 0u64);
                 let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
                     if n == MAX_BURST
@@ -452,19 +462,31 @@ impl Cut<'_> {
                 }));
                 if let Some((rejected, more_turns)) = took {
                     self.delivered += (n - rejected.len()) as u64;
+                    self.budget = self.budget.saturating_sub(bytes);
                     for Rejected(pkt) in rejected {
                         self.fabric.bounce(*pkt, DropReason::Rejected);
                     }
                     if more_turns {
                         resume.push(port);
                     }
+                    // Another run follows while nothing else waits for the port.
+                    queue_rest = !self
+                        .fabric
+                        .inner
+                        .lanes
+                        .get(slot(dlid))
+                        .is_some_and(Lane::is_quiet);
                 }
             }
-            // The run if the port was busy, or what follows a full run: queued, and later
-            // packets for the port behind them (its lane now holds some from this sender).
-            while out.front().is_some_and(for_dst) {
-                if let Some(pkt) = out.pop_front() {
-                    self.fabric.enqueue(pkt);
+            // The run if the port was busy, or the rest after a run while something else
+            // waits for the port (where it takes its turn) or the cut's budget is spent:
+            // queued, and later packets for the port behind them (its lane now holds some
+            // from this sender).
+            if queue_rest {
+                while out.front().is_some_and(for_dst) {
+                    if let Some(pkt) = out.pop_front() {
+                        self.fabric.enqueue(pkt);
+                    }
                 }
             }
         }
