@@ -595,8 +595,9 @@ impl Shared {
             if !std::mem::take(&mut st.dev.hold_acks) && !st.dev.held_acks.is_empty() {
                 st.send_held_acks();
             }
-            if std::mem::take(&mut st.dev.cut) {
+            if st.dev.cut {
                 self.cut_through(&mut st, &mut resume);
+                st.dev.cut = false;
             }
             while !st.dev.stranded.is_empty() {
                 for pkt in std::mem::take(&mut st.dev.stranded) {
@@ -651,7 +652,8 @@ impl Shared {
 
     /// The end of a turn that kept what it sent (see `fabric::Cut`): each run of packets
     /// for one port goes to that port now if it can, else to the queue; an answer that
-    /// comes straight back (an ACK) is taken in this turn. Ports whose turns left work
+    /// comes straight back (an ACK) is taken in this turn, and what taking it sends (WRs
+    /// a full send window held, say) goes in the next round. Ports whose turns left work
     /// go in `resume`, to go on once this device's lock is let go.
     fn cut_through(&self, st: &mut HcaState, resume: &mut Vec<Arc<dyn PacketSink>>) {
         let cut = match (self.first_fabric.get(), st.dev.fabric.as_ref()) {
@@ -659,6 +661,7 @@ impl Shared {
             _ => None,
         };
         let Some(mut cut) = cut else {
+            st.dev.cut = false;
             return st.dev.queue_outbox();
         };
         let lid = st.dev.lid;
@@ -677,6 +680,7 @@ impl Shared {
             st.dev.hold_acks = false;
             cut.took(st.receive(pkt));
         }
+        st.dev.cut = false;
         for pkt in st.dev.outbox.drain(..) {
             cut.enqueue(pkt);
         }
