@@ -353,14 +353,17 @@ pub(crate) struct Cut<'a> {
     /// Packets its ports took, counted at its end in the sender's lane
     /// (`Lane::cut_delivered`).
     delivered: u64,
-    /// Payload bytes it may still hand over itself (see [`CUT_BYTES`]).
+    /// Payload bytes and packets it may still hand over itself (see [`CUT_BYTES`]).
     budget: u64,
+    packets_left: usize,
 }
 
-/// The most payload one cut-through hands over itself, in bursts. The sender's lock is
-/// held meanwhile: packets for the sender wait for at most as long as the queue's
-/// longest item (`PIECE_BYTES` in hca.rs) takes to copy. The rest is queued.
+/// The most payload, and the most packets, one cut-through hands over itself, in bursts.
+/// The sender's lock is held meanwhile: packets for the sender wait for at most as long
+/// as the queue's longest item (`PIECE_BYTES` in hca.rs) takes to copy, or 16 bursts of
+/// small messages take to deliver. The rest is queued.
 const CUT_BYTES: u64 = 1 << 20;
+const CUT_PACKETS: usize = 16 * MAX_BURST;
 
 impl Fabric {
     /// Starts a cut-through for a device's turn on this thread: None inside a pump (a
@@ -377,6 +380,7 @@ impl Fabric {
             port: slot(lid),
             delivered: 0,
             budget: CUT_BYTES,
+            packets_left: CUT_PACKETS,
         })
     }
 
@@ -444,7 +448,8 @@ impl Cut<'_> {
         while let Some(dlid) = out.front().map(|p| p.dlid) {
             let for_dst = |p: &Packet| p.dlid == dlid;
             let mut queue_rest = true;
-            if let Some(port) = self.port_for(slid, dlid, note).filter(|_| self.budget > 0) {
+            let within = self.budget > 0 && self.packets_left > 0;
+            if let Some(port) = self.port_for(slid, dlid, note).filter(|_| within) {
                 let (mut n, mut bytes) = (0, 0u64);
                 let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
                     if n == MAX_BURST
@@ -467,6 +472,7 @@ impl Cut<'_> {
                 if let Some((rejected, more_turns)) = took {
                     self.delivered += (n - rejected.len()) as u64;
                     self.budget = self.budget.saturating_sub(bytes);
+                    self.packets_left = self.packets_left.saturating_sub(n);
                     for Rejected(pkt) in rejected {
                         self.fabric.bounce(*pkt, DropReason::Rejected);
                     }

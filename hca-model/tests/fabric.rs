@@ -1001,3 +1001,42 @@ fn test_a_turn_never_hands_over_a_packet_ahead_of_its_own_still_queued_for_that_
     assert_eq!(p.b.hca.stats().duplicates, 1);
     assert_eq!(p.fabric.backlog(), 0);
 }
+
+#[test]
+fn test_a_doorbell_past_what_one_turn_hands_over_queues_the_rest_in_order() {
+    // One doorbell with 600 one-packet SENDs: the turn hands at most 256 packets to B
+    // itself (see fabric.rs, CUT_PACKETS), and the rest crosses the queue behind them:
+    // every message arrives once, in order, with its own bytes, and none is resent.
+    let mut p = Pair::new(MTU_4096 as u8);
+    let (mut cq_a, mut cq_b) = (p.a.create_cq(10), p.b.create_cq(10));
+    let (mut qa, mut qb) = p.connect_more((cq_a.cqn, cq_b.cqn), 10, 0);
+    let n = 600u64;
+    let (src, dst) = (p.a.alloc(8 * n, 8), p.b.alloc(8 * n, 8));
+    for i in 0..n {
+        p.b.post_recv(&mut qb, i, &[sge(dst + 8 * i, 8, p.key_b)]);
+        p.a.write(src + 8 * i, &i.to_le_bytes());
+        let wr = HcaSendWqe {
+            num_sge: 1,
+            ..send_wr(i, WR_SEND, WQE_SIGNALED)
+        };
+        p.a.write_send(&mut qa, &wr, &[sge(src + 8 * i, 8, p.key_a)], &[]);
+    }
+    p.a.ring_sq(&qa);
+    let all: Vec<(u64, u32)> = (0..n).map(|i| (i, WC_SUCCESS)).collect();
+    assert_eq!(
+        p.b.drain_statuses(&mut cq_b),
+        all,
+        "received once each, in order"
+    );
+    for i in 0..n {
+        assert_eq!(
+            p.b.read(dst + 8 * i, 8),
+            i.to_le_bytes(),
+            "SEND {i}'s bytes"
+        );
+    }
+    assert_eq!(p.a.drain_statuses(&mut cq_a), all);
+    let (a, b) = (p.a.hca.stats(), p.b.hca.stats());
+    assert_eq!((a.retransmits, b.seq_naks, b.duplicates), (0, 0, 0));
+    assert_eq!(p.fabric.backlog(), 0, "nothing left queued");
+}
