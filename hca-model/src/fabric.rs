@@ -323,6 +323,16 @@ impl Drop for Pumping<'_> {
     }
 }
 
+/// A sender's note of the port at one LID, for its cut-throughs (see [`Cut::port_for`]):
+/// good while no port has been attached to the fabric or detached from it since.
+#[derive(Default)]
+pub(crate) struct PortNote {
+    lid: Lid,
+    /// `Inner::port_epoch` when it was taken.
+    epoch: u64,
+    port: Option<Weak<dyn PacketSink>>,
+}
+
 /// A device's turn moving what it sent itself, before it lets go of its own lock: a
 /// *cut-through*. Each run of its packets for one port goes straight to that port's
 /// [`PacketSink::try_deliver_run`] if nothing the sender sent earlier waits for that port
@@ -336,16 +346,8 @@ impl Drop for Pumping<'_> {
 /// So an RC message sent by a doorbell's turn costs no queue round trip, no pump, and no
 /// second turn of the sender's lock for its ACK. No deadlock comes of holding two device
 /// locks: a turn takes the second only if it is free, and never waits while it holds one.
-/// A sender's note of the port at one LID, for its cut-throughs (see [`Cut::port_for`]):
-/// good while no port has been attached to the fabric or detached from it since.
-#[derive(Default)]
-pub(crate) struct PortNote {
-    lid: Lid,
-    /// `Inner::port_epoch` when it was taken.
-    epoch: u64,
-    port: Option<Weak<dyn PacketSink>>,
-}
-
+/// Runs are bursts, and the port's other sources still take their turns (see
+/// [`Cut::send`]); one cut hands over at most [`CUT_BYTES`] and [`CUT_PACKETS`] itself.
 pub(crate) struct Cut<'a> {
     fabric: &'a Fabric,
     /// The sender's slot.
