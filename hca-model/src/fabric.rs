@@ -350,8 +350,6 @@ pub(crate) struct PortNote {
 /// [`Cut::send`]); one cut hands over at most [`CUT_BYTES`] and [`CUT_PACKETS`] itself.
 pub(crate) struct Cut<'a> {
     fabric: &'a Fabric,
-    /// The sender's slot.
-    port: usize,
     /// Packets its ports took, counted at its end in the sender's lane
     /// (`Lane::cut_delivered`).
     delivered: u64,
@@ -379,7 +377,6 @@ impl Fabric {
         CUT.with(|c| c.borrow_mut().port = slot(lid));
         Some(Cut {
             fabric: self,
-            port: slot(lid),
             delivered: 0,
             budget: CUT_BYTES,
             packets_left: CUT_PACKETS,
@@ -548,7 +545,7 @@ impl Drop for Cut<'_> {
             // store do: no atomic, and no line another core writes. Slot 0's ports share
             // theirs (LIDs past the slots), and count with one.
             let lanes = &self.fabric.inner.lanes;
-            match lanes.get(self.port).filter(|_| self.port != 0) {
+            match lanes.get(port).filter(|_| port != 0) {
                 Some(lane) => {
                     let n = lane.cut_delivered.load(Relaxed);
                     lane.cut_delivered.store(n + self.delivered, Relaxed);
