@@ -915,8 +915,8 @@ fn test_two_nodes_sending_to_each_other_from_two_threads_deliver_everything_in_o
         key_b: key_a,
     };
     std::thread::scope(|s| {
-        s.spawn(|| p.sends_in_order(2000));
-        s.spawn(|| back.sends_in_order(2000));
+        s.spawn(|| p.sends_in_order(1000));
+        s.spawn(|| back.sends_in_order(1000));
     });
     assert_eq!(p.fabric.backlog(), 0, "nothing left queued");
 }
@@ -953,7 +953,7 @@ fn test_doorbells_rung_from_two_threads_never_let_a_packet_overtake_another() {
             });
         }
         let _stop = StopOnDrop(&stop);
-        p.sends_in_order(3000);
+        p.sends_in_order(1000);
     });
     let (a, b) = (p.a.hca.stats(), p.b.hca.stats());
     assert_eq!(
