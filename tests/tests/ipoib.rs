@@ -679,7 +679,11 @@ fn nfs_write_read(tb: &mut Testbed, i: usize, path: &str, mib: u32) -> (String, 
             ),
             T,
         )
-        .unwrap_or_else(|e| panic!("NFS I/O on node{}: {e}\n{}", i + 1, tb.console(i)));
+        .unwrap_or_else(|e| {
+            // The kernel's last words too (an OOM kill shows there, not in the output).
+            let dmesg = tb.agents[i].run("dmesg | tail -40", T).unwrap_or_default();
+            panic!("NFS I/O on node{}: {e}\n{}\n{dmesg}", i + 1, tb.console(i))
+        });
     written_and_read(&out, i)
 }
 
