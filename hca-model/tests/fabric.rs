@@ -331,21 +331,48 @@ fn test_pairs_on_threads_of_their_own_and_a_flood_all_deliver_in_order() {
     assert_eq!(fabric.backlog(), 0, "nothing left queued");
 }
 
+/// A third node C with an RC QP connected to a new QP on `p`'s node B, which reports to
+/// B's CQ `b_cq`; C's own CQ has `2^cq_log` entries.
+struct ThirdNode {
+    d: Driver,
+    lid: u16,
+    key: u32,
+    cq: CqH,
+    qp: QpH,
+    qp_b: QpH,
+}
+
+impl ThirdNode {
+    fn connect(p: &mut Pair, b_cq: u32, cq_log: u32) -> Self {
+        let mut d = Driver::new(Some(&p.fabric), 4);
+        let pd = d.alloc_pd();
+        let key = d.reg_dma_mr(pd, ALL_ACCESS);
+        let cq = d.create_cq(cq_log);
+        let qp = d.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+        let qp_b = p.b.create_qp(QPT_RC, p.pd_b, b_cq, b_cq);
+        let (lb, lid) = (p.b.lid(), d.lid());
+        d.bring_up_rc(qp.qpn, lb, qp_b.qpn, ALL_ACCESS, MTU_4096 as u8);
+        p.b.bring_up_rc(qp_b.qpn, lid, qp.qpn, ALL_ACCESS, MTU_4096 as u8);
+        Self {
+            d,
+            lid,
+            key,
+            cq,
+            qp,
+            qp_b,
+        }
+    }
+}
+
 #[test]
 fn test_a_flood_to_the_same_port_delays_another_senders_packet_there_by_one_item() {
     // A floods B; C, a third node, sends B one SEND while the flood is on the wire: B's
     // queue serves its sources in turn.
     let mut p = Pair::new(MTU_4096 as u8);
-    let mut c = Driver::new(Some(&p.fabric), 4);
-    let pd_c = c.alloc_pd();
-    let key_c = c.reg_dma_mr(pd_c, ALL_ACCESS);
-    let mut cq_c = c.create_cq(6);
-    let mut qc = c.create_qp(QPT_RC, pd_c, cq_c.cqn, cq_c.cqn);
     let cq_bc = p.b.create_cq(6);
-    let mut qbc = p.b.create_qp(QPT_RC, p.pd_b, cq_bc.cqn, cq_bc.cqn);
-    let (lb, lc) = (p.b.lid(), c.lid());
-    c.bring_up_rc(qc.qpn, lb, qbc.qpn, ALL_ACCESS, MTU_4096 as u8);
-    p.b.bring_up_rc(qbc.qpn, lc, qc.qpn, ALL_ACCESS, MTU_4096 as u8);
+    let mut c = ThirdNode::connect(&mut p, cq_bc.cqn, 6);
+    let (mut cq_c, mut qc, mut qbc, key_c) = (c.cq, c.qp, c.qp_b, c.key);
+    let (c, lc) = (&mut c.d, c.lid);
 
     write_flood(&mut p);
     let (csrc, bdst) = (c.alloc(8, 8), p.b.alloc(8, 8));
@@ -812,16 +839,11 @@ fn test_a_turn_hands_a_free_port_one_burst_and_another_senders_packet_goes_next(
     // cut-through), but one burst at a time: C's SEND, rung while B takes A's first burst
     // of 64 one-packet WRITE_IMMs, reaches B right after that burst, not after all 64.
     let mut p = Pair::new(MTU_4096 as u8);
-    let mut c = Driver::new(Some(&p.fabric), 4);
-    let pd_c = c.alloc_pd();
-    let key_c = c.reg_dma_mr(pd_c, ALL_ACCESS);
-    let mut cq_c = c.create_cq(4);
-    let mut qc = c.create_qp(QPT_RC, pd_c, cq_c.cqn, cq_c.cqn);
     // B's QP for C reports to the same CQ as the QP A writes to: its order is B's.
-    let mut qbc = p.b.create_qp(QPT_RC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
-    let (lb, lc) = (p.b.lid(), c.lid());
-    c.bring_up_rc(qc.qpn, lb, qbc.qpn, ALL_ACCESS, MTU_4096 as u8);
-    p.b.bring_up_rc(qbc.qpn, lc, qc.qpn, ALL_ACCESS, MTU_4096 as u8);
+    let cq_b = p.cq_b.cqn;
+    let mut c = ThirdNode::connect(&mut p, cq_b, 4);
+    let (mut cq_c, mut qc, mut qbc, key_c) = (c.cq, c.qp, c.qp_b, c.key);
+    let (c, lb) = (&mut c.d, p.b.lid());
 
     let n = 64u64;
     let (src, dst) = (p.a.alloc(8, 8), p.b.alloc(8 * n, 8));
