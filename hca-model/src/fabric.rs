@@ -501,11 +501,6 @@ impl Cut<'_> {
         }
     }
 
-    /// Queues a packet the cut does not deliver, as [`Fabric::enqueue`] does.
-    pub(crate) fn enqueue(&self, pkt: Packet) {
-        self.fabric.enqueue(pkt);
-    }
-
     /// The packet a delivery of this cut sent back to the cut's port when nothing from
     /// its sender waited for that port (see [`Fabric::push`]): the port's turn, which
     /// holds its lock, takes it now and gives [`Cut::took`] the outcome. Nothing can

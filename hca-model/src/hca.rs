@@ -393,9 +393,10 @@ impl Device {
         }
     }
 
-    /// Queues what the turn kept to move itself (in order), as `transmit` would have.
+    /// Queues what the turn kept to move itself (in order), as `transmit` would have; the
+    /// outbox keeps its room for the next turn.
     fn queue_outbox(&mut self) {
-        for pkt in std::mem::take(&mut self.outbox) {
+        while let Some(pkt) = self.outbox.pop_front() {
             match &self.fabric {
                 Some(f) => f.enqueue(pkt),
                 None => self.stranded.push(pkt.clone_header()),
@@ -681,9 +682,7 @@ impl Shared {
             cut.took(st.receive(pkt));
         }
         st.dev.cut = false;
-        for pkt in st.dev.outbox.drain(..) {
-            cut.enqueue(pkt);
-        }
+        st.dev.queue_outbox();
     }
 }
 
