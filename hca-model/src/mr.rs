@@ -13,8 +13,25 @@ use std::sync::Arc;
 
 use crate::packet::{Grant, Seg, SegList};
 
-/// SGEs read from one WQE, kept inline for the usual few.
-pub(crate) type SgeList = smallvec::SmallVec<[HcaSge; 4]>;
+/// Why a WQE's SGE list could not be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SgeFault {
+    /// An SGE lies outside guest memory.
+    Read,
+    /// An SGE's lkey does not grant the access to its range.
+    Key,
+}
+
+impl From<SgeFault> for WcError {
+    /// IB's local errors: a list the WQE cannot describe is a QP operation error, a key
+    /// that does not cover its range a protection error.
+    fn from(f: SgeFault) -> Self {
+        match f {
+            SgeFault::Read => WcError::LocQpOp,
+            SgeFault::Key => WcError::LocProt,
+        }
+    }
+}
 
 /// A WQE's header `H` with the SGE after it, read in one access of guest memory where the
 /// WQE's slot holds both (the usual one-SGE WQE is then read whole): one look-up and copy,
@@ -229,9 +246,6 @@ impl Device {
         Ok(())
     }
 
-    /// Resolves a list of SGEs (read from the guest) into guest-physical pieces.
-    /// Returns the total length.
-    /// The `n` SGEs of a WQE, at `addr`.
     /// The header of the WQE at `addr` in a slot of `stride` bytes, and the SGE after it
     /// when the slot has room for one (read together: see [`WithSge`]).
     pub(crate) fn read_wqe_head<H>(
@@ -250,39 +264,38 @@ impl Device {
         Ok((read_obj::<H>(self.mem.as_ref(), addr)?, None))
     }
 
-    /// The `n` SGEs of a WQE, at `addr`; the first of them already read if `first` (with
-    /// its WQE's header: see [`WithSge`]).
-    pub(crate) fn read_sges(
+    /// Reads the `n` SGEs of a WQE at `addr` (the first already read if `first`, with its
+    /// WQE's header: see [`WithSge`]) and resolves each in PD `pdn` for `use_` as it is
+    /// read, appending the guest-physical pieces to `out`; returns the total length.
+    /// Every SGE is read before an SGE's key can fail the WQE, so that a list that leaves
+    /// guest memory is always [`SgeFault::Read`], whatever its keys.
+    pub(crate) fn gather_sges(
         &self,
         addr: u64,
         n: u32,
         first: Option<HcaSge>,
-    ) -> Result<SgeList, WcError> {
-        let mut sges = SgeList::new();
-        let mut from = 0;
-        if let Some(sge) = first.filter(|_| n > 0) {
-            sges.push(sge);
-            from = 1;
-        }
-        for i in from..u64::from(n) {
-            let sge = read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * i);
-            sges.push(sge.map_err(|_| WcError::LocQpOp)?);
-        }
-        Ok(sges)
-    }
-
-    pub(crate) fn resolve_sges(
-        &self,
-        sges: &[HcaSge],
-        pdn: u32,
-        use_: Use,
+        (pdn, use_): (u32, Use),
         out: &mut SegList,
-    ) -> Result<u64, KeyViolation> {
-        let mut total = 0u64;
+    ) -> Result<u64, SgeFault> {
         let how = KeyCheck::local(pdn, use_);
-        for s in sges {
-            self.resolve_key(s.lkey, s.addr, u64::from(s.length), &how, out)?;
-            total += u64::from(s.length);
+        let (mut total, mut bad_key) = (0u64, false);
+        for i in 0..u64::from(n) {
+            let sge = match first.filter(|_| i == 0) {
+                Some(sge) => sge,
+                None => read_obj::<HcaSge>(self.mem.as_ref(), addr + 16 * i)
+                    .map_err(|_| SgeFault::Read)?,
+            };
+            if bad_key {
+                continue;
+            }
+            let len = u64::from(sge.length);
+            bad_key = self
+                .resolve_key(sge.lkey, sge.addr, len, &how, out)
+                .is_err();
+            total += len;
+        }
+        if bad_key {
+            return Err(SgeFault::Key);
         }
         Ok(total)
     }

@@ -239,7 +239,6 @@ impl QpEngine<'_> {
             if u32::from(w.num_sge) > max_sge {
                 return Err(WcError::LocQpOp);
             }
-            let sges = self.dev.read_sges(addr + 64, w.num_sge.into(), first)?;
             let use_ = if is_read_like {
                 Use::LocalWrite
             } else {
@@ -247,8 +246,7 @@ impl QpEngine<'_> {
             };
             let mut segs = SegList::new();
             self.dev
-                .resolve_sges(&sges, pdn, use_, &mut segs)
-                .map_err(|_| WcError::LocProt)?;
+                .gather_sges(addr + 64, w.num_sge.into(), first, (pdn, use_), &mut segs)?;
             self.dev.turn_left = self.dev.turn_left.saturating_sub(segs.len() as u64);
             Source::Gather(segs)
         };

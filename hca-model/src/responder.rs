@@ -203,15 +203,17 @@ impl QpEngine<'_> {
         if u32::from(hdr.num_sge) > max_sge {
             return Err(bad(WcError::LocQpOp));
         }
-        let sges = self
-            .dev
-            .read_sges(addr + 16, hdr.num_sge.into(), first)
-            .map_err(|_| bad(WcError::LocQpOp))?;
         let mut segs = SegList::new();
         let cap = self
             .dev
-            .resolve_sges(&sges, pdn, Use::LocalWrite, &mut segs)
-            .map_err(|_| bad(WcError::LocProt))?;
+            .gather_sges(
+                addr + 16,
+                hdr.num_sge.into(),
+                first,
+                (pdn, Use::LocalWrite),
+                &mut segs,
+            )
+            .map_err(|f| bad(f.into()))?;
         Ok(Recv {
             wr_id: hdr.wr_id,
             segs,
