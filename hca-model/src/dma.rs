@@ -278,14 +278,27 @@ unsafe fn load_small(src: *const u8, buf: &mut [u8]) {
 /// `src` must be valid for reads and `dst` for writes of `len` bytes, not overlapping.
 #[inline(always)]
 unsafe fn copy_object(src: *const u8, dst: *mut u8, len: usize) {
-    use std::ptr::copy_nonoverlapping as copy;
+    /// One object of `N` bytes, moved as a value: LLVM keeps these arms apart, where
+    /// `copy_nonoverlapping(src, dst, N)` in each arm is folded (under LTO) back into one
+    /// memcpy of `len`.
+    ///
+    /// # Safety
+    /// As for `copy_object`, with `len == N`.
+    #[inline(always)]
+    unsafe fn by_value<const N: usize>(src: *const u8, dst: *mut u8) {
+        // SAFETY: the caller's promise; unaligned accesses of exactly N bytes.
+        unsafe {
+            dst.cast::<[u8; N]>()
+                .write_unaligned(src.cast::<[u8; N]>().read_unaligned())
+        }
+    }
     // SAFETY: the caller's promise; each arm copies exactly `len` bytes.
     unsafe {
         match len {
-            16 => copy(src, dst, 16),
-            32 => copy(src, dst, 32),
-            64 => copy(src, dst, 64),
-            _ => copy(src, dst, len),
+            16 => by_value::<16>(src, dst),
+            32 => by_value::<32>(src, dst),
+            64 => by_value::<64>(src, dst),
+            _ => std::ptr::copy_nonoverlapping(src, dst, len),
         }
     }
 }
