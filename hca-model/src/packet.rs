@@ -232,22 +232,24 @@ impl GatherPool {
         Payload::dma(mem.clone(), segs, None)
     }
 
-    /// Keeps `payload`'s gather list if it is one of `mem`'s that nothing else holds.
+    /// Keeps `payload`'s gather list if it is one of `mem`'s that nothing else holds, of
+    /// records kept inline (a long list's heap goes now, not when the pool's entry is
+    /// next taken). Its records stay until then: [`GatherPool::payload`] replaces them.
+    /// Uniqueness is read from the counts (two loads) rather than claimed with
+    /// `Arc::get_mut` (an atomic read-modify-write): nothing makes a `Weak` of a
+    /// `Gather`, and while this holds the only reference no other thread can make one;
+    /// `payload` claims it before it writes.
     pub fn recycle(&mut self, mem: &Arc<dyn DmaSpace>, payload: Payload) {
-        let Payload::Dma(mut g) = payload else {
+        let Payload::Dma(g) = payload else {
             return;
         };
-        if self.0.len() >= Self::MAX {
+        let unique = Arc::strong_count(&g) == 1 && Arc::weak_count(&g) == 0;
+        if self.0.len() >= Self::MAX || !unique || g.segs.spilled() || g.grant.is_some() {
             return;
         }
-        let Some(inner) = Arc::get_mut(&mut g) else {
-            return;
-        };
-        if inner.grant.is_some() || !std::ptr::addr_eq(Arc::as_ptr(&inner.mem), Arc::as_ptr(mem)) {
-            return;
+        if std::ptr::addr_eq(Arc::as_ptr(&g.mem), Arc::as_ptr(mem)) {
+            self.0.push(g);
         }
-        inner.segs = SegList::new();
-        self.0.push(g);
     }
 
     #[cfg(test)]
@@ -935,6 +937,16 @@ mod tests {
             &mem,
             Payload::dma(mem.clone(), segs(0, 8), Some(Arc::default())),
         );
+        assert_eq!(pool.len(), 0);
+        // Nor is a list of records on the heap: that goes now.
+        let long: SegList = (0..3)
+            .map(|i| Seg {
+                addr: i << 12,
+                len: 8,
+            })
+            .collect();
+        assert!(long.spilled());
+        pool.recycle(&mem, Payload::dma(mem.clone(), long, None));
         assert_eq!(pool.len(), 0);
     }
 
