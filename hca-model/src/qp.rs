@@ -73,17 +73,27 @@ pub(crate) struct Pending {
     pub reread_from: Option<u32>,
 }
 
-/// Host bytes a WR holds while in flight: its request's payload (owned bytes, or the
-/// records of the guest memory it gathers from) and a read's scatter list.
+/// Host bytes a WR holds while in flight beyond its fixed share (its `Pending`, its
+/// request's headers and gather record, which the send window bounds as it bounds the
+/// WRs): its request's owned payload bytes, and the records of a gather or scatter list too
+/// long to be kept inline (a list of one or two pieces lives in that fixed share, as a
+/// small payload lives in its packet). So an ordinary WRITE or READ holds nothing here,
+/// and its WR touches no device-wide count.
 fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
-    let seg = std::mem::size_of::<Seg>();
+    let records = |l: &crate::packet::SegList| {
+        if l.spilled() {
+            l.len() * std::mem::size_of::<Seg>()
+        } else {
+            0
+        }
+    };
     let request = match request.map(|r| &r.payload) {
         Some(crate::packet::Payload::Bytes(b)) => b.len(),
-        Some(crate::packet::Payload::Dma(g)) => g.segs.len() * seg,
+        Some(crate::packet::Payload::Dma(g)) => records(&g.segs),
         _ => 0,
     };
     let dst = match &p.kind {
-        PendKind::Read { dst, .. } => dst.len() * seg,
+        PendKind::Read { dst, .. } => records(dst),
         _ => 0,
     };
     request + dst

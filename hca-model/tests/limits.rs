@@ -155,6 +155,23 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
 }
 
 #[test]
+fn test_only_gather_lists_longer_than_two_records_count_against_the_bound() {
+    // B posts no receives: its RNR NAKs keep each SEND in flight.
+    let mut p = Pair::new(3);
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
+    // One contiguous piece: the WR's fixed share, which the send window bounds.
+    let buf = p.a.alloc(8192, 4096);
+    let one = sge(buf, 8192, LOCAL_DMA_LKEY);
+    p.a.post_send(&mut qa, send_wr(1, WR_SEND, 0), &[one]);
+    assert_eq!(p.a.hca.in_flight(), (1, 0));
+    // Three pages that are not contiguous: three 16-byte records on the heap.
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, 3);
+    let three = sge(iova, 3 * 4096, lkey);
+    p.a.post_send(&mut qa, send_wr(2, WR_SEND, 0), &[three]);
+    assert_eq!(p.a.hca.in_flight(), (2, 3 * 16));
+}
+
+#[test]
 fn test_memory_a_qp_held_returns_to_the_device_when_it_fails_or_goes() {
     let mut p = Pair::new(3);
     let npages = 16384u64;
