@@ -26,7 +26,7 @@ pub mod verbs;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use device_server::{DeviceServer, NodeConfig, ServerError};
@@ -242,8 +242,8 @@ pub enum BootError {
         node: String,
         why: String,
     },
-    /// The virtio-net link's socket never appeared.
-    Link(PathBuf),
+    /// No two free UDP ports on 127.0.0.1 for the virtio-net link.
+    Link(io::Error),
 }
 
 impl fmt::Display for BootError {
@@ -258,11 +258,7 @@ impl fmt::Display for BootError {
             BootError::Ram(e) => write!(f, "cannot create guest RAM (a sealed memfd): {e}"),
             BootError::Kvm(e) => write!(f, "/dev/kvm: {e}"),
             BootError::Start { node, why } => write!(f, "{node}: cannot start its guest: {why}"),
-            BootError::Link(p) => write!(
-                f,
-                "the virtio-net link socket {} did not appear (the first QEMU failed?)",
-                p.display()
-            ),
+            BootError::Link(e) => write!(f, "no UDP ports on 127.0.0.1 for the guests' link: {e}"),
         }
     }
 }
@@ -367,11 +363,11 @@ impl Cluster {
         configs: Vec<NodeConfig>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster, BootError> {
-        let eth = spec.dir.join("eth.sock");
-        if spec.link {
-            let _ = std::fs::remove_file(&eth);
-            self.files.push(eth.clone());
-        }
+        let ports = if spec.link {
+            free_udp_ports().map_err(BootError::Link)?
+        } else {
+            (0, 0)
+        };
         for (i, node) in configs.into_iter().enumerate() {
             let name = node.name.clone();
             let g = GuestSpec {
@@ -384,8 +380,8 @@ impl Cluster {
                 cmd: spec.job.clone(),
                 kernel_args: spec.kernel_args.clone(),
                 net: spec.link.then(|| NetSpec {
-                    socket: eth.clone(),
-                    listen: i == 0,
+                    local_port: if i == 0 { ports.0 } else { ports.1 },
+                    remote_port: if i == 0 { ports.1 } else { ports.0 },
                     mac: format!("52:54:00:12:34:{:02x}", i + 1),
                 }),
             };
@@ -395,10 +391,6 @@ impl Cluster {
                 why: format!("cannot start QEMU: {e}"),
             })?;
             self.nodes.push(Box::new(guest));
-            if i == 0 && spec.link && !wait_for_path(&eth, Duration::from_secs(10)) {
-                // The second guest connects to the link socket the first one listens on.
-                return Err(BootError::Link(eth));
-            }
         }
         Ok(self)
     }
@@ -505,15 +497,12 @@ fn remove_all(files: &[PathBuf]) {
     }
 }
 
-fn wait_for_path(p: &Path, timeout: Duration) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    while !p.exists() {
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
+/// Two UDP ports of 127.0.0.1 that were free a moment ago, for the two ends of the guests'
+/// link: the kernel picks them, and lets them go for QEMU to bind.
+fn free_udp_ports() -> io::Result<(u16, u16)> {
+    let a = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let b = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }
 
 impl Drop for Cluster {
