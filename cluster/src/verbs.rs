@@ -291,6 +291,48 @@ impl Testbed {
         Ok(())
     }
 
+    /// What each guest's side of the SoftRoCE link shows: whether the NIC still carries a
+    /// ping to the peer, the NIC's packet counts, rxe0's own counters and the kernel's last
+    /// words. For a report when rxe stops delivering: it tells a dead link (QEMU's or the
+    /// NIC's) from rxe's own state.
+    pub fn rxe_report(&mut self) -> String {
+        let n = self.agents.len();
+        let mut out = String::new();
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            let peer = (i + 1) % n + 1;
+            let cmd = format!(
+                "ping -c 2 -W 2 10.77.0.{peer} | tail -1; \
+                 (cd /sys/class/net/eth0/statistics && grep -H . tx_packets rx_packets \
+                 tx_dropped rx_dropped | tr '\\n' ' '); echo; \
+                 (cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && \
+                 grep -H . * | grep -v ':0$' | tr '\\n' ' '); echo; dmesg | tail -8"
+            );
+            let shown = a
+                .run(&cmd, CMD_TIMEOUT)
+                .unwrap_or_else(|e| format!("(no answer: {e})"));
+            out += &format!("== {} ==\n{}\n", a.name, shown.trim_end());
+        }
+        out
+    }
+
+    /// Makes SoftRoCE anew on both guests: rxe0 deleted (its clients, vbench and the DSM,
+    /// let go of it through their `remove` callbacks), the NIC taken down and up (its
+    /// queues refilled), and rxe0 added again: what a guest can do when SoftRoCE stops
+    /// delivering. (It did not revive the unix stream link the guests once had: that died
+    /// in QEMU; see `NetSpec`.)
+    pub fn rxe_renew(&mut self) -> Result<(), VerbsError> {
+        for a in self.agents.iter_mut() {
+            a.run(
+                "rdma link delete rxe0 && ip link set eth0 down && ip link set eth0 up && \
+                 rdma link add rxe0 type rxe netdev eth0 && for i in $(seq 100); do \
+                 [ \"$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null)\" = \"4: ACTIVE\" ] \
+                 && break; sleep 0.1; done; rdma link show rxe0/1",
+                CMD_TIMEOUT,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Opens `dev` on both guests and connects their RC QPs (the harness hands each side
     /// the other's address).
     pub fn connect(&mut self, dev: &str) -> Result<(), VerbsError> {
