@@ -598,7 +598,6 @@ impl Shared {
             }
             if st.dev.cut {
                 self.cut_through(&mut st, &mut resume);
-                st.dev.cut = false;
             }
             while !st.dev.stranded.is_empty() {
                 for pkt in std::mem::take(&mut st.dev.stranded) {
@@ -655,31 +654,31 @@ impl Shared {
     /// for one port goes to that port now if it can, else to the queue; an answer that
     /// comes straight back (an ACK) is taken in this turn, and what taking it sends (WRs
     /// a full send window held, say) goes in the next round. Ports whose turns left work
-    /// go in `resume`, to go on once this device's lock is let go.
+    /// go in `resume`, to go on once this device's lock is let go. The turn stops keeping
+    /// what it sends here, and what is left is queued.
     fn cut_through(&self, st: &mut HcaState, resume: &mut Vec<Arc<dyn PacketSink>>) {
-        let cut = match (self.first_fabric.get(), st.dev.fabric.as_ref()) {
+        // Held to the end: what is left is queued while the cut still stands.
+        let mut cut = match (self.first_fabric.get(), st.dev.fabric.as_ref()) {
             (Some(first), Some(f)) if first.same(f) => first.begin_cut(st.dev.lid),
             _ => None,
         };
-        let Some(mut cut) = cut else {
-            st.dev.cut = false;
-            return st.dev.queue_outbox();
-        };
-        let lid = st.dev.lid;
-        for _ in 0..CUT_ROUNDS {
-            if st.dev.outbox.is_empty() {
-                break;
+        if let Some(cut) = cut.as_mut() {
+            let lid = st.dev.lid;
+            for _ in 0..CUT_ROUNDS {
+                if st.dev.outbox.is_empty() {
+                    break;
+                }
+                let mut out = std::mem::take(&mut st.dev.outbox);
+                cut.send(lid, &mut out, &mut st.dev.port_note, resume);
+                if st.dev.outbox.is_empty() {
+                    st.dev.outbox = out; // (emptied: kept for its capacity)
+                }
+                let Some(pkt) = cut.returned() else {
+                    break;
+                };
+                st.dev.hold_acks = false;
+                cut.took(st.receive(pkt));
             }
-            let mut out = std::mem::take(&mut st.dev.outbox);
-            cut.send(lid, &mut out, &mut st.dev.port_note, resume);
-            if st.dev.outbox.is_empty() {
-                st.dev.outbox = out; // (emptied: kept for its capacity)
-            }
-            let Some(pkt) = cut.returned() else {
-                break;
-            };
-            st.dev.hold_acks = false;
-            cut.took(st.receive(pkt));
         }
         st.dev.cut = false;
         st.dev.queue_outbox();
