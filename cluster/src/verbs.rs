@@ -285,8 +285,14 @@ impl Testbed {
 
     /// Brings up SoftRoCE on both guests: device rxe0 over the virtio-net link.
     pub fn rxe_up(&mut self) -> Result<(), VerbsError> {
+        self.rxe_up_after("")
+    }
+
+    /// Runs the guest's `rxe-up` (the NIC up with its address, rxe0 added, until ACTIVE) on
+    /// every guest, each after shell commands `first`.
+    fn rxe_up_after(&mut self, first: &str) -> Result<(), VerbsError> {
         for (i, a) in self.agents.iter_mut().enumerate() {
-            a.run(&format!("rxe-up 10.77.0.{}/24", i + 1), CMD_TIMEOUT)?;
+            a.run(&format!("{first}rxe-up 10.77.0.{}/24", i + 1), CMD_TIMEOUT)?;
         }
         Ok(())
     }
@@ -321,16 +327,9 @@ impl Testbed {
     /// delivering. (It did not revive the unix stream link the guests once had: that died
     /// in QEMU; see `NetSpec`.)
     pub fn rxe_renew(&mut self) -> Result<(), VerbsError> {
-        for a in self.agents.iter_mut() {
-            a.run(
-                "rdma link delete rxe0 && ip link set eth0 down && ip link set eth0 up && \
-                 rdma link add rxe0 type rxe netdev eth0 && for i in $(seq 100); do \
-                 [ \"$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null)\" = \"4: ACTIVE\" ] \
-                 && break; sleep 0.1; done; rdma link show rxe0/1",
-                CMD_TIMEOUT,
-            )?;
-        }
-        Ok(())
+        self.rxe_up_after(
+            "rdma link delete rxe0 && ip addr flush dev eth0 && ip link set eth0 down && ",
+        )
     }
 
     /// Opens `dev` on both guests and connects their RC QPs (the harness hands each side
