@@ -286,12 +286,26 @@ pub(crate) struct Qp {
     pub last_atomic: Option<(u32, u64)>,
     /// The responder's latest ACK, held while a burst of this QP's stream is being delivered
     /// (see `Device::hold_acks`); it covers every message before it.
-    pub held_ack: Option<Packet>,
+    pub held_ack: Option<HeldAck>,
     /// This QP is in `Device::held_acks` (until the burst's end goes through the list).
     pub held_ack_listed: bool,
     /// The P_Key at its P_Key index when that was set: its packets carry it, and only
     /// packets of its partition reach it.
     pub pkey: u16,
+}
+
+/// An ACK the responder holds: what its packet is made of when it goes out. (Sixteen
+/// bytes written per message, where a whole `Packet` was built, moved and dropped for
+/// each one only to be replaced by the next.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldAck {
+    /// The requester's LID and QP: where the ACK goes; the partition it goes in.
+    pub dlid: u16,
+    pub dest_qpn: u32,
+    pub pkey: u16,
+    /// The PSN it acknowledges, and the MSN then.
+    pub psn: u32,
+    pub msn: u32,
 }
 
 impl Qp {

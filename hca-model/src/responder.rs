@@ -24,7 +24,7 @@ use crate::fabric::Rejected;
 use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
-use crate::qp::{qp_db, Inbound, QpEngine};
+use crate::qp::{qp_db, HeldAck, Inbound, QpEngine};
 use crate::srq::SrqTake;
 use crate::status::WcError;
 
@@ -234,13 +234,20 @@ impl QpEngine<'_> {
     /// latest, which covers every message before it, as IB lets ACKs coalesce.
     fn transmit_ack(&mut self, req: &Packet) {
         self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;
-        let ack = self.aeth(req, AETH_ACK, psn_add(req.psn, req.span() - 1));
+        let psn = psn_add(req.psn, req.span() - 1);
         if !self.dev.hold_acks {
             // A held ACK is older: this one covers its messages too.
             self.qp.held_ack = None;
+            let ack = self.aeth(req, AETH_ACK, psn);
             return self.dev.transmit(ack);
         }
-        self.qp.held_ack = Some(ack);
+        self.qp.held_ack = Some(HeldAck {
+            dlid: req.slid,
+            dest_qpn: req.src_qpn,
+            pkey: self.qp.pkey,
+            psn,
+            msn: self.qp.msn,
+        });
         if !std::mem::replace(&mut self.qp.held_ack_listed, true) {
             self.dev.held_acks.push(self.qpn);
         }
@@ -273,7 +280,17 @@ impl QpEngine<'_> {
     }
 
     pub(crate) fn send_held_ack(&mut self) {
-        if let Some(ack) = self.qp.held_ack.take() {
+        if let Some(held) = self.qp.held_ack.take() {
+            let ack = Packet {
+                dlid: held.dlid,
+                opcode: RC_ACK,
+                pkey: held.pkey,
+                dest_qpn: held.dest_qpn,
+                src_qpn: self.qpn,
+                psn: held.psn,
+                aeth: Some((AETH_ACK, held.msn)),
+                ..Default::default()
+            };
             self.dev.transmit(ack);
         }
     }
