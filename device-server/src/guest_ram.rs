@@ -10,7 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::sync::OnceLock;
 
 use hca_model::dma::{DmaFault, DmaSpace, GuestRam, Slices};
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, VolatileSlice};
 
 use crate::RamBacking;
 
@@ -78,6 +78,10 @@ impl QemuRam {
 impl DmaSpace for QemuRam {
     fn slices(&self, addr: u64, len: u64) -> Result<Slices<'_>, DmaFault> {
         self.map().ok_or(DmaFault { addr, len })?.slices(addr, len)
+    }
+
+    fn flat(&self, addr: u64, len: u64) -> Option<VolatileSlice<'_>> {
+        self.map()?.flat(addr, len)
     }
 
     fn check(&self, addr: u64, len: u64) -> bool {
