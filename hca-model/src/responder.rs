@@ -459,6 +459,9 @@ impl QpEngine<'_> {
         if first == self.qp.inbound.is_some() {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         }
+        if first && last && !with_imm {
+            return self.rc_write_only(pkt);
+        }
         if first {
             let Some(reth) = pkt.reth else {
                 return self.nak(&pkt, AETH_NAK_INV_REQ);
@@ -515,6 +518,37 @@ impl QpEngine<'_> {
             self.finish_inbound(&pkt, CQE_OP_RECV_RDMA_IMM);
             self.transmit_ack(&pkt);
         }
+        self.advance_epsn(pkt.span());
+    }
+
+    /// A WRITE in one packet without immediate (nearly every one): checked, placed and
+    /// ACKed at once, with no inbound message kept between its packets, as `rc_write`
+    /// keeps for a longer one. Its answers are `rc_write`'s: a bad key is a remote access
+    /// error; a payload longer or shorter than the RETH's length, an invalid request; bytes
+    /// that cannot be copied, a remote operational error.
+    fn rc_write_only(&mut self, pkt: Packet) {
+        let Some(reth) = pkt.reth else {
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
+        };
+        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
+        let mut segs = SegList::new();
+        let len = u64::from(reth.len);
+        if (self.dev)
+            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
+            .is_err()
+        {
+            return self.nak(&pkt, AETH_NAK_REM_ACCESS);
+        }
+        if u64::from(pkt.payload.len()) != len {
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
+        }
+        // Placed under the device lock that deregistering or invalidating the MR must
+        // take: nothing revokes the key between the check and the copy.
+        if pkt.payload.scatter(self.dev.mem.as_ref(), &segs).is_err() {
+            self.dev.stats.dma_faults += 1;
+            return self.nak(&pkt, AETH_NAK_REM_OP);
+        }
+        self.transmit_ack(&pkt);
         self.advance_epsn(pkt.span());
     }
 

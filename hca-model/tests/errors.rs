@@ -1,6 +1,7 @@
 //! Every error path: protection, lengths, states, overflow, broken indices, bad commands.
 
 use hca_model::abi::*;
+use hca_model::packet::{Packet, Payload, Reth, RC_WRITE_ONLY};
 use hca_model::Fabric;
 use hca_test_driver::*;
 
@@ -764,4 +765,36 @@ fn test_send_while_port_down_gives_retry_exceeded() {
     let c = a.drain_cq(&mut cq);
     assert_eq!((c.len(), status(&c[0])), (1, WC_RETRY_EXC_ERR));
     assert_eq!(a.qp_state(qp.qpn), QPS_ERR);
+}
+
+#[test]
+fn test_write_whose_payload_is_not_its_reth_length_places_nothing() {
+    // A peer's RDMA WRITE ONLY whose payload is shorter, or longer, than the length its
+    // RETH names is an invalid request: NAKed, the responder's QP to ERR, and not a byte
+    // of it in the responder's memory (a short one used to be copied first, then NAKed).
+    for payload_len in [32usize, 96] {
+        let mut p = Pair::new(5);
+        let dst = p.b.alloc(128, 8);
+        let psn = p.b.query_qp(p.qb.qpn).rq_psn;
+        p.fabric.enqueue(Packet {
+            slid: p.a.lid(),
+            dlid: p.b.lid(),
+            opcode: RC_WRITE_ONLY,
+            dest_qpn: p.qb.qpn,
+            src_qpn: p.qa.qpn,
+            psn,
+            reth: Some(Reth {
+                va: dst,
+                rkey: p.key_b,
+                len: 64,
+            }),
+            payload: Payload::Bytes(vec![0xab; payload_len]),
+            count: 1,
+            mtu: 4096,
+            ..Default::default()
+        });
+        p.fabric.pump();
+        assert_eq!(p.b.qp_state(p.qb.qpn), QPS_ERR, "{payload_len} bytes");
+        assert_eq!(p.b.read(dst, 128), vec![0; 128], "{payload_len} bytes");
+    }
 }
