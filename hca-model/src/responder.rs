@@ -281,6 +281,9 @@ impl QpEngine<'_> {
 
     pub(crate) fn send_held_ack(&mut self) {
         if let Some(held) = self.qp.held_ack.take() {
+            // The packet `aeth` makes, from the held fields. (One builder shared by both,
+            // taking a `HeldAck`, made a 4 KiB WRITE up to 7 ns slower at sixteen per
+            // doorbell, in 8 of 9 rounds over two tries, one a tie: code layout.)
             let ack = Packet {
                 dlid: held.dlid,
                 opcode: RC_ACK,
