@@ -25,6 +25,9 @@ use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
 
 const T: Duration = Duration::from_secs(120);
 const NODES: usize = 3;
+/// Each guest's RAM: the launcher's default of 256 MiB is too little for one node that is an
+/// NVMe-oF target, an RDS server and an NFS client at once (see the spec below).
+const RAM_MIB: u64 = 384;
 /// The subnet's packet lifetime: ib_cm's RC ACK timeouts are then about 134 ms (hcab0's CA
 /// ACK delay), not the 2.1 s of OpenSM's default, so the protocols' runs under drops below
 /// wait less for each lost packet. The SA's paths must carry it (saquery checks).
@@ -65,6 +68,11 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     };
     let spec = cluster::ClusterSpec {
         packet_life: PACKET_LIFE,
+        // The storage checks share this cluster, and each leaves its protocol's buffers
+        // behind. At 256 MiB node 3 had 4.7 MiB free when NFS under drops began (after 32 MiB
+        // in its NVMe-oF RAM disk, 26 MiB of RDS rings and pools, 25 MiB of NFS client, over
+        // a 62 MiB root file system in RAM), and CI saw its kernel OOM-kill the write there.
+        ram_mib: RAM_MIB,
         // Partition 1 holds node1 and node2; node3 is in the default partition only.
         partitions: vec![cluster::PartitionSpec {
             pkey: PARTITION,
@@ -834,8 +842,8 @@ fn rds_serve() -> String {
 /// node 3's server lets go of its MR, RDS reconnects and messages flow again.
 fn rds_over_ib(tb: &mut Testbed) {
     for i in 0..NODES {
-        // The TCP checks' 64 MiB files live in guest RAM (206 MiB): with them, node 3's
-        // kernel runs out of memory under 16 MiB of messages in flight (it panics: seen).
+        // The TCP checks' 64 MiB files live in guest RAM: with them, node 3's kernel (then
+        // of 256 MiB) ran out of memory under 16 MiB of messages in flight (it panicked).
         let out = tb.agents[i]
             .run("rm -f /tmp/blob /tmp/bg /tmp/bg.md5 && rds-up", T)
             .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(i)));
