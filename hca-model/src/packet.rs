@@ -697,19 +697,26 @@ impl Packet {
     /// `head` carries the message's headers (RETH, ImmDt, SE, AETH); `kind` is any opcode of
     /// the message's family.
     pub fn message(mut head: Packet, kind: u8, len: u64, mtu: u32) -> Packet {
+        head.make_message(kind, len, mtu);
+        head
+    }
+
+    /// [`Packet::message`] in place: the requester builds a message where it stands, since
+    /// moving a packet just written field by field reads it back whole before the writes
+    /// have landed (a store-forwarding stall).
+    pub fn make_message(&mut self, kind: u8, len: u64, mtu: u32) {
         let n = len.div_ceil(u64::from(mtu)).max(1) as u32;
         let Some(f) = family(kind) else {
             // Not an opcode of a multi-packet family (the engine never passes one): a single
             // packet with that opcode.
-            head.opcode = kind;
-            (head.count, head.mtu, head.first, head.of) = (1, mtu, 0, 1);
-            return head;
+            self.opcode = kind;
+            (self.count, self.mtu, self.first, self.of) = (1, mtu, 0, 1);
+            return;
         };
-        head.opcode = message_opcode(f, 0, n, head.tail());
-        head.count = n;
-        head.mtu = mtu;
-        (head.first, head.of) = (0, n);
-        head
+        self.opcode = message_opcode(f, 0, n, self.tail());
+        self.count = n;
+        self.mtu = mtu;
+        (self.first, self.of) = (0, n);
     }
 
     /// The message's packet count (a whole train's own count, or what a piece says).

@@ -349,11 +349,10 @@ impl QpEngine<'_> {
         head.imm = imm.then_some(w.imm);
         head.ieth = (op == WR_SEND_INV).then_some(w.imm);
         head.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
-        let kind = if write { RC_WRITE_ONLY } else { RC_SEND_ONLY };
-        let train = Packet::message(head, kind, len, mtu);
-        let npk = train.span();
-        let request = train.clone();
-        self.dev.transmit_train(train);
+        head.make_message(if write { RC_WRITE_ONLY } else { RC_SEND_ONLY }, len, mtu);
+        let npk = head.span();
+        let request = head.clone();
+        self.dev.transmit_train(head);
         pend.first_psn = first_psn;
         pend.last_psn = psn_add(first_psn, npk - 1);
         self.push_pending(pend, request, npk);
