@@ -693,17 +693,11 @@ fn base_opcode(f: Family, i: u32, n: u32, imm: bool) -> u8 {
 }
 
 impl Packet {
-    /// A whole SEND, RDMA WRITE or read response of `len` bytes cut at `mtu`, as one train.
-    /// `head` carries the message's headers (RETH, ImmDt, SE, AETH); `kind` is any opcode of
-    /// the message's family.
-    pub fn message(mut head: Packet, kind: u8, len: u64, mtu: u32) -> Packet {
-        head.make_message(kind, len, mtu);
-        head
-    }
-
-    /// [`Packet::message`] in place: the requester builds a message where it stands, since
-    /// moving a packet just written field by field reads it back whole before the writes
-    /// have landed (a store-forwarding stall).
+    /// Makes this packet, which carries a message's headers (RETH, ImmDt, SE, AETH), the
+    /// whole SEND, RDMA WRITE or read response of `len` bytes cut at `mtu`, as one train;
+    /// `kind` is any opcode of the message's family. In place: a packet moved just after it
+    /// was written field by field is read back whole before the writes have landed (a
+    /// store-forwarding stall, which the requester's SENDs paid).
     pub fn make_message(&mut self, kind: u8, len: u64, mtu: u32) {
         let n = len.div_ceil(u64::from(mtu)).max(1) as u32;
         let Some(f) = family(kind) else {
@@ -1038,7 +1032,7 @@ mod tests {
 
     #[test]
     fn test_a_train_splits_into_mtu_packets_with_ib_opcodes() {
-        let head = Packet {
+        let mut t = Packet {
             psn: PSN_MASK,
             imm: Some(9),
             solicited: true,
@@ -1050,7 +1044,7 @@ mod tests {
             payload: Payload::Bytes((0..600u32).map(|i| i as u8).collect()),
             ..Default::default()
         };
-        let t = Packet::message(head, RC_WRITE_ONLY, 600, 256);
+        t.make_message(RC_WRITE_ONLY, 600, 256);
         assert_eq!((t.count, t.opcode), (3, RC_WRITE_FIRST));
         assert!(t.starts_message() && t.ends_message());
         let p = t.split();
@@ -1102,7 +1096,7 @@ mod tests {
             (RC_WRITE_ONLY, Some(6), None, true),
             (RC_READ_RESP_ONLY, None, None, false),
         ] {
-            let head = Packet {
+            let mut t = Packet {
                 psn: PSN_MASK - 3,
                 imm,
                 ieth,
@@ -1116,7 +1110,7 @@ mod tests {
                 payload: Payload::Bytes(payload.clone()),
                 ..Default::default()
             };
-            let t = Packet::message(head, kind, 2500, 256);
+            t.make_message(kind, 2500, 256);
             let want: Vec<_> = t.clone().split().iter().map(wire).collect();
             assert_eq!(want.len(), 10);
             for max in [1, 3, 4, 9, 10, 64] {

@@ -579,7 +579,7 @@ impl QpEngine<'_> {
             }
             return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         }
-        let head = Packet {
+        let mut resp = Packet {
             dlid: pkt.slid,
             pkey: self.qp.pkey,
             dest_qpn: pkt.src_qpn,
@@ -589,7 +589,7 @@ impl QpEngine<'_> {
             payload: Payload::dma(self.dev.mem.clone(), segs, self.dev.grant_of(reth.rkey)),
             ..Default::default()
         };
-        let resp = Packet::message(head, RC_READ_RESP_ONLY, len, self.qp.mtu());
+        resp.make_message(RC_READ_RESP_ONLY, len, self.qp.mtu());
         let npk = resp.span();
         self.send_held_ack();
         self.dev.transmit_train(resp);
