@@ -643,7 +643,15 @@ fn scsi_disk_keeps_every_byte(
     tb.agents[first].run(disconnect, T).unwrap();
     let gone = tb.agents[first].run("ls /sys/block", T).unwrap();
     assert!(!gone.contains(&disks[0]), "{gone}");
-    let dev = tb.agents[first].run(connect, T).unwrap();
+    let dev = tb.agents[first].run(connect, T).unwrap_or_else(|e| {
+        // Both kernels' last words: a login that timed out once (iscsiadm's discovery
+        // session, in CI) left nothing else to go on.
+        let log = |tb: &mut Testbed, i: usize| {
+            let out = tb.agents[i].run("dmesg | tail -30", T);
+            format!("node{}'s dmesg:\n{}", i + 1, out.unwrap_or_default())
+        };
+        panic!("a new login: {e}\n{}\n{}", log(tb, first), log(tb, target))
+    });
     let again = tb.agents[first]
         .run(
             &format!(
