@@ -49,10 +49,11 @@ SRP_MODULES = ["ib_srpt", "target_core_iblock", "ib_srp", "sd_mod", "brd"]
 NFS_MODULES = ["nfsd", "rpcrdma", "nfsv4"]
 # iSCSI Extensions for RDMA (`iser`): Debian's LIO iSCSI target with its iSER transport
 # (ib_isert), the initiator's iSER transport (ib_iser, under open-iscsi's iscsid), the disk
-# driver its LUNs appear through, brd as above, and CRC32C, which LIO's login sets up for
-# iSCSI digests whether or not they are negotiated.
+# driver its LUNs appear through, brd as above, CRC32C, which LIO's login sets up for
+# iSCSI digests whether or not they are negotiated, and iscsi_tcp, whose transport
+# iscsiadm needs to run SendTargets discovery over TCP (see images/iser).
 ISER_MODULES = ["ib_isert", "target_core_iblock", "ib_iser", "sd_mod", "crc32c_generic",
-                "brd"]
+                "brd", "iscsi_tcp"]
 # The order files modload reads (NAME-order: a list's modules with their dependencies,
 # dependencies first), and the manifest key each is listed under.
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),

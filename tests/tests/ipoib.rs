@@ -541,11 +541,12 @@ fn another_node_reads_and_resets_the_counters_over_qp1(tb: &mut Testbed) {
 
 /// iSCSI Extensions for RDMA with Debian's LIO iSCSI target (ib_isert) and open-iscsi's
 /// initiator (iscsid, iscsiadm, ib_iser), over rdma_cm on the ib0 addresses: node 1 exports a
-/// RAM disk; SendTargets discovery and the logins run over iSER. An initiator the target's
-/// ACL does not list is refused, and let in once it is added; then nodes 2 and 3 each write
-/// their own half and every byte reads back the same on the initiator and on the target's
-/// disk, also under 1% drops, and after a logout and a new login. The NVMe-oF target's node
-/// refuses to export its RAM disk over iSER too.
+/// RAM disk; the logins run over iSER (SendTargets discovery over TCP on ib0: see the
+/// README's "iSER over hcab0"). An initiator the target's ACL does not list is refused, and
+/// let in once it is added; then nodes 2 and 3 each write their own half and every byte
+/// reads back the same on the initiator and on the target's disk, also under 1% drops, and
+/// after a logout and a new login. The NVMe-oF target's node refuses to export its RAM disk
+/// over iSER too.
 fn iser_over_ib(tb: &mut Testbed) {
     let (rc, out) = tb.agents[2].status("iser target 16 node1", T).unwrap();
     assert!(
