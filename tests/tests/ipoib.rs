@@ -400,10 +400,7 @@ fn srp_over_ib(tb: &mut Testbed) {
     );
     let mut disks = Vec::new();
     for i in [0, 2] {
-        let dev = tb.agents[i]
-            .run(&format!("srp connect {g2}"), T)
-            .unwrap_or_else(|e| panic!("SRP login from node{}: {e}\n{}", i + 1, tb.console(i)));
-        let dev = dev.trim().to_string();
+        let dev = login(tb, i, 1, &format!("srp connect {g2}"));
         assert!(dev.starts_with("sd"), "node{}: {dev}", i + 1);
         disks.push(dev);
     }
@@ -563,17 +560,14 @@ fn iser_over_ib(tb: &mut Testbed) {
     let (rc, out) = tb.agents[2]
         .status(&format!("iser connect {}", addr(0)), T)
         .unwrap();
-    assert!(
-        rc != 0 && out.contains("authorization failure"),
-        "node3 logged in without an ACL entry: exit {rc}: {out}"
-    );
+    if rc == 0 || !out.contains("authorization failure") {
+        let why = login_failure(tb, 2, 0);
+        panic!("node3 logged in without an ACL entry? exit {rc}: {out}\n{why}");
+    }
     tb.agents[0].run("iser target 16 node3", T).unwrap();
     let mut disks = Vec::new();
     for i in [1, 2] {
-        let dev = tb.agents[i]
-            .run(&format!("iser connect {}", addr(0)), T)
-            .unwrap_or_else(|e| panic!("iSER login from node{}: {e}\n{}", i + 1, tb.console(i)));
-        let dev = dev.trim().to_string();
+        let dev = login(tb, i, 0, &format!("iser connect {}", addr(0)));
         assert!(dev.starts_with("sd"), "node{}: {dev}", i + 1);
         disks.push(dev);
         // The session runs over iSER, not iSCSI over TCP on ib0.
@@ -586,6 +580,63 @@ fn iser_over_ib(tb: &mut Testbed) {
     }
     let connect = format!("iser connect {}", addr(0));
     scsi_disk_keeps_every_byte(tb, 0, [1, 2], &disks, 11, &connect, "iser disconnect");
+}
+
+/// Node `i` logs in with `connect` (SRP, iSER) to the disk node `target` serves: the new
+/// disk's name. A failed login shows both kernels' last words (iscsiadm's discovery session
+/// timed out now and then, with nothing else to go on).
+fn login(tb: &mut Testbed, i: usize, target: usize, connect: &str) -> String {
+    match tb.agents[i].run(connect, T) {
+        Ok(dev) => dev.trim().to_string(),
+        Err(e) => panic!(
+            "node{}: {connect}: {e}\n{}",
+            i + 1,
+            login_failure(tb, i, target)
+        ),
+    }
+}
+
+/// What a failed login of node `i` to node `target` leaves to go on: both kernels' last
+/// words and where the target's storage threads wait.
+fn login_failure(tb: &mut Testbed, i: usize, target: usize) -> String {
+    let mut out = String::new();
+    for n in [i, target] {
+        let state = tb.agents[n]
+            .run(
+                "rdma statistic show link hcab0/1; grep -i hca /proc/interrupts",
+                T,
+            )
+            .unwrap_or_default();
+        out += &format!(
+            "{}\n{}\n{state}\n",
+            kernel_log(tb, n),
+            storage_threads(tb, n)
+        );
+    }
+    out
+}
+
+/// Where node `i`'s storage threads and busy kernel workers wait (LIO's login thread serves
+/// one login at a time: one stuck there stops every later login), for a failure message.
+fn storage_threads(tb: &mut Testbed, i: usize) -> String {
+    let out = tb.agents[i].run(
+        "for d in /proc/[0-9]*; do n=$(cat $d/comm); w=$(cat $d/wchan); case $n:$w in \
+         kworker*:worker_thread|kworker*:rescuer_thread) ;; \
+         iscsi*|isert*|iser*|srp*|target*|kworker*) echo \"$n $w:\"; cat $d/stack;; \
+         esac; done 2>/dev/null",
+        T,
+    );
+    format!(
+        "node{}'s storage threads:\n{}",
+        i + 1,
+        out.unwrap_or_default()
+    )
+}
+
+/// The last lines of node `i`'s kernel log, for a failure message.
+fn kernel_log(tb: &mut Testbed, i: usize) -> String {
+    let out = tb.agents[i].run("dmesg | tail -40", T);
+    format!("node{}'s dmesg:\n{}", i + 1, out.unwrap_or_default())
 }
 
 /// What a RAM disk that node `target` serves over RDMA (SRP, iSER) to nodes `inits` (as
@@ -644,20 +695,12 @@ fn scsi_disk_keeps_every_byte(
     tb.agents[first].run(disconnect, T).unwrap();
     let gone = tb.agents[first].run("ls /sys/block", T).unwrap();
     assert!(!gone.contains(&disks[0]), "{gone}");
-    let dev = tb.agents[first].run(connect, T).unwrap_or_else(|e| {
-        // Both kernels' last words: a login that timed out once (iscsiadm's discovery
-        // session, in CI) left nothing else to go on.
-        let log = |tb: &mut Testbed, i: usize| {
-            let out = tb.agents[i].run("dmesg | tail -30", T);
-            format!("node{}'s dmesg:\n{}", i + 1, out.unwrap_or_default())
-        };
-        panic!("a new login: {e}\n{}\n{}", log(tb, first), log(tb, target))
-    });
+    let dev = login(tb, first, target, connect);
     let again = tb.agents[first]
         .run(
             &format!(
                 "dd if=/dev/{} bs=1M count=16 iflag=direct 2>/dev/null | md5sum",
-                dev.trim()
+                dev
             ),
             T,
         )
@@ -698,8 +741,8 @@ fn nfs_write_read(tb: &mut Testbed, i: usize, path: &str, mib: u32) -> (String, 
         )
         .unwrap_or_else(|e| {
             // The kernel's last words too (an OOM kill shows there, not in the output).
-            let dmesg = tb.agents[i].run("dmesg | tail -40", T).unwrap_or_default();
-            panic!("NFS I/O on node{}: {e}\n{}\n{dmesg}", i + 1, tb.console(i))
+            let log = kernel_log(tb, i);
+            panic!("NFS I/O on node{}: {e}\n{}\n{log}", i + 1, tb.console(i))
         });
     written_and_read(&out, i)
 }
