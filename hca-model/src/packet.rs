@@ -220,16 +220,25 @@ pub(crate) struct GatherPool(Vec<Arc<Gather>>);
 impl GatherPool {
     pub const MAX: usize = 64;
 
-    /// A payload of `segs` in `mem`.
-    pub fn payload(&mut self, mem: &Arc<dyn DmaSpace>, segs: SegList) -> Payload {
+    /// A payload of `segs` in `mem`, reached under `grant`.
+    pub fn payload(
+        &mut self,
+        mem: &Arc<dyn DmaSpace>,
+        segs: SegList,
+        grant: &Arc<Grant>,
+    ) -> Payload {
         // Only unique lists of `mem`'s are kept, so `get_mut` finds it unique.
         if let Some(mut g) = self.0.pop() {
             if let Some(inner) = Arc::get_mut(&mut g) {
                 inner.segs = segs;
+                // A list reused by the same QP keeps its grant: no count to change.
+                if !inner.grant.as_ref().is_some_and(|h| Arc::ptr_eq(h, grant)) {
+                    inner.grant = Some(grant.clone());
+                }
                 return Payload::Dma(g);
             }
         }
-        Payload::dma(mem.clone(), segs, None)
+        Payload::dma(mem.clone(), segs, Some(grant.clone()))
     }
 
     /// Keeps `payload`'s gather list if it is one of `mem`'s that nothing else holds, of
@@ -244,7 +253,7 @@ impl GatherPool {
             return;
         };
         let unique = Arc::strong_count(&g) == 1 && Arc::weak_count(&g) == 0;
-        if self.0.len() >= Self::MAX || !unique || g.segs.spilled() || g.grant.is_some() {
+        if self.0.len() >= Self::MAX || !unique || g.segs.spilled() {
             return;
         }
         if std::ptr::addr_eq(Arc::as_ptr(&g.mem), Arc::as_ptr(mem)) {
@@ -909,10 +918,34 @@ mod tests {
     }
 
     #[test]
+    fn test_a_reused_gather_list_carries_the_grant_of_its_new_payload() {
+        let mem = ram();
+        let mut pool = GatherPool::default();
+        let (rkey, sends): (Arc<Grant>, Arc<Grant>) = (Arc::default(), Arc::default());
+        // A read response's list, under an MR's grant, is kept...
+        pool.recycle(
+            &mem,
+            Payload::dma(mem.clone(), segs(0, 8), Some(rkey.clone())),
+        );
+        assert_eq!(pool.len(), 1);
+        // ...and a request made from it answers to the sending QP's grant alone.
+        let p = pool.payload(&mem, segs(0x100, 8), &sends);
+        assert!(gather(&p)
+            .grant
+            .as_ref()
+            .is_some_and(|g| Arc::ptr_eq(g, &sends)));
+        rkey.revoke();
+        assert!(!p.is_revoked(), "the MR's grant is not this payload's");
+        sends.revoke();
+        assert!(p.is_revoked());
+    }
+
+    #[test]
     fn test_a_gather_list_is_reused_only_once_nothing_else_holds_it() {
         let (mem, other) = (ram(), ram());
         let mut pool = GatherPool::default();
-        let sent = pool.payload(&mem, segs(0x100, 64));
+        let grant = Arc::default();
+        let sent = pool.payload(&mem, segs(0x100, 64), &grant);
         let first = Arc::as_ptr(gather(&sent));
         // The copy kept for retransmission is taken back while the receiver still holds
         // the one sent: not kept.
@@ -922,7 +955,7 @@ mod tests {
         // Once the receiver is done, the same allocation carries the next message.
         pool.recycle(&mem, sent);
         assert_eq!(pool.len(), 1);
-        let next = pool.payload(&mem, segs(0x200, 32));
+        let next = pool.payload(&mem, segs(0x200, 32), &grant);
         assert_eq!(Arc::as_ptr(gather(&next)), first);
         assert_eq!(
             gather(&next).segs.as_slice(),
@@ -932,12 +965,8 @@ mod tests {
             }]
         );
         assert_eq!(next.len(), 32);
-        // Another memory's list, or one with a grant (a read response), is not kept.
+        // Another memory's list is not kept.
         pool.recycle(&mem, Payload::dma(other.clone(), segs(0, 8), None));
-        pool.recycle(
-            &mem,
-            Payload::dma(mem.clone(), segs(0, 8), Some(Arc::default())),
-        );
         assert_eq!(pool.len(), 0);
         // Nor is a list of records on the heap: that goes now.
         let long: SegList = (0..3)

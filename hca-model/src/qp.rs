@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::abi::*;
 use crate::dma::read_obj;
 use crate::hca::{Device, HcaState, SqHint};
-use crate::packet::{Packet, Seg, SegList, PSN_MASK};
+use crate::packet::{Grant, Packet, Seg, SegList, PSN_MASK};
 use crate::reliability::Retry;
 use crate::status::{CmdError, WcError};
 
@@ -108,6 +108,12 @@ fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
 /// Each WR's request as sent (a train for a multi-packet message; none for a local WR), to
 /// resend from, lies in a queue beside the list, not in its `Pending`: both then stay
 /// within the size the compiler moves without a call to memcpy.
+///
+/// A request's payload refers to the sender's memory until a receiver copies it. Once the
+/// WRs are flushed or dropped (ERR, RESET, a destroyed QP) their buffers are the
+/// consumer's again, so the grant their payloads carry ([`InFlight::sends`]) is revoked
+/// then: a packet still on the wire never carries what the consumer writes there later
+/// (a receiver drops it, as if it had been lost). WRs sent after that get a new grant.
 pub(crate) struct InFlight {
     list: VecDeque<(Pending, usize)>,
     requests: VecDeque<Option<Packet>>,
@@ -116,6 +122,7 @@ pub(crate) struct InFlight {
     bytes: usize,
     /// The device's total over all its QPs.
     device_bytes: Arc<AtomicUsize>,
+    sends: Arc<Grant>,
 }
 
 impl InFlight {
@@ -127,7 +134,13 @@ impl InFlight {
             fenced: 0,
             bytes: 0,
             device_bytes,
+            sends: Arc::default(),
         }
+    }
+
+    /// The grant that this QP's requests reach its memory under, while their WRs are live.
+    pub fn sends(&self) -> &Arc<Grant> {
+        &self.sends
     }
 
     fn counts(p: &Pending) -> (usize, usize) {
@@ -179,6 +192,8 @@ impl InFlight {
 
     /// Empties the list (flush, reset), oldest first.
     pub fn take_all(&mut self) -> Vec<Pending> {
+        self.sends.revoke();
+        self.sends = Arc::default();
         self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
         (self.reads, self.fenced, self.bytes) = (0, 0, 0);
         self.requests.clear();
@@ -232,9 +247,10 @@ impl InFlight {
 }
 
 impl Drop for InFlight {
-    /// A destroyed QP's WRs hold nothing any more.
+    /// A destroyed QP's WRs hold nothing any more, and reach nothing.
     fn drop(&mut self) {
         self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.sends.revoke();
     }
 }
 

@@ -10,6 +10,7 @@
 //! because a UD WR completes as soon as it is sent.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use vm_memory::ByteValued;
 
@@ -32,15 +33,16 @@ enum Source {
 }
 
 impl Source {
-    /// The whole source as a payload.
-    fn into_payload(self, dev: &mut Device, len: u64) -> Payload {
+    /// The whole source as a payload; one that stays in the sender's memory is reached
+    /// under `grant` (the QP's, revoked when its WRs are flushed: see `InFlight`).
+    fn into_payload(self, dev: &mut Device, len: u64, grant: &Arc<Grant>) -> Payload {
         match self {
             Source::Inline(b) => match SmallBytes::new(&b) {
                 Some(small) => Payload::Small(small),
                 None => Payload::Bytes(b),
             },
-            Source::Gather(segs) if len <= SMALL_PAYLOAD as u64 => small_or_dma(dev, segs),
-            Source::Gather(segs) => dev.gathers.payload(&dev.mem, segs),
+            Source::Gather(segs) if len <= SMALL_PAYLOAD as u64 => small_or_dma(dev, segs, grant),
+            Source::Gather(segs) => dev.gathers.payload(&dev.mem, segs, grant),
         }
     }
 }
@@ -48,10 +50,10 @@ impl Source {
 /// A few bytes read now, or (if reading them faults) the gather list: the fault then shows,
 /// as for any payload, when the receiver copies.
 #[inline(never)]
-fn small_or_dma(dev: &mut Device, segs: SegList) -> Payload {
+fn small_or_dma(dev: &mut Device, segs: SegList, grant: &Arc<Grant>) -> Payload {
     match SmallBytes::gather(dev.mem.as_ref(), &segs) {
         Some(small) => Payload::Small(small),
-        None => dev.gathers.payload(&dev.mem, segs),
+        None => dev.gathers.payload(&dev.mem, segs, grant),
     }
 }
 
@@ -340,7 +342,7 @@ impl QpEngine<'_> {
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
         let mut head = self.rc_packet(0, first_psn);
-        head.payload = src.into_payload(self.dev, len);
+        head.payload = src.into_payload(self.dev, len, self.qp.pending.sends());
         head.reth = write.then_some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -473,7 +475,7 @@ impl QpEngine<'_> {
         } else {
             self.qp.pkey
         };
-        let mut payload = src.into_payload(self.dev, len);
+        let mut payload = src.into_payload(self.dev, len, self.qp.pending.sends());
         payload.make_owned().map_err(|_| WcError::LocProt)?;
         let pkt = Packet {
             dlid: w.ud_dlid,

@@ -112,6 +112,13 @@ impl QpEngine<'_> {
             self.out_of_sequence(pkt);
             return Ok(());
         }
+        if pkt.payload.is_revoked() {
+            // Its sender's WR was flushed while it was on the wire: the buffer is that
+            // consumer's again, and what is there now was never sent. Lost, as far as
+            // this QP can tell (the sender's QP is in ERR or gone).
+            self.dev.stats.revoked += 1;
+            return Ok(());
+        }
         qp.nak_sent = false;
         match pkt.opcode {
             RC_SEND_FIRST..=RC_SEND_ONLY_IMM | RC_SEND_LAST_INV | RC_SEND_ONLY_INV => {

@@ -1,6 +1,8 @@
 //! Revocation is checked when bytes move: once DEREG_MR (or an invalidation, or a new
 //! fast registration) has run, no remote access touches the MR's pages, not even a READ
-//! response or WRITE packets that were already on the wire when the key was checked.
+//! response or WRITE packets that were already on the wire when the key was checked. The
+//! same for a sender's buffer once its WR is flushed: a SEND on the wire then never carries
+//! what the consumer wrote there after.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -145,4 +147,50 @@ fn test_write_packets_behind_a_dereg_do_not_land() {
         "nothing after the dereg"
     );
     assert!(p.b.hca.stats().revoked >= 1);
+}
+
+#[test]
+fn test_a_send_on_the_wire_when_its_qp_fails_never_carries_the_reused_buffer() {
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, DEFAULT_RTS);
+    let src = p.a.alloc(4096, 4096);
+    p.a.write(src, &pattern(4096, 5));
+    let dst = p.b.alloc(4096, 4096);
+    p.b.post_recv(&mut p.qb, 9, &[sge(dst, 4096, p.key_b)]);
+    // A's SEND waits on its uplink.
+    let h = hold(p.a.lid(), 0);
+    fabric.set_hook(Some(h.clone()));
+    let w = HcaSendWqe {
+        wr_id: 1,
+        opcode: WR_SEND as u8,
+        flags: WQE_SIGNALED as u8,
+        ..Default::default()
+    };
+    p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
+    // A's QP fails while the SEND is on the wire: the WR completes flushed, and its buffer
+    // is A's consumer's again, who fills it with something else.
+    let err = HcaQpAttr {
+        state: QPS_ERR as u8,
+        ..Default::default()
+    };
+    assert_eq!(p.a.modify_qp(p.qa.qpn, QP_ATTR_STATE, err), CMD_OK);
+    let c = p.a.drain_cq(&mut p.cq_a);
+    assert_eq!(c.len(), 1);
+    assert_eq!(u32::from(c[0].status), WC_WR_FLUSH_ERR);
+    p.a.write(src, &pattern(4096, 6));
+    h.on.store(false, Relaxed);
+    for _ in 0..10 {
+        fabric.advance(Duration::from_millis(20));
+    }
+    // What B may see is the SEND as it was posted, or nothing: never the later bytes.
+    let got = p.b.read(dst, 4096);
+    assert!(
+        got == vec![0; 4096] || got == pattern(4096, 5),
+        "B received bytes A wrote after its WR completed"
+    );
+    assert_ne!(
+        p.b.qp_state(p.qb.qpn),
+        QPS_ERR,
+        "B's QP is not A's to break"
+    );
 }
