@@ -248,6 +248,29 @@ static double now_us(void)
 	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
+/* Says what came instead of message seq: its first bytes, and which other messages of
+ * this length (as an earlier run of this tool numbered them) it is byte for byte: a
+ * message delivered twice or late shows as one of those, a corrupted one as none. */
+static void tell_what_came(const uint8_t *buf, uint32_t seq, uint32_t len)
+{
+	uint32_t n = len < 16 ? len : 16, found = 0;
+
+	fprintf(stderr, "rds-echo: got");
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(stderr, " %02x", buf[i]);
+	fprintf(stderr, ", expected");
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(stderr, " %02x", pattern(seq, len, i));
+	fprintf(stderr, "; it is message");
+	for (uint32_t other = 0; other < 4096 && found < 8; other++) {
+		if (other != seq && mismatch(buf, other, len) < 0) {
+			fprintf(stderr, " %u", other);
+			found++;
+		}
+	}
+	fprintf(stderr, found ? " of this size\n" : " none of 0..4095 of this size\n");
+}
+
 /* Waits for the echo of message seq (echoes come back in order: RDS delivers in order
  * between two sockets) and checks it. */
 static void take_echo(int fd, uint8_t *buf, uint32_t seq, uint32_t len)
@@ -273,6 +296,7 @@ static void take_echo(int fd, uint8_t *buf, uint32_t seq, uint32_t len)
 	if (bad >= 0) {
 		fprintf(stderr, "rds-echo: message %u (%u bytes) differs at byte %ld\n",
 			seq, len, bad);
+		tell_what_came(buf, seq, len);
 		exit(1);
 	}
 }
