@@ -957,7 +957,10 @@ fn rds_over_ib(tb: &mut Testbed) {
         .unwrap();
     let out = tb.agents[0]
         .run(&rds_echo("ping", 0, "8 4 1 65536"), T)
-        .unwrap_or_else(|e| panic!("RDS reconnects: {e}\n{}", tb.console(2)));
+        .unwrap_or_else(|e| {
+            let (a, b) = (kernel_log(tb, 0), kernel_log(tb, 2));
+            panic!("RDS reconnects: {e}\n{a}\n{b}")
+        });
     assert!(
         out.contains("16 messages, 524296 bytes, every echo verified"),
         "{out}"
