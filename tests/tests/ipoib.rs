@@ -583,8 +583,7 @@ fn iser_over_ib(tb: &mut Testbed) {
 }
 
 /// Node `i` logs in with `connect` (SRP, iSER) to the disk node `target` serves: the new
-/// disk's name. A failed login shows both kernels' last words (iscsiadm's discovery session
-/// timed out now and then, with nothing else to go on).
+/// disk's name. A failed login shows what `login_failure` gathers.
 fn login(tb: &mut Testbed, i: usize, target: usize, connect: &str) -> String {
     match tb.agents[i].run(connect, T) {
         Ok(dev) => dev.trim().to_string(),
@@ -596,8 +595,9 @@ fn login(tb: &mut Testbed, i: usize, target: usize, connect: &str) -> String {
     }
 }
 
-/// What a failed login of node `i` to node `target` leaves to go on: both kernels' last
-/// words and where the target's storage threads wait.
+/// What a failed login of node `i` to node `target` leaves to go on, for each of the two:
+/// the kernel's last words, where its storage threads wait, its port counters and its
+/// interrupt counts (what found iscsiadm's discovery race: README, "iSER over hcab0").
 fn login_failure(tb: &mut Testbed, i: usize, target: usize) -> String {
     let mut out = String::new();
     for n in [i, target] {
