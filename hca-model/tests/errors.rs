@@ -649,11 +649,7 @@ fn test_modify_qp_follows_the_ib_state_rules() {
 #[test]
 fn test_wrs_posted_to_an_error_qp_are_flushed() {
     let mut p = Pair::new(5);
-    let err = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(p.a.modify_qp(p.qa.qpn, QP_ATTR_STATE, err), CMD_OK);
+    p.a.to_error(p.qa.qpn);
     let buf = p.a.alloc(8, 8);
     p.a.post_send(
         &mut p.qa,

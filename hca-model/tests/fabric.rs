@@ -146,11 +146,7 @@ fn test_receive_consumed_by_a_half_received_message_is_flushed_on_error() {
         &[sge(src, 1000, p.key_a)],
     );
     assert!(p.b.drain_cq(&mut p.cq_b).is_empty(), "message incomplete");
-    let err = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(p.b.modify_qp(p.qb.qpn, QP_ATTR_STATE, err), CMD_OK);
+    p.b.to_error(p.qb.qpn);
     let c = p.b.drain_cq(&mut p.cq_b);
     assert_eq!(c.len(), 1);
     assert_eq!((c[0].wr_id, u32::from(c[0].status)), (42, WC_WR_FLUSH_ERR));

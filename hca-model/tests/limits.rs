@@ -181,11 +181,7 @@ fn test_memory_a_qp_held_returns_to_the_device_when_it_fails_or_goes() {
     let (mut q1, _) = p.connect_more(cqs, 10, 0);
     post_big_sends(&mut p, &mut q1, lkey, iova, npages);
     assert!(p.a.hca.in_flight().1 >= MAX_IN_FLIGHT_BYTES / 2);
-    let attr = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(p.a.modify_qp(q1.qpn, QP_ATTR_STATE, attr), CMD_OK);
+    p.a.to_error(q1.qpn);
     assert_eq!(p.a.hca.in_flight(), (0, 0), "ERR flushed what it held");
     // Another fills it again and is destroyed with its WRs in flight.
     let (mut q2, _) = p.connect_more(cqs, 10, 0);

@@ -169,11 +169,7 @@ fn test_a_send_on_the_wire_when_its_qp_fails_never_carries_the_reused_buffer() {
     p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
     // A's QP fails while the SEND is on the wire: the WR completes flushed, and its buffer
     // is A's consumer's again, who fills it with something else.
-    let err = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(p.a.modify_qp(p.qa.qpn, QP_ATTR_STATE, err), CMD_OK);
+    p.a.to_error(p.qa.qpn);
     let c = p.a.drain_cq(&mut p.cq_a);
     assert_eq!(c.len(), 1);
     assert_eq!(u32::from(c[0].status), WC_WR_FLUSH_ERR);

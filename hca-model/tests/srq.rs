@@ -187,18 +187,14 @@ fn test_a_qp_leaving_for_err_says_last_wqe_and_leaves_the_receives_to_the_others
     let mut t = SrqBench::new(2, 4, 0);
     let bufs: Vec<u64> = (0..3).map(|k| t.post(k)).collect();
     let q0 = t.links[0].1.qpn;
-    let err = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(t.p.b.modify_qp(q0, QP_ATTR_STATE, err), CMD_OK);
+    t.p.b.to_error(q0);
     assert_eq!(t.events(), vec![(EV_QP_LAST_WQE, q0, 0)]);
     assert!(
         t.p.b.drain_cq(&mut t.p.cq_b).is_empty(),
         "the SRQ's receives are not flushed with the QP"
     );
     // Modifying it to ERR again says nothing new.
-    assert_eq!(t.p.b.modify_qp(q0, QP_ATTR_STATE, err), CMD_OK);
+    t.p.b.to_error(q0);
     assert!(t.events().is_empty());
     t.send(1, 9, b"to the other QP");
     let c = t.p.b.drain_cq(&mut t.p.cq_b);

@@ -654,11 +654,7 @@ fn test_cq_on_another_vector_raises_that_vector() {
     let mut cq = cq;
     a.arm_cq(&mut cq, false);
     a.post_recv(&mut qp, 5, &[]);
-    let err = HcaQpAttr {
-        state: QPS_ERR as u8,
-        ..Default::default()
-    };
-    assert_eq!(a.modify_qp(qp.qpn, QP_ATTR_STATE, err), CMD_OK);
+    a.to_error(qp.qpn);
     assert_eq!(a.irq.get(3), 1);
     let c = a.drain_cq(&mut cq);
     assert_eq!((c[0].wr_id, u32::from(c[0].status)), (5, WC_WR_FLUSH_ERR));

@@ -432,6 +432,19 @@ impl<P: Port> Driver<P> {
             .expect("create qp")
     }
 
+    /// Moves QP `qpn` to ERR (MODIFY_QP must succeed): its WRs are flushed.
+    pub fn to_error(&mut self, qpn: u32) {
+        let err = HcaQpAttr {
+            state: QPS_ERR as u8,
+            ..Default::default()
+        };
+        assert_eq!(
+            self.modify_qp(qpn, QP_ATTR_STATE, err),
+            CMD_OK,
+            "QP {qpn:#x} to ERR"
+        );
+    }
+
     pub fn modify_qp(&mut self, qpn: u32, mask: u32, attr: HcaQpAttr) -> u32 {
         self.cmd(
             CMD_MODIFY_QP,
