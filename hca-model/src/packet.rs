@@ -12,6 +12,7 @@
 //! copies straight from one guest to the other. Whoever needs the bytes (a capture hook, a
 //! corruption fault) materializes them with [`Payload::make_owned`].
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::dma::{copy_between, DmaFault, DmaSpace};
@@ -267,20 +268,59 @@ impl GatherPool {
     }
 }
 
-/// Permission for remote access through one MR key, as it stood when the key was checked.
-/// Deregistering, invalidating or re-mapping the MR revokes it; bytes that a revoked grant
-/// covers are never copied, so no remote access touches an MR's pages once the command or
-/// work request that ended the access has run.
+/// Permission for remote access through one MR key (or to one QP's send buffers), as it
+/// stood when the key was checked. Deregistering, invalidating or re-mapping the MR (or
+/// flushing the QP's WRs) revokes it. A copy holds the grant while its bytes move
+/// ([`Grant::enter`]), and [`Grant::revoke`] returns only once no copy holds it: so no
+/// access touches the memory once the command or work request that ended it has run, even
+/// when the copy runs on another port's thread (a READ response, a peer's SEND).
 #[derive(Debug, Default)]
-pub struct Grant(std::sync::atomic::AtomicBool);
+pub struct Grant(AtomicU32);
+
+/// [`Grant`]'s state: this bit once revoked, below it the copies under way.
+const REVOKED: u32 = 1 << 31;
 
 impl Grant {
+    /// Ends the access, then waits for the copies under way to end: each moves one packet
+    /// train's piece at most (1 MiB), with no lock taken, so the wait is short.
     pub fn revoke(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::Release);
+        if self.0.fetch_or(REVOKED, Ordering::AcqRel) & !REVOKED == 0 {
+            return;
+        }
+        while self.0.load(Ordering::Acquire) & !REVOKED != 0 {
+            std::thread::yield_now();
+        }
     }
 
     pub fn is_revoked(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
+        self.0.load(Ordering::Acquire) & REVOKED != 0
+    }
+
+    /// Holds the grant for one copy; None once revoked (nothing may be copied).
+    pub fn enter(&self) -> Option<GrantHeld<'_>> {
+        let mut v = self.0.load(Ordering::Relaxed);
+        loop {
+            if v & REVOKED != 0 {
+                return None;
+            }
+            match self
+                .0
+                .compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(GrantHeld(self)),
+                Err(now) => v = now,
+            }
+        }
+    }
+}
+
+/// A copy under way under a [`Grant`]; dropping it ends the copy.
+pub struct GrantHeld<'a>(&'a Grant);
+
+impl Drop for GrantHeld<'_> {
+    fn drop(&mut self) {
+        // Release: the copy's bytes are moved before a revoker sees it end.
+        self.0 .0.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -321,12 +361,25 @@ impl Payload {
         matches!(self, Payload::Dma(g) if g.grant.as_ref().is_some_and(|g| g.is_revoked()))
     }
 
+    /// Holds the payload's grant, if it has one, for a copy of its bytes; a fault (nothing
+    /// may be copied) once it is revoked.
+    fn enter(&self) -> Result<Option<GrantHeld<'_>>, DmaFault> {
+        match self {
+            Payload::Dma(g) => match &g.grant {
+                Some(grant) => grant.enter().map(Some).ok_or(DmaFault { addr: 0, len: 0 }),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
     /// Replaces a memory reference by a copy of the bytes, as a wire would carry them.
     pub fn make_owned(&mut self) -> Result<&mut Vec<u8>, DmaFault> {
-        if self.is_revoked() {
-            return Err(DmaFault { addr: 0, len: 0 });
-        }
         if let Payload::Dma(g) = self {
+            let held = g.grant.as_ref().map(|grant| grant.enter());
+            if matches!(held, Some(None)) {
+                return Err(DmaFault { addr: 0, len: 0 });
+            }
             let mut bytes = vec![0u8; g.segs.iter().map(|s| s.len as usize).sum()];
             let mut rest = bytes.as_mut_slice();
             for s in g.segs.iter() {
@@ -335,6 +388,7 @@ impl Payload {
                 g.mem.read(s.addr, piece)?;
                 rest = tail;
             }
+            drop(held);
             *self = Payload::Bytes(bytes);
         }
         match self {
@@ -371,9 +425,7 @@ impl Payload {
     /// Copies the payload into `dst` at the concatenation of `segs` (which must hold at least
     /// `len()` bytes). Revoked bytes are not copied: a fault.
     pub fn scatter(&self, dst: &dyn DmaSpace, segs: &[Seg]) -> Result<(), DmaFault> {
-        if self.is_revoked() {
-            return Err(DmaFault { addr: 0, len: 0 });
-        }
+        let _held = self.enter()?;
         match self {
             Payload::Empty => Ok(()),
             Payload::Small(b) => scatter_bytes(b.as_slice(), dst, segs),
@@ -938,6 +990,75 @@ mod tests {
         assert!(!p.is_revoked(), "the MR's grant is not this payload's");
         sends.revoke();
         assert!(p.is_revoked());
+    }
+
+    /// A memory whose first `flat` look-up stops until let go, or 300 ms pass: a copy
+    /// caught after its grant was checked, before its bytes move.
+    struct Stalling {
+        ram: Arc<dyn DmaSpace>,
+        stalled: std::sync::atomic::AtomicBool,
+        entered: std::sync::mpsc::SyncSender<()>,
+        go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl DmaSpace for Stalling {
+        fn slices(&self, addr: u64, len: u64) -> Result<crate::dma::Slices<'_>, DmaFault> {
+            self.ram.slices(addr, len)
+        }
+
+        fn flat(&self, addr: u64, len: u64) -> Option<vm_memory::VolatileSlice<'_>> {
+            if !self
+                .stalled
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                let _ = self.entered.send(());
+                let go = self.go.lock().unwrap();
+                let _ = go.recv_timeout(std::time::Duration::from_millis(300));
+            }
+            self.ram.flat(addr, len)
+        }
+    }
+
+    #[test]
+    fn test_no_byte_moves_under_a_grant_once_its_revoke_returns() {
+        let ram = ram();
+        ram.write(0x100, &[0xab; 64]).unwrap();
+        let (entered, inside) = std::sync::mpsc::sync_channel(1);
+        let (go, wait) = std::sync::mpsc::channel();
+        let src: Arc<dyn DmaSpace> = Arc::new(Stalling {
+            ram: ram.clone(),
+            stalled: Default::default(),
+            entered,
+            go: std::sync::Mutex::new(wait),
+        });
+        let dst = self::ram();
+        let grant: Arc<Grant> = Arc::default();
+        let payload = Payload::dma(src, segs(0x100, 64), Some(grant.clone()));
+        let read_dst = |dst: &Arc<dyn DmaSpace>| {
+            let mut b = [0u8; 64];
+            dst.read(0x200, &mut b).unwrap();
+            b
+        };
+        std::thread::scope(|s| {
+            // Another port's thread copies the payload (a READ response, a peer's SEND)...
+            let copier = s.spawn(|| payload.scatter(dst.as_ref(), &segs(0x200, 64)));
+            inside.recv().unwrap();
+            // ...and its owner revokes the grant (dereg, a flush) while the copy is under
+            // way. From revoke's return on, nothing may change in `dst`.
+            grant.revoke();
+            let at_return = read_dst(&dst);
+            let _ = go.send(());
+            let copied = copier.join().unwrap();
+            assert_eq!(
+                read_dst(&dst),
+                at_return,
+                "bytes moved after the revoke returned (copy: {copied:?})"
+            );
+        });
+        // A copy that starts after the revoke moves nothing.
+        let fresh = self::ram();
+        assert!(payload.scatter(fresh.as_ref(), &segs(0x200, 64)).is_err());
+        assert_eq!(read_dst(&fresh), [0u8; 64]);
     }
 
     #[test]
