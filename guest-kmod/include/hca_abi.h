@@ -83,6 +83,8 @@
 #define HCA_MAX_MCAST_ATTACH		1024
 #define HCA_GSI_QPN			1
 #define HCA_GSI_QKEY			0x80010000
+/* QP0: takes only what another port's QP0 sent, whatever its P_Key or Q_Key */
+#define HCA_SMI_QPN			0
 
 /* hca_dev_info.caps */
 #define HCA_CAP_RC			(1 << 0)
@@ -144,6 +146,7 @@
 #define HCA_ACCESS_REMOTE_ATOMIC	(1 << 3)
 
 /* QP types (ib_qp_type), create flags, states (ib_qp_state) */
+#define HCA_QPT_SMI			0
 #define HCA_QPT_GSI			1
 #define HCA_QPT_RC			2
 #define HCA_QPT_UD			4

@@ -116,6 +116,9 @@ pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 /// The GSI QP (QP1) always has this number and Q_Key.
 pub const GSI_QPN: u32 = 1;
 pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The SMI QP (QP0) always has this number. It takes only what another port's QP0 sent
+/// (subnet management packets), whatever its P_Key or Q_Key, and only a QP0 takes that.
+pub const SMI_QPN: u32 = 0;
 
 // ---- Capability bits in HcaDevInfo::caps --------------------------------------------------
 pub const CAP_RC: u32 = 1 << 0;
@@ -188,6 +191,7 @@ pub const ACCESS_REMOTE_READ: u32 = 1 << 2;
 pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
 
 // QP types (ib_qp_type numbering).
+pub const QPT_SMI: u32 = 0;
 pub const QPT_GSI: u32 = 1;
 pub const QPT_RC: u32 = 2;
 pub const QPT_UD: u32 = 4;
@@ -922,6 +926,7 @@ pub fn layout() -> Vec<(String, u64)> {
         MAX_MCAST_ATTACH,
         GSI_QPN,
         GSI_QKEY,
+        SMI_QPN,
         CAP_RC,
         CAP_UD,
         CAP_RDMA_READ,
@@ -992,6 +997,7 @@ pub fn layout() -> Vec<(String, u64)> {
         ACCESS_REMOTE_WRITE,
         ACCESS_REMOTE_READ,
         ACCESS_REMOTE_ATOMIC,
+        QPT_SMI,
         QPT_GSI,
         QPT_RC,
         QPT_UD,

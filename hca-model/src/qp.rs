@@ -371,7 +371,8 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
 /// the transition is not allowed.
 fn transition(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
     let rc = qp_type == QPT_RC;
-    let gsi = qp_type == QPT_GSI;
+    // QP0 and QP1 serve the one port: no port attribute.
+    let gsi = matches!(qp_type, QPT_GSI | QPT_SMI);
     let port = if gsi { 0 } else { QP_ATTR_PORT };
     Some(match (cur, next) {
         (_, QPS_RESET) | (_, QPS_ERR) => (0, 0),
@@ -457,7 +458,7 @@ impl HcaState {
     }
 
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
-        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI)
+        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI | QPT_SMI)
             || a.flags & !(QP_FLAG_SIG_ALL | QP_FLAG_SRQ) != 0
         {
             return Err(CmdError::BadParam);
@@ -534,13 +535,19 @@ impl HcaState {
             held_ack_listed: false,
             pkey: crate::partition::DEFAULT_PKEY,
         };
-        let qpn = if a.qp_type == QPT_GSI {
-            if !self.qps.insert_at(GSI_QPN, qp) {
-                return Err(CmdError::Busy);
+        let special = match a.qp_type {
+            QPT_GSI => Some(GSI_QPN),
+            QPT_SMI => Some(SMI_QPN),
+            _ => None,
+        };
+        let qpn = match special {
+            Some(qpn) => {
+                if !self.qps.insert_at(qpn, qp) {
+                    return Err(CmdError::Busy);
+                }
+                qpn
             }
-            GSI_QPN
-        } else {
-            self.qps.alloc(qp).ok_or(CmdError::NoResources)?
+            None => self.qps.alloc(qp).ok_or(CmdError::NoResources)?,
         };
         let dev = &mut self.dev;
         for cqn in [a.send_cqn, a.recv_cqn] {

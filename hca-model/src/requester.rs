@@ -468,8 +468,9 @@ impl QpEngine<'_> {
         } else {
             w.ud_qkey
         };
-        // QP1 sends each MAD in the partition its WR names; other QPs in their own.
-        let pkey = if self.qpn == GSI_QPN {
+        // QP1 (and QP0) send each MAD in the partition its WR names; other QPs in their
+        // own.
+        let pkey = if self.qpn <= GSI_QPN {
             let entry = self.dev.pkeys.get(usize::from(w.ud_pkey_index)).copied();
             entry.filter(|&k| k & 0x7fff != 0).ok_or(WcError::LocQpOp)?
         } else {

@@ -94,6 +94,9 @@ impl QpEngine<'_> {
     /// for QP1 (which serves every partition of the port), any entry of the port's table.
     /// A packet that fails is dropped unanswered, as IB drops a P_Key violation.
     pub(crate) fn admits(&self, pkt: &Packet) -> bool {
+        if self.qpn == SMI_QPN {
+            return true; // IBA: subnet management is not partitioned
+        }
         if self.qpn == GSI_QPN {
             return crate::partition::table_admits(&self.dev.pkeys, pkt.pkey);
         }
@@ -656,9 +659,14 @@ impl QpEngine<'_> {
     /// A datagram for this QP.
     fn receive_ud(&mut self, pkt: &Packet) {
         let qp = &*self.qp;
-        let ok = qp.is_ud()
-            && matches!(u32::from(qp.attr.state), QPS_RTR | QPS_RTS)
-            && qp.attr.qkey == pkt.qkey;
+        // QP0 takes only what a QP0 sent (as VL15 carries only subnet management), without
+        // a Q_Key; no other QP takes that.
+        let keyed = if self.qpn == SMI_QPN {
+            pkt.src_qpn == SMI_QPN
+        } else {
+            qp.attr.qkey == pkt.qkey && pkt.src_qpn != SMI_QPN
+        };
+        let ok = qp.is_ud() && matches!(u32::from(qp.attr.state), QPS_RTR | QPS_RTS) && keyed;
         if !ok {
             self.dev.stats.ud_dropped += 1;
             return;
@@ -698,8 +706,9 @@ impl QpEngine<'_> {
             self.fail_recv(r.wr_id, WcError::LocProt);
             return self.enter_error();
         }
-        // The partition it came in: QP1's answer goes back in it (ib_mad takes the index).
-        let pkey_index = if self.qpn == GSI_QPN {
+        // The partition it came in: QP1's (or QP0's) answer goes back in it (ib_mad takes
+        // the index).
+        let pkey_index = if self.qpn <= GSI_QPN {
             crate::partition::entry_admitting(&self.dev.pkeys, pkt.pkey).unwrap_or(0) as u16
         } else {
             self.qp.attr.pkey_index

@@ -487,6 +487,77 @@ fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
     assert_eq!(a.drain_cq(&mut cqa).len(), 1);
 }
 
+/// QP0 carries subnet management packets (smpquery, perfquery and ib_mad's SMA replies):
+/// one per port at QPN 0; what one port's QP0 sends reaches another's QP0 whatever its
+/// Q_Key, and only QP0 takes it; a datagram from any other QP to QPN 0 is dropped.
+#[test]
+fn test_smps_go_from_qp0_to_qp0_only() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 4);
+    let mut b = Driver::new(Some(&fabric), 4);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(6);
+    let mut cqb = b.create_cq(6);
+    let mut sa = a.create_qp(QPT_SMI, pa, cqa.cqn, cqa.cqn);
+    let mut sb = b.create_qp(QPT_SMI, pb, cqb.cqn, cqb.cqn);
+    assert_eq!((sa.qpn, sb.qpn), (SMI_QPN, SMI_QPN));
+    assert_eq!(
+        a.try_create_qp(QPT_SMI, pa, (cqa.cqn, cqa.cqn), (6, 6), 0)
+            .err(),
+        Some(CMD_BUSY),
+        "one QP0 per port"
+    );
+    // ib_mad brings QP0 up with Q_Key 0.
+    a.bring_up_ud(sa.qpn, 0, true);
+    b.bring_up_ud(sb.qpn, 0, true);
+    let mut ua = a.create_qp(QPT_UD, pa, cqa.cqn, cqa.cqn);
+    let mut ub = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
+    a.bring_up_ud(ua.qpn, 0x1111, false);
+    b.bring_up_ud(ub.qpn, 0x1111, false);
+    let (rbuf, ubuf) = (b.alloc(40 + 256, 64), b.alloc(40 + 256, 64));
+    b.post_recv(&mut sb, 7, &[sge(rbuf, 40 + 256, LOCAL_DMA_LKEY)]);
+    b.post_recv(&mut ub, 8, &[sge(ubuf, 40 + 256, LOCAL_DMA_LKEY)]);
+    let smp = pattern(256, 5);
+    let sbuf = a.alloc(256, 64);
+    a.write(sbuf, &smp);
+    let b_lid = b.lid();
+    let to = |qpn: u32, qkey: u32| {
+        let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+        (wr.ud_dlid, wr.ud_remote_qpn, wr.ud_qkey) = (b_lid, qpn, qkey);
+        wr
+    };
+    // A UD QP's datagram to QPN 0, with QP0's Q_Key or any: dropped.
+    for qkey in [0, 0x1111] {
+        a.post_send(
+            &mut ua,
+            to(SMI_QPN, qkey),
+            &[sge(sbuf, 256, LOCAL_DMA_LKEY)],
+        );
+    }
+    // QP0's packet to a UD QP whose Q_Key it names: dropped too.
+    a.post_send(
+        &mut sa,
+        to(ub.qpn, 0x1111),
+        &[sge(sbuf, 256, LOCAL_DMA_LKEY)],
+    );
+    assert!(b.drain_cq(&mut cqb).is_empty());
+    assert_eq!(b.hca.stats().ud_dropped, 3);
+    // QP0 to QP0, whatever Q_Key the WR names.
+    a.post_send(
+        &mut sa,
+        to(SMI_QPN, 0x4242),
+        &[sge(sbuf, 256, LOCAL_DMA_LKEY)],
+    );
+    let r = b.drain_cq(&mut cqb);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].qpn, r[0].src_qp, r[0].slid, r[0].byte_len),
+        (7, SMI_QPN, SMI_QPN, a.lid(), 296)
+    );
+    assert_eq!(b.read(rbuf + 40, 256), smp);
+    assert_eq!(a.drain_cq(&mut cqa).len(), 4, "every send completes");
+}
+
 #[test]
 fn test_ud_with_wrong_qkey_is_dropped_and_counted() {
     let fabric = Fabric::with_manual_clock();
