@@ -5,10 +5,10 @@
  * - as hardware counters (rdma_hw_stats): every counter the device keeps,
  *   under /sys/class/infiniband/hcab0/ports/1/hw_counters/ and in
  *   `rdma statistic show link hcab0/1`;
- * - as IBA's Performance Management agent: process_mad answers PortCounters
- *   and PortCountersExtended Gets and Sets (resets), locally for ib_core's
- *   /sys/class/infiniband/hcab0/ports/1/counters/ and on QP1 for any node's
- *   perfquery, as an HCA's firmware would.
+ * - as IBA's Performance Management agent (through mad.c's process_mad):
+ *   PortCounters and PortCountersExtended Gets and Sets (resets), locally
+ *   for ib_core's /sys/class/infiniband/hcab0/ports/1/counters/ and on QP1
+ *   for any node's perfquery, as an HCA's firmware would.
  *
  * The device's counters never go back; a PMA reset keeps a base per PMA
  * field here, which later reads subtract (hardware counters are not reset).
@@ -240,23 +240,19 @@ static void hca_pma_class_port_info(void *data)
 }
 
 /*
- * Answers Performance Management Gets and Sets for this port; leaves every
- * other MAD (and PMA responses to this node's own queries) to ib_mad.
+ * Answers a Performance Management Get or Set for this port in *out; leaves
+ * PMA responses to this node's own queries to ib_mad.
  */
-static int hca_process_mad(struct ib_device *ibdev, int flags, u32 port,
-			   const struct ib_wc *in_wc, const struct ib_grh *in_grh,
-			   const struct ib_mad *in, struct ib_mad *out,
-			   size_t *out_size, u16 *out_pkey_index)
+int hca_pma_process(struct hca_dev *dev, u32 port, const struct ib_mad *in,
+		    struct ib_mad *out)
 {
 	const struct ib_mad_hdr *hdr = &in->mad_hdr;
 	struct ib_pma_mad *resp = (struct ib_pma_mad *)out;
-	struct hca_dev *dev = to_hdev(ibdev);
 	bool set = hdr->method == IB_MGMT_METHOD_SET;
 	u8 *data = resp->data;
 	u16 status = 0;
 
-	if (hdr->mgmt_class != IB_MGMT_CLASS_PERF_MGMT ||
-	    (hdr->method != IB_MGMT_METHOD_GET && !set))
+	if (hdr->method != IB_MGMT_METHOD_GET && !set)
 		return IB_MAD_RESULT_SUCCESS;
 	memcpy(out, in, sizeof(*out));
 	resp->mad_hdr.method = IB_MGMT_METHOD_GET_RESP;
@@ -283,7 +279,6 @@ static int hca_process_mad(struct ib_device *ibdev, int flags, u32 port,
 }
 
 const struct ib_device_ops hca_counter_ops = {
-	.process_mad = hca_process_mad,
 	.alloc_hw_port_stats = hca_alloc_hw_port_stats,
 	.get_hw_stats = hca_get_hw_stats,
 };

@@ -227,6 +227,14 @@ void hca_eq_cleanup(struct hca_dev *dev);
 extern const struct ib_device_ops hca_dev_ops;
 extern const struct ib_device_ops hca_counter_ops;
 
+/* mad.c, and the agents it hands MADs to (counters.c, sma.c) */
+struct ib_mad;
+extern const struct ib_device_ops hca_mad_ops;
+int hca_pma_process(struct hca_dev *dev, u32 port, const struct ib_mad *in,
+		    struct ib_mad *out);
+int hca_sma_process(struct hca_dev *dev, u32 port, const struct ib_mad *in,
+		    struct ib_mad *out);
+
 /* mr.c */
 struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access);
 struct ib_mr *hca_reg_user_mr(struct ib_pd *pd, u64 start, u64 length,

@@ -81,6 +81,7 @@ static int hca_register(struct hca_dev *dev)
 		 "hcabench HCA, LID %u", dev->port.lid);
 	ib_set_device_ops(ibdev, &hca_dev_ops);
 	ib_set_device_ops(ibdev, &hca_counter_ops);
+	ib_set_device_ops(ibdev, &hca_mad_ops);
 	return ib_register_device(ibdev, "hcab%d", &dev->pdev->dev);
 }
 

@@ -123,7 +123,7 @@ static void hca_wqe_remote(struct hca_qp *qp, struct hca_send_wqe *w,
 	default:
 		break;
 	}
-	if (qp->ibqp.qp_type == IB_QPT_UD || qp->ibqp.qp_type == IB_QPT_GSI) {
+	if (qp->ibqp.qp_type != IB_QPT_RC) {	/* UD, GSI, SMI */
 		w->ud_dlid = to_hah(ud_wr(wr)->ah)->dlid;
 		w->ud_remote_qpn = ud_wr(wr)->remote_qpn;
 		w->ud_qkey = ud_wr(wr)->remote_qkey;

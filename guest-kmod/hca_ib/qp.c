@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Queue pairs: RC, UD and the GSI QP (QPN 1) that ib_mad opens. Rings live
- * in guest RAM; the device runs the IB state machine and checks every
- * attribute, so modify/query mostly translate between ib_core and the ABI
- * (whose numbering is ib_core's).
+ * Queue pairs: RC, UD, and the SMI and GSI QPs (QPN 0 and 1) that ib_mad
+ * opens. Rings live in guest RAM; the device runs the IB state machine and
+ * checks every attribute, so modify/query mostly translate between ib_core
+ * and the ABI (whose numbering is ib_core's).
  */
 #include <linux/interrupt.h>
 #include "hca_ib.h"
@@ -69,6 +69,9 @@ static int hca_qp_check(struct ib_qp_init_attr *init, u32 *type)
 		break;
 	case IB_QPT_UD:
 		*type = HCA_QPT_UD;
+		break;
+	case IB_QPT_SMI:
+		*type = HCA_QPT_SMI;
 		break;
 	case IB_QPT_GSI:
 		*type = HCA_QPT_GSI;

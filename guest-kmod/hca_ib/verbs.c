@@ -125,10 +125,12 @@ static int hca_get_port_immutable(struct ib_device *ibdev, u32 port,
 		return err;
 	im->pkey_tbl_len = a.pkey_tbl_len;
 	im->gid_tbl_len = a.gid_tbl_len;
-	/* IB without SMI: the fabric is its own subnet manager, so no QP0. */
-	im->core_cap_flags = RDMA_CORE_CAP_PROT_IB | RDMA_CORE_CAP_IB_MAD |
-			     RDMA_CORE_CAP_IB_CM | RDMA_CORE_CAP_IB_SA |
-			     RDMA_CORE_CAP_AF_IB;
+	/*
+	 * IB with QP0: the fabric is the subnet manager and sends no SMPs, but
+	 * the port's agent (sma.c) answers other nodes' and this node's own
+	 * (smpquery, perfquery open the SMI class).
+	 */
+	im->core_cap_flags = RDMA_CORE_PORT_IBA_IB;
 	im->max_mad_size = IB_MGMT_MAD_SIZE;
 	return 0;
 }
@@ -188,14 +190,17 @@ static int hca_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 
 /*
  * Address handles live in the driver only: a UD WQE carries the DLID, and the
- * device adds the GRH a multicast LID needs.
+ * device adds the GRH a multicast LID needs. The permissive LID is for
+ * directed-route SMPs: ib_mad answers a route that ends at this port itself
+ * (through process_mad); one that leaves it finds no switch on this fabric
+ * and is dropped there.
  */
 static int hca_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 			 struct ib_udata *udata)
 {
 	u16 dlid = rdma_ah_get_dlid(init->ah_attr);
 
-	if (dlid == 0 || dlid == 0xffff)
+	if (dlid == 0)
 		return -EINVAL;
 	to_hah(ibah)->dlid = dlid;
 	return 0;
