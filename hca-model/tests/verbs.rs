@@ -555,7 +555,16 @@ fn test_smps_go_from_qp0_to_qp0_only() {
         (7, SMI_QPN, SMI_QPN, a.lid(), 296)
     );
     assert_eq!(b.read(rbuf + 40, 256), smp);
-    assert_eq!(a.drain_cq(&mut cqa).len(), 4, "every send completes");
+    // A directed-route SMP that leaves the port goes to the permissive LID: no switch
+    // answers on this fabric, and it is dropped there.
+    let mut dr = to(SMI_QPN, 0);
+    dr.ud_dlid = 0xffff;
+    a.post_send(&mut sa, dr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    assert!(b.drain_cq(&mut cqb).is_empty());
+    assert_eq!(fabric.stats().no_route, 1);
+    let sent = a.drain_cq(&mut cqa);
+    assert_eq!(sent.len(), 5, "every send completes");
+    assert!(sent.iter().all(|c| u32::from(c.status) == WC_SUCCESS));
 }
 
 #[test]

@@ -112,6 +112,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
     fabric.set_tap(None);
     the_capture_shows_sa_queries_joins_and_ipoib_datagrams(&pcap);
     debians_saquery_reads_the_sa_tables(&mut tb);
+    debians_smpquery_and_perfquery_ask_the_ports_agents(&mut tb);
     a_partitions_ipoib_child_reaches_its_members_only(&mut tb);
 
     // 64 MiB over TCP arrive intact; node 3 serves, nodes 1 and 2 fetch.
@@ -1248,6 +1249,69 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
         NODES,
         "{out}"
     );
+}
+
+/// infiniband-diags' subnet management and performance tools, through ib_umad on QP0 and
+/// QP1: `smpquery` asks another node's Subnet Management Agent (hca_ib's, as HCA firmware
+/// runs one) LID-routed over QP0, and its own port by directed route (which ib_mad answers
+/// locally); what they say agrees with each node's sysfs. `perfquery` reads the local and a
+/// remote PMA. A directed route that leaves the port (to a switch, which this fabric has
+/// not) fails with a timeout, and nothing hangs.
+fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
+    let ask = |tb: &mut Testbed, i: usize, q: &str| {
+        tb.agents[i]
+            .run(q, T)
+            .unwrap_or_else(|e| panic!("node{}: {q}: {e}", i + 1))
+    };
+    let sysfs = |tb: &mut Testbed, i: usize, f: &str| {
+        ask(tb, i, &format!("cat /sys/class/infiniband/hcab0/{f}"))
+            .trim()
+            .to_string()
+    };
+    for (i, lid) in [(0usize, 2u32), (1, 3), (2, 1)] {
+        let j = lid as usize - 1;
+        let guid = format!("0x{}", sysfs(tb, j, "node_guid").replace(':', ""));
+        let out = ask(tb, i, &format!("smpquery nodeinfo {lid}"));
+        for want in [
+            format!("Guid:............................{guid}\n"),
+            "NodeType:........................Channel Adapter\n".into(),
+            "LocalPort:.......................1\n".into(),
+        ] {
+            assert!(out.contains(&want), "node{} asked LID {lid}: {out}", i + 1);
+        }
+        let out = ask(tb, i, &format!("smpquery portinfo {lid}"));
+        for want in [
+            format!("Lid:.............................{lid}\n"),
+            "SMLid:...........................49151\n".into(),
+            "LinkState:.......................Active\n".into(),
+            "LinkWidthActive:.................4X\n".into(),
+        ] {
+            assert!(out.contains(&want), "node{} asked LID {lid}: {out}", i + 1);
+        }
+        let desc = sysfs(tb, j, "node_desc");
+        let out = ask(tb, i, &format!("smpquery nodedesc {lid}"));
+        assert!(out.contains(&desc), "{desc:?}: {out}");
+    }
+    // Node 1's own port by directed route: its partition's P_Key is in its table.
+    let out = ask(tb, 0, "smpquery -D nodedesc 0");
+    assert!(out.contains(&sysfs(tb, 0, "node_desc")), "{out}");
+    let pkey = sysfs(tb, 0, "ports/1/pkeys/1");
+    let out = ask(tb, 0, "smpquery -D pkeys 0");
+    assert!(out.contains(&pkey) && pkey != "0x0000", "{pkey}: {out}");
+    // A route past the port: nothing answers; the query ends with a timeout.
+    let (rc, out) = tb.agents[0].status("smpquery -D nodeinfo 0,1", T).unwrap();
+    assert!(rc != 0 && out.contains("timed out"), "rc {rc}: {out}");
+    // perfquery opens the SMI class (QP0) as well as the PMA's: here, and of another node.
+    for (i, args, lid) in [(2usize, "", 3), (0, "-x 3", 3)] {
+        let out = ask(tb, i, &format!("perfquery {args}"));
+        assert!(
+            out.contains(&format!("# Port counters: Lid {lid} port"))
+                || out.contains(&format!("# Port extended counters: Lid {lid} port")),
+            "node{}: perfquery {args}: {out}",
+            i + 1
+        );
+        assert!(out.contains("PortRcvPkts:"), "{out}");
+    }
 }
 
 /// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
