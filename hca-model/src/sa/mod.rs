@@ -30,12 +30,13 @@ mod inform;
 mod records;
 mod rmpp;
 mod services;
+pub mod sm;
 #[cfg(test)]
 mod tests;
 
 pub use groups::Group;
 
-use crate::abi::{GSI_QKEY, GSI_QPN};
+use crate::abi::{GSI_QKEY, GSI_QPN, SMI_QPN};
 use crate::fabric::Lid;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
 
@@ -252,6 +253,8 @@ pub struct SubnetAdmin {
     next_tid: u64,
     /// The PacketLifeTime of every path and group (see [`DEFAULT_PACKET_LIFE`]).
     packet_life: u8,
+    /// MADs answered, the SM's activity count ([`sm`]).
+    activity: u32,
 }
 
 impl Default for SubnetAdmin {
@@ -263,6 +266,7 @@ impl Default for SubnetAdmin {
             transfers: Default::default(),
             next_tid: 0,
             packet_life: DEFAULT_PACKET_LIFE,
+            activity: 0,
         }
     }
 }
@@ -305,10 +309,23 @@ impl SubnetAdmin {
         (self.services.len(), self.informs.len())
     }
 
-    /// Answers a packet sent to the SA's QP1: the packets that go back (none for an RMPP
-    /// acknowledgement that ends a transfer, or a response to the SA's Report). None for
-    /// what is not the SA's (not an SA MAD for QP1, or a response the SA did not ask for).
+    /// Answers a packet sent to the SA's QP1, or an SMP to the SM's QP0 ([`sm`]): the
+    /// packets that go back (none for an RMPP acknowledgement that ends a transfer, or a
+    /// response to the SA's Report). None for what is not the SA's or SM's (not an SA MAD
+    /// for QP1, or a response the SA did not ask for).
     pub fn answer(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Vec<Packet>> {
+        let out = if pkt.dest_qpn == SMI_QPN {
+            sm::answer(pkt, self.activity).map(|a| vec![a])
+        } else {
+            self.answer_gsi(pkt, ports)
+        };
+        if out.is_some() {
+            self.activity = self.activity.wrapping_add(1);
+        }
+        out
+    }
+
+    fn answer_gsi(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Vec<Packet>> {
         let Payload::Bytes(mad) = &pkt.payload else {
             return None;
         };

@@ -818,3 +818,62 @@ fn test_a_request_sent_as_rmpp_is_acknowledged_and_a_long_one_aborted() {
     let a = answers(&mut sa, &q, &ports);
     assert_eq!((a.len(), a[0].2[25]), (1, 4), "ABORT");
 }
+
+/// An SMP to the SM's QP0 from node 2's QP0.
+fn smp(method: u8, attr: u16, src_qpn: u32) -> Packet {
+    let mut m = vec![0u8; MAD_SIZE];
+    (m[0], m[1], m[2], m[3]) = (1, 0x01, 1, method);
+    m[8..16].copy_from_slice(&0x0bad_cafe_u64.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    Packet {
+        slid: 2,
+        dlid: SM_LID,
+        opcode: UD_SEND_ONLY,
+        dest_qpn: SMI_QPN,
+        src_qpn,
+        payload: Payload::Bytes(m),
+        ..Default::default()
+    }
+}
+
+/// infiniband-diags' `sminfo` asks the master SM that PortInfo names (the SM LID) for its
+/// SMInfo over QP0: the fabric's SM answers as the master, with its GUID and an activity
+/// count that grows with what it answers; it takes no Sets and answers no other attribute.
+#[test]
+fn test_the_sm_answers_sminfo_on_qp0_and_nothing_changes_it() {
+    let mut sa = SubnetAdmin::new();
+    let sm_ask = |sa: &mut SubnetAdmin, p: &Packet| {
+        let r = sa.answer(p, &three()).expect("an answer").remove(0);
+        assert_eq!(
+            (r.dlid, r.slid, r.dest_qpn, r.src_qpn),
+            (2, SM_LID, SMI_QPN, SMI_QPN)
+        );
+        let Payload::Bytes(b) = r.payload else {
+            panic!("bytes")
+        };
+        assert_eq!((b.len(), be64(&b, 8)), (MAD_SIZE, 0x0bad_cafe));
+        (b[3], be16(&b, 4), b[64..128].to_vec())
+    };
+    let (method, st, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
+    assert_eq!((method, st), (0x81, 0));
+    assert_eq!(be64(&info, 0), sm::SM_GUID);
+    assert_eq!(be64(&info, 8), 0, "no SM_Key");
+    assert_eq!(info[20], 3, "priority 0, master");
+    let first = u32::from_be_bytes(info[16..20].try_into().unwrap());
+    // An SA query between: the count goes on.
+    ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
+    let (_, _, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
+    let second = u32::from_be_bytes(info[16..20].try_into().unwrap());
+    assert_eq!(second, first + 2);
+    // A Set, or another attribute: refused, and it changes nothing.
+    for p in [smp(0x02, 0x0020, SMI_QPN), smp(0x01, 0x0011, SMI_QPN)] {
+        let (method, st, data) = sm_ask(&mut sa, &p);
+        assert_eq!((method, st), (0x81, status::METHOD_ATTR_UNSUPPORTED));
+        assert!(data.iter().all(|&b| b == 0));
+    }
+    let (_, _, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
+    assert_eq!((be64(&info, 0), info[20]), (sm::SM_GUID, 3));
+    // Only a QP0 talks to QP0, and a response is not a query.
+    assert!(sa.answer(&smp(0x01, 0x0020, 7), &three()).is_none());
+    assert!(sa.answer(&smp(0x81, 0x0020, SMI_QPN), &three()).is_none());
+}
