@@ -72,11 +72,11 @@ DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "lit
 # Debian's user-space tools the guests carry, from their packages, with the shared
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad) and
-# `smpquery` and `perfquery` (QP0's SMA and the PMA, through ib_umad), and
+# `smpquery`, `perfquery` and `sminfo` (QP0's agents and the PMA, through ib_umad), and
 # nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
 # Kerberos' GSS-API), and open-iscsi's initiator daemon and admin tool (`iser connect`).
-USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "smpquery", "perfquery", "rpc.nfsd",
-                  "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
+USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "smpquery", "perfquery", "sminfo",
+                  "rpc.nfsd", "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
                  "infiniband-diags", "libibmad5", "libibumad3",
                  "nfs-kernel-server", "libtirpc3", "libwrap0", "libnsl2", "libblkid1",
