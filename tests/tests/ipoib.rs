@@ -1254,8 +1254,8 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
 /// infiniband-diags' subnet management and performance tools, through ib_umad on QP0 and
 /// QP1: `smpquery` asks another node's Subnet Management Agent (hca_ib's, as HCA firmware
 /// runs one) LID-routed over QP0, and its own port by directed route (which ib_mad answers
-/// locally); what they say agrees with each node's sysfs. `perfquery` reads the local and a
-/// remote PMA. A directed route that leaves the port (to a switch, which this fabric has
+/// locally); what they say agrees with each node's sysfs. `sminfo` finds the fabric's SM as
+/// the master. `perfquery` reads the local and a remote PMA. A directed route that leaves the port (to a switch, which this fabric has
 /// not) fails with a timeout, and nothing hangs.
 fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, i: usize, q: &str| {
@@ -1298,6 +1298,13 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let pkey = sysfs(tb, 0, "ports/1/pkeys/1");
     let out = ask(tb, 0, "smpquery -D pkeys 0");
     assert!(out.contains(&pkey) && pkey != "0x0000", "{pkey}: {out}");
+    // The master SM that PortInfo names answers its SMInfo over QP0.
+    let out = ask(tb, 1, "sminfo");
+    assert!(
+        out.contains("sm lid 49151 sm guid 0x2c9030000bfff")
+            && out.contains("state 3 SMINFO_MASTER"),
+        "{out}"
+    );
     // A route past the port: nothing answers; the query ends with a timeout.
     let (rc, out) = tb.agents[0].status("smpquery -D nodeinfo 0,1", T).unwrap();
     assert!(rc != 0 && out.contains("timed out"), "rc {rc}: {out}");
