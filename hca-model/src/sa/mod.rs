@@ -14,6 +14,8 @@
 //!   which the SA reports when a port's link comes up or goes down, or a node joins or
 //!   leaves the fabric ([`inform`]).
 //!
+//! The SM's own agent answers SMInfo on QP0 at the same LID ([`sm`]).
+//!
 //! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
 //! that matches more than one record gets "too many records", one that matches none "no
 //! records". Unsupported queries get "method/attribute not supported" rather than silence,
