@@ -1720,7 +1720,8 @@ impl Fabric {
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
-        if lid == SM_LID {
+        // The SA and SM's port; a directed-route SMP's first hop is the switch it runs on.
+        if lid == SM_LID || lid == crate::sa::sm::PERMISSIVE_LID {
             return Some(self.inner.sa.clone());
         }
         let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());

@@ -14,7 +14,8 @@
 //!   which the SA reports when a port's link comes up or goes down, or a node joins or
 //!   leaves the fabric ([`inform`]).
 //!
-//! The SM's own agent answers SMInfo on QP0 at the same LID ([`sm`]).
+//! The fabric's node answers subnet management packets on QP0 ([`sm`]): a switch linking
+//! every port, with the SM (SMInfo) at the same LID.
 //!
 //! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
 //! that matches more than one record gets "too many records", one that matches none "no
@@ -317,7 +318,7 @@ impl SubnetAdmin {
     /// for QP1, or a response the SA did not ask for).
     pub fn answer(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Vec<Packet>> {
         let out = if pkt.dest_qpn == SMI_QPN {
-            sm::answer(pkt, self.activity).map(|a| vec![a])
+            sm::answer(pkt, self.activity, ports).map(|a| vec![a])
         } else {
             self.answer_gsi(pkt, ports)
         };

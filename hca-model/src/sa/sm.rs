@@ -1,64 +1,299 @@
-//! The subnet manager's own agent on QP0 at [`SM_LID`]: it answers SMInfo Gets (IBA
-//! 14.2.5.13), so that infiniband-diags' `sminfo` finds the master SM that every port's
-//! PortInfo names. The fabric configures ports itself and sends no SMPs of its own; any
-//! other SMP to the SM gets "method/attribute not supported", and no SMP changes anything.
+//! The fabric's own node, as subnet management sees it: one switch that links every port
+//! (its port n to the port at LID n), with the subnet manager behind its management port 0
+//! at [`SM_LID`], as a managed switch runs an SM. It answers SMPs as that switch's Subnet
+//! Management Agent and SM would, so that infiniband-diags finds the subnet:
+//! - LID-routed to [`SM_LID`] (`smpquery nodeinfo 49151`, `sminfo`);
+//! - directed-route from a port (`smpquery -D`, `ibnetdiscover`): a route that ends at the
+//!   switch is answered here; one that goes on leaves by the switch port its path names, to
+//!   that port's QP0 (whose guest's SMA answers), and the answer comes back the same way.
+//!   Hop pointers and return paths follow IBA 14.2.2 (C14-9, C14-13), as a switch's do.
+//!
+//! Gets of NodeInfo, NodeDescription, SwitchInfo, PortInfo and SMInfo are answered; a Set
+//! or any other attribute gets "method/attribute not supported": the fabric configures the
+//! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
+//! permissive) are forwarded; a port above 254 is not on the switch.
 
-use super::{be16, status, MAD_SIZE, SM_LID};
+use super::{be16, status, Ports, MAD_SIZE, SM_LID, SUBNET_PREFIX};
 use crate::abi::SMI_QPN;
+use crate::fabric::Lid;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
 
-/// The SM's port GUID: as the nodes' (`abi::node_guid`), for the SM's LID.
+/// The switch's GUID (node, system and port 0): as the nodes' (`abi::node_guid`), for the
+/// SM's LID.
 pub const SM_GUID: u64 = crate::abi::node_guid(SM_LID);
+/// The LID a directed-route SMP goes to: whatever is at the other end of the link.
+pub const PERMISSIVE_LID: Lid = 0xffff;
+/// What `smpquery nodedesc` shows for the switch.
+pub const NODE_DESC: &str = "hcabench fabric switch (subnet manager)";
 
-/// LID-routed subnet management, the class an SMP to a LID carries.
-const CLASS_SUBN_LID_ROUTED: u8 = 0x01;
-const ATTR_SM_INFO: u16 = 0x0020;
-/// Where an SMP's attribute data starts (after its M_Key, DR LIDs and reserved bytes).
-const SMP_DATA_OFFSET: usize = 64;
-/// SMInfo's SMState for the master SM, in the low four bits beside its priority (0).
+const CLASS_LID_ROUTED: u8 = 0x01;
+const CLASS_DIRECTED_ROUTE: u8 = 0x81;
+const GET: u8 = 0x01;
+const SET: u8 = 0x02;
+const GET_RESP: u8 = 0x81;
+
+mod attr {
+    pub const NODE_DESC: u16 = 0x0010;
+    pub const NODE_INFO: u16 = 0x0011;
+    pub const SWITCH_INFO: u16 = 0x0012;
+    pub const PORT_INFO: u16 = 0x0015;
+    pub const SM_INFO: u16 = 0x0020;
+}
+
+/// SMP offsets (IBA 14.2.1.2).
+const STATUS: usize = 4;
+const HOP_PTR: usize = 6;
+const HOP_CNT: usize = 7;
+const ATTR_ID: usize = 16;
+const ATTR_MOD: usize = 20;
+const DR_SLID: usize = 32;
+const DR_DLID: usize = 34;
+const DATA: usize = 64;
+const INITIAL_PATH: usize = 128;
+const RETURN_PATH: usize = 192;
+/// The status bit of a directed-route SMP on its way back.
+const DIRECTION: u16 = 0x8000;
+/// A directed route's most hops.
+const MAX_HOPS: usize = 64;
+
+/// SMInfo's SMState for the master SM, beside its priority (0).
 const SM_STATE_MASTER: u8 = 3;
+/// PortInfo:CapabilityMask's IsSM.
+const CAP_IS_SM: u32 = 1 << 1;
+/// PortState Down and Active, PortPhysicalState Polling and LinkUp.
+const PORT_DOWN: u8 = 1;
+const PORT_ACTIVE: u8 = 4;
+const PHYS_POLLING: u8 = 2;
+const PHYS_LINK_UP: u8 = 5;
 
-/// The answer to `pkt`, an SMP sent to the SM's QP0; None for what is not a Get or Set
-/// (responses, traps). `activity` is SMInfo's ActCount: what the SM has done so far.
-pub fn answer(pkt: &Packet, activity: u32) -> Option<Packet> {
-    let Payload::Bytes(mad) = &pkt.payload else {
+type Mad = [u8; MAD_SIZE];
+
+/// The answer to `pkt`, an SMP to the SM's LID or to the permissive LID from a port's
+/// QP0: the packet that goes on (an answer, or a directed-route SMP on its way), or None
+/// for what is not the switch's (a response or trap LID-routed to it, a broken route).
+/// `activity` is SMInfo's ActCount: what the SM has done so far.
+pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> {
+    let Payload::Bytes(b) = &pkt.payload else {
         return None;
     };
-    let Some(Ok(mad)) = mad.get(..MAD_SIZE).map(<&[u8; MAD_SIZE]>::try_from) else {
-        return None;
-    };
-    let (get, set) = (mad[3] == 0x01, mad[3] == 0x02);
-    if pkt.src_qpn != SMI_QPN || mad[1] != CLASS_SUBN_LID_ROUTED || !(get || set) {
+    let mut mad: Mad = b.get(..MAD_SIZE)?.try_into().ok()?;
+    if pkt.src_qpn != SMI_QPN {
         return None;
     }
-    let mut resp = *mad;
-    resp[3] = 0x81; // GetResp
-    let (head, data) = resp.split_at_mut(SMP_DATA_OFFSET);
-    data.fill(0); // the data, and the DR paths after it (unused: LID-routed)
-    let st = if mad[0] != 1 || mad[2] != 1 {
-        status::BAD_VERSION
-    } else if get && be16(mad, 16) == ATTR_SM_INFO {
-        // GUID, SM_Key (0: no key protects the SM here), ActCount, priority 0 and state.
-        let info = SM_GUID.to_be_bytes().into_iter().chain([0; 8]);
-        let info = info.chain(activity.to_be_bytes()).chain([SM_STATE_MASTER]);
-        for (d, v) in data.iter_mut().zip(info) {
-            *d = v;
+    let switch = Switch {
+        ports,
+        ingress: pkt.slid,
+        activity,
+    };
+    // On a directed route's hops both LIDs are permissive (so the next port answers
+    // the way the SMP came, whatever its LRH said).
+    let (from, to) = match mad[1] {
+        CLASS_LID_ROUTED if pkt.dlid == SM_LID => {
+            switch.agent(&mut mad)?;
+            (SM_LID, pkt.slid)
         }
-        0
-    } else {
-        status::METHOD_ATTR_UNSUPPORTED
+        CLASS_DIRECTED_ROUTE if pkt.dlid == PERMISSIVE_LID => {
+            (PERMISSIVE_LID, switch.directed(&mut mad)?)
+        }
+        _ => return None,
     };
-    if let Some(s) = head.get_mut(4..6) {
-        s.copy_from_slice(&st.to_be_bytes());
-    }
     Some(Packet {
-        slid: SM_LID,
-        dlid: pkt.slid,
+        slid: from,
+        dlid: to,
         opcode: UD_SEND_ONLY,
         dest_qpn: SMI_QPN,
         src_qpn: SMI_QPN,
         pkey: pkt.pkey,
-        payload: Payload::Bytes(resp.to_vec()),
+        payload: Payload::Bytes(mad.to_vec()),
         ..Default::default()
     })
+}
+
+struct Switch<'a> {
+    ports: &'a dyn Ports,
+    /// The switch port the SMP came in on: the sender's LID.
+    ingress: Lid,
+    activity: u32,
+}
+
+impl Switch<'_> {
+    /// Ports 1..=this: up to the highest LID on the fabric (254 at most, as a switch has).
+    fn num_ports(&self) -> u8 {
+        let top = self.ports.lids().last().copied().unwrap_or(1);
+        top.clamp(1, 254) as u8
+    }
+
+    /// Whether switch port `p` links a port whose link is up.
+    fn linked(&self, p: u8) -> bool {
+        let lid = Lid::from(p);
+        p >= 1 && p <= self.num_ports() && self.ports.guid_of(lid).is_some() && {
+            self.ports.link_up(lid)
+        }
+    }
+
+    /// The switch port `self.ingress` arrives on, if it is one.
+    fn ingress_port(&self) -> Option<u8> {
+        u8::try_from(self.ingress)
+            .ok()
+            .filter(|&p| p >= 1 && p <= self.num_ports())
+    }
+
+    /// A directed-route SMP arriving at the switch: moves its hop pointer and return path
+    /// as IBA's C14-9 and C14-13 say, answers it if its route ends here, and returns the
+    /// LID of the port it leaves for (its next hop, or back towards its sender).
+    fn directed(&self, mad: &mut Mad) -> Option<Lid> {
+        let p = self.ingress_port()?;
+        let pure = be16(mad, DR_SLID) == PERMISSIVE_LID && be16(mad, DR_DLID) == PERMISSIVE_LID;
+        let (hop_ptr, hop_cnt) = (usize::from(mad[HOP_PTR]), usize::from(mad[HOP_CNT]));
+        if !pure || hop_cnt >= MAX_HOPS {
+            return None;
+        }
+        let returning = be16(mad, STATUS) & DIRECTION != 0;
+        let out = if !returning {
+            // C14-9:2 and :3: the sender moved the pointer onto this hop.
+            if hop_ptr == 0 || hop_ptr > hop_cnt {
+                return None;
+            }
+            *mad.get_mut(RETURN_PATH + hop_ptr)? = p;
+            if hop_ptr < hop_cnt {
+                // On to the port the path names next.
+                mad[HOP_PTR] += 1;
+                *mad.get(INITIAL_PATH + hop_ptr + 1)?
+            } else {
+                // The route ends here: the agent has it past the last hop (C14-9:4), and
+                // its answer starts back the way it came (C14-13:1).
+                mad[HOP_PTR] = (hop_cnt + 1) as u8;
+                self.agent(mad)?;
+                mad[HOP_PTR] = hop_cnt as u8;
+                *mad.get(RETURN_PATH + hop_cnt)?
+            }
+        } else {
+            // C14-13:2: an answer passing through, back one hop.
+            if hop_ptr < 2 || hop_ptr > hop_cnt {
+                return None;
+            }
+            mad[HOP_PTR] -= 1;
+            *mad.get(RETURN_PATH + hop_ptr - 1)?
+        };
+        self.linked(out).then_some(Lid::from(out))
+    }
+
+    /// Answers a Get or Set in place (None for what is neither: responses, traps).
+    fn agent(&self, mad: &mut Mad) -> Option<()> {
+        let (get, set) = (mad[3] == GET, mad[3] == SET);
+        if !(get || set) {
+            return None;
+        }
+        mad[3] = GET_RESP;
+        let attr = be16(mad, ATTR_ID);
+        let attr_mod = u32::from_be_bytes(mad.get(ATTR_MOD..ATTR_MOD + 4)?.try_into().ok()?);
+        let versions_ok = mad[0] == 1 && mad[2] == 1;
+        let data = mad.get_mut(DATA..INITIAL_PATH)?;
+        data.fill(0);
+        let mut st = if !versions_ok {
+            status::BAD_VERSION
+        } else if set {
+            status::METHOD_ATTR_UNSUPPORTED
+        } else {
+            self.get(attr, attr_mod, data)
+        };
+        if mad[1] == CLASS_DIRECTED_ROUTE {
+            st |= DIRECTION;
+        }
+        mad.get_mut(STATUS..STATUS + 2)?
+            .copy_from_slice(&st.to_be_bytes());
+        Some(())
+    }
+
+    /// Fills `data` with attribute `attr`; the MAD status.
+    fn get(&self, attr: u16, attr_mod: u32, data: &mut [u8]) -> u16 {
+        let mut w = Writer(data);
+        let local_port = self.ingress_port().unwrap_or(0);
+        match attr {
+            attr::NODE_INFO => {
+                w.put(0, &[1, 1, 2, self.num_ports()]); // versions, switch, ports
+                for at in [4, 12, 20] {
+                    w.put(at, &SM_GUID.to_be_bytes()); // system, node and port GUIDs
+                }
+                w.put(28, &16u16.to_be_bytes()); // PartitionCap
+                w.put(30, &(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
+                w.put(32, &1u32.to_be_bytes()); // revision
+                let vendor = crate::abi::PCI_VENDOR_HCABENCH.to_be_bytes();
+                w.put(36, &[local_port, 0, vendor[2], vendor[3]]);
+            }
+            attr::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
+            attr::SWITCH_INFO => {
+                w.put(0, &0xc000u16.to_be_bytes()); // LinearFDBCap: every unicast LID
+                let top = self.ports.lids().last().copied().unwrap_or(0);
+                w.put(6, &top.to_be_bytes()); // LinearFDBTop
+            }
+            attr::PORT_INFO => {
+                let Some(port) = u8::try_from(attr_mod)
+                    .ok()
+                    .filter(|&p| p <= self.num_ports())
+                else {
+                    return status::INVALID_FIELD;
+                };
+                self.port_info(port, local_port, &mut w);
+            }
+            attr::SM_INFO => {
+                // GUID, SM_Key (0: no key protects the SM), ActCount, priority 0 and state.
+                w.put(0, &SM_GUID.to_be_bytes());
+                w.put(16, &self.activity.to_be_bytes());
+                w.put(20, &[SM_STATE_MASTER]);
+            }
+            _ => return status::METHOD_ATTR_UNSUPPORTED,
+        }
+        0
+    }
+
+    /// PortInfo of switch port `port` (0: the management port, which has the switch's
+    /// LID and the SM).
+    fn port_info(&self, port: u8, local_port: u8, w: &mut Writer) {
+        w.put(8, &SUBNET_PREFIX.to_be_bytes());
+        if port == 0 {
+            w.put(16, &SM_LID.to_be_bytes());
+            w.put(18, &SM_LID.to_be_bytes());
+            w.put(20, &CAP_IS_SM.to_be_bytes());
+        }
+        let up = port == 0 || self.linked(port);
+        let (state, phys) = if up {
+            (PORT_ACTIVE, PHYS_LINK_UP)
+        } else {
+            (PORT_DOWN, PHYS_POLLING)
+        };
+        // LocalPortNum; link width enabled, supported (1X, 4X), active: 4X.
+        w.put(28, &[local_port, 2, 3, 2]);
+        // Speeds supported SDR/DDR/QDR and state; physical state, down default Polling;
+        // LMC 0; speed active QDR, enabled all three; neighbour MTU 4096, SM SL 0; VLCap
+        // VL0.
+        w.put(
+            32,
+            &[
+                0x70 | state,
+                phys << 4 | PHYS_POLLING,
+                0,
+                0x47,
+                5 << 4,
+                1 << 4,
+            ],
+        );
+        // MTUCap 4096; operational VLs: VL0.
+        w.put(41, &[5, 0, 1 << 4]);
+        w.put(51, &[18, 18]); // subnet timeout, response time value
+    }
+}
+
+/// Writes at byte offsets of an attribute's data (what does not fit is left out).
+struct Writer<'a>(&'a mut [u8]);
+
+impl Writer<'_> {
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        let end = (at + bytes.len()).min(self.0.len());
+        if let (Some(dst), Some(src)) =
+            (self.0.get_mut(at..end), bytes.get(..end.saturating_sub(at)))
+        {
+            dst.copy_from_slice(src);
+        }
+    }
 }

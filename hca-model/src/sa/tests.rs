@@ -819,7 +819,7 @@ fn test_a_request_sent_as_rmpp_is_acknowledged_and_a_long_one_aborted() {
     assert_eq!((a.len(), a[0].2[25]), (1, 4), "ABORT");
 }
 
-/// An SMP to the SM's QP0 from node 2's QP0.
+/// An SMP from node 2's QP0: LID-routed to the SM, or directed-route along `path`.
 fn smp(method: u8, attr: u16, src_qpn: u32) -> Packet {
     let mut m = vec![0u8; MAD_SIZE];
     (m[0], m[1], m[2], m[3]) = (1, 0x01, 1, method);
@@ -836,44 +836,168 @@ fn smp(method: u8, attr: u16, src_qpn: u32) -> Packet {
     }
 }
 
-/// infiniband-diags' `sminfo` asks the master SM that PortInfo names (the SM LID) for its
-/// SMInfo over QP0: the fabric's SM answers as the master, with its GUID and an activity
-/// count that grows with what it answers; it takes no Sets and answers no other attribute.
+/// A directed-route Get of `attr` along `path` (its first hop, 0, is the sender), as the
+/// sender's ib_mad puts it on the wire: the hop pointer on the first hop.
+fn dr_smp(attr: u16, path: &[u8]) -> Packet {
+    let mut p = smp(0x01, attr, SMI_QPN);
+    p.dlid = sm::PERMISSIVE_LID;
+    let Payload::Bytes(m) = &mut p.payload else {
+        unreachable!()
+    };
+    (m[1], m[6], m[7]) = (0x81, 1, (path.len() - 1) as u8);
+    m[32..36].copy_from_slice(&[0xff; 4]); // DR SLID and DLID permissive
+    m[128..128 + path.len()].copy_from_slice(path);
+    p
+}
+
+fn bytes(p: &Packet) -> &[u8] {
+    match &p.payload {
+        Payload::Bytes(b) => b,
+        _ => panic!("bytes"),
+    }
+}
+
+/// infiniband-diags' `sminfo` and `smpquery` ask the SM's LID over QP0: the fabric's node
+/// is a switch with the SM on its port 0. It answers SMInfo as the master, with an activity
+/// count that grows with what it answers, and NodeInfo, SwitchInfo and PortInfo as a switch
+/// whose port n links LID n; it takes no Sets, and nothing an SMP says changes it.
 #[test]
-fn test_the_sm_answers_sminfo_on_qp0_and_nothing_changes_it() {
+fn test_the_sm_answers_as_a_switch_on_qp0_and_nothing_changes_it() {
     let mut sa = SubnetAdmin::new();
-    let sm_ask = |sa: &mut SubnetAdmin, p: &Packet| {
-        let r = sa.answer(p, &three()).expect("an answer").remove(0);
+    let nodes = three();
+    let mut sm_ask = |p: &Packet| {
+        let r = sa.answer(p, &nodes).expect("an answer").remove(0);
         assert_eq!(
             (r.dlid, r.slid, r.dest_qpn, r.src_qpn),
             (2, SM_LID, SMI_QPN, SMI_QPN)
         );
-        let Payload::Bytes(b) = r.payload else {
-            panic!("bytes")
-        };
-        assert_eq!((b.len(), be64(&b, 8)), (MAD_SIZE, 0x0bad_cafe));
-        (b[3], be16(&b, 4), b[64..128].to_vec())
+        let b = bytes(&r);
+        assert_eq!((b.len(), be64(b, 8)), (MAD_SIZE, 0x0bad_cafe));
+        (b[3], be16(b, 4), b[64..128].to_vec())
     };
-    let (method, st, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
+    let (method, st, info) = sm_ask(&smp(0x01, 0x0020, SMI_QPN));
     assert_eq!((method, st), (0x81, 0));
-    assert_eq!(be64(&info, 0), sm::SM_GUID);
-    assert_eq!(be64(&info, 8), 0, "no SM_Key");
+    assert_eq!(
+        (be64(&info, 0), be64(&info, 8)),
+        (sm::SM_GUID, 0),
+        "GUID, no SM_Key"
+    );
     assert_eq!(info[20], 3, "priority 0, master");
     let first = u32::from_be_bytes(info[16..20].try_into().unwrap());
-    // An SA query between: the count goes on.
-    ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
-    let (_, _, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
-    let second = u32::from_be_bytes(info[16..20].try_into().unwrap());
-    assert_eq!(second, first + 2);
-    // A Set, or another attribute: refused, and it changes nothing.
-    for p in [smp(0x02, 0x0020, SMI_QPN), smp(0x01, 0x0011, SMI_QPN)] {
-        let (method, st, data) = sm_ask(&mut sa, &p);
+    let (_, _, info) = sm_ask(&smp(0x01, 0x0020, SMI_QPN));
+    assert_eq!(
+        u32::from_be_bytes(info[16..20].try_into().unwrap()),
+        first + 1
+    );
+    // NodeInfo: a switch of three ports (LIDs 1..=3), asked from its port 2.
+    let (_, st, ni) = sm_ask(&smp(0x01, 0x0011, SMI_QPN));
+    assert_eq!((st, ni[2], ni[3], ni[36]), (0, 2, 3, 2));
+    assert_eq!(be64(&ni, 12), sm::SM_GUID);
+    let (_, _, si) = sm_ask(&smp(0x01, 0x0012, SMI_QPN));
+    assert_eq!(be16(&si, 6), 3, "LinearFDBTop");
+    let (_, _, nd) = sm_ask(&smp(0x01, 0x0010, SMI_QPN));
+    assert!(nd.starts_with(sm::NODE_DESC.as_bytes()));
+    // PortInfo: port 0 has the switch's LID and the SM; port 3 is up, then down with its
+    // link; there is no port 4.
+    let port_info = |port: u32| {
+        let mut p = smp(0x01, 0x0015, SMI_QPN);
+        let Payload::Bytes(m) = &mut p.payload else {
+            unreachable!()
+        };
+        m[20..24].copy_from_slice(&port.to_be_bytes());
+        p
+    };
+    let (_, _, pi) = sm_ask(&port_info(0));
+    assert_eq!((be16(&pi, 16), be16(&pi, 18)), (SM_LID, SM_LID));
+    assert_eq!(
+        u32::from_be_bytes(pi[20..24].try_into().unwrap()),
+        1 << 1,
+        "IsSM"
+    );
+    let (_, _, pi) = sm_ask(&port_info(3));
+    assert_eq!((pi[32] & 0xf, pi[33] >> 4), (4, 5), "Active, LinkUp");
+    nodes.down.set(Some(3));
+    let (_, _, pi) = sm_ask(&port_info(3));
+    assert_eq!((pi[32] & 0xf, pi[33] >> 4), (1, 2), "Down, Polling");
+    nodes.down.set(None);
+    let (_, st, _) = sm_ask(&port_info(4));
+    assert_eq!(st, status::INVALID_FIELD);
+    // A Set, or an attribute it does not have: refused, and it changes nothing.
+    for p in [smp(0x02, 0x0020, SMI_QPN), smp(0x01, 0x0019, SMI_QPN)] {
+        let (method, st, data) = sm_ask(&p);
         assert_eq!((method, st), (0x81, status::METHOD_ATTR_UNSUPPORTED));
         assert!(data.iter().all(|&b| b == 0));
     }
-    let (_, _, info) = sm_ask(&mut sa, &smp(0x01, 0x0020, SMI_QPN));
+    let (_, _, info) = sm_ask(&smp(0x01, 0x0020, SMI_QPN));
     assert_eq!((be64(&info, 0), info[20]), (sm::SM_GUID, 3));
     // Only a QP0 talks to QP0, and a response is not a query.
-    assert!(sa.answer(&smp(0x01, 0x0020, 7), &three()).is_none());
-    assert!(sa.answer(&smp(0x81, 0x0020, SMI_QPN), &three()).is_none());
+    assert!(sa.answer(&smp(0x01, 0x0020, 7), &nodes).is_none());
+    assert!(sa.answer(&smp(0x81, 0x0020, SMI_QPN), &nodes).is_none());
+}
+
+/// Directed routes through the fabric's switch (IBA 14.2.2), as `smpquery -D` and
+/// `ibnetdiscover` send them: a route that ends at the switch is answered back to its
+/// sender; one that goes on leaves by the port its path names, with the switch's port in
+/// the return path; the answer coming back goes one hop further back; a route to a port
+/// with nothing up on it, or that is not a pure directed route, goes nowhere.
+#[test]
+fn test_directed_routes_through_the_switch_follow_their_paths_both_ways() {
+    let mut sa = SubnetAdmin::new();
+    let nodes = three();
+    // "0,1" from LID 2: the switch's NodeInfo, back to LID 2.
+    let r = sa
+        .answer(&dr_smp(0x0011, &[0, 1]), &nodes)
+        .unwrap()
+        .remove(0);
+    let b = bytes(&r);
+    assert_eq!((r.dlid, r.dest_qpn), (2, SMI_QPN));
+    assert_eq!(
+        r.slid,
+        sm::PERMISSIVE_LID,
+        "the receiver answers by the same route"
+    );
+    assert_eq!(
+        (b[3], be16(b, 4), b[6], b[7]),
+        (0x81, 0x8000, 1, 1),
+        "D set, hop 1"
+    );
+    assert_eq!(b[192 + 1], 2, "return path: the switch port it came in on");
+    assert_eq!(
+        (b[64 + 2], b[64 + 36]),
+        (2, 2),
+        "a switch, asked from port 2"
+    );
+    // "0,1,3" from LID 2: on to LID 3's QP0, one hop further.
+    let r = sa
+        .answer(&dr_smp(0x0011, &[0, 1, 3]), &nodes)
+        .unwrap()
+        .remove(0);
+    let b = bytes(&r).to_vec();
+    assert_eq!((r.dlid, r.dest_qpn), (3, SMI_QPN));
+    assert_eq!(
+        (b[3], be16(&b, 4), b[6], b[7], b[192 + 1]),
+        (0x01, 0, 2, 2, 2)
+    );
+    // LID 3's answer on its way back (its SMA set D and stepped back onto hop 2).
+    let mut back = r.clone();
+    back.slid = 3;
+    back.dlid = sm::PERMISSIVE_LID;
+    let Payload::Bytes(m) = &mut back.payload else {
+        unreachable!()
+    };
+    (m[3], m[4], m[6]) = (0x81, 0x80, 2);
+    m[192 + 2] = 1;
+    let r = sa.answer(&back, &nodes).unwrap().remove(0);
+    assert_eq!((r.dlid, bytes(&r)[6]), (2, 1), "back to LID 2, hop 1");
+    // Nothing on port 9; port 3's link down; a route with a LID-routed part.
+    assert!(sa.answer(&dr_smp(0x0011, &[0, 1, 9]), &nodes).is_none());
+    nodes.down.set(Some(3));
+    assert!(sa.answer(&dr_smp(0x0011, &[0, 1, 3]), &nodes).is_none());
+    nodes.down.set(None);
+    let mut mixed = dr_smp(0x0011, &[0, 1, 3]);
+    let Payload::Bytes(m) = &mut mixed.payload else {
+        unreachable!()
+    };
+    m[32..34].copy_from_slice(&2u16.to_be_bytes());
+    assert!(sa.answer(&mixed, &nodes).is_none());
 }
