@@ -192,8 +192,7 @@ static int hca_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
  * Address handles live in the driver only: a UD WQE carries the DLID, and the
  * device adds the GRH a multicast LID needs. The permissive LID is for
  * directed-route SMPs: ib_mad answers a route that ends at this port itself
- * (through process_mad); one that leaves it finds no switch on this fabric
- * and is dropped there.
+ * (through process_mad); one that leaves it goes to the fabric's switch.
  */
 static int hca_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 			 struct ib_udata *udata)
