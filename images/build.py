@@ -72,13 +72,15 @@ DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "lit
 # Debian's user-space tools the guests carry, from their packages, with the shared
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad) and
-# `smpquery`, `perfquery` and `sminfo` (QP0's agents and the PMA, through ib_umad), and
+# `smpquery`, `perfquery`, `sminfo`, `ibnetdiscover` and `iblinkinfo` (QP0's agents, the
+# fabric's switch and the PMA, through ib_umad), and
 # nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
 # Kerberos' GSS-API), and open-iscsi's initiator daemon and admin tool (`iser connect`).
 USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "smpquery", "perfquery", "sminfo",
-                  "rpc.nfsd", "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
+                  "ibnetdiscover", "iblinkinfo", "rpc.nfsd", "rpc.mountd", "exportfs",
+                  "iscsid", "iscsiadm"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
-                 "infiniband-diags", "libibmad5", "libibumad3",
+                 "infiniband-diags", "libibmad5", "libibumad3", "libibnetdisc5",
                  "nfs-kernel-server", "libtirpc3", "libwrap0", "libnsl2", "libblkid1",
                  "libuuid1", "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3",
                  "libkrb5support0", "libcom-err2", "libkeyutils1",
@@ -87,7 +89,7 @@ USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
                  "libgcrypt20", "libgpg-error0", "liblzma5", "libzstd1", "liblz4-1"]
 USERLAND_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "libc.so.6",
                  "ld-linux-x86-64.so.2", "libibmad.so.5", "libibumad.so.3",
-                 "libtirpc.so.3", "libwrap.so.0", "libnsl.so.2", "libblkid.so.1",
+                 "libibnetdisc.so.5", "libtirpc.so.3", "libwrap.so.0", "libnsl.so.2", "libblkid.so.1",
                  "libuuid.so.1", "libgssapi_krb5.so.2", "libkrb5.so.3", "libk5crypto.so.3",
                  "libkrb5support.so.0", "libcom_err.so.2", "libkeyutils.so.1",
                  "libresolv.so.2", "libisns.so.0", "libcrypto.so.3", "libmount.so.1",
