@@ -487,6 +487,9 @@ fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
     assert_eq!(a.drain_cq(&mut cqa).len(), 1);
 }
 
+/// An SMP's size.
+const MAD_SIZE_SMP: usize = 256;
+
 /// QP0 carries subnet management packets (smpquery, perfquery and ib_mad's SMA replies):
 /// one per port at QPN 0; what one port's QP0 sends reaches another's QP0 whatever its
 /// Q_Key, and only QP0 takes it; a datagram from any other QP to QPN 0 is dropped.
@@ -555,15 +558,29 @@ fn test_smps_go_from_qp0_to_qp0_only() {
         (7, SMI_QPN, SMI_QPN, a.lid(), 296)
     );
     assert_eq!(b.read(rbuf + 40, 256), smp);
-    // A directed-route SMP that leaves the port goes to the permissive LID: no switch
-    // answers on this fabric, and it is dropped there.
+    // A directed-route SMP goes to the permissive LID: the fabric's switch takes it, and
+    // sends it on by the port its path names (here B's: switch port n links LID n), with
+    // the port it came in on in its return path.
+    let mut path = vec![0u8; MAD_SIZE_SMP];
+    (path[0], path[1], path[2], path[3], path[6], path[7]) = (1, 0x81, 1, 0x01, 1, 2);
+    path[32..36].copy_from_slice(&[0xff; 4]);
+    (path[128], path[129], path[130]) = (0, 1, b_lid as u8);
+    a.write(sbuf, &path);
+    b.post_recv(&mut sb, 9, &[sge(rbuf, 40 + 256, LOCAL_DMA_LKEY)]);
     let mut dr = to(SMI_QPN, 0);
     dr.ud_dlid = 0xffff;
     a.post_send(&mut sa, dr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let r = b.drain_cq(&mut cqb);
+    assert_eq!((r.len(), r[0].wr_id, r[0].src_qp), (1, 9, SMI_QPN));
+    let got = b.read(rbuf + 40, 256);
+    assert_eq!((got[6], got[7], got[192 + 1]), (2, 2, a.lid() as u8));
+    // What is not a directed-route SMP goes nowhere from there.
+    a.write(sbuf, &smp);
+    a.post_send(&mut sa, dr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
     assert!(b.drain_cq(&mut cqb).is_empty());
-    assert_eq!(fabric.stats().no_route, 1);
+    assert_eq!(fabric.stats().rejected, 1);
     let sent = a.drain_cq(&mut cqa);
-    assert_eq!(sent.len(), 5, "every send completes");
+    assert_eq!(sent.len(), 6, "every send completes");
     assert!(sent.iter().all(|c| u32::from(c.status) == WC_SUCCESS));
 }
 

@@ -1255,8 +1255,8 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
 /// QP1: `smpquery` asks another node's Subnet Management Agent (hca_ib's, as HCA firmware
 /// runs one) LID-routed over QP0, and its own port by directed route (which ib_mad answers
 /// locally); what they say agrees with each node's sysfs. `sminfo` finds the fabric's SM as
-/// the master. `perfquery` reads the local and a remote PMA. A directed route that leaves the port (to a switch, which this fabric has
-/// not) fails with a timeout, and nothing hangs.
+/// the master; `ibnetdiscover` and `iblinkinfo` find the fabric's switch and every node on
+/// it by directed routes. `perfquery` reads the local and a remote PMA.
 fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, i: usize, q: &str| {
         tb.agents[i]
@@ -1305,9 +1305,33 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
             && out.contains("state 3 SMINFO_MASTER"),
         "{out}"
     );
-    // A route past the port: nothing answers; the query ends with a timeout.
-    let (rc, out) = tb.agents[0].status("smpquery -D nodeinfo 0,1", T).unwrap();
-    assert!(rc != 0 && out.contains("timed out"), "rc {rc}: {out}");
+    // ibnetdiscover walks the subnet by directed routes: the fabric's switch, its port n
+    // linked to each node's port 1 (LID n), both ways. Node 3 is outside partition 1:
+    // subnet management is not partitioned.
+    let out = ask(tb, 2, "ibnetdiscover -p");
+    let links: Vec<String> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| l.starts_with("CA ") || l.starts_with("SW "))
+        .collect();
+    assert_eq!(links.len(), 2 * NODES, "{out}");
+    for lid in 1..=NODES {
+        let guid = format!("0x{}", sysfs(tb, lid - 1, "node_guid").replace(':', ""));
+        let sw = format!("SW 49151 {lid} 0x0002c9030000bfff");
+        for want in [
+            format!("CA {lid} 1 {guid} 4x QDR - {sw}"),
+            format!("{sw} 4x QDR - CA {lid} 1 {guid}"),
+        ] {
+            assert!(links.iter().any(|l| l.starts_with(&want)), "{want}: {out}");
+        }
+        // A directed route through the switch's port `lid` reaches that node's agent.
+        let out = ask(tb, 1, &format!("smpquery -D nodeinfo 0,1,{lid}"));
+        let want = format!("Guid:............................{guid}\n");
+        assert!(out.contains(&want), "{out}");
+    }
+    let out = ask(tb, 0, "iblinkinfo");
+    let up = "4X          10.0 Gbps Active/  LinkUp";
+    assert_eq!(out.matches(up).count(), 2 * NODES, "{out}");
     // perfquery opens the SMI class (QP0) as well as the PMA's: here, and of another node.
     for (i, args, lid) in [(2usize, "", 3), (0, "-x 3", 3)] {
         let out = ask(tb, i, &format!("perfquery {args}"));
