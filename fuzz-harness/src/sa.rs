@@ -1,13 +1,16 @@
 //! The subnet administrator fed any sequence of MADs (and port changes): it never panics,
 //! every answer is one MAD for the asker's QP, and what it keeps stays within its bounds.
+//! SMPs to the SM's QP0, LID-routed or directed-route through the fabric's switch, get at
+//! most one packet each, for a QP0 on a port that is there with its link up.
 
 use std::cell::Cell;
 
 use arbitrary::Arbitrary;
-use hca_model::abi::{node_guid, GSI_QKEY};
+use hca_model::abi::{node_guid, GSI_QKEY, SMI_QPN};
 use hca_model::fabric::Lid;
 use hca_model::packet::{Packet, Payload, UD_SEND_ONLY};
-use hca_model::sa::{Ports, SubnetAdmin, MAD_SIZE};
+use hca_model::sa::sm::PERMISSIVE_LID;
+use hca_model::sa::{Ports, SubnetAdmin, MAD_SIZE, SM_LID};
 
 struct Nodes {
     n: Lid,
@@ -55,6 +58,20 @@ pub enum Step {
         qkey: u32,
         dest_qpn: u32,
         bytes: Vec<u8>,
+    },
+    /// An SMP from node `from`'s QP0: LID-routed to the SM, or directed-route (to the
+    /// permissive LID) with these hop fields and paths.
+    Smp {
+        from: u8,
+        directed: bool,
+        method: u8,
+        attr: u8,
+        attr_mod: u8,
+        status: u16,
+        hops: (u8, u8),
+        dr_lids: (bool, bool),
+        initial_path: Vec<u8>,
+        return_path: Vec<u8>,
     },
     PortChanged {
         lid: u8,
@@ -137,6 +154,51 @@ pub fn run(input: Input) {
                     ..Default::default()
                 };
                 (p, from)
+            }
+            Step::Smp {
+                from,
+                directed,
+                method,
+                attr,
+                attr_mod,
+                status,
+                hops,
+                dr_lids,
+                initial_path,
+                return_path,
+            } => {
+                let mut m = vec![0u8; MAD_SIZE];
+                m[..4].copy_from_slice(&[1, if directed { 0x81 } else { 0x01 }, 1, method]);
+                m[4..6].copy_from_slice(&status.to_be_bytes());
+                (m[6], m[7]) = hops;
+                m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
+                m[20..24].copy_from_slice(&u32::from(attr_mod).to_be_bytes());
+                let dr = |permissive: bool| if permissive { [0xff, 0xff] } else { [0, 2] };
+                m[32..34].copy_from_slice(&dr(dr_lids.0));
+                m[34..36].copy_from_slice(&dr(dr_lids.1));
+                for (at, path) in [(128, &initial_path), (192, &return_path)] {
+                    let n = path.len().min(64);
+                    m[at..at + n].copy_from_slice(&path[..n]);
+                }
+                let p = Packet {
+                    slid: Lid::from(from),
+                    dlid: if directed { PERMISSIVE_LID } else { SM_LID },
+                    opcode: UD_SEND_ONLY,
+                    dest_qpn: SMI_QPN,
+                    src_qpn: SMI_QPN,
+                    payload: Payload::Bytes(m),
+                    ..Default::default()
+                };
+                if let Some(answers) = sa.answer(&p, &ports) {
+                    let [a] = answers.as_slice() else {
+                        panic!("{} packets for one SMP", answers.len());
+                    };
+                    assert_eq!((a.payload.len() as usize, a.dest_qpn), (MAD_SIZE, SMI_QPN));
+                    let there = ports.guid_of(a.dlid).is_some() && ports.link_up(a.dlid);
+                    assert!(there || !directed, "to LID {} that is not there", a.dlid);
+                    assert!(directed || a.dlid == p.slid);
+                }
+                continue;
             }
             Step::PortChanged { lid, up } => {
                 let lid = Lid::from(lid);
