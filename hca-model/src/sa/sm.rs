@@ -8,7 +8,8 @@
 //!   that port's QP0 (whose guest's SMA answers), and the answer comes back the same way.
 //!   Hop pointers and return paths follow IBA 14.2.2 (C14-9, C14-13), as a switch's do.
 //!
-//! Gets of NodeInfo, NodeDescription, SwitchInfo, PortInfo and SMInfo are answered; a Set
+//! Gets of NodeInfo, NodeDescription, SwitchInfo, PortInfo, LinearForwardingTable and
+//! SMInfo are answered; a Set
 //! or any other attribute gets "method/attribute not supported": the fabric configures the
 //! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
 //! permissive) are forwarded; a port above 254 is not on the switch.
@@ -37,6 +38,7 @@ mod attr {
     pub const NODE_INFO: u16 = 0x0011;
     pub const SWITCH_INFO: u16 = 0x0012;
     pub const PORT_INFO: u16 = 0x0015;
+    pub const LINEAR_FORWARDING_TABLE: u16 = 0x0019;
     pub const SM_INFO: u16 = 0x0020;
 }
 
@@ -223,9 +225,30 @@ impl Switch<'_> {
             }
             attr::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
             attr::SWITCH_INFO => {
-                w.put(0, &0xc000u16.to_be_bytes()); // LinearFDBCap: every unicast LID
-                let top = self.ports.lids().last().copied().unwrap_or(0);
-                w.put(6, &top.to_be_bytes()); // LinearFDBTop
+                // LinearFDBCap: every unicast LID; LinearFDBTop: the switch's own, the
+                // highest it forwards.
+                w.put(0, &0xc000u16.to_be_bytes());
+                w.put(6, &SM_LID.to_be_bytes());
+            }
+            attr::LINEAR_FORWARDING_TABLE => {
+                // 64 LIDs a block: LID n leaves by port n, the switch's own LID is port
+                // 0, a LID with no port behind it has none (0xff).
+                let Some(first) = attr_mod.checked_mul(64).filter(|&f| f <= u32::from(SM_LID))
+                else {
+                    return status::INVALID_FIELD;
+                };
+                let ports: Vec<u8> = (first..first + 64)
+                    .map(|lid| match Lid::try_from(lid) {
+                        Ok(SM_LID) => 0,
+                        Ok(lid) => u8::try_from(lid)
+                            .ok()
+                            .filter(|&p| p >= 1 && p <= self.num_ports())
+                            .filter(|_| self.ports.guid_of(lid).is_some())
+                            .unwrap_or(0xff),
+                        Err(_) => 0xff,
+                    })
+                    .collect();
+                w.put(0, &ports);
             }
             attr::PORT_INFO => {
                 let Some(port) = u8::try_from(attr_mod)

@@ -894,7 +894,7 @@ fn test_the_sm_answers_as_a_switch_on_qp0_and_nothing_changes_it() {
     assert_eq!((st, ni[2], ni[3], ni[36]), (0, 2, 3, 2));
     assert_eq!(be64(&ni, 12), sm::SM_GUID);
     let (_, _, si) = sm_ask(&smp(0x01, 0x0012, SMI_QPN));
-    assert_eq!(be16(&si, 6), 3, "LinearFDBTop");
+    assert_eq!(be16(&si, 6), SM_LID, "LinearFDBTop: the switch's own LID");
     let (_, _, nd) = sm_ask(&smp(0x01, 0x0010, SMI_QPN));
     assert!(nd.starts_with(sm::NODE_DESC.as_bytes()));
     // PortInfo: port 0 has the switch's LID and the SM; port 3 is up, then down with its
@@ -922,8 +922,23 @@ fn test_the_sm_answers_as_a_switch_on_qp0_and_nothing_changes_it() {
     nodes.down.set(None);
     let (_, st, _) = sm_ask(&port_info(4));
     assert_eq!(st, status::INVALID_FIELD);
+    // Its forwarding table: LID n by port n, its own LID by port 0, nothing else.
+    let lft = |block: u32| {
+        let mut p = smp(0x01, 0x0019, SMI_QPN);
+        let Payload::Bytes(m) = &mut p.payload else {
+            unreachable!()
+        };
+        m[20..24].copy_from_slice(&block.to_be_bytes());
+        p
+    };
+    let (_, st, first) = sm_ask(&lft(0));
+    assert_eq!((st, &first[..5]), (0, &[0xff, 1, 2, 3, 0xff][..]));
+    let (_, _, last) = sm_ask(&lft(u32::from(SM_LID) / 64));
+    assert_eq!((last[63], last[62]), (0, 0xff));
+    let (_, st, _) = sm_ask(&lft(u32::from(SM_LID) / 64 + 1));
+    assert_eq!(st, status::INVALID_FIELD);
     // A Set, or an attribute it does not have: refused, and it changes nothing.
-    for p in [smp(0x02, 0x0020, SMI_QPN), smp(0x01, 0x0019, SMI_QPN)] {
+    for p in [smp(0x02, 0x0020, SMI_QPN), smp(0x01, 0x001b, SMI_QPN)] {
         let (method, st, data) = sm_ask(&p);
         assert_eq!((method, st), (0x81, status::METHOD_ATTR_UNSUPPORTED));
         assert!(data.iter().all(|&b| b == 0));
