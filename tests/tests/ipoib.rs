@@ -1256,7 +1256,7 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
 /// runs one) LID-routed over QP0, and its own port by directed route (which ib_mad answers
 /// locally); what they say agrees with each node's sysfs. `sminfo` finds the fabric's SM as
 /// the master; `ibnetdiscover` and `iblinkinfo` find the fabric's switch and every node on
-/// it by directed routes. `perfquery` reads the local and a remote PMA.
+/// it by directed routes, `ibroute` its forwarding table and `ibtracert` a path through it. `perfquery` reads the local and a remote PMA.
 fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, i: usize, q: &str| {
         tb.agents[i]
@@ -1332,6 +1332,24 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let out = ask(tb, 0, "iblinkinfo");
     let up = "4X          10.0 Gbps Active/  LinkUp";
     assert_eq!(out.matches(up).count(), 2 * NODES, "{out}");
+    // The switch forwards LID n by port n (ibroute reads its table); ibtracert follows it.
+    let out = ask(tb, 1, "ibroute 49151");
+    assert!(
+        out.contains(&format!("{} valid lids dumped", NODES + 1)),
+        "{out}"
+    );
+    for lid in 1..=NODES {
+        assert!(
+            out.contains(&format!("0x{lid:04x} {lid:03} : (Channel Adapter")),
+            "{out}"
+        );
+    }
+    let out = ask(tb, 0, "ibtracert 1 3");
+    let guid = sysfs(tb, 2, "node_guid").replace(':', "");
+    assert!(
+        out.contains(&format!("[3] -> ca port {{0x{guid}}}[1] lid 3-3")),
+        "{out}"
+    );
     // perfquery opens the SMI class (QP0) as well as the PMA's: here, and of another node.
     for (i, args, lid) in [(2usize, "", 3), (0, "-x 3", 3)] {
         let out = ask(tb, i, &format!("perfquery {args}"));
