@@ -452,19 +452,53 @@ fn test_sig_all_qp_completes_every_wr() {
     assert_eq!(p.a.drain_cq(&mut p.cq_a).len(), 3);
 }
 
-#[test]
-fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
+/// Two ports on one fabric, each with a PD, a CQ and its QP of `qp_type` (QP0 or QP1),
+/// which must get its fixed number, up with `qkey`.
+struct Ports {
+    fabric: Fabric,
+    a: Driver,
+    b: Driver,
+    pds: (u32, u32),
+    cqa: CqH,
+    cqb: CqH,
+    qa: QpH,
+    qb: QpH,
+}
+
+fn management_qps(qp_type: u32, qpn: u32, qkey: u32) -> Ports {
     let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 4);
     let mut b = Driver::new(Some(&fabric), 4);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let mut cqa = a.create_cq(6);
-    let mut cqb = b.create_cq(6);
-    let mut ga = a.create_qp(QPT_GSI, pa, cqa.cqn, cqa.cqn);
-    let mut gb = b.create_qp(QPT_GSI, pb, cqb.cqn, cqb.cqn);
-    assert_eq!((ga.qpn, gb.qpn), (GSI_QPN, GSI_QPN));
-    a.bring_up_ud(ga.qpn, GSI_QKEY, true);
-    b.bring_up_ud(gb.qpn, GSI_QKEY, true);
+    let pds = (a.alloc_pd(), b.alloc_pd());
+    let (cqa, cqb) = (a.create_cq(6), b.create_cq(6));
+    let qa = a.create_qp(qp_type, pds.0, cqa.cqn, cqa.cqn);
+    let qb = b.create_qp(qp_type, pds.1, cqb.cqn, cqb.cqn);
+    assert_eq!((qa.qpn, qb.qpn), (qpn, qpn));
+    a.bring_up_ud(qa.qpn, qkey, true);
+    b.bring_up_ud(qb.qpn, qkey, true);
+    Ports {
+        fabric,
+        a,
+        b,
+        pds,
+        cqa,
+        cqb,
+        qa,
+        qb,
+    }
+}
+
+#[test]
+fn test_ud_send_to_gsi_qp_has_grh_room_and_source() {
+    let Ports {
+        mut a,
+        mut b,
+        mut cqa,
+        mut cqb,
+        qa: mut ga,
+        qb: mut gb,
+        ..
+    } = management_qps(QPT_GSI, GSI_QPN, GSI_QKEY);
     let rbuf = b.alloc(40 + 256, 64);
     b.write(rbuf, &[0xaa; 40]);
     b.post_recv(&mut gb, 3, &[sge(rbuf, 40 + 256, LOCAL_DMA_LKEY)]);
@@ -495,24 +529,23 @@ const MAD_SIZE_SMP: usize = 256;
 /// Q_Key, and only QP0 takes it; a datagram from any other QP to QPN 0 is dropped.
 #[test]
 fn test_smps_go_from_qp0_to_qp0_only() {
-    let fabric = Fabric::with_manual_clock();
-    let mut a = Driver::new(Some(&fabric), 4);
-    let mut b = Driver::new(Some(&fabric), 4);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let mut cqa = a.create_cq(6);
-    let mut cqb = b.create_cq(6);
-    let mut sa = a.create_qp(QPT_SMI, pa, cqa.cqn, cqa.cqn);
-    let mut sb = b.create_qp(QPT_SMI, pb, cqb.cqn, cqb.cqn);
-    assert_eq!((sa.qpn, sb.qpn), (SMI_QPN, SMI_QPN));
+    // ib_mad brings QP0 up with Q_Key 0.
+    let Ports {
+        fabric,
+        mut a,
+        mut b,
+        pds: (pa, pb),
+        mut cqa,
+        mut cqb,
+        qa: mut sa,
+        qb: mut sb,
+    } = management_qps(QPT_SMI, SMI_QPN, 0);
     assert_eq!(
         a.try_create_qp(QPT_SMI, pa, (cqa.cqn, cqa.cqn), (6, 6), 0)
             .err(),
         Some(CMD_BUSY),
         "one QP0 per port"
     );
-    // ib_mad brings QP0 up with Q_Key 0.
-    a.bring_up_ud(sa.qpn, 0, true);
-    b.bring_up_ud(sb.qpn, 0, true);
     let mut ua = a.create_qp(QPT_UD, pa, cqa.cqn, cqa.cqn);
     let mut ub = b.create_qp(QPT_UD, pb, cqb.cqn, cqb.cqn);
     a.bring_up_ud(ua.qpn, 0x1111, false);

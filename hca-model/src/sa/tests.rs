@@ -836,6 +836,16 @@ fn smp(method: u8, attr: u16, src_qpn: u32) -> Packet {
     }
 }
 
+/// A LID-routed Get of `attr` with modifier `attr_mod` (a port, a block) to the SM.
+fn get_smp(attr: u16, attr_mod: u32) -> Packet {
+    let mut p = smp(0x01, attr, SMI_QPN);
+    let Payload::Bytes(m) = &mut p.payload else {
+        unreachable!()
+    };
+    m[20..24].copy_from_slice(&attr_mod.to_be_bytes());
+    p
+}
+
 /// A directed-route Get of `attr` along `path` (its first hop, 0, is the sender), as the
 /// sender's ib_mad puts it on the wire: the hop pointer on the first hop.
 fn dr_smp(attr: u16, path: &[u8]) -> Packet {
@@ -899,14 +909,7 @@ fn test_the_sm_answers_as_a_switch_on_qp0_and_nothing_changes_it() {
     assert!(nd.starts_with(sm::NODE_DESC.as_bytes()));
     // PortInfo: port 0 has the switch's LID and the SM; port 3 is up, then down with its
     // link; there is no port 4.
-    let port_info = |port: u32| {
-        let mut p = smp(0x01, 0x0015, SMI_QPN);
-        let Payload::Bytes(m) = &mut p.payload else {
-            unreachable!()
-        };
-        m[20..24].copy_from_slice(&port.to_be_bytes());
-        p
-    };
+    let port_info = |port: u32| get_smp(0x0015, port);
     let (_, _, pi) = sm_ask(&port_info(0));
     assert_eq!((be16(&pi, 16), be16(&pi, 18)), (SM_LID, SM_LID));
     assert_eq!(
@@ -923,14 +926,7 @@ fn test_the_sm_answers_as_a_switch_on_qp0_and_nothing_changes_it() {
     let (_, st, _) = sm_ask(&port_info(4));
     assert_eq!(st, status::INVALID_FIELD);
     // Its forwarding table: LID n by port n, its own LID by port 0, nothing else.
-    let lft = |block: u32| {
-        let mut p = smp(0x01, 0x0019, SMI_QPN);
-        let Payload::Bytes(m) = &mut p.payload else {
-            unreachable!()
-        };
-        m[20..24].copy_from_slice(&block.to_be_bytes());
-        p
-    };
+    let lft = |block: u32| get_smp(0x0019, block);
     let (_, st, first) = sm_ask(&lft(0));
     assert_eq!((st, &first[..5]), (0, &[0xff, 1, 2, 3, 0xff][..]));
     let (_, _, last) = sm_ask(&lft(u32::from(SM_LID) / 64));
