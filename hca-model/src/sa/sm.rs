@@ -78,12 +78,14 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
     let Payload::Bytes(b) = &pkt.payload else {
         return None;
     };
-    let mut mad: Mad = b.get(..MAD_SIZE)?.try_into().ok()?;
     if pkt.src_qpn != SMI_QPN {
         return None;
     }
+    let mut mad: Mad = b.get(..MAD_SIZE)?.try_into().ok()?;
     let switch = Switch {
         ports,
+        // Ports 1..=n: up to the highest LID on the fabric (254 at most, as a switch has).
+        num_ports: ports.lids().last().copied().unwrap_or(1).clamp(1, 254) as u8,
         ingress: pkt.slid,
         activity,
     };
@@ -113,22 +115,17 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
 
 struct Switch<'a> {
     ports: &'a dyn Ports,
+    num_ports: u8,
     /// The switch port the SMP came in on: the sender's LID.
     ingress: Lid,
     activity: u32,
 }
 
 impl Switch<'_> {
-    /// Ports 1..=this: up to the highest LID on the fabric (254 at most, as a switch has).
-    fn num_ports(&self) -> u8 {
-        let top = self.ports.lids().last().copied().unwrap_or(1);
-        top.clamp(1, 254) as u8
-    }
-
     /// Whether switch port `p` links a port whose link is up.
     fn linked(&self, p: u8) -> bool {
         let lid = Lid::from(p);
-        p >= 1 && p <= self.num_ports() && self.ports.guid_of(lid).is_some() && {
+        p >= 1 && p <= self.num_ports && self.ports.guid_of(lid).is_some() && {
             self.ports.link_up(lid)
         }
     }
@@ -137,7 +134,7 @@ impl Switch<'_> {
     fn ingress_port(&self) -> Option<u8> {
         u8::try_from(self.ingress)
             .ok()
-            .filter(|&p| p >= 1 && p <= self.num_ports())
+            .filter(|&p| p >= 1 && p <= self.num_ports)
     }
 
     /// A directed-route SMP arriving at the switch: moves its hop pointer and return path
@@ -213,7 +210,7 @@ impl Switch<'_> {
         let local_port = self.ingress_port().unwrap_or(0);
         match attr {
             attr::NODE_INFO => {
-                w.put(0, &[1, 1, 2, self.num_ports()]); // versions, switch, ports
+                w.put(0, &[1, 1, 2, self.num_ports]); // versions, switch, ports
                 for at in [4, 12, 20] {
                     w.put(at, &SM_GUID.to_be_bytes()); // system, node and port GUIDs
                 }
@@ -242,7 +239,7 @@ impl Switch<'_> {
                         Ok(SM_LID) => 0,
                         Ok(lid) => u8::try_from(lid)
                             .ok()
-                            .filter(|&p| p >= 1 && p <= self.num_ports())
+                            .filter(|&p| p >= 1 && p <= self.num_ports)
                             .filter(|_| self.ports.guid_of(lid).is_some())
                             .unwrap_or(0xff),
                         Err(_) => 0xff,
@@ -251,9 +248,7 @@ impl Switch<'_> {
                 w.put(0, &ports);
             }
             attr::PORT_INFO => {
-                let Some(port) = u8::try_from(attr_mod)
-                    .ok()
-                    .filter(|&p| p <= self.num_ports())
+                let Some(port) = u8::try_from(attr_mod).ok().filter(|&p| p <= self.num_ports)
                 else {
                     return status::INVALID_FIELD;
                 };
