@@ -202,23 +202,8 @@ pub(super) fn nodes(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
 fn node_record(lid: Lid, guid: u64) -> Vec<u8> {
     let mut out = [0u8; 108];
     out[0..2].copy_from_slice(&lid.to_be_bytes());
-    // NodeInfo (40 bytes at 4): versions, type CA (1), one port, the GUIDs, 64 P_Keys'
-    // room, the device and vendor IDs of the ABI, port 1.
-    let mut ni = [0u8; 40];
-    ni[0] = 1; // BaseVersion
-    ni[1] = 1; // ClassVersion
-    ni[2] = 1; // NodeType: channel adapter
-    ni[3] = 1; // NumPorts
-    ni[4..12].copy_from_slice(&guid.to_be_bytes()); // SystemImageGUID
-    ni[12..20].copy_from_slice(&guid.to_be_bytes()); // NodeGUID
-    ni[20..28].copy_from_slice(&guid.to_be_bytes()); // PortGUID
-    ni[28..30].copy_from_slice(&1u16.to_be_bytes()); // PartitionCap
-    ni[30..32].copy_from_slice(&(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
-    ni[32..36].copy_from_slice(&crate::abi::ABI_VERSION.to_be_bytes()); // Revision
-    ni[36] = 1; // LocalPortNum
-    let vendor = crate::abi::PCI_VENDOR_HCABENCH;
-    ni[37..40].copy_from_slice(&vendor.to_be_bytes()[1..]);
-    out[4..44].copy_from_slice(&ni);
+    // NodeInfo at 4: a channel adapter of one port, seen from that port.
+    out[4..44].copy_from_slice(&node_info(NODE_CA, 1, guid, 1, 1));
     let desc = format!("hcabench HCA, LID {lid}");
     for (o, b) in out[44..].iter_mut().zip(desc.as_bytes()) {
         *o = *b;
@@ -250,25 +235,76 @@ pub(super) fn port_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16>
     })
 }
 
-/// A PortInfoRecord: EndPortLID, PortNum, then PortInfo (IBA 14.2.5.6) as a 4x QDR CA
-/// port at `lid` reports it.
+/// A PortInfoRecord: EndPortLID, PortNum, then PortInfo as the CA port at `lid` reports
+/// it (a link down: Disabled).
 fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
     let mut out = [0u8; 68];
     out[0..2].copy_from_slice(&lid.to_be_bytes());
     out[2] = 1;
+    let link = if up {
+        LINK_UP
+    } else {
+        (PORT_DOWN, PHYS_DISABLED)
+    };
+    out[4..68].copy_from_slice(&port_info(lid, SM_LID, caps, 1, link));
+    out.to_vec()
+}
+
+/// NodeType of a channel adapter and of a switch.
+pub(super) const NODE_CA: u8 = 1;
+pub(super) const NODE_SWITCH: u8 = 2;
+
+/// NodeInfo (IBA 14.2.5.3) of a node of this fabric: one GUID for its system, node and
+/// port (0), the device and vendor IDs of the ABI, asked from its port `local_port`.
+pub(super) fn node_info(
+    node_type: u8,
+    num_ports: u8,
+    guid: u64,
+    partition_cap: u16,
+    local_port: u8,
+) -> [u8; 40] {
+    let mut ni = [0u8; 40];
+    ni[..4].copy_from_slice(&[1, 1, node_type, num_ports]); // versions, type, ports
+    ni[4..12].copy_from_slice(&guid.to_be_bytes()); // SystemImageGUID
+    ni[12..20].copy_from_slice(&guid.to_be_bytes()); // NodeGUID
+    ni[20..28].copy_from_slice(&guid.to_be_bytes()); // PortGUID
+    ni[28..30].copy_from_slice(&partition_cap.to_be_bytes());
+    ni[30..32].copy_from_slice(&(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
+    ni[32..36].copy_from_slice(&crate::abi::ABI_VERSION.to_be_bytes()); // Revision
+    ni[36] = local_port;
+    let vendor = crate::abi::PCI_VENDOR_HCABENCH;
+    ni[37..40].copy_from_slice(&vendor.to_be_bytes()[1..]);
+    ni
+}
+
+/// PortState and PortPhysicalState: Active and LinkUp; Down, Polling (no link partner) or
+/// Disabled (its link taken down).
+pub(super) const LINK_UP: (u8, u8) = (4, 5);
+pub(super) const PORT_DOWN: u8 = 1;
+pub(super) const PHYS_POLLING: u8 = 2;
+pub(super) const PHYS_DISABLED: u8 = 3;
+
+/// PortInfo (IBA 14.2.5.6) of a 4x QDR port of this fabric: its LID (0 for a switch's
+/// external port), its SM's LID, capability bits and number, and `(PortState,
+/// PortPhysicalState)`.
+pub(super) fn port_info(
+    lid: Lid,
+    sm_lid: Lid,
+    caps: u32,
+    local_port: u8,
+    (state, phys): (u8, u8),
+) -> [u8; 64] {
     let mut pi = [0u8; 64];
     pi[8..16].copy_from_slice(&SUBNET_PREFIX.to_be_bytes()); // GidPrefix
     pi[16..18].copy_from_slice(&lid.to_be_bytes()); // LID
-    pi[18..20].copy_from_slice(&SM_LID.to_be_bytes()); // MasterSMLID
+    pi[18..20].copy_from_slice(&sm_lid.to_be_bytes()); // MasterSMLID
     pi[20..24].copy_from_slice(&caps.to_be_bytes()); // CapabilityMask
-    pi[28] = 1; // LocalPortNum
+    pi[28] = local_port;
     pi[29] = 2; // LinkWidthEnabled: 4x
     pi[30] = 3; // LinkWidthSupported: 1x, 4x
     pi[31] = 2; // LinkWidthActive
-                // LinkSpeedSupported (SDR..QDR) | PortState (4 Active, 1 Down).
-    pi[32] = 0x7 << 4 | if up { 4 } else { 1 };
-    // PortPhysicalState (5 LinkUp, 3 Disabled) | LinkDownDefaultState (2 Polling).
-    pi[33] = if up { 5 } else { 3 } << 4 | 2;
+    pi[32] = 0x7 << 4 | state; // LinkSpeedSupported (SDR..QDR) | PortState
+    pi[33] = phys << 4 | PHYS_POLLING; // PortPhysicalState | LinkDownDefaultState
     pi[35] = 0x4 << 4 | 0x7; // LinkSpeedActive QDR | LinkSpeedEnabled
     pi[36] = 5 << 4; // NeighborMTU 4096 | MasterSMSL 0
     pi[37] = 1 << 4; // VLCap: VL0
@@ -276,6 +312,5 @@ fn port_info_record(lid: Lid, caps: u32, up: bool) -> Vec<u8> {
     pi[43] = 1 << 4; // OperationalVLs: VL0
     pi[51] = RESP_TIME; // SubnetTimeOut
     pi[52] = RESP_TIME; // RespTimeValue
-    out[4..68].copy_from_slice(&pi);
-    out.to_vec()
+    pi
 }

@@ -14,7 +14,7 @@
 //! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
 //! permissive) are forwarded; a port above 254 is not on the switch.
 
-use super::{be16, status, Ports, MAD_SIZE, SM_LID, SUBNET_PREFIX};
+use super::{be16, records, status, Ports, MAD_SIZE, SM_LID};
 use crate::abi::SMI_QPN;
 use crate::fabric::Lid;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
@@ -62,11 +62,6 @@ const MAX_HOPS: usize = 64;
 const SM_STATE_MASTER: u8 = 3;
 /// PortInfo:CapabilityMask's IsSM.
 const CAP_IS_SM: u32 = 1 << 1;
-/// PortState Down and Active, PortPhysicalState Polling and LinkUp.
-const PORT_DOWN: u8 = 1;
-const PORT_ACTIVE: u8 = 4;
-const PHYS_POLLING: u8 = 2;
-const PHYS_LINK_UP: u8 = 5;
 
 type Mad = [u8; MAD_SIZE];
 
@@ -209,17 +204,16 @@ impl Switch<'_> {
         let mut w = Writer(data);
         let local_port = self.ingress_port().unwrap_or(0);
         match attr {
-            attr::NODE_INFO => {
-                w.put(0, &[1, 1, 2, self.num_ports]); // versions, switch, ports
-                for at in [4, 12, 20] {
-                    w.put(at, &SM_GUID.to_be_bytes()); // system, node and port GUIDs
-                }
-                w.put(28, &16u16.to_be_bytes()); // PartitionCap
-                w.put(30, &(crate::abi::PCI_DEVICE_HCABENCH as u16).to_be_bytes());
-                w.put(32, &1u32.to_be_bytes()); // revision
-                let vendor = crate::abi::PCI_VENDOR_HCABENCH.to_be_bytes();
-                w.put(36, &[local_port, 0, vendor[2], vendor[3]]);
-            }
+            attr::NODE_INFO => w.put(
+                0,
+                &records::node_info(
+                    records::NODE_SWITCH,
+                    self.num_ports,
+                    SM_GUID,
+                    16,
+                    local_port,
+                ),
+            ),
             attr::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
             attr::SWITCH_INFO => {
                 // LinearFDBCap: every unicast LID; LinearFDBTop: the switch's own, the
@@ -252,7 +246,7 @@ impl Switch<'_> {
                 else {
                     return status::INVALID_FIELD;
                 };
-                self.port_info(port, local_port, &mut w);
+                w.put(0, &self.port_info(port, local_port));
             }
             attr::SM_INFO => {
                 // GUID, SM_Key (0: no key protects the SM), ActCount, priority 0 and state.
@@ -267,38 +261,16 @@ impl Switch<'_> {
 
     /// PortInfo of switch port `port` (0: the management port, which has the switch's
     /// LID and the SM).
-    fn port_info(&self, port: u8, local_port: u8, w: &mut Writer) {
-        w.put(8, &SUBNET_PREFIX.to_be_bytes());
+    fn port_info(&self, port: u8, local_port: u8) -> [u8; 64] {
         if port == 0 {
-            w.put(16, &SM_LID.to_be_bytes());
-            w.put(18, &SM_LID.to_be_bytes());
-            w.put(20, &CAP_IS_SM.to_be_bytes());
+            return records::port_info(SM_LID, SM_LID, CAP_IS_SM, local_port, records::LINK_UP);
         }
-        let up = port == 0 || self.linked(port);
-        let (state, phys) = if up {
-            (PORT_ACTIVE, PHYS_LINK_UP)
+        let link = if self.linked(port) {
+            records::LINK_UP
         } else {
-            (PORT_DOWN, PHYS_POLLING)
+            (records::PORT_DOWN, records::PHYS_POLLING)
         };
-        // LocalPortNum; link width enabled, supported (1X, 4X), active: 4X.
-        w.put(28, &[local_port, 2, 3, 2]);
-        // Speeds supported SDR/DDR/QDR and state; physical state, down default Polling;
-        // LMC 0; speed active QDR, enabled all three; neighbour MTU 4096, SM SL 0; VLCap
-        // VL0.
-        w.put(
-            32,
-            &[
-                0x70 | state,
-                phys << 4 | PHYS_POLLING,
-                0,
-                0x47,
-                5 << 4,
-                1 << 4,
-            ],
-        );
-        // MTUCap 4096; operational VLs: VL0.
-        w.put(41, &[5, 0, 1 << 4]);
-        w.put(51, &[18, 18]); // subnet timeout, response time value
+        records::port_info(0, 0, 0, local_port, link)
     }
 }
 
