@@ -375,11 +375,8 @@ impl Payload {
 
     /// Replaces a memory reference by a copy of the bytes, as a wire would carry them.
     pub fn make_owned(&mut self) -> Result<&mut Vec<u8>, DmaFault> {
-        if let Payload::Dma(g) = self {
-            let held = g.grant.as_ref().map(|grant| grant.enter());
-            if matches!(held, Some(None)) {
-                return Err(DmaFault { addr: 0, len: 0 });
-            }
+        if let Payload::Dma(g) = &*self {
+            let held = self.enter()?;
             let mut bytes = vec![0u8; g.segs.iter().map(|s| s.len as usize).sum()];
             let mut rest = bytes.as_mut_slice();
             for s in g.segs.iter() {
