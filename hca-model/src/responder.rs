@@ -94,13 +94,11 @@ impl QpEngine<'_> {
     /// for QP1 (which serves every partition of the port), any entry of the port's table.
     /// A packet that fails is dropped unanswered, as IB drops a P_Key violation.
     pub(crate) fn admits(&self, pkt: &Packet) -> bool {
-        if self.qpn == SMI_QPN {
-            return true; // IBA: subnet management is not partitioned
+        match self.qpn {
+            SMI_QPN => true, // IBA: subnet management is not partitioned
+            GSI_QPN => crate::partition::table_admits(&self.dev.pkeys, pkt.pkey),
+            _ => crate::partition::pkeys_match(pkt.pkey, self.qp.pkey),
         }
-        if self.qpn == GSI_QPN {
-            return crate::partition::table_admits(&self.dev.pkeys, pkt.pkey);
-        }
-        crate::partition::pkeys_match(pkt.pkey, self.qp.pkey)
     }
 
     /// An RC request for this QP.
