@@ -1268,9 +1268,13 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
             .trim()
             .to_string()
     };
+    // Each node's GUID as the tools print it (0x and 16 digits).
+    let guids: Vec<String> = (0..NODES)
+        .map(|i| format!("0x{}", port_guid(tb, i).replace(':', "")))
+        .collect();
     for (i, lid) in [(0usize, 2u32), (1, 3), (2, 1)] {
         let j = lid as usize - 1;
-        let guid = format!("0x{}", sysfs(tb, j, "node_guid").replace(':', ""));
+        let guid = &guids[j];
         let out = ask(tb, i, &format!("smpquery nodeinfo {lid}"));
         for want in [
             format!("Guid:............................{guid}\n"),
@@ -1316,7 +1320,7 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
         .collect();
     assert_eq!(links.len(), 2 * NODES, "{out}");
     for lid in 1..=NODES {
-        let guid = format!("0x{}", sysfs(tb, lid - 1, "node_guid").replace(':', ""));
+        let guid = &guids[lid - 1];
         let sw = format!("SW 49151 {lid} 0x0002c9030000bfff");
         for want in [
             format!("CA {lid} 1 {guid} 4x QDR - {sw}"),
@@ -1345,11 +1349,8 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
         );
     }
     let out = ask(tb, 0, "ibtracert 1 3");
-    let guid = sysfs(tb, 2, "node_guid").replace(':', "");
-    assert!(
-        out.contains(&format!("[3] -> ca port {{0x{guid}}}[1] lid 3-3")),
-        "{out}"
-    );
+    let want = format!("[3] -> ca port {{{}}}[1] lid 3-3", guids[2]);
+    assert!(out.contains(&want), "{out}");
     // perfquery opens the SMI class (QP0) as well as the PMA's: here, and of another node.
     for (i, args, lid) in [(2usize, "", 3), (0, "-x 3", 3)] {
         let out = ask(tb, i, &format!("perfquery {args}"));
