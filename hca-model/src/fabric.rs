@@ -1011,6 +1011,9 @@ type Partitioning = (Vec<Partition>, Vec<(Lid, PKeyTable)>);
 struct SaPort {
     fabric: Weak<Inner>,
     sa: Mutex<SubnetAdmin>,
+    /// The switch's PMA, which reads device counters: never under the SA's lock (a port
+    /// attaching holds its device's lock and then takes the SA's).
+    pma: Mutex<crate::sa::pma::Agent>,
 }
 
 impl PacketSink for SaPort {
@@ -1019,9 +1022,13 @@ impl PacketSink for SaPort {
             return Err(Rejected::of(pkt));
         };
         let fabric = Fabric { inner };
-        let answer = {
-            let mut sa = self.sa.lock().unwrap_or_else(|e| e.into_inner());
-            sa.answer(&pkt, &fabric)
+        let counters = (self.pma.lock().unwrap_or_else(|e| e.into_inner())).answer(&pkt, &fabric);
+        let answer = match counters {
+            Some(a) => Some(vec![a]),
+            None => {
+                let mut sa = self.sa.lock().unwrap_or_else(|e| e.into_inner());
+                sa.answer(&pkt, &fabric)
+            }
         };
         match answer {
             // Queued behind what is in flight; the pump that delivered the query moves it.
@@ -1087,6 +1094,10 @@ impl crate::sa::Ports for Fabric {
     fn now_ns(&self) -> u64 {
         Fabric::now_ns(self)
     }
+
+    fn counters(&self, lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
+        Fabric::counters(self, lid)
+    }
 }
 
 #[derive(Default)]
@@ -1149,6 +1160,7 @@ impl Fabric {
                 sa: Arc::new(SaPort {
                     fabric: weak.clone(),
                     sa: Mutex::new(SubnetAdmin::new()),
+                    pma: Mutex::default(),
                 }),
                 links_down: Mutex::new(Vec::new()),
                 pkeys: RwLock::new((Vec::new(), Vec::new())),

@@ -521,3 +521,106 @@ fn test_paths_and_groups_lie_in_partitions_their_ports_are_members_of() {
         }]
     );
 }
+
+/// A Performance Management MAD for the switch: `attr` with PortSelect `port` and
+/// CounterSelect `select`.
+fn pma_mad(method: u8, attr: u16, port: u8, select: u16, tid: u64) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x04, 1, method]);
+    m[8..16].copy_from_slice(&tid.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    m[65] = port;
+    m[66..68].copy_from_slice(&select.to_be_bytes());
+    m
+}
+
+fn be32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn be64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// PortCounters' (XmitData, RcvData, XmitPkts, RcvPkts) in an answer.
+fn port_counters(r: &[u8]) -> [u64; 4] {
+    [88, 92, 96, 100].map(|at| u64::from(be32_at(r, at)))
+}
+
+/// The switch port's view of node port counters `c`: (XmitData, RcvData, XmitPkts,
+/// RcvPkts), what the node received being what the switch sent.
+fn seen_from_switch(c: &[u64; COUNTERS_LEN as usize]) -> [u64; 4] {
+    let at = |i: u32| c[i as usize];
+    [
+        at(CTR_RX_OCTETS) / 4,
+        at(CTR_TX_OCTETS) / 4,
+        at(CTR_RX_PACKETS),
+        at(CTR_TX_PACKETS),
+    ]
+}
+
+/// `perfquery 49151 N` and `ibqueryerrors` ask the switch's PMA on QP1: switch port n's
+/// counters are the link's to the node at LID n, from the switch's end; a Set resets the
+/// counters it selects for the switch's view only; AllPortSelect sums every port.
+#[test]
+fn test_the_switch_pma_counts_each_link_from_the_switch_end() {
+    let fabric = Fabric::with_manual_clock();
+    let mut a = gsi(&fabric);
+    let mut b = gsi(&fabric);
+    let (la, lb) = (a.d.lid(), b.d.lid());
+    assert_eq!((la, lb), (1, 2));
+    // Traffic on b's link: b asks the SA five times.
+    let gid_a = port_gid(a.guid);
+    let path = move |tid| {
+        let mut q = sa_mad(0x01, 0x0035, 1 << 2, tid);
+        q[56 + 8..56 + 24].copy_from_slice(&gid_a);
+        q
+    };
+    for tid in 0..5 {
+        ask(&mut b, &path(tid));
+    }
+    // Port 2 is b's link: nothing moves on it while a asks.
+    let r = ask(&mut a, &pma_mad(0x01, 0x0012, 2, 0, 1));
+    assert_eq!((r[3], u16::from_be_bytes([r[4], r[5]])), (0x81, 0));
+    let cb = fabric.counters(lb).unwrap();
+    assert_eq!(port_counters(&r), seen_from_switch(&cb));
+    assert_eq!(port_counters(&r)[2], 5, "the SA's five answers");
+    // Port 1 is the asker's own link: its query had arrived, its answer was not yet sent.
+    let r = ask(&mut a, &pma_mad(0x01, 0x0012, 1, 0, 2));
+    let after = seen_from_switch(&fabric.counters(la).unwrap());
+    let got = port_counters(&r);
+    assert_eq!((got[1], got[2] + 1, got[3]), (after[1], after[2], after[3]));
+    assert!(got[0] < after[0]);
+    // PortCountersExtended: the same, 64 bits wide.
+    let r = ask(&mut a, &pma_mad(0x01, 0x001d, 2, 0, 3));
+    let ext = [72, 80, 88, 96].map(|at| be64_at(&r, at));
+    assert_eq!(ext, seen_from_switch(&cb));
+    // A Set resets XmitPkts (bit 14) of switch port 2: from 0 again, the node's own
+    // counter untouched.
+    let r = ask(&mut a, &pma_mad(0x02, 0x0012, 2, 1 << 14, 4));
+    assert_eq!(u16::from_be_bytes([r[4], r[5]]), 0);
+    assert_eq!(port_counters(&r)[2], 0);
+    assert_eq!(fabric.counters(lb).unwrap(), cb);
+    for tid in 5..8 {
+        ask(&mut b, &path(tid));
+    }
+    let r = ask(&mut a, &pma_mad(0x01, 0x0012, 2, 0, 5));
+    let now = seen_from_switch(&fabric.counters(lb).unwrap());
+    assert_eq!(port_counters(&r)[2], 3);
+    assert_eq!(port_counters(&r)[3], now[3], "not reset");
+    // Every port at once: the sum over ports 0 (management), 1 and 2. Asking port 1 on
+    // its own next, the asker's link had moved one more MAD each way.
+    let all = port_counters(&ask(&mut a, &pma_mad(0x01, 0x0012, 0xff, 0, 6)));
+    let one = port_counters(&ask(&mut a, &pma_mad(0x01, 0x0012, 1, 0, 7)));
+    let two = port_counters(&ask(&mut a, &pma_mad(0x01, 0x0012, 2, 0, 8)));
+    assert_eq!(all[2] + 1, one[2] + two[2]);
+    assert_eq!(all[3] + 1, one[3] + two[3]);
+    // ClassPortInfo: AllPortSelect and PortCountersExtended.
+    let r = ask(&mut a, &pma_mad(0x01, 0x0001, 0, 0, 9));
+    assert_eq!(u16::from_be_bytes([r[66], r[67]]) & 0x0300, 0x0300);
+    // A port past the switch's: invalid field; another attribute: not supported.
+    let r = ask(&mut a, &pma_mad(0x01, 0x0012, 3, 0, 10));
+    assert_eq!(u16::from_be_bytes([r[4], r[5]]), 0x1c);
+    let r = ask(&mut a, &pma_mad(0x01, 0x0016, 1, 0, 11));
+    assert_eq!(u16::from_be_bytes([r[4], r[5]]), 0x0c);
+}

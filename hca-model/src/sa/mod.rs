@@ -15,7 +15,8 @@
 //!   leaves the fabric ([`inform`]).
 //!
 //! The fabric's node answers subnet management packets on QP0 ([`sm`]): a switch linking
-//! every port, with the SM (SMInfo) at the same LID.
+//! every port, with the SM (SMInfo) at the same LID. Its Performance Management Agent
+//! ([`pma`]) answers on QP1 with the switch ports' counters.
 //!
 //! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
 //! that matches more than one record gets "too many records", one that matches none "no
@@ -30,6 +31,7 @@
 
 mod groups;
 mod inform;
+pub mod pma;
 mod records;
 mod rmpp;
 mod services;
@@ -181,6 +183,11 @@ pub trait Ports {
     }
     /// The fabric's clock, in nanoseconds (service leases run on it).
     fn now_ns(&self) -> u64;
+    /// The counters of the port at `lid` (`CTR_*` order), for the switch's PMA ([`pma`]).
+    /// Reading them takes the port's device lock.
+    fn counters(&self, _lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
+        None
+    }
 }
 
 /// A port and QP that MADs come from and go to.

@@ -79,8 +79,7 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
     let mut mad: Mad = b.get(..MAD_SIZE)?.try_into().ok()?;
     let switch = Switch {
         ports,
-        // Ports 1..=n: up to the highest LID on the fabric (254 at most, as a switch has).
-        num_ports: ports.lids().last().copied().unwrap_or(1).clamp(1, 254) as u8,
+        num_ports: num_ports(ports),
         ingress: pkt.slid,
         activity,
     };
@@ -106,6 +105,12 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
         payload: Payload::Bytes(mad.to_vec()),
         ..Default::default()
     })
+}
+
+/// The switch's ports are 1..=n: up to the highest LID on the fabric (254 at most, as a
+/// switch has).
+pub(super) fn num_ports(ports: &dyn Ports) -> u8 {
+    ports.lids().last().copied().unwrap_or(1).clamp(1, 254) as u8
 }
 
 struct Switch<'a> {
