@@ -1,14 +1,16 @@
 //! The subnet administrator fed any sequence of MADs (and port changes): it never panics,
 //! every answer is one MAD for the asker's QP, and what it keeps stays within its bounds.
 //! SMPs to the SM's QP0, LID-routed or directed-route through the fabric's switch, get at
-//! most one packet each, for a QP0 on a port that is there with its link up.
+//! most one packet each, for a QP0 on a port that is there with its link up. The switch's
+//! PMA answers every Get and Set with one MAD to the asker's QP1.
 
 use std::cell::Cell;
 
 use arbitrary::Arbitrary;
-use hca_model::abi::{node_guid, GSI_QKEY, SMI_QPN};
+use hca_model::abi::{node_guid, COUNTERS_LEN, GSI_QKEY, SMI_QPN};
 use hca_model::fabric::Lid;
 use hca_model::packet::{Packet, Payload, UD_SEND_ONLY};
+use hca_model::sa::pma::{Agent, CLASS_PERF_MGMT};
 use hca_model::sa::sm::PERMISSIVE_LID;
 use hca_model::sa::{Ports, SubnetAdmin, MAD_SIZE, SM_LID};
 
@@ -36,6 +38,12 @@ impl Ports for Nodes {
     }
     fn now_ns(&self) -> u64 {
         self.now.get()
+    }
+    /// Counters that grow with time, large enough to saturate PortCounters' fields.
+    fn counters(&self, lid: Lid) -> Option<[u64; COUNTERS_LEN as usize]> {
+        let t = self.now.get() / 1_000_000_000;
+        let c = std::array::from_fn(|i| (u64::from(lid) << (i % 40)).wrapping_mul(t + 1));
+        self.guid_of(lid).map(|_| c)
     }
 }
 
@@ -73,6 +81,15 @@ pub enum Step {
         initial_path: Vec<u8>,
         return_path: Vec<u8>,
     },
+    /// A Performance Management MAD for the switch's PMA from node `from`'s QP1.
+    Pma {
+        from: u8,
+        versions_ok: bool,
+        method: u8,
+        attr: u8,
+        port: u8,
+        select: u16,
+    },
     PortChanged {
         lid: u8,
         up: bool,
@@ -96,6 +113,7 @@ pub fn run(input: Input) {
         now: Cell::new(0),
     };
     let mut sa = SubnetAdmin::new();
+    let mut pma = Agent::default();
     for step in input.steps.into_iter().take(256) {
         let (pkt, from) = match step {
             Step::Mad {
@@ -197,6 +215,40 @@ pub fn run(input: Input) {
                     let there = ports.guid_of(a.dlid).is_some() && ports.link_up(a.dlid);
                     assert!(there || !directed, "to LID {} that is not there", a.dlid);
                     assert!(directed || a.dlid == p.slid);
+                }
+                continue;
+            }
+            Step::Pma {
+                from,
+                versions_ok,
+                method,
+                attr,
+                port,
+                select,
+            } => {
+                let mut m = vec![0u8; MAD_SIZE];
+                let version = if versions_ok { 1 } else { method >> 4 };
+                m[..4].copy_from_slice(&[1, CLASS_PERF_MGMT, version, method]);
+                // ClassPortInfo, PortCounters, PortCountersExtended, or any.
+                let attr = [1, 0x12, 0x1d, u16::from(attr)][usize::from(attr % 4)];
+                m[16..18].copy_from_slice(&attr.to_be_bytes());
+                m[65] = port;
+                m[66..68].copy_from_slice(&select.to_be_bytes());
+                let p = Packet {
+                    slid: Lid::from(from),
+                    dlid: SM_LID,
+                    opcode: UD_SEND_ONLY,
+                    dest_qpn: 1,
+                    src_qpn: 1,
+                    qkey: GSI_QKEY,
+                    payload: Payload::Bytes(m),
+                    ..Default::default()
+                };
+                if let Some(a) = pma.answer(&p, &ports) {
+                    assert_eq!(a.payload.len() as usize, MAD_SIZE);
+                    assert_eq!((a.dlid, a.dest_qpn), (p.slid, 1));
+                } else {
+                    assert!(method & 0x80 != 0, "no answer to method {method:#x}");
                 }
                 continue;
             }
