@@ -72,13 +72,14 @@ DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "lit
 # Debian's user-space tools the guests carry, from their packages, with the shared
 # libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad) and
-# `smpquery`, `perfquery`, `sminfo`, `ibnetdiscover`, `iblinkinfo`, `ibroute` and
-# `ibtracert` (QP0's agents, the fabric's switch and the PMA, through ib_umad), and
+# `smpquery`, `perfquery`, `sminfo`, `ibnetdiscover`, `iblinkinfo`, `ibroute`,
+# `ibtracert` and `ibqueryerrors` (QP0's agents, the fabric's switch and the PMAs,
+# through ib_umad) and `ibping` (a vendor class over QP1), and
 # nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
 # Kerberos' GSS-API), and open-iscsi's initiator daemon and admin tool (`iser connect`).
 USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "smpquery", "perfquery", "sminfo",
-                  "ibnetdiscover", "iblinkinfo", "ibroute", "ibtracert", "rpc.nfsd",
-                  "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
+                  "ibnetdiscover", "iblinkinfo", "ibroute", "ibtracert", "ibqueryerrors",
+                  "ibping", "rpc.nfsd", "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
                  "infiniband-diags", "libibmad5", "libibumad3", "libibnetdisc5",
                  "nfs-kernel-server", "libtirpc3", "libwrap0", "libnsl2", "libblkid1",
