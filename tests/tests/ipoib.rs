@@ -226,6 +226,7 @@ fn test_ipoib_datagram_mode_carries_ping_and_tcp_between_guests() {
         .run(&format!("ping -c 2 -W 5 {}", addr(2)), T)
         .unwrap();
     assert!(out.contains("2 packets received"), "{out}");
+    ibqueryerrors_finds_the_link_that_went_down(&mut tb, 2);
 
     // Connected mode: an MTU over the datagram limit is taken only there, and TCP rides
     // RC connections that ib_cm set up through the SA's path records.
@@ -1256,7 +1257,10 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
 /// runs one) LID-routed over QP0, and its own port by directed route (which ib_mad answers
 /// locally); what they say agrees with each node's sysfs. `sminfo` finds the fabric's SM as
 /// the master; `ibnetdiscover` and `iblinkinfo` find the fabric's switch and every node on
-/// it by directed routes, `ibroute` its forwarding table and `ibtracert` a path through it. `perfquery` reads the local and a remote PMA.
+/// it by directed routes, `ibroute` its forwarding table and `ibtracert` a path through it.
+/// `perfquery` reads the local and a remote PMA, and the switch's, whose port n counts its
+/// link to LID n from the other end; `ibqueryerrors` asks them all and finds no errors.
+/// `ibping` reaches another node's `ibping -S` through a vendor class on QP1.
 fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, i: usize, q: &str| {
         tb.agents[i]
@@ -1362,6 +1366,89 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
         );
         assert!(out.contains("PortRcvPkts:"), "{out}");
     }
+    // The switch's PMA: its port n counts the link to LID n from the switch's end, so what
+    // node n sent (its sysfs port_xmit_packets, read before and after) the switch port
+    // received, the query itself included.
+    let field = |out: &str, name: &str| -> u64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name}: {out}"));
+        line.trim_start_matches(|c| c != '.')
+            .trim_start_matches('.')
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    for i in 0..NODES {
+        let lid = i + 1;
+        let sent = "cat /sys/class/infiniband/hcab0/ports/1/counters/port_xmit_packets";
+        let out = ask(tb, i, &format!("{sent}; perfquery -x 49151 {lid}; {sent}"));
+        let lines: Vec<&str> = out.lines().collect();
+        let before: u64 = lines[0]
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{out}: {e}"));
+        let after: u64 = lines[lines.len() - 1]
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{out}: {e}"));
+        assert!(
+            out.contains(&format!("# Port extended counters: Lid 49151 port {lid}")),
+            "{out}"
+        );
+        let rcv = field(&out, "PortRcvPkts:");
+        assert!(
+            before < rcv && rcv <= after,
+            "node{lid}: sent {before}..{after}, switch port {lid} received {rcv}: {out}"
+        );
+        assert!(field(&out, "PortXmitPkts:") > 0, "{out}");
+    }
+    // ibping: a vendor-class MAD (0x32) echoed by another node's `ibping -S` over QP1.
+    ask(tb, 0, "ibping -S > /tmp/ibping.log 2>&1 &");
+    let out = ask(tb, 2, "sleep 1; ibping -c 3 1; echo rc=$?");
+    ask(tb, 0, "pkill ibping; true");
+    assert!(
+        out.contains("3 packets transmitted, 3 received") && out.contains("rc=0"),
+        "{out}"
+    );
+    // ibqueryerrors asks every port's PMA, the switch's (all its ports at once) and each
+    // node's: nothing has failed yet.
+    let out = ask(tb, 1, "ibqueryerrors; echo rc=$?");
+    for want in [
+        format!("{} nodes checked, 0 bad nodes found", NODES + 1),
+        format!(
+            "{} ports checked, 0 ports have errors beyond threshold",
+            2 * NODES
+        ),
+        "rc=0".into(),
+    ] {
+        assert!(out.contains(&want), "{want}: {out}");
+    }
+}
+
+/// After LID `lid`'s link went down once: Debian's `ibqueryerrors` reports it at both of its
+/// ends, the node's port and the switch's port `lid` (as on a real fabric), and `-k` clears
+/// every port's counters through the PMAs, after which it finds no error.
+fn ibqueryerrors_finds_the_link_that_went_down(tb: &mut Testbed, lid: usize) {
+    let guid = format!("0x{}", port_guid(tb, lid - 1).replace(':', ""));
+    let guid = format!("0x{:x}", u64::from_str_radix(&guid[2..], 16).unwrap());
+    let out = tb.agents[0].run("ibqueryerrors; echo rc=$?", T).unwrap();
+    for want in [
+        format!("GUID {guid} port 1: [LinkDownedCounter == 1]"),
+        format!("GUID 0x2c9030000bfff port {lid}: [LinkDownedCounter == 1]"),
+        "rc=1".into(),
+    ] {
+        assert!(out.contains(&want), "{want}: {out}");
+    }
+    let out = tb.agents[0]
+        .run("ibqueryerrors -k > /dev/null; ibqueryerrors; echo rc=$?", T)
+        .unwrap();
+    assert!(
+        out.contains(&format!("{} nodes checked, 0 bad nodes found", NODES + 1))
+            && out.contains("rc=0"),
+        "{out}"
+    );
 }
 
 /// IPoIB-CM's connection: a CM REQ (attribute 0x0010), REP (0x0013) and RTU (0x0014) over
