@@ -234,19 +234,31 @@ static void dsm_fence_ipi(void *info)
 }
 
 /*
- * Starts an asynchronous shootdown on every other online CPU; -EAGAIN
- * when every fence slot is in use (the caller retries in process context).
+ * A free fence slot, taken; NULL when every one is in use. Taken before a
+ * right is removed, so that a shortage changes nothing (the caller
+ * retries) rather than leaving a PTE edited and its flush undone.
  */
-static int dsm_fence_start(struct dsm_region *r)
+static struct dsm_fence *dsm_fence_get(struct dsm_region *r)
 {
-	int self = smp_processor_id(), cpu, k;
-	struct dsm_fence *f = NULL;
+	int k;
 
-	for (k = 0; k < DSM_FENCES && !f; k++)
+	for (k = 0; k < DSM_FENCES; k++)
 		if (!atomic_cmpxchg(&r->fence[k].busy, 0, 1))
-			f = &r->fence[k];
-	if (!f)
-		return -EAGAIN;
+			return &r->fence[k];
+	return NULL;
+}
+
+static void dsm_fence_unget(struct dsm_fence *f)
+{
+	if (f)
+		atomic_set(&f->busy, 0);
+}
+
+/* Starts an asynchronous shootdown on every other online CPU, in slot f. */
+static int dsm_fence_start(struct dsm_region *r, struct dsm_fence *f)
+{
+	int self = smp_processor_id(), cpu;
+
 	atomic_inc(&r->fences);
 	atomic_set(&f->left, 1);
 	for_each_online_cpu(cpu) {
@@ -265,19 +277,23 @@ static int dsm_fence_start(struct dsm_region *r)
 /*
  * After a change to pages[0..n): this CPU's TLB now; other CPUs' only
  * when a right was taken away: synchronously when we may wait (interrupts
- * on), else by a fence.
+ * were on), else by a fence in slot f (taken by the caller; given back if
+ * unused).
  */
 static int dsm_flush_tlb(struct dsm_region *r, const u32 *pages, u32 n,
-			 bool revoked)
+			 bool revoked, bool may_wait, struct dsm_fence *f)
 {
 	dsm_flush_this_cpu(r, pages, n);
-	if (!revoked || num_online_cpus() == 1)
-		return 0;
-	if (!irqs_disabled()) {
-		smp_call_function(dsm_flush_local, NULL, 1);
+	if (!revoked || num_online_cpus() == 1 || may_wait) {
+		dsm_fence_unget(f);
+		if (revoked && num_online_cpus() > 1)
+			smp_call_function(dsm_flush_local, NULL, 1);
 		return 0;
 	}
-	return dsm_fence_start(r);
+	/* Taken by dsm_protect; missing only if a CPU came online since. */
+	if (!f)
+		f = dsm_fence_get(r);
+	return f ? dsm_fence_start(r, f) : -EAGAIN;
 }
 
 bool dsm_region_fenced(struct dsm_region *r)
@@ -296,14 +312,18 @@ void dsm_region_quiesce(struct dsm_region *r)
  * The primitive. Changes pages[0..n) of r to prot; never sleeps. 0: done,
  * every CPU sees the change. DSM_FENCED: done here, other CPUs flush
  * asynchronously and dsm_proto_fence_done() follows (for the shared
- * space). -EAGAIN: a lock was busy (or no fence slot was free); some
- * pages may be changed already, and a retry (idempotent) finishes the job.
+ * space). -EAGAIN: a lock was busy or no fence slot was free. A fence
+ * slot is taken before any PTE is edited, so only a busy page-table lock
+ * of a later page leaves some pages changed (a retry, idempotent, finishes
+ * the job); a one-page change fails whole. The protocol relies on that: a
+ * retried forward checks that the page is still ours.
  */
 int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 {
-	unsigned long flags;
+	bool may_wait = !irqs_disabled(), revoked = false, edited = false;
+	struct dsm_fence *fence = NULL;
 	spinlock_t *held = NULL;
-	bool revoked = false, edited = false;
+	unsigned long flags;
 	u32 k;
 	int err = 0;
 
@@ -311,10 +331,10 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 		return -EINVAL;
 	if (!spin_trylock_irqsave(&r->lock, flags))
 		return -EAGAIN;
-	for (k = 0; k < n && !err; k++) {
+	for (k = 0; k < n; k++) {
 		if (pages[k] >= r->npages) {
-			err = -EINVAL;
-			break;
+			spin_unlock_irqrestore(&r->lock, flags);
+			return -EINVAL;
 		}
 		/*
 		 * A right taken away; a page already at a lesser target
@@ -322,6 +342,16 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 		 */
 		revoked |= prot < r->prot[pages[k]] ||
 			   (prot == r->prot[pages[k]] && prot < DSM_PROT_RW);
+	}
+	/* A fence slot before any edit: without one, nothing changes. */
+	if (revoked && !may_wait && !r->dead && num_online_cpus() > 1) {
+		fence = dsm_fence_get(r);
+		if (!fence) {
+			spin_unlock_irqrestore(&r->lock, flags);
+			return -EAGAIN;
+		}
+	}
+	for (k = 0; k < n && !err; k++) {
 		if (r->dead) {
 			r->prot[pages[k]] = prot;
 			continue;
@@ -333,10 +363,12 @@ int dsm_protect(struct dsm_region *r, const u32 *pages, u32 n, int prot)
 		spin_unlock(held);
 	spin_unlock_irqrestore(&r->lock, flags);
 	if (edited && !r->dead) {
-		int f = dsm_flush_tlb(r, pages, k, revoked);
+		int f = dsm_flush_tlb(r, pages, k, revoked, may_wait, fence);
 
 		if (f)
 			err = err ?: f;
+	} else {
+		dsm_fence_unget(fence);
 	}
 	return err;
 }
