@@ -33,6 +33,53 @@ struct dsm_out {
 	u64 src, dst;		/* page data by RDMA Write when dst != 0 */
 };
 
+/* Pages whose history a report prints, and how much of it. */
+#define DSM_REPORT_PAGES	4
+#define DSM_REPORT_MSGS		80
+
+/* Short names of the message types, for the trace (dsm_proto_report). */
+static const char *const dsm_type_names[DSM_TYPE_END - DSM_PROTO_TYPE_MIN] = {
+	"REQ_READ", "REQ_WRITE", "FWD_READ", "FWD_WRITE", "INV", "INV_ACK",
+	"DATA_READ", "DATA_WRITE", "FETCH", "FETCH_DONE", "CONFIRM_READ",
+	"CONFIRM_WRITE", "BAR_ENTER", "BAR_GO", "LOCK_REQ", "LOCK_GRANT",
+	"UNLOCK", "PROBE",
+};
+
+static bool page_type(u32 type)
+{
+	return type >= DSM_PROTO_TYPE_MIN && type < DSM_BAR_ENTER;
+}
+
+/* Records a message in the trace; under d->lock. Probes are left out (noise). */
+static void trace_msg(struct dsm_proto *d, enum dsm_trace_dir dir, u32 peer,
+		      u32 type, u32 arg, u32 node)
+{
+	struct dsm_trace_ent *e, *last = &d->trace[(d->trace_n - 1) % DSM_TRACE];
+
+	if (type == DSM_PROBE || type >= DSM_TYPE_END)
+		return;
+	/* A message refused again and again while a resource is short: one entry. */
+	if (dir == DSM_TR_AGAIN && d->trace_n && last->dir == DSM_TR_AGAIN &&
+	    last->type == type && last->arg == arg && last->peer == peer)
+		return;
+	e = &d->trace[d->trace_n++ % DSM_TRACE];
+	*e = (struct dsm_trace_ent){
+		.ns = ktime_get_ns(), .arg = arg, .type = type, .peer = peer,
+		.dir = dir, .node = node,
+		.prot = page_type(type) && arg < d->npages ?
+			dsm_region_prot(d->r, arg) : -1,
+	};
+}
+
+void dsm_proto_trace_fault(struct dsm_proto *d, u32 dir, u32 page, bool write,
+			   bool flag)
+{
+	spin_lock(&d->lock);
+	trace_msg(d, dir, task_pid_nr(current) & 0xff,
+		  write ? DSM_REQ_WRITE : DSM_REQ_READ, page, flag);
+	spin_unlock(&d->lock);
+}
+
 static int out_reserve(struct dsm_proto *d, struct dsm_out *o, u32 to)
 {
 	o->to = to;
@@ -153,6 +200,7 @@ static void out_post(struct dsm_proto *d, struct dsm_out *o, u32 type, u32 arg,
 	m->node = cpu_to_le16(node);
 	m->flags = cpu_to_le16(flags);
 	m->addr = cpu_to_le64(addr);
+	trace_msg(d, DSM_TR_OUT, o->to, type, arg, node);
 	if (o->to == d->self) {
 		list_add_tail(&o->sm->link, &d->selfq);
 		return;
@@ -605,7 +653,7 @@ static bool msg_ok(struct dsm_proto *d, u32 type, u32 arg)
 }
 
 /* One message, under the protocol lock. */
-static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
+static int proto_dispatch(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
 {
 	u32 type = le16_to_cpu(m->h.type), arg = le32_to_cpu(m->arg);
 	u32 node = le16_to_cpu(m->node);
@@ -654,6 +702,16 @@ static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
 		return 0;	/* its delivery is the point: dsm_proto_probe() */
 	}
 	return 0;
+}
+
+static int proto_msg(struct dsm_proto *d, u32 from, const struct dsm_pmsg *m)
+{
+	int err = proto_dispatch(d, from, m);
+
+	trace_msg(d, err ? DSM_TR_AGAIN : DSM_TR_IN, from,
+		  le16_to_cpu(m->h.type), le32_to_cpu(m->arg),
+		  le16_to_cpu(m->node));
+	return err;
 }
 
 /* Our messages to ourselves, in order; a stuck one waits for self_work. */
@@ -874,18 +932,70 @@ int dsm_proto_state(struct dsm_proto *d, char *out, size_t len)
 			     mine);
 }
 
-/* The state report in the kernel log, a line at a time. */
+
+/* The trace's latest entries for one page, oldest first, into e[]; how many. */
+static u32 trace_page(struct dsm_proto *d, u32 page, struct dsm_trace_ent *e)
+{
+	u32 n = 0, k, i;
+
+	spin_lock(&d->lock);
+	for (k = 0; k < DSM_TRACE && k < d->trace_n && n < DSM_REPORT_MSGS; k++) {
+		i = (d->trace_n - 1 - k) % DSM_TRACE;
+		if (page_type(d->trace[i].type) && d->trace[i].arg == page)
+			e[n++] = d->trace[i];
+	}
+	spin_unlock(&d->lock);
+	for (k = 0; k < n / 2; k++)
+		swap(e[k], e[n - 1 - k]);
+	return n;
+}
+
+/*
+ * A page's recent messages here, in the kernel log: time (us before now),
+ * in/again/out, the type, the peer, the node field and the page's
+ * protection after a handled one.
+ */
+static void report_page(struct dsm_proto *d, u32 page, struct dsm_trace_ent *e)
+{
+	static const char *const dir[] = { "in", "again", "out", "fault", "done" };
+	u64 now = ktime_get_ns();
+	u32 n = trace_page(d, page, e), k;
+
+	pr_err("dsm: node %u: page %u: its last %u messages here\n", d->self, page, n);
+	for (k = 0; k < n; k++)
+		pr_err("dsm: node %u: page %u: -%lluus %s %s peer=%u node=%u prot=%d\n",
+		       d->self, page, (now - e[k].ns) / NSEC_PER_USEC, dir[e[k].dir],
+		       dsm_type_names[e[k].type - DSM_PROTO_TYPE_MIN], e[k].peer,
+		       e[k].node, e[k].prot);
+}
+
+/*
+ * The state report in the kernel log, a line at a time, then the history
+ * of the pages open at this manager or requested here.
+ */
 void dsm_proto_report(struct dsm_proto *d)
 {
 	char *buf = kmalloc(DSM_STATE_MAX, GFP_KERNEL), *line, *rest;
+	struct dsm_trace_ent *e = kmalloc_array(DSM_REPORT_MSGS, sizeof(*e), GFP_KERNEL);
+	u32 pages[DSM_REPORT_PAGES], np = 0, i;
 
-	if (!buf)
-		return;
+	if (!buf || !e)
+		goto out;
 	dsm_proto_state(d, buf, DSM_STATE_MAX);
 	rest = buf;
 	while ((line = strsep(&rest, "\n")))
 		if (*line)
 			pr_err("dsm: node %u: state: %s\n", d->self, line);
+	spin_lock(&d->lock);
+	for (i = 0; i < d->npages && np < DSM_REPORT_PAGES; i++)
+		if ((dsm_manager(d, i) == d->self && d->mgr[i].busy) ||
+		    READ_ONCE(d->inflight[i]))
+			pages[np++] = i;
+	spin_unlock(&d->lock);
+	for (i = 0; i < np; i++)
+		report_page(d, pages[i], e);
+out:
+	kfree(e);
 	kfree(buf);
 }
 

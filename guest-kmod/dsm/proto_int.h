@@ -114,6 +114,31 @@ struct dsm_pstats {
 	atomic64_t probes;	/* probes sent (dsm_proto_probe) */
 };
 
+/*
+ * The protocol's recent messages, handled, refused for now and sent, under
+ * d->lock: when a wait runs out, the report prints the history of the pages
+ * it names, which a state snapshot alone cannot show (how a manager's
+ * record went stale, say).
+ */
+#define DSM_TRACE	1024
+
+/*
+ * FAULT: a fault's check (type: the request it needs, node: 1 if it sends
+ * it, 0 if it waits for another thread's); DONE: that request's wait ended
+ * (node: 1 if it failed). For both, peer is the thread (its PID's low bits).
+ */
+enum dsm_trace_dir { DSM_TR_IN, DSM_TR_AGAIN, DSM_TR_OUT, DSM_TR_FAULT, DSM_TR_DONE };
+
+struct dsm_trace_ent {
+	u64 ns;			/* ktime */
+	u32 arg;
+	u16 type;
+	u8 peer;		/* the sender (in) or the destination (out) */
+	u8 dir;			/* enum dsm_trace_dir */
+	u8 node;		/* the message's node field */
+	s8 prot;		/* the page's protection after it (in) */
+};
+
 /* Per page: whether a grant to us is kept from other nodes (proto.c, page_held). */
 struct dsm_hold {
 	u64 until;		/* ktime (ns): kept until then, while contended */
@@ -137,6 +162,8 @@ struct dsm_proto {
 	struct work_struct self_work;	/* self queue or waiters stuck: retry */
 	u32 bar_count[2];
 	struct dsm_lockmgr locks[DSM_LOCKS];
+	struct dsm_trace_ent trace[DSM_TRACE];
+	u32 trace_n;			/* entries ever written */
 	bool process_only, rdma_read;
 	/*
 	 * Messages held while the region is fenced, in post order (so one
@@ -189,6 +216,9 @@ static inline u32 dsm_manager(struct dsm_proto *d, u32 page)
 
 /* proto.c: queue a request to node `to` from process context (sleeps while resources are short). */
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr);
+/* proto.c: a fault's step in the trace (enum dsm_trace_dir's FAULT and DONE). */
+void dsm_proto_trace_fault(struct dsm_proto *d, u32 dir, u32 page, bool write,
+			   bool flag);
 /* A wait runs long: a message to every peer, so that a lost one shows. */
 void dsm_proto_probe(struct dsm_proto *d);
 /* sync.c: a DSM fault's request and wait; 0 once the access is allowed. */

@@ -84,6 +84,7 @@ int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 		d->inflight[page] = need;
 		mine = true;
 	}
+	dsm_proto_trace_fault(d, DSM_TR_FAULT, page, write, mine);
 	mutex_unlock(&d->req_lock);
 	if (!mine)
 		return dsm_wait(d, "page (shared wait)", page, page_settled, g);
@@ -93,6 +94,7 @@ int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 	if (!err)
 		err = dsm_wait(d, write ? "write fault" : "read fault", page,
 			       page_granted, g);
+	dsm_proto_trace_fault(d, DSM_TR_DONE, page, write, err);
 	WRITE_ONCE(d->inflight[page], 0);
 	wake_up_all(&d->wq);
 	if (err)
