@@ -274,6 +274,8 @@ static void wake_app(struct dsm_proto *d)
 
 static void wake_page(struct dsm_proto *d, u32 page)
 {
+	/* The protection is set before the count moves (dsm_proto_fault_wait). */
+	smp_wmb();
 	WRITE_ONCE(d->grants[page], d->grants[page] + 1);
 	wake_app(d);
 }
@@ -856,6 +858,26 @@ void dsm_proto_probe(struct dsm_proto *d)
 	spin_unlock(&d->lock);
 }
 
+/*
+ * The access a fault's request asks for is ours already: granted between
+ * the fault's look and now (another thread's request was answered, and
+ * that thread let go of the page's request slot). Checked under the
+ * protocol lock, where grants are made, so a request that goes is never
+ * stale: the manager would take it for a request the page's owner makes
+ * of itself. Not sent; the fault's wait ends at once, as the grant moved
+ * the count it waits on.
+ */
+static bool request_moot(struct dsm_proto *d, u32 type, u32 page)
+{
+	int need = type == DSM_REQ_WRITE ? DSM_PROT_RW : DSM_PROT_READ;
+
+	if ((type != DSM_REQ_READ && type != DSM_REQ_WRITE) ||
+	    dsm_region_prot(d->r, page) < need)
+		return false;
+	atomic64_inc(&d->st.moot);
+	return true;
+}
+
 int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 {
 	int err;
@@ -864,6 +886,10 @@ int dsm_proto_request(struct dsm_proto *d, u32 to, u32 type, u32 arg, u64 addr)
 		if (READ_ONCE(d->dead))
 			return -ENODEV;
 		spin_lock(&d->lock);
+		if (request_moot(d, type, arg)) {
+			spin_unlock(&d->lock);
+			return 0;
+		}
 		err = send1(d, to, type, arg, addr);
 		if (!err)
 			proto_drain(d, false);

@@ -75,11 +75,21 @@ int dsm_proto_fault_wait(struct dsm_proto *d, u32 page, bool write)
 	if (READ_ONCE(d->dead))
 		return -ENODEV;
 	mutex_lock(&d->req_lock);
+	/*
+	 * The grant count first, then the protection. The check may sleep
+	 * (req_lock is a mutex) while another thread's request is granted and
+	 * that thread lets go of the request slot: this one then finds the
+	 * page not granted and the slot free. Its request is not sent
+	 * (dsm_proto_request looks again under the protocol lock), and as the
+	 * count was read first, the grant shows as a new count and the wait
+	 * ends at once.
+	 */
+	g = READ_ONCE(d->grants[page]);
+	smp_rmb();
 	if (dsm_region_prot(d->r, page) >= need) {
 		mutex_unlock(&d->req_lock);
 		return 0;
 	}
-	g = READ_ONCE(d->grants[page]);
 	if (!d->inflight[page]) {
 		d->inflight[page] = need;
 		mine = true;
@@ -213,7 +223,8 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 "rfaults=%llu wfaults=%llu sent=%llu received=%llu "
 			 "data_bytes=%llu inv=%llu irq=%llu process=%llu "
 			 "rdma_reads=%llu deferred=%lld cqe_errors=%lld "
-			 "proto_errors=%lld fenced=%lld held=%lld kept=%lld\n",
+			 "proto_errors=%lld fenced=%lld held=%lld kept=%lld "
+			 "moot=%lld\n",
 			 u.read_faults, u.write_faults, u.msgs_sent,
 			 u.msgs_received, u.data_bytes, u.invalidations,
 			 u.handled_irq, u.handled_process, u.rdma_reads,
@@ -222,7 +233,8 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 atomic64_read(&d->st.protocol_errors),
 			 atomic64_read(&d->st.fenced),
 			 atomic64_read(&d->st.held),
-			 atomic64_read(&d->st.kept));
+			 atomic64_read(&d->st.kept),
+			 atomic64_read(&d->st.moot));
 }
 
 long dsm_proto_ioctl(struct dsm_proto *d, unsigned int cmd, void __user *arg)
