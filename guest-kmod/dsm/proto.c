@@ -368,6 +368,20 @@ static int mgr_start_read(struct dsm_proto *d, u32 page)
 	bool fetch = d->rdma_read && mp->owner_ro;
 	struct dsm_out o;
 
+	/*
+	 * The owner asks for a copy of its own page: a request that went
+	 * after the page was granted to it. dsm_proto_request sends none such
+	 * (request_moot); should one come, its frame holds the data, so the
+	 * grant goes straight back and it becomes read-only, as any reader,
+	 * rather than the owner being told to forward the page to itself.
+	 */
+	if (mp->owner == from) {
+		if (out_reserve(d, &o, from))
+			return -EAGAIN;
+		atomic64_inc(&d->st.stale);
+		out_post(d, &o, DSM_DATA_READ, page, 0, 0, 0);
+		return 0;
+	}
 	if (out_reserve(d, &o, fetch ? from : mp->owner))
 		return -EAGAIN;
 	if (fetch)
@@ -477,7 +491,9 @@ static int on_confirm(struct dsm_proto *d, u32 from, u32 type, u32 page, u64 add
 		return 0;
 	}
 	if (type == DSM_CONFIRM_READ) {
-		mp->copyset |= BIT(from - 1);
+		/* The copy set is the readers besides the owner. */
+		if (from != mp->owner)
+			mp->copyset |= BIT(from - 1);
 		mp->owner_ro = 1;
 	} else {
 		mp->owner = from;

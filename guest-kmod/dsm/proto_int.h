@@ -112,6 +112,7 @@ struct dsm_pstats {
 	atomic64_t fenced, held;
 	atomic64_t kept;	/* grants of contended pages kept from a taker */
 	atomic64_t probes;	/* probes sent (dsm_proto_probe) */
+	atomic64_t stale;	/* read requests from the page's owner (mgr_start_read) */
 	atomic64_t moot;	/* fault requests not sent: granted since (dsm_proto_request) */
 };
 

@@ -224,7 +224,7 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 "data_bytes=%llu inv=%llu irq=%llu process=%llu "
 			 "rdma_reads=%llu deferred=%lld cqe_errors=%lld "
 			 "proto_errors=%lld fenced=%lld held=%lld kept=%lld "
-			 "moot=%lld\n",
+			 "stale=%lld moot=%lld\n",
 			 u.read_faults, u.write_faults, u.msgs_sent,
 			 u.msgs_received, u.data_bytes, u.invalidations,
 			 u.handled_irq, u.handled_process, u.rdma_reads,
@@ -234,6 +234,7 @@ int dsm_proto_stats(struct dsm_proto *d, char *out, size_t len)
 			 atomic64_read(&d->st.fenced),
 			 atomic64_read(&d->st.held),
 			 atomic64_read(&d->st.kept),
+			 atomic64_read(&d->st.stale),
 			 atomic64_read(&d->st.moot));
 }
 
