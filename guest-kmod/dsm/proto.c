@@ -1084,6 +1084,7 @@ static void dsm_proto_free(struct dsm_proto *d)
 	kvfree(d->grants);
 	kvfree(d->hold);
 	kvfree(d->inflight);
+	kvfree(d->trace);
 	dsm_region_put(d->r);
 	kfree(d);
 }
@@ -1149,10 +1150,11 @@ int dsm_proto_open(struct dsm_comm *c, u32 npages)
 	d->grants = kvcalloc(npages, sizeof(*d->grants), GFP_KERNEL);
 	d->hold = kvcalloc(npages, sizeof(*d->hold), GFP_KERNEL);
 	d->inflight = kvcalloc(npages, 1, GFP_KERNEL);
+	d->trace = kvcalloc(DSM_TRACE, sizeof(*d->trace), GFP_KERNEL);
 	d->heldq = kcalloc(DSM_HELD, sizeof(*d->heldq), GFP_KERNEL);
 	d->usim_ops = kcalloc(DSM_USIM_OPS, sizeof(*d->usim_ops), GFP_KERNEL);
 	if (!d->r || !d->dma || !d->mgr || !d->grants || !d->hold ||
-	    !d->inflight || !d->heldq || !d->usim_ops)
+	    !d->inflight || !d->trace || !d->heldq || !d->usim_ops)
 		goto err;
 	err = dsm_proto_map(d);
 	if (err)

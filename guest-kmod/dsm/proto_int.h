@@ -164,7 +164,7 @@ struct dsm_proto {
 	struct work_struct self_work;	/* self queue or waiters stuck: retry */
 	u32 bar_count[2];
 	struct dsm_lockmgr locks[DSM_LOCKS];
-	struct dsm_trace_ent trace[DSM_TRACE];
+	struct dsm_trace_ent *trace;	/* DSM_TRACE of them, apart: 16 KiB */
 	u32 trace_n;			/* entries ever written */
 	bool process_only, rdma_read;
 	/*
