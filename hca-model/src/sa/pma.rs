@@ -20,6 +20,7 @@
 //! lock or under the SA's (a port attaching takes its device's lock, then the SA's): the
 //! fabric's SA port calls it with neither held (`fabric.rs`).
 
+use super::method::{GET, RESP, SET};
 use super::{be16, status, to, Peer, Ports, MAD_SIZE};
 use crate::abi::{self, COUNTERS_LEN, GSI_QKEY, GSI_QPN};
 use crate::fabric::Lid;
@@ -29,9 +30,8 @@ use crate::packet::{Packet, Payload};
 pub const CLASS_PERF_MGMT: u8 = 0x04;
 const PERF_CLASS_VERSION: u8 = 1;
 
-const GET: u8 = 0x01;
-const SET: u8 = 0x02;
-const GET_RESP: u8 = 0x81;
+/// The response to a Get or Set, in every management class.
+const GET_RESP: u8 = GET | RESP;
 
 mod attr {
     pub const CLASS_PORT_INFO: u16 = 0x0001;
@@ -120,7 +120,7 @@ impl Agent {
             return None;
         }
         let (get, set) = (mad[3] == GET, mad[3] == SET);
-        if mad[3] & 0x80 != 0 {
+        if mad[3] & RESP != 0 {
             return None;
         }
         let mut resp = *mad;

@@ -14,6 +14,7 @@
 //! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
 //! permissive) are forwarded; a port above 254 is not on the switch.
 
+use super::method::{GET, RESP, SET};
 use super::{be16, records, status, Ports, MAD_SIZE, SM_LID};
 use crate::abi::SMI_QPN;
 use crate::fabric::Lid;
@@ -29,9 +30,8 @@ pub const NODE_DESC: &str = "hcabench fabric switch (subnet manager)";
 
 const CLASS_LID_ROUTED: u8 = 0x01;
 const CLASS_DIRECTED_ROUTE: u8 = 0x81;
-const GET: u8 = 0x01;
-const SET: u8 = 0x02;
-const GET_RESP: u8 = 0x81;
+/// The response to a Get or Set, in every management class.
+const GET_RESP: u8 = GET | RESP;
 
 mod attr {
     pub const NODE_DESC: u16 = 0x0010;
