@@ -28,6 +28,34 @@ use crate::qp::{qp_db, HeldAck, Inbound, QpEngine};
 use crate::srq::SrqTake;
 use crate::status::WcError;
 
+/// The receive CQE of an RC message of `byte_len` bytes that ended with `pkt` (its last
+/// packet carries the immediate data or the invalidated rkey).
+fn recv_cqe(qpn: u32, pkt: &Packet, wr_id: u64, byte_len: u32, opcode: u32) -> HcaCqe {
+    HcaCqe {
+        wr_id,
+        byte_len,
+        imm: pkt.imm.or(pkt.ieth).unwrap_or(0),
+        qpn,
+        src_qp: pkt.src_qpn,
+        slid: pkt.slid,
+        opcode: opcode as u8,
+        flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
+            | if pkt.grh().is_some() { CQE_FLAG_GRH } else { 0 }
+            | if pkt.ieth.is_some() { CQE_FLAG_INV } else { 0 }) as u8,
+        ..Default::default()
+    }
+}
+
+/// The status of a receive WR whose message was refused with NAK `syndrome`: too long for
+/// it, or not placed.
+fn refused_status(syndrome: u8) -> WcError {
+    if syndrome == AETH_NAK_INV_REQ {
+        WcError::LocLen
+    } else {
+        WcError::LocProt
+    }
+}
+
 /// A receive WQE taken off a receive queue, with its SGEs resolved.
 struct Recv {
     wr_id: u64,
@@ -390,13 +418,8 @@ impl QpEngine<'_> {
     /// one) fails, and the request is NAKed.
     fn refuse_inbound(&mut self, pkt: &Packet, syndrome: u8) {
         let msg = self.qp.inbound.take();
-        let status = if syndrome == AETH_NAK_INV_REQ {
-            WcError::LocLen
-        } else {
-            WcError::LocProt
-        };
         if let Some(wr_id) = msg.and_then(|m| m.recv_wr_id) {
-            self.fail_recv(wr_id, status);
+            self.fail_recv(wr_id, refused_status(syndrome));
         }
         self.nak(pkt, syndrome);
     }
@@ -405,6 +428,9 @@ impl QpEngine<'_> {
         let (first, last) = (pkt.starts_message(), pkt.ends_message());
         if first == self.qp.inbound.is_some() {
             return self.nak(&pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
+        }
+        if first && last {
+            return self.rc_send_only(pkt);
         }
         if first {
             let Some(r) = self.start_recv(&pkt) else {
@@ -440,6 +466,40 @@ impl QpEngine<'_> {
         }
     }
 
+    /// A SEND in one packet (nearly every small message): its receive WQE is taken, its
+    /// payload placed and its CQE written at once, without the inbound state that a message
+    /// of several packets keeps between them. Answers as [`Self::rc_send`] does.
+    fn rc_send_only(&mut self, pkt: Packet) {
+        let Some(r) = self.start_recv(&pkt) else {
+            return;
+        };
+        let n = pkt.payload.len();
+        let syndrome = if u64::from(n) > r.cap {
+            Some(AETH_NAK_INV_REQ)
+        } else if pkt.payload.scatter(self.dev.mem.as_ref(), &r.segs).is_err() {
+            self.dev.stats.dma_faults += 1;
+            Some(AETH_NAK_REM_OP)
+        } else {
+            None
+        };
+        if let Some(syndrome) = syndrome {
+            self.fail_recv(r.wr_id, refused_status(syndrome));
+            return self.nak(&pkt, syndrome);
+        }
+        if let Some(rkey) = pkt.ieth {
+            if !self.dev.invalidate(self.qp.pdn, rkey) {
+                self.fail_recv(r.wr_id, WcError::RemInvReq);
+                return self.nak(&pkt, AETH_NAK_INV_REQ);
+            }
+        }
+        self.advance_epsn(pkt.span());
+        self.post_recv_cqe(
+            recv_cqe(self.qpn, &pkt, r.wr_id, n, CQE_OP_RECV),
+            pkt.solicited,
+        );
+        self.transmit_ack(&pkt);
+    }
+
     /// Completes the inbound message: a receive CQE if it consumed a receive WQE.
     fn finish_inbound(&mut self, pkt: &Packet, opcode: u32) {
         // Read in place, then dropped there (`take` would move it out first: a memcpy).
@@ -448,19 +508,7 @@ impl QpEngine<'_> {
         let Some((Some(wr_id), offset)) = done else {
             return;
         };
-        let cqe = HcaCqe {
-            wr_id,
-            byte_len: offset as u32,
-            imm: pkt.imm.or(pkt.ieth).unwrap_or(0),
-            qpn: self.qpn,
-            src_qp: pkt.src_qpn,
-            slid: pkt.slid,
-            opcode: opcode as u8,
-            flags: (if pkt.imm.is_some() { CQE_FLAG_IMM } else { 0 }
-                | if pkt.grh().is_some() { CQE_FLAG_GRH } else { 0 }
-                | if pkt.ieth.is_some() { CQE_FLAG_INV } else { 0 }) as u8,
-            ..Default::default()
-        };
+        let cqe = recv_cqe(self.qpn, pkt, wr_id, offset as u32, opcode);
         self.post_recv_cqe(cqe, pkt.solicited);
     }
 
