@@ -171,7 +171,20 @@ impl Mr {
 }
 
 /// Appends a range, merging with the previous one when contiguous; pieces stay below 4 GiB.
+#[inline]
 fn push_seg(out: &mut SegList, addr: u64, len: u64) {
+    // The usual range: the first piece of a list, and short.
+    if out.is_empty() && len <= 1 << 31 {
+        out.push(Seg {
+            addr,
+            len: len as u32,
+        });
+        return;
+    }
+    push_seg_after(out, addr, len);
+}
+
+fn push_seg_after(out: &mut SegList, addr: u64, len: u64) {
     if let Some(last) = out.last_mut() {
         if last.addr + u64::from(last.len) == addr
             && u64::from(last.len) + len <= u64::from(u32::MAX)
@@ -278,6 +291,14 @@ impl Device {
         out: &mut SegList,
     ) -> Result<u64, SgeFault> {
         let how = KeyCheck::local(pdn, use_);
+        // The usual WQE: one SGE, read with its header.
+        if let (1, Some(sge)) = (n, first) {
+            let len = u64::from(sge.length);
+            return match self.resolve_key(sge.lkey, sge.addr, len, &how, out) {
+                Ok(()) => Ok(len),
+                Err(KeyViolation) => Err(SgeFault::Key),
+            };
+        }
         let (mut total, mut bad_key) = (0u64, false);
         for i in 0..u64::from(n) {
             let sge = match first.filter(|_| i == 0) {
