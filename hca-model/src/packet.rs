@@ -554,7 +554,7 @@ impl RareHeaders {
 
 /// One packet. Fields an opcode does not carry are zero/None; its P_Key is the default
 /// partition's unless its QP is in another.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Packet {
     pub slid: u16,
     pub dlid: u16,
@@ -591,6 +591,26 @@ pub struct Packet {
     pub of: u32,
     /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
     pub corrupt: bool,
+}
+
+impl Clone for Packet {
+    /// A packet that owns nothing on the heap (no rare headers; a payload that is empty or
+    /// rides in it: nearly every SEND and ACK, and the copy a requester keeps of each) is
+    /// copied whole, a few wide moves; any other field by field.
+    fn clone(&self) -> Self {
+        if self.rare.is_none() && matches!(self.payload, Payload::Empty | Payload::Small(_)) {
+            // SAFETY: apart from `rare` and `payload`, every field is plain `Copy` data (the
+            // struct update below copies them, so a field that is not fails to compile);
+            // `rare` is None and the payload holds no pointer. The copy shares nothing
+            // with the original, and dropping both frees nothing twice.
+            return unsafe { std::ptr::read(self) };
+        }
+        Packet {
+            rare: self.rare.clone(),
+            payload: self.payload.clone(),
+            ..*self
+        }
+    }
 }
 
 impl Default for Packet {
