@@ -1451,6 +1451,12 @@ impl Fabric {
         self.inner.adapter_hook.get()
     }
 
+    /// Whether an adapter hook is attached (one load; [`Fabric::adapter_hook`] gives it).
+    #[inline]
+    pub(crate) fn has_adapter_hook(&self) -> bool {
+        self.inner.adapter_hook.is_set()
+    }
+
     pub fn stats(&self) -> FabricStats {
         let c = &self.inner.stats;
         FabricStats {
