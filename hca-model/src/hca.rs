@@ -406,11 +406,19 @@ impl Device {
 
     /// Sends a message's train in pieces of about [`PIECE_BYTES`]: the fabric moves, and the
     /// peer takes, one piece at a time, so no message holds them for its whole length.
+    /// Inline: the usual train is one piece, and a packet passed on by value through
+    /// another call is one more copy of it.
+    #[inline]
     pub fn transmit_train(&mut self, train: Packet) {
         let max = (PIECE_BYTES / train.mtu.max(1)).max(1);
         if train.count <= max {
             return self.transmit(train); // one piece: the usual case, without a Vec
         }
+        self.transmit_pieces(train, max);
+    }
+
+    #[inline(never)]
+    fn transmit_pieces(&mut self, train: Packet, max: u32) {
         for piece in train.chunks(max) {
             self.transmit(piece);
         }

@@ -171,7 +171,8 @@ impl Mr {
 }
 
 /// Appends a range, merging with the previous one when contiguous; pieces stay below 4 GiB.
-#[inline]
+// Always inline: LTO kept it out of line, a call per SGE for a push.
+#[inline(always)]
 fn push_seg(out: &mut SegList, addr: u64, len: u64) {
     // The usual range: the first piece of a list, and short.
     if out.is_empty() && len <= 1 << 31 {
@@ -184,6 +185,7 @@ fn push_seg(out: &mut SegList, addr: u64, len: u64) {
     push_seg_after(out, addr, len);
 }
 
+#[inline(never)]
 fn push_seg_after(out: &mut SegList, addr: u64, len: u64) {
     if let Some(last) = out.last_mut() {
         if last.addr + u64::from(last.len) == addr
@@ -216,6 +218,8 @@ fn access_ok(access: u32) -> bool {
 impl Device {
     /// Resolves `[va, va + len)` under `key` for `how`, appending the guest-physical pieces
     /// to `out`.
+    // Always inline: run for every SGE and rkey, and short on its usual path.
+    #[inline(always)]
     pub(crate) fn resolve_key(
         &self,
         key: u32,

@@ -152,6 +152,9 @@ impl InFlight {
     }
 
     /// Adds a WR sent as `request` (None: a local WR).
+    // Always inline (as `push_pending`): the `Pending` and the packet move once, into
+    // the queues, not through each call's copy.
+    #[inline(always)]
     pub fn push_back(&mut self, p: Pending, request: Option<Packet>) {
         let (r, f) = Self::counts(&p);
         let b = host_bytes(&p, request.as_ref());

@@ -442,6 +442,7 @@ impl QpEngine<'_> {
         Ok(())
     }
 
+    #[inline(always)]
     fn push_pending(&mut self, pend: Pending, request: Packet, npk: u32) {
         self.qp.next_psn = psn_add(self.qp.next_psn, npk);
         self.qp.pending.push_back(pend, Some(request));

@@ -191,6 +191,9 @@ impl QpEngine<'_> {
         }
     }
 
+    // Always inline (as `start_recv`): a `Recv` returned through a call is copied
+    // through memory at each level; LTO left both out of line.
+    #[inline(always)]
     fn take_recv(&mut self) -> Result<Recv, RecvError> {
         if let Some(srqn) = self.qp.srq {
             return match self.dev.srq_take(srqn) {
@@ -368,6 +371,7 @@ impl QpEngine<'_> {
     }
 
     /// Starts an inbound message that needs a receive WQE; on failure, answers for it.
+    #[inline(always)]
     fn start_recv(&mut self, pkt: &Packet) -> Option<Recv> {
         match self.take_recv() {
             Ok(r) => Some(r),
