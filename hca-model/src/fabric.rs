@@ -116,10 +116,7 @@ pub trait PacketSink: Send + Sync {
     /// holds its own port's lock): None, with nothing taken from `run`, if it is busy.
     /// Otherwise the packets it discarded, and whether its turn left work for more turns
     /// (see [`PacketSink::resume`]).
-    fn try_deliver_run(
-        &self,
-        run: &mut dyn Iterator<Item = (Packet, bool)>,
-    ) -> Option<(Vec<Rejected>, bool)> {
+    fn try_deliver_run(&self, run: &mut Run<'_>) -> Option<(Vec<Rejected>, bool)> {
         let _ = run;
         None
     }
@@ -401,6 +398,40 @@ impl Fabric {
     }
 }
 
+/// A run of one sender's packets for one port, taken off the front of the sender's
+/// outbox as the port takes them (see [`Cut::send`]): a burst at most (see
+/// [`take_burst`]), each with whether the next is of its stream (the port may then hold
+/// its ACK). A type of its own, not a `dyn Iterator`, so that the port's loop takes each
+/// packet without a call.
+pub struct Run<'a> {
+    out: &'a mut VecDeque<Packet>,
+    dlid: Lid,
+    n: usize,
+    bytes: u64,
+}
+
+impl Iterator for Run<'_> {
+    type Item = (Packet, bool);
+
+    #[inline]
+    fn next(&mut self) -> Option<(Packet, bool)> {
+        let dlid = self.dlid;
+        if self.n == MAX_BURST
+            || self.bytes > MAX_BURST_BYTES
+            || self.out.front().is_none_or(|p| p.dlid != dlid)
+        {
+            return None;
+        }
+        let pkt = self.out.pop_front()?;
+        let more = self.out.front().is_some_and(|next| {
+            next.dlid == dlid && next.src_qpn == pkt.src_qpn && next.dest_qpn == pkt.dest_qpn
+        });
+        self.n += 1;
+        self.bytes += u64::from(pkt.payload.len());
+        Some((pkt, more))
+    }
+}
+
 impl Cut<'_> {
     /// The port at `dlid`, if a packet from the port at `slid` may go to it now (see
     /// [`Cut`]): a port's own LID other than the sender's, no hook or tap watching, and
@@ -449,25 +480,14 @@ impl Cut<'_> {
             let mut queue_rest = true;
             let within = self.budget > 0 && self.packets_left > 0;
             if let Some(port) = self.port_for(slid, dlid, note).filter(|_| within) {
-                let (mut n, mut bytes) = (0, 0u64);
-                let took = port.try_deliver_run(&mut std::iter::from_fn(|| {
-                    if n == MAX_BURST
-                        || bytes > MAX_BURST_BYTES
-                        || !out.front().is_some_and(for_dst)
-                    {
-                        return None;
-                    }
-                    let pkt = out.pop_front()?;
-                    // The port may hold its ACK while the same stream goes on.
-                    let more = out.front().is_some_and(|next| {
-                        next.dlid == dlid
-                            && next.src_qpn == pkt.src_qpn
-                            && next.dest_qpn == pkt.dest_qpn
-                    });
-                    n += 1;
-                    bytes += u64::from(pkt.payload.len());
-                    Some((pkt, more))
-                }));
+                let mut run = Run {
+                    out: &mut *out,
+                    dlid,
+                    n: 0,
+                    bytes: 0,
+                };
+                let took = port.try_deliver_run(&mut run);
+                let (n, bytes) = (run.n, run.bytes);
                 if let Some((rejected, more_turns)) = took {
                     self.delivered += (n - rejected.len()) as u64;
                     self.budget = self.budget.saturating_sub(bytes);

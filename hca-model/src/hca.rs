@@ -736,10 +736,7 @@ impl PacketSink for Shared {
         rejected
     }
 
-    fn try_deliver_run(
-        &self,
-        run: &mut dyn Iterator<Item = (Packet, bool)>,
-    ) -> Option<(Vec<Rejected>, bool)> {
+    fn try_deliver_run(&self, run: &mut crate::fabric::Run<'_>) -> Option<(Vec<Rejected>, bool)> {
         let st = match self.state.try_lock() {
             Ok(st) => st,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
