@@ -256,10 +256,11 @@ impl Device {
         if len == 0 {
             return Ok(());
         }
-        if matches!(mr.xlat, Translation::Phys) && !self.mem.check(va, len) {
-            return Err(KeyViolation);
+        match mr.xlat {
+            Translation::Phys if !self.mem.check(va, len) => return Err(KeyViolation),
+            Translation::Phys => push_seg(out, va, len),
+            Translation::Pages { .. } => mr.translate(va, len, out),
         }
-        mr.translate(va, len, out);
         Ok(())
     }
 
