@@ -227,6 +227,8 @@ impl QpEngine<'_> {
 
     /// A receive WQE just taken (header `hdr` at `addr`, and its first SGE if read with
     /// it): its SGEs, resolved in PD `pdn`.
+    // Always inline, as `take_recv`: its `Recv` is returned by value.
+    #[inline(always)]
     fn parse_recv(
         &mut self,
         addr: u64,
