@@ -283,7 +283,7 @@ unsafe fn load_small(src: *const u8, buf: &mut [u8]) {
 }
 
 /// Copies `len` bytes from `src` to `dst`. The sizes of the ABI's objects (an SGE or a
-/// receive WQE, a CQE, a send WQE) are copies of a length known here, which the compiler
+/// receive WQE, a CQE, a send WQE, a send WQE with its first SGE) are copies of a length known here, which the compiler
 /// makes a few vector moves; other lengths call memcpy, whose call and dispatch cost more
 /// than such a copy itself.
 ///
@@ -311,6 +311,7 @@ unsafe fn copy_object(src: *const u8, dst: *mut u8, len: usize) {
             16 => by_value::<16>(src, dst),
             32 => by_value::<32>(src, dst),
             64 => by_value::<64>(src, dst),
+            80 => by_value::<80>(src, dst),
             _ => std::ptr::copy_nonoverlapping(src, dst, len),
         }
     }
