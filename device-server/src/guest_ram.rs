@@ -9,7 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::sync::OnceLock;
 
-use hca_model::dma::{DmaFault, DmaSpace, GuestRam, Slices};
+use hca_model::dma::{DmaFault, DmaSpace, GuestRam, RamTable, Slices};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, VolatileSlice};
 
 use crate::RamBacking;
@@ -82,6 +82,10 @@ impl DmaSpace for QemuRam {
 
     fn flat(&self, addr: u64, len: u64) -> Option<VolatileSlice<'_>> {
         self.map()?.flat(addr, len)
+    }
+
+    fn table(&self) -> Option<&RamTable> {
+        self.map()?.table()
     }
 
     fn check(&self, addr: u64, len: u64) -> bool {

@@ -71,7 +71,8 @@ impl Device {
         let slot = cq.ring + u64::from(cq.pi & (size - 1)) * 32;
         let owner = owner_bit(cq.pi, cq.log_entries);
         cqe.owner = owner ^ 1;
-        let written = (self.mem).publish(slot, cqe.as_slice(), CQE_OWNER_OFFSET as usize, owner);
+        let at = CQE_OWNER_OFFSET as usize;
+        let written = crate::dma::publish(self.mem.as_ref(), slot, cqe.as_slice(), at, owner);
         if written.is_err() {
             return self.cq_error(cqn, ERR_RING_ACCESS);
         }

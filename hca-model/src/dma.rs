@@ -8,7 +8,9 @@
 //! access. [`GuestRam`] answers a range inside one region from its own table of the
 //! regions (nearly every access: one copy, no slice list) and leaves the rest to vm-memory;
 //! a range is looked up once per region it crosses, and a write that would fault writes
-//! nothing.
+//! nothing. That table ([`RamTable`]) is lent by the space, so that the device's accesses
+//! on a message's path ([`read`], [`write`], [`publish`], [`check`]) run inline, with
+//! their lengths known, and go through the trait only for what the table does not answer.
 
 use std::fmt;
 use std::sync::atomic::{fence, Ordering};
@@ -64,6 +66,12 @@ pub trait DmaSpace: Send + Sync {
         None
     }
 
+    /// The table of mapped regions that answers most accesses, when the space has one (see
+    /// [`RamTable`]): the device's hot accesses then run inline, not through this trait.
+    fn table(&self) -> Option<&RamTable> {
+        None
+    }
+
     /// Whether `[addr, addr + len)` lies wholly inside guest memory.
     fn check(&self, addr: u64, len: u64) -> bool {
         self.slices(addr, len).is_ok()
@@ -113,12 +121,13 @@ fn write_pieces<D: DmaSpace + ?Sized>(d: &D, addr: u64, buf: &[u8]) -> Result<()
 }
 
 /// Reads a plain ABI object at `addr`.
+#[inline(always)]
 pub fn read_obj<T: vm_memory::ByteValued + Default>(
     mem: &dyn DmaSpace,
     addr: u64,
 ) -> Result<T, DmaFault> {
     let mut v = T::default();
-    mem.read(addr, v.as_mut_slice())?;
+    read(mem, addr, v.as_mut_slice())?;
     Ok(v)
 }
 
@@ -128,7 +137,51 @@ pub fn write_obj<T: vm_memory::ByteValued>(
     addr: u64,
     v: &T,
 ) -> Result<(), DmaFault> {
-    mem.write(addr, v.as_slice())
+    write(mem, addr, v.as_slice())
+}
+
+// The device's accesses: inline through the space's table when the range lies in one
+// region (a copy of a length its caller knows), else through the space.
+
+/// [`DmaSpace::read`].
+#[inline(always)]
+pub fn read(mem: &dyn DmaSpace, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+    match mem.table().and_then(|t| t.read(addr, buf)) {
+        Some(()) => Ok(()),
+        None => mem.read(addr, buf),
+    }
+}
+
+/// [`DmaSpace::write`].
+#[inline(always)]
+pub fn write(mem: &dyn DmaSpace, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
+    match mem.table().and_then(|t| t.write(addr, buf)) {
+        Some(()) => Ok(()),
+        None => mem.write(addr, buf),
+    }
+}
+
+/// [`DmaSpace::publish`].
+#[inline(always)]
+pub fn publish(
+    mem: &dyn DmaSpace,
+    addr: u64,
+    entry: &[u8],
+    at: usize,
+    flag: u8,
+) -> Result<(), DmaFault> {
+    match mem.table().and_then(|t| t.publish(addr, entry, at, flag)) {
+        Some(()) => Ok(()),
+        None => mem.publish(addr, entry, at, flag),
+    }
+}
+
+/// [`DmaSpace::check`].
+#[inline(always)]
+pub fn check(mem: &dyn DmaSpace, addr: u64, len: u64) -> bool {
+    mem.table()
+        .is_some_and(|t| t.host_range(addr, len).is_some())
+        || mem.check(addr, len)
 }
 
 /// Copies `len` bytes from `src` at `src_addr` to `dst` at `dst_addr`, which may be another
@@ -174,6 +227,14 @@ pub fn copy_between(
 /// across regions, or one that faults) takes vm-memory's path.
 pub struct GuestRam<M> {
     mem: M,
+    table: RamTable,
+}
+
+/// The regions of a guest's RAM mapped in this process, with their host addresses: what
+/// [`GuestRam`] answers a range inside one region from. Only a space hands one out,
+/// borrowed ([`DmaSpace::table`]): the space keeps the mappings for as long as it lives,
+/// and a region's mapping does not change through a shared reference.
+pub struct RamTable {
     regions: Vec<FlatRegion>,
 }
 
@@ -204,7 +265,10 @@ impl<M: GuestMemory> GuestRam<M> {
                     .collect()
             })
             .unwrap_or_default();
-        Self { mem, regions }
+        Self {
+            mem,
+            table: RamTable { regions },
+        }
     }
 }
 
@@ -213,6 +277,13 @@ impl<M> GuestRam<M> {
         &self.mem
     }
 
+    #[inline]
+    fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        self.table.host_range(addr, len)
+    }
+}
+
+impl RamTable {
     /// The host address of `[addr, addr + len)` when it lies inside one region (and is not
     /// empty).
     #[inline]
@@ -224,6 +295,55 @@ impl<M> GuestRam<M> {
             let off = addr.checked_sub(r.start)?;
             (off <= r.len && len <= r.len - off).then(|| (r.host + off as usize) as *mut u8)
         })
+    }
+
+    /// Reads `buf` at `addr` if the range lies in one region; None leaves it to the space.
+    #[inline(always)]
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Option<()> {
+        let host = self.host_range(addr, buf.len() as u64)?;
+        // SAFETY: the range is mapped guest RAM for as long as the space that lent this
+        // table lives (see `RamTable`); `buf` is this process's own memory, so the two do
+        // not overlap.
+        unsafe {
+            if buf.len() > SMALL_COPY {
+                copy_object(host, buf.as_mut_ptr(), buf.len());
+            } else {
+                load_small(host, buf);
+            }
+        }
+        Some(())
+    }
+
+    /// Writes `buf` at `addr` if the range lies in one region; None leaves it to the space.
+    #[inline(always)]
+    pub fn write(&self, addr: u64, buf: &[u8]) -> Option<()> {
+        let host = self.host_range(addr, buf.len() as u64)?;
+        // SAFETY: as in `read`.
+        unsafe {
+            if buf.len() > SMALL_COPY {
+                copy_object(buf.as_ptr(), host, buf.len());
+            } else {
+                store_small(host, buf);
+            }
+        }
+        Some(())
+    }
+
+    /// [`DmaSpace::publish`] with one look-up of the entry, if it lies in one region and
+    /// `at` inside it; None leaves it to the space.
+    #[inline(always)]
+    pub fn publish(&self, addr: u64, entry: &[u8], at: usize, flag: u8) -> Option<()> {
+        if at >= entry.len() {
+            return None;
+        }
+        let host = self.host_range(addr, entry.len() as u64)?;
+        // SAFETY: as in `write`; `at` lies inside the entry's range.
+        unsafe {
+            copy_object(entry.as_ptr(), host, entry.len());
+            fence(Ordering::Release);
+            std::ptr::write_volatile(host.add(at), flag);
+        }
+        Some(())
     }
 }
 
@@ -357,59 +477,36 @@ where
         Some(unsafe { VolatileSlice::new(host, len as usize) })
     }
 
+    fn table(&self) -> Option<&RamTable> {
+        Some(&self.table)
+    }
+
     fn check(&self, addr: u64, len: u64) -> bool {
         self.host_range(addr, len).is_some() || self.slices(addr, len).is_ok()
     }
 
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let Some(host) = self.host_range(addr, buf.len() as u64) else {
-            return read_pieces(self, addr, buf);
-        };
-        // SAFETY: as in `slices`: the range is mapped guest RAM; `buf` is this process's own
-        // memory, so the two do not overlap.
-        unsafe {
-            if buf.len() > SMALL_COPY {
-                copy_object(host, buf.as_mut_ptr(), buf.len());
-            } else {
-                load_small(host, buf);
-            }
+        match self.table.read(addr, buf) {
+            Some(()) => Ok(()),
+            None => read_pieces(self, addr, buf),
         }
-        Ok(())
     }
 
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let Some(host) = self.host_range(addr, buf.len() as u64) else {
-            return write_pieces(self, addr, buf);
-        };
-        // SAFETY: as in `read`.
-        unsafe {
-            if buf.len() > SMALL_COPY {
-                copy_object(buf.as_ptr(), host, buf.len());
-            } else {
-                store_small(host, buf);
-            }
+        match self.table.write(addr, buf) {
+            Some(()) => Ok(()),
+            None => write_pieces(self, addr, buf),
         }
-        Ok(())
     }
 
     /// One look-up of the entry's host address for both stores (a CQE per completion).
     fn publish(&self, addr: u64, entry: &[u8], at: usize, flag: u8) -> Result<(), DmaFault> {
-        let in_entry = at < entry.len();
-        let Some(host) = self
-            .host_range(addr, entry.len() as u64)
-            .filter(|_| in_entry)
-        else {
-            self.write(addr, entry)?;
-            fence(Ordering::Release);
-            return self.write(addr.wrapping_add(at as u64), &[flag]);
-        };
-        // SAFETY: as in `write`; `at` lies inside the entry's range.
-        unsafe {
-            copy_object(entry.as_ptr(), host, entry.len());
-            fence(Ordering::Release);
-            std::ptr::write_volatile(host.add(at), flag);
+        if self.table.publish(addr, entry, at, flag).is_some() {
+            return Ok(());
         }
-        Ok(())
+        self.write(addr, entry)?;
+        fence(Ordering::Release);
+        self.write(addr.wrapping_add(at as u64), &[flag])
     }
 }
 

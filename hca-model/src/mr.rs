@@ -257,7 +257,9 @@ impl Device {
             return Ok(());
         }
         match mr.xlat {
-            Translation::Phys if !self.mem.check(va, len) => return Err(KeyViolation),
+            Translation::Phys if !crate::dma::check(self.mem.as_ref(), va, len) => {
+                return Err(KeyViolation)
+            }
             Translation::Phys => push_seg(out, va, len),
             Translation::Pages { .. } => mr.translate(va, len, out),
         }

@@ -177,7 +177,7 @@ impl SmallBytes {
         let mut at = 0usize;
         for seg in segs {
             let end = at.checked_add(seg.len as usize)?;
-            mem.read(seg.addr, s.bytes.get_mut(at..end)?).ok()?;
+            crate::dma::read(mem, seg.addr, s.bytes.get_mut(at..end)?).ok()?;
             at = end;
         }
         s.len = at as u8;
@@ -442,7 +442,7 @@ fn scatter_bytes(bytes: &[u8], dst: &dyn DmaSpace, segs: &[Seg]) -> Result<(), D
             break;
         }
         let (piece, tail) = rest.split_at((s.len as usize).min(rest.len()));
-        dst.write(s.addr, piece)?;
+        crate::dma::write(dst, s.addr, piece)?;
         rest = tail;
     }
     Ok(())
