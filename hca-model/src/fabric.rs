@@ -399,8 +399,8 @@ impl Fabric {
 }
 
 /// A run of one sender's packets for one port, taken off the front of the sender's
-/// outbox as the port takes them (see [`Cut::send`]): a burst at most (see
-/// [`take_burst`]), each with whether the next is of its stream (the port may then hold
+/// outbox as the port takes them (see `Cut::send`): a burst at most (see
+/// `take_burst`), each with whether the next is of its stream (the port may then hold
 /// its ACK). A type of its own, not a `dyn Iterator`, so that the port's loop takes each
 /// packet without a call.
 pub struct Run<'a> {
