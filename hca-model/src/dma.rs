@@ -9,7 +9,7 @@
 //! regions (nearly every access: one copy, no slice list) and leaves the rest to vm-memory;
 //! a range is looked up once per region it crosses, and a write that would fault writes
 //! nothing. That table ([`RamTable`]) is lent by the space, so that the device's accesses
-//! on a message's path ([`read`], [`write`], [`publish`], [`check`]) run inline, with
+//! on a message's path ([`read()`], [`write()`], [`publish()`], [`check()`]) run inline, with
 //! their lengths known, and go through the trait only for what the table does not answer.
 
 use std::fmt;
