@@ -1306,6 +1306,42 @@ mod tests {
         }
     }
 
+    /// A packet is cloned whole when it owns nothing on the heap, else field by field: either
+    /// way the clone is the packet, and one that shares a gather list counts as a holder.
+    #[test]
+    fn test_a_clone_is_the_packet_whether_it_owns_heap_memory_or_not() {
+        let plain = Packet {
+            opcode: RC_SEND_ONLY,
+            dlid: 2,
+            psn: 0x123456,
+            imm: Some(7),
+            payload: Payload::Small(SmallBytes::new(b"8 bytes!").unwrap()),
+            ..Default::default()
+        };
+        let c = plain.clone();
+        assert_eq!(format!("{c:?}"), format!("{plain:?}"));
+        let g = Arc::new(Gather {
+            mem: ram(),
+            segs: segs(0x100, 64),
+            grant: None,
+        });
+        let owning = Packet {
+            opcode: RC_CMP_SWAP,
+            rare: RareHeaders {
+                atomic: Some((1, 2)),
+                ..Default::default()
+            }
+            .boxed(),
+            payload: Payload::Dma(g.clone()),
+            ..Default::default()
+        };
+        let c = owning.clone();
+        assert_eq!(format!("{c:?}"), format!("{owning:?}"));
+        assert_eq!(Arc::strong_count(&g), 3, "the clone holds the list too");
+        drop((c, owning));
+        assert_eq!(Arc::strong_count(&g), 1);
+    }
+
     #[test]
     fn test_requests_and_responses_are_told_apart() {
         let mut p = Packet {
