@@ -151,7 +151,7 @@ impl QpEngine<'_> {
         qp.nak_sent = false;
         match pkt.opcode {
             RC_SEND_FIRST..=RC_SEND_ONLY_IMM | RC_SEND_LAST_INV | RC_SEND_ONLY_INV => {
-                self.rc_send(pkt)
+                self.rc_send(&pkt)
             }
             RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(pkt),
             RC_READ_REQUEST => self.rc_read(pkt, true),
@@ -432,16 +432,16 @@ impl QpEngine<'_> {
         self.nak(pkt, syndrome);
     }
 
-    fn rc_send(&mut self, pkt: Packet) {
+    fn rc_send(&mut self, pkt: &Packet) {
         let (first, last) = (pkt.starts_message(), pkt.ends_message());
         if first == self.qp.inbound.is_some() {
-            return self.nak(&pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
+            return self.nak(pkt, AETH_NAK_INV_REQ); // FIRST inside a message, or MIDDLE outside one.
         }
         if first && last {
             return self.rc_send_only(pkt);
         }
         if first {
-            let Some(r) = self.start_recv(&pkt) else {
+            let Some(r) = self.start_recv(pkt) else {
                 return;
             };
             self.qp.inbound = Some(Inbound {
@@ -453,8 +453,8 @@ impl QpEngine<'_> {
                 cursor: Default::default(),
             });
         }
-        if let Err(syndrome) = self.place(&pkt) {
-            return self.refuse_inbound(&pkt, syndrome);
+        if let Err(syndrome) = self.place(pkt) {
+            return self.refuse_inbound(pkt, syndrome);
         }
         // A SEND with Invalidate invalidates its rkey as the message completes; an rkey that
         // is not one of this QP's PD's fast-registration MRs is an invalid request.
@@ -463,22 +463,22 @@ impl QpEngine<'_> {
                 if let Some(wr_id) = self.qp.inbound.take().and_then(|m| m.recv_wr_id) {
                     self.fail_recv(wr_id, WcError::RemInvReq);
                 }
-                return self.nak(&pkt, AETH_NAK_INV_REQ);
+                return self.nak(pkt, AETH_NAK_INV_REQ);
             }
         }
         self.advance_epsn(pkt.span());
         // One ACK per message, at its last packet (IB lets ACKs coalesce).
         if last {
-            self.finish_inbound(&pkt, CQE_OP_RECV);
-            self.transmit_ack(&pkt);
+            self.finish_inbound(pkt, CQE_OP_RECV);
+            self.transmit_ack(pkt);
         }
     }
 
     /// A SEND in one packet (nearly every small message): its receive WQE is taken, its
     /// payload placed and its CQE written at once, without the inbound state that a message
     /// of several packets keeps between them. Answers as [`Self::rc_send`] does.
-    fn rc_send_only(&mut self, pkt: Packet) {
-        let Some(r) = self.start_recv(&pkt) else {
+    fn rc_send_only(&mut self, pkt: &Packet) {
+        let Some(r) = self.start_recv(pkt) else {
             return;
         };
         let n = pkt.payload.len();
@@ -492,20 +492,20 @@ impl QpEngine<'_> {
         };
         if let Some(syndrome) = syndrome {
             self.fail_recv(r.wr_id, refused_status(syndrome));
-            return self.nak(&pkt, syndrome);
+            return self.nak(pkt, syndrome);
         }
         if let Some(rkey) = pkt.ieth {
             if !self.dev.invalidate(self.qp.pdn, rkey) {
                 self.fail_recv(r.wr_id, WcError::RemInvReq);
-                return self.nak(&pkt, AETH_NAK_INV_REQ);
+                return self.nak(pkt, AETH_NAK_INV_REQ);
             }
         }
         self.advance_epsn(pkt.span());
         self.post_recv_cqe(
-            recv_cqe(self.qpn, &pkt, r.wr_id, n, CQE_OP_RECV),
+            recv_cqe(self.qpn, pkt, r.wr_id, n, CQE_OP_RECV),
             pkt.solicited,
         );
-        self.transmit_ack(&pkt);
+        self.transmit_ack(pkt);
     }
 
     /// Completes the inbound message: a receive CQE if it consumed a receive WQE.
