@@ -174,8 +174,8 @@ impl Mr {
 // Always inline: LTO kept it out of line, a call per SGE for a push.
 #[inline(always)]
 fn push_seg(out: &mut SegList, addr: u64, len: u64) {
-    // The usual range: the first piece of a list, and short.
-    if out.is_empty() && len <= 1 << 31 {
+    // The usual range: the first piece of a list, and short (an empty one adds nothing).
+    if out.is_empty() && (1..=1 << 31).contains(&len) {
         out.push(Seg {
             addr,
             len: len as u32,
