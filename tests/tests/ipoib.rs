@@ -960,8 +960,11 @@ fn rds_over_ib(tb: &mut Testbed) {
     let out = tb.agents[0]
         .run(&rds_echo("ping", 0, "8 4 1 65536"), T)
         .unwrap_or_else(|e| {
-            let (a, b) = (kernel_log(tb, 0), kernel_log(tb, 2));
-            panic!("RDS reconnects: {e}\n{a}\n{b}")
+            // Node 1's agent is still inside the ping: its console shows its kernel.
+            let a = tb.console(0);
+            let b = kernel_log(tb, 2);
+            let srv = tb.agents[2].run("cat /tmp/rds.log", T).unwrap_or_default();
+            panic!("RDS reconnects: {e}\nnode1's console:\n{a}\n{b}\nnode3's server:\n{srv}")
         });
     assert!(
         out.contains("16 messages, 524296 bytes, every echo verified"),
