@@ -403,9 +403,9 @@ unsafe fn load_small(src: *const u8, buf: &mut [u8]) {
 }
 
 /// Copies `len` bytes from `src` to `dst`. The sizes of the ABI's objects (an SGE or a
-/// receive WQE, a CQE, a send WQE, a send WQE with its first SGE) are copies of a length known here, which the compiler
-/// makes a few vector moves; other lengths call memcpy, whose call and dispatch cost more
-/// than such a copy itself.
+/// receive WQE, a CQE, a send WQE, a send WQE with its first SGE) are copies of a length
+/// known here, which the compiler makes a few vector moves; other lengths call memcpy,
+/// whose call and dispatch cost more than such a copy itself.
 ///
 /// # Safety
 /// `src` must be valid for reads and `dst` for writes of `len` bytes, not overlapping.
