@@ -239,7 +239,7 @@ impl Device {
         }
         let end = va.checked_add(len).ok_or(KeyViolation)?;
         if key == LOCAL_DMA_LKEY && !use_.is_remote() {
-            if !self.mem.check(va, len) {
+            if !crate::dma::check(self.mem.as_ref(), va, len) {
                 return Err(KeyViolation);
             }
             push_seg(out, va, len);

@@ -442,6 +442,7 @@ impl QpEngine<'_> {
         Ok(())
     }
 
+    // Always inline: the WR's `Pending` and kept request move into the window once.
     #[inline(always)]
     fn push_pending(&mut self, pend: Pending, request: Packet, npk: u32) {
         self.qp.next_psn = psn_add(self.qp.next_psn, npk);
