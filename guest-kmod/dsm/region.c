@@ -40,7 +40,12 @@
 #include <linux/uaccess.h>
 #include <linux/smp.h>
 #include <asm/tlbflush.h>
+#include "hcab_compat.h"
 #include "region.h"
+
+#ifdef CONFIG_HIGHPTE
+#error "dsm_set_pte() expects PTE tables always mapped (no HIGHPTE)"
+#endif
 #include "proto.h"
 
 #define DSM_MAX_REGION_PAGES	65536
@@ -174,12 +179,17 @@ static int dsm_set_pte(struct dsm_region *r, u32 i, int prot, spinlock_t **held,
 			return -EAGAIN;
 		*held = ptl;
 	}
-	pte = pte_offset_map(pmd, addr);
+	/*
+	 * The table is present and we hold its lock. pte_offset_map() is out
+	 * of line for modules since 6.5 (__pte_offset_map is not exported);
+	 * without HIGHPTE, as on x86-64, a PTE table is always mapped, and
+	 * pte_offset_kernel() finds the same entry on every kernel.
+	 */
+	pte = pte_offset_kernel(pmd, addr);
 	if (prot == DSM_PROT_NONE)
 		ptep_get_and_clear(r->mm, addr, pte);
 	else
 		set_pte_at(r->mm, addr, pte, dsm_pte(r, i, prot));
-	pte_unmap(pte);
 	r->prot[i] = prot;
 	return 0;
 }
@@ -609,7 +619,7 @@ static int dsm_mmap(struct file *f, struct vm_area_struct *vma)
 		return -EBUSY;
 	r->mm = vma->vm_mm;
 	r->start = vma->vm_start;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY;
+	hcab_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY);
 	err = dsm_region_map(r, vma);
 	if (err)
 		goto err_unmap;

@@ -9,7 +9,7 @@
  */
 #include <linux/delay.h>
 #include <linux/ktime.h>
-#include <asm/unaligned.h>
+#include "hcab_compat.h"
 #include "dsm.h"
 
 enum { DSM_MSG_PING = 1, DSM_MSG_PONG = 2 };

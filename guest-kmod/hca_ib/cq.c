@@ -17,8 +17,9 @@ static void __iomem *hca_cq_db(struct hca_dev *dev, u32 cqn)
 }
 
 int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		  struct ib_udata *udata)
+		  hcab_create_cq_arg *arg)
 {
+	struct ib_udata *udata = hcab_create_cq_udata(arg);
 	struct hca_dev *dev = to_hdev(ibcq->device);
 	struct hca_cq *cq = to_hcq(ibcq);
 	struct hca_cmd_create_cq in = {};

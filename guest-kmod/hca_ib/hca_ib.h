@@ -43,6 +43,7 @@
 #include <linux/completion.h>
 #include <rdma/ib_verbs.h>
 #include "hca_abi.h"
+#include "hcab_compat.h"
 
 #define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
 #define HCA_IB_CMD_TIMEOUT_MS	5000
@@ -247,7 +248,7 @@ u32 hca_mr_access(int access);
 
 /* cq.c */
 int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		  struct ib_udata *udata);
+		  hcab_create_cq_arg *arg);
 int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
 void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp);

@@ -11,7 +11,7 @@
 #include <linux/slab.h>
 #include <linux/sort.h>
 #include <linux/uaccess.h>
-#include <asm/unaligned.h>
+#include "hcab_compat.h"
 #include "vbench.h"
 
 #define VB_RUN_TIMEOUT	(60 * HZ)
