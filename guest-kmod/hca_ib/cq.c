@@ -129,6 +129,58 @@ static u64 hca_retire(struct hca_wq *wq, u64 index)
 	return wq->wrid[idx & ((1 << wq->log_entries) - 1)];
 }
 
+/*
+ * A CQE's status passes through as ib_wc_status, whose numbers every kernel
+ * keeps (rdma-core's ibv_wc_status mirrors them); a kernel that moved one
+ * fails the build here rather than reporting the wrong error.
+ */
+static_assert(HCA_WC_SUCCESS == IB_WC_SUCCESS);
+static_assert(HCA_WC_LOC_LEN_ERR == IB_WC_LOC_LEN_ERR);
+static_assert(HCA_WC_LOC_QP_OP_ERR == IB_WC_LOC_QP_OP_ERR);
+static_assert(HCA_WC_LOC_PROT_ERR == IB_WC_LOC_PROT_ERR);
+static_assert(HCA_WC_WR_FLUSH_ERR == IB_WC_WR_FLUSH_ERR);
+static_assert(HCA_WC_BAD_RESP_ERR == IB_WC_BAD_RESP_ERR);
+static_assert(HCA_WC_LOC_ACCESS_ERR == IB_WC_LOC_ACCESS_ERR);
+static_assert(HCA_WC_REM_INV_REQ_ERR == IB_WC_REM_INV_REQ_ERR);
+static_assert(HCA_WC_REM_ACCESS_ERR == IB_WC_REM_ACCESS_ERR);
+static_assert(HCA_WC_REM_OP_ERR == IB_WC_REM_OP_ERR);
+static_assert(HCA_WC_RETRY_EXC_ERR == IB_WC_RETRY_EXC_ERR);
+static_assert(HCA_WC_RNR_RETRY_EXC_ERR == IB_WC_RNR_RETRY_EXC_ERR);
+static_assert(HCA_WC_GENERAL_ERR == IB_WC_GENERAL_ERR);
+
+/*
+ * A send CQE's opcode as ib_core numbers it. The ABI's values are the
+ * device's own: ib_wc_opcode is no stable ABI (6.2 put IB_WC_ATOMIC_WRITE
+ * before IB_WC_REG_MR and moved the masked atomics up by one), so each is
+ * named, never passed through.
+ */
+static enum ib_wc_opcode hca_wc_opcode(u8 op)
+{
+	switch (op) {
+	case HCA_CQE_OP_SEND:
+		return IB_WC_SEND;
+	case HCA_CQE_OP_RDMA_WRITE:
+		return IB_WC_RDMA_WRITE;
+	case HCA_CQE_OP_RDMA_READ:
+		return IB_WC_RDMA_READ;
+	case HCA_CQE_OP_COMP_SWAP:
+		return IB_WC_COMP_SWAP;
+	case HCA_CQE_OP_FETCH_ADD:
+		return IB_WC_FETCH_ADD;
+	case HCA_CQE_OP_LOCAL_INV:
+		return IB_WC_LOCAL_INV;
+	case HCA_CQE_OP_REG_MR:
+		return IB_WC_REG_MR;
+	case HCA_CQE_OP_MASKED_COMP_SWAP:
+		return IB_WC_MASKED_COMP_SWAP;
+	case HCA_CQE_OP_MASKED_FETCH_ADD:
+		return IB_WC_MASKED_FETCH_ADD;
+	default:
+		/* The device writes no other; a consumer sees a plain send. */
+		return IB_WC_SEND;
+	}
+}
+
 static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 			  struct ib_wc *wc)
 {
@@ -160,7 +212,7 @@ static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 		else if (qp)
 			wc->wr_id = hca_retire(&qp->rq, c->wr_id);
 	} else {
-		wc->opcode = c->opcode;
+		wc->opcode = hca_wc_opcode(c->opcode);
 		if (qp)
 			wc->wr_id = hca_retire(&qp->sq, c->wr_id);
 	}
