@@ -11,6 +11,8 @@
 #                   or a task blocked in it for a minute, or L1 stops printing its heartbeat
 #                   (the nested host broke, not the commands), boot it again, up to N times
 #                   (default 0); each broken console is kept. Failing commands never retry
+#   --kernel K      L1 and L2 boot this built image's kernel (a name or Debian version,
+#                   e.g. 6.12; default: the default image's)
 #   --cpus N        L1's vCPUs (default 2)      --mem MIB   L1's RAM (default 3072)
 #   --tcg MODE      multi (a host thread per L1 vCPU, the default) or single (one for all)
 #   --no-pin        run the commands on every L1 CPU. By default they run on L1's CPU 0
@@ -33,6 +35,7 @@ mem=3072
 tcg=multi
 pin=1
 retries=0
+kernel=()
 cmds=
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -43,11 +46,12 @@ while [ $# -gt 0 ]; do
 	--tcg) tcg=$2; shift ;;
 	--no-pin) pin= ;;
 	--retries) retries=$2; shift ;;
+	--kernel) kernel=(--kernel "$2"); shift ;;
 	-c)
 		cmds=$2
 		shift
 		;;
-	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "nested-kvm: unknown option $1 (see --help)" >&2; exit 2 ;;
 	*) cmds=$(cat "$1") ;;
 	esac
@@ -73,8 +77,8 @@ RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -q \
 bin=target/x86_64-unknown-linux-gnu/release/hcabench
 
 step "packing L1's initramfs"
-python3 images/nested.py --hcabench "$bin" --job "$job" --out "$out/l1-initrd" $with_qemu
-kver=$(cat target/images/current)
+kver=$(python3 images/nested.py --hcabench "$bin" --job "$job" --out "$out/l1-initrd" \
+	$with_qemu "${kernel[@]}")
 
 # L1's own kernel alarms on its kernel log (ttyS1; the commands write to ttyS0): the nested
 # host broke, not the commands. A user-space VMM cannot leave a task blocked in the kernel

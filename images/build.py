@@ -1,17 +1,32 @@
 #!/usr/bin/env python3
-"""Builds hcabench guest images from Debian's own packages.
+"""Builds hcabench guest images from Debian's own packages, or from a developer's kernel.
 
-Resolves the kernel `linux-image-amd64` points to, downloads it and busybox-static (never
-installing them into the host), extracts the ELF vmlinux from the bzImage (it boots through
-PVH, faster than the bzImage under TCG) and keeps the bzImage (the KVM backend boots it), builds the guest modules in guest-kmod/ against the
-matching `linux-headers-<ver>-amd64` (installed if missing), and packs an initramfs with
-busybox, the init script, the kernel modules hcabench needs and ours.
+The kernel is Debian's by default: the one `linux-image-amd64` points to (6.1 on Debian 12).
+`--kernel` picks another: a Debian kernel by version (`6.12`: the newest 6.12 Debian 12
+carries, through `linux-image-6.12-amd64`), by flavour (`6.12-cloud-amd64`) or by exact
+ABI name (`6.12.117+deb12-amd64`); or a developer's own kernel by path: a built tree
+(`make` done: arch/x86/boot/bzImage, the modules in place) or a directory holding a bzImage
+or vmlinux and its modules (`make modules_install INSTALL_MOD_PATH=DIR`, which leaves
+DIR/lib/modules/<release>/build pointing at the tree). Debian's packages are downloaded,
+never installed into the host (only the matching `linux-headers-<ver>` is, for module
+builds).
 
-Output (default target/images/): <ver>/vmlinux, <ver>/bzImage, <ver>/initramfs.cpio.gz, <ver>/manifest.json
-and `current` (the version). Everything is cached: a rebuild happens only when an input (a
-package, the init script, a module source, this script) changes.
+The builder extracts the ELF vmlinux from the bzImage (it boots through PVH, faster than the
+bzImage under TCG) and keeps the bzImage (the KVM backend boots it), builds the guest modules
+in guest-kmod/ against the kernel's headers (in a copy per kernel, after compat/conftest.sh
+has found which kernel interfaces they have), and packs an initramfs with busybox, the init
+script, the kernel modules hcabench needs (from the same kernel: a developer's ib_core and
+ib_ipoib are the ones that load) and ours. A developer's kernel config is checked first for
+what the guests need, and what is missing is said plainly.
 
-Usage: images/build.py [--out DIR] [--quiet]
+Output (default target/images/): <name>/vmlinux, <name>/bzImage, <name>/initramfs.cpio.gz,
+<name>/manifest.json, where <name> is the kernel release (`uname -r` in the guest) for a
+Debian kernel and `local-<release>` for a developer's; `current` names the default image (the
+one a build without --kernel makes), which hcabench boots when no kernel is asked for.
+Everything is cached: a rebuild happens only when an input (a package or the developer's
+kernel files, the init script, a module source, this script) changes.
+
+Usage: images/build.py [--kernel VERSION|PATH] [--out DIR] [--print-dir] [--quiet]
 """
 
 import argparse
@@ -26,6 +41,7 @@ import stat
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,8 +118,9 @@ quiet = False
 
 
 def say(msg):
+    # Progress goes to stderr: stdout is kept for --print-dir.
     if not quiet:
-        print(f"images: {msg}", flush=True)
+        print(f"images: {msg}", file=sys.stderr, flush=True)
 
 
 def die(msg):
@@ -124,13 +141,44 @@ def hint(tool):
     return {"dpkg-deb": "dpkg", "apt-get": "apt", "apt-cache": "apt", "make": "make"}.get(tool, tool)
 
 
-def kernel_version():
-    """The ABI version linux-image-amd64 depends on, e.g. 6.1.0-56-amd64."""
-    out = run(["apt-cache", "depends", "linux-image-amd64"])
-    m = re.search(r"Depends: linux-image-(\S+-amd64)", out)
-    if not m:
+def apt_depends_image(pkg):
+    """The kernel ABI name (6.1.0-56-amd64) the meta-package `pkg` depends on, or None."""
+    out = subprocess.run(["apt-cache", "depends", pkg], text=True, capture_output=True).stdout
+    m = re.search(r"Depends: linux-image-(\d\S*-(?:amd64|cloud-amd64|rt-amd64))\b", out)
+    return m.group(1) if m else None
+
+
+def apt_has(pkg):
+    out = subprocess.run(["apt-cache", "policy", pkg], text=True, capture_output=True).stdout
+    m = re.search(r"Candidate: (\S+)", out)
+    return bool(m) and m.group(1) != "(none)"
+
+
+def debian_kernel(spec):
+    """The ABI name of the Debian kernel `spec` names: None for linux-image-amd64's (the
+    default), a version (6.12, 6.1), a flavour (6.12-cloud-amd64, cloud-amd64) or an exact ABI
+    name (6.12.117+deb12-amd64)."""
+    default = apt_depends_image("linux-image-amd64")
+    if not default:
         die("apt-cache knows no linux-image-amd64; run `apt-get update` first")
-    return m.group(1)
+    if spec is None:
+        return default
+    if re.fullmatch(r"\d+\.\d+.*-(amd64|cloud-amd64|rt-amd64)", spec) and \
+            not re.fullmatch(r"\d+\.\d+-(amd64|cloud-amd64|rt-amd64)", spec):
+        if apt_has(f"linux-image-{spec}"):
+            return spec
+        die(f"Debian has no kernel package linux-image-{spec} (apt-cache search "
+            f"linux-image-{spec.split('-')[0]} lists what it has)")
+    for meta in [f"linux-image-{spec}-amd64", f"linux-image-{spec}"]:
+        kver = apt_depends_image(meta)
+        if kver:
+            return kver
+    # The default kernel's own version (6.1 on Debian 12) has no meta-package of its own.
+    if re.fullmatch(r"\d+\.\d+", spec) and default.startswith(spec + "."):
+        return default
+    die(f"no Debian kernel matches `{spec}`: give a version Debian carries (e.g. 6.1, 6.12), "
+        f"a flavour (6.12-cloud-amd64) or an exact name (6.12.117+deb12-amd64), or the path "
+        f"of a kernel tree")
 
 
 def download(pkg, cache):
@@ -163,47 +211,116 @@ def extract(deb, into):
 
 
 def vmlinux_from_bzimage(bz, out):
-    """Finds the xz stream in the bzImage and decompresses it to the ELF kernel."""
+    """Finds the compressed ELF kernel in the bzImage and writes it out; False if none is
+    found in a format this can inflate (xz, gzip, and zstd where `zstd` is installed)."""
     data = bz.read_bytes()
-    off = data.find(b"\xfd7zXZ\x00")
-    while off >= 0:
-        try:
-            elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[off:])
-            if elf[:4] == b"\x7fELF":
-                out.write_bytes(elf)
+    streams = [(b"\xfd7zXZ\x00", lambda d: lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(d)),
+               (b"\x1f\x8b\x08", lambda d: zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(d)),
+               (b"\x28\xb5\x2f\xfd", unzstd)]
+    for magic, inflate in streams:
+        off = data.find(magic)
+        while off >= 0:
+            try:
+                elf = inflate(data[off:])
+                if elf and elf[:4] == b"\x7fELF":
+                    out.write_bytes(elf)
+                    return True
+            except (lzma.LZMAError, zlib.error, OSError, subprocess.SubprocessError):
+                pass
+            off = data.find(magic, off + 1)
+    return False
+
+
+def unzstd(data):
+    if not shutil.which("zstd"):
+        return None
+    r = subprocess.run(["zstd", "-dcq"], input=data, capture_output=True)
+    # A stream followed by more of the bzImage ends in an error after the whole ELF.
+    return r.stdout
+
+
+COMPRESSED = {".xz": lambda d: lzma.decompress(d), ".gz": lambda d: gzip.decompress(d),
+              ".zst": lambda d: unzstd(d)}
+
+
+class Modules:
+    """A kernel's loadable modules by name, from an installed tree (lib/modules/<release>:
+    Debian's package or `make modules_install`) or from a built kernel tree (modules.order),
+    compressed or not; and the modules built into the kernel (modules.builtin)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.paths = {}
+        if (root / "kernel").is_dir():
+            found = (root / "kernel").rglob("*.ko*")
+        else:
+            found = [root / re.sub(r"\.o$", ".ko", line.strip())
+                     for line in (root / "modules.order").read_text().splitlines() if line.strip()]
+        for ko in found:
+            name = ko.name
+            for ext in COMPRESSED:
+                name = name.removesuffix(ext)
+            if name.endswith(".ko") and ko.is_file():
+                self.paths[name[:-3].replace("-", "_")] = ko
+        self.builtin = set()
+        if (root / "modules.builtin").exists():
+            for line in (root / "modules.builtin").read_text().splitlines():
+                self.builtin.add(Path(line.strip()).name.removesuffix(".ko").replace("-", "_"))
+
+    def has(self, name):
+        name = name.replace("-", "_")
+        return name in self.paths or name in self.builtin
+
+    def closure(self, names):
+        """The module names for `names` and all they depend on, dependencies first; built-in
+        ones are left out (they need no loading)."""
+        order, seen = [], set()
+
+        def visit(name):
+            # .modinfo spells some names with '-' (nvme-core); files and /proc use '_'.
+            name = name.replace("-", "_")
+            if name in seen:
                 return
-        except lzma.LZMAError:
-            pass
-        off = data.find(b"\xfd7zXZ\x00", off + 1)
-    die(f"no xz-compressed ELF kernel inside {bz}")
+            seen.add(name)
+            if name in self.builtin:
+                return
+            if name not in self.paths:
+                die(f"kernel module {name} is not in {self.root}")
+            m = re.search(rb"\0depends=([^\0]*)\0", self.read(name))
+            for dep in (m.group(1).decode().split(",") if m and m.group(1) else []):
+                visit(dep)
+            order.append(name)
+
+        for n in names:
+            visit(n)
+        return order
+
+    def file_name(self, name):
+        """The module's file name as the kernel built it (nvmet-rdma.ko), uncompressed: the
+        guest's scripts find modules in the order files by it."""
+        fname = self.paths[name].name
+        for ext in COMPRESSED:
+            fname = fname.removesuffix(ext)
+        return fname
+
+    def read(self, name):
+        """The module's ELF, inflated if the kernel installs it compressed (busybox insmod
+        hands the bytes to init_module, which wants them plain)."""
+        ko = self.paths[name]
+        data = ko.read_bytes()
+        inflate = COMPRESSED.get(ko.suffix)
+        if inflate:
+            data = inflate(data)
+            if not data:
+                die(f"cannot inflate {ko} (for .zst: apt-get install zstd)")
+        return data
 
 
 def module_closure(moddir, names):
-    """The .ko files (relative to moddir) for `names` and all they depend on, in load order.
-
-    The package carries no modules.dep (depmod writes it at install), so dependencies are
-    read from each module's .modinfo "depends=" entry.
-    """
-    paths = {ko.stem.replace("-", "_"): ko for ko in (moddir / "kernel").rglob("*.ko")}
-    order, seen = [], set()
-
-    def visit(name):
-        # .modinfo spells some names with '-' (nvme-core); files and /proc use '_'.
-        name = name.replace("-", "_")
-        if name in seen:
-            return
-        seen.add(name)
-        ko = paths.get(name)
-        if ko is None:
-            die(f"kernel module {name} is not in {moddir}")
-        m = re.search(rb"\0depends=([^\0]*)\0", ko.read_bytes())
-        for dep in (m.group(1).decode().split(",") if m and m.group(1) else []):
-            visit(dep)
-        order.append(str(ko.relative_to(moddir)))
-
-    for n in names:
-        visit(n)
-    return order
+    """The .ko files (relative to moddir) for `names` and all they depend on, in load order
+    (images/nested.py's way in; the package's modules uncompressed)."""
+    mods = Modules(moddir)
+    return [str(mods.paths[n].relative_to(moddir)) for n in mods.closure(names)]
 
 
 def headers_dir(kver):
@@ -219,15 +336,137 @@ def headers_dir(kver):
     return d
 
 
-def build_our_modules(kver):
-    hdr = headers_dir(kver)
-    built = []
-    for m in OUR_MODULES:
-        src = KMOD / m
-        say(f"building guest-kmod/{m} against {kver}")
-        run(["make", "-s", "-C", str(hdr), f"M={src}", "modules"])
-        built += sorted(src.glob("*.ko"))
-    return built
+def sync_tree(src, dest):
+    """Copies guest-kmod's sources (not its build outputs) into dest, rewriting only files
+    that changed, so that kbuild's own change tracking keeps rebuilds incremental."""
+    keep = {".c", ".h", ".sh"}
+    for f in src.rglob("*"):
+        rel = f.relative_to(src)
+        if not f.is_file() or "generated" in rel.parts:
+            continue
+        if f.suffix not in keep and f.name not in ("Kbuild", "Makefile"):
+            continue
+        d = dest / rel
+        data = f.read_bytes()
+        if not d.exists() or d.read_bytes() != data:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.write_bytes(data)
+            shutil.copymode(f, d)
+
+
+def build_our_modules(kdir, kver, builddir):
+    """Builds OUR_MODULES against the kernel tree or headers at kdir, in builddir (a copy of
+    guest-kmod/ for this kernel alone), through guest-kmod/Makefile: conftest first."""
+    sync_tree(KMOD, builddir)
+    say(f"building guest-kmod ({', '.join(OUR_MODULES)}) against {kver}")
+    run(["make", "-s", "-C", str(builddir), f"KDIR={kdir}", f"MODULES={' '.join(OUR_MODULES)}"])
+    return [ko for m in OUR_MODULES for ko in sorted((builddir / m).glob("*.ko"))]
+
+
+# What a developer's kernel config must have for the guests to boot and hcab0 to work, and
+# what only some jobs need (their modules are left out of the image when missing).
+CONFIG_REQUIRED = {
+    "CONFIG_MODULES": "loadable modules (hca_ib, the DSM and vbench are modules)",
+    "CONFIG_PCI": "PCI (the HCA is a PCI device)",
+    "CONFIG_PCI_MSI": "MSI-X interrupts (the HCA's completions and events)",
+    "CONFIG_INFINIBAND": "the RDMA core, ib_core (hca_ib registers with it)",
+    "CONFIG_BLK_DEV_INITRD": "an initramfs (the guest's whole root file system)",
+    "CONFIG_DEVTMPFS": "devtmpfs (init mounts /dev)",
+    "CONFIG_SERIAL_8250_CONSOLE": "a console on the 16550 serial port (the harness reads it)",
+}
+CONFIG_WANTED = {
+    "CONFIG_INFINIBAND_USER_MAD": "ib_umad (saquery, ibstat, the subnet tools)",
+    "CONFIG_INFINIBAND_USER_ACCESS": "ib_uverbs and rdma_ucm (user-level verbs)",
+    "CONFIG_INFINIBAND_ADDR_TRANS": "rdma_cm (vbench's `vb cm`, NVMe-oF, iSER, NFS, RDS)",
+    "CONFIG_INFINIBAND_IPOIB": "IPoIB (ib0; `hcabench up` brings it up on every node)",
+    "CONFIG_RDMA_RXE": "SoftRoCE (the benches' peer)",
+    "CONFIG_NVME_RDMA": "NVMe over Fabrics' host (`nvmeof connect`)",
+    "CONFIG_NVME_TARGET_RDMA": "NVMe over Fabrics' target (`nvmeof target`)",
+    "CONFIG_INFINIBAND_SRP": "SRP's initiator",
+    "CONFIG_INFINIBAND_SRPT": "SRP's target",
+    "CONFIG_INFINIBAND_ISER": "iSER's initiator",
+    "CONFIG_INFINIBAND_ISERT": "iSER's target",
+    "CONFIG_SUNRPC_XPRT_RDMA": "NFS over RDMA",
+    "CONFIG_RDS_RDMA": "RDS over IB",
+    "CONFIG_PVH": "booting the ELF vmlinux through PVH (faster under QEMU than the bzImage)",
+}
+
+
+def read_config(path):
+    """A kernel .config as {option: value}."""
+    conf = {}
+    for line in path.read_text(errors="replace").splitlines():
+        m = re.match(r"(CONFIG_\w+)=(.*)", line)
+        if m:
+            conf[m.group(1)] = m.group(2)
+    return conf
+
+
+def check_config(conf, where):
+    missing = [f"  {k} ({why})" for k, why in CONFIG_REQUIRED.items() if conf.get(k) not in ("y", "m")]
+    if missing:
+        die(f"the kernel config {where} lacks what hcabench's guests need:\n" + "\n".join(missing)
+            + "\nenable them (make menuconfig, or scripts/config --enable NAME) and rebuild")
+    for k, why in CONFIG_WANTED.items():
+        if conf.get(k) not in ("y", "m"):
+            say(f"note: {k} is not set: no {why} in this image")
+
+
+class LocalKernel:
+    """A developer's kernel: a built tree, or a directory holding a bzImage or vmlinux and
+    lib/modules/<release> from `make modules_install INSTALL_MOD_PATH=`."""
+
+    def __init__(self, path):
+        path = path.resolve()
+        if not path.is_dir():
+            die(f"--kernel {path}: no such directory (give a Debian version such as 6.12, or a "
+                f"kernel tree)")
+        self.path = path
+        release = path / "include" / "config" / "kernel.release"
+        if release.exists() and (path / "Makefile").exists():
+            # A built tree: the kernel, its headers and its modules all in place.
+            self.kver = release.read_text().strip()
+            self.kdir = path
+            self.config = path / ".config"
+            self.bzimage = path / "arch" / "x86" / "boot" / "bzImage"
+            self.vmlinux = path / "vmlinux"
+            self.moddir = path
+            if not (path / "modules.order").exists():
+                die(f"{path} has no modules.order: run `make` (or `make modules`) in the tree")
+        else:
+            mods = sorted((path / "lib" / "modules").glob("*/")) if (path / "lib" / "modules").is_dir() else []
+            if not mods:
+                die(f"{path} is neither a built kernel tree (include/config/kernel.release) nor "
+                    f"holds lib/modules/<release> (make modules_install INSTALL_MOD_PATH={path})")
+            if len(mods) > 1:
+                die(f"{path}/lib/modules holds several kernels ({', '.join(m.name for m in mods)}); "
+                    f"keep one")
+            self.moddir = mods[0]
+            self.kver = mods[0].name
+            self.kdir = mods[0] / "build"
+            if not (self.kdir / "Makefile").exists():
+                die(f"no kernel headers for {self.kver}: {self.kdir} should point at the built "
+                    f"tree (make modules_install leaves it so), or at its headers")
+            self.kdir = self.kdir.resolve()
+            self.config = next((c for c in [self.kdir / ".config", path / "boot" / f"config-{self.kver}",
+                                            path / f"config-{self.kver}"] if c.exists()), None)
+            images = [path / "bzImage", path / "boot" / f"vmlinuz-{self.kver}",
+                      path / f"vmlinuz-{self.kver}", path / "arch" / "x86" / "boot" / "bzImage"]
+            self.bzimage = next((b for b in images if b.exists()), path / "bzImage")
+            self.vmlinux = path / "vmlinux"
+        if not self.bzimage.exists() and not self.vmlinux.exists():
+            die(f"no kernel to boot in {path}: no bzImage (arch/x86/boot/bzImage, bzImage, "
+                f"boot/vmlinuz-{self.kver}) and no vmlinux")
+        if self.config is None or not self.config.exists():
+            die(f"no kernel config for {self.kver} in {path} (.config, boot/config-{self.kver})")
+        self.conf = read_config(self.config)
+        check_config(self.conf, str(self.config))
+
+    def inputs(self):
+        """What the image depends on, as (name, size, mtime) of each file (hashing a tree's
+        hundreds of MiB would cost more than the check saves)."""
+        files = [self.bzimage, self.vmlinux, self.config] + list(Modules(self.moddir).paths.values())
+        return ";".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
 
 
 def build_user_tools():
@@ -321,49 +560,113 @@ def digest(paths, extra):
     return h.hexdigest()
 
 
+def has_pvh_note(vmlinux):
+    """Whether an ELF kernel has the Xen PVH entry note QEMU boots it through."""
+    r = subprocess.run(["readelf", "-n", str(vmlinux)], capture_output=True, text=True)
+    return r.returncode == 0 and "Xen" in r.stdout and "PHYS32_ENTRY" in r.stdout.replace(" ", "_").upper()
+
+
+def kernel_files(kernel, dest):
+    """Writes dest/vmlinux (what QEMU boots: the ELF kernel through PVH where it can, else the
+    bzImage itself) and dest/bzImage (what the KVM VMM boots)."""
+    if kernel.bzimage.exists():
+        shutil.copyfile(kernel.bzimage, dest / "bzImage")
+        if vmlinux_from_bzimage(kernel.bzimage, dest / "vmlinux") and \
+                kernel.conf.get("CONFIG_PVH") == "y":
+            return
+    if kernel.vmlinux.exists() and kernel.conf.get("CONFIG_PVH") == "y":
+        shutil.copyfile(kernel.vmlinux, dest / "vmlinux")
+        if not kernel.bzimage.exists():
+            # The KVM VMM boots an ELF vmlinux as well (linux-loader).
+            shutil.copyfile(kernel.vmlinux, dest / "bzImage")
+        return
+    if not kernel.bzimage.exists():
+        die(f"{kernel.vmlinux} cannot boot under QEMU without CONFIG_PVH, and there is no bzImage")
+    say("booting the bzImage itself under QEMU (no CONFIG_PVH, or its compression is not "
+        "one this reads): a few seconds slower than the ELF kernel")
+    shutil.copyfile(kernel.bzimage, dest / "vmlinux")
+
+
+class DebianKernel:
+    """Debian's kernel package, downloaded into the cache and unpacked there."""
+
+    def __init__(self, kver, cache):
+        self.kver = kver
+        self.deb = download(f"linux-image-{kver}", cache)
+        self.cache = cache
+
+    def unpack(self):
+        root = extract(self.deb, self.cache / f"root-{self.deb.stem}")
+        self.bzimage = root / "boot" / f"vmlinuz-{self.kver}"
+        self.vmlinux = root / "vmlinux"  # never in the package
+        self.conf = read_config(root / "boot" / f"config-{self.kver}")
+        self.moddir = root / "lib" / "modules" / self.kver
+        self.kdir = headers_dir(self.kver)
+
+
 def main():
     global quiet
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Example: images/build.py --kernel 6.12; "
+                                 "images/build.py --kernel ~/src/linux")
+    ap.add_argument("--kernel", metavar="VERSION|PATH",
+                    help="a Debian kernel (6.12, 6.12-cloud-amd64, 6.12.117+deb12-amd64; default: "
+                    "linux-image-amd64's) or the path of a developer's kernel tree or install "
+                    "directory")
     ap.add_argument("--out", default=str(ROOT / "target" / "images"), help="output directory")
+    ap.add_argument("--print-dir", action="store_true",
+                    help="print the image's directory on stdout when done (for scripts)")
     ap.add_argument("--quiet", action="store_true", help="print only errors")
     args = ap.parse_args()
     quiet = args.quiet
     out = Path(args.out)
     started = time.monotonic()
-
-    kver = kernel_version()
     cache = out / "cache"
-    kdeb = download(f"linux-image-{kver}", cache)
+
+    spec = args.kernel
+    local = spec is not None and ("/" in spec or spec.startswith(".") or Path(spec).is_dir())
+    if local:
+        kernel = LocalKernel(Path(spec).expanduser())
+        name, source = f"local-{kernel.kver}", str(kernel.path)
+        kinputs = kernel.inputs()
+    else:
+        kernel = DebianKernel(debian_kernel(spec), cache)
+        name, source = kernel.kver, kernel.deb.name
+        kinputs = kernel.deb.name
+    kver = kernel.kver
     bdeb = download("busybox-static", cache)
     init = ROOT / "images" / "init.sh"
-    sources = [kdeb, bdeb, init, Path(__file__).resolve()]
+    sources = [bdeb, init, Path(__file__).resolve()]
     sources += [ROOT / "images" / n for n in SCRIPTS]
-    for m in OUR_MODULES:
-        sources += sorted((KMOD / m).glob("*.[ch]")) + [KMOD / m / "Kbuild"]
-    sources += sorted((KMOD / "include").glob("*.h"))
-    sources += sorted((KMOD / "common").glob("*.[ch]"))
-    sources += sorted((KMOD / "user").glob("*.c"))
-    sources += sorted((KMOD / "libdsm").glob("*.[ch]")) + sorted((KMOD / "apps").glob("*.c"))
-    key = digest(sources, kver)
-    dest = out / kver
+    sources += sorted(p for p in KMOD.rglob("*") if p.is_file() and (
+        p.suffix in (".c", ".h", ".sh") or p.name in ("Kbuild", "Makefile"))
+        and "generated" not in p.parts)
+    key = digest(sources, f"{kver}|{kinputs}")
+    dest = out / name
     manifest = dest / "manifest.json"
-    if manifest.exists() and json.loads(manifest.read_text()).get("key") == key:
-        say(f"{kver}: up to date ({dest})")
-        (out / "current").write_text(kver + "\n")
-        return
 
-    kroot = extract(kdeb, cache / f"root-{kdeb.stem}")
+    def done():
+        if spec is None:
+            (out / "current").write_text(kver + "\n")
+        if args.print_dir:
+            print(dest)
+
+    if manifest.exists() and json.loads(manifest.read_text()).get("key") == key:
+        say(f"{name}: up to date ({dest})")
+        return done()
+
+    if not local:
+        kernel.unpack()
     broot = extract(bdeb, cache / f"root-{bdeb.stem}")
     dest.mkdir(parents=True, exist_ok=True)
-    say(f"{kver}: extracting vmlinux")
-    vmlinux_from_bzimage(kroot / "boot" / f"vmlinuz-{kver}", dest / "vmlinux")
-    shutil.copyfile(kroot / "boot" / f"vmlinuz-{kver}", dest / "bzImage")
+    say(f"{name}: kernel {kver}")
+    kernel_files(kernel, dest)
 
-    ours = build_our_modules(kver)
+    ours = build_our_modules(kernel.kdir, kver, out.parent / "kbuild" / name)
     tools = build_user_tools()
     tools.update(build_dsm_apps())
     debian_tools = userland(cache)
-    moddir = kroot / "lib" / "modules" / kver
+    mods = Modules(kernel.moddir)
     img = Cpio()
     for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu",
               "lib/modules", f"lib/modules/{kver}", f"lib/modules/{kver}/kernel",
@@ -373,34 +676,48 @@ def main():
     img.file("init", init.read_bytes(), 0o755)
     for script in SCRIPTS:
         img.file(f"bin/{script}", (ROOT / "images" / script).read_bytes(), 0o755)
-    for name, data in tools.items():
-        img.file(f"bin/{name}", data, 0o755)
+    for tname, data in tools.items():
+        img.file(f"bin/{tname}", data, 0o755)
     for path, data in debian_tools.items():
         img.file(path, data, 0o755)
     # Each order lists its whole closure (modload skips what is loaded); each module file
-    # goes into the image once. brd takes its size as a parameter: its users load it.
+    # goes into the image once, uncompressed. brd takes its size as a parameter: its users
+    # load it. A developer's kernel may lack a job's modules (its config said so above):
+    # that job's order is left empty, and the job says what is missing when run.
     packed, orders = set(), {}
     for order_name, names, _ in ORDERS:
+        lacking = [n for n in names if not mods.has(n)]
+        if lacking and not local:
+            die(f"Debian's {kver} has no module {', '.join(lacking)}")
+        if order_name == "load":
+            # Boot needs ib_core alone (the config check made sure of it); the rest serve
+            # the subnet tools and user-level verbs, and are loaded where the kernel has them.
+            if lacking:
+                say(f"note: {kver} has no {', '.join(lacking)}: not loaded at boot")
+            names, lacking = [n for n in names if mods.has(n)], []
         order = []
-        for rel in module_closure(moddir, names):
-            name = f"kernel/{Path(rel).name}"
-            if name not in packed:
-                img.file(f"lib/modules/{kver}/{name}", (moddir / rel).read_bytes())
-                packed.add(name)
-            if name != "kernel/brd.ko":
-                order.append(name)
+        for mod in ([] if lacking else mods.closure(names)):
+            fname = f"kernel/{mods.file_name(mod)}"
+            if fname not in packed:
+                img.file(f"lib/modules/{kver}/{fname}", mods.read(mod))
+                packed.add(fname)
+            if mod != "brd":  # (its users load it with its size)
+                order.append(fname)
+        if lacking:
+            say(f"note: no {order_name} job in this image: {kver} has no {', '.join(lacking)}")
         orders[order_name] = order
-        img.file(f"lib/modules/{kver}/{order_name}-order", ("\n".join(order) + "\n").encode())
+        img.file(f"lib/modules/{kver}/{order_name}-order", "".join(m + "\n" for m in order).encode())
     for ko in ours:
         img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
-        "key": key, "kernel": kver, "kernel_deb": kdeb.name, "busybox_deb": bdeb.name,
-        **{key: orders[order_name] for order_name, _, key in ORDERS},
+        "key": key, "kernel": kver, "kernel_source": source,
+        "kernel_deb": None if local else kernel.deb.name, "busybox_deb": bdeb.name,
+        **{mkey: orders[order_name] for order_name, _, mkey in ORDERS},
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
     }, indent=2) + "\n")
-    (out / "current").write_text(kver + "\n")
-    say(f"{kver}: built in {time.monotonic() - started:.1f}s -> {dest}")
+    say(f"{name}: built in {time.monotonic() - started:.1f}s -> {dest}")
+    done()
 
 
 if __name__ == "__main__":

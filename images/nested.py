@@ -15,7 +15,11 @@ uncompressed archive that adds:
                                  firmware it loads, for reference boots under QEMU/KVM
   /job.sh                        the commands to run in L1
 
-Usage: images/nested.py --hcabench BIN --job FILE --out FILE [--with-qemu]
+L1 and L2 run the same Debian kernel: the default image's, or --kernel's (a built image's
+name or Debian version, e.g. 6.12), which becomes L1's default image.
+
+Usage: images/nested.py --hcabench BIN --job FILE --out FILE [--with-qemu] [--kernel K]
+Prints the name of the image it used (the directory under target/images).
 """
 
 import argparse
@@ -67,12 +71,18 @@ def main():
                     help="where images/build.py put the guest image")
     ap.add_argument("--with-qemu", action="store_true",
                     help="carry this host's qemu-system-x86_64 for reference boots")
+    ap.add_argument("--kernel", help="the image's name or Debian version (default: the "
+                    "default image)")
     args = ap.parse_args()
 
     images = Path(args.images)
-    kver = (images / "current").read_text().strip()
-    guest = images / kver
-    kdeb = json.loads((guest / "manifest.json").read_text())["kernel_deb"]
+    name = image_name(images, args.kernel)
+    guest = images / name
+    manifest = json.loads((guest / "manifest.json").read_text())
+    kver, kdeb = manifest.get("kernel", name), manifest.get("kernel_deb")
+    if not kdeb:
+        build.die(f"image {name} is a developer's kernel: the nested host boots Debian's "
+                  f"(it loads kvm_amd from the package)")
     kroot = images / "cache" / f"root-{Path(kdeb).stem}"
     moddir = kroot / "lib" / "modules" / kver
     if not moddir.is_dir():
@@ -88,15 +98,15 @@ def main():
     file("init", (build.ROOT / "images" / "nested-init.sh").read_bytes(), 0o755)
     file("job.sh", Path(args.job).read_bytes(), 0o755)
     order = []
-    for rel in build.module_closure(moddir, KVM_MODULES):
-        name = Path(rel).name
-        file(f"lib/modules/{kver}/kvm/{name}", (moddir / rel).read_bytes())
-        order.append(f"kvm/{name}")
+    mods = build.Modules(moddir)
+    for mod in mods.closure(KVM_MODULES):
+        file(f"lib/modules/{kver}/kvm/{mods.file_name(mod)}", mods.read(mod))
+        order.append(f"kvm/{mods.file_name(mod)}")
     file(f"lib/modules/{kver}/kvm-order", ("\n".join(order) + "\n").encode())
     file("opt/hcabench/bin/hcabench", Path(args.hcabench).read_bytes(), 0o755)
-    file("opt/hcabench/target/images/current", f"{kver}\n".encode())
-    for name in ["bzImage", "vmlinux", "initramfs.cpio.gz", "manifest.json"]:
-        file(f"opt/hcabench/target/images/{kver}/{name}", (guest / name).read_bytes())
+    file("opt/hcabench/target/images/current", f"{name}\n".encode())
+    for f in ["bzImage", "vmlinux", "initramfs.cpio.gz", "manifest.json"]:
+        file(f"opt/hcabench/target/images/{name}/{f}", (guest / f).read_bytes())
     if args.with_qemu:
         file("usr/bin/qemu-system-x86_64", Path(QEMU).read_bytes(), 0o755)
         for lib in shared_libraries(QEMU):
@@ -115,6 +125,24 @@ def main():
     pad = b"\0" * (-len(first) % 512)
     # The second stays uncompressed: TCG unpacks it far faster than it would inflate it.
     Path(args.out).write_bytes(first + pad + img.finish())
+    print(name)
+
+
+def image_name(images, kernel):
+    """The image directory --kernel names, as hcabench finds it (cluster/src/image.rs): the
+    default one, one of that name, or the newest of that Debian version."""
+    if kernel is None:
+        return (images / "current").read_text().strip()
+    if (images / kernel / "manifest.json").exists():
+        return kernel
+    found = sorted((d for d in images.iterdir() if (d / "manifest.json").exists()
+                    and not d.name.startswith("local-") and d.name.startswith(kernel)
+                    and d.name[len(kernel):][:1] in (".", "-")),
+                   key=lambda d: (d / "manifest.json").stat().st_mtime)
+    if not found:
+        build.die(f"no image of kernel {kernel} in {images}: python3 images/build.py "
+                  f"--kernel {kernel}")
+    return found[-1].name
 
 
 if __name__ == "__main__":
