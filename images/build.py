@@ -336,17 +336,21 @@ def headers_dir(kver):
     return d
 
 
+def kmod_sources():
+    """guest-kmod's source files, without what an in-tree build by hand leaves beside them
+    (kbuild's X.mod.c holds one kernel's symbol CRCs: copied into another kernel's build, it
+    would link modules that kernel refuses)."""
+    return sorted(f for f in KMOD.rglob("*") if f.is_file()
+                  and (f.suffix in (".c", ".h", ".sh") or f.name in ("Kbuild", "Makefile"))
+                  and not f.name.endswith(".mod.c") and not f.name.startswith(".")
+                  and "generated" not in f.relative_to(KMOD).parts)
+
+
 def sync_tree(src, dest):
     """Copies guest-kmod's sources (not its build outputs) into dest, rewriting only files
     that changed, so that kbuild's own change tracking keeps rebuilds incremental."""
-    keep = {".c", ".h", ".sh"}
-    for f in src.rglob("*"):
-        rel = f.relative_to(src)
-        if not f.is_file() or "generated" in rel.parts:
-            continue
-        if f.suffix not in keep and f.name not in ("Kbuild", "Makefile"):
-            continue
-        d = dest / rel
+    for f in kmod_sources():
+        d = dest / f.relative_to(src)
         data = f.read_bytes()
         if not d.exists() or d.read_bytes() != data:
             d.parent.mkdir(parents=True, exist_ok=True)
@@ -638,9 +642,7 @@ def main():
     init = ROOT / "images" / "init.sh"
     sources = [bdeb, init, Path(__file__).resolve()]
     sources += [ROOT / "images" / n for n in SCRIPTS]
-    sources += sorted(p for p in KMOD.rglob("*") if p.is_file() and (
-        p.suffix in (".c", ".h", ".sh") or p.name in ("Kbuild", "Makefile"))
-        and "generated" not in p.parts)
+    sources += kmod_sources()
     key = digest(sources, f"{kver}|{kinputs}")
     dest = out / name
     manifest = dest / "manifest.json"
