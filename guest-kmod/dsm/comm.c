@@ -10,6 +10,7 @@
 #include "dsm.h"
 #include "rcconn.h"
 #include "dmabuf.h"
+#include "cqpoll.h"
 
 /*
  * wr_id of a receive: peer << 32 | slot. Of a send-queue WR: SEND, READ
@@ -335,10 +336,9 @@ static void dsm_on_wc(struct dsm_comm *c, const struct ib_wc *wc)
 		dsm_read_done(c, (wc->wr_id >> 40) & 0xff);
 }
 
-/* The one completion handler, in interrupt context: poll, re-arm, poll what slipped in. */
-static void dsm_comp_handler(struct ib_cq *cq, void *ctx)
+/* Poll, re-arm, poll what slipped in. */
+static void dsm_poll_cq(struct dsm_comm *c, struct ib_cq *cq)
 {
-	struct dsm_comm *c = ctx;
 	struct ib_wc wc[16];
 	int n, i;
 
@@ -348,6 +348,32 @@ static void dsm_comp_handler(struct ib_cq *cq, void *ctx)
 				dsm_on_wc(c, &wc[i]);
 	} while (ib_req_notify_cq(cq, IB_CQ_NEXT_COMP |
 				  IB_CQ_REPORT_MISSED_EVENTS) > 0);
+}
+
+/*
+ * The one completion handler, in interrupt context where the provider
+ * allows polling there; else the CQ goes to process context for good.
+ */
+static void dsm_comp_handler(struct ib_cq *cq, void *ctx)
+{
+	struct dsm_comm *c = ctx;
+
+	if (!READ_ONCE(c->poll_in_task) && !cq_handler_may_poll()) {
+		pr_info_once("dsm: %s calls completion handlers under its CQ lock: its CQ is polled in process context\n",
+			     dev_name(&cq->device->dev));
+		WRITE_ONCE(c->poll_in_task, true);
+	}
+	if (READ_ONCE(c->poll_in_task))
+		schedule_work(&c->poll_work);
+	else
+		dsm_poll_cq(c, cq);
+}
+
+static void dsm_poll_work(struct work_struct *w)
+{
+	struct dsm_comm *c = container_of(w, struct dsm_comm, poll_work);
+
+	dsm_poll_cq(c, c->cq);
 }
 
 static void dsm_free_peer(struct dsm_comm *c, struct dsm_peer *p)
@@ -445,6 +471,7 @@ int dsm_comm_open(struct dsm_comm *c, struct ib_device *dev, u32 self, u32 nodes
 	spin_lock_init(&c->read_lock);
 	INIT_LIST_HEAD(&c->deferred);
 	INIT_WORK(&c->defer_work, dsm_defer_work);
+	INIT_WORK(&c->poll_work, dsm_poll_work);
 	err = dsm_open_device(c);
 	for (i = 1; !err && i <= nodes; i++)
 		if (i != self)
@@ -465,6 +492,8 @@ void dsm_comm_close(struct dsm_comm *c)
 		return;
 	for (i = 1; i <= DSM_MAX_NODES; i++)
 		dsm_free_peer(c, &c->peers[i]);
+	/* No QP is left to complete: the last poll may still use the CQ. */
+	cancel_work_sync(&c->poll_work);
 	if (c->cq)
 		ib_destroy_cq(c->cq);
 	cancel_work_sync(&c->defer_work);

@@ -123,6 +123,13 @@ struct dsm_comm {
 	spinlock_t defer_lock;	/* guards deferred */
 	struct list_head deferred;
 	struct work_struct defer_work;
+	/*
+	 * The CQ polled in process context: set once the provider called the
+	 * handler where it may not poll (common/cqpoll.h), and kept, so that
+	 * the CQ is never polled from two contexts at once.
+	 */
+	bool poll_in_task;
+	struct work_struct poll_work;
 	struct dsm_stats stats;
 	struct dsm_proto *proto;	/* the coherence protocol, when a space is open */
 };

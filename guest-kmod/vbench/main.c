@@ -116,8 +116,9 @@ static int vb_cmd_run(char *cmd, char *args)
 		return vb_cmd_cm(args);
 	if (!strcmp(cmd, "stop")) {
 		vb_stop();
-		return scnprintf(vb_ctl.result, sizeof(vb_ctl.result), "served=%u errors=%u\n",
-				 vb->done, vb->errors);
+		return scnprintf(vb_ctl.result, sizeof(vb_ctl.result),
+				 "served=%u errors=%u deferred=%u\n",
+				 vb->done, vb->errors, vb->deferred);
 	}
 	if (!strcmp(cmd, "badrkey"))
 		return vb_badrkey(vb_ctl.result, sizeof(vb_ctl.result));

@@ -137,7 +137,15 @@ void vb_comp_handler(struct ib_cq *cq, void *ctx)
 {
 	switch (READ_ONCE(vb->mode)) {
 	case VB_ISR:
-		vb_drain_cq();
+		if (cq_handler_may_poll()) {
+			vb_drain_cq();
+			break;
+		}
+		/* Under the provider's CQ lock: polling here would hang. */
+		vb->deferred++;
+		pr_info_once("vbench: %s calls completion handlers under its CQ lock: isr mode polls from the workqueue there\n",
+			     dev_name(&cq->device->dev));
+		queue_work(vb->wq, &vb->work);
 		break;
 	case VB_WQ:
 		queue_work(vb->wq, &vb->work);
@@ -164,6 +172,7 @@ static void vb_reset_stats(void)
 {
 	vb->done = 0;
 	vb->errors = 0;
+	vb->deferred = 0;
 	vb->seq = 0;
 	vb->sum_ns = 0;
 	vb->max_ns = 0;
@@ -289,10 +298,11 @@ int vb_ping(enum vb_mode mode, u32 size, u32 iters, char *out, size_t len)
 		return err;
 	counted = vb->done > vb->warmup ? vb->done - vb->warmup : 0;
 	return scnprintf(out, len,
-			 "size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu rtt_median_ns=%llu\n",
+			 "size=%u iters=%u done=%u errors=%u rtt_avg_ns=%llu rtt_min_ns=%llu rtt_max_ns=%llu rtt_median_ns=%llu deferred=%u\n",
 			 size, iters, vb->done, vb->errors,
 			 counted ? div_u64(vb->sum_ns, counted) : 0,
-			 counted ? vb->min_ns : 0, vb->max_ns, vb_median());
+			 counted ? vb->min_ns : 0, vb->max_ns, vb_median(),
+			 vb->deferred);
 }
 
 /*

@@ -23,6 +23,7 @@
 #include <linux/kthread.h>
 #include <rdma/ib_verbs.h>
 #include "rcconn.h"
+#include "cqpoll.h"
 
 #define VB_MAX_MSG	4096
 #define VB_RECVS	64
@@ -74,6 +75,8 @@ struct vb_ctx {
 	u32 warmup;	/* round trips not counted */
 	u32 last_size;	/* server: size the send buffer is set up for */
 	u32 errors;
+	/* isr mode: handler calls handed to the workqueue (common/cqpoll.h) */
+	u32 deferred;
 	ktime_t t0;
 	u64 sum_ns, min_ns, max_ns;
 	u32 *samples;	/* counted round trips, ns, for the median */
