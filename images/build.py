@@ -452,8 +452,10 @@ class LocalKernel:
                 die(f"no kernel headers for {self.kver}: {self.kdir} should point at the built "
                     f"tree (make modules_install leaves it so), or at its headers")
             self.kdir = self.kdir.resolve()
-            self.config = next((c for c in [self.kdir / ".config", path / "boot" / f"config-{self.kver}",
-                                            path / f"config-{self.kver}"] if c.exists()), None)
+            # The installed kernel's own config first; the tree's (or headers') after.
+            self.config = next((c for c in [path / "boot" / f"config-{self.kver}",
+                                            path / f"config-{self.kver}", self.kdir / ".config"]
+                                if c.exists()), None)
             images = [path / "bzImage", path / "boot" / f"vmlinuz-{self.kver}",
                       path / f"vmlinuz-{self.kver}", path / "arch" / "x86" / "boot" / "bzImage"]
             self.bzimage = next((b for b in images if b.exists()), path / "bzImage")
@@ -471,6 +473,22 @@ class LocalKernel:
         hundreds of MiB would cost more than the check saves)."""
         files = [self.bzimage, self.vmlinux, self.config] + list(Modules(self.moddir).paths.values())
         return ";".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
+
+
+def guest_tools():
+    """The user-space tools and DSM applications, built once for every kernel's image (they
+    do not depend on it): rebuilt only when a source under guest-kmod/ or this script
+    changed since the last build."""
+    outdir = ROOT / "target" / "guest-tools"
+    stamp = outdir / ".key"
+    key = digest(kmod_sources() + [Path(__file__).resolve()], "guest-tools")
+    names = USER_TOOLS + DSM_APPS
+    if stamp.exists() and stamp.read_text() == key and all((outdir / n).exists() for n in names):
+        return {n: (outdir / n).read_bytes() for n in names}
+    tools = build_user_tools()
+    tools.update(build_dsm_apps())
+    stamp.write_text(key)
+    return tools
 
 
 def build_user_tools():
@@ -665,8 +683,7 @@ def main():
     kernel_files(kernel, dest)
 
     ours = build_our_modules(kernel.kdir, kver, out.parent / "kbuild" / name)
-    tools = build_user_tools()
-    tools.update(build_dsm_apps())
+    tools = guest_tools()
     debian_tools = userland(cache)
     mods = Modules(kernel.moddir)
     img = Cpio()
