@@ -1,10 +1,11 @@
 #!/bin/sh
 # Runs inside the nested KVM host (ci/nested-kvm.sh ci/nested-check.sh): hcabench's own
 # VMM boots Debian's kernel to userspace on a real KVM, with the clock and devices Linux
-# needs from a KVM VMM, and the HCA works; then two VMs in one VMM process run a DSM
-# application, verified, and `bench vmm` (needs --with-qemu) pings between two VMs with
-# data checked, beside QEMU/KVM. Each check prints "ok" or "FAILED"; the last line counts
-# them. With NESTED_BOOT_ONLY=1 set before it (CI's second kernel), only the one-node boot.
+# needs from a KVM VMM, and the HCA works, and `hcabench exec` reaches it; then two VMs
+# in one VMM process run a DSM application, verified, and `bench vmm` (needs --with-qemu)
+# pings between two VMs with data checked, beside QEMU/KVM. Each check prints "ok" or
+# "FAILED"; the last line counts them. With NESTED_BOOT_ONLY=1 set before it (CI's second
+# kernel), only the one-node boot.
 pass=0
 fail=0
 check() {
@@ -104,6 +105,9 @@ check "userspace starts" "HCABENCH-INIT node=node1" "$c"
 check "hca_ib registers hcab0, port ACTIVE" "HCABENCH-IB hcab0 lid=0x1 state=ACTIVE" "$c"
 check "node1's GUID is its LID's, as under QEMU" "guid=0002:c903:0000:0001" "$c"
 check "doorbell ioeventfd -> MSI-X irqfd round trips" "HCABENCH-PROBE doorbell-irq rounds=200" "$c"
+# `hcabench exec` over the VMM's second UART (COM2, ttyS1 in the guest).
+limited 90 /tmp/exec.log hcabench exec node1 -- 'cat /sys/class/infiniband/hcab0/ports/1/state'
+check "hcabench exec runs a command in the VMM's guest over COM2" "4: ACTIVE" /tmp/exec.log
 hcabench down > /dev/null
 if [ "${NESTED_BOOT_ONLY:-}" = 1 ]; then
 	echo "nested: $pass passed, $fail failed"

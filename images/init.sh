@@ -78,6 +78,20 @@ if [ "$cmd" = shell ]; then
 		say "ERROR ipoib-up $addr: ib0 got no carrier"
 	fi
 fi
+# `hcabench exec` and `cp` on a user's cluster: a command channel on the second serial port
+# (ttyS1, whose host end is the run directory's NODE.agent socket), so that the console
+# stays the user's. As the agent job's below: raw (every byte passes as it is; ^C is no
+# signal), no echo, and a pipe so that the shell is non-interactive (no prompt, no line
+# editing); the host ends each command with a marker line (cluster/src/agent.rs). If a
+# command ends the shell, the loop starts another.
+if [ "$cmd" = shell ]; then
+	if stty -F /dev/ttyS1 raw -echo 2> /dev/null; then
+		setsid sh -c 'while true; do cat /dev/ttyS1 | sh > /dev/ttyS1 2>&1; done' \
+			< /dev/null > /dev/null 2>&1 &
+	else
+		say "ERROR no second serial port (ttyS1): hcabench exec and cp cannot reach $node"
+	fi
+fi
 say "READY node=$node uptime=$(cut -d' ' -f1 /proc/uptime)"
 
 case "$cmd" in

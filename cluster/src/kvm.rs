@@ -23,6 +23,8 @@ pub struct KvmNodeSpec<'a> {
     pub kernel_args: &'a str,
     pub console_log: PathBuf,
     pub console_socket: Option<PathBuf>,
+    /// The second serial port's (COM2, the guest's ttyS1) socket: `hcabench exec`'s channel.
+    pub agent_socket: Option<PathBuf>,
     /// Host PCI functions passed through (the `vfio` feature).
     pub vfio: Vec<PathBuf>,
 }
@@ -54,6 +56,7 @@ impl KvmNode {
                 vcpus,
                 serial_log: Some(node.console_log),
                 console_socket: node.console_socket,
+                agent_socket: node.agent_socket,
                 vfio: node.vfio,
             },
             fabric,

@@ -8,7 +8,9 @@
 //!
 //! Either way node `k` (from 0) is `node{k+1}` at LID `k + 1` on one [`Fabric`], its serial
 //! console is logged to `dir/node{k+1}.console` (and served on `dir/node{k+1}.serial` when
-//! asked), and a [`Cluster`] kills, watches and tears down its nodes the same way. On top:
+//! asked, with its second serial port, the shell job's command channel, on
+//! `dir/node{k+1}.agent`), and a [`Cluster`] kills, watches and tears down its nodes the
+//! same way. On top:
 //! the guest's console protocol ([`console_protocol`]), its agent shell ([`agent`]), and the
 //! verbs and DSM jobs run through it ([`verbs`], [`dsm`]).
 
@@ -172,6 +174,13 @@ impl ClusterSpec {
             .then(|| self.dir.join(format!("{}.serial", Self::node_name(i))))
     }
 
+    /// Node `i`'s second serial port (ttyS1) on a socket, where the shell job's init runs
+    /// the command channel of `hcabench exec` and `cp` ([`agent`]); with the console's.
+    pub fn agent_socket(&self, i: usize) -> Option<PathBuf> {
+        self.console_sockets
+            .then(|| self.dir.join(format!("{}.agent", Self::node_name(i))))
+    }
+
     /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
     fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), BootError> {
         fabric.set_packet_life(self.packet_life).ok_or_else(|| {
@@ -295,7 +304,8 @@ impl Cluster {
             source,
         })?;
         let mut files: Vec<PathBuf> = (0..spec.nodes)
-            .filter_map(|i| spec.console_socket(i))
+            .flat_map(|i| [spec.console_socket(i), spec.agent_socket(i)])
+            .flatten()
             .collect();
         let mut cluster = match spec.backend {
             Backend::Qemu => {
@@ -344,6 +354,7 @@ impl Cluster {
                         kernel_args: &spec.kernel_args,
                         console_log: spec.console_log(i),
                         console_socket: spec.console_socket(i),
+                        agent_socket: spec.agent_socket(i),
                         vfio: spec.vfio.get(&name).cloned().into_iter().collect(),
                     };
                     let n = KvmNode::start(&kvm, &spec.image, node, &c.fabric)
@@ -373,6 +384,7 @@ impl Cluster {
             let g = GuestSpec {
                 console_log: spec.console_log(i),
                 console_socket: spec.console_socket(i),
+                agent_socket: spec.agent_socket(i),
                 node,
                 image: spec.image.clone(),
                 vcpus: spec.vcpus,
@@ -576,7 +588,9 @@ mod tests {
         assert_eq!(ClusterSpec::node_name(2), "node3");
         assert_eq!(s.console_log(0), s.dir.join("node1.console"));
         assert_eq!(s.console_socket(1), Some(s.dir.join("node2.serial")));
+        assert_eq!(s.agent_socket(1), Some(s.dir.join("node2.agent")));
         s.console_sockets = false;
         assert_eq!(s.console_socket(1), None);
+        assert_eq!(s.agent_socket(1), None);
     }
 }

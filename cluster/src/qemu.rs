@@ -52,6 +52,10 @@ pub struct GuestSpec {
     pub console_log: PathBuf,
     /// A unix socket a user can attach to the serial console through (`hcabench console`).
     pub console_socket: Option<PathBuf>,
+    /// The second serial port's socket (the guest's ttyS1): the shell job's command
+    /// channel for `hcabench exec` and `cp` ([`crate::agent`]), so the console stays the
+    /// user's.
+    pub agent_socket: Option<PathBuf>,
     /// `hcabench.cmd=` for the guest's init.
     pub cmd: String,
     /// More kernel command-line parameters (may be empty).
@@ -135,6 +139,13 @@ impl GuestSpec {
                 "-serial",
                 "chardev:serial",
             ]);
+        // The second -serial is the second ISA UART: COM2, 0x2f8, IRQ 3 (ttyS1). Every
+        // guest has it, as under hcabench's VMM; without a socket it leads nowhere.
+        let agent = match &self.agent_socket {
+            Some(sock) => format!("socket,id=agent,path={},server=on,wait=off", sock.display()),
+            None => "null,id=agent".to_string(),
+        };
+        c.args(["-chardev", &agent, "-serial", "chardev:agent"]);
         if let Some(net) = &self.net {
             c.args([
                 "-netdev",

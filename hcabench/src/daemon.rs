@@ -117,6 +117,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
                 pid: cluster.node(i).pid().unwrap_or(daemon_pid),
                 console_log: spec.console_log(i),
                 console_socket: spec.console_socket(i).unwrap_or_default(),
+                agent_socket: spec.agent_socket(i).unwrap_or_default(),
             })
             .collect(),
     };

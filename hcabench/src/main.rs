@@ -2,16 +2,21 @@
 //! them.
 
 mod apps_bench;
+mod base64;
 mod bench;
 mod console;
 mod control;
+mod copy;
 mod daemon;
 mod dsmrun;
+mod exec;
 mod faultrun;
 mod ipoib_bench;
 mod nfs_bench;
 mod rundir;
 mod session;
+mod sha256;
+mod tar;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -73,6 +78,8 @@ enum Cmd {
         /// The node, e.g. node2
         node: String,
     },
+    Exec(exec::ExecArgs),
+    Cp(copy::CpArgs),
     /// Inject a fault into the running cluster, now
     ///
     /// Actions on NODE's link (both directions): link-down, link-up; drop P, duplicate P,
@@ -376,6 +383,8 @@ fn main() -> ExitCode {
         Cmd::Fabric => fabric_cmd(&run),
         Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
         Cmd::Console { node } => console_cmd(&run, &node),
+        Cmd::Exec(a) => return exec::main(&run, &a),
+        Cmd::Cp(a) => copy::run(&run, &a),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Partition {
             pkey,

@@ -19,6 +19,10 @@ pub struct NodeState {
     pub pid: u32,
     pub console_log: PathBuf,
     pub console_socket: PathBuf,
+    /// The command channel of `hcabench exec` and `cp` (the guest's second serial port);
+    /// empty in the state of a cluster an older hcabench started.
+    #[serde(default)]
+    pub agent_socket: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

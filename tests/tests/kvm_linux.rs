@@ -27,6 +27,7 @@ fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Mac
             vcpus: 2,
             serial_log: None,
             console_socket: None,
+            agent_socket: None,
             vfio: Vec::new(),
         },
         &fabric,

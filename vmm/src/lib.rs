@@ -3,7 +3,8 @@
 //! One [`machine::Machine`] is one VM: guest RAM (a memfd through vm-memory), the in-kernel
 //! irqchip, a PCI host bridge on configuration mechanism 1 with the HCA behind it
 //! ([`hca_pci`]: doorbells through ioeventfds, MSI-X through GSI routes and irqfds, BAR2 as a
-//! memory slot), a 16550 serial port (vm-superio) to a log, and a thread per vCPU. Several
+//! memory slot), two 16550 serial ports (vm-superio: COM1 the console, to a log; COM2 the
+//! shell job's command channel), and a thread per vCPU. Several
 //! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`]. With the
 //! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
 

@@ -28,9 +28,15 @@ use super::rtc::{self, Cmos};
 use super::serial::{self, ConsoleOut, IrqLine, SerialPort};
 
 pub const COM1: u16 = 0x3f8;
+/// The second UART, as on a PC (IRQ 3): the shell job's command channel (the guest's
+/// ttyS1; `hcabench exec` and `cp`), so that the console on COM1 stays the user's.
+pub const COM2: u16 = 0x2f8;
+/// A 16550's eight registers.
+const UART_PORTS: u16 = 8;
 /// A byte written here ends the run with that exit code (the test guest's verdict).
 pub const EXIT_PORT: u16 = 0x501;
 const SERIAL_GSI: u32 = 4;
+const COM2_GSI: u32 = 3;
 const BAR2_SLOT: u32 = 1;
 /// The doorbell peer id this machine's guests must use (one HCA per machine).
 const DOORBELL_PEER: u32 = 0;
@@ -46,6 +52,8 @@ pub struct MachineConfig {
     pub serial_log: Option<PathBuf>,
     /// A unix socket to attach to the serial console through (`hcabench console`).
     pub console_socket: Option<PathBuf>,
+    /// A unix socket for COM2 (None: the port is there, its output goes nowhere).
+    pub agent_socket: Option<PathBuf>,
     /// Host PCI functions (sysfs paths, bound to vfio-pci) passed through next to the HCA;
     /// needs the `vfio` build feature.
     pub vfio: Vec<PathBuf>,
@@ -54,6 +62,7 @@ pub struct MachineConfig {
 /// What the vCPU threads share.
 struct Devices {
     serial: Arc<Mutex<SerialPort>>,
+    com2: Arc<Mutex<SerialPort>>,
     rtc: Mutex<Cmos>,
     bus: Mutex<PciBus>,
     hca_pci: Arc<Mutex<HcaPci>>,
@@ -86,6 +95,7 @@ pub struct Machine {
     console: Arc<Mutex<Vec<u8>>>,
     doorbell_pump: Option<DoorbellPump>,
     console_thread: Option<JoinHandle<()>>,
+    com2_thread: Option<JoinHandle<()>>,
     vcpu_threads: Vec<JoinHandle<Result<(), String>>>,
     started: Option<Instant>,
 }
@@ -175,7 +185,18 @@ impl Machine {
         let serial = Arc::new(Mutex::new(Serial::new(IrqLine(serial_irq), out)));
         let stop = Arc::new(AtomicBool::new(false));
         let console_thread = match &cfg.console_socket {
-            Some(p) => Some(serial::serve(p, serial.clone(), stop.clone())?),
+            Some(p) => Some(serial::serve(p, "console", serial.clone(), stop.clone())?),
+            None => None,
+        };
+        let com2_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        vm.register_irqfd(&com2_irq, COM2_GSI)
+            .map_err(|e| format!("COM2 irqfd: {e}"))?;
+        let com2 = Arc::new(Mutex::new(Serial::new(
+            IrqLine(com2_irq),
+            ConsoleOut::socket_only(),
+        )));
+        let com2_thread = match &cfg.agent_socket {
+            Some(p) => Some(serial::serve(p, "com2", com2.clone(), stop.clone())?),
             None => None,
         };
 
@@ -205,6 +226,7 @@ impl Machine {
             name: cfg.name,
             devices: Arc::new(Devices {
                 serial,
+                com2,
                 rtc: Mutex::new(Cmos::default()),
                 bus: Mutex::new(bus),
                 hca_pci,
@@ -221,6 +243,7 @@ impl Machine {
             console,
             doorbell_pump: Some(doorbell_pump),
             console_thread,
+            com2_thread,
             vcpu_threads: Vec::new(),
             started: None,
         })
@@ -362,7 +385,10 @@ impl Drop for Machine {
             let _ = self.stop();
         }
         self.devices.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.console_thread.take() {
+        for t in [self.console_thread.take(), self.com2_thread.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
         drop(self.doorbell_pump.take());
@@ -458,13 +484,41 @@ fn serial_text(buf: &Mutex<Vec<u8>>) -> String {
     String::from_utf8_lossy(&crate::lock(buf)).into_owned()
 }
 
+/// Which of the two UARTs a port number falls in, and the register there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Uart {
+    Com1(u8),
+    Com2(u8),
+}
+
+fn uart_at(port: u16) -> Option<Uart> {
+    let reg = |base: u16| {
+        let off = port.checked_sub(base).filter(|&o| o < UART_PORTS)?;
+        u8::try_from(off).ok()
+    };
+    reg(COM1)
+        .map(Uart::Com1)
+        .or_else(|| reg(COM2).map(Uart::Com2))
+}
+
+impl Devices {
+    fn uart(&self, u: Uart) -> (&Mutex<SerialPort>, u8) {
+        match u {
+            Uart::Com1(reg) => (&self.serial, reg),
+            Uart::Com2(reg) => (&self.com2, reg),
+        }
+    }
+}
+
 fn io_out(d: &Devices, port: u16, data: &[u8]) {
     // KVM hands over 1, 2 or 4 bytes; the byte-wide devices take the first.
     let byte = data.first().copied().unwrap_or(0);
+    if let Some(u) = uart_at(port) {
+        let (uart, reg) = d.uart(u);
+        let _ = crate::lock(uart).write(reg, byte);
+        return;
+    }
     match port {
-        COM1..=0x3ff => {
-            let _ = crate::lock(&d.serial).write((port - COM1) as u8, byte);
-        }
         EXIT_PORT => *crate::lock(&d.exit_code) = Some(byte),
         rtc::PORT_INDEX | rtc::PORT_DATA => crate::lock(&d.rtc).write(port, byte),
         _ => {
@@ -479,8 +533,12 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
             *b = v;
         }
     };
+    if let Some(u) = uart_at(port) {
+        let (uart, reg) = d.uart(u);
+        byte(crate::lock(uart).read(reg), data);
+        return;
+    }
     match port {
-        COM1..=0x3ff => byte(crate::lock(&d.serial).read((port - COM1) as u8), data),
         rtc::PORT_INDEX | rtc::PORT_DATA => byte(crate::lock(&d.rtc).read(port), data),
         _ => {
             if !crate::lock(&d.bus).io_read(port, data) {
@@ -575,4 +633,21 @@ fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_port_numbers_reach_the_uart_they_belong_to_and_no_other() {
+        assert_eq!(uart_at(COM1), Some(Uart::Com1(0)));
+        assert_eq!(uart_at(0x3fd), Some(Uart::Com1(5)));
+        assert_eq!(uart_at(0x3ff), Some(Uart::Com1(7)));
+        assert_eq!(uart_at(COM2), Some(Uart::Com2(0)));
+        assert_eq!(uart_at(0x2ff), Some(Uart::Com2(7)));
+        for other in [0x2f7, 0x300, 0x3f7, 0x400, EXIT_PORT, 0, u16::MAX] {
+            assert_eq!(uart_at(other), None, "{other:#x}");
+        }
+    }
 }
