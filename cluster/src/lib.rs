@@ -35,7 +35,7 @@ use device_server::{DeviceServer, NodeConfig, ServerError};
 use hca_model::{Fabric, Hca};
 
 pub use backend::{Backend, BackendError};
-pub use image::{Image, ImageError};
+pub use image::{is_kernel_path, Image, ImageError};
 pub use node::Node;
 pub use private_dir::create_private_dir;
 
@@ -536,6 +536,7 @@ mod tests {
     fn spec(backend: Backend) -> ClusterSpec {
         let image = Image {
             kernel_version: "6.1".into(),
+            name: "6.1".into(),
             vmlinux: "/nonexistent/vmlinux".into(),
             bzimage: "/nonexistent/bzImage".into(),
             initramfs: "/nonexistent/initramfs".into(),

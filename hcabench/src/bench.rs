@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cluster::console_protocol::{INIT, PROBE, READY};
 use cluster::dsm::{close_all, configure, connect_mesh, run_everywhere};
 use cluster::verbs::{float, num, BwResult, Mode, PingResult, Testbed};
-use cluster::{Backend, ClusterSpec, Image, QemuAccel};
+use cluster::{Backend, ClusterSpec, QemuAccel};
 
 use crate::config::ClusterConfig;
 use crate::session::{Session, Shape};

@@ -6,7 +6,11 @@
 //! memory_mib = 256   # RAM per guest (default 256)
 //! vcpus = 1          # per guest (default 1)
 //! backend = "auto"   # "auto", "qemu" or "kvm" (default "auto")
-//! image_dir = "target/images"   # where images/build.py put the guest image
+//! image_dir = "target/images"   # where images/build.py put the guest images
+//! kernel = "6.12"    # the guests' kernel: a Debian version ("6.1", "6.12"), an image's
+//!                    # name ("6.12.117+deb12-amd64"), or the path of a developer's kernel
+//!                    # tree or install directory (built into an image when it changed).
+//!                    # Default: the image `images/build.py` builds with no --kernel
 //! kernel_args = ""   # appended to every guest's kernel command line, e.g.
 //!                    # "earlyprintk=serial,ttyS0 initcall_debug" (default none)
 //! packet_life_time = 18   # the subnet's PacketLifeTime, 4.096 us * 2^N, 0 to 30: what
@@ -97,6 +101,8 @@ pub struct ClusterConfig {
     pub vcpus: u32,
     pub backend: Backend,
     pub image_dir: PathBuf,
+    /// The guests' kernel (see the module docs); None: the default image.
+    pub kernel: Option<String>,
     /// Appended to every guest's kernel command line.
     pub kernel_args: String,
     /// The subnet's PacketLifeTime (see the module docs).
@@ -143,6 +149,7 @@ impl Default for ClusterConfig {
             vcpus: 1,
             backend: Backend::Auto,
             image_dir: PathBuf::from("target/images"),
+            kernel: None,
             kernel_args: String::new(),
             packet_life_time: hca_model::sa::DEFAULT_PACKET_LIFE,
             faults: None,
@@ -237,6 +244,34 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// The guest image this file boots (`kernel` under `image_dir`), built already: a
+    /// developer's kernel is built into an image by [`ClusterConfig::build_image`] first.
+    pub fn image(&self) -> Result<Image, cluster::ImageError> {
+        Image::resolve(&self.image_dir, self.kernel.as_deref())
+    }
+
+    /// Makes sure the image of `kernel` exists and is current, building it with
+    /// `images/build.py` (progress on stderr) where it is a developer's kernel (always
+    /// checked: the tree may have been rebuilt) or a Debian kernel not built yet; then pins
+    /// `kernel` to the image's name, so that the daemon and the benches boot exactly it.
+    pub fn build_image(&mut self) -> Result<Image, cluster::ImageError> {
+        let image = match self.kernel.as_deref() {
+            Some(k) if cluster::is_kernel_path(k) => {
+                let path = std::path::absolute(k).unwrap_or_else(|_| PathBuf::from(k));
+                Image::build(&self.image_dir, &path.to_string_lossy())?
+            }
+            Some(k) => match self.image() {
+                Err(cluster::ImageError::NoKernel { .. }) => Image::build(&self.image_dir, k)?,
+                found => found?,
+            },
+            None => self.image()?,
+        };
+        if self.kernel.is_some() {
+            self.kernel = Some(image.name.clone());
+        }
+        Ok(image)
+    }
+
     /// The RAM of the node called `name`, in MiB.
     pub fn memory_mib_of(&self, name: &str) -> u64 {
         let own = self.node_memory_mib.get(name);
@@ -303,6 +338,22 @@ mod tests {
     }
 
     #[test]
+    fn test_the_kernel_is_the_default_image_unless_the_file_names_one() {
+        assert_eq!(ClusterConfig::default().kernel, None);
+        let c = ClusterConfig::parse("kernel = \"6.12\"", "x").unwrap();
+        assert_eq!(c.kernel.as_deref(), Some("6.12"));
+        // An image of that version is looked for where image_dir says.
+        let dir = std::env::temp_dir().join(format!("hcab-cfg-kernel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let c = ClusterConfig {
+            image_dir: dir.clone(),
+            ..c
+        };
+        let e = c.image().unwrap_err().to_string();
+        assert!(e.contains("no guest image of kernel 6.12"), "{e}");
+    }
+
+    #[test]
     fn test_bad_files_say_what_is_wrong() {
         let e = ClusterConfig::parse("nodes = 65", "c.toml").unwrap_err();
         assert!(
@@ -333,6 +384,7 @@ mod tests {
         let dir = PathBuf::from("/tmp/x");
         let image = Image {
             kernel_version: "k".into(),
+            name: "k".into(),
             vmlinux: "v".into(),
             bzimage: "b".into(),
             initramfs: "i".into(),
@@ -368,6 +420,7 @@ mod tests {
         assert_eq!(back, c, "it writes and reads back unchanged");
         let image = cluster::Image {
             kernel_version: "6.1".into(),
+            name: "6.1".into(),
             vmlinux: "vmlinux".into(),
             bzimage: "bzImage".into(),
             initramfs: "initramfs".into(),

@@ -6,7 +6,7 @@
 
 use std::io;
 
-use cluster::{Backend, Cluster, ClusterSpec, Image};
+use cluster::{Backend, Cluster, ClusterSpec};
 
 use crate::config::ClusterConfig;
 use crate::control::Control;
@@ -95,7 +95,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
     let signals = block_stop_signals();
     let (backend, why) = choose_backend(cfg)?;
     eprintln!("daemon: backend {backend} ({why})");
-    let image = Image::find(&cfg.image_dir)?;
+    let image = cfg.image()?;
     let spec = ClusterSpec {
         vfio: cfg.vfio.clone(),
         ..cfg.spec(backend, image.clone(), run.dir().to_path_buf(), cfg.nodes)

@@ -35,7 +35,8 @@ use rundir::{pid_alive, ClusterState, RunDir};
 ///
 /// A cluster is described by a TOML file (--config) whose every field has a default:
 /// nodes (2), memory_mib (256), vcpus (1), backend ("auto"), image_dir ("target/images"),
-/// packet_life_time (18, as OpenSM's: RC connections wait about 2.1 s for a lost packet).
+/// packet_life_time (18, as OpenSM's: RC connections wait about 2.1 s for a lost packet),
+/// kernel (the default image; `--kernel 6.12` or a developer's tree: see `up --help`).
 /// Build the guest image first with `python3 images/build.py`.
 #[derive(Parser)]
 #[command(name = "hcabench", version)]
@@ -203,6 +204,15 @@ struct ClusterArgs {
     /// NFS; the DSM module and vbench set a 67 ms timeout of their own)
     #[arg(long, value_name = "N")]
     packet_life_time: Option<u8>,
+    /// The guests' kernel (overrides the file's `kernel`): a Debian version (6.1, 6.12) or
+    /// image name (6.12.117+deb12-amd64), built into an image first if there is none; or
+    /// the path of a developer's kernel: a built tree (`make` done) or a directory holding
+    /// a bzImage or vmlinux and lib/modules from `make modules_install
+    /// INSTALL_MOD_PATH=DIR`. hcabench's modules are built against it and its own RDMA
+    /// modules (ib_core, ib_ipoib, ...) load in the guests, so a change to them is tested
+    /// by `make` and this. Default: the image `images/build.py` builds with no --kernel
+    #[arg(long, value_name = "VERSION|PATH")]
+    kernel: Option<String>,
     /// Seconds to wait for the guests to boot
     #[arg(long, default_value_t = 180)]
     timeout: u64,
@@ -462,7 +472,13 @@ fn resolve(
         c.capture = Some(absolute(p)?);
         c.capture_format = a.capture_format;
     }
+    if let Some(k) = &a.kernel {
+        c.kernel = Some(k.clone());
+    }
     c.validate()?;
+    // A developer's kernel (or a Debian one not built yet) becomes an image here, with its
+    // progress shown, before any guest boots; the daemon then boots exactly that image.
+    c.build_image()?;
     Ok(c)
 }
 
@@ -479,7 +495,6 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         }
         cluster::qemu::qemu_available()?;
     }
-    cluster::Image::find(&c.image_dir)?;
     Ok(c)
 }
 
@@ -519,7 +534,11 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
     let cfg_file = run.path("cluster.toml");
     std::fs::write(&cfg_file, toml::to_string(&cfg).map_err(|e| e.to_string())?)
         .map_err(|e| format!("cannot write {}: {e}", cfg_file.display()))?;
-    println!("booting {} nodes ({backend}: {why})", cfg.nodes);
+    let kernel = cfg.image()?.kernel_version;
+    println!(
+        "booting {} nodes, kernel {kernel} ({backend}: {why})",
+        cfg.nodes
+    );
     let started = Instant::now();
     let pid = daemon::spawn(run, &cfg_file).map_err(|e| format!("cannot start the daemon: {e}"))?;
     let deadline = started + Duration::from_secs(a.cluster.timeout);
@@ -636,8 +655,8 @@ fn status(run: &RunDir) -> Result<(), String> {
         s.daemon_pid
     );
     println!(
-        "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} console log",
-        "node", "LID", "pid", "state", "RAM MiB", "ib0 (IPoIB)"
+        "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} {:<22} console log",
+        "node", "LID", "pid", "state", "RAM MiB", "ib0 (IPoIB)", "kernel"
     );
     for n in &s.nodes {
         let log = std::fs::read(&n.console_log).unwrap_or_default();
@@ -658,14 +677,22 @@ fn status(run: &RunDir) -> Result<(), String> {
             .unwrap_or("-")
             .to_string();
         let ram = s.config.memory_mib_of(&n.name);
+        // What the guest itself reports running (init.sh's INIT line: `kernel=$(uname -r)`).
+        let kernel = log
+            .iter()
+            .filter_map(|l| l.strip_prefix(INIT))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("kernel=")))
+            .unwrap_or("-")
+            .to_string();
         println!(
-            "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} {}",
+            "  {:<8} {:>4} {:>9} {:<8} {:>7} {:<16} {:<22} {}",
             n.name,
             n.lid,
             n.pid,
             state,
             ram,
             ib0,
+            kernel,
             n.console_log.display()
         );
     }

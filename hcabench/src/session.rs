@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cluster::agent::Agent;
 use cluster::verbs::Testbed;
-use cluster::{Backend, ClusterSpec, Image};
+use cluster::{Backend, ClusterSpec};
 use hca_model::faults::FaultHook;
 
 use crate::config::ClusterConfig;
@@ -42,7 +42,7 @@ impl Session {
         keep: bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Session, String> {
-        let image = Image::find(&cfg.image_dir)?;
+        let image = cfg.image()?;
         let dir: PathBuf =
             std::env::temp_dir().join(format!("hcabench-{}-{}", shape.what, std::process::id()));
         let spec = ClusterSpec {

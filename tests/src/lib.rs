@@ -5,6 +5,10 @@
 //! When QEMU or the image is missing the tests say so and stop. That is a skip with its
 //! reason printed, and it never happens in CI, whose script installs QEMU and builds the
 //! image first. Set HCABENCH_E2E_REQUIRED=1 to make it a failure instead.
+//!
+//! HCABENCH_KERNEL=6.12 (or any `hcabench up --kernel` value naming a built image) runs them
+//! on that kernel's image instead of the default one: CI runs a set of them on both of
+//! Debian 12's kernels.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,7 +44,16 @@ pub fn repo_root() -> PathBuf {
 /// The image to boot, or the reason there is none (QEMU missing, image not built).
 pub fn prerequisites() -> Result<Image, String> {
     qemu_available()?;
-    Ok(Image::find(&repo_root().join("target/images"))?)
+    Ok(image()?)
+}
+
+/// The default image, or HCABENCH_KERNEL's.
+fn image() -> Result<Image, cluster::ImageError> {
+    let kernel = std::env::var("HCABENCH_KERNEL").ok();
+    Image::resolve(
+        &repo_root().join("target/images"),
+        kernel.as_deref().filter(|k| !k.is_empty()),
+    )
 }
 
 /// Returns the image, or prints why the test cannot run and returns None. With
@@ -51,10 +64,7 @@ pub fn image_or_skip(test: &str) -> Option<Image> {
 
 /// The image alone (for tests that boot it without QEMU), or None after saying why.
 pub fn image_only_or_skip(test: &str) -> Option<Image> {
-    or_skip(
-        test,
-        Image::find(&repo_root().join("target/images")).map_err(String::from),
-    )
+    or_skip(test, image().map_err(String::from))
 }
 
 fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
