@@ -185,6 +185,7 @@ fn print_tables(b: &VerbsBench, all: &[DevResults]) {
             println!("{:<5} {:>6}  {:>17}", o.mode.name(), o.size, us(o));
         }
         println!("hcab0: {}", shape(b, ours));
+        deferred_note("hcab0", ours);
         println!("hcab0: RDMA bandwidth (MB/s = 10^6 bytes/s), polled, 16 operations in flight");
         for o in &ours.bw {
             let op = if o.read { "read" } else { "write" };
@@ -225,6 +226,7 @@ fn print_tables(b: &VerbsBench, all: &[DevResults]) {
     );
     for (dev, d) in [("hcab0", ours), ("rxe0", rxe)] {
         println!("{dev}: {}", shape(b, d));
+        deferred_note(dev, d);
     }
     println!();
     println!("RDMA bandwidth (MB/s = 10^6 bytes/s), polled, 16 operations in flight");
@@ -240,6 +242,19 @@ fn print_tables(b: &VerbsBench, all: &[DevResults]) {
             o.mb_per_s,
             r.mb_per_s,
             o.mb_per_s / r.mb_per_s.max(1e-9)
+        );
+    }
+}
+
+/// Says so when a device's isr cells were not the interrupt path: its driver called the
+/// completion handler under its CQ lock, so vbench polled from its workqueue.
+fn deferred_note(dev: &str, d: &DevResults) {
+    let deferred: u64 = d.ping.iter().map(|p| p.deferred).sum();
+    if deferred > 0 {
+        println!(
+            "{dev}: its isr cells ran on vbench's workqueue: this kernel's driver calls \
+             completion handlers under its CQ lock, where polling would hang \
+             ({deferred} handler calls; docs/kernels.md)"
         );
     }
 }
@@ -405,7 +420,7 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
         ));
     }
     cluster::qemu::qemu_available()?;
-    let image = Image::find(&b.cfg.image_dir)?;
+    let image = b.cfg.image()?;
     let started = Instant::now();
     let timeout = Duration::from_secs(600);
     let mut all = Vec::new();

@@ -41,7 +41,10 @@ fn ping_ok(tb: &mut Testbed, dev: &str, mode: Mode, size: u32, iters: u64) {
     // mode measures the interrupt path. (rxe on newer kernels calls them under its CQ
     // lock: vbench then polls from its workqueue, and says so in `deferred`.)
     if dev.starts_with("hcab0") {
-        assert_eq!(r.deferred, 0, "{dev} {mode} {size}: handler calls deferred: {r:?}");
+        assert_eq!(
+            r.deferred, 0,
+            "{dev} {mode} {size}: handler calls deferred: {r:?}"
+        );
     }
 }
 
