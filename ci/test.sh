@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README, command 2; .ci/run runs exactly this).
 # Installs what a fresh machine lacks and builds the guest image (ci/setup.sh), then: format
-# check, clippy, every test (QEMU end-to-end ones included), short benchmark runs (model, and
+# check, clippy, every test (QEMU end-to-end ones included; boot, verbs, IPoIB, storage, the
+# DSM and the nested-KVM boot again on Debian's 6.12), short benchmark runs (model, and
 # kernel verbs over our HCA vs SoftRoCE) so that the benches keep working (their figures are
 # printed, never asserted), and the model demo.
 set -euo pipefail
@@ -9,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# A set of end-to-end checks runs on this second kernel too (docs/kernels.md).
+export HCABENCH_SECOND_KERNEL=${HCABENCH_SECOND_KERNEL:-6.12}
 ci/setup.sh
 
 step "cargo fmt --check"
@@ -24,6 +27,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
+kernel2=$HCABENCH_SECOND_KERNEL
+step "the second kernel, Debian's $kernel2: boot, verbs, IPoIB and the storage protocols, the DSM (docs/kernels.md)"
+HCABENCH_KERNEL=$kernel2 cargo test -p e2e --test qemu_cluster --test verbs --test ipoib \
+	--test dsm 2>&1 | tee -a "$log"
+
 step "the VMM built with VFIO passthrough (built and refused here: no IOMMU, no /dev/vfio)"
 cargo test -p vmm --features vfio --lib --test kvm 2>&1 | tee -a "$log"
 step "nested KVM: hcabench's VMM boots Linux with hcab0; 2 VMs run SOR and bench vmm (ci/nested-kvm.sh)"
@@ -32,6 +40,9 @@ step "nested KVM: hcabench's VMM boots Linux with hcab0; 2 VMs run SOR and bench
 # When L1's own kernel breaks (the nested host, not our VMM: see ci/nested-kvm.sh --help),
 # L1 boots once more and says so; a failed check never retries.
 ci/nested-kvm.sh --with-qemu --retries 1 --timeout 900 ci/nested-check.sh 2>&1 | tee -a "$log"
+step "nested KVM on the second kernel ($kernel2): hcabench's VMM boots it with hcab0 ACTIVE"
+ci/nested-kvm.sh --kernel "$kernel2" --retries 1 --timeout 600 \
+	-c "NESTED_BOOT_ONLY=1; $(cat ci/nested-check.sh)" 2>&1 | tee -a "$log"
 read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 }
 	/^nested: [0-9]+ passed/ { p += $2; f += $4 } END { print p + 0, f + 0 }' "$log")
 
