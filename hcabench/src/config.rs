@@ -244,28 +244,33 @@ impl ClusterConfig {
         Ok(())
     }
 
-    /// The guest image this file boots (`kernel` under `image_dir`), built already: a
-    /// developer's kernel is built into an image by [`ClusterConfig::build_image`] first.
-    pub fn image(&self) -> Result<Image, cluster::ImageError> {
+    /// The guest image this file boots (`kernel` under `image_dir`) if it is built: a
+    /// developer's kernel by path never is (see [`ClusterConfig::image`]).
+    pub fn find_image(&self) -> Result<Image, cluster::ImageError> {
         Image::resolve(&self.image_dir, self.kernel.as_deref())
     }
 
-    /// Makes sure the image of `kernel` exists and is current, building it with
-    /// `images/build.py` (progress on stderr) where it is a developer's kernel (always
-    /// checked: the tree may have been rebuilt) or a Debian kernel not built yet; then pins
-    /// `kernel` to the image's name, so that the daemon and the benches boot exactly it.
-    pub fn build_image(&mut self) -> Result<Image, cluster::ImageError> {
-        let image = match self.kernel.as_deref() {
+    /// The guest image this file boots, built first with `images/build.py` (progress on
+    /// stderr) where `kernel` is a developer's kernel by path (always checked: the tree may
+    /// have been rebuilt) or a Debian kernel with no image yet.
+    pub fn image(&self) -> Result<Image, cluster::ImageError> {
+        match self.kernel.as_deref() {
             Some(k) if cluster::is_kernel_path(k) => {
                 let path = std::path::absolute(k).unwrap_or_else(|_| PathBuf::from(k));
-                Image::build(&self.image_dir, &path.to_string_lossy())?
+                Image::build(&self.image_dir, &path.to_string_lossy())
             }
-            Some(k) => match self.image() {
-                Err(cluster::ImageError::NoKernel { .. }) => Image::build(&self.image_dir, k)?,
-                found => found?,
+            Some(k) => match self.find_image() {
+                Err(cluster::ImageError::NoKernel { .. }) => Image::build(&self.image_dir, k),
+                found => found,
             },
-            None => self.image()?,
-        };
+            None => self.find_image(),
+        }
+    }
+
+    /// [`ClusterConfig::image`], then `kernel` pinned to the image's name, so that what
+    /// boots later (the daemon) boots exactly that image without building again.
+    pub fn build_image(&mut self) -> Result<Image, cluster::ImageError> {
+        let image = self.image()?;
         if self.kernel.is_some() {
             self.kernel = Some(image.name.clone());
         }
@@ -349,7 +354,7 @@ mod tests {
             image_dir: dir.clone(),
             ..c
         };
-        let e = c.image().unwrap_err().to_string();
+        let e = c.find_image().unwrap_err().to_string();
         assert!(e.contains("no guest image of kernel 6.12"), "{e}");
     }
 

@@ -476,9 +476,6 @@ fn resolve(
         c.kernel = Some(k.clone());
     }
     c.validate()?;
-    // A developer's kernel (or a Debian one not built yet) becomes an image here, with its
-    // progress shown, before any guest boots; the daemon then boots exactly that image.
-    c.build_image()?;
     Ok(c)
 }
 
@@ -495,6 +492,9 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
         }
         cluster::qemu::qemu_available()?;
     }
+    // A developer's kernel (or a Debian one not built yet) becomes an image here, with its
+    // progress shown, before any guest boots; the daemon then boots exactly that image.
+    c.build_image()?;
     Ok(c)
 }
 
