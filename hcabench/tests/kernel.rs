@@ -191,27 +191,20 @@ fn test_up_boots_a_developers_kernel_with_its_own_rdma_modules() {
     );
 
     // Unchanged, the tree's image is reused; the next `make` (a newer module) rebuilds it.
-    let again = Command::new("python3")
-        .current_dir(repo_root())
-        .args(["images/build.py", "--kernel", kernel])
-        .output()
-        .unwrap();
-    assert!(
-        again.status.success() && text(&again).contains("up to date"),
-        "{}",
-        text(&again)
-    );
+    let build = || {
+        let o = Command::new("python3")
+            .current_dir(repo_root())
+            .args(["images/build.py", "--kernel", kernel])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let again = build();
+    assert!(again.contains("up to date"), "{again}");
     rewrite(&ib_core, |ko| ko);
-    let rebuilt = Command::new("python3")
-        .current_dir(repo_root())
-        .args(["images/build.py", "--kernel", kernel])
-        .output()
-        .unwrap();
-    assert!(
-        rebuilt.status.success() && text(&rebuilt).contains("built in"),
-        "{}",
-        text(&rebuilt)
-    );
+    let rebuilt = build();
+    assert!(rebuilt.contains("built in"), "{rebuilt}");
 }
 
 #[test]
