@@ -196,6 +196,7 @@ fn test_guest_ram_is_mapped_once_qemu_has_created_it() {
         ring_addr: 0x10_0000,
         log_entries: 4,
         vector: 1,
+        ..Default::default()
     };
     assert_eq!(
         early.cmd(CMD_CREATE_CQ, &cq).0,

@@ -44,7 +44,7 @@
 #define HCA_VEC_COMP_FIRST		1
 
 /* BAR2 layout */
-#define HCA_BAR2_SIZE			0x10000
+#define HCA_BAR2_SIZE			0x80000
 #define HCA_BAR2_INFO_OFFSET		0x0000
 #define HCA_BAR2_MAILBOX_OFFSET		0x1000
 #define HCA_BAR2_EQ_DB_OFFSET		0x2000
@@ -55,6 +55,13 @@
 #define HCA_BAR2_QP_DB_OFFSET		0x8000
 #define HCA_BAR2_CQ_DB_OFFSET		0xa000
 #define HCA_BAR2_SRQ_DB_OFFSET		0xb000
+/*
+ * User access regions: one page per user context, holding the doorbell
+ * records of its QPs, CQs and SRQs (db_offset at creation).
+ */
+#define HCA_BAR2_UAR_OFFSET		0x10000
+#define HCA_UAR_SIZE			0x1000
+#define HCA_MAX_UAR			((HCA_BAR2_SIZE - HCA_BAR2_UAR_OFFSET) / HCA_UAR_SIZE)
 
 /* Device limits */
 #define HCA_MAX_QP			1024
@@ -94,6 +101,8 @@
 #define HCA_CAP_LOCAL_DMA_LKEY		(1 << 4)
 #define HCA_CAP_MASKED_ATOMIC		(1 << 5)
 #define HCA_CAP_SRQ			(1 << 6)
+/* db_offset in CREATE_CQ/QP/SRQ, HCA_PD_FLAG_USER */
+#define HCA_CAP_UAR			(1 << 7)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -138,6 +147,12 @@
 
 #define HCA_MR_FLAG_PHYS		(1 << 0)
 #define HCA_MR_FLAG_FAST_REG		(1 << 1)
+
+/*
+ * ALLOC_PD: a user process's PD. Its QPs cannot use HCA_LOCAL_DMA_LKEY and
+ * no physical or fast-registration MR can be made in it.
+ */
+#define HCA_PD_FLAG_USER		(1 << 0)
 
 /* Access flags (ib_access_flags) */
 #define HCA_ACCESS_LOCAL_WRITE		(1 << 0)
@@ -401,10 +416,22 @@ struct hca_cmd_reg_mr {
 	__u32 rsvd;
 };
 
+/*
+ * db_offset (with HCA_CAP_UAR): the doorbell record's BAR2 offset, inside
+ * the user access regions, 8-byte aligned; 0: the default record by handle.
+ */
 struct hca_cmd_create_cq {
 	__u64 ring_addr;
 	__u32 log_entries;
 	__u32 vector;
+	__u32 db_offset;
+	__u32 rsvd;
+};
+
+/* ALLOC_PD input */
+struct hca_cmd_alloc_pd {
+	__u32 flags;
+	__u32 rsvd;
 };
 
 struct hca_cmd_create_qp {
@@ -420,7 +447,7 @@ struct hca_cmd_create_qp {
 	__u8 rq_log_entries;
 	__u8 rq_wqe_shift;
 	__u32 srqn;		/* with HCA_QP_FLAG_SRQ */
-	__u32 rsvd;
+	__u32 db_offset;
 };
 
 /* CREATE_SRQ: a ring of 1 << log_entries receive WQEs, 1 << wqe_shift bytes each */
@@ -431,7 +458,7 @@ struct hca_cmd_create_srq {
 	__u8 log_entries;
 	__u8 wqe_shift;
 	__u16 rsvd0;
-	__u32 rsvd1;
+	__u32 db_offset;
 };
 
 /* MODIFY_SRQ input, QUERY_SRQ output */
@@ -596,6 +623,8 @@ _Static_assert(sizeof(struct hca_pkey_table) == 32, "hca_pkey_table");
 _Static_assert(sizeof(struct hca_cmd_counters) == 8, "hca_cmd_counters");
 _Static_assert(sizeof(struct hca_counters) == 64, "hca_counters");
 _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
+_Static_assert(sizeof(struct hca_cmd_create_cq) == 24, "hca_cmd_create_cq");
+_Static_assert(sizeof(struct hca_cmd_alloc_pd) == 8, "hca_cmd_alloc_pd");
 _Static_assert(sizeof(struct hca_cmd_create_qp) == 48, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");
 _Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");

@@ -61,7 +61,7 @@ pub const VEC_ASYNC: u32 = 0;
 pub const VEC_COMP_FIRST: u32 = 1;
 
 // ---- BAR2: device memory layout -----------------------------------------------------------
-pub const BAR2_SIZE: u32 = 0x1_0000;
+pub const BAR2_SIZE: u32 = 0x8_0000;
 pub const BAR2_INFO_OFFSET: u32 = 0x0000;
 pub const BAR2_MAILBOX_OFFSET: u32 = 0x1000;
 /// One u32 consumer index per EQ, 16 bytes apart.
@@ -77,6 +77,12 @@ pub const BAR2_QP_DB_OFFSET: u32 = 0x8000;
 pub const BAR2_CQ_DB_OFFSET: u32 = 0xa000;
 /// SRQ doorbell records, indexed by SRQN.
 pub const BAR2_SRQ_DB_OFFSET: u32 = 0xb000;
+/// User access regions: pages the guest kernel hands to processes (one per user context),
+/// holding the doorbell records of that process's QPs, CQs and SRQs (`db_offset` at
+/// creation). A process mapping one page can move only its own queues' records.
+pub const BAR2_UAR_OFFSET: u32 = 0x1_0000;
+pub const UAR_SIZE: u32 = 0x1000;
+pub const MAX_UAR: u32 = (BAR2_SIZE - BAR2_UAR_OFFSET) / UAR_SIZE;
 
 // ---- Device limits ------------------------------------------------------------------------
 pub const MAX_QP: u32 = 1024;
@@ -130,6 +136,8 @@ pub const CAP_LOCAL_DMA_LKEY: u32 = 1 << 4;
 pub const CAP_MASKED_ATOMIC: u32 = 1 << 5;
 /// Shared receive queues (CREATE_SRQ and friends; `HcaDevInfo::srq_db_offset`).
 pub const CAP_SRQ: u32 = 1 << 6;
+/// User access regions: `db_offset` in CREATE_CQ/QP/SRQ and user PDs (`PD_FLAG_USER`).
+pub const CAP_UAR: u32 = 1 << 7;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 pub const PORT_DOWN: u32 = 1;
@@ -183,6 +191,11 @@ pub const MR_FLAG_PHYS: u32 = 1 << 0;
 /// Fast-registration MR: reserves room for `npages` pages and maps nothing until an
 /// `WR_REG_MR` work request maps it (ib_alloc_mr + IB_WR_REG_MR).
 pub const MR_FLAG_FAST_REG: u32 = 1 << 1;
+
+/// ALLOC_PD: a PD for a user process. Its QPs cannot use LOCAL_DMA_LKEY, and no
+/// guest-physical or fast-registration MR can be made in it: a process reaches only the
+/// memory its kernel registered for it.
+pub const PD_FLAG_USER: u32 = 1 << 0;
 
 // Access flags (ib_access_flags numbering).
 pub const ACCESS_LOCAL_WRITE: u32 = 1 << 0;
@@ -584,8 +597,21 @@ pub struct HcaCmdCreateCq {
     pub ring_addr: u64,
     pub log_entries: u32,
     pub vector: u32,
+    /// With CAP_UAR: where in BAR2's user access regions its doorbell record is (8-byte
+    /// aligned); 0: at `BAR2_CQ_DB_OFFSET + 8 * CQN`.
+    pub db_offset: u32,
+    pub rsvd: u32,
 }
-abi_struct!(HcaCmdCreateCq, 16);
+abi_struct!(HcaCmdCreateCq, 24);
+
+/// ALLOC_PD input (all zero: a kernel PD).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdAllocPd {
+    pub flags: u32,
+    pub rsvd: u32,
+}
+abi_struct!(HcaCmdAllocPd, 8);
 
 /// CREATE_QP input. Each ring holds `1 << log_entries` WQEs of `1 << wqe_shift` bytes.
 /// A GSI QP always gets QPN 1.
@@ -605,7 +631,9 @@ pub struct HcaCmdCreateQp {
     pub rq_wqe_shift: u8,
     /// With QP_FLAG_SRQ: the SRQ its receives come from (the rq_* fields are then unused).
     pub srqn: u32,
-    pub rsvd: u32,
+    /// With CAP_UAR: where in BAR2's user access regions its doorbell record is; 0: at
+    /// `BAR2_QP_DB_OFFSET + 8 * QPN`.
+    pub db_offset: u32,
 }
 abi_struct!(HcaCmdCreateQp, 48);
 
@@ -658,7 +686,9 @@ pub struct HcaCmdCreateSrq {
     pub log_entries: u8,
     pub wqe_shift: u8,
     pub rsvd0: u16,
-    pub rsvd1: u32,
+    /// With CAP_UAR: where in BAR2's user access regions its doorbell record is; 0: at
+    /// `BAR2_SRQ_DB_OFFSET + 8 * SRQN`.
+    pub db_offset: u32,
 }
 abi_struct!(HcaCmdCreateSrq, 24);
 
@@ -835,7 +865,9 @@ const _: () = {
     assert!(BAR2_EQ_OFFSET + NUM_VECTORS * EQ_ENTRIES * 16 <= BAR2_QP_DB_OFFSET);
     assert!(BAR2_QP_DB_OFFSET + MAX_QP * 8 <= BAR2_CQ_DB_OFFSET);
     assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SRQ_DB_OFFSET);
-    assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_SIZE);
+    assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_UAR_OFFSET);
+    assert!(BAR2_UAR_OFFSET + MAX_UAR * UAR_SIZE == BAR2_SIZE);
+    assert!(BAR2_SIZE.is_power_of_two());
     assert!(64 + MAX_SGE * 16 <= 1 << MAX_SQ_WQE_SHIFT);
     assert!(64 + MAX_INLINE <= 1 << MAX_SQ_WQE_SHIFT);
     assert!(16 + MAX_SGE * 16 <= 1 << MAX_RQ_WQE_SHIFT);
@@ -900,6 +932,9 @@ pub fn layout() -> Vec<(String, u64)> {
         BAR2_QP_DB_OFFSET,
         BAR2_CQ_DB_OFFSET,
         BAR2_SRQ_DB_OFFSET,
+        BAR2_UAR_OFFSET,
+        UAR_SIZE,
+        MAX_UAR,
         MAX_QP,
         MAX_CQ,
         MAX_SRQ,
@@ -933,6 +968,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_ATOMIC,
         CAP_MASKED_ATOMIC,
         CAP_SRQ,
+        CAP_UAR,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -993,6 +1029,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_BAD_ADDRESS,
         MR_FLAG_PHYS,
         MR_FLAG_FAST_REG,
+        PD_FLAG_USER,
         ACCESS_LOCAL_WRITE,
         ACCESS_REMOTE_WRITE,
         ACCESS_REMOTE_READ,
@@ -1105,12 +1142,14 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaCmdPortCap => "hca_cmd_port_cap" { cap_mask, rsvd });
     layout_of!(HcaCmdRegMr => "hca_cmd_reg_mr" { iova, length, page_list, pdn, access,
         npages, page_shift, flags, rsvd });
-    layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector });
+    layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector,
+        db_offset, rsvd });
+    layout_of!(HcaCmdAllocPd => "hca_cmd_alloc_pd" { flags, rsvd });
     layout_of!(HcaCmdCreateQp => "hca_cmd_create_qp" { sq_addr, rq_addr, pdn, send_cqn,
         recv_cqn, qp_type, flags, sq_log_entries, sq_wqe_shift, rq_log_entries,
-        rq_wqe_shift, srqn, rsvd });
+        rq_wqe_shift, srqn, db_offset });
     layout_of!(HcaCmdCreateSrq => "hca_cmd_create_srq" { ring_addr, pdn, limit, log_entries,
-        wqe_shift, rsvd0, rsvd1 });
+        wqe_shift, rsvd0, db_offset });
     layout_of!(HcaCmdSrqLimit => "hca_cmd_srq_limit" { srqn, limit });
     layout_of!(HcaSrqDb => "hca_srq_db" { pi, rsvd });
     layout_of!(HcaQpAttr => "hca_qp_attr" { qkey, rq_psn, sq_psn, dest_qpn, access_flags,
@@ -1132,6 +1171,27 @@ pub fn layout() -> Vec<(String, u64)> {
     layout_of!(HcaCqe => "hca_cqe" { wr_id, byte_len, imm, qpn, src_qp, slid, opcode,
         status, flags, owner, pkey_index });
     layout_of!(HcaEqe => "hca_eqe" { event_type, owner, rsvd0, param, data, rsvd1 });
+    {
+        use crate::uapi::*;
+        consts!(
+            UVERBS_ABI_VERSION,
+            UAR_QP_OFFSET,
+            UAR_QP_SLOTS,
+            UAR_CQ_OFFSET,
+            UAR_CQ_SLOTS,
+            UAR_SRQ_OFFSET,
+            UAR_SRQ_SLOTS,
+        );
+        layout_of!(HcaUallocUcontextResp => "hca_ualloc_ucontext_resp" { uar_mmap_offset,
+            db_mmap_offset, db_reg_offset, doorbell_peer, caps, max_inline });
+        layout_of!(HcaUcreateCqResp => "hca_ucreate_cq_resp" { ring_mmap_offset, cqn,
+            log_entries, db_slot, rsvd });
+        layout_of!(HcaUcreateQpResp => "hca_ucreate_qp_resp" { sq_mmap_offset,
+            rq_mmap_offset, qpn, db_slot, sq_log_entries, sq_wqe_shift, rq_log_entries,
+            rq_wqe_shift, max_inline });
+        layout_of!(HcaUcreateSrqResp => "hca_ucreate_srq_resp" { ring_mmap_offset, srqn,
+            db_slot, log_entries, wqe_shift, rsvd0, rsvd1 });
+    }
     t
 }
 

@@ -82,7 +82,7 @@ impl HcaState {
             CMD_QUERY_COUNTERS => {
                 output(out, &self.dev.counters(input::<HcaCmdCounters>(mb).first)?)
             }
-            CMD_ALLOC_PD => output(out, &handle(self.dev.cmd_alloc_pd()?)),
+            CMD_ALLOC_PD => output(out, &handle(self.dev.cmd_alloc_pd(&input(mb))?)),
             CMD_DEALLOC_PD => self.dev.cmd_dealloc_pd(h)?,
             CMD_REG_MR => output(out, &handle(self.dev.cmd_reg_mr(&input(mb))?)),
             CMD_DEREG_MR => self.dev.cmd_dereg_mr(h)?,

@@ -15,6 +15,8 @@ pub(crate) struct Cq {
     pub ring: u64,
     pub log_entries: u32,
     pub vector: u32,
+    /// Its doorbell record's BAR2 offset (see [`crate::uar`]).
+    pub db: u32,
     pub pi: u32,
     /// The last arm word seen; a different one arms the CQ.
     pub arm_seen: u32,
@@ -44,11 +46,11 @@ impl Device {
                 cqe.wr_id
             );
         }
-        let ci = self.bar2.load_u32(cq_db(cqn));
         let Some(cq) = self.cqs.get_mut(cqn) else {
             self.stats.cqes_lost += 1;
             return;
         };
+        let ci = self.bar2.load_u32(cq.db);
         if cq.error {
             self.stats.cqes_lost += 1;
             return;
@@ -127,11 +129,11 @@ impl Device {
             let Some(&cqn) = self.live_cqs.get(i) else {
                 break;
             };
-            let word = self.bar2.load_u32(cq_db(cqn) + 4);
-            let ci = self.bar2.load_u32(cq_db(cqn));
             let Some(cq) = self.cqs.get_mut(cqn) else {
                 continue;
             };
+            let word = self.bar2.load_u32(cq.db + 4);
+            let ci = self.bar2.load_u32(cq.db);
             if word == cq.arm_seen {
                 continue;
             }
@@ -150,6 +152,7 @@ impl Device {
         if a.log_entries > MAX_CQ_LOG_CQE || !(VEC_COMP_FIRST..NUM_VECTORS).contains(&a.vector) {
             return Err(CmdError::BadParam);
         }
+        let db = crate::uar::record(a.db_offset, 0)?;
         let bytes = 32u64 << a.log_entries;
         if !self.mem.check(a.ring_addr, bytes) {
             return Err(CmdError::BadAddress);
@@ -168,6 +171,7 @@ impl Device {
             ring: a.ring_addr,
             log_entries: a.log_entries,
             vector: a.vector,
+            db,
             pi: 0,
             arm_seen: 0,
             armed: None,
@@ -175,7 +179,11 @@ impl Device {
             users: 0,
         };
         let cqn = self.cqs.alloc(cq).ok_or(CmdError::NoResources)?;
-        self.bar2.write_obj(cq_db(cqn), &HcaCqDb::default());
+        let db = if db == 0 { cq_db(cqn) } else { db };
+        if let Some(cq) = self.cqs.get_mut(cqn) {
+            cq.db = db;
+        }
+        self.bar2.write_obj(db, &HcaCqDb::default());
         self.live_cqs.push(cqn);
         Ok(cqn)
     }

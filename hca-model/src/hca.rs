@@ -188,8 +188,9 @@ pub(crate) enum SqHint {
     /// Nothing for a send doorbell to do whatever is posted (a state that does not send,
     /// or RTS waiting for completions).
     Still,
-    /// In RTS with its consumer index here: nothing to do while the producer index equals it.
-    Idle(u32),
+    /// In RTS with its consumer index `ci`: nothing to do while the producer index in the
+    /// record at BAR2 offset `db` equals it.
+    Idle { ci: u32, db: u32 },
 }
 
 /// The HCA apart from its QPs: guest memory and BAR2, protection domains and keys, CQs and
@@ -350,7 +351,8 @@ impl Device {
                 | CAP_ATOMIC
                 | CAP_MASKED_ATOMIC
                 | CAP_LOCAL_DMA_LKEY
-                | CAP_SRQ,
+                | CAP_SRQ
+                | CAP_UAR,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,

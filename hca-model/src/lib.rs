@@ -40,6 +40,8 @@ mod responder;
 pub mod sa;
 mod srq;
 mod status;
+pub mod uapi;
+mod uar;
 
 pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;

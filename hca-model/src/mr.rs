@@ -55,6 +55,9 @@ unsafe impl vm_memory::ByteValued for WithSge<HcaRecvWqe> {}
 #[derive(Default)]
 pub(crate) struct Pd {
     pub users: u32,
+    /// A user process's PD (`PD_FLAG_USER`): no LOCAL_DMA_LKEY, no physical or
+    /// fast-registration MR.
+    pub user: bool,
 }
 
 pub(crate) enum Translation {
@@ -238,7 +241,7 @@ impl Device {
             return Ok(());
         }
         let end = va.checked_add(len).ok_or(KeyViolation)?;
-        if key == LOCAL_DMA_LKEY && !use_.is_remote() {
+        if key == LOCAL_DMA_LKEY && !use_.is_remote() && !self.pd_is_user(pdn) {
             if !crate::dma::check(self.mem.as_ref(), va, len) {
                 return Err(KeyViolation);
             }
@@ -330,8 +333,19 @@ impl Device {
         Ok(total)
     }
 
-    pub(crate) fn cmd_alloc_pd(&mut self) -> Result<u32, CmdError> {
-        self.pds.alloc(Pd::default()).ok_or(CmdError::NoResources)
+    pub(crate) fn cmd_alloc_pd(&mut self, a: &HcaCmdAllocPd) -> Result<u32, CmdError> {
+        if a.flags & !PD_FLAG_USER != 0 {
+            return Err(CmdError::BadParam);
+        }
+        let pd = Pd {
+            users: 0,
+            user: a.flags & PD_FLAG_USER != 0,
+        };
+        self.pds.alloc(pd).ok_or(CmdError::NoResources)
+    }
+
+    fn pd_is_user(&self, pdn: u32) -> bool {
+        self.pds.get(pdn).is_some_and(|pd| pd.user)
     }
 
     pub(crate) fn cmd_dealloc_pd(&mut self, pdn: u32) -> Result<(), CmdError> {
@@ -346,11 +360,15 @@ impl Device {
     }
 
     pub(crate) fn cmd_reg_mr(&mut self, a: &HcaCmdRegMr) -> Result<u32, CmdError> {
-        if self.pds.get(a.pdn).is_none() {
+        let Some(pd) = self.pds.get(a.pdn) else {
             return Err(CmdError::BadHandle);
-        }
+        };
         let kind = a.flags & (MR_FLAG_PHYS | MR_FLAG_FAST_REG);
-        if !access_ok(a.access) || a.flags & !kind != 0 || kind == MR_FLAG_PHYS | MR_FLAG_FAST_REG {
+        if !access_ok(a.access)
+            || a.flags & !kind != 0
+            || kind == MR_FLAG_PHYS | MR_FLAG_FAST_REG
+            || (pd.user && kind != 0)
+        {
             return Err(CmdError::BadParam);
         }
         let mut mr = Mr {

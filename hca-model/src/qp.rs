@@ -275,6 +275,8 @@ pub(crate) struct Inbound {
 pub(crate) struct Qp {
     pub qp_type: u32,
     pub pdn: u32,
+    /// Its doorbell record's BAR2 offset (see [`crate::uar`]).
+    pub db: u32,
     pub send_cqn: u32,
     pub recv_cqn: u32,
     pub sig_all: bool,
@@ -467,7 +469,12 @@ impl HcaState {
             return Err(CmdError::BadParam);
         }
         let srq = (a.flags & QP_FLAG_SRQ != 0).then_some(a.srqn);
+        let db = crate::uar::record(a.db_offset, 0)?;
         let dev = &mut self.dev;
+        // Management QPs are the kernel's: a user PD cannot hold one.
+        if matches!(a.qp_type, QPT_GSI | QPT_SMI) && dev.pds.get(a.pdn).is_some_and(|pd| pd.user) {
+            return Err(CmdError::BadParam);
+        }
         if dev.pds.get(a.pdn).is_none()
             || dev.cqs.get(a.send_cqn).is_none()
             || dev.cqs.get(a.recv_cqn).is_none()
@@ -501,6 +508,7 @@ impl HcaState {
         let qp = Qp {
             qp_type: a.qp_type,
             pdn: a.pdn,
+            db,
             send_cqn: a.send_cqn,
             recv_cqn: a.recv_cqn,
             sig_all: a.flags & QP_FLAG_SIG_ALL != 0,
@@ -552,6 +560,10 @@ impl HcaState {
             }
             None => self.qps.alloc(qp).ok_or(CmdError::NoResources)?,
         };
+        let db = if db == 0 { qp_db(qpn) } else { db };
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.db = db;
+        }
         let dev = &mut self.dev;
         for cqn in [a.send_cqn, a.recv_cqn] {
             if let Some(cq) = dev.cqs.get_mut(cqn) {
@@ -564,7 +576,7 @@ impl HcaState {
         if let Some(s) = srq.and_then(|n| dev.srqs.get_mut(n)) {
             s.users += 1;
         }
-        dev.bar2.write_obj(qp_db(qpn), &HcaQpDb::default());
+        dev.bar2.write_obj(db, &HcaQpDb::default());
         self.live_qps.push(qpn);
         self.forget_sq_hint(qpn);
         Ok(qpn)
@@ -689,9 +701,7 @@ impl QpEngine<'_> {
         qp.sq_waits = false;
         qp.msn = 0;
         qp.held_ack = None;
-        self.dev
-            .bar2
-            .write_obj(qp_db(self.qpn), &HcaQpDb::default());
+        self.dev.bar2.write_obj(self.qp.db, &HcaQpDb::default());
     }
 
     /// Moves the QP to ERR and flushes everything it holds.
@@ -739,7 +749,7 @@ impl QpEngine<'_> {
         );
         self.dev.post_event(VEC_ASYNC, EV_QP_FATAL, qpn, reason);
         // The indices cannot be trusted: drop what is posted rather than flush garbage.
-        let db: HcaQpDb = self.dev.bar2.read_obj(qp_db(qpn));
+        let db: HcaQpDb = self.dev.bar2.read_obj(self.qp.db);
         self.qp.sq.ci = db.sq_pi;
         self.qp.rq.ci = db.rq_pi;
         self.enter_error();
@@ -748,7 +758,7 @@ impl QpEngine<'_> {
     /// Completes every WR posted to an ERR QP's queues with WcError::WrFlush.
     pub(crate) fn flush_queues(&mut self) {
         let (qpn, qp) = (self.qpn, &mut *self.qp);
-        let db: HcaQpDb = self.dev.bar2.read_obj(qp_db(qpn));
+        let db: HcaQpDb = self.dev.bar2.read_obj(qp.db);
         let mem = self.dev.mem.as_ref();
         let mut flushed = Vec::new();
         // Receives posted to an SRQ stay there for its other QPs.

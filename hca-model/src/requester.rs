@@ -20,7 +20,7 @@ use crate::dma::read_obj;
 use crate::hca::{Device, HcaState, SqHint};
 use crate::mr::Use;
 use crate::packet::*;
-use crate::qp::{cqe_op_of, qp_db, PendKind, Pending, QpEngine};
+use crate::qp::{cqe_op_of, PendKind, Pending, QpEngine};
 use crate::status::WcError;
 
 /// Largest UD message: the port MTU.
@@ -104,7 +104,7 @@ impl HcaState {
                 .iter()
                 .position(|&qpn| match hints.get(qpn as usize) {
                     Some(SqHint::Still) => false,
-                    Some(&SqHint::Idle(ci)) => bar2.load_u32(qp_db(qpn)) != ci,
+                    Some(&SqHint::Idle { ci, db }) => bar2.load_u32(db) != ci,
                     _ => true,
                 })?;
         let i = from + k;
@@ -118,7 +118,10 @@ impl QpEngine<'_> {
     fn sq_hint(&self) -> SqHint {
         match u32::from(self.qp.attr.state) {
             QPS_RTS if self.qp.sq_waits => SqHint::Still,
-            QPS_RTS => SqHint::Idle(self.qp.sq.ci),
+            QPS_RTS => SqHint::Idle {
+                ci: self.qp.sq.ci,
+                db: self.qp.db,
+            },
             QPS_ERR => SqHint::Look,
             _ => SqHint::Still,
         }
@@ -132,7 +135,7 @@ impl QpEngine<'_> {
                 QPS_ERR => return self.flush_queues(),
                 _ => return,
             }
-            let pi = self.dev.bar2.load_u32(qp_db(self.qpn));
+            let pi = self.dev.bar2.load_u32(self.qp.db);
             let posted = pi.wrapping_sub(self.qp.sq.ci);
             if posted == 0 {
                 return;

@@ -24,7 +24,7 @@ use crate::fabric::Rejected;
 use crate::hca::HcaState;
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
-use crate::qp::{qp_db, HeldAck, Inbound, QpEngine};
+use crate::qp::{HeldAck, Inbound, QpEngine};
 use crate::srq::SrqTake;
 use crate::status::WcError;
 
@@ -205,7 +205,7 @@ impl QpEngine<'_> {
                 }
             };
         }
-        let pi = self.dev.bar2.load_u32(qp_db(self.qpn) + 4);
+        let pi = self.dev.bar2.load_u32(self.qp.db + 4);
         let posted = pi.wrapping_sub(self.qp.rq.ci);
         if posted == 0 {
             return Err(RecvError::Empty);

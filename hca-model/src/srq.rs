@@ -21,6 +21,8 @@ use crate::status::CmdError;
 pub(crate) struct Srq {
     pub wq: WorkQueue,
     pub pdn: u32,
+    /// Its doorbell record's BAR2 offset (see [`crate::uar`]).
+    pub db: u32,
     /// Armed below this many posted WQEs (0: not armed).
     pub limit: u32,
     pub error: bool,
@@ -60,6 +62,7 @@ impl Device {
         {
             return Err(CmdError::BadParam);
         }
+        let db = crate::uar::record(a.db_offset, 0)?;
         if self.pds.get(a.pdn).is_none() {
             return Err(CmdError::BadHandle);
         }
@@ -77,6 +80,7 @@ impl Device {
                 ci: 0,
             },
             pdn: a.pdn,
+            db,
             limit: a.limit,
             error: false,
             users: 0,
@@ -85,7 +89,11 @@ impl Device {
         if let Some(pd) = self.pds.get_mut(a.pdn) {
             pd.users += 1;
         }
-        self.bar2.write_obj(srq_db(srqn), &HcaSrqDb::default());
+        let db = if db == 0 { srq_db(srqn) } else { db };
+        if let Some(s) = self.srqs.get_mut(srqn) {
+            s.db = db;
+        }
+        self.bar2.write_obj(db, &HcaSrqDb::default());
         Ok(srqn)
     }
 
@@ -127,10 +135,10 @@ impl Device {
 
     /// Takes the next posted WQE of SRQ `srqn` (its header read, the caller reads its SGEs).
     pub(crate) fn srq_take(&mut self, srqn: u32) -> Result<SrqWqe, SrqTake> {
-        let pi = self.bar2.load_u32(srq_db(srqn));
         let Some(srq) = self.srqs.get_mut(srqn) else {
             return Err(SrqTake::Broken);
         };
+        let pi = self.bar2.load_u32(srq.db);
         if srq.error {
             return Err(SrqTake::Broken);
         }

@@ -1,6 +1,7 @@
 //! The C header and the Rust ABI agree: every constant, struct size, field offset and field
 //! width in `abi::layout()` is computed by the C compiler from `guest-kmod/include/hca_abi.h`
-//! and compared, and every `HCA_` constant the header defines is known to Rust.
+//! and compared, and every `HCA_` constant the header defines is known to Rust. The same for
+//! the user verbs ABI, `hca_uapi.h` against `uapi.rs`.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -12,10 +13,14 @@ fn header() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest-kmod/include/hca_abi.h")
 }
 
+fn headers() -> [PathBuf; 2] {
+    [header(), header().with_file_name("hca_uapi.h")]
+}
+
 /// A C program printing `name value` for each entry, generated from the Rust table so that it
 /// fails to compile if the header lacks any name.
 fn c_program() -> String {
-    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"hca_abi.h\"\n");
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"hca_abi.h\"\n#include \"hca_uapi.h\"\n");
     c.push_str(
         "#define P(n, v) printf(\"%s %llu\\n\", n, (unsigned long long)(v))\nint main(void)\n{\n",
     );
@@ -78,13 +83,16 @@ fn test_c_header_matches_rust_abi() {
 
 #[test]
 fn test_every_c_constant_is_known_to_rust() {
-    let text = std::fs::read_to_string(header()).unwrap();
+    let text: String = headers()
+        .iter()
+        .map(|h| std::fs::read_to_string(h).unwrap())
+        .collect();
     let rust: BTreeSet<String> = layout().into_iter().map(|(n, _)| n).collect();
     let c_only: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("#define "))
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with("HCA_") && *n != "HCA_ABI_H" && !n.contains('('))
+        .filter(|n| n.starts_with("HCA_") && !n.ends_with("_H") && !n.contains('('))
         .filter(|n| !rust.contains(*n))
         .map(String::from)
         .collect();

@@ -432,6 +432,7 @@ fn test_create_commands_check_shapes_and_addresses() {
         ring_addr: 100 * MIB,
         log_entries: 4,
         vector: 1,
+        ..Default::default()
     };
     assert_eq!(a.cmd(CMD_CREATE_CQ, &bad_ring).0, CMD_BAD_ADDRESS);
     let cq = a.create_cq(4);

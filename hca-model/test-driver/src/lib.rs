@@ -68,6 +68,8 @@ pub struct CqH {
     pub log: u32,
     pub ci: u32,
     pub arm_sn: u32,
+    /// Its doorbell record's BAR2 offset.
+    pub db: u32,
 }
 
 /// The guest's view of a QP.
@@ -82,6 +84,8 @@ pub struct QpH {
     pub rq_shift: u32,
     pub sq_pi: u32,
     pub rq_pi: u32,
+    /// Its doorbell record's BAR2 offset.
+    pub db: u32,
 }
 
 /// The guest's view of an SRQ.
@@ -91,6 +95,8 @@ pub struct SrqH {
     pub log: u32,
     pub shift: u32,
     pub pi: u32,
+    /// Its doorbell record's BAR2 offset.
+    pub db: u32,
 }
 
 pub const MIB: u64 = 1 << 20;
@@ -117,6 +123,9 @@ pub struct Driver<P: Port = Hca> {
     mem_end: u64,
     seq: u32,
     eq_ci: [u32; NUM_VECTORS as usize],
+    /// Where the next queue's doorbell record goes: None, the handle's own record; else
+    /// (BAR2 offset, next slot) in a user access region (see `use_uar`).
+    uar: Option<(u32, u32)>,
 }
 
 impl Driver {
@@ -148,6 +157,7 @@ impl Driver {
             mem_end: mib * MIB,
             seq: 0,
             eq_ci: [0; NUM_VECTORS as usize],
+            uar: None,
         }
     }
 }
@@ -169,6 +179,7 @@ impl<P: Port> Driver<P> {
             mem_end,
             seq: done.done_seq,
             eq_ci: [0; NUM_VECTORS as usize],
+            uar: None,
         }
     }
 
@@ -246,6 +257,34 @@ impl<P: Port> Driver<P> {
         self.handle_out(CMD_ALLOC_PD, &[]).expect("alloc pd")
     }
 
+    /// A user process's PD (PD_FLAG_USER), as hca_ib makes for a uverbs context.
+    pub fn alloc_user_pd(&mut self) -> u32 {
+        let a = HcaCmdAllocPd {
+            flags: PD_FLAG_USER,
+            rsvd: 0,
+        };
+        self.handle_out(CMD_ALLOC_PD, a.as_slice())
+            .expect("alloc user pd")
+    }
+
+    /// Puts the doorbell records of the CQs, QPs and SRQs made from now on in user access
+    /// region `page` (one slot each, in creation order), as hca_ib does for a process;
+    /// None goes back to the handles' own records.
+    pub fn use_uar(&mut self, page: Option<u32>) {
+        self.uar = page.map(|p| (BAR2_UAR_OFFSET + p * UAR_SIZE, 0));
+    }
+
+    /// The db_offset for the next queue (0: its handle's record).
+    fn next_db_offset(&mut self) -> u32 {
+        match &mut self.uar {
+            None => 0,
+            Some((base, slot)) => {
+                *slot += 1;
+                *base + (*slot - 1) * 8
+            }
+        }
+    }
+
     pub fn try_reg_mr(&mut self, a: &HcaCmdRegMr) -> Result<u32, u32> {
         self.handle_out(CMD_REG_MR, a.as_slice())
     }
@@ -286,12 +325,15 @@ impl<P: Port> Driver<P> {
 
     pub fn try_create_cq(&mut self, log: u32, vector: u32) -> Result<CqH, u32> {
         let ring = self.alloc(32 << log, 64);
+        let db_offset = self.next_db_offset();
         let cqn = self.handle_out(
             CMD_CREATE_CQ,
             HcaCmdCreateCq {
                 ring_addr: ring,
                 log_entries: log,
                 vector,
+                db_offset,
+                rsvd: 0,
             }
             .as_slice(),
         )?;
@@ -301,6 +343,11 @@ impl<P: Port> Driver<P> {
             log,
             ci: 0,
             arm_sn: 0,
+            db: if db_offset == 0 {
+                BAR2_CQ_DB_OFFSET + cqn * 8
+            } else {
+                db_offset
+            },
         })
     }
 
@@ -320,6 +367,7 @@ impl<P: Port> Driver<P> {
         let (sq_shift, rq_shift) = (9u32, 8u32);
         let sq = self.alloc(1 << (sq_log + sq_shift), 64);
         let rq = self.alloc(1 << (rq_log + rq_shift), 64);
+        let db_offset = self.next_db_offset();
         let qpn = self.handle_out(
             CMD_CREATE_QP,
             HcaCmdCreateQp {
@@ -335,7 +383,7 @@ impl<P: Port> Driver<P> {
                 rq_log_entries: rq_log as u8,
                 rq_wqe_shift: rq_shift as u8,
                 srqn: 0,
-                rsvd: 0,
+                db_offset,
             }
             .as_slice(),
         )?;
@@ -349,6 +397,7 @@ impl<P: Port> Driver<P> {
             rq_shift,
             sq_pi: 0,
             rq_pi: 0,
+            db: qp_record(qpn, db_offset),
         })
     }
 
@@ -357,6 +406,7 @@ impl<P: Port> Driver<P> {
     pub fn try_create_srq(&mut self, pdn: u32, log: u32, limit: u32) -> Result<SrqH, u32> {
         let shift = 8u32;
         let ring = self.alloc(1 << (log + shift), 64);
+        let db_offset = self.next_db_offset();
         let srqn = self.handle_out(
             CMD_CREATE_SRQ,
             HcaCmdCreateSrq {
@@ -365,6 +415,7 @@ impl<P: Port> Driver<P> {
                 limit,
                 log_entries: log as u8,
                 wqe_shift: shift as u8,
+                db_offset,
                 ..Default::default()
             }
             .as_slice(),
@@ -375,6 +426,11 @@ impl<P: Port> Driver<P> {
             log,
             shift,
             pi: 0,
+            db: if db_offset == 0 {
+                BAR2_SRQ_DB_OFFSET + srqn * 8
+            } else {
+                db_offset
+            },
         })
     }
 
@@ -388,10 +444,12 @@ impl<P: Port> Driver<P> {
     ) -> Result<QpH, u32> {
         let (sq_log, sq_shift) = (6u32, 9u32);
         let sq = self.alloc(1 << (sq_log + sq_shift), 64);
+        let db_offset = self.next_db_offset();
         let qpn = self.handle_out(
             CMD_CREATE_QP,
             HcaCmdCreateQp {
                 sq_addr: sq,
+                db_offset,
                 pdn,
                 send_cqn: scq,
                 recv_cqn: rcq,
@@ -414,6 +472,7 @@ impl<P: Port> Driver<P> {
             rq_shift: MIN_RQ_WQE_SHIFT,
             sq_pi: 0,
             rq_pi: 0,
+            db: qp_record(qpn, db_offset),
         })
     }
 
@@ -422,9 +481,7 @@ impl<P: Port> Driver<P> {
         let slot = srq.ring + (u64::from(srq.pi & ((1 << srq.log) - 1)) << srq.shift);
         self.write_recv(slot, wr_id, sges);
         srq.pi = srq.pi.wrapping_add(1);
-        self.hca
-            .bar2()
-            .store_u32(BAR2_SRQ_DB_OFFSET + srq.srqn * 8, srq.pi);
+        self.hca.bar2().store_u32(srq.db, srq.pi);
     }
 
     pub fn create_qp(&mut self, qp_type: u32, pdn: u32, scq: u32, rcq: u32) -> QpH {
@@ -609,9 +666,7 @@ impl<P: Port> Driver<P> {
 
     /// Publishes the SQ producer index and rings DB_SQ.
     pub fn ring_sq(&mut self, qp: &QpH) {
-        self.hca
-            .bar2()
-            .store_u32(BAR2_QP_DB_OFFSET + qp.qpn * 8, qp.sq_pi);
+        self.hca.bar2().store_u32(qp.db, qp.sq_pi);
         self.hca.doorbell(DB_SQ);
     }
 
@@ -639,9 +694,7 @@ impl<P: Port> Driver<P> {
         let slot = qp.rq + (u64::from(qp.rq_pi & ((1 << qp.rq_log) - 1)) << qp.rq_shift);
         self.write_recv(slot, wr_id, sges);
         qp.rq_pi = qp.rq_pi.wrapping_add(1);
-        self.hca
-            .bar2()
-            .store_u32(BAR2_QP_DB_OFFSET + qp.qpn * 8 + 4, qp.rq_pi);
+        self.hca.bar2().store_u32(qp.db + 4, qp.rq_pi);
         self.hca.doorbell(DB_RQ);
     }
 
@@ -662,9 +715,7 @@ impl<P: Port> Driver<P> {
         std::sync::atomic::fence(Ordering::Acquire);
         let cqe: HcaCqe = read_obj(&self.ram, slot).expect("CQ ring inside guest memory");
         cq.ci = cq.ci.wrapping_add(1);
-        self.hca
-            .bar2()
-            .store_u32(BAR2_CQ_DB_OFFSET + cq.cqn * 8, cq.ci);
+        self.hca.bar2().store_u32(cq.db, cq.ci);
         Some(cqe)
     }
 
@@ -683,9 +734,7 @@ impl<P: Port> Driver<P> {
     pub fn arm_cq(&mut self, cq: &mut CqH, solicited_only: bool) {
         cq.arm_sn += 1;
         let word = (cq.arm_sn << 1) | u32::from(solicited_only);
-        self.hca
-            .bar2()
-            .store_u32(BAR2_CQ_DB_OFFSET + cq.cqn * 8 + 4, word);
+        self.hca.bar2().store_u32(cq.db + 4, word);
         self.hca.doorbell(DB_CQ_ARM);
     }
 
@@ -709,6 +758,15 @@ impl<P: Port> Driver<P> {
 }
 
 /// Copies a command's output bytes into its struct.
+/// QP `qpn`'s doorbell record when it was created with `db_offset`.
+fn qp_record(qpn: u32, db_offset: u32) -> u32 {
+    if db_offset == 0 {
+        BAR2_QP_DB_OFFSET + qpn * 8
+    } else {
+        db_offset
+    }
+}
+
 pub fn decode<T: ByteValued + Default>(out: &[u8]) -> T {
     let mut v = T::default();
     let n = std::mem::size_of::<T>();
