@@ -16,27 +16,76 @@ static void __iomem *hca_cq_db(struct hca_dev *dev, u32 cqn)
 	return dev->bar2 + HCA_BAR2_CQ_DB_OFFSET + cqn * sizeof(struct hca_cq_db);
 }
 
+/*
+ * A process's CQ ring: mapped by it through an mmap entry, which frees the
+ * ring once the CQ is gone and the process unmapped it; and the CQ's slot
+ * in the process's UAR.
+ */
+static int hca_cq_alloc_user(struct hca_dev *dev, struct hca_cq *cq,
+			     struct ib_udata *udata,
+			     struct hca_ucreate_cq_resp *resp, u32 *db_offset)
+{
+	struct hca_wq ring = { .ring_bytes = cq->ring_bytes };
+	int err;
+
+	cq->uc = rdma_udata_to_drv_context(udata, struct hca_ucontext, ibuc);
+	cq->db_slot = hca_uar_slot_get(cq->uc, HCA_UAR_CQ, db_offset);
+	if (cq->db_slot < 0)
+		return cq->db_slot;
+	err = hca_wq_alloc_user(dev, cq->uc, &ring, &resp->ring_mmap_offset);
+	if (err) {
+		hca_uar_slot_put(cq->uc, HCA_UAR_CQ, cq->db_slot);
+		return err;
+	}
+	cq->ring = ring.ring;
+	cq->ring_dma = ring.ring_dma;
+	cq->mmap = ring.mmap;
+	resp->log_entries = cq->log_entries;
+	resp->db_slot = cq->db_slot;
+	return 0;
+}
+
+static void hca_cq_free_ring(struct hca_dev *dev, struct hca_cq *cq)
+{
+	struct hca_wq ring = { .mmap = cq->mmap };
+
+	if (!cq->uc) {
+		dma_free_coherent(&dev->pdev->dev, cq->ring_bytes, cq->ring,
+				  cq->ring_dma);
+		return;
+	}
+	hca_wq_free_user(&ring);
+	hca_uar_slot_put(cq->uc, HCA_UAR_CQ, cq->db_slot);
+}
+
 int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		  hcab_create_cq_arg *arg)
 {
 	struct ib_udata *udata = hcab_create_cq_udata(arg);
 	struct hca_dev *dev = to_hdev(ibcq->device);
 	struct hca_cq *cq = to_hcq(ibcq);
+	struct hca_ucreate_cq_resp resp = {};
 	struct hca_cmd_create_cq in = {};
 	struct hca_cmd_handle out;
 	unsigned long flags;
 	int err;
 
-	if (udata || attr->flags)
+	if (attr->flags)
 		return -EOPNOTSUPP;
 	if (attr->cqe < 1 || attr->cqe > (1 << HCA_MAX_CQ_LOG_CQE))
 		return -EINVAL;
 	cq->log_entries = max(order_base_2(attr->cqe), 1);
 	cq->ring_bytes = sizeof(struct hca_cqe) << cq->log_entries;
-	cq->ring = dma_alloc_coherent(&dev->pdev->dev, cq->ring_bytes,
-				      &cq->ring_dma, GFP_KERNEL);
-	if (!cq->ring)
-		return -ENOMEM;
+	if (udata) {
+		err = hca_cq_alloc_user(dev, cq, udata, &resp, &in.db_offset);
+		if (err)
+			return err;
+	} else {
+		cq->ring = dma_alloc_coherent(&dev->pdev->dev, cq->ring_bytes,
+					      &cq->ring_dma, GFP_KERNEL);
+		if (!cq->ring)
+			return -ENOMEM;
+	}
 	spin_lock_init(&cq->lock);
 	cq->vector = HCA_VEC_COMP_FIRST + attr->comp_vector % HCA_IB_NUM_COMP_VECTORS;
 	in.ring_addr = cq->ring_dma;
@@ -51,13 +100,22 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 	}
 	cq->cqn = out.handle;
 	ibcq->cqe = 1 << cq->log_entries;
+	if (udata) {
+		resp.cqn = cq->cqn;
+		err = ib_copy_to_udata(udata, &resp,
+				       min(sizeof(resp), udata->outlen));
+		if (err) {
+			hca_cmd_handle(dev, HCA_CMD_DESTROY_CQ, cq->cqn);
+			goto err_ring;
+		}
+	}
 	spin_lock_irqsave(&dev->table_lock, flags);
 	WRITE_ONCE(dev->cqs[cq->cqn], cq);
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 	return 0;
 
 err_ring:
-	dma_free_coherent(&dev->pdev->dev, cq->ring_bytes, cq->ring, cq->ring_dma);
+	hca_cq_free_ring(dev, cq);
 	return err;
 }
 
@@ -77,7 +135,7 @@ int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	/* Handlers that found the CQ before it was unpublished finish first. */
 	synchronize_irq(dev->irq[cq->vector]);
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
-	dma_free_coherent(&dev->pdev->dev, cq->ring_bytes, cq->ring, cq->ring_dma);
+	hca_cq_free_ring(dev, cq);
 	return 0;
 }
 
@@ -107,6 +165,9 @@ void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp)
 	u32 i, mask = (1 << cq->log_entries) - 1;
 	struct hca_cqe *cqe;
 
+	/* A process polls its own CQ, and its provider cleans it itself. */
+	if (cq->uc)
+		return;
 	for (i = cq->ci; i - cq->ci <= mask; i++) {
 		cqe = &cq->ring[i & mask];
 		if (READ_ONCE(cqe->owner) != hca_owner_bit(i, cq->log_entries))

@@ -5,6 +5,9 @@
  * Locking overview (details next to each lock):
  * - dev->port_mutex serialises ib_modify_port, so that the device hears
  *   capability changes in the order they were made.
+ * - dev->qp_mutex makes a QPN's hand-out and its publication one step, and
+ *   its release and unpublication another, so that a QPN the device frees
+ *   and gives to a new QP is never unpublished under that QP.
  * - dev->cmd_mutex serialises the one command mailbox; commands sleep.
  * - dev->table_lock guards the QPN -> QP and CQN -> CQ lookup tables,
  *   which interrupt handlers read (poll_cq reads the QP table locklessly).
@@ -16,7 +19,7 @@
  *
  * Lock order (outermost first):
  *
- *   dev->port_mutex
+ *   dev->port_mutex | dev->qp_mutex
  *     dev->cmd_mutex
  *       dev->table_lock
  *         cq->lock | qp->sq_lock | qp->rq_lock | srq->lock
@@ -41,8 +44,13 @@
 #include <linux/mutex.h>
 #include <linux/spinlock.h>
 #include <linux/completion.h>
+#include <linux/idr.h>
 #include <rdma/ib_verbs.h>
+#include <rdma/ib_umem.h>
+#include <rdma/iter.h>
+#include <rdma/uverbs_ioctl.h>
 #include "hca_abi.h"
+#include "hca_uapi.h"
 #include "hcab_compat.h"
 
 #define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
@@ -59,6 +67,8 @@ struct hca_dev {
 
 	struct hca_device_attr attr;
 	struct hca_port_attr port;
+
+	struct mutex qp_mutex;
 
 	/* Mailbox: one command at a time, completed by an EV_CMD_DONE. */
 	struct mutex cmd_mutex;
@@ -92,6 +102,44 @@ struct hca_dev {
 	 */
 	struct mutex pma_mutex;
 	u64 pma_base[HCA_IB_PMA_FIELDS];
+
+	/* User contexts (uverbs.c): whether they may open, and their UARs. */
+	bool user_verbs;
+	struct ida uar_ida;
+};
+
+/* The kinds of doorbell record slots in a UAR page (hca_uapi.h). */
+enum hca_uar_kind {
+	HCA_UAR_QP,
+	HCA_UAR_CQ,
+	HCA_UAR_SRQ,
+	HCA_UAR_KINDS,
+};
+
+struct hca_ucontext {
+	struct ib_ucontext ibuc;
+	u32 uar;
+	struct rdma_user_mmap_entry *uar_entry;
+	struct rdma_user_mmap_entry *db_entry;
+	struct mutex slot_lock;
+	unsigned long slots[HCA_UAR_KINDS][BITS_TO_LONGS(HCA_UAR_QP_SLOTS)];
+};
+
+static inline struct hca_ucontext *to_huc(struct ib_ucontext *ibuc)
+{
+	return container_of(ibuc, struct hca_ucontext, ibuc);
+}
+
+/* What one mmap cookie of a context maps: a device page or a ring. */
+struct hca_mmap_entry {
+	struct rdma_user_mmap_entry rdma;
+	struct hca_dev *dev;
+	unsigned long pfn;
+	bool io;		/* a BAR page: mapped uncached */
+	int uar;		/* >= 0: the UAR to give back when it goes */
+	void *cpu;		/* a ring's DMA memory, freed when it goes */
+	dma_addr_t dma;
+	size_t size;
 };
 
 struct hca_pd {
@@ -115,6 +163,7 @@ struct hca_mr {
 	dma_addr_t pages_dma;
 	u32 max_pages;
 	u32 npages;
+	struct ib_umem *umem;	/* reg_user_mr: the process's pinned pages */
 };
 
 static inline struct hca_mr *to_hmr(struct ib_mr *ibmr)
@@ -134,6 +183,10 @@ struct hca_cq {
 	u32 ci;
 	u32 arm_sn;
 	int vector;
+	/* A process's CQ: the ring is mapped by it, which alone polls it. */
+	struct hca_ucontext *uc;
+	int db_slot;
+	struct rdma_user_mmap_entry *mmap;
 };
 
 /* One work queue: a ring in guest RAM plus the consumer's wr_ids. */
@@ -147,6 +200,7 @@ struct hca_wq {
 	u32 pi;		/* next slot to fill */
 	u32 ci;		/* oldest slot not known complete */
 	u64 *wrid;	/* consumer wr_id per slot; the WQE carries the index */
+	struct rdma_user_mmap_entry *mmap;	/* a process's ring */
 };
 
 /*
@@ -161,6 +215,9 @@ struct hca_srq {
 	u8 *busy;	/* per tag: a receive holds it until its completion is polled */
 	u32 *free_tags;
 	u32 nfree;
+	/* A process's SRQ: its provider keeps the tags; the ring and slot. */
+	struct hca_ucontext *uc;
+	int db_slot;
 };
 
 static inline struct hca_srq *to_hsrq(struct ib_srq *ibsrq)
@@ -180,6 +237,9 @@ struct hca_qp {
 	/* Guards rq.pi and rq.ci. */
 	spinlock_t rq_lock;
 	struct hca_wq rq;
+	/* A process's QP: its rings and UAR slot. */
+	struct hca_ucontext *uc;
+	int db_slot;
 };
 
 static inline struct hca_dev *to_hdev(struct ib_device *ibdev)
@@ -219,6 +279,21 @@ int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
 	    void *out, size_t out_len);
 int hca_cmd_handle(struct hca_dev *dev, u32 opcode, u32 handle);
 void hca_cmd_complete(struct hca_dev *dev, u32 seq, u32 status);
+
+/* uverbs.c */
+bool hca_db_page_private(struct pci_dev *pdev);
+int hca_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata);
+void hca_dealloc_ucontext(struct ib_ucontext *ibuc);
+void hca_disassociate_ucontext(struct ib_ucontext *ibuc);
+int hca_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
+void hca_mmap_free(struct rdma_user_mmap_entry *rdma);
+int hca_wq_alloc_user(struct hca_dev *dev, struct hca_ucontext *uc,
+		      struct hca_wq *wq, u64 *offset);
+void hca_wq_free_user(struct hca_wq *wq);
+int hca_uar_slot_get(struct hca_ucontext *uc, enum hca_uar_kind kind,
+		     u32 *db_offset);
+void hca_uar_slot_put(struct hca_ucontext *uc, enum hca_uar_kind kind,
+		      u32 slot);
 
 /* eq.c */
 int hca_eq_init(struct hca_dev *dev);

@@ -95,17 +95,21 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		return -ENOMEM;
 	dev->pdev = pdev;
 	mutex_init(&dev->cmd_mutex);
+	mutex_init(&dev->qp_mutex);
 	mutex_init(&dev->port_mutex);
 	mutex_init(&dev->pma_mutex);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->table_lock);
 	spin_lock_init(&dev->port_lock);
+	ida_init(&dev->uar_ida);
 	err = hca_map(dev);
 	if (err)
 		goto err_free;
 	err = hca_identify(dev);
 	if (err)
 		goto err_free;
+	dev->user_verbs = (dev->caps & HCA_CAP_UAR) &&
+			  hca_db_page_private(pdev);
 	err = hca_eq_init(dev);
 	if (err)
 		goto err_free;
@@ -116,15 +120,16 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	err = hca_register(dev);
 	if (err)
 		goto err_eq;
-	dev_info(&pdev->dev, "%s: lid %u, port %s\n", dev_name(&dev->ibdev.dev),
-		 ioread16(dev->bar2 + INFO(lid)),
+	dev_info(&pdev->dev, "%s: lid %u, port %s, user verbs %s\n",
+		 dev_name(&dev->ibdev.dev), ioread16(dev->bar2 + INFO(lid)),
 		 ioread8(dev->bar2 + INFO(port_state)) == HCA_PORT_ACTIVE ?
-		 "ACTIVE" : "DOWN");
+		 "ACTIVE" : "DOWN", dev->user_verbs ? "on" : "off");
 	return 0;
 
 err_eq:
 	hca_eq_cleanup(dev);
 err_free:
+	ida_destroy(&dev->uar_ida);
 	ib_dealloc_device(&dev->ibdev);
 	return err;
 }
@@ -136,6 +141,7 @@ static void hca_remove(struct pci_dev *pdev)
 	/* Consumers tear down first; their destroy commands need the EQs. */
 	ib_unregister_device(&dev->ibdev);
 	hca_eq_cleanup(dev);
+	ida_destroy(&dev->uar_ida);
 	ib_dealloc_device(&dev->ibdev);
 }
 

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Memory regions: the physical MR over all guest memory (ib_get_dma_mr,
- * the PD's global rkey) and fast-registration MRs (ib_alloc_mr +
+ * the PD's global rkey), fast-registration MRs (ib_alloc_mr +
  * ib_map_mr_sg + IB_WR_REG_MR), whose page list lives in guest RAM and is
- * copied by the device when the REG_MR work request executes.
+ * copied by the device when the REG_MR work request executes, and a
+ * process's MRs (reg_user_mr): its pages pinned by ib_umem, their list
+ * handed to REG_MR, which copies it.
  */
 #include "hca_ib.h"
 
@@ -54,11 +56,71 @@ struct ib_mr *hca_get_dma_mr(struct ib_pd *ibpd, int access)
 	return IS_ERR(mr) ? ERR_CAST(mr) : &mr->ibmr;
 }
 
-/* No user space verbs; ib_core lists this op as mandatory for kernel providers. */
-struct ib_mr *hca_reg_user_mr(struct ib_pd *pd, u64 start, u64 length,
+/* The page list of a pinned range, in DMA memory the device reads. */
+static u64 *hca_umem_pages(struct hca_dev *dev, struct ib_umem *umem,
+			   u32 npages, dma_addr_t *dma)
+{
+	struct ib_block_iter biter;
+	u64 *list;
+	u32 i = 0;
+
+	list = dma_alloc_coherent(&dev->pdev->dev, npages * sizeof(u64), dma,
+				  GFP_KERNEL);
+	if (!list)
+		return NULL;
+	rdma_umem_for_each_dma_block(umem, &biter, PAGE_SIZE) {
+		if (i == npages)
+			break;
+		list[i++] = rdma_block_iter_dma_address(&biter);
+	}
+	return list;
+}
+
+struct ib_mr *hca_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 			      u64 virt, int access, struct ib_udata *udata)
 {
-	return ERR_PTR(-EOPNOTSUPP);
+	struct hca_dev *dev = to_hdev(ibpd->device);
+	struct hca_cmd_reg_mr in = {
+		.iova = virt,
+		.length = length,
+		.access = hca_mr_access(access),
+		.page_shift = PAGE_SHIFT,
+	};
+	struct ib_umem *umem;
+	struct hca_mr *mr;
+	dma_addr_t list_dma;
+	size_t npages;
+	u64 *list;
+
+	/* iova and address share their page offset: one page list serves both. */
+	if (offset_in_page(virt ^ start) || !length)
+		return ERR_PTR(-EINVAL);
+	if (access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
+		       IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC))
+		return ERR_PTR(-EOPNOTSUPP);
+	umem = ib_umem_get(ibpd->device, start, length, access);
+	if (IS_ERR(umem))
+		return ERR_CAST(umem);
+	npages = ib_umem_num_dma_blocks(umem, PAGE_SIZE);
+	mr = ERR_PTR(-EINVAL);
+	if (npages > HCA_MAX_MR_PAGES)
+		goto err_umem;
+	mr = ERR_PTR(-ENOMEM);
+	list = hca_umem_pages(dev, umem, npages, &list_dma);
+	if (!list)
+		goto err_umem;
+	in.page_list = list_dma;
+	in.npages = npages;
+	mr = hca_mr_register(ibpd, &in);
+	dma_free_coherent(&dev->pdev->dev, npages * sizeof(u64), list, list_dma);
+	if (IS_ERR(mr))
+		goto err_umem;
+	mr->umem = umem;
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(umem);
+	return ERR_CAST(mr);
 }
 
 struct ib_mr *hca_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_sg)
@@ -116,6 +178,7 @@ int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	if (mr->pages)
 		dma_free_coherent(&dev->pdev->dev, mr->max_pages * sizeof(u64),
 				  mr->pages, mr->pages_dma);
+	ib_umem_release(mr->umem);
 	kfree(mr);
 	return 0;
 }

@@ -97,6 +97,48 @@ static void hca_qp_report_caps(struct hca_qp *qp, struct ib_qp_cap *cap)
 				     sizeof(struct hca_send_wqe));
 }
 
+/* A process's QP: rings it maps, a record slot in its UAR (uverbs.c). */
+static int hca_qp_alloc_user(struct hca_dev *dev, struct hca_qp *qp,
+			     struct ib_udata *udata,
+			     struct hca_ucreate_qp_resp *resp, u32 *db_offset)
+{
+	int err;
+
+	qp->uc = rdma_udata_to_drv_context(udata, struct hca_ucontext, ibuc);
+	qp->sq.ring_bytes = (size_t)1 << (qp->sq.log_entries + qp->sq.wqe_shift);
+	qp->rq.ring_bytes = (size_t)1 << (qp->rq.log_entries + qp->rq.wqe_shift);
+	qp->db_slot = hca_uar_slot_get(qp->uc, HCA_UAR_QP, db_offset);
+	if (qp->db_slot < 0)
+		return qp->db_slot;
+	err = hca_wq_alloc_user(dev, qp->uc, &qp->sq, &resp->sq_mmap_offset);
+	if (!err && !qp->srq)
+		err = hca_wq_alloc_user(dev, qp->uc, &qp->rq,
+					&resp->rq_mmap_offset);
+	if (err) {
+		hca_wq_free_user(&qp->sq);
+		hca_uar_slot_put(qp->uc, HCA_UAR_QP, qp->db_slot);
+		return err;
+	}
+	resp->db_slot = qp->db_slot;
+	resp->sq_log_entries = qp->sq.log_entries;
+	resp->sq_wqe_shift = qp->sq.wqe_shift;
+	resp->rq_log_entries = qp->rq.log_entries;
+	resp->rq_wqe_shift = qp->rq.wqe_shift;
+	return 0;
+}
+
+static void hca_qp_free_rings(struct hca_dev *dev, struct hca_qp *qp)
+{
+	if (!qp->uc) {
+		hca_wq_free(dev, &qp->rq);
+		hca_wq_free(dev, &qp->sq);
+		return;
+	}
+	hca_wq_free_user(&qp->rq);
+	hca_wq_free_user(&qp->sq);
+	hca_uar_slot_put(qp->uc, HCA_UAR_QP, qp->db_slot);
+}
+
 static int hca_qp_publish(struct hca_dev *dev, struct hca_qp *qp)
 {
 	unsigned long flags;
@@ -115,16 +157,18 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	struct hca_dev *dev = to_hdev(ibqp->device);
 	struct hca_qp *qp = to_hqp(ibqp);
 	struct ib_qp_cap *cap = &init->cap;
+	struct hca_ucreate_qp_resp resp = {};
 	struct hca_cmd_create_qp in = {};
 	struct hca_cmd_handle out;
 	u32 type;
 	int err;
 
-	if (udata)
-		return -EOPNOTSUPP;
 	err = hca_qp_check(init, &type);
 	if (err)
 		return err;
+	/* Processes get RC and UD; the management QPs are ib_mad's. */
+	if (udata && type != HCA_QPT_RC && type != HCA_QPT_UD)
+		return -EOPNOTSUPP;
 	qp->srq = init->srq ? to_hsrq(init->srq) : NULL;
 	err = hca_wq_size(&qp->sq, cap->max_send_wr, sizeof(struct hca_send_wqe),
 			  cap->max_send_sge, cap->max_inline_data,
@@ -137,12 +181,20 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		return err;
 	spin_lock_init(&qp->sq_lock);
 	spin_lock_init(&qp->rq_lock);
-	err = hca_wq_alloc(dev, &qp->sq);
-	if (err)
-		return err;
-	err = qp->srq ? 0 : hca_wq_alloc(dev, &qp->rq);
-	if (err)
-		goto err_sq;
+	if (udata) {
+		err = hca_qp_alloc_user(dev, qp, udata, &resp, &in.db_offset);
+		if (err)
+			return err;
+	} else {
+		err = hca_wq_alloc(dev, &qp->sq);
+		if (err)
+			return err;
+		err = qp->srq ? 0 : hca_wq_alloc(dev, &qp->rq);
+		if (err) {
+			hca_wq_free(dev, &qp->sq);
+			return err;
+		}
+	}
 	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
 	in.sq_addr = qp->sq.ring_dma;
 	in.rq_addr = qp->rq.ring_dma;
@@ -159,24 +211,33 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	in.sq_wqe_shift = qp->sq.wqe_shift;
 	in.rq_log_entries = qp->rq.log_entries;
 	in.rq_wqe_shift = qp->rq.wqe_shift;
+	mutex_lock(&dev->qp_mutex);
 	err = hca_cmd(dev, HCA_CMD_CREATE_QP, &in, sizeof(in), &out, sizeof(out));
 	if (err)
-		goto err_rq;
+		goto err_unlock;
 	qp->qpn = out.handle;
 	ibqp->qp_num = qp->qpn;
 	qp->state = HCA_QPS_RESET;
+	hca_qp_report_caps(qp, cap);
+	if (udata) {
+		resp.qpn = qp->qpn;
+		resp.max_inline = cap->max_inline_data;
+		err = ib_copy_to_udata(udata, &resp,
+				       min(sizeof(resp), udata->outlen));
+		if (err)
+			goto err_destroy;
+	}
 	err = hca_qp_publish(dev, qp);
 	if (err)
 		goto err_destroy;
-	hca_qp_report_caps(qp, cap);
+	mutex_unlock(&dev->qp_mutex);
 	return 0;
 
 err_destroy:
 	hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn);
-err_rq:
-	hca_wq_free(dev, &qp->rq);
-err_sq:
-	hca_wq_free(dev, &qp->sq);
+err_unlock:
+	mutex_unlock(&dev->qp_mutex);
+	hca_qp_free_rings(dev, qp);
 	return err;
 }
 
@@ -225,7 +286,8 @@ int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	struct hca_cmd_modify_qp in = {};
 	int err;
 
-	if (udata || (mask & ~HCA_QP_KNOWN_MASK))
+	/* A process's udata carries nothing for this verb. */
+	if (mask & ~HCA_QP_KNOWN_MASK)
 		return -EOPNOTSUPP;
 	in.qpn = qp->qpn;
 	in.attr_mask = mask;
@@ -320,11 +382,13 @@ int hca_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct hca_qp *qp = to_hqp(ibqp);
 	int err;
 
+	mutex_lock(&dev->qp_mutex);
 	err = hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn);
+	if (!err)
+		hca_qp_unpublish(dev, qp);
+	mutex_unlock(&dev->qp_mutex);
 	if (err)
 		return err;
-	hca_qp_unpublish(dev, qp);
-	hca_wq_free(dev, &qp->rq);
-	hca_wq_free(dev, &qp->sq);
+	hca_qp_free_rings(dev, qp);
 	return 0;
 }

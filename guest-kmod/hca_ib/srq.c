@@ -42,9 +42,46 @@ static void hca_srq_set_table(struct hca_dev *dev, u32 srqn, struct hca_srq *srq
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 }
 
+/* A process's SRQ ring and record slot (uverbs.c); its provider tags. */
+static int hca_srq_alloc_user(struct hca_dev *dev, struct hca_srq *srq,
+			      struct ib_udata *udata,
+			      struct hca_ucreate_srq_resp *resp, u32 *db_offset)
+{
+	int err;
+
+	srq->uc = rdma_udata_to_drv_context(udata, struct hca_ucontext, ibuc);
+	srq->wq.ring_bytes = (size_t)1 << (srq->wq.log_entries +
+					   srq->wq.wqe_shift);
+	srq->db_slot = hca_uar_slot_get(srq->uc, HCA_UAR_SRQ, db_offset);
+	if (srq->db_slot < 0)
+		return srq->db_slot;
+	err = hca_wq_alloc_user(dev, srq->uc, &srq->wq, &resp->ring_mmap_offset);
+	if (err) {
+		hca_uar_slot_put(srq->uc, HCA_UAR_SRQ, srq->db_slot);
+		return err;
+	}
+	resp->db_slot = srq->db_slot;
+	resp->log_entries = srq->wq.log_entries;
+	resp->wqe_shift = srq->wq.wqe_shift;
+	return 0;
+}
+
+static void hca_srq_free(struct hca_dev *dev, struct hca_srq *srq)
+{
+	if (srq->uc) {
+		hca_wq_free_user(&srq->wq);
+		hca_uar_slot_put(srq->uc, HCA_UAR_SRQ, srq->db_slot);
+		return;
+	}
+	kfree(srq->free_tags);
+	kfree(srq->busy);
+	hca_wq_free(dev, &srq->wq);
+}
+
 int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		   struct ib_udata *udata)
 {
+	struct hca_ucreate_srq_resp resp = {};
 	struct hca_dev *dev = to_hdev(ibsrq->device);
 	struct hca_srq *srq = to_hsrq(ibsrq);
 	struct ib_srq_attr *a = &init->attr;
@@ -53,7 +90,7 @@ int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	u32 entries;
 	int err;
 
-	if (udata || !(dev->caps & HCA_CAP_SRQ))
+	if (!(dev->caps & HCA_CAP_SRQ))
 		return -EOPNOTSUPP;
 	if (init->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
@@ -67,6 +104,13 @@ int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	entries = 1 << srq->wq.log_entries;
 	if (a->srq_limit > entries)
 		return -EINVAL;
+	spin_lock_init(&srq->lock);
+	if (udata) {
+		err = hca_srq_alloc_user(dev, srq, udata, &resp, &in.db_offset);
+		if (err)
+			return err;
+		goto create;
+	}
 	/* wq.wrid is indexed by tag: as many tags as slots. */
 	err = hca_wq_alloc(dev, &srq->wq);
 	if (err)
@@ -78,7 +122,7 @@ int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		goto err_free;
 	for (srq->nfree = 0; srq->nfree < entries; srq->nfree++)
 		srq->free_tags[srq->nfree] = entries - 1 - srq->nfree;
-	spin_lock_init(&srq->lock);
+create:
 	in.ring_addr = srq->wq.ring_dma;
 	in.pdn = to_hpd(ibsrq->pd)->pdn;
 	in.limit = a->srq_limit;
@@ -91,17 +135,22 @@ int hca_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	if (out.handle >= HCA_MAX_SRQ)
 		goto err_destroy;
 	srq->srqn = out.handle;
-	hca_srq_set_table(dev, srq->srqn, srq);
 	a->max_wr = entries;
 	a->max_sge = srq->wq.max_sge;
+	if (udata) {
+		resp.srqn = srq->srqn;
+		err = ib_copy_to_udata(udata, &resp,
+				       min(sizeof(resp), udata->outlen));
+		if (err)
+			goto err_destroy;
+	}
+	hca_srq_set_table(dev, srq->srqn, srq);
 	return 0;
 
 err_destroy:
 	hca_cmd_handle(dev, HCA_CMD_DESTROY_SRQ, out.handle);
 err_free:
-	kfree(srq->free_tags);
-	kfree(srq->busy);
-	hca_wq_free(dev, &srq->wq);
+	hca_srq_free(dev, srq);
 	return err;
 }
 
@@ -112,7 +161,7 @@ int hca_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 	struct hca_srq *srq = to_hsrq(ibsrq);
 	struct hca_cmd_srq_limit in = { .srqn = srq->srqn };
 
-	if (udata || (mask & ~IB_SRQ_LIMIT))
+	if (mask & ~IB_SRQ_LIMIT)
 		return -EOPNOTSUPP;
 	if (!(mask & IB_SRQ_LIMIT))
 		return 0;
@@ -152,9 +201,7 @@ int hca_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	hca_srq_set_table(dev, srq->srqn, NULL);
 	/* An event handler that found the SRQ before it went finishes first. */
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
-	kfree(srq->free_tags);
-	kfree(srq->busy);
-	hca_wq_free(dev, &srq->wq);
+	hca_srq_free(dev, srq);
 	return 0;
 }
 

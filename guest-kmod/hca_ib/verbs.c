@@ -169,13 +169,13 @@ static int hca_query_pkey(struct ib_device *ibdev, u32 port, u16 index, u16 *pke
 
 static int hca_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
+	/* A process's PD reaches only what its MRs map (HCA_PD_FLAG_USER). */
+	struct hca_cmd_alloc_pd in = { .flags = udata ? HCA_PD_FLAG_USER : 0 };
 	struct hca_cmd_handle out;
 	int err;
 
-	if (udata)
-		return -EOPNOTSUPP;
-	err = hca_cmd(to_hdev(ibpd->device), HCA_CMD_ALLOC_PD, NULL, 0, &out,
-		      sizeof(out));
+	err = hca_cmd(to_hdev(ibpd->device), HCA_CMD_ALLOC_PD, &in, sizeof(in),
+		      &out, sizeof(out));
 	if (err)
 		return err;
 	to_hpd(ibpd)->pdn = out.handle;
@@ -243,6 +243,12 @@ static int hca_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
 const struct ib_device_ops hca_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.uverbs_abi_ver = HCA_UVERBS_ABI_VERSION,
+	.alloc_ucontext = hca_alloc_ucontext,
+	.dealloc_ucontext = hca_dealloc_ucontext,
+	.disassociate_ucontext = hca_disassociate_ucontext,
+	.mmap = hca_mmap,
+	.mmap_free = hca_mmap_free,
 	.query_device = hca_query_device,
 	.query_port = hca_query_port,
 	.modify_port = hca_modify_port,
@@ -282,4 +288,5 @@ const struct ib_device_ops hca_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_cq, hca_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_qp, hca_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, hca_srq, ibsrq),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, hca_ucontext, ibuc),
 };
