@@ -95,8 +95,13 @@ struct ib_mr *hca_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	/* iova and address share their page offset: one page list serves both. */
 	if (offset_in_page(virt ^ start) || !length)
 		return ERR_PTR(-EINVAL);
+	/*
+	 * Optional bits (relaxed ordering, which perftest asks for) are hints
+	 * a device may ignore, as ib_core lets it.
+	 */
 	if (access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
-		       IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC))
+		       IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
+		       IB_ACCESS_OPTIONAL))
 		return ERR_PTR(-EOPNOTSUPP);
 	umem = ib_umem_get(ibpd->device, start, length, access);
 	if (IS_ERR(umem))
