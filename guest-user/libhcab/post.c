@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+/*
+ * post_send and post_recv without a system call: WQEs into the mapped
+ * ring, the new producer index into the QP's record in the UAR, then one
+ * doorbell per call, in that order (hca_ib's post.c does the same).
+ *
+ * A WQE's wr_id field carries its slot's free-running index; the
+ * consumer's wr_id waits in wq->wrid until poll_cq retires the slot.
+ *
+ * Locking: wq->lock guards pi. ci moves in poll_cq alone (under its CQ's
+ * lock) and is read here with an acquire load.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "hcab.h"
+
+static bool hcab_wq_full(struct hcab_wq *wq)
+{
+	uint32_t ci = atomic_load_explicit(&wq->ci, memory_order_acquire);
+
+	return wq->pi - ci >= (1u << wq->log_entries);
+}
+
+static int hcab_wr_opcode(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_SEND:
+		return HCA_WR_SEND;
+	case IBV_WR_SEND_WITH_IMM:
+		return HCA_WR_SEND_IMM;
+	case IBV_WR_SEND_WITH_INV:
+		return HCA_WR_SEND_INV;
+	case IBV_WR_RDMA_WRITE:
+		return HCA_WR_RDMA_WRITE;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return HCA_WR_RDMA_WRITE_IMM;
+	case IBV_WR_RDMA_READ:
+		return HCA_WR_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return HCA_WR_ATOMIC_CMP_SWP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return HCA_WR_ATOMIC_FETCH_ADD;
+	default:
+		/* LOCAL_INV and BIND_MW: a user PD has no MR they could act on. */
+		return -1;
+	}
+}
+
+/* Inline SGEs name the process's own memory: copy it into the WQE. */
+static int hcab_copy_inline(struct hcab_qp *qp, struct hca_send_wqe *w,
+			    const struct ibv_send_wr *wr)
+{
+	uint8_t *dst = (uint8_t *)(w + 1);
+	uint32_t len = 0;
+	int i;
+
+	for (i = 0; i < wr->num_sge; i++) {
+		if (wr->sg_list[i].length > qp->max_inline - len)
+			return EINVAL;
+		memcpy(dst + len, (void *)(uintptr_t)wr->sg_list[i].addr,
+		       wr->sg_list[i].length);
+		len += wr->sg_list[i].length;
+	}
+	w->inline_len = len;
+	w->flags |= HCA_WQE_INLINE;
+	return 0;
+}
+
+static void hcab_copy_sges(struct hca_sge *dst, const struct ibv_sge *src,
+			   int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		dst[i].addr = src[i].addr;
+		dst[i].length = src[i].length;
+		dst[i].lkey = src[i].lkey;
+	}
+}
+
+static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
+{
+	struct hcab_wq *wq = &qp->sq;
+	struct hca_send_wqe *w = hcab_wqe(wq, wq->pi);
+	int op = hcab_wr_opcode(wr->opcode);
+	bool ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
+
+	if (op < 0 || wr->num_sge < 0 || wr->num_sge > wq->max_sge)
+		return EINVAL;
+	/* A datagram QP sends, with or without immediate data, and no more. */
+	if (ud && op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)
+		return EINVAL;
+	if (ud && !wr->wr.ud.ah)
+		return EINVAL;
+	memset(w, 0, sizeof(*w));
+	w->wr_id = wq->pi;
+	w->opcode = op;
+	if (wr->send_flags & IBV_SEND_SIGNALED)
+		w->flags |= HCA_WQE_SIGNALED;
+	if (wr->send_flags & IBV_SEND_SOLICITED)
+		w->flags |= HCA_WQE_SOLICITED;
+	if (wr->send_flags & IBV_SEND_FENCE)
+		w->flags |= HCA_WQE_FENCE;
+	if (op == HCA_WR_SEND_IMM || op == HCA_WR_RDMA_WRITE_IMM)
+		w->imm = (uint32_t)wr->imm_data;
+	/* The key the responder invalidates. */
+	if (op == HCA_WR_SEND_INV)
+		w->imm = wr->invalidate_rkey;
+	switch (op) {
+	case HCA_WR_RDMA_WRITE:
+	case HCA_WR_RDMA_WRITE_IMM:
+	case HCA_WR_RDMA_READ:
+		w->remote_addr = wr->wr.rdma.remote_addr;
+		w->rkey = wr->wr.rdma.rkey;
+		break;
+	case HCA_WR_ATOMIC_CMP_SWP:
+	case HCA_WR_ATOMIC_FETCH_ADD:
+		w->remote_addr = wr->wr.atomic.remote_addr;
+		w->rkey = wr->wr.atomic.rkey;
+		w->compare_add = wr->wr.atomic.compare_add;
+		w->swap = wr->wr.atomic.swap;
+		break;
+	}
+	if (ud) {
+		w->ud_dlid = to_hah(wr->wr.ud.ah)->dlid;
+		w->ud_remote_qpn = wr->wr.ud.remote_qpn;
+		w->ud_qkey = wr->wr.ud.remote_qkey;
+	}
+	/*
+	 * Only data the requester sends can be inline: a read's or an
+	 * atomic's SGEs are where the response lands.
+	 */
+	if ((wr->send_flags & IBV_SEND_INLINE) && op != HCA_WR_RDMA_READ &&
+	    op != HCA_WR_ATOMIC_CMP_SWP && op != HCA_WR_ATOMIC_FETCH_ADD)
+		return hcab_copy_inline(qp, w, wr);
+	w->num_sge = wr->num_sge;
+	hcab_copy_sges((struct hca_sge *)(w + 1), wr->sg_list, wr->num_sge);
+	return 0;
+}
+
+int hcab_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		   struct ibv_send_wr **bad_wr)
+{
+	struct hcab_context *ctx = to_hctx(ibqp->context);
+	struct hcab_qp *qp = to_hqp(ibqp);
+	struct hcab_wq *wq = &qp->sq;
+	uint32_t start;
+	int err = 0;
+
+	pthread_spin_lock(&wq->lock);
+	start = wq->pi;
+	for (; wr; wr = wr->next) {
+		if (hcab_wq_full(wq)) {
+			err = ENOMEM;
+			break;
+		}
+		err = hcab_build_send(qp, wr);
+		if (err)
+			break;
+		wq->wrid[wq->pi & hcab_wq_mask(wq)] = wr->wr_id;
+		wq->pi++;
+	}
+	if (err)
+		*bad_wr = wr;
+	if (wq->pi != start) {
+		/* WQEs reach memory before the index that publishes them. */
+		udma_to_device_barrier();
+		mmio_write32((char *)qp->db + offsetof(struct hca_qp_db, sq_pi),
+			     wq->pi);
+		hcab_ring(ctx, HCA_DB_SQ);
+	}
+	pthread_spin_unlock(&wq->lock);
+	return err;
+}
+
+/*
+ * A receive WQE in slot idx of wq (a QP's receive queue or an SRQ): the
+ * consumer's SGEs, and the wr_id the device hands back in the CQE.
+ */
+void hcab_write_recv_wqe(struct hcab_wq *wq, uint32_t idx, uint64_t hw_wr_id,
+			 const struct ibv_recv_wr *wr)
+{
+	struct hca_recv_wqe *w = hcab_wqe(wq, idx);
+
+	memset(w, 0, sizeof(*w));
+	w->wr_id = hw_wr_id;
+	w->num_sge = wr->num_sge;
+	hcab_copy_sges((struct hca_sge *)(w + 1), wr->sg_list, wr->num_sge);
+}
+
+int hcab_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+		   struct ibv_recv_wr **bad_wr)
+{
+	struct hcab_context *ctx = to_hctx(ibqp->context);
+	struct hcab_qp *qp = to_hqp(ibqp);
+	struct hcab_wq *wq = &qp->rq;
+	uint32_t start;
+	int err = 0;
+
+	/* A QP on an SRQ has no receive queue of its own. */
+	if (qp->srq) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	pthread_spin_lock(&wq->lock);
+	start = wq->pi;
+	for (; wr; wr = wr->next) {
+		if (hcab_wq_full(wq)) {
+			err = ENOMEM;
+			break;
+		}
+		if (wr->num_sge < 0 || wr->num_sge > wq->max_sge) {
+			err = EINVAL;
+			break;
+		}
+		hcab_write_recv_wqe(wq, wq->pi, wq->pi, wr);
+		wq->wrid[wq->pi & hcab_wq_mask(wq)] = wr->wr_id;
+		wq->pi++;
+	}
+	if (err)
+		*bad_wr = wr;
+	if (wq->pi != start) {
+		udma_to_device_barrier();
+		mmio_write32((char *)qp->db + offsetof(struct hca_qp_db, rq_pi),
+			     wq->pi);
+		hcab_ring(ctx, HCA_DB_RQ);
+	}
+	pthread_spin_unlock(&wq->lock);
+	return err;
+}
