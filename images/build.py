@@ -16,15 +16,22 @@ bzImage under TCG) and keeps the bzImage (the KVM backend boots it), builds the 
 in guest-kmod/ against the kernel's headers (in a copy per kernel, after compat/conftest.sh
 has found which kernel interfaces they have), and packs an initramfs with busybox, the init
 script, the kernel modules hcabench needs (from the same kernel: a developer's ib_core and
-ib_ipoib are the ones that load) and ours. A developer's kernel config is checked first for
-what the guests need, and what is missing is said plainly.
+ib_ipoib are the ones that load) and ours (without their debugging sections), with the
+modules.dep and other indexes the host's depmod makes for them (busybox's modprobe reads
+them). User space: Debian's tools the guests carry with their shared libraries, among them
+rdma-core's userland (libibverbs with every provider, librdmacm, ibverbs-utils,
+rdmacm-utils, perftest), and our libibverbs provider for hcab0, which
+guest-user/libhcab/build.sh builds (the image goes without it, saying so, while that script
+is not there). A developer's kernel config is checked first for what the guests need, and
+what is missing is said plainly.
 
 Output (default target/images/): <name>/vmlinux, <name>/bzImage, <name>/initramfs.cpio.gz,
 <name>/manifest.json, where <name> is the kernel release (`uname -r` in the guest) for a
 Debian kernel and `local-<release>` for a developer's; `current` names the default image (the
 one a build without --kernel makes), which hcabench boots when no kernel is asked for.
 Everything is cached: a rebuild happens only when an input (a package or the developer's
-kernel files, the init script, a module source, this script) changes.
+kernel files, the init script, a module source, guest-user/'s sources, this script)
+changes.
 
 Usage: images/build.py [--kernel VERSION|PATH] [--out DIR] [--print-dir] [--quiet]
 """
@@ -38,8 +45,10 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -47,7 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KMOD = ROOT / "guest-kmod"
 # Kernel modules from Debian's package that guests load at boot (with their dependencies).
-KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad", "rdma_ucm"]
+# ib_uverbs and rdma_ucm give user space its verbs (/dev/infiniband/uverbsN, rdma_cm).
+KERNEL_MODULES = ["ib_core", "rdma_cm", "ib_umad", "ib_uverbs", "rdma_ucm"]
 # Loaded on demand by `rxe-up` (SoftRoCE over virtio-net, the verbs benchmark's peer).
 RXE_MODULES = ["virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe"]
 # IPoIB over hcab0 (`ipoib-up`): Debian's ib_ipoib and what it needs.
@@ -114,6 +124,31 @@ USERLAND_LIBS = ["libmnl.so.0", "libbsd.so.0", "libcap.so.2", "libmd.so.0", "lib
                  "libselinux.so.1", "libpcre2-8.so.0", "libgcrypt.so.20",
                  "libgpg-error.so.0", "liblzma.so.5", "libzstd.so.1", "liblz4.so.1"]
 
+# User-level verbs: Debian 12's rdma-core 44 (libibverbs with every provider of
+# ibverbs-providers, found through /etc/libibverbs.d/NAME.driver in
+# /usr/lib/x86_64-linux-gnu/libibverbs/), librdmacm, ibverbs-utils' ibv_* tools,
+# rdmacm-utils' (rping, udaddy, mckey, ...) and perftest's InfiniBand benchmarks (which link
+# libmlx5, libefa and libpci); glibc loads libgcc_s when a thread exits (rping's do).
+VERBS_TOOLS = ["ibv_devinfo", "ibv_devices", "ibv_asyncwatch", "ibv_rc_pingpong",
+               "ibv_uc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong", "ibv_xsrq_pingpong",
+               "rping", "udaddy", "mckey", "ucmatose", "rdma_client", "rdma_server",
+               "rdma_xclient", "rdma_xserver", "rstream", "riostream", "rcopy", "cmtime",
+               "udpong", "ib_send_lat", "ib_send_bw", "ib_write_lat", "ib_write_bw",
+               "ib_read_lat", "ib_read_bw", "ib_atomic_lat", "ib_atomic_bw"]
+VERBS_DEBS = ["libibverbs1", "ibverbs-providers", "ibverbs-utils", "librdmacm1",
+              "rdmacm-utils", "perftest", "libnl-3-200", "libnl-route-3-200", "libpci3",
+              "libudev1", "zlib1g", "libgcc-s1"]
+VERBS_LIBS = ["libibverbs.so.1", "librdmacm.so.1", "libnl-3.so.200", "libnl-route-3.so.200",
+              "libmlx4.so.1", "libmlx5.so.1", "libefa.so.1", "libmana.so.1", "libpci.so.3",
+              "libudev.so.1", "libz.so.1", "libm.so.6", "libgcc_s.so.1"]
+# libibverbs' provider directory and its driver files, as the packages install them.
+VERBS_PROVIDER_DIR = "usr/lib/x86_64-linux-gnu/libibverbs"
+VERBS_DRIVER_DIR = "etc/libibverbs.d"
+# Our provider (rdma-core's private ABI 34, as Debian 12's libibverbs): built by
+# guest-user/libhcab/build.sh OUTDIR into OUTDIR/libhcab-rdmav34.so.
+GUEST_USER = ROOT / "guest-user"
+HCAB_PROVIDER = "libhcab-rdmav34.so"
+
 quiet = False
 
 
@@ -138,7 +173,9 @@ def run(cmd, **kw):
 
 
 def hint(tool):
-    return {"dpkg-deb": "dpkg", "apt-get": "apt", "apt-cache": "apt", "make": "make"}.get(tool, tool)
+    return {"dpkg-deb": "dpkg", "apt-get": "apt", "apt-cache": "apt", "make": "make",
+            "readelf": "binutils", "objcopy": "binutils",
+            "depmod": "kmod"}.get(tool, tool)
 
 
 def apt_depends_image(pkg):
@@ -525,24 +562,173 @@ def build_dsm_apps():
 
 
 def userland(cache):
-    """USERLAND_TOOLS and their shared libraries, from Debian's packages:
-    {path in image: bytes}."""
-    roots = [extract(download(p, cache), cache / f"root-{p}") for p in USERLAND_DEBS]
-    files = {}
-    for tool in USERLAND_TOOLS:
+    """USERLAND_TOOLS and VERBS_TOOLS with their shared libraries, and libibverbs'
+    providers and driver files, from Debian's packages: ({path in image: bytes},
+    {link in image: its target})."""
+    debs = USERLAND_DEBS + [d for d in VERBS_DEBS if d not in USERLAND_DEBS]
+    roots = [extract(download(p, cache), cache / f"root-{p}") for p in debs]
+    files, links = {}, {}
+    for tool in USERLAND_TOOLS + VERBS_TOOLS:
         for r in roots:
             for d in ["bin", "sbin", "usr/bin", "usr/sbin"]:
                 if (r / d / tool).is_file():
                     files[f"bin/{tool}"] = (r / d / tool).read_bytes()
         if f"bin/{tool}" not in files:
-            die(f"{tool} is in none of {', '.join(USERLAND_DEBS)}")
-    for lib in USERLAND_LIBS:
+            die(f"{tool} is in none of {', '.join(debs)}")
+    # Where each library the image carries came from (its file, links resolved), so that a
+    # provider the package installs as a link to one (libmlx5-rdmav34.so) links to it here.
+    carried = {}
+    for lib in USERLAND_LIBS + VERBS_LIBS:
         hits = [f for r in roots for f in r.rglob(lib) if f.resolve().is_file()]
         if not hits:
-            die(f"{lib} is in none of {', '.join(USERLAND_DEBS)}")
+            die(f"{lib} is in none of {', '.join(debs)}")
         dest = "lib64" if lib.startswith("ld-linux") else "lib/x86_64-linux-gnu"
         files[f"{dest}/{lib}"] = hits[0].resolve().read_bytes()
-    return files
+        carried[hits[0].resolve()] = f"/{dest}/{lib}"
+    for r in roots:
+        pdir = r / VERBS_PROVIDER_DIR
+        for f in sorted(pdir.iterdir()) if pdir.is_dir() else []:
+            real = f.resolve()
+            if real in carried:
+                links[f"{VERBS_PROVIDER_DIR}/{f.name}"] = carried[real]
+            elif real.is_file():
+                files[f"{VERBS_PROVIDER_DIR}/{f.name}"] = real.read_bytes()
+        for f in sorted((r / VERBS_DRIVER_DIR).glob("*.driver")):
+            files[f"{VERBS_DRIVER_DIR}/{f.name}"] = f.read_bytes()
+    # Every driver file names a provider that is here (libibverbs warns of each missing one
+    # every time a program opens the device list).
+    for path, data in files.items():
+        if path.startswith(VERBS_DRIVER_DIR + "/"):
+            name = data.decode().split()[1]
+            so = f"{VERBS_PROVIDER_DIR}/lib{name}-rdmav34.so"
+            if so not in files and so not in links:
+                die(f"{path} names provider {name}, but {so} is in none of {', '.join(debs)}")
+    return files, links
+
+
+def elf_needed(data):
+    """The DT_NEEDED names of a 64-bit ELF file's dynamic section; [] where it has none
+    (a static binary, a kernel module) or is no 64-bit ELF."""
+    if data[:5] != b"\x7fELF\x02":
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    names = []
+    for _, stype, _, _, off, size, link, _, _, entsize in sections:
+        if stype != 6:  # SHT_DYNAMIC
+            continue
+        stroff = sections[link][4]
+        for i in range(0, size, entsize or 16):
+            tag, val = struct.unpack_from("<qQ", data, off + i)
+            if tag == 0:
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", stroff + val)
+                names.append(data[stroff + val:end].decode())
+    return names
+
+
+def check_needed(files, links):
+    """Dies naming each shared library a carried program or library needs and the image
+    lacks (where the loader looks: lib/x86_64-linux-gnu, usr/lib/x86_64-linux-gnu, lib64)."""
+    libdirs = {"lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"}
+    have = {Path(p).name for p in list(files) + list(links) if str(Path(p).parent) in libdirs}
+    missing = {}
+    for path, data in files.items():
+        for lib in elf_needed(data):
+            if lib not in have:
+                missing.setdefault(lib, []).append(path)
+    if missing:
+        die("the image lacks shared libraries its programs need:\n" + "\n".join(
+            f"  {lib} (for {', '.join(sorted(users))})" for lib, users in sorted(missing.items()))
+            + "\nadd each to USERLAND_LIBS or VERBS_LIBS, and its package to the _DEBS list")
+
+
+def guest_user_sources():
+    """guest-user/'s source files (git's tracked and untracked-not-ignored files where git
+    answers, all files otherwise), without build directories."""
+    if not GUEST_USER.is_dir():
+        return []
+    r = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z",
+                        "--", str(GUEST_USER.relative_to(ROOT))], capture_output=True)
+    if r.returncode == 0:
+        found = [ROOT / f.decode() for f in r.stdout.split(b"\0") if f]
+    else:
+        found = list(GUEST_USER.rglob("*"))
+    skip = {"build", "target", "out", "__pycache__", ".git"}
+    return sorted(f for f in found if f.is_file() and not f.name.startswith(".")
+                  and not skip & set(f.relative_to(GUEST_USER).parts[:-1]))
+
+
+def hcab_provider(cache):
+    """Our libibverbs provider and the hostile-process test built with it (uverbs-hostile),
+    by guest-user/libhcab/build.sh (once for its sources and Debian's libibverbs: they are
+    no kernel's): {path in image: bytes}, empty, said on stderr, where that script is not in
+    the tree."""
+    script = GUEST_USER / "libhcab" / "build.sh"
+    if not script.exists():
+        print(f"images: note: {script.relative_to(ROOT)} is not there: this image has no hcab "
+              f"provider ({HCAB_PROVIDER}), so user-level verbs (ibv_devinfo, "
+              f"perftest, rping) will not see hcab0", file=sys.stderr, flush=True)
+        return {}
+    outdir = ROOT / "target" / "guest-user" / "libhcab"
+    stamp, so, hostile = outdir / ".key", outdir / HCAB_PROVIDER, outdir / "uverbs-hostile"
+
+    def files():
+        return {f"{VERBS_PROVIDER_DIR}/{HCAB_PROVIDER}": strip_debug(so),
+                f"{VERBS_DRIVER_DIR}/hcab.driver": b"driver hcab\n",
+                "bin/uverbs-hostile": strip_debug(hostile)}
+
+    key = digest(guest_user_sources(), f"libhcab|{download('libibverbs1', cache).name}")
+    if stamp.exists() and stamp.read_text() == key and so.exists() and hostile.exists():
+        return files()
+    say(f"building guest-user/libhcab ({HCAB_PROVIDER})")
+    outdir.mkdir(parents=True, exist_ok=True)
+    so.unlink(missing_ok=True)
+    run(["bash", str(script), str(outdir)], cwd=ROOT)
+    for f in (so, hostile):
+        if not f.is_file():
+            die(f"{script.relative_to(ROOT)} {outdir} made no {f.name}")
+    stamp.write_text(key)
+    return files()
+
+
+def strip_debug(ko):
+    """The module without its debugging sections (`make INSTALL_MOD_STRIP=1`'s way): our
+    modules build with the kernel's DWARF, about 5 MiB each that the guest never reads and
+    would unpack at every boot. The kbuild directory keeps them whole for a post-mortem."""
+    with tempfile.TemporaryDirectory(prefix="hcab-strip-") as tmp:
+        out = Path(tmp) / ko.name
+        run(["objcopy", "--strip-debug", str(ko), str(out)])
+        return out.read_bytes()
+
+
+def depmod(kver, modules, moddir):
+    """The indexes kmod's depmod makes for `modules` ({path under lib/modules/<kver>:
+    bytes}) and the kernel's built-in ones (moddir's modules.builtin*): {file name: bytes}
+    (modules.dep, modules.alias, modules.symbols, their .bin forms, ...), so that modprobe
+    finds modules by name, alias and dependency in the guest: busybox's, which the guest's
+    shell runs (busybox's sh runs its own applets whatever PATH says) and the kernel too
+    when it asks for a module (init makes /sbin/modprobe)."""
+    tool = shutil.which("depmod") or next(
+        (t for t in ["/usr/sbin/depmod", "/sbin/depmod"] if Path(t).exists()), None)
+    if tool is None:
+        die("`depmod` not found (it makes the guests' modules.dep); on Debian: "
+            "apt-get install -y kmod")
+    with tempfile.TemporaryDirectory(prefix="hcab-depmod-") as tmp:
+        d = Path(tmp) / "lib" / "modules" / kver
+        for path, data in modules.items():
+            (d / path).parent.mkdir(parents=True, exist_ok=True)
+            (d / path).write_bytes(data)
+        for f in ["modules.builtin", "modules.builtin.modinfo"]:
+            if (moddir / f).is_file():
+                shutil.copyfile(moddir / f, d / f)
+        out = run([tool, "-b", tmp, kver])
+        if out.strip():
+            say(f"depmod: {out.strip()}")
+        return {f.name: f.read_bytes() for f in sorted(d.glob("modules.*"))}
 
 
 class Cpio:
@@ -567,6 +753,9 @@ class Cpio:
 
     def file(self, name, data, mode=0o644):
         self._entry(name, stat.S_IFREG | mode, data)
+
+    def symlink(self, name, target):
+        self._entry(name, stat.S_IFLNK | 0o777, target.encode())
 
     def finish(self):
         self._entry("TRAILER!!!", 0)
@@ -661,6 +850,8 @@ def main():
     sources = [bdeb, init, Path(__file__).resolve()]
     sources += [ROOT / "images" / n for n in SCRIPTS]
     sources += kmod_sources()
+    # Our provider: rebuilt, and the image with it, when guest-user/ changes.
+    sources += guest_user_sources()
     key = digest(sources, f"{kver}|{kinputs}")
     dest = out / name
     manifest = dest / "manifest.json"
@@ -684,13 +875,29 @@ def main():
 
     ours = build_our_modules(kernel.kdir, kver, out.parent / "kbuild" / name)
     tools = guest_tools()
-    debian_tools = userland(cache)
+    debian_tools, debian_links = userland(cache)
+    debian_tools.update(hcab_provider(cache))
+    check_needed(debian_tools, debian_links)
     mods = Modules(kernel.moddir)
     img = Cpio()
-    for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu",
-              "lib/modules", f"lib/modules/{kver}", f"lib/modules/{kver}/kernel",
-              f"lib/modules/{kver}/extra"]:
-        img.dir(d)
+    made = set()
+
+    def mkdir(d):
+        # The directory and each above it (the kernel makes no missing parent of an entry).
+        parts = Path(d).parts
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if sub not in made:
+                img.dir(sub)
+                made.add(sub)
+
+    def mkdirs(path):
+        mkdir(str(Path(path).parent))
+
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "lib", "lib64",
+              "lib/x86_64-linux-gnu", "lib/modules", f"lib/modules/{kver}",
+              f"lib/modules/{kver}/kernel", f"lib/modules/{kver}/extra"]:
+        mkdir(d)
     img.file("bin/busybox", (broot / "bin" / "busybox").read_bytes(), 0o755)
     img.file("init", init.read_bytes(), 0o755)
     for script in SCRIPTS:
@@ -698,12 +905,16 @@ def main():
     for tname, data in tools.items():
         img.file(f"bin/{tname}", data, 0o755)
     for path, data in debian_tools.items():
-        img.file(path, data, 0o755)
+        mkdirs(path)
+        img.file(path, data, 0o644 if path.startswith("etc/") else 0o755)
+    for path, target in debian_links.items():
+        mkdirs(path)
+        img.symlink(path, target)
     # Each order lists its whole closure (modload skips what is loaded); each module file
     # goes into the image once, uncompressed. brd takes its size as a parameter: its users
     # load it. A developer's kernel may lack a job's modules (its config said so above):
     # that job's order is left empty, and the job says what is missing when run.
-    packed, orders = set(), {}
+    packed, orders, modules = set(), {}, {}
     for order_name, names, _ in ORDERS:
         lacking = [n for n in names if not mods.has(n)]
         if lacking and not local:
@@ -718,7 +929,8 @@ def main():
         for mod in ([] if lacking else mods.closure(names)):
             fname = f"kernel/{mods.file_name(mod)}"
             if fname not in packed:
-                img.file(f"lib/modules/{kver}/{fname}", mods.read(mod))
+                modules[fname] = mods.read(mod)
+                img.file(f"lib/modules/{kver}/{fname}", modules[fname])
                 packed.add(fname)
             if mod != "brd":  # (its users load it with its size)
                 order.append(fname)
@@ -727,13 +939,18 @@ def main():
         orders[order_name] = order
         img.file(f"lib/modules/{kver}/{order_name}-order", "".join(m + "\n" for m in order).encode())
     for ko in ours:
-        img.file(f"lib/modules/{kver}/extra/{ko.name}", ko.read_bytes())
+        modules[f"extra/{ko.name}"] = strip_debug(ko)
+        img.file(f"lib/modules/{kver}/extra/{ko.name}", modules[f"extra/{ko.name}"])
+    # modprobe's indexes of every module the image carries, Debian's and ours.
+    for fname, data in depmod(kver, modules, kernel.moddir).items():
+        img.file(f"lib/modules/{kver}/{fname}", data)
     (dest / "initramfs.cpio.gz").write_bytes(gzip.compress(img.finish(), 6))
     manifest.write_text(json.dumps({
         "key": key, "kernel": kver, "kernel_source": source,
         "kernel_deb": None if local else kernel.deb.name, "busybox_deb": bdeb.name,
         **{mkey: orders[order_name] for order_name, _, mkey in ORDERS},
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
+        "links": debian_links, "hcab_provider": f"{VERBS_PROVIDER_DIR}/{HCAB_PROVIDER}" in debian_tools,
     }, indent=2) + "\n")
     say(f"{name}: built in {time.monotonic() - started:.1f}s -> {dest}")
     done()
