@@ -15,6 +15,12 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
 # The capture tests decode hcabench's pcap files with Wireshark's dissectors.
 command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
+# The image builder runs depmod for the guests' modprobe and strips our modules (objcopy);
+# the provider's build (guest-user/libhcab/build.sh) fetches rdma-core's tree with curl.
+{ command -v depmod || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ]; } >/dev/null 2>&1 ||
+	need_apt+=(kmod)
+command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "$(id -u)" -ne 0 ]; then
 	if [ ${#need_apt[@]} -gt 0 ]; then
 		echo "missing: ${need_apt[*]}; run: sudo apt-get install -y ${need_apt[*]}" >&2
