@@ -13,6 +13,7 @@ mod exec;
 mod faultrun;
 mod ipoib_bench;
 mod nfs_bench;
+mod perftest_bench;
 mod rundir;
 mod session;
 mod sha256;
@@ -278,6 +279,22 @@ enum BenchCmd {
         iters: u64,
         /// Bytes sent over TCP per link (rounded down to whole MiB, at least 1)
         #[arg(long, default_value_t = 16 << 20)]
+        bw_bytes: u64,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// User-level verbs: Debian's perftest on hcab0 (kernel bypass) and on SoftRoCE
+    ///
+    /// ib_send_lat, ib_write_lat and ib_read_lat (8 bytes), ib_write_bw and ib_read_bw
+    /// (64 KiB) and ib_atomic_bw between two guests, over hcab0 through libhcab and over
+    /// rxe0 through Debian's librxe in the same run, with ratios; and the kernel's polled RC
+    /// round trip (vbench) on the same guests beside ib_send_lat's.
+    Perftest {
+        /// Iterations per latency test (10..=100000)
+        #[arg(long, default_value_t = 1000)]
+        iters: u64,
+        /// Bytes per bandwidth test (in 64 KiB messages)
+        #[arg(long, default_value_t = 64 << 20)]
         bw_bytes: u64,
         #[command(flatten)]
         on: BenchOn,
@@ -927,6 +944,7 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
         | BenchCmd::Vmm { on, .. }
         | BenchCmd::Ipoib { on, .. }
         | BenchCmd::Nfs { on, .. }
+        | BenchCmd::Perftest { on, .. }
         | BenchCmd::Apps { on, .. } => on.clone(),
     };
     let cfg = resolve(&on.cluster, None, on.image_dir.clone())?;
@@ -1021,6 +1039,14 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             }
             ("ipoib", b(iters, vec![], vec![], bw_bytes, 0))
         }
+        BenchCmd::Perftest {
+            iters, bw_bytes, ..
+        } => {
+            if !(10..=100_000).contains(&iters) {
+                return Err(format!("--iters {iters} is outside 10..=100000"));
+            }
+            ("perftest", b(iters, vec![], vec![], bw_bytes, 0))
+        }
         BenchCmd::Nfs { bw_bytes, .. } => {
             // The bench's two guests, server and client: the smaller bounds the file.
             let guest_mib = (0..2)
@@ -1044,6 +1070,7 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
         "verbs" => bench::run(&b, backend),
         "dsm" => bench::run_dsm(&b, backend),
         "nfs" => nfs_bench::run(&b, backend),
+        "perftest" => perftest_bench::run(&b, backend),
         _ => ipoib_bench::run(&b, backend),
     }
 }
