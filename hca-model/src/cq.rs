@@ -22,6 +22,9 @@ pub(crate) struct Cq {
     pub arm_seen: u32,
     /// Armed, and whether only solicited (or error) CQEs fire it.
     pub armed: Option<bool>,
+    /// Where its last completion event went in its EQ: while the driver has not consumed
+    /// it, a re-arm that would fire at once rides on it instead (see `scan_cq_arms`).
+    pub last_event: Option<u32>,
     pub error: bool,
     /// QPs that report to this CQ.
     pub users: u32,
@@ -89,7 +92,10 @@ impl Device {
         }
         self.stats.cqes += 1;
         if fire {
-            self.post_event(vector, EV_COMPLETION, cqn, 0);
+            let at = self.post_event(vector, EV_COMPLETION, cqn, 0);
+            if let Some(cq) = self.cqs.get_mut(cqn) {
+                cq.last_event = at;
+            }
         }
     }
 
@@ -123,7 +129,11 @@ impl Device {
     /// DB_CQ_ARM: arms every CQ whose arm word changed. A CQ that already holds CQEs the
     /// driver has not consumed (by its published consumer index) fires at once: the driver
     /// cannot tell whether a CQE landed between its last poll and this arm, so an event now
-    /// is the only way not to lose a wake-up. Drivers see at most a spurious event.
+    /// is the only way not to lose a wake-up. Drivers see at most a spurious event. But a
+    /// CQ whose last event is still in its EQ, unconsumed, gets no second one: that event
+    /// wakes its consumer all the same, and a process that left a CQE unpolled and toggled
+    /// its arm word (its own UAR page, no system call) would otherwise fill the EQ it
+    /// shares with the kernel's CQs, whose events would then be lost.
     pub(crate) fn scan_cq_arms(&mut self) {
         for i in 0..self.live_cqs.len() {
             let Some(&cqn) = self.live_cqs.get(i) else {
@@ -140,8 +150,16 @@ impl Device {
             cq.arm_seen = word;
             if cq.pi != ci && !cq.error {
                 cq.armed = None;
-                let vector = cq.vector;
-                self.post_event(vector, EV_COMPLETION, cqn, 0);
+                let (vector, last) = (cq.vector, cq.last_event);
+                let eq_ci = self.eq_ci(vector);
+                if last.is_some_and(|at| at.wrapping_sub(eq_ci) < EQ_ENTRIES) {
+                    self.stats.events_coalesced += 1;
+                    continue;
+                }
+                let at = self.post_event(vector, EV_COMPLETION, cqn, 0);
+                if let Some(cq) = self.cqs.get_mut(cqn) {
+                    cq.last_event = at;
+                }
             } else {
                 cq.armed = Some(word & 1 != 0);
             }
@@ -175,6 +193,7 @@ impl Device {
             pi: 0,
             arm_seen: 0,
             armed: None,
+            last_event: None,
             error: false,
             users: 0,
         };

@@ -14,18 +14,28 @@ pub(crate) struct Eq {
 }
 
 impl Device {
-    /// Posts an event on EQ `vector` and requests that vector. A full EQ (the driver stopped
-    /// consuming) loses the event, counted in `events_lost`; the interrupt is still raised.
-    pub(crate) fn post_event(&mut self, vector: u32, event_type: u32, param: u32, data: u32) {
+    /// The consumer index the driver published for EQ `v`.
+    pub(crate) fn eq_ci(&self, v: u32) -> u32 {
+        self.bar2.load_u32(BAR2_EQ_DB_OFFSET + v * EQ_DB_STRIDE)
+    }
+
+    /// Posts an event on EQ `vector` and requests that vector; the index it took. A full EQ
+    /// (the driver stopped consuming) loses the event, counted in `events_lost`; the
+    /// interrupt is still raised.
+    pub(crate) fn post_event(
+        &mut self,
+        vector: u32,
+        event_type: u32,
+        param: u32,
+        data: u32,
+    ) -> Option<u32> {
         let v = vector.min(NUM_VECTORS - 1);
-        let ci = self.bar2.load_u32(BAR2_EQ_DB_OFFSET + v * EQ_DB_STRIDE);
-        let Some(pi) = self.eqs.get(v as usize).map(|e| e.pi) else {
-            return;
-        };
+        let ci = self.eq_ci(v);
+        let pi = self.eqs.get(v as usize).map(|e| e.pi)?;
         self.pending_irqs |= 1 << v;
         if pi.wrapping_sub(ci) >= EQ_ENTRIES {
             self.stats.events_lost += 1;
-            return;
+            return None;
         }
         let slot = BAR2_EQ_OFFSET + (v * EQ_ENTRIES + (pi & (EQ_ENTRIES - 1))) * 16;
         let owner = owner_bit(pi, EQ_LOG_ENTRIES);
@@ -42,5 +52,6 @@ impl Device {
             e.pi = pi.wrapping_add(1);
         }
         self.stats.events += 1;
+        Some(pi)
     }
 }

@@ -54,6 +54,8 @@ pub struct HcaStats {
     pub cqes_lost: u64,
     pub events: u64,
     pub events_lost: u64,
+    /// Completion events not posted because the CQ's last one was still unconsumed.
+    pub events_coalesced: u64,
     pub interrupts: u64,
     /// MTU packets sent and received (a train counts as the packets it stands for).
     pub packets_out: u64,
