@@ -105,7 +105,12 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		err = ib_copy_to_udata(udata, &resp,
 				       min(sizeof(resp), udata->outlen));
 		if (err) {
-			hca_cmd_handle(dev, HCA_CMD_DESTROY_CQ, cq->cqn);
+			/* The device may still write a CQ it could not destroy. */
+			if (hca_cmd_handle(dev, HCA_CMD_DESTROY_CQ, cq->cqn)) {
+				WARN_ONCE(1, "hca_ib: CQ %#x not destroyed: its ring is leaked\n",
+					  cq->cqn);
+				return err;
+			}
 			goto err_ring;
 		}
 	}
@@ -129,8 +134,13 @@ int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	err = hca_cmd_handle(dev, HCA_CMD_DESTROY_CQ, cq->cqn);
 	if (err)
 		return err;
+	/*
+	 * The device may already have given the CQN to a new CQ, which may
+	 * already be published: only our own entry goes.
+	 */
 	spin_lock_irqsave(&dev->table_lock, flags);
-	WRITE_ONCE(dev->cqs[cq->cqn], NULL);
+	if (dev->cqs[cq->cqn] == cq)
+		WRITE_ONCE(dev->cqs[cq->cqn], NULL);
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 	/* Handlers that found the CQ before it was unpublished finish first. */
 	synchronize_irq(dev->irq[cq->vector]);

@@ -115,7 +115,8 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 		hca_port_event(dev, IB_EVENT_PORT_ERR);
 		break;
 	case HCA_EV_CQ_ERR:
-		dev_warn(&dev->pdev->dev, "CQ %u error %u\n", e->param, e->data);
+		dev_warn_ratelimited(&dev->pdev->dev, "CQ %u error %u\n",
+				     e->param, e->data);
 		hca_cq_error(dev, e->param);
 		break;
 	case HCA_EV_QP_FATAL:
@@ -131,7 +132,8 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 		hca_srq_event(dev, e->param, IB_EVENT_SRQ_LIMIT_REACHED);
 		break;
 	case HCA_EV_SRQ_ERR:
-		dev_warn(&dev->pdev->dev, "SRQ %u error %u\n", e->param, e->data);
+		dev_warn_ratelimited(&dev->pdev->dev, "SRQ %u error %u\n",
+				     e->param, e->data);
 		hca_srq_event(dev, e->param, IB_EVENT_SRQ_ERR);
 		break;
 	case HCA_EV_PKEY_CHANGE:
@@ -155,12 +157,18 @@ static int hca_eq_drain(struct hca_dev *dev, int eq)
 		/* Read the entry only after its owner byte says it is whole. */
 		dma_rmb();
 		memcpy_fromio(&e, hca_eqe_at(dev, eq, ci), sizeof(e));
-		hca_handle_eqe(dev, &e);
+		/*
+		 * Consumed before its handler runs: the device gives a CQ no
+		 * second event while its last one is unconsumed, and a handler
+		 * that re-arms its CQ must be able to get the next one.
+		 */
 		ci++;
+		iowrite32(ci, dev->bar2 + HCA_BAR2_EQ_DB_OFFSET +
+			  eq * HCA_EQ_DB_STRIDE);
+		hca_handle_eqe(dev, &e);
 		n++;
 	}
 	dev->eq_ci[eq] = ci;
-	iowrite32(ci, dev->bar2 + HCA_BAR2_EQ_DB_OFFSET + eq * HCA_EQ_DB_STRIDE);
 	return n;
 }
 

@@ -56,6 +56,8 @@
 #define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
 #define HCA_IB_CMD_TIMEOUT_MS	5000
 #define HCA_IB_PMA_FIELDS	12
+/* The largest ring or MR page list a process gets: 4 MiB, one allocation. */
+#define HCA_IB_MAX_USER_RING	(4UL << 20)
 
 struct hca_dev {
 	struct ib_device ibdev;

@@ -50,7 +50,8 @@ static int hca_map(struct hca_dev *dev)
 	dev->bar2 = pcim_iomap(pdev, 2, 0);
 	if (!dev->bar0 || !dev->bar2)
 		return -ENOMEM;
-	if (pci_resource_len(pdev, 2) < HCA_BAR2_SIZE)
+	/* A device from before the user access regions has 64 KiB. */
+	if (pci_resource_len(pdev, 2) < HCA_BAR2_UAR_OFFSET)
 		return -ENODEV;
 	return 0;
 }
@@ -109,6 +110,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (err)
 		goto err_free;
 	dev->user_verbs = (dev->caps & HCA_CAP_UAR) &&
+			  pci_resource_len(pdev, 2) >= HCA_BAR2_SIZE &&
 			  hca_db_page_private(pdev);
 	err = hca_eq_init(dev);
 	if (err)
@@ -140,6 +142,13 @@ static void hca_remove(struct pci_dev *pdev)
 
 	/* Consumers tear down first; their destroy commands need the EQs. */
 	ib_unregister_device(&dev->ibdev);
+	/*
+	 * Processes could write ivshmem's INTx mask and status in the page of
+	 * the doorbell register; left asserted, INTx would fire once MSI-X
+	 * is gone.
+	 */
+	iowrite32(0, dev->bar0 + HCA_BAR0_INTR_MASK);
+	ioread32(dev->bar0 + HCA_BAR0_INTR_STATUS);
 	hca_eq_cleanup(dev);
 	ida_destroy(&dev->uar_ida);
 	ib_dealloc_device(&dev->ibdev);

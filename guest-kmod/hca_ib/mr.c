@@ -65,7 +65,7 @@ static u64 *hca_umem_pages(struct hca_dev *dev, struct ib_umem *umem,
 	u32 i = 0;
 
 	list = dma_alloc_coherent(&dev->pdev->dev, npages * sizeof(u64), dma,
-				  GFP_KERNEL);
+				  GFP_KERNEL | __GFP_NOWARN);
 	if (!list)
 		return NULL;
 	rdma_umem_for_each_dma_block(umem, &biter, PAGE_SIZE) {
@@ -93,7 +93,12 @@ struct ib_mr *hca_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	u64 *list;
 
 	/* iova and address share their page offset: one page list serves both. */
-	if (offset_in_page(virt ^ start) || !length)
+	if (offset_in_page(virt ^ start) || !length || start + length < start)
+		return ERR_PTR(-EINVAL);
+	/* Its page list is one allocation the device reads: bounded before pinning. */
+	npages = (PAGE_ALIGN(start + length) - (start & PAGE_MASK)) >> PAGE_SHIFT;
+	if (npages > HCA_MAX_MR_PAGES ||
+	    npages * sizeof(u64) > HCA_IB_MAX_USER_RING)
 		return ERR_PTR(-EINVAL);
 	/*
 	 * Optional bits (relaxed ordering, which perftest asks for) are hints

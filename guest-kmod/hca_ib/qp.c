@@ -218,23 +218,32 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	qp->qpn = out.handle;
 	ibqp->qp_num = qp->qpn;
 	qp->state = HCA_QPS_RESET;
-	hca_qp_report_caps(qp, cap);
-	if (udata) {
-		resp.qpn = qp->qpn;
-		resp.max_inline = cap->max_inline_data;
-		err = ib_copy_to_udata(udata, &resp,
-				       min(sizeof(resp), udata->outlen));
-		if (err)
-			goto err_destroy;
-	}
 	err = hca_qp_publish(dev, qp);
 	if (err)
 		goto err_destroy;
 	mutex_unlock(&dev->qp_mutex);
-	return 0;
+	hca_qp_report_caps(qp, cap);
+	if (!udata)
+		return 0;
+	/*
+	 * Outside qp_mutex: a process's buffer may take its time to fault
+	 * in, and every other QP's creation would wait for it.
+	 */
+	resp.qpn = qp->qpn;
+	resp.max_inline = cap->max_inline_data;
+	err = ib_copy_to_udata(udata, &resp, min(sizeof(resp), udata->outlen));
+	if (err)
+		hca_destroy_qp(ibqp, udata);
+	return err;
 
 err_destroy:
-	hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn);
+	/* The device may still hold the rings if it could not destroy the QP. */
+	if (hca_cmd_handle(dev, HCA_CMD_DESTROY_QP, qp->qpn)) {
+		mutex_unlock(&dev->qp_mutex);
+		WARN_ONCE(1, "hca_ib: QP %#x not destroyed: its rings are leaked\n",
+			  qp->qpn);
+		return err;
+	}
 err_unlock:
 	mutex_unlock(&dev->qp_mutex);
 	hca_qp_free_rings(dev, qp);
@@ -289,6 +298,14 @@ int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	/* A process's udata carries nothing for this verb. */
 	if (mask & ~HCA_QP_KNOWN_MASK)
 		return -EOPNOTSUPP;
+	/*
+	 * Controlled Q_Keys (high bit set) are privileged, as ib_uverbs
+	 * itself checks since 6.4: a process's UD QP could otherwise pose as
+	 * a management agent.
+	 */
+	if (udata && (mask & IB_QP_QKEY) && (attr->qkey & 0x80000000) &&
+	    !capable(CAP_NET_RAW))
+		return -EPERM;
 	in.qpn = qp->qpn;
 	in.attr_mask = mask;
 	hca_attr_to_hw(attr, &in.attr);

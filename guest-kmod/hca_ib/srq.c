@@ -42,6 +42,20 @@ static void hca_srq_set_table(struct hca_dev *dev, u32 srqn, struct hca_srq *srq
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 }
 
+/*
+ * The device may already have given the SRQN to a new SRQ, which may
+ * already be published: only our own entry goes.
+ */
+static void hca_srq_unpublish(struct hca_dev *dev, struct hca_srq *srq)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&dev->table_lock, flags);
+	if (dev->srqs[srq->srqn] == srq)
+		WRITE_ONCE(dev->srqs[srq->srqn], NULL);
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+}
+
 /* A process's SRQ ring and record slot (uverbs.c); its provider tags. */
 static int hca_srq_alloc_user(struct hca_dev *dev, struct hca_srq *srq,
 			      struct ib_udata *udata,
@@ -148,7 +162,12 @@ create:
 	return 0;
 
 err_destroy:
-	hca_cmd_handle(dev, HCA_CMD_DESTROY_SRQ, out.handle);
+	/* The device may still read an SRQ it could not destroy. */
+	if (hca_cmd_handle(dev, HCA_CMD_DESTROY_SRQ, out.handle)) {
+		WARN_ONCE(1, "hca_ib: SRQ %#x not destroyed: its ring is leaked\n",
+			  out.handle);
+		return err;
+	}
 err_free:
 	hca_srq_free(dev, srq);
 	return err;
@@ -198,7 +217,7 @@ int hca_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	err = hca_cmd_handle(dev, HCA_CMD_DESTROY_SRQ, srq->srqn);
 	if (err)
 		return err;
-	hca_srq_set_table(dev, srq->srqn, NULL);
+	hca_srq_unpublish(dev, srq);
 	/* An event handler that found the SRQ before it went finishes first. */
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 	hca_srq_free(dev, srq);

@@ -96,16 +96,29 @@ static struct hca_mmap_entry *hca_mmap_io(struct hca_ucontext *uc,
 int hca_wq_alloc_user(struct hca_dev *dev, struct hca_ucontext *uc,
 		      struct hca_wq *wq, u64 *offset)
 {
-	struct hca_mmap_entry *e = kzalloc(sizeof(*e), GFP_KERNEL);
+	struct hca_mmap_entry *e;
 
+	/* One allocation of contiguous pages: a process asks for no more. */
+	if (wq->ring_bytes > HCA_IB_MAX_USER_RING)
+		return -EINVAL;
+	e = kzalloc(sizeof(*e), GFP_KERNEL);
 	if (!e)
 		return -ENOMEM;
 	e->size = PAGE_ALIGN(wq->ring_bytes);
 	e->cpu = dma_alloc_coherent(&dev->pdev->dev, e->size, &e->dma,
-				    GFP_KERNEL);
+				    GFP_KERNEL | __GFP_NOWARN);
 	if (!e->cpu) {
 		kfree(e);
 		return -ENOMEM;
+	}
+	/*
+	 * The process maps the ring by its physical pages: only a linear
+	 * mapping (dma-direct, no translating IOMMU) gives them.
+	 */
+	if (is_vmalloc_addr(e->cpu)) {
+		dma_free_coherent(&dev->pdev->dev, e->size, e->cpu, e->dma);
+		kfree(e);
+		return -EOPNOTSUPP;
 	}
 	e->pfn = PHYS_PFN(virt_to_phys(e->cpu));
 	e->uar = -1;
