@@ -51,8 +51,10 @@ struct Pair {
 enum Listen {
     /// On TCP port 18515: the ibv_*_pingpong tools and perftest exchange addresses there.
     Tcp,
-    /// As an rdma_cm ID in state LISTEN (`rdma resource show cm_id`): rping.
+    /// As an rdma_cm ID in state LISTEN (`rdma resource show cm_id`): rping, udaddy.
     RdmaCm,
+    /// When its log has this line: mckey, once it joined its multicast group.
+    Said(&'static str),
 }
 
 fn fail<T>(why: String) -> Result<T, String> {
@@ -75,9 +77,14 @@ macro_rules! ensure {
 /// still running after its client ended is killed.
 fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<Pair, String> {
     let prog = server.split_whitespace().next().unwrap_or_default();
+    let said;
     let ready = match listen {
         Listen::Tcp => "netstat -ltn | grep -q ':18515 '",
         Listen::RdmaCm => "rdma resource show cm_id 2>/dev/null | grep -q LISTEN",
+        Listen::Said(line) => {
+            said = format!("grep -q '{line}' /tmp/uv-srv.log");
+            said.as_str()
+        }
     };
     let start = format!(
         "killall -q -9 {prog}; rm -f /tmp/uv-srv.log; \
@@ -735,6 +742,59 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
             perftest_bw_ok(&p, size, iters).map_err(|e| e + &why(tb))
         });
     }
+    // rdma_cm over UD: udaddy resolves the peer's address and route through the SA and
+    // trades datagrams; mckey joins a multicast group through the SA (the fabric's
+    // MCMemberRecord join) and the receiver takes every datagram the sender sent to it.
+    checks.run(
+        &mut tb,
+        &format!("hcab0: udaddy -b {SERVER_IB0} / udaddy -s {SERVER_IB0}"),
+        |tb| {
+            let p = pair(
+                tb,
+                &format!("udaddy -b {SERVER_IB0}"),
+                &format!("udaddy -s {SERVER_IB0}"),
+                Listen::RdmaCm,
+            )?;
+            both_ok(&p).map_err(|e| e + &why(tb))?;
+            for (end, r) in [("server", &p.server), ("client", &p.client)] {
+                ensure!(
+                    r.out.contains("data transfers complete"),
+                    "udaddy's {end} moved no data:\n{}",
+                    r.out
+                );
+            }
+            Ok("datagrams both ways".into())
+        },
+    );
+    checks.run(
+        &mut tb,
+        &format!(
+            "hcab0: mckey -m 239.1.2.3 -b {SERVER_IB0} -C 8 / mckey -m 239.1.2.3 -b 10.78.0.2 -s -C 8"
+        ),
+        |tb| {
+            let p = pair(
+                tb,
+                &format!("mckey -m 239.1.2.3 -b {SERVER_IB0} -C 8"),
+                "mckey -m 239.1.2.3 -b 10.78.0.2 -s -C 8",
+                Listen::Said("mckey: joined"),
+            )?;
+            both_ok(&p).map_err(|e| e + &why(tb))?;
+            ensure!(
+                p.server.out.contains("data transfers complete"),
+                "the receiver did not take all 8 datagrams:\n{}",
+                p.server.out
+            );
+            let mlid = p
+                .server
+                .out
+                .lines()
+                .find(|l| l.contains("joined dgid"))
+                .unwrap_or("")
+                .to_string();
+            ensure!(mlid.contains("mlid 0xc"), "no multicast LID: {mlid}");
+            Ok(mlid.trim().to_string())
+        },
+    );
     // A hostile process (guest-user/tests/uverbs-hostile.c): the reserved lkey, forged
     // keys, producer indices, WQEs and doorbells on stale mappings get it errors only; a
     // clean process beside it keeps its data intact, and one killed mid-traffic leaves the
