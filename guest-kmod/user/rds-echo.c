@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,6 +302,22 @@ static void take_echo(int fd, uint8_t *buf, uint32_t seq, uint32_t len)
 	}
 }
 
+/*
+ * A send that RDS holds (its send queue full, or the peer's port marked congested in the
+ * connection's congestion map) ends the ping after REPLY_WAIT_MS with a message, rather
+ * than waiting for ever: SIGALRM interrupts a sendto blocked in the kernel.
+ */
+static void send_stalled(int sig)
+{
+	static const char msg[] = "rds-echo: a send made no progress in 20000 ms "
+				  "(send queue full or the peer's port congested)\n";
+
+	(void)sig;
+	if (write(2, msg, sizeof(msg) - 1) < 0)
+		_exit(4);
+	_exit(4);
+}
+
 static int ping(const char *local, const char *addr, int port, int count, int window,
 		char **sizes, int nsizes)
 {
@@ -309,6 +326,7 @@ static int ping(const char *local, const char *addr, int port, int count, int wi
 	uint8_t *out = malloc(MAX_MSG), *in = malloc(MAX_MSG);
 	uint32_t seq = 0;
 	unsigned long long bytes = 0;
+	int stalling = 0;
 
 	if (!out || !in)
 		die("malloc");
@@ -329,17 +347,28 @@ static int ping(const char *local, const char *addr, int port, int count, int wi
 			/* Keep the window full, then take the oldest echo. */
 			while (sent < count && sent - done < window) {
 				fill(out, seq + sent, len);
+				/* Armed once per stall: progress disarms it. */
+				if (!stalling) {
+					signal(SIGALRM, send_stalled);
+					alarm(REPLY_WAIT_MS / 1000);
+					stalling = 1;
+				}
 				if (sendto(fd, out, len, 0, (struct sockaddr *)&to, sizeof(to)) < 0) {
 					if (errno != ENOBUFS && errno != EAGAIN)
 						die("sendto");
 					break;	/* queue full: take an echo first */
 				}
+				alarm(0);
+				stalling = 0;
 				sent++;
 			}
 			if (sent == done) {
+				/* Nothing in flight and nothing sent: the alarm bounds this. */
 				usleep(1000);
 				continue;
 			}
+			alarm(0);
+			stalling = 0;
 			take_echo(fd, in, seq + done, len);
 			done++;
 		}
