@@ -24,6 +24,22 @@ static bool hcab_wq_full(struct hcab_wq *wq)
 	return wq->pi - ci >= (1u << wq->log_entries);
 }
 
+/*
+ * Publishes a work queue's new producer index (at offset `field` of the QP's
+ * record) if the call posted anything, then rings `class`: WQEs reach memory
+ * before the index that publishes them. Caller holds wq->lock.
+ */
+static void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
+			    struct hcab_wq *wq, uint32_t start, size_t field,
+			    uint32_t class)
+{
+	if (wq->pi == start)
+		return;
+	udma_to_device_barrier();
+	mmio_write32((char *)qp->db + field, wq->pi);
+	hcab_ring(ctx, class);
+}
+
 static int hcab_wr_opcode(enum ibv_wr_opcode op)
 {
 	switch (op) {
@@ -165,13 +181,8 @@ int hcab_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	}
 	if (err)
 		*bad_wr = wr;
-	if (wq->pi != start) {
-		/* WQEs reach memory before the index that publishes them. */
-		udma_to_device_barrier();
-		mmio_write32((char *)qp->db + offsetof(struct hca_qp_db, sq_pi),
-			     wq->pi);
-		hcab_ring(ctx, HCA_DB_SQ);
-	}
+	hcab_wq_publish(ctx, qp, wq, start, offsetof(struct hca_qp_db, sq_pi),
+			HCA_DB_SQ);
 	pthread_spin_unlock(&wq->lock);
 	return err;
 }
@@ -222,12 +233,8 @@ int hcab_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	}
 	if (err)
 		*bad_wr = wr;
-	if (wq->pi != start) {
-		udma_to_device_barrier();
-		mmio_write32((char *)qp->db + offsetof(struct hca_qp_db, rq_pi),
-			     wq->pi);
-		hcab_ring(ctx, HCA_DB_RQ);
-	}
+	hcab_wq_publish(ctx, qp, wq, start, offsetof(struct hca_qp_db, rq_pi),
+			HCA_DB_RQ);
 	pthread_spin_unlock(&wq->lock);
 	return err;
 }
