@@ -83,6 +83,12 @@ static int hca_register(struct hca_dev *dev)
 	ib_set_device_ops(ibdev, &hca_dev_ops);
 	ib_set_device_ops(ibdev, &hca_counter_ops);
 	ib_set_device_ops(ibdev, &hca_mad_ops);
+	/*
+	 * sysfs's /sys/class/infiniband/hcab0/device, and the parent of the
+	 * ULPs' netdevs (IPoIB's ib0 under the PCI device's net/), by which
+	 * rdma-core's tests and ibdev2netdev pair a device with its interface.
+	 */
+	ibdev->dev.parent = &dev->pdev->dev;
 	return ib_register_device(ibdev, "hcab%d", &dev->pdev->dev);
 }
 
