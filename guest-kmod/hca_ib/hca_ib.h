@@ -54,6 +54,12 @@
 #include "hcab_compat.h"
 
 #define HCA_IB_NUM_COMP_VECTORS	(HCA_NUM_VECTORS - HCA_VEC_COMP_FIRST)
+/*
+ * The port's GID table: index 0 is the port GUID's GID, the rest are alias
+ * GUIDs' entries, left unassigned (as on an mthca port, whose table has 32).
+ * One GUIDInfo block holds them all (sma.c).
+ */
+#define HCA_IB_GID_TABLE_LEN	8
 #define HCA_IB_CMD_TIMEOUT_MS	5000
 #define HCA_IB_PMA_FIELDS	12
 /* The largest ring or MR page list a process gets: 4 MiB, one allocation. */

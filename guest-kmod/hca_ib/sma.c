@@ -81,7 +81,10 @@ static u16 sma_port_info(struct hca_dev *dev, u32 port, u32 attr_mod,
 	return 0;
 }
 
-/* GUIDInfo: eight GUIDs a block; the port has one, its port GUID. */
+/*
+ * GUIDInfo: eight GUIDs a block, as many as the GID table (GUIDCap); the
+ * port has one, its port GUID, and no alias GUIDs.
+ */
 static u16 sma_guid_info(struct hca_dev *dev, u32 attr_mod, void *data)
 {
 	__be64 *guids = data;

@@ -69,7 +69,7 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	a->sm_lid = dev->port.sm_lid;
 	a->max_mtu = dev->port.max_mtu;
 	a->active_mtu = dev->port.active_mtu;
-	a->gid_tbl_len = 1;
+	a->gid_tbl_len = HCA_IB_GID_TABLE_LEN;
 	a->pkey_tbl_len = HCA_PKEY_TABLE_LEN;
 	spin_lock_irqsave(&dev->port_lock, flags);
 	a->port_cap_flags = dev->port_cap_flags;
@@ -145,8 +145,13 @@ static int hca_query_gid(struct ib_device *ibdev, u32 port, int index,
 {
 	struct hca_dev *dev = to_hdev(ibdev);
 
-	if (index)
+	if (index < 0 || index >= HCA_IB_GID_TABLE_LEN)
 		return -EINVAL;
+	/* The alias GUIDs' entries: unassigned, as the SM leaves them. */
+	if (index) {
+		memset(gid, 0, sizeof(*gid));
+		return 0;
+	}
 	gid->global.subnet_prefix = cpu_to_be64(dev->port.gid_prefix);
 	gid->global.interface_id = cpu_to_be64(dev->port.port_guid);
 	return 0;
