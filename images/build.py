@@ -82,15 +82,19 @@ ISER_MODULES = ["ib_isert", "target_core_iblock", "ib_iser", "sd_mod", "crc32c_g
                 "brd", "iscsi_tcp"]
 # The order files modload reads (NAME-order: a list's modules with their dependencies,
 # dependencies first), and the manifest key each is listed under.
+# The shared userland disk (`userland-up`): virtio-blk, ext4 (mounted read-only) and
+# overlayfs, which lays the disk's /usr under the initramfs's.
+DISK_MODULES = ["virtio_pci", "virtio_blk", "ext4", "overlay"]
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
           ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules"),
-          ("nfs", NFS_MODULES, "nfs_modules"), ("iser", ISER_MODULES, "iser_modules")]
+          ("nfs", NFS_MODULES, "nfs_modules"), ("iser", ISER_MODULES, "iser_modules"),
+          ("disk", DISK_MODULES, "disk_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.
 SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser",
-           "lio-disk", "ib0-addr", "modload"]
+           "lio-disk", "ib0-addr", "modload", "userland-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
@@ -148,6 +152,28 @@ VERBS_DRIVER_DIR = "etc/libibverbs.d"
 # guest-user/libhcab/build.sh OUTDIR into OUTDIR/libhcab-rdmav34.so.
 GUEST_USER = ROOT / "guest-user"
 HCAB_PROVIDER = "libhcab-rdmav34.so"
+
+# The shared userland: what is too big for the initramfs (every guest unpacks that at boot,
+# slowly under TCG) goes on an ext4 image, userland.img beside it, that every QEMU guest of
+# a cluster attaches read-only as a virtio disk and `userland-up` lays under /usr. It holds
+# these Debian packages with their dependencies: python3 and pyverbs, with rdma-core's
+# test suite (tests/run_tests.py), which Debian ships in python3-pyverbs' documentation.
+# iproute2 too: its `ip` (/usr/bin/ip; busybox's stays /bin/ip) speaks JSON (`ip -j`), which
+# the tests read an interface's address with; and libatm1, which its tc plugin q_atm links.
+DISK_PACKAGES = ["python3", "python3-pyverbs", "iproute2", "libatm1"]
+# Dependencies the disk leaves out: package management, users and system services (a guest
+# runs busybox's init, with no dpkg, perl, udev or PAM), and the C library and its runtime,
+# which the initramfs carries (what else it carries the disk holds too, whole).
+DISK_SKIP = {"adduser", "cdebconf", "debconf", "dpkg", "install-info", "libdebian-installer4",
+             "libnewt0.52", "libslang2", "libtextwrap1", "libpam-modules", "libpam0g",
+             "libperl5.36", "lsb-base", "passwd", "perl", "perl-base", "perl-modules-5.36",
+             "rdma-core", "sysvinit-utils", "tar", "udev", "libsemanage-common",
+             "libsemanage2", "libsepol2", "libaudit-common", "libaudit1", "libcap-ng0",
+             "libelogind0", "libacl1", "gcc-12-base", "readline-common", "mailcap",
+             "media-types", "mime-support", "libpam-modules-bin", "libpam-runtime",
+             "usrmerge", "usr-is-merged", "libc6", "libgcc-s1"}
+# Where the disk's image keeps rdma-core's tests (unpacked; the package gzips most).
+DISK_TESTS = "usr/share/rdma-core/tests"
 
 quiet = False
 
@@ -630,9 +656,11 @@ def elf_needed(data):
     return names
 
 
-def check_needed(files, links):
+def check_needed(files, links, how="add each to USERLAND_LIBS or VERBS_LIBS, and its "
+                 "package to the _DEBS list"):
     """Dies naming each shared library a carried program or library needs and the image
-    lacks (where the loader looks: lib/x86_64-linux-gnu, usr/lib/x86_64-linux-gnu, lib64)."""
+    lacks (where the loader looks: lib/x86_64-linux-gnu, usr/lib/x86_64-linux-gnu, lib64);
+    `links` counts as the image's too (paths only)."""
     libdirs = {"lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"}
     have = {Path(p).name for p in list(files) + list(links) if str(Path(p).parent) in libdirs}
     missing = {}
@@ -643,7 +671,7 @@ def check_needed(files, links):
     if missing:
         die("the image lacks shared libraries its programs need:\n" + "\n".join(
             f"  {lib} (for {', '.join(sorted(users))})" for lib, users in sorted(missing.items()))
-            + "\nadd each to USERLAND_LIBS or VERBS_LIBS, and its package to the _DEBS list")
+            + "\n" + how)
 
 
 def guest_user_sources():
@@ -693,6 +721,85 @@ def hcab_provider(cache):
             die(f"{script.relative_to(ROOT)} {outdir} made no {f.name}")
     stamp.write_text(key)
     return files()
+
+
+def disk_closure(packages):
+    """`packages` and every package they depend on (Depends and Pre-Depends, every
+    alternative), less DISK_SKIP, sorted."""
+    out = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
+               "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"] + packages)
+    names = {line.strip() for line in out.splitlines()
+             if line.strip() and not line.startswith(" ") and not line.startswith("<")}
+    missing = [p for p in packages if p not in names]
+    if missing:
+        die(f"apt-cache knows no package {', '.join(missing)}; run `apt-get update`")
+    return sorted(names - DISK_SKIP)
+
+
+def userland_disk(cache, dest, packages, have):
+    """dest/userland.img: an ext4 image of `packages` with their dependencies (see
+    DISK_PACKAGES), rebuilt only when the packages' versions change. `have` is what the
+    initramfs holds ({path: bytes}, links): every ELF file on the disk must find the
+    libraries it needs in one of the two. Returns the disk's package list."""
+    debs = [download(p, cache) for p in disk_closure(packages)]
+    img, stamp = dest / "userland.img", dest / "userland.key"
+    key = hashlib.sha256("|".join(["userland-2", DISK_TESTS] + [d.name for d in debs])
+                         .encode()).hexdigest()
+    if img.exists() and stamp.exists() and stamp.read_text() == key:
+        return [d.name for d in debs]
+    say(f"userland disk: {len(debs)} packages ({', '.join(packages)} and their dependencies)")
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        tree = Path(tmp) / "root"
+        tree.mkdir()
+        for d in debs:
+            run(["dpkg-deb", "-x", str(d), str(tree)])
+        # The initramfs's /bin, /lib and /lib64 stay its own: the disk is laid under /usr
+        # only, so what a package installs in /bin, /sbin or /lib moves there (Debian 12's
+        # merged /usr does the same with links).
+        for top in ["bin", "sbin", "lib"]:
+            src = tree / top
+            if src.is_dir() and not src.is_symlink():
+                shutil.copytree(src, tree / "usr" / top, symlinks=True, dirs_exist_ok=True)
+                shutil.rmtree(src)
+        shutil.rmtree(tree / "lib64", ignore_errors=True)
+        # A link to /bin/ip (iproute2's /sbin/ip) would lead to busybox's in the guest.
+        for f in tree.rglob("*"):
+            target = os.readlink(f) if f.is_symlink() else ""
+            if re.match(r"/(bin|sbin|lib)/", target):
+                f.unlink()
+                f.symlink_to("/usr" + target)
+        tests = tree / "usr/share/doc/rdma-core/tests"
+        if tests.is_dir():
+            (tree / DISK_TESTS).mkdir(parents=True)
+            for f in sorted(tests.iterdir()):
+                data = f.read_bytes()
+                name = f.name
+                if name.endswith(".gz"):
+                    data, name = gzip.decompress(data), name[:-3]
+                (tree / DISK_TESTS / name).write_bytes(data)
+        for doc in ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
+                    "usr/share/lintian"]:
+            shutil.rmtree(tree / doc, ignore_errors=True)
+        elves, libs = {}, {}
+        for f in tree.rglob("*"):
+            rel = str(f.relative_to(tree))
+            if ".so" in f.name:
+                libs[rel] = ""
+            if f.is_file() and not f.is_symlink():
+                with open(f, "rb") as fh:
+                    if fh.read(5) == b"\x7fELF\x02":
+                        elves[rel] = f.read_bytes()
+        check_needed(elves, {**have[1], **libs, **dict.fromkeys(have[0], "")},
+                     "add its package to DISK_PACKAGES, or take it out of DISK_SKIP")
+        blocks = sum(f.lstat().st_size // 4096 + 2 for f in tree.rglob("*")) + 8192
+        tmpimg = Path(tmp) / "userland.img"
+        run(["mke2fs", "-q", "-t", "ext4", "-O", "^has_journal,^metadata_csum", "-b", "4096",
+             "-L", "hcab-userland", "-E", "root_owner=0:0", "-d", str(tree), str(tmpimg),
+             str(blocks)])
+        os.replace(tmpimg, img)
+    stamp.write_text(key)
+    say(f"userland disk: {img.stat().st_size >> 20} MiB -> {img}")
+    return [d.name for d in debs]
 
 
 def strip_debug(ko):
@@ -878,6 +985,7 @@ def main():
     debian_tools, debian_links = userland(cache)
     debian_tools.update(hcab_provider(cache))
     check_needed(debian_tools, debian_links)
+    disk = userland_disk(cache, dest, DISK_PACKAGES, (debian_tools, debian_links))
     mods = Modules(kernel.moddir)
     img = Cpio()
     made = set()
@@ -950,7 +1058,7 @@ def main():
         "kernel_deb": None if local else kernel.deb.name, "busybox_deb": bdeb.name,
         **{mkey: orders[order_name] for order_name, _, mkey in ORDERS},
         "our_modules": [k.name for k in ours], "tools": sorted(tools) + sorted(debian_tools),
-        "links": debian_links, "hcab_provider": f"{VERBS_PROVIDER_DIR}/{HCAB_PROVIDER}" in debian_tools,
+        "links": debian_links, "userland_disk": disk, "hcab_provider": f"{VERBS_PROVIDER_DIR}/{HCAB_PROVIDER}" in debian_tools,
     }, indent=2) + "\n")
     say(f"{name}: built in {time.monotonic() - started:.1f}s -> {dest}")
     done()

@@ -4,10 +4,13 @@
 # "HCABENCH-" on the serial console.
 /bin/busybox mkdir -p /proc /sys /dev /tmp
 /bin/busybox --install -s /bin
-export PATH=/bin
+# /usr/bin and /usr/lib: the shared userland disk's (userland-up), where there is one.
+export PATH=/bin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# POSIX shared memory (shm_open; Python's multiprocessing, which rdma-core's tests use).
+mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm
 # The kernel loads modules it asks for (rdma-link-rxe for `rdma link add`, ...) through
 # /sbin/modprobe: busybox's, with the image's modules.dep and modules.alias. Made here, not
 # in the image: during the kernel's own boot it would only fail to find crypto modules the
@@ -59,7 +62,7 @@ else
 fi
 
 # The ib_core provider, then its consumers: the verbs benchmark and the DSM.
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
 x=/lib/modules/$kver/extra
 if insmod $x/hca_ib.ko && insmod $x/vbench.ko && insmod $x/dsm.ko; then
 	for p in /sys/class/infiniband/*/ports/1; do
@@ -81,6 +84,16 @@ if [ "$cmd" = shell ]; then
 		say "IPOIB ib0 addr=$addr"
 	else
 		say "ERROR ipoib-up $addr: ib0 got no carrier"
+	fi
+fi
+# A user's cluster has the shared userland (python3, pyverbs, rdma-core's tests) in /usr.
+if [ "$cmd" = shell ]; then
+	t0=$(cut -d' ' -f1 /proc/uptime)
+	if userland-up; then
+		[ -x /usr/bin/python3 ] &&
+			say "USERLAND /usr from $t0 s to $(cut -d' ' -f1 /proc/uptime) s"
+	else
+		say "ERROR userland-up failed: no python3 or pyverbs in this guest"
 	fi
 fi
 # `hcabench exec` and `cp` on a user's cluster: a command channel on the second serial port

@@ -19,6 +19,9 @@ pub struct Image {
     /// Debian's compressed kernel as shipped (the KVM backend boots it).
     pub bzimage: PathBuf,
     pub initramfs: PathBuf,
+    /// The shared userland disk (python3, pyverbs, rdma-core's tests), where the image has
+    /// one: QEMU guests attach it read-only and `userland-up` lays it under /usr.
+    pub userland: Option<PathBuf>,
 }
 
 /// Why there is no image to boot.
@@ -177,6 +180,7 @@ impl Image {
             initramfs: d.join("initramfs.cpio.gz"),
             kernel_version: release,
             name: name.to_string(),
+            userland: Some(d.join("userland.img")).filter(|p| p.exists()),
         };
         for f in [&img.vmlinux, &img.bzimage, &img.initramfs] {
             if !f.exists() {

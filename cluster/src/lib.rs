@@ -540,6 +540,7 @@ mod tests {
             vmlinux: "/nonexistent/vmlinux".into(),
             bzimage: "/nonexistent/bzImage".into(),
             initramfs: "/nonexistent/initramfs".into(),
+            userland: None,
         };
         ClusterSpec::new(backend, image, std::env::temp_dir().join("hcab-spec"), 3)
     }

@@ -146,6 +146,20 @@ impl GuestSpec {
             None => "null,id=agent".to_string(),
         };
         c.args(["-chardev", &agent, "-serial", "chardev:agent"]);
+        // Every guest of the cluster reads the same file: read-only, so QEMU takes a shared
+        // lock, and the host's page cache holds it once.
+        if let Some(disk) = &self.image.userland {
+            c.args([
+                "-drive",
+                &format!(
+                    "file={},if=none,id=userland,format=raw,readonly=on",
+                    // QEMU's option syntax: a comma in a value is written twice.
+                    disk.display().to_string().replace(',', ",,")
+                ),
+                "-device",
+                "virtio-blk-pci,drive=userland,serial=hcab-userland",
+            ]);
+        }
         if let Some(net) = &self.net {
             c.args([
                 "-netdev",

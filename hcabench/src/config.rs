@@ -393,6 +393,7 @@ mod tests {
             vmlinux: "v".into(),
             bzimage: "b".into(),
             initramfs: "i".into(),
+            userland: None,
         };
         let spec = c.spec(cluster::Backend::Qemu, image.clone(), dir.clone(), 3);
         assert_eq!(
@@ -429,6 +430,7 @@ mod tests {
             vmlinux: "vmlinux".into(),
             bzimage: "bzImage".into(),
             initramfs: "initramfs".into(),
+            userland: None,
         };
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 3);
         let ram: Vec<u64> = (0..3).map(|i| spec.node_ram_mib(i)).collect();
