@@ -63,7 +63,7 @@
  * free-running producer index (u32) at HCA_SQ_RING_PI, written after the
  * QPN it publishes; the QPN of index i at HCA_SQ_RING_QPN_OFFSET +
  * 4 * (i % HCA_SQ_RING_ENTRIES). The device keeps its consumer index to
- * itself; a writer more than HCA_SQ_RING_ENTRIES - 1 ahead of it costs one
+ * itself; a writer HCA_SQ_RING_ENTRIES or more ahead of it costs one
  * look at every QP, nothing is lost. A process's ring is in its UAR page
  * (HCA_UAR_SQ_RING_OFFSET, hca_uapi.h).
  */
@@ -71,6 +71,11 @@
 #define HCA_SQ_RING_STRIDE		0x200
 #define HCA_SQ_RINGS			32
 #define HCA_SQ_RING_PI			0x00
+/*
+ * in the kernel's ring 0 alone: how many rings, from ring 0, the driver
+ * writes (the device reads those only); 0: all HCA_SQ_RINGS
+ */
+#define HCA_SQ_RINGS_USED		0x04
 #define HCA_SQ_RING_QPN_OFFSET		0x40
 #define HCA_SQ_RING_ENTRIES		64
 /*

@@ -89,6 +89,9 @@ pub const SQ_RINGS: u32 = 32;
 /// In a ring: the writer's free-running producer index (u32), stored after the QPN it
 /// publishes. The device keeps its consumer index to itself.
 pub const SQ_RING_PI: u32 = 0x00;
+/// In the kernel's ring 0 alone: how many kernel rings, from ring 0, the driver writes (as
+/// many as it has CPUs); a send doorbell reads those only. 0, or more than `SQ_RINGS`: all.
+pub const SQ_RINGS_USED: u32 = 0x04;
 /// In a ring: `SQ_RING_ENTRIES` u32 QPNs; the one of index `i` at
 /// `SQ_RING_QPN_OFFSET + 4 * (i % SQ_RING_ENTRIES)`.
 pub const SQ_RING_QPN_OFFSET: u32 = 0x40;
@@ -891,7 +894,8 @@ const _: () = {
     assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SRQ_DB_OFFSET);
     assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_SQ_RING_OFFSET);
     assert!(BAR2_SQ_RING_OFFSET + SQ_RINGS * SQ_RING_STRIDE <= BAR2_UAR_OFFSET);
-    assert!(SQ_RING_PI + 4 <= SQ_RING_QPN_OFFSET);
+    assert!(SQ_RING_PI + 4 <= SQ_RINGS_USED);
+    assert!(SQ_RINGS_USED + 4 <= SQ_RING_QPN_OFFSET);
     assert!(SQ_RING_QPN_OFFSET + SQ_RING_ENTRIES * 4 <= SQ_RING_STRIDE);
     assert!(SQ_RING_ENTRIES.is_power_of_two());
     assert!(BAR2_UAR_OFFSET + MAX_UAR * UAR_SIZE == BAR2_SIZE);
@@ -964,6 +968,7 @@ pub fn layout() -> Vec<(String, u64)> {
         SQ_RING_STRIDE,
         SQ_RINGS,
         SQ_RING_PI,
+        SQ_RINGS_USED,
         SQ_RING_QPN_OFFSET,
         SQ_RING_ENTRIES,
         BAR2_UAR_OFFSET,

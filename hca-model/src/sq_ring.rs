@@ -4,7 +4,8 @@
 //! as mthca's UAR doorbell does. The name travels through BAR2 instead: before it rings DB_SQ
 //! for a QP created with `QP_FLAG_SQ_RING`, the guest appends the QPN to a ring (one of the
 //! kernel's `SQ_RINGS` at `BAR2_SQ_RING_OFFSET`, or its process's ring in the UAR page,
-//! `uapi::UAR_SQ_RING_OFFSET`), writing the QPN, then the ring's producer index. A send
+//! `uapi::UAR_SQ_RING_OFFSET`), writing the QPN, then the ring's producer index (the kernel
+//! says in ring 0 how many of its rings it writes: `SQ_RINGS_USED`). A send
 //! doorbell then runs the send queues its rings name, and looks at the QPs created without
 //! the flag (an older driver's or provider's) as every send doorbell did before: it never
 //! visits an idle named QP.
@@ -166,6 +167,15 @@ impl SqRings {
         }
     }
 
+    /// Whether `ring`'s producer index moved past the consumer index.
+    fn has_new(&self, bar2: &DeviceMemory, ring: Ring) -> bool {
+        let ci = match ring {
+            Ring::Kernel(r) => self.kernel_ci.get(r as usize),
+            Ring::Uar(p) => self.uar_ci.get(p as usize),
+        };
+        ci.is_some_and(|&ci| bar2.load_u32(ring.base() + SQ_RING_PI) != ci)
+    }
+
     /// Takes what `ring` holds past its consumer index into `qpns`, returning how many; None
     /// when the writer ran too far ahead to read them safely (the consumer index then moves
     /// to the producer index).
@@ -202,7 +212,13 @@ impl HcaState {
     pub(crate) fn send_doorbell(&mut self) {
         let mut overran = false;
         if self.sq_rings.kernel_qps > 0 {
-            for r in 0..SQ_RINGS {
+            let used = self.dev.bar2.load_u32(BAR2_SQ_RING_OFFSET + SQ_RINGS_USED);
+            let used = if used == 0 {
+                SQ_RINGS
+            } else {
+                used.min(SQ_RINGS)
+            };
+            for r in 0..used {
                 overran |= !self.drain_sq_ring(Ring::Kernel(r));
             }
         }
@@ -226,6 +242,11 @@ impl HcaState {
 
     /// Runs the send queues `ring` names; false if it overran (nothing run).
     fn drain_sq_ring(&mut self, ring: Ring) -> bool {
+        // (Most rings are empty at most doorbells: they are passed over on one load, without
+        // the room for a ring's entries made ready.)
+        if !self.sq_rings.has_new(&self.dev.bar2, ring) {
+            return true;
+        }
         let mut qpns = [0u32; SQ_RING_ENTRIES as usize];
         let Some(n) = self.sq_rings.take(&self.dev.bar2, ring, &mut qpns) else {
             return false;

@@ -786,10 +786,16 @@ impl<P: Port> Driver<P> {
 }
 
 /// Copies a command's output bytes into its struct.
-/// Whether the device behind `bar2` reads send-doorbell rings (CAP_SQ_RING).
+/// Whether the device behind `bar2` reads send-doorbell rings (CAP_SQ_RING); if so, the
+/// driver says it writes kernel rings 0 (its own) and 1 (where tests name QPs from other
+/// threads, as from another CPU).
 fn has_sq_rings(bar2: &DeviceMemory) -> bool {
     let info: HcaDevInfo = bar2.read_obj(BAR2_INFO_OFFSET);
-    info.caps & CAP_SQ_RING != 0
+    let has = info.caps & CAP_SQ_RING != 0;
+    if has {
+        bar2.store_u32(BAR2_SQ_RING_OFFSET + SQ_RINGS_USED, 2);
+    }
+    has
 }
 
 /// The send-doorbell ring that names a QP whose record is at `db`, if it is named.
