@@ -14,8 +14,11 @@
  * - cq->lock guards a CQ's consumer index and arming sequence.
  * - qp->sq_lock and qp->rq_lock guard each work queue's producer state.
  * - srq->lock guards an SRQ's indices and which of its slots were polled.
+ * - dev->sq_ring_lock[r] guards send-doorbell ring r's producer index and
+ *   makes its writer one at a time (CPUs share a ring past HCA_SQ_RINGS).
  *
- * port_lock and pma_mutex are leaf locks, taken alone.
+ * port_lock and pma_mutex are leaf locks, taken alone; sq_ring_lock is a
+ * leaf lock taken only under qp->sq_lock.
  *
  * Lock order (outermost first):
  *
@@ -24,6 +27,7 @@
  *       dev->table_lock
  *         cq->lock | qp->sq_lock | qp->rq_lock | srq->lock
  *           srq->lock (poll_cq retires SRQ slots under cq->lock)
+ *           dev->sq_ring_lock[r] (post_send names the QP under qp->sq_lock)
  *
  * table_lock is held across the consumer's completion and event handlers
  * (eq.c), which keeps the CQ or QP alive while they run; those handlers
@@ -114,6 +118,15 @@ struct hca_dev {
 	/* User contexts (uverbs.c): whether they may open, and their UARs. */
 	bool user_verbs;
 	struct ida uar_ida;
+
+	/*
+	 * Send-doorbell rings (HCA_CAP_SQ_RING, post.c): a CPU names each QP
+	 * it rings HCA_DB_SQ for in ring (cpu % HCA_SQ_RINGS), whose producer
+	 * index sq_ring_pi[r] (as last written to BAR2) sq_ring_lock[r] guards.
+	 */
+	bool sq_rings;
+	spinlock_t sq_ring_lock[HCA_SQ_RINGS];
+	u32 sq_ring_pi[HCA_SQ_RINGS];
 };
 
 /* The kinds of doorbell record slots in a UAR page (hca_uapi.h). */
@@ -238,6 +251,7 @@ struct hca_qp {
 	u32 qpn;
 	u8 state;
 	bool sig_all;
+	bool sq_named;	/* HCA_QP_FLAG_SQ_RING: post_send names it in a ring */
 	struct hca_srq *srq;	/* receives come from it; rq is then unused */
 	/* Guards sq.pi and sq.ci (ci also moves in poll_cq). */
 	spinlock_t sq_lock;
@@ -287,6 +301,9 @@ int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
 	    void *out, size_t out_len);
 int hca_cmd_handle(struct hca_dev *dev, u32 opcode, u32 handle);
 void hca_cmd_complete(struct hca_dev *dev, u32 seq, u32 status);
+
+/* post.c */
+void hca_sq_rings_init(struct hca_dev *dev);
 
 /* uverbs.c */
 bool hca_db_page_private(struct pci_dev *pdev);

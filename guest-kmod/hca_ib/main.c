@@ -115,6 +115,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	err = hca_identify(dev);
 	if (err)
 		goto err_free;
+	hca_sq_rings_init(dev);
 	dev->user_verbs = (dev->caps & HCA_CAP_UAR) &&
 			  pci_resource_len(pdev, 2) >= HCA_BAR2_SIZE &&
 			  hca_db_page_private(pdev);

@@ -199,6 +199,53 @@ static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 	return 0;
 }
 
+/*
+ * The send-doorbell rings go on from the producer indices BAR2 holds (a
+ * previous load of the driver may have left them anywhere): the device
+ * keeps its own consumer indices.
+ */
+void hca_sq_rings_init(struct hca_dev *dev)
+{
+	int r;
+
+	dev->sq_rings = dev->caps & HCA_CAP_SQ_RING;
+	for (r = 0; r < HCA_SQ_RINGS; r++) {
+		spin_lock_init(&dev->sq_ring_lock[r]);
+		dev->sq_ring_pi[r] = dev->sq_rings ?
+			ioread32(dev->bar2 + HCA_BAR2_SQ_RING_OFFSET +
+				 r * HCA_SQ_RING_STRIDE + HCA_SQ_RING_PI) : 0;
+	}
+	/* The device reads only the rings this many CPUs write. */
+	if (dev->sq_rings)
+		iowrite32(min_t(u32, nr_cpu_ids, HCA_SQ_RINGS),
+			  dev->bar2 + HCA_BAR2_SQ_RING_OFFSET +
+			  HCA_SQ_RINGS_USED);
+}
+
+/*
+ * Names QP qpn in this CPU's send-doorbell ring, so that the HCA_DB_SQ
+ * rung next runs its send queue without the device looking at every QP:
+ * the QPN, then the producer index that publishes it. Called under
+ * qp->sq_lock (interrupts off: the CPU stays), after the record's sq_pi.
+ */
+static void hca_name_sq(struct hca_dev *dev, u32 qpn)
+{
+	unsigned int r = raw_smp_processor_id() % HCA_SQ_RINGS;
+	void __iomem *ring = dev->bar2 + HCA_BAR2_SQ_RING_OFFSET +
+			     r * HCA_SQ_RING_STRIDE;
+	u32 pi;
+
+	spin_lock(&dev->sq_ring_lock[r]);
+	pi = dev->sq_ring_pi[r];
+	iowrite32(qpn, ring + HCA_SQ_RING_QPN_OFFSET +
+		  4 * (pi % HCA_SQ_RING_ENTRIES));
+	/* The QPN reaches the device before the index that publishes it. */
+	wmb();
+	iowrite32(pi + 1, ring + HCA_SQ_RING_PI);
+	dev->sq_ring_pi[r] = pi + 1;
+	spin_unlock(&dev->sq_ring_lock[r]);
+}
+
 int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		  const struct ib_send_wr **bad_wr)
 {
@@ -228,6 +275,11 @@ int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		dma_wmb();
 		iowrite32(qp->sq.pi, hca_qp_db(dev, qp->qpn) +
 			  offsetof(struct hca_qp_db, sq_pi));
+		if (qp->sq_named) {
+			/* The record's index reaches the device before the name. */
+			wmb();
+			hca_name_sq(dev, qp->qpn);
+		}
 		hca_ring(dev, HCA_DB_SQ);
 	}
 	spin_unlock_irqrestore(&qp->sq_lock, flags);

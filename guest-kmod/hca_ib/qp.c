@@ -97,13 +97,25 @@ static void hca_qp_report_caps(struct hca_qp *qp, struct ib_qp_cap *cap)
 				     sizeof(struct hca_send_wqe));
 }
 
-/* A process's QP: rings it maps, a record slot in its UAR (uverbs.c). */
+/*
+ * A process's QP: rings it maps, a record slot in its UAR (uverbs.c). Its
+ * provider names it in the UAR's send-doorbell ring if its command says so
+ * (an older provider sends none).
+ */
 static int hca_qp_alloc_user(struct hca_dev *dev, struct hca_qp *qp,
 			     struct ib_udata *udata,
 			     struct hca_ucreate_qp_resp *resp, u32 *db_offset)
 {
+	struct hca_ucreate_qp ucmd = {};
 	int err;
 
+	if (udata->inlen) {
+		err = ib_copy_from_udata(&ucmd, udata,
+					 min(sizeof(ucmd), udata->inlen));
+		if (err)
+			return err;
+	}
+	qp->sq_named = dev->sq_rings && (ucmd.flags & HCA_UCREATE_QP_SQ_RING);
 	qp->uc = rdma_udata_to_drv_context(udata, struct hca_ucontext, ibuc);
 	qp->sq.ring_bytes = (size_t)1 << (qp->sq.log_entries + qp->sq.wqe_shift);
 	qp->rq.ring_bytes = (size_t)1 << (qp->rq.log_entries + qp->rq.wqe_shift);
@@ -186,6 +198,7 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		if (err)
 			return err;
 	} else {
+		qp->sq_named = dev->sq_rings;
 		err = hca_wq_alloc(dev, &qp->sq);
 		if (err)
 			return err;
@@ -203,6 +216,8 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	in.recv_cqn = to_hcq(init->recv_cq)->cqn;
 	in.qp_type = type;
 	in.flags = qp->sig_all ? HCA_QP_FLAG_SIG_ALL : 0;
+	if (qp->sq_named)
+		in.flags |= HCA_QP_FLAG_SQ_RING;
 	if (qp->srq) {
 		in.flags |= HCA_QP_FLAG_SRQ;
 		in.srqn = qp->srq->srqn;

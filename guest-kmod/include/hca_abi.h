@@ -56,6 +56,29 @@
 #define HCA_BAR2_CQ_DB_OFFSET		0xa000
 #define HCA_BAR2_SRQ_DB_OFFSET		0xb000
 /*
+ * Send-doorbell rings (with HCA_CAP_SQ_RING): before ringing HCA_DB_SQ for
+ * a QP created with HCA_QP_FLAG_SQ_RING, the driver appends its QPN to one
+ * ring (a single writer per ring: its CPU's), so that the device runs that
+ * send queue instead of looking at every QP. In a ring: the writer's
+ * free-running producer index (u32) at HCA_SQ_RING_PI, written after the
+ * QPN it publishes; the QPN of index i at HCA_SQ_RING_QPN_OFFSET +
+ * 4 * (i % HCA_SQ_RING_ENTRIES). The device keeps its consumer index to
+ * itself; a writer HCA_SQ_RING_ENTRIES or more ahead of it costs one
+ * look at every QP, nothing is lost. A process's ring is in its UAR page
+ * (HCA_UAR_SQ_RING_OFFSET, hca_uapi.h).
+ */
+#define HCA_BAR2_SQ_RING_OFFSET		0xc000
+#define HCA_SQ_RING_STRIDE		0x200
+#define HCA_SQ_RINGS			32
+#define HCA_SQ_RING_PI			0x00
+/*
+ * in the kernel's ring 0 alone: how many rings, from ring 0, the driver
+ * writes (the device reads those only); 0: all HCA_SQ_RINGS
+ */
+#define HCA_SQ_RINGS_USED		0x04
+#define HCA_SQ_RING_QPN_OFFSET		0x40
+#define HCA_SQ_RING_ENTRIES		64
+/*
  * User access regions: one page per user context, holding the doorbell
  * records of its QPs, CQs and SRQs (db_offset at creation).
  */
@@ -103,6 +126,8 @@
 #define HCA_CAP_SRQ			(1 << 6)
 /* db_offset in CREATE_CQ/QP/SRQ, HCA_PD_FLAG_USER */
 #define HCA_CAP_UAR			(1 << 7)
+/* send-doorbell rings and HCA_QP_FLAG_SQ_RING */
+#define HCA_CAP_SQ_RING			(1 << 8)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -168,6 +193,12 @@
 #define HCA_QP_FLAG_SIG_ALL		(1 << 0)
 /* receives come from the SRQ srqn; the rq_* fields are unused */
 #define HCA_QP_FLAG_SRQ			(1 << 1)
+/*
+ * with HCA_CAP_SQ_RING: every HCA_DB_SQ for this QP names it in a ring first
+ * (a kernel ring for a kernel record, else its UAR's ring); a QP without it
+ * is looked at on every send doorbell
+ */
+#define HCA_QP_FLAG_SQ_RING		(1 << 2)
 #define HCA_QPS_RESET			0
 #define HCA_QPS_INIT			1
 #define HCA_QPS_RTR			2

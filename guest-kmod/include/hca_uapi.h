@@ -28,6 +28,21 @@
 #define HCA_UAR_CQ_SLOTS		128
 #define HCA_UAR_SRQ_OFFSET		0xc00
 #define HCA_UAR_SRQ_SLOTS		64
+/*
+ * The context's send-doorbell ring (with HCA_CAP_SQ_RING), laid out as the
+ * kernel's (HCA_SQ_RING_PI, HCA_SQ_RING_QPN_OFFSET, HCA_SQ_RING_ENTRIES in
+ * hca_abi.h). The provider appends the QPN of a QP created with
+ * HCA_UCREATE_QP_SQ_RING before ringing HCA_DB_SQ for it, one thread at a
+ * time; the device takes from it only QPs whose records are in this page.
+ */
+#define HCA_UAR_SQ_RING_OFFSET		0xe00
+
+/* create_qp command (after the standard one); none: an unnamed QP */
+#define HCA_UCREATE_QP_SQ_RING		(1 << 0)
+struct hca_ucreate_qp {
+	__u32 flags;		/* HCA_UCREATE_QP_* */
+	__u32 rsvd;
+};
 
 /* ibv_open_device / alloc_ucontext response */
 struct hca_ualloc_ucontext_resp {

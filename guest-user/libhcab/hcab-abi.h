@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /*
  * The responses of the verbs that carry udata: ib_uverbs' standard response
- * followed by hca_ib's (hca_uapi.h). No verb sends request udata.
+ * followed by hca_ib's (hca_uapi.h). create_qp alone sends request udata.
  *
  * rdma-core's providers declare these with DECLARE_DRV_CMD over headers
  * generated from the kernel's; two structs per verb say the same here.
@@ -21,6 +21,11 @@ struct hcab_get_context_resp {
 struct hcab_create_cq_resp {
 	struct ib_uverbs_create_cq_resp ibv_resp;
 	struct hca_ucreate_cq_resp drv;
+};
+
+struct hcab_create_qp {
+	struct ibv_create_qp ibv_cmd;
+	struct hca_ucreate_qp drv;
 };
 
 struct hcab_create_qp_resp {

@@ -148,6 +148,7 @@ static struct verbs_context *hcab_alloc_context(struct ibv_device *ibdev,
 	ctx->uar = hcab_mmap(ctx, resp.drv.uar_mmap_offset, ctx->page_size, &len);
 	if (!ctx->uar)
 		goto err_free;
+	hcab_sq_ring_init(ctx, resp.drv.caps);
 	ctx->db_page = hcab_mmap(ctx, resp.drv.db_mmap_offset, ctx->page_size,
 				 &len);
 	if (!ctx->db_page)

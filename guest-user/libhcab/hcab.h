@@ -20,12 +20,15 @@
  *   and retires SRQ slots.
  * - qp->sq.lock and qp->rq.lock guard each work queue's producer index.
  * - srq->wq.lock guards an SRQ's indices and tags.
+ * - ctx->sq_ring_lock makes the UAR's send-doorbell ring's writer one
+ *   thread at a time and guards ctx->sq_ring_pi.
  *
  * Lock order (outermost first):
  *
  *   ctx->qp_table_mutex
  *     cq->lock (one CQ at a time) | qp->sq.lock | qp->rq.lock
  *       srq->wq.lock (poll_cq and CQ cleaning retire SRQ slots)
+ *       ctx->sq_ring_lock (post_send names the QP under qp->sq.lock)
  */
 #ifndef HCAB_H
 #define HCAB_H
@@ -56,6 +59,17 @@ struct hcab_context {
 	/* Writers hold qp_table_mutex; poll_cq reads with atomic loads. */
 	pthread_mutex_t qp_table_mutex;
 	struct hcab_qp *_Atomic qp_table[HCA_MAX_QP];
+	/*
+	 * The UAR's send-doorbell ring (HCA_CAP_SQ_RING): post_send names each
+	 * QP created with HCA_UCREATE_QP_SQ_RING in it before its HCA_DB_SQ, so
+	 * that the device runs that QP without looking at every other. Threads
+	 * posting on different QPs at once share it; the device reads it as one
+	 * writer's, so sq_ring_lock makes them take turns (a spinlock: held for
+	 * two stores), and guards sq_ring_pi, the producer index last written.
+	 */
+	bool sq_ring;
+	pthread_spinlock_t sq_ring_lock;
+	uint32_t sq_ring_pi;
 };
 
 /* One work queue: a mapped ring plus the consumer's wr_ids. */
@@ -107,6 +121,7 @@ struct hcab_qp {
 	uint32_t max_inline;	/* inline bytes one send WQE holds */
 	void *db;		/* struct hca_qp_db in the UAR */
 	struct hcab_srq *srq;	/* receives come from it; rq is then unused */
+	bool sq_named;		/* post_send names it in the UAR's ring */
 	struct hcab_wq sq;
 	struct hcab_wq rq;
 };
@@ -117,6 +132,20 @@ struct hcab_ah {
 	uint16_t dlid;
 	uint8_t sl;
 };
+
+/*
+ * The context's send-doorbell ring: off without HCA_CAP_SQ_RING; else it goes
+ * on from the producer index the UAR page holds (another process may have
+ * used the page before).
+ */
+static inline void hcab_sq_ring_init(struct hcab_context *ctx, uint32_t caps)
+{
+	ctx->sq_ring = caps & HCA_CAP_SQ_RING;
+	pthread_spin_init(&ctx->sq_ring_lock, PTHREAD_PROCESS_PRIVATE);
+	ctx->sq_ring_pi = ctx->sq_ring ?
+		mmio_read32((char *)ctx->uar + HCA_UAR_SQ_RING_OFFSET +
+			    HCA_SQ_RING_PI) : 0;
+}
 
 static inline struct hcab_context *to_hctx(struct ibv_context *ibctx)
 {

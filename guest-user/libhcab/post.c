@@ -25,9 +25,30 @@ static bool hcab_wq_full(struct hcab_wq *wq)
 }
 
 /*
+ * Names QP qpn in the UAR's send-doorbell ring: the QPN, then the producer
+ * index that publishes it. Threads take turns (see hcab_context).
+ */
+static void hcab_name_sq(struct hcab_context *ctx, uint32_t qpn)
+{
+	char *ring = (char *)ctx->uar + HCA_UAR_SQ_RING_OFFSET;
+	uint32_t pi;
+
+	pthread_spin_lock(&ctx->sq_ring_lock);
+	pi = ctx->sq_ring_pi;
+	mmio_write32(ring + HCA_SQ_RING_QPN_OFFSET +
+		     4 * (pi % HCA_SQ_RING_ENTRIES), qpn);
+	/* The QPN reaches the device before the index that publishes it. */
+	udma_to_device_barrier();
+	mmio_write32(ring + HCA_SQ_RING_PI, pi + 1);
+	ctx->sq_ring_pi = pi + 1;
+	pthread_spin_unlock(&ctx->sq_ring_lock);
+}
+
+/*
  * Publishes a work queue's new producer index (at offset `field` of the QP's
- * record) if the call posted anything, then rings `class`: WQEs reach memory
- * before the index that publishes them. Caller holds wq->lock.
+ * record) if the call posted anything, names a named QP's send queue in the
+ * UAR's ring, then rings `class`: WQEs reach memory before the index that
+ * publishes them, and that index before the name. Caller holds wq->lock.
  */
 static void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
 			    struct hcab_wq *wq, uint32_t start, size_t field,
@@ -37,6 +58,10 @@ static void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
 		return;
 	udma_to_device_barrier();
 	mmio_write32((char *)qp->db + field, wq->pi);
+	if (class == HCA_DB_SQ && qp->sq_named) {
+		udma_to_device_barrier();
+		hcab_name_sq(ctx, qp->qpn);
+	}
 	hcab_ring(ctx, class);
 }
 

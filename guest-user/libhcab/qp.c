@@ -81,7 +81,7 @@ struct ibv_qp *hcab_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
 	struct hcab_context *ctx = to_hctx(pd->context);
 	struct hcab_create_qp_resp resp = {};
-	struct ibv_create_qp cmd = {};
+	struct hcab_create_qp cmd = {};
 	struct hcab_qp *qp;
 	uint32_t room;
 	int err;
@@ -93,8 +93,16 @@ struct ibv_qp *hcab_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	qp = calloc(1, sizeof(*qp));
 	if (!qp)
 		return NULL;
-	err = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd, sizeof(cmd),
-				&resp.ibv_resp, sizeof(resp));
+	/*
+	 * Named in the UAR's ring where the device reads it (a kernel that
+	 * does not know the command makes an unnamed QP: the device then
+	 * ignores the names and looks at the QP on every doorbell).
+	 */
+	qp->sq_named = ctx->sq_ring;
+	if (qp->sq_named)
+		cmd.drv.flags = HCA_UCREATE_QP_SQ_RING;
+	err = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd,
+				sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (err)
 		goto err_free;
 	qp->qpn = resp.drv.qpn;

@@ -77,6 +77,25 @@ pub const BAR2_QP_DB_OFFSET: u32 = 0x8000;
 pub const BAR2_CQ_DB_OFFSET: u32 = 0xa000;
 /// SRQ doorbell records, indexed by SRQN.
 pub const BAR2_SRQ_DB_OFFSET: u32 = 0xb000;
+/// Send-doorbell rings of the kernel (with CAP_SQ_RING): `SQ_RINGS` rings, `SQ_RING_STRIDE`
+/// bytes apart, each laid out as [`SQ_RING_PI`] and [`SQ_RING_QPN_OFFSET`] say. Before it
+/// rings DB_SQ for a QP created with QP_FLAG_SQ_RING, the driver appends the QPN to one
+/// ring (its CPU's: one writer per ring), so that the device runs the send queues named
+/// instead of looking at every QP. A process's QPs are named in its UAR's ring
+/// (`uapi::UAR_SQ_RING_OFFSET`), of the same layout.
+pub const BAR2_SQ_RING_OFFSET: u32 = 0xc000;
+pub const SQ_RING_STRIDE: u32 = 0x200;
+pub const SQ_RINGS: u32 = 32;
+/// In a ring: the writer's free-running producer index (u32), stored after the QPN it
+/// publishes. The device keeps its consumer index to itself.
+pub const SQ_RING_PI: u32 = 0x00;
+/// In the kernel's ring 0 alone: how many kernel rings, from ring 0, the driver writes (as
+/// many as it has CPUs); a send doorbell reads those only. 0, or more than `SQ_RINGS`: all.
+pub const SQ_RINGS_USED: u32 = 0x04;
+/// In a ring: `SQ_RING_ENTRIES` u32 QPNs; the one of index `i` at
+/// `SQ_RING_QPN_OFFSET + 4 * (i % SQ_RING_ENTRIES)`.
+pub const SQ_RING_QPN_OFFSET: u32 = 0x40;
+pub const SQ_RING_ENTRIES: u32 = 64;
 /// User access regions: pages the guest kernel hands to processes (one per user context),
 /// holding the doorbell records of that process's QPs, CQs and SRQs (`db_offset` at
 /// creation). A process mapping one page can move only its own queues' records.
@@ -138,6 +157,9 @@ pub const CAP_MASKED_ATOMIC: u32 = 1 << 5;
 pub const CAP_SRQ: u32 = 1 << 6;
 /// User access regions: `db_offset` in CREATE_CQ/QP/SRQ and user PDs (`PD_FLAG_USER`).
 pub const CAP_UAR: u32 = 1 << 7;
+/// Send-doorbell rings (`BAR2_SQ_RING_OFFSET`, `uapi::UAR_SQ_RING_OFFSET`) and
+/// `QP_FLAG_SQ_RING`.
+pub const CAP_SQ_RING: u32 = 1 << 8;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 pub const PORT_DOWN: u32 = 1;
@@ -213,6 +235,11 @@ pub const QPT_UD: u32 = 4;
 pub const QP_FLAG_SIG_ALL: u32 = 1 << 0;
 /// Receives come from the SRQ `srqn`; the QP has no receive queue of its own.
 pub const QP_FLAG_SRQ: u32 = 1 << 1;
+/// With CAP_SQ_RING: every DB_SQ rung for this QP's send queue names it in a send-doorbell
+/// ring first (a kernel ring for a record at `BAR2_QP_DB_OFFSET`, else its UAR's ring), so
+/// a send doorbell need not look at it otherwise. A QP without it is looked at on every
+/// send doorbell, as before the rings.
+pub const QP_FLAG_SQ_RING: u32 = 1 << 2;
 
 // QP states (ib_qp_state numbering).
 pub const QPS_RESET: u32 = 0;
@@ -865,7 +892,12 @@ const _: () = {
     assert!(BAR2_EQ_OFFSET + NUM_VECTORS * EQ_ENTRIES * 16 <= BAR2_QP_DB_OFFSET);
     assert!(BAR2_QP_DB_OFFSET + MAX_QP * 8 <= BAR2_CQ_DB_OFFSET);
     assert!(BAR2_CQ_DB_OFFSET + MAX_CQ * 8 <= BAR2_SRQ_DB_OFFSET);
-    assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_UAR_OFFSET);
+    assert!(BAR2_SRQ_DB_OFFSET + MAX_SRQ * 8 <= BAR2_SQ_RING_OFFSET);
+    assert!(BAR2_SQ_RING_OFFSET + SQ_RINGS * SQ_RING_STRIDE <= BAR2_UAR_OFFSET);
+    assert!(SQ_RING_PI + 4 <= SQ_RINGS_USED);
+    assert!(SQ_RINGS_USED + 4 <= SQ_RING_QPN_OFFSET);
+    assert!(SQ_RING_QPN_OFFSET + SQ_RING_ENTRIES * 4 <= SQ_RING_STRIDE);
+    assert!(SQ_RING_ENTRIES.is_power_of_two());
     assert!(BAR2_UAR_OFFSET + MAX_UAR * UAR_SIZE == BAR2_SIZE);
     assert!(BAR2_SIZE.is_power_of_two());
     assert!(64 + MAX_SGE * 16 <= 1 << MAX_SQ_WQE_SHIFT);
@@ -932,6 +964,13 @@ pub fn layout() -> Vec<(String, u64)> {
         BAR2_QP_DB_OFFSET,
         BAR2_CQ_DB_OFFSET,
         BAR2_SRQ_DB_OFFSET,
+        BAR2_SQ_RING_OFFSET,
+        SQ_RING_STRIDE,
+        SQ_RINGS,
+        SQ_RING_PI,
+        SQ_RINGS_USED,
+        SQ_RING_QPN_OFFSET,
+        SQ_RING_ENTRIES,
         BAR2_UAR_OFFSET,
         UAR_SIZE,
         MAX_UAR,
@@ -969,6 +1008,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_MASKED_ATOMIC,
         CAP_SRQ,
         CAP_UAR,
+        CAP_SQ_RING,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -1040,6 +1080,7 @@ pub fn layout() -> Vec<(String, u64)> {
         QPT_UD,
         QP_FLAG_SIG_ALL,
         QP_FLAG_SRQ,
+        QP_FLAG_SQ_RING,
         QPS_RESET,
         QPS_INIT,
         QPS_RTR,
@@ -1181,9 +1222,12 @@ pub fn layout() -> Vec<(String, u64)> {
             UAR_CQ_SLOTS,
             UAR_SRQ_OFFSET,
             UAR_SRQ_SLOTS,
+            UAR_SQ_RING_OFFSET,
+            UCREATE_QP_SQ_RING,
         );
         layout_of!(HcaUallocUcontextResp => "hca_ualloc_ucontext_resp" { uar_mmap_offset,
             db_mmap_offset, db_reg_offset, doorbell_peer, caps, max_inline });
+        layout_of!(HcaUcreateQp => "hca_ucreate_qp" { flags, rsvd });
         layout_of!(HcaUcreateCqResp => "hca_ucreate_cq_resp" { ring_mmap_offset, cqn,
             log_entries, db_slot, rsvd });
         layout_of!(HcaUcreateQpResp => "hca_ucreate_qp_resp" { sq_mmap_offset,

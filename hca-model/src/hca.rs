@@ -98,6 +98,17 @@ pub struct HcaStats {
     /// Further turns that send queues took because their work was more than one turn
     /// allows (the device lock was let go between turns).
     pub extra_turns: u64,
+    /// Send-doorbell ring entries that named a QP the ring may name (see `sq_ring`).
+    pub sq_named: u64,
+    /// Send-doorbell ring entries passed over: no live QP created with `QP_FLAG_SQ_RING`, or
+    /// one whose doorbell record the ring's owner does not hold.
+    pub sq_ring_ignored: u64,
+    /// Send doorbells that found a ring's producer index too far ahead to read it, and
+    /// looked at every live QP instead.
+    pub sq_ring_overruns: u64,
+    /// Looks at every live QP's send queue (a ring overran, or a turn went on with work
+    /// left); a send doorbell otherwise runs only the QPs named and the unnamed ones.
+    pub sq_scans: u64,
 }
 
 /// A fixed-capacity handle table; index 0 and any reserved low indices are never handed out.
@@ -177,6 +188,8 @@ pub(crate) struct HcaState {
     /// scan pass over an idle QP reading this dense table and the QP's doorbell record
     /// alone, not the QP (see `SqHint`).
     pub sq_hints: Vec<SqHint>,
+    /// Which QPs a send doorbell is for (see `sq_ring`).
+    pub sq_rings: crate::sq_ring::SqRings,
 }
 
 /// A send doorbell's note on one QP's send queue. Only the scan sets one, after running
@@ -274,6 +287,7 @@ impl HcaState {
             qps: Table::next_fit(MAX_QP, 2),
             live_qps: Vec::new(),
             sq_hints: vec![SqHint::Look; MAX_QP as usize],
+            sq_rings: Default::default(),
         }
     }
 
@@ -286,7 +300,7 @@ impl HcaState {
         self.dev.stats.doorbells += 1;
         match class {
             DB_CMD => self.run_command(),
-            DB_SQ => self.scan_send_queues(),
+            DB_SQ => self.send_doorbell(),
             DB_RQ => self.scan_recv_queues(),
             DB_CQ_ARM => self.dev.scan_cq_arms(),
             _ => {} // Unknown classes are ignored: ivshmem lets the guest ring any vector.
@@ -354,7 +368,8 @@ impl Device {
                 | CAP_MASKED_ATOMIC
                 | CAP_LOCAL_DMA_LKEY
                 | CAP_SRQ
-                | CAP_UAR,
+                | CAP_UAR
+                | CAP_SQ_RING,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,

@@ -38,6 +38,7 @@ pub mod reliability;
 mod requester;
 mod responder;
 pub mod sa;
+mod sq_ring;
 mod srq;
 mod status;
 pub mod uapi;

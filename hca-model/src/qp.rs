@@ -294,6 +294,8 @@ pub(crate) struct Qp {
     /// a FENCE waits for earlier READs/atomics, or a limit is reached (the send window, the
     /// READ/atomic credits, the device's in-flight memory bound).
     pub sq_waits: bool,
+    /// Created with QP_FLAG_SQ_RING: a send-doorbell ring names it (see `sq_ring`).
+    pub sq_named: bool,
     pub retry: Retry,
     // Responder.
     pub epsn: u32,
@@ -464,7 +466,7 @@ impl HcaState {
 
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
         if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI | QPT_SMI)
-            || a.flags & !(QP_FLAG_SIG_ALL | QP_FLAG_SRQ) != 0
+            || a.flags & !(QP_FLAG_SIG_ALL | QP_FLAG_SRQ | QP_FLAG_SQ_RING) != 0
         {
             return Err(CmdError::BadParam);
         }
@@ -536,6 +538,7 @@ impl HcaState {
             next_psn: 0,
             pending: InFlight::new(dev.held.clone()),
             sq_waits: false,
+            sq_named: a.flags & QP_FLAG_SQ_RING != 0,
             retry: Retry::default(),
             epsn: 0,
             msn: 0,
@@ -578,6 +581,8 @@ impl HcaState {
         }
         dev.bar2.write_obj(db, &HcaQpDb::default());
         self.live_qps.push(qpn);
+        self.sq_rings
+            .add(&dev.bar2, qpn, db, a.flags & QP_FLAG_SQ_RING != 0);
         self.forget_sq_hint(qpn);
         Ok(qpn)
     }
@@ -585,6 +590,7 @@ impl HcaState {
     pub(crate) fn cmd_destroy_qp(&mut self, qpn: u32) -> Result<(), CmdError> {
         let mut qp = self.qps.remove(qpn).ok_or(CmdError::BadHandle)?;
         self.live_qps.retain(|&q| q != qpn);
+        self.sq_rings.remove(qpn, qp.db, qp.sq_named);
         self.forget_sq_hint(qpn);
         let dev = &mut self.dev;
         dev.give_back_inbound(qpn, &mut qp);

@@ -68,48 +68,69 @@ impl HcaState {
         true
     }
 
-    /// DB_SQ: runs every QP's send queue. The doorbell does not say which QP rang, so each
-    /// live one is looked at, first through its hint (`SqHint`): a QP that cannot send, or
-    /// one in RTS whose producer index has not moved past the consumer index noted, is
-    /// passed over on the hint table and its doorbell record alone, without touching the
-    /// QP or starting its engine.
+    /// Runs every live QP's send queue (after a send-doorbell ring overran, or for a turn
+    /// that goes on with work left: see `sq_ring`). Each one is looked at first through its
+    /// hint (`SqHint`): a QP that cannot send, or one in RTS whose producer index has not
+    /// moved past the consumer index noted, is passed over on the hint table and its
+    /// doorbell record alone, without touching the QP or starting its engine.
     pub(crate) fn scan_send_queues(&mut self) {
+        self.dev.stats.sq_scans += 1;
         let mut from = 0;
-        while let Some((i, qpn)) = self.next_sq_to_look(from) {
+        while let Some((i, qpn)) =
+            next_sq_to_look(&self.sq_hints, &self.dev.bar2, &self.live_qps, from)
+        {
             from = i + 1;
-            let Some(mut e) = self.engine(qpn) else {
-                continue;
-            };
-            e.process_sq();
-            let hint = e.sq_hint();
-            if let Some(h) = self.sq_hints.get_mut(qpn as usize) {
-                *h = hint;
-            }
+            self.run_send_queue(qpn);
+        }
+    }
+
+    /// Like `scan_send_queues` for the QPs no send-doorbell ring names (those created
+    /// without `QP_FLAG_SQ_RING`), which every send doorbell looks at.
+    pub(crate) fn scan_unnamed_send_queues(&mut self) {
+        let mut from = 0;
+        while let Some((i, qpn)) =
+            next_sq_to_look(&self.sq_hints, &self.dev.bar2, &self.sq_rings.unnamed, from)
+        {
+            from = i + 1;
+            self.run_send_queue(qpn);
+        }
+    }
+
+    /// Runs QP `qpn`'s send queue, and notes what a send doorbell would find of it next.
+    pub(crate) fn run_send_queue(&mut self, qpn: u32) {
+        let Some(mut e) = self.engine(qpn) else {
+            return;
+        };
+        e.process_sq();
+        let hint = e.sq_hint();
+        if let Some(h) = self.sq_hints.get_mut(qpn as usize) {
+            *h = hint;
         }
     }
 }
 
-impl HcaState {
-    /// The index in `live_qps`, from `from` on, and the QPN of the next QP whose hint does
-    /// not say its send queue has nothing to do. (A loop of its own: with no call in it that
-    /// may change the tables, it runs on borrowed slices, about 20 instructions per idle QP.
-    /// Kept out of line: inlined into `scan_send_queues`, as LTO did, its branches were laid
-    /// out so that an idle QP took 1 ns rather than 0.6, `throughput scale`, 512 idle QPs.)
-    #[inline(never)]
-    fn next_sq_to_look(&self, from: usize) -> Option<(usize, u32)> {
-        let (hints, bar2) = (self.sq_hints.as_slice(), &self.dev.bar2);
-        let k =
-            self.live_qps
-                .get(from..)?
-                .iter()
-                .position(|&qpn| match hints.get(qpn as usize) {
-                    Some(SqHint::Still) => false,
-                    Some(&SqHint::Idle { ci, db }) => bar2.load_u32(db) != ci,
-                    _ => true,
-                })?;
-        let i = from + k;
-        Some((i, *self.live_qps.get(i)?))
-    }
+/// The index in `qpns`, from `from` on, and the QPN of the next QP whose hint does not say
+/// its send queue has nothing to do. (A loop of its own: with no call in it that may change
+/// the tables, it runs on borrowed slices, about 20 instructions per idle QP. Kept out of
+/// line: inlined into `scan_send_queues`, as LTO did, its branches were laid out so that an
+/// idle QP took 1 ns rather than 0.6, `throughput scale`, 512 idle QPs before the rings.)
+#[inline(never)]
+fn next_sq_to_look(
+    hints: &[SqHint],
+    bar2: &crate::devmem::DeviceMemory,
+    qpns: &[u32],
+    from: usize,
+) -> Option<(usize, u32)> {
+    let k = qpns
+        .get(from..)?
+        .iter()
+        .position(|&qpn| match hints.get(qpn as usize) {
+            Some(SqHint::Still) => false,
+            Some(&SqHint::Idle { ci, db }) => bar2.load_u32(db) != ci,
+            _ => true,
+        })?;
+    let i = from + k;
+    Some((i, *qpns.get(i)?))
 }
 
 impl QpEngine<'_> {

@@ -14,12 +14,32 @@ pub const UAR_CQ_OFFSET: u32 = 0x800;
 pub const UAR_CQ_SLOTS: u32 = 128;
 pub const UAR_SRQ_OFFSET: u32 = 0xc00;
 pub const UAR_SRQ_SLOTS: u32 = 64;
+/// The context's send-doorbell ring (with CAP_SQ_RING), laid out as a kernel one
+/// (`abi::SQ_RING_PI`, `abi::SQ_RING_QPN_OFFSET`, `abi::SQ_RING_ENTRIES`): the provider
+/// appends the QPN of a QP created with `UCREATE_QP_SQ_RING` before it rings DB_SQ for it.
+/// The device takes from it only QPs whose records are in this page.
+pub const UAR_SQ_RING_OFFSET: u32 = 0xe00;
 
 const _: () = {
+    use crate::abi::{SQ_RING_ENTRIES, SQ_RING_QPN_OFFSET, UAR_SIZE};
     assert!(UAR_QP_OFFSET + UAR_QP_SLOTS * 8 <= UAR_CQ_OFFSET);
     assert!(UAR_CQ_OFFSET + UAR_CQ_SLOTS * 8 <= UAR_SRQ_OFFSET);
-    assert!(UAR_SRQ_OFFSET + UAR_SRQ_SLOTS * 8 <= crate::abi::UAR_SIZE);
+    assert!(UAR_SRQ_OFFSET + UAR_SRQ_SLOTS * 8 <= UAR_SQ_RING_OFFSET);
+    assert!(UAR_SQ_RING_OFFSET + SQ_RING_QPN_OFFSET + SQ_RING_ENTRIES * 4 <= UAR_SIZE);
 };
+
+/// `HcaUcreateQp::flags`: the provider names this QP in the UAR's send-doorbell ring before
+/// each DB_SQ (the kernel then creates it with `abi::QP_FLAG_SQ_RING`).
+pub const UCREATE_QP_SQ_RING: u32 = 1 << 0;
+
+/// create_qp's driver command (after the standard one); a provider that sends none (an
+/// older one) gets a QP the device looks at on every send doorbell.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaUcreateQp {
+    pub flags: u32,
+    pub rsvd: u32,
+}
 
 /// alloc_ucontext's response: the mmap cookies of the context's UAR page and of the page
 /// holding BAR0's doorbell register.
@@ -74,6 +94,7 @@ pub struct HcaUcreateSrqResp {
 }
 
 const _: () = {
+    assert!(std::mem::size_of::<HcaUcreateQp>() == 8);
     assert!(std::mem::size_of::<HcaUallocUcontextResp>() == 32);
     assert!(std::mem::size_of::<HcaUcreateCqResp>() == 24);
     assert!(std::mem::size_of::<HcaUcreateQpResp>() == 32);

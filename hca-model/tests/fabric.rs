@@ -214,6 +214,8 @@ impl hca_model::PacketTap for RingOnFirst {
         }
         if let Some((hca, qpn, pi)) = self.ring.lock().unwrap().take() {
             hca.bar2().store_u32(BAR2_QP_DB_OFFSET + qpn * 8, pi);
+            // (Ring 1: the other guest's driver on another CPU than its main thread's.)
+            name_in_ring(hca.bar2(), BAR2_SQ_RING_OFFSET + SQ_RING_STRIDE, qpn);
             hca.doorbell(DB_SQ);
         }
     }
@@ -523,6 +525,7 @@ fn test_a_datagram_flood_past_the_backlog_bound_does_not_hold_up_a_victim() {
         a.hca
             .bar2()
             .store_u32(BAR2_QP_DB_OFFSET + q.qpn * 8, q.sq_pi);
+        name_in_ring(a.hca.bar2(), BAR2_SQ_RING_OFFSET, q.qpn);
     }
     let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -822,6 +825,7 @@ impl hca_model::AdapterHook for RingOnFirstCqe {
         if lid == self.at {
             if let Some((hca, qpn, pi)) = self.ring.lock().unwrap().take() {
                 hca.bar2().store_u32(BAR2_QP_DB_OFFSET + qpn * 8, pi);
+                name_in_ring(hca.bar2(), BAR2_SQ_RING_OFFSET + SQ_RING_STRIDE, qpn);
                 hca.doorbell(DB_SQ);
             }
         }

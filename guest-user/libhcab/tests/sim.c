@@ -65,9 +65,12 @@ struct dqp {
 	struct dsrq *srq;
 	struct dcq *scq, *rcq;
 	struct hca_qp_db *rec;
+	int named;	/* HCA_UCREATE_QP_SQ_RING: run when the UAR's ring names it */
+	int rung;	/* named since the last dev_run */
 };
 
 static struct hcab_context *ctx;
+static uint32_t sq_ring_ci;	/* the device's own consumer index */
 static uint32_t doorbell;
 static struct dqp dqps[HCA_MAX_QP];
 static struct dcq dcqs[HCA_MAX_CQ];
@@ -249,14 +252,33 @@ static void dev_exec(struct dqp *q, struct hca_send_wqe *w)
 	}
 }
 
-/* What DB_SQ makes the device do: run every QP's new WQEs. */
+/*
+ * What DB_SQ makes the device do: run the new WQEs of the QPs the UAR's
+ * send-doorbell ring names and of the unnamed ones; of every QP if the ring
+ * ran a lap ahead. A named QP the ring does not name is not run, so a post
+ * that forgot to name it shows as missing completions.
+ */
 static void dev_run(void)
 {
+	char *ring = (char *)ctx->uar + HCA_UAR_SQ_RING_OFFSET;
+	uint32_t pi = *(volatile uint32_t *)(ring + HCA_SQ_RING_PI);
+	int all = pi - sq_ring_ci >= HCA_SQ_RING_ENTRIES;
 	uint32_t i;
 
+	for (; !all && sq_ring_ci != pi; sq_ring_ci++) {
+		uint32_t qpn = *(uint32_t *)(ring + HCA_SQ_RING_QPN_OFFSET + 4 *
+					     (sq_ring_ci % HCA_SQ_RING_ENTRIES));
+
+		CHECK(qpn < HCA_MAX_QP && dqps[qpn].live && dqps[qpn].named);
+		dqps[qpn].rung = 1;
+	}
+	sq_ring_ci = pi;
 	for (i = 0; i < HCA_MAX_QP; i++) {
 		struct dqp *q = &dqps[i];
 
+		if (q->named && !q->rung && !all)
+			continue;
+		q->rung = 0;
 		while (q->live && q->sq_ci != q->rec->sq_pi) {
 			dev_exec(q, (void *)(q->sq +
 				((size_t)(q->sq_ci & ((1u << q->sq_log) - 1)) <<
@@ -369,6 +391,7 @@ int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp,
 {
 	struct hcab_create_qp_resp *r = (void *)resp;
 	uint32_t qpn = 2;
+	struct hcab_create_qp *c = (void *)cmd;
 	struct dqp *d;
 
 	/* The lowest free number, so that a destroyed QP's comes back at once. */
@@ -377,8 +400,12 @@ int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp,
 	d = &dqps[qpn];
 
 	CHECK(resp_size == sizeof(*r));
+	CHECK(cmd_size == sizeof(*c));
 	memset(d, 0, sizeof(*d));
 	d->qpn = qpn;
+	/* The provider asks for a named QP where the device has the rings. */
+	d->named = !!(c->drv.flags & HCA_UCREATE_QP_SQ_RING);
+	CHECK(d->named == ctx->sq_ring);
 	d->type = attr->qp_type == IBV_QPT_UD ? HCA_QPT_UD : HCA_QPT_RC;
 	d->sig_all = attr->sq_sig_all;
 	kern_wq_size(attr->cap.max_send_wr, 64, attr->cap.max_send_sge,
@@ -974,6 +1001,8 @@ int main(void)
 	memset(ctx->uar, 0, 4096);
 	ctx->db_reg = &doorbell;
 	ctx->doorbell_peer = PEER;
+	hcab_sq_ring_init(ctx, HCA_CAP_SQ_RING);
+	CHECK(ctx->sq_ring);
 	pthread_mutex_init(&ctx->qp_table_mutex, NULL);
 	pd.context = &ctx->ibv_ctx.context;
 

@@ -86,6 +86,17 @@ pub struct QpH {
     pub rq_pi: u32,
     /// Its doorbell record's BAR2 offset.
     pub db: u32,
+    /// The BAR2 offset of the send-doorbell ring that names it before each DB_SQ (it was
+    /// created with QP_FLAG_SQ_RING); None: an unnamed QP, as an older driver makes.
+    pub ring: Option<u32>,
+}
+
+/// The send-doorbell ring at BAR2 offset `ring` holds `qpn` next, then says so (its writer's
+/// producer index is kept in BAR2 alone: the test driver is its only writer).
+pub fn name_in_ring(bar2: &DeviceMemory, ring: u32, qpn: u32) {
+    let pi = bar2.load_u32(ring + SQ_RING_PI);
+    bar2.store_u32(ring + SQ_RING_QPN_OFFSET + 4 * (pi % SQ_RING_ENTRIES), qpn);
+    bar2.store_u32(ring + SQ_RING_PI, pi.wrapping_add(1));
 }
 
 /// The guest's view of an SRQ.
@@ -126,6 +137,10 @@ pub struct Driver<P: Port = Hca> {
     /// Where the next queue's doorbell record goes: None, the handle's own record; else
     /// (BAR2 offset, next slot) in a user access region (see `use_uar`).
     uar: Option<(u32, u32)>,
+    /// QPs made from now on are named in a send-doorbell ring (QP_FLAG_SQ_RING): the
+    /// kernel's ring 0, or the UAR page's ring. On by default where the device has
+    /// CAP_SQ_RING; off, they are made as an older driver makes them.
+    pub name_sqs: bool,
 }
 
 impl Driver {
@@ -148,6 +163,7 @@ impl Driver {
         if let Some(f) = fabric {
             hca.attach(f);
         }
+        let name_sqs = has_sq_rings(hca.bar2());
         Self {
             hca,
             ram: GuestRam::new(mem.clone()),
@@ -158,6 +174,7 @@ impl Driver {
             seq: 0,
             eq_ci: [0; NUM_VECTORS as usize],
             uar: None,
+            name_sqs,
         }
     }
 }
@@ -170,6 +187,7 @@ impl<P: Port> Driver<P> {
     pub fn with_port(port: P, mem: GuestMemoryMmap) -> Self {
         let mem_end = mem.last_addr().raw_value() + 1;
         let done: HcaCmdMailbox = port.bar2().read_obj(BAR2_MAILBOX_OFFSET);
+        let name_sqs = has_sq_rings(port.bar2());
         Self {
             hca: port,
             ram: GuestRam::new(mem.clone()),
@@ -180,6 +198,7 @@ impl<P: Port> Driver<P> {
             seq: done.done_seq,
             eq_ci: [0; NUM_VECTORS as usize],
             uar: None,
+            name_sqs,
         }
     }
 
@@ -368,6 +387,8 @@ impl<P: Port> Driver<P> {
         let sq = self.alloc(1 << (sq_log + sq_shift), 64);
         let rq = self.alloc(1 << (rq_log + rq_shift), 64);
         let db_offset = self.next_db_offset();
+        let named = self.name_sqs;
+        let flags = flags | if named { QP_FLAG_SQ_RING } else { 0 };
         let qpn = self.handle_out(
             CMD_CREATE_QP,
             HcaCmdCreateQp {
@@ -398,6 +419,7 @@ impl<P: Port> Driver<P> {
             sq_pi: 0,
             rq_pi: 0,
             db: qp_record(qpn, db_offset),
+            ring: sq_ring_for(named, qp_record(qpn, db_offset)),
         })
     }
 
@@ -445,6 +467,7 @@ impl<P: Port> Driver<P> {
         let (sq_log, sq_shift) = (6u32, 9u32);
         let sq = self.alloc(1 << (sq_log + sq_shift), 64);
         let db_offset = self.next_db_offset();
+        let named = self.name_sqs;
         let qpn = self.handle_out(
             CMD_CREATE_QP,
             HcaCmdCreateQp {
@@ -454,7 +477,7 @@ impl<P: Port> Driver<P> {
                 send_cqn: scq,
                 recv_cqn: rcq,
                 qp_type,
-                flags: QP_FLAG_SRQ,
+                flags: QP_FLAG_SRQ | if named { QP_FLAG_SQ_RING } else { 0 },
                 sq_log_entries: sq_log as u8,
                 sq_wqe_shift: sq_shift as u8,
                 srqn,
@@ -473,6 +496,7 @@ impl<P: Port> Driver<P> {
             sq_pi: 0,
             rq_pi: 0,
             db: qp_record(qpn, db_offset),
+            ring: sq_ring_for(named, qp_record(qpn, db_offset)),
         })
     }
 
@@ -664,9 +688,13 @@ impl<P: Port> Driver<P> {
         qp.sq_pi = qp.sq_pi.wrapping_add(1);
     }
 
-    /// Publishes the SQ producer index and rings DB_SQ.
+    /// Publishes the SQ producer index, names the QP in its send-doorbell ring (if it has
+    /// one) and rings DB_SQ.
     pub fn ring_sq(&mut self, qp: &QpH) {
         self.hca.bar2().store_u32(qp.db, qp.sq_pi);
+        if let Some(ring) = qp.ring {
+            name_in_ring(self.hca.bar2(), ring, qp.qpn);
+        }
         self.hca.doorbell(DB_SQ);
     }
 
@@ -758,6 +786,27 @@ impl<P: Port> Driver<P> {
 }
 
 /// Copies a command's output bytes into its struct.
+/// Whether the device behind `bar2` reads send-doorbell rings (CAP_SQ_RING); if so, the
+/// driver says it writes kernel rings 0 (its own) and 1 (where tests name QPs from other
+/// threads, as from another CPU).
+fn has_sq_rings(bar2: &DeviceMemory) -> bool {
+    let info: HcaDevInfo = bar2.read_obj(BAR2_INFO_OFFSET);
+    let has = info.caps & CAP_SQ_RING != 0;
+    if has {
+        bar2.store_u32(BAR2_SQ_RING_OFFSET + SQ_RINGS_USED, 2);
+    }
+    has
+}
+
+/// The send-doorbell ring that names a QP whose record is at `db`, if it is named.
+fn sq_ring_for(named: bool, db: u32) -> Option<u32> {
+    let uar = db.checked_sub(BAR2_UAR_OFFSET).map(|o| o / UAR_SIZE);
+    named.then(|| match uar {
+        None => BAR2_SQ_RING_OFFSET,
+        Some(page) => BAR2_UAR_OFFSET + page * UAR_SIZE + hca_model::uapi::UAR_SQ_RING_OFFSET,
+    })
+}
+
 /// QP `qpn`'s doorbell record when it was created with `db_offset`.
 fn qp_record(qpn: u32, db_offset: u32) -> u32 {
     if db_offset == 0 {
