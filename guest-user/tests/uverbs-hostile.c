@@ -725,6 +725,23 @@ static int pair_rdma_check(struct pair *p, enum ibv_wr_opcode op,
 /* ------------------------------------------------------------------ */
 /* Forging what libhcab would write                                    */
 
+/*
+ * Names QPN qpn in the context's send-doorbell ring (HCA_CAP_SQ_RING), as
+ * post_send does before ringing: the device runs a named QP only when the
+ * ring names it. No lock: this process posts from one thread.
+ */
+static void forge_name_sq(struct hcab_context *ctx, uint32_t qpn)
+{
+	char *ring = (char *)ctx->uar + HCA_UAR_SQ_RING_OFFSET;
+
+	if (!ctx->sq_ring)
+		return;
+	mmio_write32(ring + HCA_SQ_RING_QPN_OFFSET +
+		     4 * (ctx->sq_ring_pi % HCA_SQ_RING_ENTRIES), qpn);
+	udma_to_device_barrier();
+	mmio_write32(ring + HCA_SQ_RING_PI, ++ctx->sq_ring_pi);
+}
+
 /* post_send's last steps, with an index of our choosing. */
 static void forge_sq_pi(struct ibv_qp *qp, uint32_t pi)
 {
@@ -732,6 +749,7 @@ static void forge_sq_pi(struct ibv_qp *qp, uint32_t pi)
 
 	udma_to_device_barrier();
 	mmio_write32((char *)q->db + offsetof(struct hca_qp_db, sq_pi), pi);
+	forge_name_sq(to_hctx(qp->context), q->qpn);
 	hcab_ring(to_hctx(qp->context), HCA_DB_SQ);
 }
 
@@ -1863,7 +1881,7 @@ static int stale_ring(struct env *e, struct pair *p, void **ring2,
 	struct hca_send_wqe *w;
 	struct ibv_wc wc = {};
 	struct hcab_qp *q;
-	uint32_t pi, mask, shift;
+	uint32_t pi, mask, shift, qpn;
 	void *rec;
 	int ret, n, sig;
 
@@ -1893,6 +1911,7 @@ static int stale_ring(struct env *e, struct pair *p, void **ring2,
 	mmap_must_fail(e, "5.mmap.oversize", *len + page, MAP_SHARED, off, 0);
 
 	rec = (char *)q->db + offsetof(struct hca_qp_db, sq_pi);
+	qpn = q->qpn;
 	pi = q->sq.pi;
 	mask = hcab_wq_mask(&q->sq);
 	shift = q->sq.wqe_shift;
@@ -1922,6 +1941,8 @@ static int stale_ring(struct env *e, struct pair *p, void **ring2,
 	}
 	udma_to_device_barrier();
 	mmio_write32(rec, pi + 1);
+	/* Named too: the device must not run a QPN that is gone. */
+	forge_name_sq(hctx, qpn);
 	hcab_ring(hctx, HCA_DB_SQ);
 
 	/* B is alive: poll_cq shows its CQEs. A's CQ is read raw. */
