@@ -22,7 +22,13 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->vendor_id = HCA_PCI_VENDOR_HCABENCH;
 	a->vendor_part_id = HCA_PCI_DEVICE_HCABENCH;
 	a->max_qp = h->max_qp;
-	a->max_qp_wr = h->max_qp_wr;
+	/*
+	 * A ring is one contiguous allocation of at most HCA_IB_MAX_USER_RING:
+	 * any QP or SRQ within the limits said here can be made, whatever its
+	 * SGEs and inline size (rdma-core's tests pick them at random).
+	 */
+	a->max_qp_wr = min_t(u32, h->max_qp_wr,
+			     HCA_IB_MAX_USER_RING >> HCA_MAX_SQ_WQE_SHIFT);
 	a->max_send_sge = h->max_sge;
 	a->max_recv_sge = h->max_sge;
 	a->max_sge_rd = h->max_sge;
@@ -45,7 +51,9 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
 	if (dev->caps & HCA_CAP_SRQ) {
 		a->max_srq = HCA_MAX_SRQ - 1;
-		a->max_srq_wr = 1 << HCA_MAX_SRQ_LOG_WR;
+		a->max_srq_wr = min_t(u32, 1 << HCA_MAX_SRQ_LOG_WR,
+				      HCA_IB_MAX_USER_RING >>
+				      HCA_MAX_RQ_WQE_SHIFT);
 		a->max_srq_sge = h->max_sge;
 	}
 	a->max_mcast_grp = HCA_MAX_MCAST_ATTACH;
