@@ -201,7 +201,7 @@ def run(cmd, **kw):
 def hint(tool):
     return {"dpkg-deb": "dpkg", "apt-get": "apt", "apt-cache": "apt", "make": "make",
             "readelf": "binutils", "objcopy": "binutils",
-            "depmod": "kmod"}.get(tool, tool)
+            "depmod": "kmod", "mke2fs": "e2fsprogs"}.get(tool, tool)
 
 
 def apt_depends_image(pkg):
@@ -793,7 +793,9 @@ def userland_disk(cache, dest, packages, have):
                      "add its package to DISK_PACKAGES, or take it out of DISK_SKIP")
         blocks = sum(f.lstat().st_size // 4096 + 2 for f in tree.rglob("*")) + 8192
         tmpimg = Path(tmp) / "userland.img"
-        run(["mke2fs", "-q", "-t", "ext4", "-O", "^has_journal,^metadata_csum", "-b", "4096",
+        mke2fs = shutil.which("mke2fs") or next(
+            (t for t in ["/usr/sbin/mke2fs", "/sbin/mke2fs"] if Path(t).exists()), "mke2fs")
+        run([mke2fs, "-q", "-t", "ext4", "-O", "^has_journal,^metadata_csum", "-b", "4096",
              "-L", "hcab-userland", "-E", "root_owner=0:0", "-d", str(tree), str(tmpimg),
              str(blocks)])
         os.replace(tmpimg, img)
