@@ -17,13 +17,6 @@
 
 #include "hcab.h"
 
-static bool hcab_wq_full(struct hcab_wq *wq)
-{
-	uint32_t ci = atomic_load_explicit(&wq->ci, memory_order_acquire);
-
-	return wq->pi - ci >= (1u << wq->log_entries);
-}
-
 /*
  * Names QP qpn in the UAR's send-doorbell ring: the QPN, then the producer
  * index that publishes it. Threads take turns (see hcab_context).
@@ -50,9 +43,9 @@ static void hcab_name_sq(struct hcab_context *ctx, uint32_t qpn)
  * UAR's ring, then rings `class`: WQEs reach memory before the index that
  * publishes them, and that index before the name. Caller holds wq->lock.
  */
-static void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
-			    struct hcab_wq *wq, uint32_t start, size_t field,
-			    uint32_t class)
+void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
+		     struct hcab_wq *wq, uint32_t start, size_t field,
+		     uint32_t class)
 {
 	if (wq->pi == start)
 		return;
@@ -139,12 +132,7 @@ static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
 	memset(w, 0, sizeof(*w));
 	w->wr_id = wq->pi;
 	w->opcode = op;
-	if (wr->send_flags & IBV_SEND_SIGNALED)
-		w->flags |= HCA_WQE_SIGNALED;
-	if (wr->send_flags & IBV_SEND_SOLICITED)
-		w->flags |= HCA_WQE_SOLICITED;
-	if (wr->send_flags & IBV_SEND_FENCE)
-		w->flags |= HCA_WQE_FENCE;
+	w->flags = hcab_wqe_flags(wr->send_flags);
 	if (op == HCA_WR_SEND_IMM || op == HCA_WR_RDMA_WRITE_IMM)
 		w->imm = (uint32_t)wr->imm_data;
 	/* The key the responder invalidates. */
@@ -191,6 +179,14 @@ int hcab_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t start;
 	int err = 0;
 
+	/*
+	 * Not before RTS (ERR takes WRs, to flush them): the state is the
+	 * one this process last set, as libibverbs keeps it.
+	 */
+	if (ibqp->state < IBV_QPS_RTS) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&wq->lock);
 	start = wq->pi;
 	for (; wr; wr = wr->next) {
@@ -236,8 +232,8 @@ int hcab_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t start;
 	int err = 0;
 
-	/* A QP on an SRQ has no receive queue of its own. */
-	if (qp->srq) {
+	/* A QP on an SRQ has no receive queue of its own; none in RESET. */
+	if (qp->srq || ibqp->state == IBV_QPS_RESET) {
 		*bad_wr = wr;
 		return EINVAL;
 	}

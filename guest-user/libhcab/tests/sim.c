@@ -453,6 +453,9 @@ int ibv_cmd_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 
 	if (attr_mask & IBV_QP_DEST_QPN)
 		d->peer = attr->dest_qp_num;
+	/* As ibv_modify_qp does once the provider's modify_qp returned. */
+	if (attr_mask & IBV_QP_STATE)
+		qp->state = attr->qp_state;
 	/* RESET empties the device's queues. */
 	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
 		d->sq_ci = d->rq_ci = 0;
@@ -539,6 +542,8 @@ static struct ibv_qp *make_qp(enum ibv_qp_type type, struct ibv_cq *scq,
 
 	CHECK(qp);
 	CHECK(a.cap.max_inline_data >= inl);
+	/* Connected at once: the simulated device has no states. */
+	qp->state = IBV_QPS_RTS;
 	return qp;
 }
 
@@ -910,6 +915,11 @@ static void test_reset_restarts_indices(void)
 	CHECK(to_hqp(a)->sq.pi == 0);
 	CHECK(poll1(cq).wr_id == 1);	/* b's receive stays */
 	expect_empty(cq);
+	/* Nothing posts in RESET; once connected again, from index 0. */
+	CHECK(rdma1(a, 4, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, buf, 8, buf) ==
+	      EINVAL);
+	reset.qp_state = IBV_QPS_RTS;
+	CHECK(hcab_modify_qp(a, &reset, IBV_QP_STATE) == 0);
 	CHECK(rdma1(a, 4, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, buf, 8, buf) == 0);
 	CHECK(dqps[a->qp_num].rec->sq_pi == 1);
 	dev_run();
@@ -991,6 +1001,100 @@ static void test_arm_word(void)
 	CHECK(hcab_destroy_cq(cq) == 0);
 }
 
+/* The extended send API's batches, polled through an extended CQ. */
+static void test_extended_qp_and_cq(void)
+{
+	struct ibv_cq_init_attr_ex ca = {
+		.cqe = 8,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM,
+	};
+	struct ibv_context *ibctx = &ctx->ibv_ctx.context;
+	struct ibv_cq_ex *cqx = hcab_create_cq_ex(ibctx, &ca);
+	struct ibv_poll_cq_attr pa = {};
+	struct ibv_qp_init_attr_ex qa;
+	char out[16] = "extended-send!", in[16] = { 0 }, remote[8] = { 0 };
+	struct ibv_qp *a, *b;
+	struct ibv_qp_ex *x;
+	struct ibv_cq *cq;
+	uint32_t pi;
+	int n;
+
+	CHECK(cqx);
+	cq = ibv_cq_ex_to_cq(cqx);
+	CHECK(cqx->read_byte_len && cqx->read_qp_num && !cqx->read_slid);
+	/* A CQE carries no timestamp. */
+	ca.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	CHECK(!hcab_create_cq_ex(ibctx, &ca) && errno == EOPNOTSUPP);
+
+	qa = (struct ibv_qp_init_attr_ex){
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
+			 .max_send_sge = 2, .max_recv_sge = 2,
+			 .max_inline_data = 16 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD |
+			     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = &pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND |
+				  IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	a = hcab_create_qp_ex(ibctx, &qa);
+	CHECK(a);
+	CHECK(to_hqp(a)->vqp.comp_mask & VERBS_QP_EX);
+	x = &to_hqp(a)->vqp.qp_ex;
+	b = make_qp(IBV_QPT_RC, cq, cq, NULL, 4, 0);
+	pair_up(a, b);
+
+	/* Not before RTS, and an opcode the QP was not made with: nothing. */
+	pi = to_hqp(a)->sq.pi;
+	x->wr_start(x);
+	x->wr_id = 1;
+	x->wr_send(x);
+	x->wr_set_sge(x, 1, (uintptr_t)out, 14);
+	CHECK(x->wr_complete(x) == EINVAL);
+	a->state = IBV_QPS_RTS;
+	x->wr_start(x);
+	x->wr_send(x);
+	x->wr_set_sge(x, 1, (uintptr_t)out, 14);
+	x->wr_rdma_read(x, 1, (uintptr_t)remote);
+	CHECK(x->wr_complete(x) == EINVAL);
+	CHECK(to_hqp(a)->sq.pi == pi && dqps[a->qp_num].rec->sq_pi == pi);
+
+	/* A SEND from an SGE and an inline RDMA WRITE, one batch. */
+	CHECK(post_recv(b, 7, in, 16) == 0);
+	x->wr_start(x);
+	x->wr_id = 2;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	x->wr_send(x);
+	x->wr_set_sge(x, 1, (uintptr_t)out, 14);
+	x->wr_id = 3;
+	x->wr_rdma_write(x, 1, (uintptr_t)remote);
+	x->wr_set_inline_data(x, "inline!", 8);
+	CHECK(x->wr_complete(x) == 0);
+	CHECK(dqps[a->qp_num].rec->sq_pi == pi + 2);
+	dev_run();
+	CHECK(!memcmp(in, out, 14) && !strcmp(remote, "inline!"));
+
+	/* The receive and both sends, one at a time. */
+	CHECK(cqx->start_poll(cqx, &pa) == 0);
+	n = 0;
+	do {
+		CHECK(cqx->status == IBV_WC_SUCCESS);
+		if (cqx->wr_id == 7) {
+			CHECK(cqx->read_opcode(cqx) == IBV_WC_RECV);
+			CHECK(cqx->read_byte_len(cqx) == 14);
+			CHECK(cqx->read_qp_num(cqx) == b->qp_num);
+		} else {
+			CHECK(cqx->wr_id == 2 || cqx->wr_id == 3);
+		}
+		n++;
+	} while (cqx->next_poll(cqx) == 0);
+	cqx->end_poll(cqx);
+	CHECK(n == 3);
+	CHECK(cqx->start_poll(cqx, &pa) == ENOENT);
+	CHECK(hcab_destroy_qp(a) == 0 && hcab_destroy_qp(b) == 0);
+	CHECK(hcab_destroy_cq(cq) == 0);
+}
+
 int main(void)
 {
 	ctx = calloc(1, sizeof(*ctx));
@@ -1014,6 +1118,7 @@ int main(void)
 	test_reset_restarts_indices();
 	test_ud_through_ah();
 	test_arm_word();
+	test_extended_qp_and_cq();
 	fprintf(stderr, "sim: all data-path checks passed\n");
 	return 0;
 }
