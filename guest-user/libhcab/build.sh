@@ -213,7 +213,7 @@ unversioned=$(awk '/\*UND\*/ && $(NF-1) !~ /^\(?(IBVERBS|GLIBC)/ && $NF ~ /^(ibv
 
 say "running the data-path simulation (tests/sim.c)"
 gcc "${CFLAGS[@]}" -o "$OBJ/sim" "$SRC/tests/sim.c" \
-	"$OBJ"/{cq,post,qp,srq,verbs}.o ||
+	"$OBJ"/{cq,post,qp,qpex,srq,verbs}.o ||
 	die "compiling tests/sim.c failed"
 "$OBJ/sim" || die "the data-path simulation failed (tests/sim.c)"
 

@@ -29,9 +29,10 @@ _Static_assert(HCA_WC_RETRY_EXC_ERR == IBV_WC_RETRY_EXC_ERR, "wc status");
 _Static_assert(HCA_WC_RNR_RETRY_EXC_ERR == IBV_WC_RNR_RETRY_EXC_ERR, "wc status");
 _Static_assert(HCA_WC_GENERAL_ERR == IBV_WC_GENERAL_ERR, "wc status");
 
-struct ibv_cq *hcab_create_cq(struct ibv_context *ibctx, int cqe,
-			      struct ibv_comp_channel *channel,
-			      int comp_vector)
+/* A CQ of at least cqe entries: the kernel's ring, mapped. */
+static struct hcab_cq *hcab_cq_create(struct ibv_context *ibctx, int cqe,
+				      struct ibv_comp_channel *channel,
+				      int comp_vector)
 {
 	struct hcab_context *ctx = to_hctx(ibctx);
 	struct hcab_create_cq_resp resp = {};
@@ -65,7 +66,7 @@ struct ibv_cq *hcab_create_cq(struct ibv_context *ibctx, int cqe,
 	err = errno;
 	if (!cq->ring)
 		goto err_destroy;
-	return &cq->vcq.cq;
+	return cq;
 
 err_destroy:
 	ibv_cmd_destroy_cq(&cq->vcq.cq);
@@ -75,6 +76,15 @@ err_lock:
 err_free:
 	free(cq);
 	return NULL;
+}
+
+struct ibv_cq *hcab_create_cq(struct ibv_context *ibctx, int cqe,
+			      struct ibv_comp_channel *channel,
+			      int comp_vector)
+{
+	struct hcab_cq *cq = hcab_cq_create(ibctx, cqe, channel, comp_vector);
+
+	return cq ? &cq->vcq.cq : NULL;
 }
 
 int hcab_destroy_cq(struct ibv_cq *ibcq)
@@ -220,6 +230,18 @@ static bool hcab_cqe_to_wc(struct hcab_context *ctx, const struct hca_cqe *c,
 	return true;
 }
 
+/*
+ * The device checks for overflow, and fires an arm at once if CQEs are left,
+ * by the consumer index in the CQ's record: publish it (if it moved since
+ * `start`) before any later arm. Caller holds cq->lock.
+ */
+static void hcab_cq_publish_ci(struct hcab_cq *cq, uint32_t start)
+{
+	if (cq->ci != start)
+		mmio_write32((char *)cq->db + offsetof(struct hca_cq_db, ci),
+			     cq->ci);
+}
+
 int hcab_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 {
 	struct hcab_context *ctx = to_hctx(ibcq->context);
@@ -235,15 +257,169 @@ int hcab_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 			n++;
 		cq->ci++;
 	}
-	/*
-	 * The device checks for overflow, and fires an arm at once if CQEs
-	 * are left, by this index: publish it before any later arm.
-	 */
-	if (cq->ci != start)
-		mmio_write32((char *)cq->db + offsetof(struct hca_cq_db, ci),
-			     cq->ci);
+	hcab_cq_publish_ci(cq, start);
 	pthread_spin_unlock(&cq->lock);
 	return n;
+}
+
+/*
+ * The extended CQ's polling (ibv_start_poll, ibv_next_poll, ibv_end_poll):
+ * the same CQEs as poll_cq, one at a time into cq->cur, which the read_*
+ * calls answer from. cq->lock is held from a successful start_poll to
+ * end_poll, as the API lets one thread poll between them.
+ */
+static int hcab_cq_next(struct hcab_cq *cq)
+{
+	struct hcab_context *ctx = to_hctx(cq->vcq.cq.context);
+	struct hca_cqe *cqe;
+
+	while ((cqe = hcab_cqe_at(cq, cq->ci))) {
+		bool ours = hcab_cqe_to_wc(ctx, cqe, &cq->cur);
+
+		cq->ci++;
+		if (ours) {
+			cq->vcq.cq_ex.wr_id = cq->cur.wr_id;
+			cq->vcq.cq_ex.status = cq->cur.status;
+			return 0;
+		}
+	}
+	return ENOENT;
+}
+
+static int hcab_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
+{
+	struct hcab_cq *cq = to_hcq(ibv_cq_ex_to_cq(ibcq));
+	int ret;
+
+	if (attr->comp_mask)
+		return EINVAL;
+	pthread_spin_lock(&cq->lock);
+	cq->poll_start = cq->ci;
+	ret = hcab_cq_next(cq);
+	if (ret) {
+		/* No end_poll follows an empty start_poll. */
+		hcab_cq_publish_ci(cq, cq->poll_start);
+		pthread_spin_unlock(&cq->lock);
+	}
+	return ret;
+}
+
+static int hcab_next_poll(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cq_next(to_hcq(ibv_cq_ex_to_cq(ibcq)));
+}
+
+static void hcab_end_poll(struct ibv_cq_ex *ibcq)
+{
+	struct hcab_cq *cq = to_hcq(ibv_cq_ex_to_cq(ibcq));
+
+	hcab_cq_publish_ci(cq, cq->poll_start);
+	pthread_spin_unlock(&cq->lock);
+}
+
+static const struct ibv_wc *hcab_cur(struct ibv_cq_ex *ibcq)
+{
+	return &to_hcq(ibv_cq_ex_to_cq(ibcq))->cur;
+}
+
+static enum ibv_wc_opcode hcab_read_opcode(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->opcode;
+}
+
+static uint32_t hcab_read_vendor_err(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->vendor_err;
+}
+
+static uint32_t hcab_read_byte_len(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->byte_len;
+}
+
+/* Immediate data, or the invalidated rkey (they share the field). */
+static __be32 hcab_read_imm_data(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->imm_data;
+}
+
+static uint32_t hcab_read_qp_num(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->qp_num;
+}
+
+static uint32_t hcab_read_src_qp(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->src_qp;
+}
+
+static unsigned int hcab_read_wc_flags(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->wc_flags;
+}
+
+static uint32_t hcab_read_slid(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->slid;
+}
+
+static uint8_t hcab_read_sl(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->sl;
+}
+
+static uint8_t hcab_read_dlid_path_bits(struct ibv_cq_ex *ibcq)
+{
+	return hcab_cur(ibcq)->dlid_path_bits;
+}
+
+/*
+ * ibv_create_cq_ex: the fields of a plain work completion (a CQE carries no
+ * timestamp, VLAN, flow tag or tag-matching state), no parent domain, and
+ * of the creation flags only SINGLE_THREADED (a hint the locks can ignore).
+ */
+struct ibv_cq_ex *hcab_create_cq_ex(struct ibv_context *ibctx,
+				    struct ibv_cq_init_attr_ex *attr)
+{
+	struct ibv_cq_ex *ex;
+	struct hcab_cq *cq;
+
+	if (attr->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS ||
+	    attr->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS ||
+	    (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS &&
+	     attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (attr->cqe > INT32_MAX) {
+		errno = EINVAL;
+		return NULL;
+	}
+	cq = hcab_cq_create(ibctx, attr->cqe, attr->channel, attr->comp_vector);
+	if (!cq)
+		return NULL;
+	ex = &cq->vcq.cq_ex;
+	ex->start_poll = hcab_start_poll;
+	ex->next_poll = hcab_next_poll;
+	ex->end_poll = hcab_end_poll;
+	ex->read_opcode = hcab_read_opcode;
+	ex->read_vendor_err = hcab_read_vendor_err;
+	ex->read_wc_flags = hcab_read_wc_flags;
+	if (attr->wc_flags & IBV_WC_EX_WITH_BYTE_LEN)
+		ex->read_byte_len = hcab_read_byte_len;
+	if (attr->wc_flags & IBV_WC_EX_WITH_IMM)
+		ex->read_imm_data = hcab_read_imm_data;
+	if (attr->wc_flags & IBV_WC_EX_WITH_QP_NUM)
+		ex->read_qp_num = hcab_read_qp_num;
+	if (attr->wc_flags & IBV_WC_EX_WITH_SRC_QP)
+		ex->read_src_qp = hcab_read_src_qp;
+	if (attr->wc_flags & IBV_WC_EX_WITH_SLID)
+		ex->read_slid = hcab_read_slid;
+	if (attr->wc_flags & IBV_WC_EX_WITH_SL)
+		ex->read_sl = hcab_read_sl;
+	if (attr->wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS)
+		ex->read_dlid_path_bits = hcab_read_dlid_path_bits;
+	return ex;
 }
 
 int hcab_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)

@@ -93,10 +93,17 @@ struct hcab_cq {
 	struct hca_cqe *ring;
 	size_t map_bytes;
 	void *db;		/* struct hca_cq_db in the UAR */
-	/* Guards ci and arm_sn: poll_cq and req_notify_cq race from any thread. */
+	/*
+	 * Guards ci, arm_sn and the extended poll's state: poll_cq and
+	 * req_notify_cq race from any thread; an extended CQ's poller holds
+	 * it from a successful start_poll to end_poll.
+	 */
 	pthread_spinlock_t lock;
 	uint32_t ci;
 	uint32_t arm_sn;
+	/* The extended CQ's poll: where start_poll began, and its current WC. */
+	uint32_t poll_start;
+	struct ibv_wc cur;
 };
 
 /*
@@ -124,6 +131,15 @@ struct hcab_qp {
 	bool sq_named;		/* post_send names it in the UAR's ring */
 	struct hcab_wq sq;
 	struct hcab_wq rq;
+	/*
+	 * The extended send API (qpex.c), under sq.lock from wr_start to
+	 * wr_complete or wr_abort: the IBV_QP_EX_WITH_* it was made with, the
+	 * batch's first index, its first error, and the WQE being built.
+	 */
+	uint64_t send_ops;
+	uint32_t wr_start_pi;
+	int wr_err;
+	struct hca_send_wqe *wr_cur;
 };
 
 /* An address handle lives in the process alone: the WQE carries its DLID. */
@@ -197,6 +213,27 @@ static inline void hcab_ring(struct hcab_context *ctx, uint32_t class)
 		     ctx->doorbell_peer << HCA_DOORBELL_PEER_SHIFT | class);
 }
 
+static inline bool hcab_wq_full(struct hcab_wq *wq)
+{
+	uint32_t ci = atomic_load_explicit(&wq->ci, memory_order_acquire);
+
+	return wq->pi - ci >= (1u << wq->log_entries);
+}
+
+/* A send WR's IBV_SEND_* flags as the WQE's (inline is the builder's). */
+static inline uint8_t hcab_wqe_flags(unsigned int send_flags)
+{
+	uint8_t f = 0;
+
+	if (send_flags & IBV_SEND_SIGNALED)
+		f |= HCA_WQE_SIGNALED;
+	if (send_flags & IBV_SEND_SOLICITED)
+		f |= HCA_WQE_SOLICITED;
+	if (send_flags & IBV_SEND_FENCE)
+		f |= HCA_WQE_FENCE;
+	return f;
+}
+
 /* hcab.c */
 void *hcab_mmap(struct hcab_context *ctx, uint64_t offset, size_t bytes,
 		size_t *map_bytes);
@@ -218,6 +255,8 @@ int hcab_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
 struct ibv_cq *hcab_create_cq(struct ibv_context *ibctx, int cqe,
 			      struct ibv_comp_channel *channel,
 			      int comp_vector);
+struct ibv_cq_ex *hcab_create_cq_ex(struct ibv_context *ibctx,
+				    struct ibv_cq_init_attr_ex *attr);
 int hcab_destroy_cq(struct ibv_cq *ibcq);
 int hcab_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc);
 int hcab_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
@@ -241,6 +280,13 @@ int hcab_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		   struct ibv_recv_wr **bad_wr);
 void hcab_write_recv_wqe(struct hcab_wq *wq, uint32_t idx, uint64_t hw_wr_id,
 			 const struct ibv_recv_wr *wr);
+void hcab_wq_publish(struct hcab_context *ctx, struct hcab_qp *qp,
+		     struct hcab_wq *wq, uint32_t start, size_t field,
+		     uint32_t class);
+
+/* qpex.c */
+struct ibv_qp *hcab_create_qp_ex(struct ibv_context *ibctx,
+				 struct ibv_qp_init_attr_ex *attr);
 
 /* srq.c */
 struct ibv_srq *hcab_create_srq(struct ibv_pd *pd,
