@@ -615,6 +615,7 @@ def userland(cache):
     providers and driver files, from Debian's packages: ({path in image: bytes},
     {link in image: its target})."""
     debs = USERLAND_DEBS + [d for d in VERBS_DEBS if d not in USERLAND_DEBS]
+    prefetch_candidates(debs)
     roots = [extract(download(p, cache), cache / f"root-{p}") for p in debs]
     files, links = {}, {}
     for tool in USERLAND_TOOLS + VERBS_TOOLS:
@@ -748,7 +749,7 @@ def hcab_provider(cache):
 
 def disk_closure(packages):
     """`packages` and every package they depend on (Depends and Pre-Depends, every
-    alternative), less DISK_SKIP, sorted."""
+    alternative), less DISK_SKIP's, sorted."""
     out = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
                "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"] + packages)
     names = {line.strip() for line in out.splitlines()
@@ -756,22 +757,25 @@ def disk_closure(packages):
     missing = [p for p in packages if p not in names]
     if missing:
         die(f"apt-cache knows no package {', '.join(missing)}; run `apt-get update`")
-    return sorted(names - DISK_SKIP)
+    # A package asked for by name is carried even where DISK_SKIP would leave it out.
+    return sorted(names - (DISK_SKIP - set(packages)))
 
 
-def userland_disk(cache, dest, packages, have):
-    """dest/userland.img: an ext4 image of `packages` with their dependencies (see
-    DISK_PACKAGES), rebuilt only when the packages' versions change. `have` is what the
-    initramfs holds ({path: bytes}, links): every ELF file on the disk must find the
+def userland_disk(cache, img, packages, have):
+    """img (a path ending in .img): an ext4 image of `packages` with their dependencies
+    (see DISK_PACKAGES), rebuilt only when the packages' versions change. `have` is what
+    the initramfs holds ({path: bytes}, links): every ELF file on the disk must find the
     libraries it needs in one of the two. Returns the disk's package list."""
-    debs = [download(p, cache) for p in disk_closure(packages)]
-    img, stamp = dest / "userland.img", dest / "userland.key"
+    names = disk_closure(packages)
+    prefetch_candidates(names)
+    debs = [download(p, cache) for p in names]
+    stamp = img.with_suffix(".key")
     key = hashlib.sha256("|".join(["userland-2", DISK_TESTS] + [d.name for d in debs])
                          .encode()).hexdigest()
     if img.exists() and stamp.exists() and stamp.read_text() == key:
         return [d.name for d in debs]
     say(f"userland disk: {len(debs)} packages ({', '.join(packages)} and their dependencies)")
-    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+    with tempfile.TemporaryDirectory(dir=img.parent) as tmp:
         tree = Path(tmp) / "root"
         tree.mkdir()
         for d in debs:
@@ -947,6 +951,26 @@ class DebianKernel:
         self.kdir = headers_dir(self.kver)
 
 
+def package_disk(out, cache, extra):
+    """`--package`: the userland disk with a user's packages too, named by the set of
+    package names (OUT/userland/<hash>.img), built unless up to date; its path on stdout."""
+    bad = [p for p in extra if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", p)]
+    if bad:
+        die(f"not a Debian package name: {', '.join(bad)}")
+    names = sorted(set(DISK_PACKAGES) | set(extra))
+    tag = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    dest = out / "userland"
+    dest.mkdir(parents=True, exist_ok=True)
+    img = dest / f"{tag}.img"
+    # What the initramfs carries (the disk's programs may use its libraries): the same
+    # whatever the kernel.
+    files, links = userland(cache)
+    files.update(hcab_provider(cache))
+    userland_disk(cache, img, names, (files, links))
+    (dest / f"{tag}.packages").write_text("".join(n + "\n" for n in names))
+    print(img)
+
+
 def main():
     global quiet
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -960,11 +984,19 @@ def main():
     ap.add_argument("--print-dir", action="store_true",
                     help="print the image's directory on stdout when done (for scripts)")
     ap.add_argument("--quiet", action="store_true", help="print only errors")
+    ap.add_argument("--package", action="append", default=[], metavar="NAME",
+                    help="build only a shared userland disk (no kernel or initramfs): "
+                    f"{', '.join(DISK_PACKAGES)} and this Debian package, with their "
+                    "dependencies, as OUT/userland/<hash>.img, whose path is printed on "
+                    "stdout (repeat for more packages; a cluster file's `packages` does "
+                    "this)")
     args = ap.parse_args()
     quiet = args.quiet
     out = Path(args.out)
     started = time.monotonic()
     cache = out / "cache"
+    if args.package:
+        return package_disk(out, cache, args.package)
 
     spec = args.kernel
     local = spec is not None and ("/" in spec or spec.startswith(".") or Path(spec).is_dir())
@@ -1010,7 +1042,8 @@ def main():
     debian_tools, debian_links = userland(cache)
     debian_tools.update(hcab_provider(cache))
     check_needed(debian_tools, debian_links)
-    disk = userland_disk(cache, dest, DISK_PACKAGES, (debian_tools, debian_links))
+    disk = userland_disk(cache, dest / "userland.img", DISK_PACKAGES,
+                         (debian_tools, debian_links))
     mods = Modules(kernel.moddir)
     img = Cpio()
     made = set()

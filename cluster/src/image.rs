@@ -165,6 +165,44 @@ impl Image {
         Self::open(dir, &name)
     }
 
+    /// Builds (or finds up to date) a shared userland disk with Debian's `packages` (and
+    /// their dependencies) beside the default ones, with this source tree's
+    /// `images/build.py --package` (progress on stderr), under `dir/userland/`; its path.
+    pub fn build_userland(dir: &Path, packages: &[String]) -> Result<PathBuf, ImageError> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build.py");
+        let fail = |why: String| ImageError::Build {
+            kernel: format!("userland disk with {}", packages.join(", ")),
+            why,
+        };
+        if !script.exists() {
+            return Err(fail(format!(
+                "{} is not here (this hcabench was built from a tree since moved)",
+                script.display()
+            )));
+        }
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script).arg("--out").arg(dir);
+        for p in packages {
+            cmd.arg("--package").arg(p);
+        }
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| fail(format!("cannot run python3: {e}")))?;
+        if !out.status.success() {
+            return Err(fail(format!("images/build.py exited with {}", out.status)));
+        }
+        let built = String::from_utf8_lossy(&out.stdout);
+        let path = built
+            .lines()
+            .last()
+            .map(|l| PathBuf::from(l.trim()))
+            .filter(|p| p.extension().is_some_and(|e| e == "img"))
+            .ok_or_else(|| fail("images/build.py named no disk".into()))?;
+        // Absolute: the daemon that boots the guests runs elsewhere.
+        fs::canonicalize(&path).map_err(|e| fail(format!("{}: {e}", path.display())))
+    }
+
     /// The image in `dir/name`, checked whole.
     fn open(dir: &Path, name: &str) -> Result<Image, ImageError> {
         let d = dir.join(name);

@@ -22,6 +22,11 @@
 //!                    # campaigns. (Connections made through ib_cm or rdma_cm; the DSM
 //!                    # module and vbench set a 67 ms timeout of their own.)
 //!
+//! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
+//!                    # beside python3, pyverbs and iproute2: on the shared userland disk
+//!                    # (images/build.py --package), laid under /usr at boot. QEMU guests
+//!                    # only (hcabench's VMM has no disk device yet). Default none
+//!
 //! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
 //! capture = "fabric.pcap"        # every fabric packet to a pcap file
 //! capture_format = "erf"         # "erf" (Wireshark decodes it) or "infiniband" (link type 247)
@@ -119,6 +124,12 @@ pub struct ClusterConfig {
     pub vfio: BTreeMap<String, PathBuf>,
     /// Partitions beside the default (`[[partition]]`).
     pub partition: Vec<PartitionConfig>,
+    /// Debian packages for the guests' shared userland disk (see the module docs).
+    pub packages: Vec<String>,
+    /// The userland disk the guests attach instead of the image's: set by `hcabench up`
+    /// once it built the disk `packages` asks for, so that the daemon boots that one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub userland: Option<PathBuf>,
 }
 
 /// One `[[partition]]`.
@@ -158,6 +169,8 @@ impl Default for ClusterConfig {
             node_memory_mib: BTreeMap::new(),
             vfio: BTreeMap::new(),
             partition: Vec::new(),
+            packages: Vec::new(),
+            userland: None,
         }
     }
 }
@@ -222,6 +235,16 @@ impl ClusterConfig {
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
             return Err("vfio: passthrough needs the kvm backend, not qemu".into());
         }
+        if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
+            return Err(format!("packages: {bad:?} is not a Debian package name"));
+        }
+        if !self.packages.is_empty() && self.backend == Backend::Kvm {
+            return Err(
+                "packages: the userland disk needs the qemu backend (hcabench's VMM gives \
+                 guests no disk device yet)"
+                    .into(),
+            );
+        }
         if self.packet_life_time > hca_model::sa::MAX_PACKET_LIFE {
             return Err(format!(
                 "packet_life_time = {} (must be 0 to {}: ib_cm adds one for a QP's 5-bit \
@@ -247,7 +270,17 @@ impl ClusterConfig {
     /// The guest image this file boots (`kernel` under `image_dir`) if it is built: a
     /// developer's kernel by path never is (see [`ClusterConfig::image`]).
     pub fn find_image(&self) -> Result<Image, cluster::ImageError> {
-        Image::resolve(&self.image_dir, self.kernel.as_deref())
+        let mut image = Image::resolve(&self.image_dir, self.kernel.as_deref())?;
+        if let Some(disk) = &self.userland {
+            if !disk.exists() {
+                return Err(cluster::ImageError::Incomplete {
+                    version: image.name,
+                    missing: disk.clone(),
+                });
+            }
+            image.userland = Some(disk.clone());
+        }
+        Ok(image)
     }
 
     /// The guest image this file boots, built first with `images/build.py` (progress on
@@ -270,9 +303,16 @@ impl ClusterConfig {
     /// [`ClusterConfig::image`], then `kernel` pinned to the image's name, so that what
     /// boots later (the daemon) boots exactly that image without building again.
     pub fn build_image(&mut self) -> Result<Image, cluster::ImageError> {
-        let image = self.image()?;
+        let mut image = self.image()?;
         if self.kernel.is_some() {
             self.kernel = Some(image.name.clone());
+        }
+        // The user's packages: their disk, built once per set of names (and again when
+        // Debian's versions change), pinned for the daemon.
+        if !self.packages.is_empty() {
+            let disk = Image::build_userland(&self.image_dir, &self.packages)?;
+            image.userland = Some(disk.clone());
+            self.userland = Some(disk);
         }
         Ok(image)
     }
@@ -328,6 +368,14 @@ impl ClusterConfig {
     }
 }
 
+/// A Debian package name: lower-case letters, digits and `+-.`, two or more, starting
+/// with a letter or digit (Debian Policy 5.6.1).
+fn is_debian_package_name(name: &str) -> bool {
+    name.len() >= 2
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && (name.chars()).all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,6 +422,12 @@ mod tests {
         let e =
             ClusterConfig::parse("backend = \"qemu\"\n[vfio]\nnode1 = \"/x\"", "c").unwrap_err();
         assert!(e.0.contains("needs the kvm backend"), "{e}");
+        let e = ClusterConfig::parse("packages = [\"fio\", \"x; rm -rf /\"]", "c").unwrap_err();
+        assert!(e.0.contains("not a Debian package name"), "{e}");
+        let e = ClusterConfig::parse("backend = \"kvm\"\npackages = [\"fio\"]", "c").unwrap_err();
+        assert!(e.0.contains("needs the qemu backend"), "{e}");
+        let c = ClusterConfig::parse("packages = [\"fio\", \"libc6\", \"g++-12\"]", "c").unwrap();
+        assert_eq!(c.packages, ["fio", "libc6", "g++-12"]);
         let e = ClusterConfig::parse("packet_life_time = 31", "c.toml").unwrap_err();
         assert!(
             e.0.contains("packet_life_time = 31 (must be 0 to 30"),

@@ -388,6 +388,11 @@ struct UpArgs {
     /// Repeatable; needs the kvm backend and an hcabench built with `--features vfio`
     #[arg(long, value_name = "NODE=PATH", value_parser = parse_vfio)]
     vfio: Vec<(String, PathBuf)>,
+    /// A Debian package (with its dependencies) for the guests, beside python3, pyverbs and
+    /// iproute2: built onto the shared userland disk (images/build.py --package) and laid
+    /// under /usr at boot. Repeatable; adds to the file's `packages`; QEMU guests only
+    #[arg(long = "package", value_name = "NAME")]
+    packages: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -499,8 +504,15 @@ fn resolve(
 fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
     let mut c = resolve(&a.cluster, a.nodes, None)?;
     c.vfio.extend(a.vfio.iter().cloned());
+    c.packages.extend(a.packages.iter().cloned());
     c.validate()?;
     let (backend, why) = daemon::choose_backend(&c)?;
+    if backend != Backend::Qemu && !c.packages.is_empty() {
+        return Err(format!(
+            "packages need QEMU guests (the userland disk is a virtio disk, and hcabench's \
+             VMM has none yet); the backend is {backend:?} ({why}): add --backend qemu"
+        ));
+    }
     if backend == Backend::Qemu {
         if !c.vfio.is_empty() {
             return Err(format!(

@@ -80,9 +80,29 @@ fn test_exec_and_cp_drive_the_guests_of_a_running_cluster() {
 
     let cfg = host.join("cluster.toml");
     let images = repo_root().join("target/images");
-    std::fs::write(&cfg, format!("nodes = 2\nimage_dir = {images:?}\n")).unwrap();
-    let up = hcabench(&run, &["up", "--config", cfg.to_str().unwrap()]);
+    // A user's own Debian package (jq, with its libraries) on the guests' userland disk,
+    // from the file's `packages` and from --package alike.
+    std::fs::write(
+        &cfg,
+        format!("nodes = 2\nimage_dir = {images:?}\nbackend = \"qemu\"\npackages = [\"jq\"]\n"),
+    )
+    .unwrap();
+    let up = hcabench(
+        &run,
+        &[
+            "up",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--package",
+            "libjq1",
+        ],
+    );
     assert!(up.status.success(), "{}", text(&up));
+    let o = hcabench(
+        &run,
+        &["exec", "node2", "--", "echo '{\"a\": [20, 22]}' | jq -M '.a | add'; python3 -c 'import pyverbs; print(\"pyverbs\")'"],
+    );
+    assert_eq!(stdout(&o), "42\npyverbs\n", "{}", text(&o));
 
     // Output (stdout and stderr) comes back, and the exit status with it.
     let t = Instant::now();
