@@ -835,9 +835,24 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         Ok(summary.to_string())
     });
 
+    // A guest that died (its shell socket broke) fails every later check: its console's
+    // end says why (a panic's lines reach it).
+    let consoles = if checks.failed.is_empty() {
+        String::new()
+    } else {
+        (0..tb.agents.len())
+            .map(|i| {
+                format!(
+                    "\n--- {}'s console ---\n{}",
+                    tb.agents[i].name,
+                    tb.console(i)
+                )
+            })
+            .collect()
+    };
     assert!(
         checks.failed.is_empty(),
-        "{} of {} user-verbs checks failed:\n\n{}",
+        "{} of {} user-verbs checks failed:\n\n{}{consoles}",
         checks.failed.len(),
         checks.failed.len() + checks.passed,
         checks.failed.join("\n\n")
