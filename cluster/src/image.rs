@@ -39,6 +39,20 @@ pub enum ImageError {
 
 const HOW: &str = "build it with: python3 images/build.py";
 
+/// Runs `images/build.py` (its progress on stderr): the last line it printed on stdout
+/// (what it built), or why it failed.
+fn run_build_py(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("images/build.py exited with {}", out.status));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(stdout.lines().last().unwrap_or("").trim().to_string())
+}
+
 impl fmt::Display for ImageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -142,24 +156,15 @@ impl Image {
                 script.display()
             )));
         }
-        let out = Command::new("python3")
-            .arg(&script)
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script)
             .arg("--kernel")
             .arg(kernel)
             .arg("--out")
-            .arg(dir)
-            .arg("--print-dir")
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| fail(format!("cannot run python3: {e}")))?;
-        if !out.status.success() {
-            return Err(fail(format!("images/build.py exited with {}", out.status)));
-        }
-        let built = String::from_utf8_lossy(&out.stdout);
-        let name = built
-            .lines()
-            .last()
-            .and_then(|l| Path::new(l.trim()).file_name())
+            .arg(dir);
+        let built = run_build_py(cmd.arg("--print-dir")).map_err(fail)?;
+        let name = Path::new(&built)
+            .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .ok_or_else(|| fail("images/build.py named no image".into()))?;
         Self::open(dir, &name)
@@ -185,18 +190,7 @@ impl Image {
         for p in packages {
             cmd.arg("--package").arg(p);
         }
-        let out = cmd
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| fail(format!("cannot run python3: {e}")))?;
-        if !out.status.success() {
-            return Err(fail(format!("images/build.py exited with {}", out.status)));
-        }
-        let built = String::from_utf8_lossy(&out.stdout);
-        let path = built
-            .lines()
-            .last()
-            .map(|l| PathBuf::from(l.trim()))
+        let path = Some(PathBuf::from(run_build_py(&mut cmd).map_err(fail)?))
             .filter(|p| p.extension().is_some_and(|e| e == "img"))
             .ok_or_else(|| fail("images/build.py named no disk".into()))?;
         // Absolute: the daemon that boots the guests runs elsewhere.
