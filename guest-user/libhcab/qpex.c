@@ -276,7 +276,6 @@ static int hcab_wr_complete(struct ibv_qp_ex *qpx)
 	else
 		hcab_wq_publish(ctx, qp, &qp->sq, qp->wr_start_pi,
 				offsetof(struct hca_qp_db, sq_pi), HCA_DB_SQ);
-	qp->wr_cur = NULL;
 	pthread_spin_unlock(&qp->sq.lock);
 	return err;
 }
