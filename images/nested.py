@@ -105,7 +105,7 @@ def main():
     file(f"lib/modules/{kver}/kvm-order", ("\n".join(order) + "\n").encode())
     file("opt/hcabench/bin/hcabench", Path(args.hcabench).read_bytes(), 0o755)
     file("opt/hcabench/target/images/current", f"{name}\n".encode())
-    for f in ["bzImage", "vmlinux", "initramfs.cpio.gz", "manifest.json"]:
+    for f in ["bzImage", "vmlinux", "initramfs.cpio", "manifest.json"]:
         file(f"opt/hcabench/target/images/{name}/{f}", (guest / f).read_bytes())
     if args.with_qemu:
         file("usr/bin/qemu-system-x86_64", Path(QEMU).read_bytes(), 0o755)
@@ -121,7 +121,7 @@ def main():
             file(str(src[0])[1:], src[0].resolve().read_bytes())
 
     # The kernel unpacks concatenated archives in turn; later files replace earlier ones.
-    first = (guest / "initramfs.cpio.gz").read_bytes()
+    first = (guest / "initramfs.cpio").read_bytes()
     pad = b"\0" * (-len(first) % 512)
     # The second stays uncompressed: TCG unpacks it far faster than it would inflate it.
     Path(args.out).write_bytes(first + pad + img.finish())

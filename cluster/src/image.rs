@@ -209,7 +209,7 @@ impl Image {
         let img = Image {
             vmlinux: d.join("vmlinux"),
             bzimage: d.join("bzImage"),
-            initramfs: d.join("initramfs.cpio.gz"),
+            initramfs: d.join("initramfs.cpio"),
             kernel_version: release,
             name: name.to_string(),
             userland: Some(d.join("userland.img")).filter(|p| p.exists()),
@@ -247,7 +247,7 @@ mod tests {
     fn image(dir: &Path, name: &str, release: &str) {
         let d = dir.join(name);
         fs::create_dir_all(&d).unwrap();
-        for f in ["vmlinux", "bzImage", "initramfs.cpio.gz"] {
+        for f in ["vmlinux", "bzImage", "initramfs.cpio"] {
             fs::write(d.join(f), "").unwrap();
         }
         fs::write(
@@ -272,7 +272,7 @@ mod tests {
         );
         assert!(e.contains("images/build.py"), "{e}");
         fs::write(dir.join("6.1/bzImage"), "").unwrap();
-        fs::write(dir.join("6.1/initramfs.cpio.gz"), "").unwrap();
+        fs::write(dir.join("6.1/initramfs.cpio"), "").unwrap();
         assert_eq!(Image::find(&dir).unwrap().kernel_version, "6.1");
         fs::remove_dir_all(&dir).unwrap();
     }
