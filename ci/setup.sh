@@ -20,9 +20,8 @@ command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 { command -v depmod || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ]; } >/dev/null 2>&1 ||
 	need_apt+=(kmod)
 command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
-# images/build.py makes the shared userland disk (an ext4 image) with mke2fs -d.
-{ command -v mke2fs || [ -x /usr/sbin/mke2fs ] || [ -x /sbin/mke2fs ]; } >/dev/null 2>&1 ||
-	need_apt+=(e2fsprogs)
+# images/build.py makes the shared userland disk (an EROFS image) with mkfs.erofs.
+command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "$(id -u)" -ne 0 ]; then
 	if [ ${#need_apt[@]} -gt 0 ]; then
