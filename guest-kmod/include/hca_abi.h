@@ -146,6 +146,7 @@
 #define HCA_CMD_DEREG_MR		0x21
 #define HCA_CMD_CREATE_CQ		0x30
 #define HCA_CMD_DESTROY_CQ		0x31
+#define HCA_CMD_RESIZE_CQ		0x32
 #define HCA_CMD_CREATE_QP		0x40
 #define HCA_CMD_MODIFY_QP		0x41
 #define HCA_CMD_QUERY_QP		0x42
@@ -459,6 +460,17 @@ struct hca_cmd_create_cq {
 	__u32 rsvd;
 };
 
+/*
+ * RESIZE_CQ input: the CQ goes on in the new ring; the CQEs not yet consumed
+ * (by the doorbell record's consumer index) move to its first slots and the
+ * record's consumer index becomes 0. Issue it holding the CQ's poll lock.
+ */
+struct hca_cmd_resize_cq {
+	__u64 ring_addr;
+	__u32 cqn;
+	__u32 log_entries;
+};
+
 /* ALLOC_PD input */
 struct hca_cmd_alloc_pd {
 	__u32 flags;
@@ -655,6 +667,7 @@ _Static_assert(sizeof(struct hca_cmd_counters) == 8, "hca_cmd_counters");
 _Static_assert(sizeof(struct hca_counters) == 64, "hca_counters");
 _Static_assert(sizeof(struct hca_cmd_reg_mr) == 48, "hca_cmd_reg_mr");
 _Static_assert(sizeof(struct hca_cmd_create_cq) == 24, "hca_cmd_create_cq");
+_Static_assert(sizeof(struct hca_cmd_resize_cq) == 16, "hca_cmd_resize_cq");
 _Static_assert(sizeof(struct hca_cmd_alloc_pd) == 8, "hca_cmd_alloc_pd");
 _Static_assert(sizeof(struct hca_cmd_create_qp) == 48, "hca_cmd_create_qp");
 _Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");

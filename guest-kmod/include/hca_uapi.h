@@ -54,7 +54,7 @@ struct hca_ualloc_ucontext_resp {
 	__u32 max_inline;	/* the device's inline limit, bytes */
 };
 
-/* create_cq response (after the standard one) */
+/* create_cq response (after the standard one); resize_cq's too, for the new ring */
 struct hca_ucreate_cq_resp {
 	__aligned_u64 ring_mmap_offset;	/* 32 << log_entries bytes, page-rounded */
 	__u32 cqn;

@@ -181,6 +181,8 @@ pub const CMD_REG_MR: u32 = 0x20;
 pub const CMD_DEREG_MR: u32 = 0x21;
 pub const CMD_CREATE_CQ: u32 = 0x30;
 pub const CMD_DESTROY_CQ: u32 = 0x31;
+/// Moves a CQ to a new ring (HcaCmdResizeCq): see `cmd_resize_cq`.
+pub const CMD_RESIZE_CQ: u32 = 0x32;
 pub const CMD_CREATE_QP: u32 = 0x40;
 pub const CMD_MODIFY_QP: u32 = 0x41;
 pub const CMD_QUERY_QP: u32 = 0x42;
@@ -631,6 +633,20 @@ pub struct HcaCmdCreateCq {
 }
 abi_struct!(HcaCmdCreateCq, 24);
 
+/// RESIZE_CQ input: CQ `cqn` goes on to the ring at `ring_addr` of `1 << log_entries`
+/// HcaCqe. The device zeroes the new ring, moves the CQEs the driver has not consumed (by
+/// the consumer index in the CQ's doorbell record) to its first slots in order, and sets the
+/// record's consumer index to 0: the driver, holding its CQ's lock across the command,
+/// polls on from index 0 of the new ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdResizeCq {
+    pub ring_addr: u64,
+    pub cqn: u32,
+    pub log_entries: u32,
+}
+abi_struct!(HcaCmdResizeCq, 16);
+
 /// ALLOC_PD input (all zero: a kernel PD).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1047,6 +1063,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_DEREG_MR,
         CMD_CREATE_CQ,
         CMD_DESTROY_CQ,
+        CMD_RESIZE_CQ,
         CMD_CREATE_QP,
         CMD_MODIFY_QP,
         CMD_QUERY_QP,
@@ -1185,6 +1202,7 @@ pub fn layout() -> Vec<(String, u64)> {
         npages, page_shift, flags, rsvd });
     layout_of!(HcaCmdCreateCq => "hca_cmd_create_cq" { ring_addr, log_entries, vector,
         db_offset, rsvd });
+    layout_of!(HcaCmdResizeCq => "hca_cmd_resize_cq" { ring_addr, cqn, log_entries });
     layout_of!(HcaCmdAllocPd => "hca_cmd_alloc_pd" { flags, rsvd });
     layout_of!(HcaCmdCreateQp => "hca_cmd_create_qp" { sq_addr, rq_addr, pdn, send_cqn,
         recv_cqn, qp_type, flags, sq_log_entries, sq_wqe_shift, rq_log_entries,

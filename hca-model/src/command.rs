@@ -88,6 +88,7 @@ impl HcaState {
             CMD_DEREG_MR => self.dev.cmd_dereg_mr(h)?,
             CMD_CREATE_CQ => output(out, &handle(self.dev.cmd_create_cq(&input(mb))?)),
             CMD_DESTROY_CQ => self.dev.cmd_destroy_cq(h)?,
+            CMD_RESIZE_CQ => self.dev.cmd_resize_cq(&input(mb))?,
             CMD_CREATE_QP => output(out, &handle(self.cmd_create_qp(&input(mb))?)),
             CMD_MODIFY_QP => self.cmd_modify_qp(&input(mb))?,
             CMD_QUERY_QP => output(out, &self.cmd_query_qp(h)?),

@@ -207,6 +207,67 @@ impl Device {
         Ok(cqn)
     }
 
+    /// RESIZE_CQ: CQ `a.cqn` goes on in the ring at `a.ring_addr`. The CQEs its driver has
+    /// not consumed (from the consumer index in its doorbell record to the producer index)
+    /// move to the new ring's first slots, in order, and the record's consumer index becomes
+    /// 0. This happens between two CQEs, so none is lost or doubled; the driver holds the
+    /// CQ's lock across the command and polls on from index 0 of the new ring. Too small a
+    /// ring for the unconsumed CQEs is refused (BadParam) and the CQ goes on as it was.
+    pub(crate) fn cmd_resize_cq(&mut self, a: &HcaCmdResizeCq) -> Result<(), CmdError> {
+        if a.log_entries > MAX_CQ_LOG_CQE {
+            return Err(CmdError::BadParam);
+        }
+        let bytes = 32u64 << a.log_entries;
+        if !self.mem.check(a.ring_addr, bytes) {
+            return Err(CmdError::BadAddress);
+        }
+        let cq = self.cqs.get(a.cqn).ok_or(CmdError::BadHandle)?;
+        if cq.error {
+            return Err(CmdError::BadState);
+        }
+        let old_size = 1u32 << cq.log_entries;
+        let ci = self.bar2.load_u32(cq.db);
+        let pending = cq.pi.wrapping_sub(ci);
+        if pending > old_size {
+            // The driver's consumer index is ahead of the device: nothing to move is known.
+            return Err(CmdError::BadState);
+        }
+        if pending > 1u32 << a.log_entries {
+            return Err(CmdError::BadParam);
+        }
+        // Read them all before writing any: the rings may overlap. At most 2 MiB.
+        let mut moved = vec![HcaCqe::default(); pending as usize];
+        for (i, cqe) in (ci..).zip(moved.iter_mut()) {
+            let slot = cq.ring + u64::from(i & (old_size - 1)) * 32;
+            crate::dma::read(self.mem.as_ref(), slot, cqe.as_mut_slice())
+                .map_err(|_| CmdError::BadAddress)?;
+        }
+        let zero = [0u8; 4096];
+        let mut off = 0;
+        while off < bytes {
+            let n = (bytes - off).min(4096);
+            let chunk = zero.get(..n as usize).unwrap_or(&[]);
+            crate::dma::write(self.mem.as_ref(), a.ring_addr + off, chunk)
+                .map_err(|_| CmdError::BadAddress)?;
+            off += n;
+        }
+        let at = CQE_OWNER_OFFSET as usize;
+        for (i, cqe) in (0u32..).zip(moved.iter_mut()) {
+            let owner = owner_bit(i, a.log_entries);
+            cqe.owner = owner ^ 1;
+            let slot = a.ring_addr + u64::from(i) * 32;
+            crate::dma::publish(self.mem.as_ref(), slot, cqe.as_slice(), at, owner)
+                .map_err(|_| CmdError::BadAddress)?;
+        }
+        let cq = self.cqs.get_mut(a.cqn).ok_or(CmdError::BadHandle)?;
+        cq.ring = a.ring_addr;
+        cq.log_entries = a.log_entries;
+        cq.pi = pending;
+        let db = cq.db;
+        self.bar2.store_u32(db, 0);
+        Ok(())
+    }
+
     pub(crate) fn cmd_destroy_cq(&mut self, cqn: u32) -> Result<(), CmdError> {
         match self.cqs.get(cqn) {
             None => Err(CmdError::BadHandle),

@@ -415,6 +415,76 @@ fn test_many_qps_share_one_cq() {
 }
 
 #[test]
+fn test_resize_cq_moves_unpolled_cqes_in_order_and_goes_on_in_the_new_ring() {
+    let mut p = Pair::new(5);
+    let mut cq = p.b.create_cq(2);
+    let (mut qa, mut qb) = p.connect_more((p.cq_a.cqn, cq.cqn), 4, 0);
+    let buf = p.a.alloc(8, 8);
+    let sink = p.b.alloc(8 * 64, 8);
+    let mut send = |p: &mut Pair, qb: &mut QpH, i: u64| {
+        p.b.post_recv(qb, i, &[sge(sink + 8 * i, 8, p.key_b)]);
+        p.a.write(buf, &i.to_le_bytes());
+        p.a.post_send(&mut qa, send_wr(i, WR_SEND, 0), &[sge(buf, 8, p.key_a)]);
+    };
+    for i in 0..3 {
+        send(&mut p, &mut qb, i);
+    }
+    assert_eq!(p.b.poll_cq(&mut cq).map(|c| c.wr_id), Some(0));
+    // Two unpolled CQEs do not fit in a ring of one: refused, and the CQ goes on as it was.
+    assert_eq!(p.b.resize_cq(&mut cq, 0), CMD_BAD_PARAM);
+    let old_ring = (cq.ring, p.b.read(cq.ring, 32 << cq.log));
+    assert_eq!(p.b.resize_cq(&mut cq, 4), CMD_OK);
+    // The new ring holds 16: the two moved and 14 new ones fill it.
+    for i in 3..17 {
+        send(&mut p, &mut qb, i);
+    }
+    let ids: Vec<u64> = p.b.drain_cq(&mut cq).iter().map(|c| c.wr_id).collect();
+    assert_eq!(
+        ids,
+        (1..17).collect::<Vec<_>>(),
+        "moved CQEs first, then new ones"
+    );
+    assert_eq!(
+        p.b.read(old_ring.0, old_ring.1.len()),
+        old_ring.1,
+        "old ring untouched"
+    );
+    // Smaller again, with three CQEs waiting.
+    for i in 17..20 {
+        send(&mut p, &mut qb, i);
+    }
+    assert_eq!(p.b.resize_cq(&mut cq, 2), CMD_OK);
+    let ids: Vec<u64> = p.b.drain_cq(&mut cq).iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [17, 18, 19]);
+    for i in 20..23 {
+        send(&mut p, &mut qb, i);
+        assert_eq!(p.b.poll_cq(&mut cq).map(|c| c.wr_id), Some(i));
+    }
+    for i in 0..23 {
+        assert_eq!(p.b.read(sink + 8 * i, 8), i.to_le_bytes());
+    }
+}
+
+#[test]
+fn test_resize_cq_refuses_a_bad_handle_size_or_ring() {
+    let mut d = Driver::new(None, 8);
+    let mut cq = d.create_cq(3);
+    let mut bad = CqH {
+        cqn: 999,
+        ..d.create_cq(1)
+    };
+    assert_eq!(d.resize_cq(&mut bad, 3), CMD_BAD_HANDLE);
+    assert_eq!(d.resize_cq(&mut cq, MAX_CQ_LOG_CQE + 1), CMD_BAD_PARAM);
+    let a = HcaCmdResizeCq {
+        ring_addr: u64::MAX - 4095,
+        cqn: cq.cqn,
+        log_entries: 3,
+    };
+    assert_eq!(d.cmd(CMD_RESIZE_CQ, &a).0, CMD_BAD_ADDRESS);
+    assert_eq!(d.resize_cq(&mut cq, 5), CMD_OK);
+}
+
+#[test]
 fn test_unsignaled_sends_with_an_occasional_signaled_one() {
     // The paper's section 3.1: unsignaled sends, one signaled WR in 16 reclaims the ring.
     let mut p = Pair::new(5);

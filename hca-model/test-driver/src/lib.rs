@@ -370,6 +370,22 @@ impl<P: Port> Driver<P> {
         })
     }
 
+    /// RESIZE_CQ to a new ring of `log` log2 entries, as a driver does holding its CQ's
+    /// lock: on success the handle polls on from index 0 of the new ring. The status.
+    pub fn resize_cq(&mut self, cq: &mut CqH, log: u32) -> u32 {
+        let ring = self.alloc(32 << log, 64);
+        let a = HcaCmdResizeCq {
+            ring_addr: ring,
+            cqn: cq.cqn,
+            log_entries: log,
+        };
+        let (st, _) = self.cmd(CMD_RESIZE_CQ, &a);
+        if st == CMD_OK {
+            (cq.ring, cq.log, cq.ci) = (ring, log, 0);
+        }
+        st
+    }
+
     pub fn create_cq(&mut self, log: u32) -> CqH {
         self.try_create_cq(log, VEC_COMP_FIRST).expect("create cq")
     }
