@@ -87,6 +87,7 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 			return -ENOMEM;
 	}
 	spin_lock_init(&cq->lock);
+	mutex_init(&cq->resize_lock);
 	cq->vector = HCA_VEC_COMP_FIRST + attr->comp_vector % HCA_IB_NUM_COMP_VECTORS;
 	in.ring_addr = cq->ring_dma;
 	in.log_entries = cq->log_entries;
@@ -147,6 +148,60 @@ int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 	hca_cq_free_ring(dev, cq);
 	return 0;
+}
+
+/*
+ * A process's CQ moves to a new ring (ibv_resize_cq): its provider holds the
+ * CQ's lock across the call, so nothing polls meanwhile; the device moves the
+ * unpolled CQEs to the new ring's first slots and the provider polls on from
+ * index 0 there. The old ring goes when the process unmaps it. Kernel CQs are
+ * not resized: their pollers run in interrupt context, where nothing could
+ * wait out the command, and no kernel consumer asks.
+ */
+int hca_resize_cq(struct ib_cq *ibcq, int entries, struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibcq->device);
+	struct hca_cq *cq = to_hcq(ibcq);
+	struct hca_ucreate_cq_resp resp = {};
+	struct hca_cmd_resize_cq in = {};
+	struct hca_wq ring = {}, old = {};
+	u32 log;
+	int err;
+
+	if (!udata || !cq->uc)
+		return -EOPNOTSUPP;
+	if (entries < 1 || entries > (1 << HCA_MAX_CQ_LOG_CQE))
+		return -EINVAL;
+	log = max(order_base_2(entries), 1);
+	mutex_lock(&cq->resize_lock);
+	ring.ring_bytes = sizeof(struct hca_cqe) << log;
+	err = hca_wq_alloc_user(dev, cq->uc, &ring, &resp.ring_mmap_offset);
+	if (err)
+		goto out;
+	in.ring_addr = ring.ring_dma;
+	in.cqn = cq->cqn;
+	in.log_entries = log;
+	/* Too small for the CQEs not yet polled: -EINVAL, and nothing moved. */
+	err = hca_cmd(dev, HCA_CMD_RESIZE_CQ, &in, sizeof(in), NULL, 0);
+	if (err) {
+		hca_wq_free_user(&ring);
+		goto out;
+	}
+	old.mmap = cq->mmap;
+	cq->ring = ring.ring;
+	cq->ring_dma = ring.ring_dma;
+	cq->ring_bytes = ring.ring_bytes;
+	cq->mmap = ring.mmap;
+	cq->log_entries = log;
+	ibcq->cqe = 1 << log;
+	hca_wq_free_user(&old);
+	resp.cqn = cq->cqn;
+	resp.log_entries = log;
+	resp.db_slot = cq->db_slot;
+	err = ib_copy_to_udata(udata, &resp, min(sizeof(resp), udata->outlen));
+out:
+	mutex_unlock(&cq->resize_lock);
+	return err;
 }
 
 static struct hca_cqe *hca_next_cqe(struct hca_cq *cq)

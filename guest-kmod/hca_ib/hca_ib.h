@@ -207,6 +207,8 @@ struct hca_cq {
 	/* A process's CQ: the ring is mapped by it, which alone polls it. */
 	struct hca_ucontext *uc;
 	int db_slot;
+	/* Guards ring, log_entries and mmap against two resizes at once. */
+	struct mutex resize_lock;
 	struct rdma_user_mmap_entry *mmap;
 };
 
@@ -347,6 +349,7 @@ int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 u32 hca_mr_access(int access);
 
 /* cq.c */
+int hca_resize_cq(struct ib_cq *ibcq, int entries, struct ib_udata *udata);
 int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 		  hcab_create_cq_arg *arg);
 int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);

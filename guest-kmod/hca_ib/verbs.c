@@ -281,6 +281,7 @@ const struct ib_device_ops hca_dev_ops = {
 	.dereg_mr = hca_dereg_mr,
 	.create_cq = hca_create_cq,
 	.destroy_cq = hca_destroy_cq,
+	.resize_cq = hca_resize_cq,
 	.poll_cq = hca_poll_cq,
 	.req_notify_cq = hca_req_notify_cq,
 	.create_qp = hca_create_qp,

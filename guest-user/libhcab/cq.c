@@ -101,6 +101,50 @@ int hcab_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
+/*
+ * ibv_resize_cq: the kernel makes a new ring and the device moves the CQEs
+ * not yet polled (by the consumer index in the CQ's record) to its first
+ * slots; polling goes on from index 0 there. cq->lock is held throughout so
+ * that no poll runs meanwhile. Should the new ring fail to map, the CQ is
+ * lost to this process (the device fills a ring it cannot see): the error
+ * says so, and destroy_cq still works.
+ */
+int hcab_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	struct hcab_context *ctx = to_hctx(ibcq->context);
+	struct hcab_cq *cq = to_hcq(ibcq);
+	struct hcab_resize_cq_resp resp = {};
+	struct ibv_resize_cq cmd = {};
+	struct hca_cqe *ring;
+	size_t map_bytes;
+	int err;
+
+	pthread_spin_lock(&cq->lock);
+	mmio_write32((char *)cq->db + offsetof(struct hca_cq_db, ci), cq->ci);
+	err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), &resp.ibv_resp,
+				sizeof(resp));
+	if (err)
+		goto out;
+	err = EIO;
+	if (resp.drv.log_entries > HCA_MAX_CQ_LOG_CQE)
+		goto out;
+	ring = hcab_mmap(ctx, resp.drv.ring_mmap_offset,
+			 sizeof(struct hca_cqe) << resp.drv.log_entries,
+			 &map_bytes);
+	err = errno;
+	if (!ring)
+		goto out;
+	munmap(cq->ring, cq->map_bytes);
+	cq->ring = ring;
+	cq->map_bytes = map_bytes;
+	cq->log_entries = resp.drv.log_entries;
+	cq->ci = 0;
+	err = 0;
+out:
+	pthread_spin_unlock(&cq->lock);
+	return err;
+}
+
 static struct hca_cqe *hcab_cqe_at(struct hcab_cq *cq, uint32_t idx)
 {
 	struct hca_cqe *cqe = &cq->ring[idx & ((1u << cq->log_entries) - 1)];

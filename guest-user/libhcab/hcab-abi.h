@@ -23,6 +23,12 @@ struct hcab_create_cq_resp {
 	struct hca_ucreate_cq_resp drv;
 };
 
+/* resize_cq answers as create_cq does, for the new ring. */
+struct hcab_resize_cq_resp {
+	struct ib_uverbs_resize_cq_resp ibv_resp;
+	struct hca_ucreate_cq_resp drv;
+};
+
 struct hcab_create_qp {
 	struct ibv_create_qp ibv_cmd;
 	struct hca_ucreate_qp drv;
@@ -47,6 +53,7 @@ struct hcab_create_srq_resp {
 		       sizeof(((struct t *)0)->ibv_resp), #t)
 HCAB_RESP_CHECK(hcab_get_context_resp);
 HCAB_RESP_CHECK(hcab_create_cq_resp);
+HCAB_RESP_CHECK(hcab_resize_cq_resp);
 HCAB_RESP_CHECK(hcab_create_qp_resp);
 HCAB_RESP_CHECK(hcab_create_srq_resp);
 

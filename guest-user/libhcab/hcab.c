@@ -108,6 +108,7 @@ static const struct verbs_context_ops hcab_ctx_ops = {
 	.poll_cq = hcab_poll_cq,
 	.post_recv = hcab_post_recv,
 	.post_send = hcab_post_send,
+	.resize_cq = hcab_resize_cq,
 	.post_srq_recv = hcab_post_srq_recv,
 	.query_device_ex = hcab_query_device_ex,
 	.query_port = hcab_query_port,

@@ -258,6 +258,7 @@ struct ibv_cq *hcab_create_cq(struct ibv_context *ibctx, int cqe,
 struct ibv_cq_ex *hcab_create_cq_ex(struct ibv_context *ibctx,
 				    struct ibv_cq_init_attr_ex *attr);
 int hcab_destroy_cq(struct ibv_cq *ibcq);
+int hcab_resize_cq(struct ibv_cq *ibcq, int cqe);
 int hcab_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc);
 int hcab_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
 void hcab_cq_clean(struct hcab_cq *cq, struct hcab_qp *qp, bool destroyed);

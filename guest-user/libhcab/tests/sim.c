@@ -339,6 +339,37 @@ int ibv_cmd_destroy_cq(struct ibv_cq *cq)
 	return 0;
 }
 
+/* hca_ib's resize_cq and the device's RESIZE_CQ in one. */
+int ibv_cmd_resize_cq(struct ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd,
+		      size_t cmd_size, struct ib_uverbs_resize_cq_resp *resp,
+		      size_t resp_size)
+{
+	struct hcab_resize_cq_resp *r = (void *)resp;
+	uint32_t cqn = to_hcq(cq)->cqn, i, log, pending;
+	struct dcq *d = &dcqs[cqn];
+	struct hca_cqe *ring;
+
+	CHECK(resp_size == sizeof(*r));
+	log = order_base_2(cqe) ? order_base_2(cqe) : 1;
+	pending = d->pi - d->rec->ci;
+	if (pending > 1u << log)
+		return EINVAL;
+	ring = dev_ring(sizeof(struct hca_cqe) << log, &r->drv.ring_mmap_offset);
+	for (i = 0; i < pending; i++) {
+		ring[i] = d->ring[(d->rec->ci + i) & ((1u << d->log) - 1)];
+		ring[i].owner = hca_owner_bit(i, log);
+	}
+	d->ring = ring;
+	d->log = log;
+	d->pi = pending;
+	d->rec->ci = 0;
+	r->drv.cqn = cqn;
+	r->drv.log_entries = log;
+	r->drv.db_slot = cqn;
+	cq->cqe = 1 << log;
+	return 0;
+}
+
 int ibv_cmd_create_srq(struct ibv_pd *pd, struct ibv_srq *srq,
 		       struct ibv_srq_init_attr *attr,
 		       struct ibv_create_srq *cmd, size_t cmd_size,
@@ -897,6 +928,38 @@ static void test_destroy_drops_cqes(void)
 	      hcab_destroy_cq(rcq) == 0);
 }
 
+/* ibv_resize_cq keeps the CQEs not yet polled, in order, and goes on. */
+static void test_resize_cq(void)
+{
+	struct ibv_cq *scq = make_cq(16), *rcq = make_cq(4);
+	struct ibv_qp *a = make_qp(IBV_QPT_RC, scq, scq, NULL, 16, 0);
+	struct ibv_qp *b = make_qp(IBV_QPT_RC, rcq, rcq, NULL, 16, 0);
+	char buf[16][8];
+	int i;
+
+	pair_up(a, b);
+	for (i = 0; i < 3; i++) {
+		CHECK(post_recv(b, 100 + i, buf[i], 8) == 0);
+		CHECK(send1(a, i, IBV_WR_SEND, 0, "x", 1) == 0);
+	}
+	dev_run();
+	/* Three CQEs wait: a ring of two is too small, and nothing changes. */
+	CHECK(hcab_resize_cq(rcq, 2) == EINVAL);
+	CHECK(poll1(rcq).wr_id == 100);
+	CHECK(hcab_resize_cq(rcq, 16) == 0);
+	CHECK(rcq->cqe == 16 && to_hcq(rcq)->log_entries == 4);
+	for (i = 3; i < 14; i++) {
+		CHECK(post_recv(b, 100 + i, buf[i], 8) == 0);
+		CHECK(send1(a, i, IBV_WR_SEND, 0, "x", 1) == 0);
+	}
+	dev_run();
+	for (i = 1; i < 14; i++)
+		CHECK(poll1(rcq).wr_id == (uint64_t)100 + i);
+	expect_empty(rcq);
+	CHECK(hcab_destroy_qp(a) == 0 && hcab_destroy_qp(b) == 0);
+	CHECK(hcab_destroy_cq(scq) == 0 && hcab_destroy_cq(rcq) == 0);
+}
+
 /* RESET drops the QP's CQEs and starts its indices again. */
 static void test_reset_restarts_indices(void)
 {
@@ -1119,6 +1182,7 @@ int main(void)
 	test_ud_through_ah();
 	test_arm_word();
 	test_extended_qp_and_cq();
+	test_resize_cq();
 	fprintf(stderr, "sim: all data-path checks passed\n");
 	return 0;
 }
