@@ -24,9 +24,8 @@ const MIN_TESTS: usize = 250;
 
 /// Why hcab0 may skip a test rxe0 passes: the start of the suite's skip reason, and the
 /// feature hcab0 lacks (each in docs/user-verbs.md and the README).
-const ABSENT: [(&str, &str); 6] = [
+const ABSENT: [(&str, &str); 5] = [
     ("Create UC QP", "unreliable connected QPs"),
-    ("Resize CQ is not supported", "ibv_resize_cq"),
     ("Reg MR with MW access is not supported", "memory windows"),
     ("Create memory window", "memory windows"),
     // IBV_ACCESS_MW_BIND among them.
