@@ -3,7 +3,7 @@
 //! through ib_uverbs and our provider (guest-user/libhcab, libhcab-rdmav34.so): ibv_devinfo
 //! shows the port, the ibv_*_pingpong tools move checked data over RC, UD and an SRQ,
 //! rping's pattern arrives intact, and perftest's latency, bandwidth and atomic tests report
-//! what they ran. The same tools run first on SoftRoCE (rxe0, over a virtio-net link between
+//! what they ran. The same tools run then on SoftRoCE (rxe0, over a virtio-net link between
 //! the guests) as a control: it shows that the image's userland works whatever hcab0 does.
 //! Node 1 serves, node 2 is the client, and the tools exchange their addresses over IPoIB
 //! (ib0, 10.78.0.k). One booted pair serves every check; each check names its exact command,
@@ -544,109 +544,6 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         },
     );
 
-    // The kernel loads a module it asks for through /sbin/modprobe: `rdma link add ...
-    // type rxe` with rdma_rxe unloaded brings it back (as rdma-link-rxe).
-    checks.run(
-        &mut tb,
-        "rdma link add rxe0 type rxe netdev eth0 (rdma_rxe unloaded)",
-        |tb| {
-            let out = tb.agents[1]
-                .run(
-                    "rdma link delete rxe0 && rmmod rdma_rxe && rdma link add rxe0 type rxe \
-                 netdev eth0 && for i in $(seq 100); do \
-                 [ \"$(cat /sys/class/infiniband/rxe0/ports/1/state)\" = '4: ACTIVE' ] && \
-                 break; sleep 0.1; done; grep -c '^rdma_rxe ' /proc/modules; \
-                 cat /sys/class/infiniband/rxe0/ports/1/state",
-                    T,
-                )
-                .map_err(|e| e.to_string())?;
-            ensure!(
-                out.contains("1\n4: ACTIVE"),
-                "rdma_rxe or rxe0 not back:\n{out}"
-            );
-            Ok("rdma_rxe loaded by the kernel, rxe0 ACTIVE again".into())
-        },
-    );
-
-    // The control: rdma-core's tools on SoftRoCE (RoCE v2: the GID index of each node's
-    // IPv4 address; LIDs are 0).
-    let gids = ["::ffff:10.77.0.1", "::ffff:10.77.0.2"];
-    let gix = (0..2)
-        .map(|i| rxe_gid_index(&mut tb, i))
-        .collect::<Result<Vec<_>, _>>();
-    match gix {
-        Ok(g) if g[0] == g[1] => {
-            let gx = g[0];
-            checks.run(&mut tb, "rxe0: ibv_devinfo -v", |tb| {
-                let out = tb.agents[0]
-                    .run("ibv_devinfo -v", T)
-                    .map_err(|e| e.to_string())?;
-                let Some(sec) = devinfo_section(&out, "rxe0") else {
-                    return fail(format!("no rxe0:\n{out}"));
-                };
-                ensure!(
-                    devinfo_value(sec, "transport") == Some("InfiniBand (0)")
-                        && devinfo_value(sec, "state") == Some("PORT_ACTIVE (4)")
-                        && devinfo_value(sec, "link_layer") == Some("Ethernet"),
-                    "rxe0 is not an active RoCE port:\n{sec}"
-                );
-                Ok("rxe0: transport InfiniBand, PORT_ACTIVE, link layer Ethernet".into())
-            });
-            for (cmd, iters, size) in [
-                (
-                    format!("ibv_rc_pingpong -d rxe0 -g {gx} -c -n 200"),
-                    200,
-                    Some(4096),
-                ),
-                (
-                    format!("ibv_ud_pingpong -d rxe0 -g {gx} -c -n 100"),
-                    100,
-                    None,
-                ),
-                (
-                    format!("ibv_srq_pingpong -d rxe0 -g {gx} -c -n 100"),
-                    100,
-                    Some(4096),
-                ),
-            ] {
-                checks.run(
-                    &mut tb,
-                    &format!("rxe0: {cmd} [server] / {cmd} {SERVER_IB0}"),
-                    |tb| {
-                        let p = pair(tb, &cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
-                        pingpong_ok(&p, iters, size, [0, 0], Some(gids))
-                    },
-                );
-            }
-            checks.run(
-                &mut tb,
-                &format!("rxe0: rping -s -a {SERVER_ETH0} -v -C 20 / rping -c -a {SERVER_ETH0} -v -V -C 20"),
-                |tb| {
-                    let p = pair(
-                        tb,
-                        &format!("rping -s -a {SERVER_ETH0} -v -C 20"),
-                        &format!("rping -c -a {SERVER_ETH0} -v -V -C 20"),
-                        Listen::RdmaCm,
-                    )?;
-                    rping_ok(&p, 20)
-                },
-            );
-            checks.run(&mut tb, "rxe0: ib_send_lat -d rxe0 -s 8 -n 200", |tb| {
-                let cmd = "ib_send_lat -d rxe0 -s 8 -n 200";
-                let p = perftest_pair(tb, cmd)?;
-                perftest_lat_ok(&p, 8, 200)
-            });
-            checks.run(&mut tb, "rxe0: ib_write_bw -d rxe0 -s 65536 -n 100", |tb| {
-                let cmd = "ib_write_bw -d rxe0 -s 65536 -n 100";
-                let p = perftest_pair(tb, cmd)?;
-                perftest_bw_ok(&p, 65536, 100)
-            });
-        }
-        other => checks
-            .failed
-            .push(format!("rxe0: the nodes' IPv4 GID indexes: {other:?}")),
-    }
-
     // hcab0, through ib_uverbs and our provider. LIDs are the nodes' (node k has LID k).
     let lids = [1u16, 2];
     let why = |tb: &mut Testbed| {
@@ -834,6 +731,110 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         ensure!(passed >= 60, "only {passed} checks ran:\n{out}");
         Ok(summary.to_string())
     });
+
+    // The kernel loads a module it asks for through /sbin/modprobe: `rdma link add ...
+    // type rxe` with rdma_rxe unloaded brings it back (as rdma-link-rxe).
+    checks.run(
+        &mut tb,
+        "rdma link add rxe0 type rxe netdev eth0 (rdma_rxe unloaded)",
+        |tb| {
+            let out = tb.agents[1]
+                .run(
+                    "rdma link delete rxe0 && rmmod rdma_rxe && rdma link add rxe0 type rxe \
+                 netdev eth0 && for i in $(seq 100); do \
+                 [ \"$(cat /sys/class/infiniband/rxe0/ports/1/state)\" = '4: ACTIVE' ] && \
+                 break; sleep 0.1; done; grep -c '^rdma_rxe ' /proc/modules; \
+                 cat /sys/class/infiniband/rxe0/ports/1/state",
+                    T,
+                )
+                .map_err(|e| e.to_string())?;
+            ensure!(
+                out.contains("1\n4: ACTIVE"),
+                "rdma_rxe or rxe0 not back:\n{out}"
+            );
+            Ok("rdma_rxe loaded by the kernel, rxe0 ACTIVE again".into())
+        },
+    );
+
+    // The control: rdma-core's tools on SoftRoCE (RoCE v2: the GID index of each node's
+    // IPv4 address; LIDs are 0). After hcab0's checks, so that a guest SoftRoCE takes down
+    // (it has, under TCG) leaves those already run.
+    let gids = ["::ffff:10.77.0.1", "::ffff:10.77.0.2"];
+    let gix = (0..2)
+        .map(|i| rxe_gid_index(&mut tb, i))
+        .collect::<Result<Vec<_>, _>>();
+    match gix {
+        Ok(g) if g[0] == g[1] => {
+            let gx = g[0];
+            checks.run(&mut tb, "rxe0: ibv_devinfo -v", |tb| {
+                let out = tb.agents[0]
+                    .run("ibv_devinfo -v", T)
+                    .map_err(|e| e.to_string())?;
+                let Some(sec) = devinfo_section(&out, "rxe0") else {
+                    return fail(format!("no rxe0:\n{out}"));
+                };
+                ensure!(
+                    devinfo_value(sec, "transport") == Some("InfiniBand (0)")
+                        && devinfo_value(sec, "state") == Some("PORT_ACTIVE (4)")
+                        && devinfo_value(sec, "link_layer") == Some("Ethernet"),
+                    "rxe0 is not an active RoCE port:\n{sec}"
+                );
+                Ok("rxe0: transport InfiniBand, PORT_ACTIVE, link layer Ethernet".into())
+            });
+            for (cmd, iters, size) in [
+                (
+                    format!("ibv_rc_pingpong -d rxe0 -g {gx} -c -n 200"),
+                    200,
+                    Some(4096),
+                ),
+                (
+                    format!("ibv_ud_pingpong -d rxe0 -g {gx} -c -n 100"),
+                    100,
+                    None,
+                ),
+                (
+                    format!("ibv_srq_pingpong -d rxe0 -g {gx} -c -n 100"),
+                    100,
+                    Some(4096),
+                ),
+            ] {
+                checks.run(
+                    &mut tb,
+                    &format!("rxe0: {cmd} [server] / {cmd} {SERVER_IB0}"),
+                    |tb| {
+                        let p = pair(tb, &cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
+                        pingpong_ok(&p, iters, size, [0, 0], Some(gids))
+                    },
+                );
+            }
+            checks.run(
+                &mut tb,
+                &format!("rxe0: rping -s -a {SERVER_ETH0} -v -C 20 / rping -c -a {SERVER_ETH0} -v -V -C 20"),
+                |tb| {
+                    let p = pair(
+                        tb,
+                        &format!("rping -s -a {SERVER_ETH0} -v -C 20"),
+                        &format!("rping -c -a {SERVER_ETH0} -v -V -C 20"),
+                        Listen::RdmaCm,
+                    )?;
+                    rping_ok(&p, 20)
+                },
+            );
+            checks.run(&mut tb, "rxe0: ib_send_lat -d rxe0 -s 8 -n 200", |tb| {
+                let cmd = "ib_send_lat -d rxe0 -s 8 -n 200";
+                let p = perftest_pair(tb, cmd)?;
+                perftest_lat_ok(&p, 8, 200)
+            });
+            checks.run(&mut tb, "rxe0: ib_write_bw -d rxe0 -s 65536 -n 100", |tb| {
+                let cmd = "ib_write_bw -d rxe0 -s 65536 -n 100";
+                let p = perftest_pair(tb, cmd)?;
+                perftest_bw_ok(&p, 65536, 100)
+            });
+        }
+        other => checks
+            .failed
+            .push(format!("rxe0: the nodes' IPv4 GID indexes: {other:?}")),
+    }
 
     // A guest that died (its shell socket broke) fails every later check: its console's
     // end says why (a panic's lines reach it).
