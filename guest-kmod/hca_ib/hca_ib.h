@@ -115,9 +115,14 @@ struct hca_dev {
 	struct mutex pma_mutex;
 	u64 pma_base[HCA_IB_PMA_FIELDS];
 
-	/* User contexts (uverbs.c): whether they may open, and their UARs. */
+	/*
+	 * User contexts (uverbs.c): whether they may open, their UARs, and
+	 * how many QPs, CQs and SRQs (by enum hca_uar_kind) all processes
+	 * hold together.
+	 */
 	bool user_verbs;
 	struct ida uar_ida;
+	atomic_t user_objs[3];
 
 	/*
 	 * Send-doorbell rings (HCA_CAP_SQ_RING, post.c): a CPU names each QP

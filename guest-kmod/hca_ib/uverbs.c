@@ -175,7 +175,24 @@ int hca_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	return err;
 }
 
-/* A free slot of a kind in the context's UAR; its record's BAR2 offset. */
+/*
+ * The share of the device's QPs, CQs and SRQs that processes may hold
+ * together. The rest stays the kernel's: a process that hoards queues (two
+ * contexts' UAR slots are all of the device's CQs) must not leave IPoIB,
+ * NVMe-oF or rdma_cm's other ULPs without them.
+ */
+static unsigned int user_share = 75;
+module_param(user_share, uint, 0644);
+MODULE_PARM_DESC(user_share,
+		 "percent of the device's QPs, CQs and SRQs all processes together may hold (default 75)");
+
+static_assert(HCA_UAR_KINDS == ARRAY_SIZE(((struct hca_dev *)0)->user_objs));
+
+/*
+ * A free slot of a kind in the context's UAR; its record's BAR2 offset.
+ * Every process's QP, CQ and SRQ takes one, so the user share is counted
+ * here too.
+ */
 int hca_uar_slot_get(struct hca_ucontext *uc, enum hca_uar_kind kind,
 		     u32 *db_offset)
 {
@@ -183,16 +200,25 @@ int hca_uar_slot_get(struct hca_ucontext *uc, enum hca_uar_kind kind,
 				     HCA_UAR_SRQ_OFFSET };
 	static const u32 count[] = { HCA_UAR_QP_SLOTS, HCA_UAR_CQ_SLOTS,
 				     HCA_UAR_SRQ_SLOTS };
+	static const u32 table[] = { HCA_MAX_QP, HCA_MAX_CQ, HCA_MAX_SRQ };
+	struct hca_dev *dev = to_hdev(uc->ibuc.device);
+	u32 limit = table[kind] * min(READ_ONCE(user_share), 100U) / 100;
 	unsigned long *map = uc->slots[kind];
 	u32 slot;
 
+	if (atomic_inc_return(&dev->user_objs[kind]) > limit) {
+		atomic_dec(&dev->user_objs[kind]);
+		return -ENOMEM;
+	}
 	mutex_lock(&uc->slot_lock);
 	slot = find_first_zero_bit(map, count[kind]);
 	if (slot < count[kind])
 		set_bit(slot, map);
 	mutex_unlock(&uc->slot_lock);
-	if (slot >= count[kind])
+	if (slot >= count[kind]) {
+		atomic_dec(&dev->user_objs[kind]);
 		return -ENOMEM;
+	}
 	*db_offset = HCA_BAR2_UAR_OFFSET + uc->uar * HCA_UAR_SIZE +
 		     first[kind] + slot * 8;
 	return slot;
@@ -204,6 +230,7 @@ void hca_uar_slot_put(struct hca_ucontext *uc, enum hca_uar_kind kind,
 	mutex_lock(&uc->slot_lock);
 	clear_bit(slot, uc->slots[kind]);
 	mutex_unlock(&uc->slot_lock);
+	atomic_dec(&to_hdev(uc->ibuc.device)->user_objs[kind]);
 }
 
 int hca_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata)
