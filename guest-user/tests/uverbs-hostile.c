@@ -29,6 +29,9 @@
  *     mmap of offsets that are not (or no longer) the process's
  *   6 another process: clean 4 KiB ping-pong while 3 and 4 run
  *   7 a process killed mid-traffic; a new context afterwards
+ *   8 hoarding: CQs from two contexts stop at hca_ib's user share of the
+ *     device, and meanwhile the kernel still makes its own (an IPoIB
+ *     child interface of ib0)
  *
  * Environment: HOSTILE_DEV (device, default hcab0), HOSTILE_SEED (the
  * random seed; printed), HOSTILE_PINGPONG (check 6's minimum of round
@@ -2452,6 +2455,87 @@ after:
 
 /* ------------------------------------------------------------------ */
 
+/* Writes `text` to a sysfs file: 0, or the errno of the write. */
+static int sysfs_write(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	int err = 0;
+
+	if (!f)
+		return errno;
+	if (fputs(text, f) == EOF)
+		err = errno;
+	if (fclose(f) && !err)
+		err = errno;
+	return err;
+}
+
+/*
+ * 8: CQs are the device's scarcest queues (two contexts' UAR slots are all
+ * of them). A process that takes what it can stops at hca_ib's user share,
+ * whatever others hold, and the kernel keeps the rest: an IPoIB child
+ * interface (two CQs and a QP of ib_ipoib's) comes up while the hoard lasts.
+ */
+static void check_hoard(void)
+{
+	static const char child[] = "/sys/class/net/ib0/create_child";
+	struct ibv_cq *cqs[2 * HCA_UAR_CQ_SLOTS];
+	char why[WHY_LEN] = "", detail[WHY_LEN];
+	unsigned int share = 75, limit, n = 0, i, k;
+	struct dev d[2] = {};
+	int err = 0;
+	FILE *f;
+	bool ok;
+
+	f = fopen("/sys/module/hca_ib/parameters/user_share", "r");
+	if (f) {
+		if (fscanf(f, "%u", &share) != 1)
+			share = 75;
+		fclose(f);
+	}
+	limit = HCA_MAX_CQ * (share > 100 ? 100 : share) / 100;
+	for (k = 0; k < 2 && !err; k++) {
+		if (dev_open(&d[k], why)) {
+			result("8.hoard.cq", false, why);
+			goto out;
+		}
+		err = 0;
+		while (n < sizeof(cqs) / sizeof(cqs[0])) {
+			cqs[n] = ibv_create_cq(d[k].ctx, 1, NULL, NULL, 0);
+			if (!cqs[n]) {
+				err = errno;
+				break;
+			}
+			n++;
+		}
+		/* The first context runs out of UAR slots: go on. */
+		if (k == 0 && n == HCA_UAR_CQ_SLOTS)
+			err = 0;
+	}
+	/* Others (this process's other contexts, its children) hold a few. */
+	ok = err == ENOMEM && n <= limit && n >= limit / 2;
+	snprintf(detail, sizeof(detail),
+		 "%u CQs, then %s; the share is %u%% of %u, %u", n,
+		 strerror(err), share, HCA_MAX_CQ, limit);
+	result("8.hoard.cq", ok, detail);
+	if (access(child, W_OK)) {
+		printf("SKIP 8.hoard.kernel: no %s (ib_ipoib not loaded)\n",
+		       child);
+		goto out;
+	}
+	err = sysfs_write(child, "0x7ffe");
+	snprintf(detail, sizeof(detail), "%s", err ? strerror(err) :
+		 "ib0.7ffe made with the hoard held");
+	result("8.hoard.kernel", !err, detail);
+	if (!err)
+		sysfs_write("/sys/class/net/ib0/delete_child", "0x7ffe");
+out:
+	for (i = 0; i < n; i++)
+		ibv_destroy_cq(cqs[i]);
+	dev_close(&d[0]);
+	dev_close(&d[1]);
+}
+
 static struct child kids[2];
 
 static void watchdog(int sig)
@@ -2517,6 +2601,7 @@ int main(int argc, char **argv)
 
 	check_stale_mapping(&e);
 	check_kill(&e, killee);
+	check_hoard();
 
 	env_fini(&e);
 	alarm(0);
