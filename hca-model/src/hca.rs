@@ -274,6 +274,9 @@ pub(crate) struct Device {
     pub port_caps: Arc<AtomicU32>,
     /// Host bytes that every QP's WRs in flight hold (each QP's `InFlight` keeps it).
     pub held: Arc<AtomicUsize>,
+    /// QPs whose send queues wait for `held` to fall below `MAX_IN_FLIGHT_BYTES`, each once
+    /// (`Qp::mem_waits`); the end of a turn that finds it so wakes them.
+    pub mem_waiters: Vec<u32>,
     /// Gather lists of completed messages, for the next ones.
     pub gathers: crate::packet::GatherPool,
     /// The port's P_Keys, as the fabric's subnet manager set them.
@@ -289,6 +292,23 @@ impl HcaState {
             sq_hints: vec![SqHint::Look; MAX_QP as usize],
             sq_rings: Default::default(),
         }
+    }
+
+    /// The device holds less than its bound again: the send queues that waited for it
+    /// look again (in the next turn; each that finds it spent waits again).
+    #[cold]
+    fn wake_mem_waiters(&mut self) {
+        for qpn in std::mem::take(&mut self.dev.mem_waiters) {
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                if std::mem::take(&mut qp.mem_waits) {
+                    qp.sq_waits = false;
+                }
+            }
+            if let Some(h) = self.sq_hints.get_mut(qpn as usize) {
+                *h = SqHint::Look;
+            }
+        }
+        self.dev.more_work = true;
     }
 
     fn doorbell(&mut self, class: u32) {
@@ -336,6 +356,7 @@ impl Device {
             link_down: false,
             port_caps: Arc::default(),
             held: Arc::default(),
+            mem_waiters: Vec::new(),
             turn_left: WORK_PER_TURN,
             more_work: false,
             qps_in_error: Vec::new(),
@@ -509,7 +530,7 @@ impl Device {
 }
 
 /// The longest piece of a message the fabric moves as one item (see `transmit_train`).
-const PIECE_BYTES: u32 = 1 << 20;
+pub(crate) const PIECE_BYTES: u32 = 1 << 20;
 
 /// How much one turn under the device lock may do: WQEs executed, page-list entries read
 /// (a fast registration), gather records made (a message over a repeated-page MR). A guest
@@ -629,6 +650,11 @@ impl Shared {
             st.dev.turn_left = WORK_PER_TURN;
             st.dev.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
             let r = f(&mut st);
+            if !st.dev.mem_waiters.is_empty()
+                && st.dev.held.load(Ordering::Relaxed) < MAX_IN_FLIGHT_BYTES
+            {
+                st.wake_mem_waiters();
+            }
             // Any turn but a delivery with more behind it ends a burst: its ACKs go now.
             if !std::mem::take(&mut st.dev.hold_acks) && !st.dev.held_acks.is_empty() {
                 st.send_held_acks();

@@ -52,4 +52,5 @@ pub use fabric::{
     Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
 };
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};
+pub use qp::WR_FIXED_BYTES;
 pub use status::{CmdError, WcError};

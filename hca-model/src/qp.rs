@@ -73,12 +73,21 @@ pub(crate) struct Pending {
     pub reread_from: Option<u32>,
 }
 
-/// Host bytes a WR holds while in flight beyond its fixed share (its `Pending`, its
-/// request's headers and gather record, which the send window bounds as it bounds the
-/// WRs): its request's owned payload bytes, and the records of a gather or scatter list too
-/// long to be kept inline (a list of one or two pieces lives in that fixed share, as a
-/// small payload lives in its packet). So an ordinary WRITE or READ holds nothing here,
-/// and its WR touches no device-wide count.
+/// Host bytes every WR in flight holds whatever its size: its `Pending` and its request
+/// as sent (headers, a small payload) in the QP's queues, and the shared gather record
+/// its payload refers to. A send window bounds them per QP, but not per device (1024 QPs
+/// of 16K slots: 16M WRs, gigabytes), so they count against the device's bound too.
+pub const WR_FIXED_BYTES: usize = std::mem::size_of::<(Pending, usize)>()
+    + std::mem::size_of::<Option<Packet>>()
+    + std::mem::size_of::<crate::packet::Gather>()
+    + 2 * std::mem::size_of::<usize>();
+
+/// Host bytes a WR holds while in flight: its fixed share ([`WR_FIXED_BYTES`]), its
+/// request's owned payload bytes, and the records of a gather or scatter list too long to
+/// be kept inline (a list of one or two pieces lives in that fixed share, as a small
+/// payload lives in its packet). A message sent in pieces (longer than `PIECE_BYTES`)
+/// counts its records twice: each time it is sent (a retransmission too) its pieces carry
+/// lists of their own, as many records again, until the fabric has moved them.
 fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
     let records = |l: &crate::packet::SegList| {
         if l.spilled() {
@@ -89,14 +98,17 @@ fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
     };
     let request = match request.map(|r| &r.payload) {
         Some(crate::packet::Payload::Bytes(b)) => b.len(),
-        Some(crate::packet::Payload::Dma(g)) => records(&g.segs),
+        Some(payload @ crate::packet::Payload::Dma(g)) => {
+            let pieces = payload.len() > crate::hca::PIECE_BYTES;
+            records(&g.segs) << u8::from(pieces)
+        }
         _ => 0,
     };
     let dst = match &p.kind {
         PendKind::Read { dst, .. } => records(dst),
         _ => 0,
     };
-    request + dst
+    WR_FIXED_BYTES + request + dst
 }
 
 /// The WRs a QP has sent and not yet completed, in send order, with what they hold: the
@@ -159,10 +171,7 @@ impl InFlight {
         let (r, f) = Self::counts(&p);
         let b = host_bytes(&p, request.as_ref());
         (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
-        // Most WRs hold nothing (a small payload rides in its packet): no atomic for them.
-        if b != 0 {
-            self.device_bytes.fetch_add(b, Ordering::Relaxed);
-        }
+        self.device_bytes.fetch_add(b, Ordering::Relaxed);
         self.list.push_back((p, b));
         self.requests.push_back(request);
     }
@@ -188,9 +197,7 @@ impl InFlight {
         self.reads -= r;
         self.fenced -= f;
         self.bytes -= b;
-        if *b != 0 {
-            self.device_bytes.fetch_sub(*b, Ordering::Relaxed);
-        }
+        self.device_bytes.fetch_sub(*b, Ordering::Relaxed);
     }
 
     /// Empties the list (flush, reset), oldest first.
@@ -242,11 +249,6 @@ impl InFlight {
     pub fn fenced(&self) -> usize {
         self.fenced
     }
-
-    /// Host bytes held (see [`Pending::host_bytes`]).
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
 }
 
 impl Drop for InFlight {
@@ -294,6 +296,9 @@ pub(crate) struct Qp {
     /// a FENCE waits for earlier READs/atomics, or a limit is reached (the send window, the
     /// READ/atomic credits, the device's in-flight memory bound).
     pub sq_waits: bool,
+    /// It waited for the device's in-flight memory bound, and is in `Device::mem_waiters`
+    /// (once): the turn that finds the device below its bound again wakes it.
+    pub mem_waits: bool,
     /// Created with QP_FLAG_SQ_RING: a send-doorbell ring names it (see `sq_ring`).
     pub sq_named: bool,
     pub retry: Retry,
@@ -538,6 +543,7 @@ impl HcaState {
             next_psn: 0,
             pending: InFlight::new(dev.held.clone()),
             sq_waits: false,
+            mem_waits: false,
             sq_named: a.flags & QP_FLAG_SQ_RING != 0,
             retry: Retry::default(),
             epsn: 0,

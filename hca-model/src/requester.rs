@@ -177,6 +177,9 @@ impl QpEngine<'_> {
                 self.qp.sq_waits = true;
                 return;
             }
+            if self.dev.held.load(Ordering::Relaxed) >= MAX_IN_FLIGHT_BYTES {
+                return self.wait_for_memory();
+            }
             self.qp.sq.ci = self.qp.sq.ci.wrapping_add(1);
             self.dev.stats.wqes += 1;
             self.dev.turn_left = self.dev.turn_left.saturating_sub(1);
@@ -206,11 +209,19 @@ impl QpEngine<'_> {
         let credits = read_like
             && !qp.is_ud()
             && qp.pending.reads() >= usize::from(qp.attr.max_rd_atomic.max(1));
-        // Only a QP that holds much itself waits for the device's total, so that it always
-        // has WRs in flight whose completions end its wait.
-        let memory = qp.pending.bytes() >= MAX_IN_FLIGHT_BYTES / 64
-            && self.dev.held.load(Ordering::Relaxed) >= MAX_IN_FLIGHT_BYTES;
-        fence || window || credits || memory
+        fence || window || credits
+    }
+
+    /// The device holds its bound for requests in flight ([`MAX_IN_FLIGHT_BYTES`]): this
+    /// send queue waits, whatever it holds itself (each QP that went on by one WR would
+    /// take the device past its bound by a WR per QP), until WRs complete anywhere on the
+    /// device (the end of that turn wakes it: see `Device::mem_waiters`).
+    #[cold]
+    fn wait_for_memory(&mut self) {
+        self.qp.sq_waits = true;
+        if !std::mem::replace(&mut self.qp.mem_waits, true) {
+            self.dev.mem_waiters.push(self.qpn);
+        }
     }
 
     /// Completes a WR that failed locally with `status` (always, signaled or not), then ERR.

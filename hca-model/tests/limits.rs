@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::packet::Packet;
-use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict, WR_FIXED_BYTES};
 use hca_test_driver::*;
 
 /// Drops everything one port sends while `on` (its peer hears nothing back).
@@ -155,20 +155,20 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
 }
 
 #[test]
-fn test_only_gather_lists_longer_than_two_records_count_against_the_bound() {
+fn test_every_wr_counts_its_fixed_share_and_long_gather_lists_their_records() {
     // B posts no receives: its RNR NAKs keep each SEND in flight.
     let mut p = Pair::new(3);
     let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
-    // One contiguous piece: the WR's fixed share, which the send window bounds.
+    // One contiguous piece: the WR's fixed share alone.
     let buf = p.a.alloc(8192, 4096);
     let one = sge(buf, 8192, LOCAL_DMA_LKEY);
     p.a.post_send(&mut qa, send_wr(1, WR_SEND, 0), &[one]);
-    assert_eq!(p.a.hca.in_flight(), (1, 0));
+    assert_eq!(p.a.hca.in_flight(), (1, WR_FIXED_BYTES));
     // Three pages that are not contiguous: three 16-byte records on the heap.
     let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, 3);
     let three = sge(iova, 3 * 4096, lkey);
     p.a.post_send(&mut qa, send_wr(2, WR_SEND, 0), &[three]);
-    assert_eq!(p.a.hca.in_flight(), (2, 3 * 16));
+    assert_eq!(p.a.hca.in_flight(), (2, 2 * WR_FIXED_BYTES + 3 * 16));
 }
 
 #[test]
@@ -396,4 +396,46 @@ fn test_many_floods_at_once_bound_the_fabric_queue_in_all() {
     p.a.post_send(&mut p.qa, send_wr(1, WR_RDMA_WRITE, 0), &[sge(src, 8, key)]);
     let left = p.fabric.backlog();
     assert!(left <= MAX_TOTAL_BACKLOG, "{left} items still queued");
+}
+
+#[test]
+fn test_a_qp_with_nothing_in_flight_waits_at_the_device_bound_and_goes_on_when_it_frees() {
+    // B posts no receives: the first QP's big SENDs stay in flight (RNR, retried forever)
+    // and fill the device's bound.
+    let mut p = Pair::new(3);
+    let npages = 16384u64;
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    // Its own CQ, with room for all it flushes.
+    let big_cq = p.a.create_cq(10);
+    let (mut q1, _) = p.connect_more((big_cq.cqn, p.cq_b.cqn), 10, 0);
+    post_big_sends(&mut p, &mut q1, lkey, iova, npages);
+    assert!(p.a.hca.in_flight().1 >= MAX_IN_FLIGHT_BYTES);
+    // Another QP, holding nothing, waits too: one WR more per QP would take a device
+    // with many QPs far past its bound.
+    let (wrs, _) = p.a.hca.in_flight();
+    let (src, dst) = (p.a.alloc(64, 64), p.b.alloc(64, 64));
+    let w = HcaSendWqe {
+        wr_id: 77,
+        opcode: WR_RDMA_WRITE as u8,
+        flags: WQE_SIGNALED as u8,
+        remote_addr: dst,
+        rkey: p.key_b,
+        ..Default::default()
+    };
+    let key = p.key_a;
+    p.a.write(src, &pattern(64, 9));
+    p.a.post_send(&mut p.qa, w, &[sge(src, 64, key)]);
+    assert_eq!(p.a.hca.in_flight().0, wrs, "the WRITE waits");
+    // The first QP fails: what it held is the device's again, and the waiting WRITE goes
+    // on by itself (no doorbell rung).
+    p.a.to_error(q1.qpn);
+    let qpn = p.qa.qpn;
+    let done: Vec<_> =
+        p.a.drain_cq(&mut p.cq_a)
+            .into_iter()
+            .filter(|c| c.qpn == qpn)
+            .map(|c| (c.wr_id, u32::from(c.status)))
+            .collect();
+    assert_eq!(done, [(77, WC_SUCCESS)]);
+    assert_eq!(p.b.read(dst, 64), pattern(64, 9));
 }
