@@ -150,11 +150,24 @@ pub trait PacketSink: Send + Sync {
 }
 
 /// The most queued items a port may leave behind it (see
-/// [`Fabric::pump_with_backpressure`]): about 64 MiB of full-size datagrams.
+/// [`Fabric::pump_with_backpressure`]), in units of [`BACKLOG_UNIT`]: an item counts one,
+/// and one more per `BACKLOG_UNIT` bytes it holds on the heap (a datagram's payload, a
+/// long message's piece of gather records; [`Packet::heap_bytes`]). So a port's queued
+/// items hold at most about 18 MiB of host memory (16384 slots of 128 bytes, 16 MiB
+/// beside them), whatever they are: 16384 small packets, or 3276 full-size datagrams.
 pub const MAX_BACKLOG: usize = 16384;
 
-/// The most queued items in all, past which every sender waits: several floods at once.
+/// Host bytes beside an item that count as one item more in the backlog.
+pub const BACKLOG_UNIT: usize = 1024;
+
+/// The most queued items in all (in the same units), past which every sender waits:
+/// several floods at once.
 pub const MAX_TOTAL_BACKLOG: usize = 8 * MAX_BACKLOG;
+
+/// What `pkt` counts in the backlog (see [`MAX_BACKLOG`]).
+fn weight(pkt: &Packet) -> usize {
+    1 + pkt.heap_bytes() / BACKLOG_UNIT
+}
 
 /// The most packets of one stream a pump hands a port at once (see
 /// [`PacketSink::deliver_burst`]), and the payload bytes past which it stops adding more:
@@ -389,7 +402,7 @@ impl Fabric {
         let lanes = &self.inner.lanes;
         if let Some(lane) = lanes.get(h.dst) {
             let mut d = lane.lock();
-            lanes.count_in(usize::from(h.src), 1);
+            lanes.count_in(usize::from(h.src), weight(&h.pkt));
             d.push_front(h.src, Item::Packet(h.pkt));
             d.claimed = false;
             drop(d);
@@ -549,7 +562,7 @@ impl Drop for Cut<'_> {
         if let Some((src, pkt)) = back {
             let lanes = &self.fabric.inner.lanes;
             if let Some(lane) = lanes.get(port) {
-                lanes.count_in(usize::from(src), 1);
+                lanes.count_in(usize::from(src), weight(&pkt));
                 lane.lock().push_front(src, Item::Packet(pkt));
                 note_queued(self.fabric.id(), port);
             }
@@ -667,6 +680,16 @@ pub struct FabricStats {
 enum Item {
     Packet(Packet),
     Bounce(Box<(Packet, DropReason)>),
+}
+
+impl Item {
+    /// What it counts in the backlog.
+    fn weight(&self) -> usize {
+        match self {
+            Item::Packet(p) => weight(p),
+            Item::Bounce(b) => weight(&b.0),
+        }
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Item>() <= std::mem::size_of::<Packet>());
@@ -1556,7 +1579,7 @@ impl Fabric {
             }
             item => item,
         };
-        lanes.count_in(usize::from(src), 1);
+        lanes.count_in(usize::from(src), item.weight());
         d.push(src, item);
         drop(d);
         note_queued(self.id(), dst);
@@ -1683,17 +1706,17 @@ impl Fabric {
                     if more && self.unwatched() {
                         let (burst, more) = take_burst(&mut d, pkt);
                         drop(d);
-                        lanes.count_out(src, burst.len());
+                        lanes.count_out(src, burst.iter().map(weight).sum());
                         pumping.delivered += self.forward_burst(burst, more, port);
                     } else {
                         drop(d);
-                        lanes.count_out(src, 1);
+                        lanes.count_out(src, weight(&pkt));
                         pumping.delivered += self.forward(pkt, more, port);
                     }
                 }
                 Item::Bounce(notice) => {
                     drop(d);
-                    lanes.count_out(src, 1);
+                    lanes.count_out(src, weight(&notice.0));
                     let (pkt, why) = *notice;
                     if let Some(src) = self.port(pkt.slid) {
                         src.undeliverable(pkt, why);

@@ -646,6 +646,27 @@ impl Default for Packet {
 // Moved by value on every hop: keep it within what the compiler moves without a call.
 const _: () = assert!(std::mem::size_of::<Packet>() <= 128);
 
+impl Packet {
+    /// Host bytes the packet holds on the heap beside itself: its own payload bytes, or a
+    /// gather list too long to keep inline (a piece of a message over scattered pages),
+    /// and its rare headers. What a queued packet costs the host beyond its slot, which the
+    /// fabric's backlog bound counts (see `fabric::MAX_BACKLOG`).
+    pub fn heap_bytes(&self) -> usize {
+        let payload = match &self.payload {
+            Payload::Bytes(b) => b.capacity(),
+            Payload::Dma(g) if g.segs.spilled() => {
+                std::mem::size_of::<Gather>() + g.segs.capacity() * std::mem::size_of::<Seg>()
+            }
+            _ => 0,
+        };
+        let rare = self
+            .rare
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<RareHeaders>());
+        payload + rare
+    }
+}
+
 /// Messages that span packets, for deriving each packet's opcode.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Family {
