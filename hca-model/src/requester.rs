@@ -26,6 +26,9 @@ use crate::status::WcError;
 /// Largest UD message: the port MTU.
 const UD_MTU: u64 = 4096;
 
+/// Bytes of a datagram's copy that cost one unit of a turn's work (see `WORK_PER_TURN`).
+const COPY_BYTES_PER_UNIT: u64 = 64;
+
 /// Where a WR's data comes from.
 enum Source {
     Inline(Vec<u8>),
@@ -515,6 +518,11 @@ impl QpEngine<'_> {
         };
         let mut payload = src.into_payload(self.dev, len, self.qp.pending.sends());
         payload.make_owned().map_err(|_| WcError::LocProt)?;
+        // The copy waits in the turn's outbox or the fabric's queue: a turn makes at most
+        // `WORK_PER_TURN * COPY_BYTES_PER_UNIT` (4 MiB) of them, and the fabric's
+        // backpressure holds the port between turns.
+        let units = len / COPY_BYTES_PER_UNIT;
+        self.dev.turn_left = self.dev.turn_left.saturating_sub(units);
         let pkt = Packet {
             dlid: w.ud_dlid,
             pkey,
