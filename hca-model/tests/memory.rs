@@ -1,0 +1,448 @@
+//! What a hostile guest makes the host hold, measured: the heap bytes live in this process
+//! (a counting global allocator, so the device model's every allocation is seen) and its
+//! resident set, before the attack, at its peak and after the guest destroyed what it made.
+//! Each pattern is one that drove a device server's memory to gigabytes (issue 49): many
+//! connected RC QPs with full send windows that are never acknowledged, huge SENDs in an
+//! endless RNR loop, and UD datagrams fanned out of many QPs into a fabric that lags.
+//!
+//! `HCAB_MEM_REPORT=1` prints each pattern's numbers.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hca_model::abi::*;
+use hca_model::packet::Packet;
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_test_driver::*;
+
+/// The system allocator, counting the bytes live and the most there were.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call goes to the system allocator with the caller's own arguments; the
+// counts are only statistics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, passed on.
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            PEAK.fetch_max(LIVE.fetch_add(l.size(), Relaxed) + l.size(), Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let p = unsafe { System.alloc_zeroed(l) };
+        if !p.is_null() {
+            PEAK.fetch_max(LIVE.fetch_add(l.size(), Relaxed) + l.size(), Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from this allocator with layout `l`.
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: `p` came from this allocator with layout `l`.
+        let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() {
+            LIVE.fetch_sub(l.size(), Relaxed);
+            PEAK.fetch_max(LIVE.fetch_add(new, Relaxed) + new, Relaxed);
+        }
+        q
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// One pattern at a time: the counts are process-wide.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn rss() -> usize {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Heap and RSS at one moment.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    heap: usize,
+    rss: usize,
+}
+
+fn sample() -> Sample {
+    Sample {
+        heap: LIVE.load(Relaxed),
+        rss: rss(),
+    }
+}
+
+/// What a pattern made the process hold: before, at its peak (heap: the allocator's most;
+/// RSS: when sampled), and after its guest destroyed its QPs.
+struct Report {
+    name: &'static str,
+    before: Sample,
+    peak_heap: usize,
+    peak_rss: usize,
+    after: Sample,
+    /// RSS after the allocator gave its free memory back (`malloc_trim`).
+    trimmed: usize,
+}
+
+extern "C" {
+    /// glibc: gives free heap memory back to the operating system.
+    fn malloc_trim(pad: usize) -> i32;
+}
+
+/// The RSS once the allocator has given back what it can.
+fn trimmed_rss() -> usize {
+    // SAFETY: malloc_trim takes a byte count and touches only the allocator's own state.
+    unsafe { malloc_trim(0) };
+    rss()
+}
+
+impl Report {
+    fn start(name: &'static str) -> Self {
+        let before = sample();
+        PEAK.store(before.heap, Relaxed);
+        Self {
+            name,
+            before,
+            peak_heap: before.heap,
+            peak_rss: before.rss,
+            after: before,
+            trimmed: before.rss,
+        }
+    }
+
+    fn note(&mut self) {
+        self.peak_rss = self.peak_rss.max(rss());
+        self.peak_heap = self.peak_heap.max(PEAK.load(Relaxed));
+    }
+
+    fn end(&mut self) {
+        self.note();
+        self.after = sample();
+        self.trimmed = trimmed_rss();
+        if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+            let m = |b: usize| b as f64 / (1 << 20) as f64;
+            eprintln!(
+                "{:<28} heap {:>8.1} -> peak {:>8.1} -> after {:>8.1} MiB (+{:.1}); \
+                 rss {:>8.1} -> peak {:>8.1} -> after {:>8.1} (trimmed {:>8.1}) MiB",
+                self.name,
+                m(self.before.heap),
+                m(self.peak_heap),
+                m(self.after.heap),
+                m(self.peak_heap.saturating_sub(self.before.heap)),
+                m(self.before.rss),
+                m(self.peak_rss),
+                m(self.after.rss),
+                m(self.trimmed),
+            );
+        }
+    }
+
+    /// The most the pattern added to the heap.
+    fn grew(&self) -> usize {
+        self.peak_heap.saturating_sub(self.before.heap)
+    }
+
+    fn kept(&self) -> usize {
+        self.after.heap.saturating_sub(self.before.heap)
+    }
+
+    /// The pattern's heap and resident set stayed within `BUDGET` at its peak, and came
+    /// back (the RSS once the allocator gave back what was freed) within a few MiB.
+    fn check(&self) {
+        let (grew, kept) = (self.grew(), self.kept());
+        assert!(grew <= BUDGET, "{}: the heap grew {grew}", self.name);
+        assert!(kept <= 4 << 20, "{}: the heap kept {kept}", self.name);
+        let rss_grew = self.peak_rss.saturating_sub(self.before.rss);
+        assert!(rss_grew <= BUDGET, "{}: the RSS grew {rss_grew}", self.name);
+        let rss_kept = self.trimmed.saturating_sub(self.before.rss);
+        assert!(
+            rss_kept <= 8 << 20,
+            "{}: the RSS kept {rss_kept}",
+            self.name
+        );
+    }
+}
+
+/// Drops everything one port sends while `on` (its peer hears nothing back).
+struct Mute {
+    lid: u16,
+    on: AtomicBool,
+}
+
+impl LinkHook for Mute {
+    fn on_packet(&self, link: LinkId, _now: u64, _pkt: &mut Packet) -> Verdict {
+        if self.on.load(Relaxed) && link.dir == LinkDir::Up && link.lid == self.lid {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+fn destroy_qp<P: Port>(d: &mut Driver<P>, qpn: u32) {
+    let h = HcaCmdHandle {
+        handle: qpn,
+        rsvd: 0,
+    };
+    assert_eq!(d.cmd(CMD_DESTROY_QP, &h).0, CMD_OK);
+}
+
+/// Touches every page of a guest's RAM, so that the resident set counts it from the start.
+fn touch(d: &Driver, mib: u64) {
+    let zero = vec![0u8; 1 << 20];
+    for i in 0..mib {
+        d.write(i << 20, &zero);
+    }
+}
+
+/// The budget a device's hostile guest may make the host hold: the in-flight bound, and
+/// room for its objects' fixed state.
+const BUDGET: usize = 2 * MAX_IN_FLIGHT_BYTES;
+
+fn scale() -> usize {
+    std::env::var("HCAB_MEM_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+#[test]
+fn test_many_rc_qps_with_unacknowledged_windows_stay_within_the_budget() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::with_manual_clock();
+    // 256 QPs (times the scale) with send queues of 2^12 slots: 1M WRs in flight.
+    let (nqp, sq_log) = (256 * scale(), 12u32);
+    let mib = 64 + (nqp as u64 * (1 << (sq_log + 9))) / (1 << 20);
+    let mut a = Driver::new(Some(&fabric), mib);
+    let mut b = Driver::new(Some(&fabric), 64);
+    touch(&a, mib);
+    touch(&b, 64);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(12), b.create_cq(12));
+    let src = a.alloc(4096, 4096);
+    let dst = b.alloc(4096, 4096);
+    let kb = b.reg_dma_mr(pb, ALL_ACCESS);
+    // B's ACKs never come back.
+    let m = Arc::new(Mute {
+        lid: b.lid(),
+        on: true.into(),
+    });
+    fabric.set_hook(Some(m.clone()));
+    let mut r = Report::start("rc windows unacknowledged");
+    let mut qps = Vec::new();
+    for _ in 0..nqp {
+        let mut qa = a
+            .try_create_qp(QPT_RC, pa, (ca.cqn, ca.cqn), (sq_log, 0), 0)
+            .expect("QP");
+        let qb = b
+            .try_create_qp(QPT_RC, pb, (cb.cqn, cb.cqn), (0, 0), 0)
+            .expect("QP");
+        a.bring_up_rc(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, MTU_4096 as u8);
+        b.bring_up_rc(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, MTU_4096 as u8);
+        for i in 0..1u64 << sq_log {
+            let w = HcaSendWqe {
+                wr_id: i,
+                opcode: WR_RDMA_WRITE as u8,
+                remote_addr: dst,
+                rkey: kb,
+                num_sge: 1,
+                ..Default::default()
+            };
+            a.write_send(&mut qa, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
+        }
+        a.ring_sq(&qa);
+        r.note();
+        qps.push((qa, qb));
+    }
+    let (wrs, bytes) = a.hca.in_flight();
+    r.note();
+    for (qa, qb) in qps {
+        destroy_qp(&mut a, qa.qpn);
+        destroy_qp(&mut b, qb.qpn);
+    }
+    r.end();
+    if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+        eprintln!("  {wrs} WRs in flight, {bytes} bytes counted");
+    }
+    r.check();
+}
+
+/// An MR whose page list names one page `npages` times: a big message over few bytes of
+/// guest memory, and one gather record per page.
+fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
+    let page = d.alloc(4096, 4096);
+    let list = d.alloc(npages * 8, 8);
+    let mut bytes = Vec::with_capacity(npages as usize * 8);
+    for _ in 0..npages {
+        bytes.extend_from_slice(&page.to_le_bytes());
+    }
+    d.write(list, &bytes);
+    let iova = 0x4000_0000;
+    let key = d
+        .try_reg_mr(&HcaCmdRegMr {
+            iova,
+            length: npages * 4096,
+            page_list: list,
+            pdn,
+            access: ACCESS_LOCAL_WRITE,
+            npages: npages as u32,
+            page_shift: 12,
+            ..Default::default()
+        })
+        .expect("repeated-page MR");
+    (key, iova)
+}
+
+#[test]
+fn test_huge_sends_in_an_endless_rnr_loop_stay_within_the_budget() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 64);
+    let mut b = Driver::new(Some(&fabric), 16);
+    touch(&a, 64);
+    touch(&b, 16);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(12), b.create_cq(12));
+    // 2 GiB messages over one page (512K gather records, 8 MiB each).
+    let npages = (MAX_MSG_SIZE as u64) / 4096 - 1;
+    let (lkey, iova) = repeated_page_mr(&mut a, pa, npages);
+    let mut r = Report::start("2 GiB SENDs, RNR forever");
+    let mut qps = Vec::new();
+    for _ in 0..32 * scale() {
+        let mut qa = a
+            .try_create_qp(QPT_RC, pa, (ca.cqn, ca.cqn), (6, 0), 0)
+            .expect("QP");
+        let qb = b
+            .try_create_qp(QPT_RC, pb, (cb.cqn, cb.cqn), (0, 0), 0)
+            .expect("QP");
+        a.bring_up_rc(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, MTU_4096 as u8);
+        b.bring_up_rc(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, MTU_4096 as u8);
+        // B posts no receive: every SEND meets an RNR NAK, and rnr_retry 7 retries forever.
+        for i in 0..64u64 {
+            let w = HcaSendWqe {
+                wr_id: i,
+                opcode: WR_SEND as u8,
+                num_sge: 1,
+                ..Default::default()
+            };
+            a.write_send(&mut qa, &w, &[sge(iova, (npages * 4096) as u32, lkey)], &[]);
+        }
+        a.ring_sq(&qa);
+        r.note();
+        qps.push((qa, qb));
+    }
+    for _ in 0..20 {
+        fabric.advance(Duration::from_millis(50));
+        r.note();
+    }
+    let (wrs, bytes) = a.hca.in_flight();
+    for (qa, qb) in qps {
+        destroy_qp(&mut a, qa.qpn);
+        destroy_qp(&mut b, qb.qpn);
+    }
+    r.end();
+    if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+        eprintln!("  {wrs} WRs in flight, {bytes} bytes counted");
+    }
+    r.check();
+}
+
+/// Slows every delivery down, as a busy receiver would.
+struct Slow;
+
+impl LinkHook for Slow {
+    fn on_packet(&self, link: LinkId, _: u64, _: &mut Packet) -> Verdict {
+        if link.dir == LinkDir::Down {
+            std::thread::sleep(Duration::from_micros(5));
+        }
+        Verdict::Pass
+    }
+}
+
+#[test]
+fn test_ud_fan_out_from_many_qps_into_a_lagging_fabric_stays_within_the_budget() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::with_manual_clock();
+    let mut a = Driver::new(Some(&fabric), 160);
+    let mut peers: Vec<Driver> = (0..4).map(|_| Driver::new(Some(&fabric), 4)).collect();
+    touch(&a, 160);
+    let pa = a.alloc_pd();
+    let mut ca = a.create_cq(16);
+    let mut dests = Vec::new();
+    for p in &mut peers {
+        let pd = p.alloc_pd();
+        let cq = p.create_cq(6);
+        let q = p.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+        p.bring_up_ud(q.qpn, 7, false);
+        dests.push((p.lid(), q.qpn));
+    }
+    let src = a.alloc(4096, 4096);
+    // Unnamed send queues: one send doorbell runs them all.
+    a.name_sqs = false;
+    let mut uds: Vec<QpH> = (0..32)
+        .map(|_| {
+            let q = a
+                .try_create_qp(QPT_UD, pa, (ca.cqn, ca.cqn), (12, 0), 0)
+                .expect("UD QP");
+            a.bring_up_ud(q.qpn, 7, false);
+            q
+        })
+        .collect();
+    let mut r = Report::start("UD fan-out, 32 QPs");
+    // Another thread keeps the fabric busy, slowly, while A's datagrams queue.
+    fabric.set_hook(Some(Arc::new(Slow)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let pump = {
+        let (f, stop) = (fabric.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                f.pump();
+                std::thread::yield_now();
+            }
+        })
+    };
+    for round in 0..4 * scale() {
+        for (k, q) in uds.iter_mut().enumerate() {
+            let (dlid, dqpn) = dests[(k + round) % dests.len()];
+            for _ in 0..1 << 12 {
+                let w = HcaSendWqe {
+                    num_sge: 1,
+                    ..ud_send_wr(dlid, dqpn, 7)
+                };
+                a.write_send(q, &w, &[sge(src, 4096, LOCAL_DMA_LKEY)], &[]);
+            }
+        }
+        for q in &uds {
+            a.hca.bar2().store_u32(q.db, q.sq_pi);
+        }
+        a.hca.doorbell(DB_SQ);
+        r.note();
+        a.drain_cq(&mut ca);
+    }
+    r.note();
+    stop.store(true, Relaxed);
+    pump.join().unwrap();
+    fabric.set_hook(None);
+    fabric.pump();
+    for q in uds {
+        destroy_qp(&mut a, q.qpn);
+    }
+    r.end();
+    r.check();
+}
