@@ -18,6 +18,7 @@ mod guest_ram;
 pub mod ivshmem;
 pub mod memfd;
 mod node;
+pub mod trim;
 
 use std::fmt;
 use std::io;
@@ -72,6 +73,8 @@ struct RunningNode {
 pub struct DeviceServer {
     fabric: Fabric,
     nodes: Vec<RunningNode>,
+    /// Gives what the models freed back to the system (see [`trim`]).
+    _trimmer: trim::Trimmer,
 }
 
 impl DeviceServer {
@@ -84,6 +87,7 @@ impl DeviceServer {
         let mut server = DeviceServer {
             fabric: fabric.clone(),
             nodes: Vec::new(),
+            _trimmer: trim::Trimmer::start().map_err(ServerError::Thread)?,
         };
         for (i, cfg) in configs.into_iter().enumerate() {
             let listener =
