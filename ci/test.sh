@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "links in the Markdown (ci/check-links.py: relative links and #anchors, no network)"; python3 ci/check-links.py
+
 # A set of end-to-end checks runs on this second kernel too (docs/kernels.md).
 export HCABENCH_SECOND_KERNEL=${HCABENCH_SECOND_KERNEL:-6.12}
 ci/setup.sh
