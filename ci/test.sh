@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "links in the Markdown (ci/check-links.py: relative links and #anchors, no network)"; python3 ci/check-links.py
-
 # A set of end-to-end checks runs on this second kernel too (docs/kernels.md).
 export HCABENCH_SECOND_KERNEL=${HCABENCH_SECOND_KERNEL:-6.12}
 ci/setup.sh
+
+# After setup, which installs python3 where it is missing.
+step "links in the Markdown (ci/check-links.py: relative links and #anchors, no network)"
+python3 ci/check-links.py
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
