@@ -18,7 +18,7 @@
 #   --no-pin        run the commands on every L1 CPU. By default they run on L1's CPU 0
 #                   alone (taskset): when two L1 CPUs take part in running L2 guests, this
 #                   nested host corrupts or wedges L1 now and then (kernel stack corruption,
-#                   soft lockups, L2 triple faults; see the README); pinned it has not failed.
+#                   soft lockups, L2 triple faults; see docs/verification.md); pinned it has not failed.
 #                   A 2-vCPU L2 needs --no-pin (pinned, it hangs L1)
 # In L1 the working directory is /opt/hcabench (hcabench on the PATH, the guest image in
 # target/images), the run directory /run; the commands' output comes back on L1's console,

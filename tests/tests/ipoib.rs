@@ -541,7 +541,7 @@ fn another_node_reads_and_resets_the_counters_over_qp1(tb: &mut Testbed) {
 /// iSCSI Extensions for RDMA with Debian's LIO iSCSI target (ib_isert) and open-iscsi's
 /// initiator (iscsid, iscsiadm, ib_iser), over rdma_cm on the ib0 addresses: node 1 exports a
 /// RAM disk; the logins run over iSER (SendTargets discovery over TCP on ib0: see the
-/// README's "iSER over hcab0"). An initiator the target's ACL does not list is refused, and
+/// docs/guides/iser.md). An initiator the target's ACL does not list is refused, and
 /// let in once it is added; then nodes 2 and 3 each write their own half and every byte
 /// reads back the same on the initiator and on the target's disk, also under 1% drops, and
 /// after a logout and a new login. The NVMe-oF target's node refuses to export its RAM disk
@@ -599,7 +599,7 @@ fn login(tb: &mut Testbed, i: usize, target: usize, connect: &str) -> String {
 
 /// What a failed login of node `i` to node `target` leaves to go on, for each of the two:
 /// the kernel's last words, where its storage threads wait, its port counters and its
-/// interrupt counts (what found iscsiadm's discovery race: README, "iSER over hcab0").
+/// interrupt counts (what found iscsiadm's discovery race: docs/guides/iser.md).
 fn login_failure(tb: &mut Testbed, i: usize, target: usize) -> String {
     let mut out = String::new();
     for n in [i, target] {

@@ -23,7 +23,7 @@ const T: Duration = Duration::from_secs(SUITE_SECS as u64 + 60);
 const MIN_TESTS: usize = 250;
 
 /// Why hcab0 may skip a test rxe0 passes: the start of the suite's skip reason, and the
-/// feature hcab0 lacks (each in docs/user-verbs.md and the README).
+/// feature hcab0 lacks (each in docs/user-verbs.md).
 const ABSENT: [(&str, &str); 5] = [
     ("Create UC QP", "unreliable connected QPs"),
     ("Reg MR with MW access is not supported", "memory windows"),

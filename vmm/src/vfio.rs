@@ -1,7 +1,7 @@
 //! VFIO passthrough (feature `vfio`): a host PCI function bound to vfio-pci joins a KVM
 //! machine's PCI bus next to the emulated HCA, for mixed clusters of emulated and real
 //! adapters. Only built on the project's hosts (they have no IOMMU and no spare adapter);
-//! README says so.
+//! docs/vmm.md says so.
 //!
 //! - DMA: the machine's RAM is mapped into the VFIO container's IOMMU domain at its
 //!   guest-physical addresses, so the device DMAs with the addresses its guest driver gives.
