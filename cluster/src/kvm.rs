@@ -27,6 +27,8 @@ pub struct KvmNodeSpec<'a> {
     pub agent_socket: Option<PathBuf>,
     /// Host PCI functions passed through (the `vfio` feature).
     pub vfio: Vec<PathBuf>,
+    /// What its HCA may hold for requests in flight, bytes.
+    pub in_flight_budget: usize,
 }
 
 /// One running machine.
@@ -61,6 +63,7 @@ impl KvmNode {
             },
             fabric,
         )?;
+        machine.hca().set_in_flight_budget(node.in_flight_budget);
         machine.load_linux(&LinuxBoot {
             kernel: image.bzimage.clone(),
             initramfs: Some(image.initramfs.clone()),

@@ -80,6 +80,9 @@ pub struct ClusterSpec {
     /// kernel's ib_cm makes an RC connection's ACK timeout 4.096 us * 2^(life + 1), so it
     /// sets how long a lost packet stalls a connection.
     pub packet_life: u8,
+    /// Host memory each node's HCA may hold for its guest's requests in flight, MiB
+    /// (`Hca::set_in_flight_budget`).
+    pub device_memory_mib: u64,
     /// Partitions beside the default one every node is a full member of (see
     /// `hca_model::partition`).
     pub partitions: Vec<PartitionSpec>,
@@ -139,6 +142,7 @@ impl ClusterSpec {
             qemu_accel: QemuAccel::Tcg,
             vfio: BTreeMap::new(),
             packet_life: hca_model::sa::DEFAULT_PACKET_LIFE,
+            device_memory_mib: (hca_model::abi::MAX_IN_FLIGHT_BYTES >> 20) as u64,
             partitions: Vec::new(),
         }
     }
@@ -157,6 +161,11 @@ impl ClusterSpec {
             .ok()?
             .checked_sub(1)?;
         (i < nodes && Self::node_name(i) == name).then_some(i)
+    }
+
+    /// Each HCA's budget for requests in flight, bytes.
+    pub fn in_flight_budget(&self) -> usize {
+        usize::try_from(self.device_memory_mib << 20).unwrap_or(usize::MAX)
     }
 
     /// Node `i`'s RAM in MiB.
@@ -313,7 +322,10 @@ impl Cluster {
                 let ram: Vec<u64> = (0..spec.nodes)
                     .map(|i| spec.node_ram_mib(i) << 20)
                     .collect();
-                let configs = NodeConfig::cluster(&spec.dir, &ram).map_err(BootError::Ram)?;
+                let mut configs = NodeConfig::cluster(&spec.dir, &ram).map_err(BootError::Ram)?;
+                for c in &mut configs {
+                    c.in_flight_budget = spec.in_flight_budget();
+                }
                 files.extend(configs.iter().map(|n| n.socket.clone()));
                 remove_all(&files);
                 let server =
@@ -356,6 +368,7 @@ impl Cluster {
                         console_socket: spec.console_socket(i),
                         agent_socket: spec.agent_socket(i),
                         vfio: spec.vfio.get(&name).cloned().into_iter().collect(),
+                        in_flight_budget: spec.in_flight_budget(),
                     };
                     let n = KvmNode::start(&kvm, &spec.image, node, &c.fabric)
                         .map_err(|why| BootError::Start { node: name, why })?;

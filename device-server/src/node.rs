@@ -38,6 +38,9 @@ pub struct NodeConfig {
     /// What backs the guest's RAM.
     pub ram: RamBacking,
     pub ram_size: u64,
+    /// Host memory the node's HCA may hold for requests in flight
+    /// (`Hca::set_in_flight_budget`; `MAX_IN_FLIGHT_BYTES` by default).
+    pub in_flight_budget: usize,
 }
 
 /// The memory behind a QEMU guest's RAM, which QEMU and the server both map.
@@ -67,6 +70,7 @@ impl NodeConfig {
                     ram: RamBacking::Memfd(Arc::new(memfd::guest_ram(&name, ram_size)?)),
                     name,
                     ram_size,
+                    in_flight_budget: hca_model::abi::MAX_IN_FLIGHT_BYTES,
                 })
             })
             .collect()
@@ -210,6 +214,7 @@ impl NodeThread {
         let guid = hca_model::abi::node_guid(self.lid);
         let hca = Hca::with_dma(ram, bar2, Arc::new(GuestIrqs(irqs)), guid);
         hca.set_doorbell_peer(u32::from(DEVICE_PEER));
+        hca.set_in_flight_budget(self.cfg.in_flight_budget);
         hca.attach_at(&self.fabric, self.lid)
             .map_err(io::Error::other)?;
         let greeting = Greeting {

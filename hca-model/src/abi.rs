@@ -138,6 +138,10 @@ pub const MAX_MCAST_ATTACH: u32 = 1024;
 /// kept to resend from): past it, send queues wait for completions. One WR may overshoot by
 /// its own size (at most one gather record per page of a 2 GiB message).
 pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+/// The least a host may set that budget to (`Hca::set_in_flight_budget`). Any budget makes
+/// progress (a send queue goes on while the device holds less); this keeps a cluster file's
+/// typo from making every QP wait for every other's WR.
+pub const MIN_IN_FLIGHT_BYTES: usize = 4 << 20;
 /// The GSI QP (QP1) always has this number and Q_Key.
 pub const GSI_QPN: u32 = 1;
 pub const GSI_QKEY: u32 = 0x8001_0000;

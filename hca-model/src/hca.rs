@@ -277,6 +277,8 @@ pub(crate) struct Device {
     /// QPs whose send queues wait for `held` to fall below `MAX_IN_FLIGHT_BYTES`, each once
     /// (`Qp::mem_waits`); the end of a turn that finds it so wakes them.
     pub mem_waiters: Vec<u32>,
+    /// The bound on `held` (default [`MAX_IN_FLIGHT_BYTES`]; [`Hca::set_in_flight_budget`]).
+    pub in_flight_budget: usize,
     /// Gather lists of completed messages, for the next ones.
     pub gathers: crate::packet::GatherPool,
     /// The port's P_Keys, as the fabric's subnet manager set them.
@@ -357,6 +359,7 @@ impl Device {
             port_caps: Arc::default(),
             held: Arc::default(),
             mem_waiters: Vec::new(),
+            in_flight_budget: MAX_IN_FLIGHT_BYTES,
             turn_left: WORK_PER_TURN,
             more_work: false,
             qps_in_error: Vec::new(),
@@ -651,7 +654,7 @@ impl Shared {
             st.dev.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
             let r = f(&mut st);
             if !st.dev.mem_waiters.is_empty()
-                && st.dev.held.load(Ordering::Relaxed) < MAX_IN_FLIGHT_BYTES
+                && st.dev.held.load(Ordering::Relaxed) < st.dev.in_flight_budget
             {
                 st.wake_mem_waiters();
             }
@@ -943,6 +946,14 @@ impl Hca {
     }
 
     /// Tells the guest (through BAR2) which peer id its doorbell writes must name.
+    /// The host memory this device may hold for its guest's requests in flight (every WR's
+    /// share, payload copies, gather records): at it, every send queue waits for
+    /// completions. [`MAX_IN_FLIGHT_BYTES`] unless set; at least [`MIN_IN_FLIGHT_BYTES`].
+    pub fn set_in_flight_budget(&self, bytes: usize) {
+        self.shared
+            .with_state(|st| st.dev.in_flight_budget = bytes.max(MIN_IN_FLIGHT_BYTES));
+    }
+
     pub fn set_doorbell_peer(&self, peer: u32) {
         self.shared.with_state(|st| {
             st.dev.doorbell_peer = peer;
@@ -974,8 +985,8 @@ impl Hca {
     }
 
     /// What the device holds for its guest's WRs in flight now: (WRs sent and not yet
-    /// completed, host bytes their requests keep), the latter bounded by
-    /// [`MAX_IN_FLIGHT_BYTES`] plus one WR.
+    /// completed, host bytes their requests keep), the latter bounded by its budget
+    /// ([`MAX_IN_FLIGHT_BYTES`] unless set) plus one WR.
     pub fn in_flight(&self) -> (usize, usize) {
         let st = self.shared.lock();
         let wrs = st

@@ -180,7 +180,7 @@ impl QpEngine<'_> {
                 self.qp.sq_waits = true;
                 return;
             }
-            if self.dev.held.load(Ordering::Relaxed) >= MAX_IN_FLIGHT_BYTES {
+            if self.dev.held.load(Ordering::Relaxed) >= self.dev.in_flight_budget {
                 return self.wait_for_memory();
             }
             self.qp.sq.ci = self.qp.sq.ci.wrapping_add(1);

@@ -155,6 +155,44 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
 }
 
 #[test]
+fn test_a_host_sets_the_bound_per_device() {
+    // As above with a budget of 8 MiB (a cluster file's `device_memory_mib = 8`).
+    let mut p = Pair::new(3);
+    p.a.hca.set_in_flight_budget(8 << 20);
+    let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
+    let npages = 16384u64;
+    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let per_wr = npages as usize * 16;
+    post_big_sends(&mut p, &mut qa, lkey, iova, npages);
+    let (wrs, bytes) = p.a.hca.in_flight();
+    assert!(
+        bytes <= (8 << 20) + per_wr,
+        "{bytes} bytes held for {wrs} WRs"
+    );
+    assert!(bytes >= 4 << 20, "{bytes} bytes held for {wrs} WRs");
+    // Below the least a host may set, the least holds.
+    p.b.hca.set_in_flight_budget(1);
+    let (mut qb2, _qa2) = {
+        let (x, y) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
+        (y, x)
+    };
+    let (lkey_b, iova_b) = repeated_page_mr(&mut p.b, p.pd_b, npages);
+    for i in 0..64u64 {
+        let w = HcaSendWqe {
+            wr_id: i,
+            opcode: WR_SEND as u8,
+            ..Default::default()
+        };
+        p.b.post_send(&mut qb2, w, &[sge(iova_b, (npages * 4096) as u32, lkey_b)]);
+    }
+    let (_, bytes) = p.b.hca.in_flight();
+    assert!(
+        (MIN_IN_FLIGHT_BYTES..=MIN_IN_FLIGHT_BYTES + per_wr).contains(&bytes),
+        "{bytes}"
+    );
+}
+
+#[test]
 fn test_every_wr_counts_its_fixed_share_and_long_gather_lists_their_records() {
     // B posts no receives: its RNR NAKs keep each SEND in flight.
     let mut p = Pair::new(3);

@@ -21,6 +21,11 @@
 //!                    # A lost packet stalls a connection that long: lower it for fault
 //!                    # campaigns. (Connections made through ib_cm or rdma_cm; the DSM
 //!                    # module and vbench set a 67 ms timeout of their own.)
+//! device_memory_mib = 64   # host memory each HCA may hold for its guest's requests in
+//!                    # flight (every WR's share, payload copies, gather records), 4 to
+//!                    # 4096: at it the guest's send queues wait for completions, and the
+//!                    # host's memory stays bounded whatever a guest posts (default 64;
+//!                    # docs/hca-abi.md, "Bounds on what one guest makes the device hold")
 //!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
@@ -112,6 +117,8 @@ pub struct ClusterConfig {
     pub kernel_args: String,
     /// The subnet's PacketLifeTime (see the module docs).
     pub packet_life_time: u8,
+    /// What each HCA may hold for requests in flight, MiB (see the module docs).
+    pub device_memory_mib: u64,
     /// A fault plan (TOML) to run the fabric under.
     pub faults: Option<PathBuf>,
     /// A pcap file that gets every fabric packet.
@@ -163,6 +170,7 @@ impl Default for ClusterConfig {
             kernel: None,
             kernel_args: String::new(),
             packet_life_time: hca_model::sa::DEFAULT_PACKET_LIFE,
+            device_memory_mib: (hca_model::abi::MAX_IN_FLIGHT_BYTES >> 20) as u64,
             faults: None,
             capture: None,
             capture_format: CaptureFormat::Erf,
@@ -249,6 +257,13 @@ impl ClusterConfig {
                  guests no disk device yet)"
                     .into(),
             );
+        }
+        let least = (hca_model::abi::MIN_IN_FLIGHT_BYTES >> 20) as u64;
+        if !(least..=4096).contains(&self.device_memory_mib) {
+            return Err(format!(
+                "device_memory_mib = {} (must be {least} to 4096)",
+                self.device_memory_mib
+            ));
         }
         if self.packet_life_time > hca_model::sa::MAX_PACKET_LIFE {
             return Err(format!(
@@ -352,6 +367,7 @@ impl ClusterConfig {
             vcpus: self.vcpus,
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
+            device_memory_mib: self.device_memory_mib,
             // (Members past a bench's `nodes` are left out, as their RAM is.)
             partitions: (self.partition.iter())
                 .map(|p| {
@@ -438,6 +454,22 @@ mod tests {
             e.0.contains("packet_life_time = 31 (must be 0 to 30"),
             "{e}"
         );
+        let e = ClusterConfig::parse("device_memory_mib = 2", "c.toml").unwrap_err();
+        assert!(
+            e.0.contains("device_memory_mib = 2 (must be 4 to 4096)"),
+            "{e}"
+        );
+        let c = ClusterConfig::parse("device_memory_mib = 16", "c.toml").unwrap();
+        let image = Image {
+            kernel_version: "k".into(),
+            name: "k".into(),
+            vmlinux: "v".into(),
+            bzimage: "b".into(),
+            initramfs: "i".into(),
+            userland: None,
+        };
+        let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 2);
+        assert_eq!(spec.in_flight_budget(), 16 << 20);
     }
 
     #[test]
