@@ -53,8 +53,10 @@ enum Listen {
     Tcp,
     /// As an rdma_cm ID in state LISTEN (`rdma resource show cm_id`): rping, udaddy.
     RdmaCm,
-    /// When its log has this line: mckey, once it joined its multicast group.
-    Said(&'static str),
+    /// When the fabric's SA has node 1's port in the multicast group of this IPv4 group
+    /// address (mckey, whose log is block-buffered into a file until it exits), and a
+    /// moment more for the process to attach its QP to the group.
+    Joined([u8; 4]),
 }
 
 fn fail<T>(why: String) -> Result<T, String> {
@@ -77,14 +79,11 @@ macro_rules! ensure {
 /// still running after its client ended is killed.
 fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<Pair, String> {
     let prog = server.split_whitespace().next().unwrap_or_default();
-    let said;
     let ready = match listen {
         Listen::Tcp => "netstat -ltn | grep -q ':18515 '",
         Listen::RdmaCm => "rdma resource show cm_id 2>/dev/null | grep -q LISTEN",
-        Listen::Said(line) => {
-            said = format!("grep -q '{line}' /tmp/uv-srv.log");
-            said.as_str()
-        }
+        // Waited for here, from the host (below).
+        Listen::Joined(_) => "true",
     };
     let start = format!(
         "killall -q -9 {prog}; rm -f /tmp/uv-srv.log; \
@@ -96,6 +95,22 @@ fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<
     tb.agents[0]
         .run(&start, T)
         .map_err(|e| format!("starting the server: {e}"))?;
+    if let Listen::Joined(group) = listen {
+        let node1 = hca_model::abi::node_guid(1);
+        // The MGID ends in the group address less its top four bits (ip_ib_mc_map).
+        let tail = [group[0] & 0x0f, group[1], group[2], group[3]];
+        let joined = || {
+            tb.cluster.fabric().with_sa(|sa| {
+                sa.groups()
+                    .any(|g| g.mgid[12..] == tail && g.members.contains_key(&node1))
+            })
+        };
+        let since = Instant::now();
+        while !joined() && since.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let (status, out) = tb.agents[1]
         .status(&format!("timeout -s KILL {TOOL_SECS} {client}"), T)
         .map_err(|e| format!("the client: {e}"))?;
@@ -690,7 +705,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                 tb,
                 &format!("mckey -m 239.1.2.3 -b {SERVER_IB0} -C 8"),
                 "mckey -m 239.1.2.3 -b 10.78.0.2 -s -C 8",
-                Listen::Said("mckey: joined"),
+                Listen::Joined([239, 1, 2, 3]),
             )?;
             both_ok(&p).map_err(|e| e + &why(tb))?;
             ensure!(
