@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use hca_model::sync::Unpoisoned;
 use hca_model::{Fabric, Hca};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -126,7 +127,7 @@ impl DeviceServer {
     /// The HCA of node `index`'s connected guest, if one is connected.
     pub fn hca(&self, index: usize) -> Option<Hca> {
         let n = self.nodes.get(index)?;
-        n.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        n.current.lock_unpoisoned().clone()
     }
 
     /// Stops every node, drops their guests' devices and removes the sockets.

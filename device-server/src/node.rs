@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hca_model::abi::NUM_VECTORS;
+use hca_model::sync::Unpoisoned;
 use hca_model::{DeviceMemory, DoorbellPump, Fabric, Hca, InterruptSink, Lid};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -234,7 +235,7 @@ impl NodeThread {
                 return Err(e);
             }
         };
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(hca.clone());
+        *self.current.lock_unpoisoned() = Some(hca.clone());
         Ok(Session {
             stream,
             hca,
@@ -264,7 +265,7 @@ impl NodeThread {
         );
         drop(s.pump.take());
         s.hca.detach();
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.current.lock_unpoisoned() = None;
         log::info!(
             "{}: guest gone, HCA at LID {} off the fabric",
             self.cfg.name,

@@ -8,6 +8,7 @@
 //! looks once a second and, when the allocator holds more than [`TRIM_SLACK`] free, calls
 //! `malloc_trim`, which returns every arena's free pages.
 
+use hca_model::sync::Unpoisoned;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -61,7 +62,7 @@ impl Trimmer {
             .name("heap-trim".into())
             .spawn(move || {
                 let (lock, cv) = &*s;
-                let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                let mut stopped = lock.lock_unpoisoned();
                 while !*stopped {
                     stopped = cv
                         .wait_timeout(stopped, PERIOD)
@@ -82,7 +83,7 @@ impl Trimmer {
 impl Drop for Trimmer {
     fn drop(&mut self) {
         let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *lock.lock_unpoisoned() = true;
         cv.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

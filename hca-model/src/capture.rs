@@ -19,6 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::fabric::PacketTap;
 use crate::packet::*;
+use crate::sync::Unpoisoned;
 
 /// pcap's link type for raw InfiniBand frames starting at the LRH.
 pub const LINKTYPE_INFINIBAND: u32 = 247;
@@ -270,7 +271,7 @@ impl Capture {
         rec.extend_from_slice(&len.min(SNAPLEN).to_le_bytes());
         rec.extend_from_slice(&len.to_le_bytes());
         rec.extend(frame.iter().take(SNAPLEN as usize));
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.lock_unpoisoned();
         // Flushed per frame: the file is readable while the cluster runs, and complete if
         // the process dies.
         out.write_all(&rec)?;

@@ -40,6 +40,7 @@ use crate::adapter_hook::AdapterHook;
 use crate::packet::Packet;
 use crate::partition::{self, PKeyTable, Partition, PartitionError};
 use crate::sa::{SubnetAdmin, SM_LID};
+use crate::sync::{Unpoisoned, UnpoisonedRw};
 
 /// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
 pub type Lid = u16;
@@ -945,7 +946,7 @@ impl Lane {
     /// runs into a delivery).
     fn lock(&self) -> LaneGuard<'_> {
         LaneGuard {
-            d: self.q.lock().unwrap_or_else(|e| e.into_inner()),
+            d: self.q.lock_unpoisoned(),
             quiet: &self.quiet,
         }
     }
@@ -1004,7 +1005,7 @@ impl<T: ?Sized> Default for Attachment<T> {
 
 impl<T: ?Sized> Attachment<T> {
     fn set(&self, v: Option<Arc<T>>) {
-        let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.slot.write_unpoisoned();
         self.present.store(v.is_some(), Release);
         *slot = v;
     }
@@ -1018,7 +1019,7 @@ impl<T: ?Sized> Attachment<T> {
         if !self.is_set() {
             return None;
         }
-        self.slot.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.slot.read_unpoisoned().clone()
     }
 }
 
@@ -1065,11 +1066,11 @@ impl PacketSink for SaPort {
             return Err(Rejected::of(pkt));
         };
         let fabric = Fabric { inner };
-        let counters = (self.pma.lock().unwrap_or_else(|e| e.into_inner())).answer(&pkt, &fabric);
+        let counters = (self.pma.lock_unpoisoned()).answer(&pkt, &fabric);
         let answer = match counters {
             Some(a) => Some(vec![a]),
             None => {
-                let mut sa = self.sa.lock().unwrap_or_else(|e| e.into_inner());
+                let mut sa = self.sa.lock_unpoisoned();
                 sa.answer(&pkt, &fabric)
             }
         };
@@ -1094,7 +1095,7 @@ impl PacketSink for SaPort {
 
 impl crate::sa::Ports for Fabric {
     fn lid_of(&self, guid: u64) -> Option<Lid> {
-        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        let ports = self.inner.ports.read_unpoisoned();
         ports.iter().enumerate().find_map(|(lid, p)| {
             let sink = p.as_ref()?.upgrade()?;
             (sink.port_guid() == Some(guid)).then_some(lid as Lid)
@@ -1106,7 +1107,7 @@ impl crate::sa::Ports for Fabric {
     }
 
     fn lids(&self) -> Vec<Lid> {
-        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        let ports = self.inner.ports.read_unpoisoned();
         ports
             .iter()
             .enumerate()
@@ -1118,11 +1119,7 @@ impl crate::sa::Ports for Fabric {
     }
 
     fn link_up(&self, lid: Lid) -> bool {
-        let down = self
-            .inner
-            .links_down
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let down = self.inner.links_down.lock_unpoisoned();
         !down.contains(&lid)
     }
 
@@ -1215,7 +1212,7 @@ impl Fabric {
 
     /// Runs `f` on the subnet administrator's state (its multicast groups).
     pub fn with_sa<T>(&self, f: impl FnOnce(&SubnetAdmin) -> T) -> T {
-        f(&self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&self.inner.sa.sa.lock_unpoisoned())
     }
 
     /// Sets the PacketLifeTime the subnet administrator gives paths and groups (OpenSM's
@@ -1223,7 +1220,7 @@ impl Fabric {
     /// Set it before guests ask for paths: ib_cm derives a connection's QP ACK timeout
     /// from it. None (changing nothing) past [`crate::sa::MAX_PACKET_LIFE`].
     pub fn set_packet_life(&self, life: u8) -> Option<()> {
-        (self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner())).set_packet_life(life)
+        (self.inner.sa.sa.lock_unpoisoned()).set_packet_life(life)
     }
 
     /// Nanoseconds since the fabric was made (its clock, real or manual).
@@ -1258,7 +1255,7 @@ impl Fabric {
     fn tick(&self) {
         let now = self.now_ns();
         let due: Vec<(u64, Stage, Packet)> = {
-            let mut held = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = self.inner.held.lock_unpoisoned();
             let (due, keep) = std::mem::take(&mut *held)
                 .into_iter()
                 .partition(|h| h.0 <= now);
@@ -1271,7 +1268,7 @@ impl Fabric {
             self.resume(pkt, stage, hook.as_ref(), false);
         }
         let ports: Vec<(Lid, Arc<dyn PacketSink>)> = {
-            let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+            let ports = self.inner.ports.read_unpoisoned();
             ports
                 .iter()
                 .enumerate()
@@ -1302,11 +1299,7 @@ impl Fabric {
     ) -> bool {
         let mut changed = Vec::new();
         {
-            let mut down = self
-                .inner
-                .links_down
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut down = self.inner.links_down.lock_unpoisoned();
             for (lid, p) in ports {
                 let up = hook.is_none_or(|h| h.link_up(*lid, now));
                 let was_up = !down.contains(lid);
@@ -1323,7 +1316,7 @@ impl Fabric {
         let mut reports = Vec::new();
         for (lid, p, up) in changed {
             p.link_changed(up);
-            let mut sa = self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sa = self.inner.sa.sa.lock_unpoisoned();
             reports.extend(sa.port_changed(lid, up, self));
         }
         let any = !reports.is_empty();
@@ -1336,7 +1329,7 @@ impl Fabric {
     /// Attaches a port and assigns it the next free LID (node number k gets LID k).
     pub fn attach(&self, sink: Weak<dyn PacketSink>) -> Lid {
         let lid = {
-            let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+            let mut ports = self.inner.ports.write_unpoisoned();
             let lid = ports.len() as Lid;
             self.tell_adapter_hook(&sink);
             self.set_port(lid, Some(sink.clone()));
@@ -1353,7 +1346,7 @@ impl Fabric {
     /// (trap 64 or 65); the next tick moves them.
     fn report_port(&self, lid: Lid, up: bool) {
         let reports = {
-            let mut sa = self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sa = self.inner.sa.sa.lock_unpoisoned();
             sa.port_changed(lid, up, self)
         };
         if !reports.is_empty() {
@@ -1367,7 +1360,7 @@ impl Fabric {
     /// Attaches a port at a given LID (a node coming back keeps its LID). Fails if a live port
     /// holds that LID already.
     pub fn attach_at(&self, lid: Lid, sink: Weak<dyn PacketSink>) -> Result<(), LidTaken> {
-        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        let mut ports = self.inner.ports.write_unpoisoned();
         // 0 is no LID; the SM's and the multicast LIDs are not a port's.
         if lid == 0 || lid >= SM_LID {
             return Err(LidTaken(lid));
@@ -1390,8 +1383,7 @@ impl Fabric {
         // A new port starts up; the next tick tells it if its link is down.
         self.inner
             .links_down
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .retain(|&l| l != lid);
         self.report_port(lid, true);
         Ok(())
@@ -1401,7 +1393,7 @@ impl Fabric {
     /// reports its GID out of service to subscribers.
     pub fn detach(&self, lid: Lid) {
         self.report_port(lid, false);
-        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        let mut ports = self.inner.ports.write_unpoisoned();
         if let Some(p) = ports.get_mut(lid as usize) {
             *p = None;
             self.set_port(lid, None);
@@ -1422,7 +1414,7 @@ impl Fabric {
         // Ports keep whether there is one without asking the fabric (an HCA's receive
         // doorbell needs no turn unless a hook is to see it): each hears of the change
         // under the ports' lock, which orders it with every other change and attachment.
-        let ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        let ports = self.inner.ports.write_unpoisoned();
         self.inner.adapter_hook.set(hook);
         let sinks: Vec<Arc<dyn PacketSink>> =
             ports.iter().flatten().filter_map(Weak::upgrade).collect();
@@ -1445,11 +1437,11 @@ impl Fabric {
     /// and the SA answers by them. Replaces the partitions set before.
     pub fn set_partitions(&self, parts: &[Partition]) -> Result<(), PartitionError> {
         let tables = partition::tables(parts)?;
-        *self.inner.pkeys.write().unwrap_or_else(|e| e.into_inner()) = (parts.to_vec(), tables);
+        *self.inner.pkeys.write_unpoisoned() = (parts.to_vec(), tables);
         let pkeys: Vec<u16> = parts.iter().map(|p| p.pkey).collect();
-        (self.inner.sa.sa.lock().unwrap_or_else(|e| e.into_inner())).set_partitions(&pkeys);
+        (self.inner.sa.sa.lock_unpoisoned()).set_partitions(&pkeys);
         let ports: Vec<_> = {
-            let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+            let ports = self.inner.ports.read_unpoisoned();
             ports
                 .iter()
                 .enumerate()
@@ -1466,7 +1458,7 @@ impl Fabric {
 
     /// The P_Key table of the port at `lid`.
     pub fn pkey_table(&self, lid: Lid) -> PKeyTable {
-        let pkeys = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        let pkeys = self.inner.pkeys.read_unpoisoned();
         (pkeys.1.iter())
             .find(|(l, _)| *l == lid)
             .map_or_else(partition::default_table, |(_, t)| *t)
@@ -1475,7 +1467,7 @@ impl Fabric {
     /// Every partition beside the default, as last set (its P_Key with the full bit), in
     /// the order given (`hcabench fabric`).
     pub fn partitions(&self) -> Vec<Partition> {
-        let pkeys = self.inner.pkeys.read().unwrap_or_else(|e| e.into_inner());
+        let pkeys = self.inner.pkeys.read_unpoisoned();
         (pkeys.0.iter())
             .map(|p| Partition {
                 pkey: p.pkey | partition::FULL_MEMBER,
@@ -1785,7 +1777,7 @@ impl Fabric {
         if lid == SM_LID || lid == crate::sa::sm::PERMISSIVE_LID {
             return Some(self.inner.sa.clone());
         }
-        let ports = self.inner.ports.read().unwrap_or_else(|e| e.into_inner());
+        let ports = self.inner.ports.read_unpoisoned();
         ports.get(lid as usize)?.as_ref()?.upgrade()
     }
 
@@ -1902,7 +1894,7 @@ impl Fabric {
             }
             Verdict::Delay(ns) => {
                 let due = now.saturating_add(ns);
-                let mut held = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
+                let mut held = self.inner.held.lock_unpoisoned();
                 held.push((due, resume, std::mem::take(pkt)));
                 None
             }

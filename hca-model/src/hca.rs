@@ -30,6 +30,7 @@ use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, PortNote, Rej
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
+use crate::sync::Unpoisoned;
 
 /// Raises one of the guest's MSI-X vectors. Host adapters implement it (an eventfd write
 /// under QEMU, an irqfd under the VMM).
@@ -614,7 +615,7 @@ enum Pump {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, HcaState> {
         // A panic while holding the lock is a device bug; keep serving the other QPs.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Runs `f` under the lock, then raises interrupts and moves packets with it released.

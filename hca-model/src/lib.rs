@@ -41,6 +41,7 @@ pub mod sa;
 mod sq_ring;
 mod srq;
 mod status;
+pub mod sync;
 pub mod uapi;
 mod uar;
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::packet::Packet;
+use hca_model::sync::Unpoisoned;
 use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
 use hca_test_driver::*;
 
@@ -224,7 +225,7 @@ fn scale() -> usize {
 
 #[test]
 fn test_many_rc_qps_with_unacknowledged_windows_stay_within_the_budget() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock_unpoisoned();
     let fabric = Fabric::with_manual_clock();
     // 256 QPs (times the scale, up to 1000) with send queues of 2^12 slots: 1M WRs
     // posted.
@@ -312,7 +313,7 @@ fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
 
 #[test]
 fn test_huge_sends_in_an_endless_rnr_loop_stay_within_the_budget() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock_unpoisoned();
     let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 64);
     let mut b = Driver::new(Some(&fabric), 16);
@@ -378,7 +379,7 @@ impl LinkHook for Slow {
 
 #[test]
 fn test_ud_fan_out_from_many_qps_into_a_lagging_fabric_stays_within_the_budget() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock_unpoisoned();
     let fabric = Fabric::with_manual_clock();
     let mut a = Driver::new(Some(&fabric), 160);
     let mut peers: Vec<Driver> = (0..4).map(|_| Driver::new(Some(&fabric), 4)).collect();

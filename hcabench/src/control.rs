@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
+use hca_model::sync::Unpoisoned;
 use hca_model::Fabric;
 
 pub const SOCKET: &str = "control.sock";
@@ -127,7 +128,7 @@ impl Control {
 
     /// The plan on the fabric, if the cluster has one.
     pub fn hook(&self) -> Option<Arc<FaultHook>> {
-        self.hook.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.hook.lock_unpoisoned().clone()
     }
 
     /// Nodes (by index from 0) whose guests must stop now: planned kills that came due and
@@ -360,7 +361,7 @@ impl Control {
 
     /// The cluster's plan, or an empty one started now.
     fn hook_or_start(&self) -> Result<Arc<FaultHook>, String> {
-        let mut slot = self.hook.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.hook.lock_unpoisoned();
         if let Some(h) = slot.as_ref() {
             return Ok(h.clone());
         }

@@ -21,6 +21,7 @@ use cluster::node::complete_lines;
 
 use crate::daemon::GUEST_STOPPED;
 use crate::rundir::{pid_alive, ClusterState, NodeState, RunDir};
+use hca_model::sync::Unpoisoned;
 
 /// Run a command in a guest and exit with its exit status
 ///
@@ -431,7 +432,7 @@ impl<'a> Prefixed<'a> {
             buf.extend_from_slice(self.prefix.as_bytes());
             buf.extend_from_slice(line);
         }
-        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let out = self.out.lock_unpoisoned();
         let mut out = out.lock();
         out.write_all(&buf)?;
         out.flush()

@@ -123,7 +123,7 @@ fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), String> {
 /// Locks `m`. A thread that panicked while holding it left the data as it was; the VM's
 /// other devices go on with it rather than failing every exit after.
 pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    hca_model::sync::Unpoisoned::lock_unpoisoned(m)
 }
 
 #[cfg(test)]

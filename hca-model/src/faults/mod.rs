@@ -61,6 +61,7 @@ use std::sync::Mutex;
 pub use live::LiveFault;
 pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults};
 
+use crate::sync::Unpoisoned;
 use draw::Stream;
 use log::LogLine;
 
@@ -172,7 +173,7 @@ impl FaultHook {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Plan time (ns since the origin) at fabric time `now_ns`.
