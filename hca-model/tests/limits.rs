@@ -93,30 +93,6 @@ fn test_reads_beyond_max_rd_atomic_wait_for_responses_then_all_complete() {
     assert_eq!(p.a.read(dst, 8 * 256), pattern(8 * 256, 5));
 }
 
-/// An MR whose page list names one page `npages` times: a big message over few bytes of
-/// guest memory, and one gather record per page.
-fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
-    let page = d.alloc(4096, 4096);
-    let list = d.alloc(npages * 8, 8);
-    for i in 0..npages {
-        d.write(list + i * 8, &page.to_le_bytes());
-    }
-    let iova = 0x4000_0000;
-    let key = d
-        .try_reg_mr(&HcaCmdRegMr {
-            iova,
-            length: npages * 4096,
-            page_list: list,
-            pdn,
-            access: ACCESS_LOCAL_WRITE,
-            npages: npages as u32,
-            page_shift: 12,
-            ..Default::default()
-        })
-        .expect("repeated-page MR");
-    (key, iova)
-}
-
 /// 512 SENDs of 64 MiB, each gathered from one page (16K records, 256 KiB of host memory
 /// each), posted to `qa`; returns (WRs posted, host bytes one WR holds).
 fn post_big_sends(p: &mut Pair, qa: &mut QpH, lkey: u32, iova: u64, npages: u64) -> usize {
@@ -139,7 +115,7 @@ fn test_host_memory_for_requests_in_flight_is_bounded_per_device() {
     // A send queue of 1024 slots, so that its window is no bound here.
     let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
     let npages = 16384u64;
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let (lkey, iova) = p.a.repeated_page_mr(p.pd_a, npages);
     let per_wr = npages as usize * 16;
     let posted = post_big_sends(&mut p, &mut qa, lkey, iova, npages);
     let (wrs, bytes) = p.a.hca.in_flight();
@@ -161,7 +137,7 @@ fn test_a_host_sets_the_bound_per_device() {
     p.a.hca.set_in_flight_budget(8 << 20);
     let (mut qa, _qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
     let npages = 16384u64;
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let (lkey, iova) = p.a.repeated_page_mr(p.pd_a, npages);
     let per_wr = npages as usize * 16;
     post_big_sends(&mut p, &mut qa, lkey, iova, npages);
     let (wrs, bytes) = p.a.hca.in_flight();
@@ -176,7 +152,7 @@ fn test_a_host_sets_the_bound_per_device() {
         let (x, y) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), 10, 0);
         (y, x)
     };
-    let (lkey_b, iova_b) = repeated_page_mr(&mut p.b, p.pd_b, npages);
+    let (lkey_b, iova_b) = p.b.repeated_page_mr(p.pd_b, npages);
     for i in 0..64u64 {
         let w = HcaSendWqe {
             wr_id: i,
@@ -203,7 +179,7 @@ fn test_every_wr_counts_its_fixed_share_and_long_gather_lists_their_records() {
     p.a.post_send(&mut qa, send_wr(1, WR_SEND, 0), &[one]);
     assert_eq!(p.a.hca.in_flight(), (1, WR_FIXED_BYTES));
     // Three pages that are not contiguous: three 16-byte records on the heap.
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, 3);
+    let (lkey, iova) = p.a.repeated_page_mr(p.pd_a, 3);
     let three = sge(iova, 3 * 4096, lkey);
     p.a.post_send(&mut qa, send_wr(2, WR_SEND, 0), &[three]);
     assert_eq!(p.a.hca.in_flight(), (2, 2 * WR_FIXED_BYTES + 3 * 16));
@@ -213,7 +189,7 @@ fn test_every_wr_counts_its_fixed_share_and_long_gather_lists_their_records() {
 fn test_memory_a_qp_held_returns_to_the_device_when_it_fails_or_goes() {
     let mut p = Pair::new(3);
     let npages = 16384u64;
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let (lkey, iova) = p.a.repeated_page_mr(p.pd_a, npages);
     let cqs = (p.cq_a.cqn, p.cq_b.cqn);
     // A QP that fills the device's bound, then goes to ERR (its WRs flushed).
     let (mut q1, _) = p.connect_more(cqs, 10, 0);
@@ -442,7 +418,7 @@ fn test_a_qp_with_nothing_in_flight_waits_at_the_device_bound_and_goes_on_when_i
     // and fill the device's bound.
     let mut p = Pair::new(3);
     let npages = 16384u64;
-    let (lkey, iova) = repeated_page_mr(&mut p.a, p.pd_a, npages);
+    let (lkey, iova) = p.a.repeated_page_mr(p.pd_a, npages);
     // Its own CQ, with room for all it flushes.
     let big_cq = p.a.create_cq(10);
     let (mut q1, _) = p.connect_more((big_cq.cqn, p.cq_b.cqn), 10, 0);

@@ -285,32 +285,6 @@ fn test_many_rc_qps_with_unacknowledged_windows_stay_within_the_budget() {
     r.check();
 }
 
-/// An MR whose page list names one page `npages` times: a big message over few bytes of
-/// guest memory, and one gather record per page.
-fn repeated_page_mr(d: &mut Driver, pdn: u32, npages: u64) -> (u32, u64) {
-    let page = d.alloc(4096, 4096);
-    let list = d.alloc(npages * 8, 8);
-    let mut bytes = Vec::with_capacity(npages as usize * 8);
-    for _ in 0..npages {
-        bytes.extend_from_slice(&page.to_le_bytes());
-    }
-    d.write(list, &bytes);
-    let iova = 0x4000_0000;
-    let key = d
-        .try_reg_mr(&HcaCmdRegMr {
-            iova,
-            length: npages * 4096,
-            page_list: list,
-            pdn,
-            access: ACCESS_LOCAL_WRITE,
-            npages: npages as u32,
-            page_shift: 12,
-            ..Default::default()
-        })
-        .expect("repeated-page MR");
-    (key, iova)
-}
-
 #[test]
 fn test_huge_sends_in_an_endless_rnr_loop_stay_within_the_budget() {
     let _one = SERIAL.lock_unpoisoned();
@@ -323,7 +297,7 @@ fn test_huge_sends_in_an_endless_rnr_loop_stay_within_the_budget() {
     let (ca, cb) = (a.create_cq(12), b.create_cq(12));
     // 2 GiB messages over one page (512K gather records, 8 MiB each).
     let npages = (MAX_MSG_SIZE as u64) / 4096 - 1;
-    let (lkey, iova) = repeated_page_mr(&mut a, pa, npages);
+    let (lkey, iova) = a.repeated_page_mr(pa, npages);
     let mut r = Report::start("2 GiB SENDs, RNR forever");
     let mut qps = Vec::new();
     for _ in 0..32 * scale() {

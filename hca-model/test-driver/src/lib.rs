@@ -386,6 +386,29 @@ impl<P: Port> Driver<P> {
         st
     }
 
+    /// An MR in PD `pdn` whose page list names one page `npages` times: a big message over
+    /// few bytes of guest memory, and one gather record per page. Its (lkey, iova).
+    pub fn repeated_page_mr(&mut self, pdn: u32, npages: u64) -> (u32, u64) {
+        let page = self.alloc(4096, 4096);
+        let list = self.alloc(npages * 8, 8);
+        let bytes: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+        self.write(list, &bytes);
+        let iova = 0x4000_0000;
+        let key = self
+            .try_reg_mr(&HcaCmdRegMr {
+                iova,
+                length: npages * 4096,
+                page_list: list,
+                pdn,
+                access: ACCESS_LOCAL_WRITE,
+                npages: npages as u32,
+                page_shift: 12,
+                ..Default::default()
+            })
+            .expect("repeated-page MR");
+        (key, iova)
+    }
+
     pub fn create_cq(&mut self, log: u32) -> CqH {
         self.try_create_cq(log, VEC_COMP_FIRST).expect("create cq")
     }
