@@ -401,6 +401,18 @@ fn is_debian_package_name(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// An image whose files are never opened: for specs built from a file.
+    fn test_image() -> Image {
+        Image {
+            kernel_version: "k".into(),
+            name: "k".into(),
+            vmlinux: "v".into(),
+            bzimage: "b".into(),
+            initramfs: "i".into(),
+            userland: None,
+        }
+    }
+
     #[test]
     fn test_every_field_has_a_default() {
         assert_eq!(
@@ -460,14 +472,7 @@ mod tests {
             "{e}"
         );
         let c = ClusterConfig::parse("device_memory_mib = 16", "c.toml").unwrap();
-        let image = Image {
-            kernel_version: "k".into(),
-            name: "k".into(),
-            vmlinux: "v".into(),
-            bzimage: "b".into(),
-            initramfs: "i".into(),
-            userland: None,
-        };
+        let image = test_image();
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 2);
         assert_eq!(spec.in_flight_budget(), 16 << 20);
     }
@@ -478,14 +483,7 @@ mod tests {
                     limited = [\"node3\"]\n";
         let c = ClusterConfig::parse(text, "x").unwrap();
         let dir = PathBuf::from("/tmp/x");
-        let image = Image {
-            kernel_version: "k".into(),
-            name: "k".into(),
-            vmlinux: "v".into(),
-            bzimage: "b".into(),
-            initramfs: "i".into(),
-            userland: None,
-        };
+        let image = test_image();
         let spec = c.spec(cluster::Backend::Qemu, image.clone(), dir.clone(), 3);
         assert_eq!(
             spec.partitions,
