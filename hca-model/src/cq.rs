@@ -176,15 +176,7 @@ impl Device {
             return Err(CmdError::BadAddress);
         }
         // Zero the ring so that no stale entry looks valid.
-        let zero = [0u8; 4096];
-        let mut off = 0;
-        while off < bytes {
-            let n = (bytes - off).min(4096);
-            let _ = self
-                .mem
-                .write(a.ring_addr + off, zero.get(..n as usize).unwrap_or(&[]));
-            off += n;
-        }
+        let _ = self.zero_ring(a.ring_addr, bytes);
         let cq = Cq {
             ring: a.ring_addr,
             log_entries: a.log_entries,
@@ -242,15 +234,8 @@ impl Device {
             crate::dma::read(self.mem.as_ref(), slot, cqe.as_mut_slice())
                 .map_err(|_| CmdError::BadAddress)?;
         }
-        let zero = [0u8; 4096];
-        let mut off = 0;
-        while off < bytes {
-            let n = (bytes - off).min(4096);
-            let chunk = zero.get(..n as usize).unwrap_or(&[]);
-            crate::dma::write(self.mem.as_ref(), a.ring_addr + off, chunk)
-                .map_err(|_| CmdError::BadAddress)?;
-            off += n;
-        }
+        self.zero_ring(a.ring_addr, bytes)
+            .map_err(|_| CmdError::BadAddress)?;
         let at = CQE_OWNER_OFFSET as usize;
         for (i, cqe) in (0u32..).zip(moved.iter_mut()) {
             let owner = owner_bit(i, a.log_entries);
@@ -265,6 +250,19 @@ impl Device {
         cq.pi = pending;
         let db = cq.db;
         self.bar2.store_u32(db, 0);
+        Ok(())
+    }
+
+    /// Zeroes a new ring of `bytes` at `addr`, a page at a time.
+    fn zero_ring(&self, addr: u64, bytes: u64) -> Result<(), crate::dma::DmaFault> {
+        let zero = [0u8; 4096];
+        let mut off = 0;
+        while off < bytes {
+            let n = (bytes - off).min(4096);
+            let chunk = zero.get(..n as usize).unwrap_or(&[]);
+            crate::dma::write(self.mem.as_ref(), addr + off, chunk)?;
+            off += n;
+        }
         Ok(())
     }
 
