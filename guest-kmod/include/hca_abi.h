@@ -190,6 +190,7 @@
 #define HCA_QPT_SMI			0
 #define HCA_QPT_GSI			1
 #define HCA_QPT_RC			2
+#define HCA_QPT_UC			3
 #define HCA_QPT_UD			4
 #define HCA_QP_FLAG_SIG_ALL		(1 << 0)
 /* receives come from the SRQ srqn; the rq_* fields are unused */

@@ -235,6 +235,8 @@ pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
 pub const QPT_SMI: u32 = 0;
 pub const QPT_GSI: u32 = 1;
 pub const QPT_RC: u32 = 2;
+/// Unreliable connected: RC's SENDs and WRITEs to one peer, without ACKs or resends.
+pub const QPT_UC: u32 = 3;
 pub const QPT_UD: u32 = 4;
 // CREATE_QP flags.
 /// Every send WR completes with a CQE (ib_qp_init_attr.sq_sig_type == IB_SIGNAL_ALL_WR).
@@ -1098,6 +1100,7 @@ pub fn layout() -> Vec<(String, u64)> {
         QPT_SMI,
         QPT_GSI,
         QPT_RC,
+        QPT_UC,
         QPT_UD,
         QP_FLAG_SIG_ALL,
         QP_FLAG_SRQ,

@@ -118,12 +118,12 @@ pub fn encode(pkt: &Packet, payload: &[u8]) -> Vec<u8> {
 
 fn encode_bth(f: &mut Vec<u8>, pkt: &Packet, payload_len: usize) {
     let pad = ((4 - payload_len % 4) % 4) as u8;
-    f.push(pkt.opcode);
+    f.push(pkt.wire_opcode());
     f.push(u8::from(pkt.solicited) << 7 | pad << 4); // SE, MigReq 0, PadCnt, TVer 0
     f.extend_from_slice(&pkt.pkey.to_be_bytes());
     f.extend_from_slice(&(pkt.dest_qpn & 0x00ff_ffff).to_be_bytes()); // resv8a, DestQP
-                                                                      // AckReq on the packet that ends a request message: the responder answers it.
-    let ack_req = pkt.is_request() && !pkt.is_ud() && pkt.ends_message();
+                                                                      // AckReq on the packet that ends an RC request message: the responder answers it.
+    let ack_req = pkt.is_request() && !pkt.is_ud() && !pkt.uc && pkt.ends_message();
     let word = u32::from(ack_req) << 31 | (pkt.psn & PSN_MASK);
     f.extend_from_slice(&word.to_be_bytes());
 }
@@ -356,6 +356,19 @@ mod tests {
         assert_eq!(icrc(&g[..44], false), icrc(&f[..44], false));
         g[40] ^= 1;
         assert_ne!(icrc(&g[..44], false), icrc(&f[..44], false));
+    }
+
+    #[test]
+    fn test_a_uc_frame_has_ucs_opcode_and_asks_no_ack() {
+        let pkt = Packet {
+            opcode: RC_WRITE_ONLY,
+            uc: true,
+            reth: Some(Reth::default()),
+            ..Default::default()
+        };
+        let f = encode(&pkt, b"hi");
+        assert_eq!(f[8], 0x2a, "UC RDMA WRITE Only");
+        assert_eq!(f[16] & 0x80, 0, "no AckReq: UC is never answered");
     }
 
     #[derive(Clone, Default)]

@@ -39,6 +39,11 @@ impl HcaState {
             self.dev.stats.ud_dropped += 1;
             return;
         }
+        if pkt.uc {
+            // Nothing waits for it: UC's WR completed as it was sent.
+            self.dev.stats.uc_dropped += 1;
+            return;
+        }
         self.dev.stats.rc_dropped += 1;
         if !pkt.is_request() || why == DropReason::Hook {
             return;
@@ -57,7 +62,7 @@ impl QpEngine<'_> {
     /// An ACK, NAK, read response or atomic response for this QP.
     fn on_response(&mut self, pkt: Packet) -> Result<(), Rejected> {
         let qp = &*self.qp;
-        if qp.is_ud() || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
+        if qp.qp_type != QPT_RC || pkt.slid != qp.attr.dlid || pkt.src_qpn != qp.attr.dest_qpn {
             return Err(Rejected::of(pkt));
         }
         if u32::from(qp.attr.state) != QPS_RTS {

@@ -75,6 +75,9 @@ pub struct HcaStats {
     /// Times the port's link went down.
     pub link_downs: u64,
     pub ud_dropped: u64,
+    /// UC packets dropped: out of sequence, or refused by the responder (no receive WQE,
+    /// a bad rkey, too long), or undeliverable (UC does not tell the sender).
+    pub uc_dropped: u64,
     pub rc_dropped: u64,
     pub dma_faults: u64,
     /// RC packets sent again (timeouts, sequence NAKs, RNR waits).
@@ -680,7 +683,9 @@ impl Shared {
             let irqs = irqs | std::mem::take(&mut st.dev.late_due);
             st.dev.stats.interrupts += u64::from(irqs.count_ones());
             // Work left over is due at once: the next tick goes on with it if no caller does.
-            let hint = if st.dev.more_work {
+            // So is a send queue waiting for memory: what a UC copy or a peer's READ
+            // response held may be freed on another thread, which wakes no one here.
+            let hint = if st.dev.more_work || !st.dev.mem_waiters.is_empty() {
                 0
             } else {
                 st.dev.timer_hint

@@ -38,6 +38,7 @@ pub mod reliability;
 mod requester;
 mod responder;
 pub mod sa;
+mod snapshot;
 mod sq_ring;
 mod srq;
 mod status;

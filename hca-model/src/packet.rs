@@ -41,6 +41,8 @@ pub const RC_CMP_SWAP: u8 = 0x13;
 pub const RC_FETCH_ADD: u8 = 0x14;
 pub const RC_SEND_LAST_INV: u8 = 0x16;
 pub const RC_SEND_ONLY_INV: u8 = 0x17;
+/// UC opcodes (transport 001) are RC's SEND and WRITE opcodes (0x00-0x0b) with this.
+pub const UC_TRANSPORT: u8 = 0x20;
 // UD opcodes (transport 011).
 pub const UD_SEND_ONLY: u8 = 0x64;
 pub const UD_SEND_ONLY_IMM: u8 = 0x65;
@@ -593,6 +595,9 @@ pub struct Packet {
     pub of: u32,
     /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
     pub corrupt: bool,
+    /// The BTH's transport is UC: the opcode is RC's SEND or WRITE opcode here, and on the
+    /// wire has UC's transport bits (see [`Packet::wire_opcode`]).
+    pub uc: bool,
 }
 
 impl Clone for Packet {
@@ -639,6 +644,7 @@ impl Default for Packet {
             first: 0,
             of: 0,
             corrupt: false,
+            uc: false,
         }
     }
 }
@@ -933,6 +939,7 @@ impl Packet {
             first: self.first,
             of: self.of,
             corrupt: self.corrupt,
+            uc: self.uc,
         }
     }
 
@@ -980,6 +987,15 @@ impl Packet {
 
     pub fn is_ud(&self) -> bool {
         self.opcode == UD_SEND_ONLY || self.opcode == UD_SEND_ONLY_IMM
+    }
+
+    /// The BTH opcode byte: a UC packet's is its RC opcode with transport 001.
+    pub fn wire_opcode(&self) -> u8 {
+        if self.uc {
+            UC_TRANSPORT | self.opcode
+        } else {
+            self.opcode
+        }
     }
 
     /// Whether the packet is a request (to a responder) rather than a response (to a requester).

@@ -337,8 +337,19 @@ pub struct HeldAck {
 }
 
 impl Qp {
+    /// A datagram QP (UD, or the management QPs 0 and 1).
     pub fn is_ud(&self) -> bool {
-        self.qp_type != QPT_RC
+        !self.is_connected()
+    }
+
+    /// Connected to one peer QP (RC or UC): its packets must come from that peer.
+    pub fn is_connected(&self) -> bool {
+        matches!(self.qp_type, QPT_RC | QPT_UC)
+    }
+
+    /// Unreliable connected: nothing is acknowledged or resent.
+    pub fn is_uc(&self) -> bool {
+        self.qp_type == QPT_UC
     }
 
     pub fn mtu(&self) -> u32 {
@@ -382,6 +393,9 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
 /// Required and optional attributes of a transition, as ib_core's table has them; None if
 /// the transition is not allowed.
 fn transition(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
+    if qp_type == QPT_UC {
+        return uc_transition(cur, next);
+    }
     let rc = qp_type == QPT_RC;
     // QP0 and QP1 serve the one port: no port attribute.
     let gsi = matches!(qp_type, QPT_GSI | QPT_SMI);
@@ -418,6 +432,24 @@ fn transition(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
             QP_ATTR_CUR_STATE | QP_ATTR_ACCESS_FLAGS | QP_ATTR_MIN_RNR_TIMER,
         ),
         (QPS_RTS, QPS_RTS) => (0, QP_ATTR_CUR_STATE | QP_ATTR_QKEY),
+        _ => return None,
+    })
+}
+
+/// A UC QP's transitions: RC's, less what only reliability needs (ACK timeout, retry
+/// counts, READ/atomic depths, the RNR timer).
+fn uc_transition(cur: u32, next: u32) -> Option<(u32, u32)> {
+    let init = QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
+    Some(match (cur, next) {
+        (_, QPS_RESET) | (_, QPS_ERR) => (0, 0),
+        (QPS_RESET, QPS_INIT) => (init, 0),
+        (QPS_INIT, QPS_INIT) => (0, init),
+        (QPS_INIT, QPS_RTR) => (
+            QP_ATTR_AV | QP_ATTR_PATH_MTU | QP_ATTR_DEST_QPN | QP_ATTR_RQ_PSN,
+            QP_ATTR_ACCESS_FLAGS | QP_ATTR_PKEY_INDEX,
+        ),
+        (QPS_RTR, QPS_RTS) => (QP_ATTR_SQ_PSN, QP_ATTR_CUR_STATE | QP_ATTR_ACCESS_FLAGS),
+        (QPS_RTS, QPS_RTS) => (0, QP_ATTR_CUR_STATE | QP_ATTR_ACCESS_FLAGS),
         _ => return None,
     })
 }
@@ -470,7 +502,7 @@ impl HcaState {
     }
 
     pub(crate) fn cmd_create_qp(&mut self, a: &HcaCmdCreateQp) -> Result<u32, CmdError> {
-        if !matches!(a.qp_type, QPT_RC | QPT_UD | QPT_GSI | QPT_SMI)
+        if !matches!(a.qp_type, QPT_RC | QPT_UC | QPT_UD | QPT_GSI | QPT_SMI)
             || a.flags & !(QP_FLAG_SIG_ALL | QP_FLAG_SRQ | QP_FLAG_SQ_RING) != 0
         {
             return Err(CmdError::BadParam);

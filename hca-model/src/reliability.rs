@@ -152,7 +152,7 @@ impl QpEngine<'_> {
 
     /// This QP's timer at fabric time `now`: fires if due, else stays in the device's hint.
     fn on_timer(&mut self, now: u64) {
-        let live = u32::from(self.qp.attr.state) == QPS_RTS && !self.qp.is_ud();
+        let live = u32::from(self.qp.attr.state) == QPS_RTS && self.qp.qp_type == QPT_RC;
         match self.qp.retry.wait {
             _ if !live => self.set_wait(Wait::Idle),
             Wait::Ack(t) if t <= now => {

@@ -6,8 +6,8 @@
 //! when the QP was created with QP_FLAG_SIG_ALL): the paper's unsignaled sends.
 //!
 //! RC payloads reference the sender's memory until delivery (the WR completes only after its
-//! ACK, so the buffer is still the consumer's to keep); UD payloads are copied at send time,
-//! because a UD WR completes as soon as it is sent.
+//! ACK, so the buffer is still the consumer's to keep); UD and UC payloads are copied at send
+//! time, because their WRs complete as soon as they are sent.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use crate::hca::{Device, HcaState, SqHint};
 use crate::mr::Use;
 use crate::packet::*;
 use crate::qp::{cqe_op_of, PendKind, Pending, QpEngine};
+use crate::snapshot::Snapshot;
 use crate::status::WcError;
 
 /// Largest UD message: the port MTU.
@@ -303,6 +304,9 @@ impl QpEngine<'_> {
         if is_ud {
             return self.send_ud(w, src, len, signaled);
         }
+        if self.qp.is_uc() {
+            return self.send_uc(w, src, len, signaled);
+        }
         let pend = Pending {
             wr_id: w.wr_id,
             cqe_op,
@@ -375,12 +379,29 @@ impl QpEngine<'_> {
         len: u64,
         mut pend: Pending,
     ) -> Result<(), WcError> {
+        let first_psn = self.qp.next_psn;
+        let payload = src.into_payload(self.dev, len, self.qp.pending.sends());
+        let head = self.message_head(w, payload, len);
+        let npk = head.span();
+        let request = head.clone();
+        self.dev.transmit_train(head);
+        pend.first_psn = first_psn;
+        pend.last_psn = psn_add(first_psn, npk - 1);
+        self.push_pending(pend, request, npk);
+        Ok(())
+    }
+
+    /// The train of a SEND or RDMA WRITE WR `w` (with immediate, or a SEND with
+    /// invalidate) of `len` bytes, from the QP's next PSN: its headers on its first and
+    /// last packets, cut at the path MTU.
+    // Always inline: on every RC SEND's path, and the packet is built in place.
+    #[inline(always)]
+    fn message_head(&self, w: &HcaSendWqe, payload: Payload, len: u64) -> Packet {
         let op = u32::from(w.opcode);
-        let (mtu, first_psn) = (self.qp.mtu(), self.qp.next_psn);
         let write = matches!(op, WR_RDMA_WRITE | WR_RDMA_WRITE_IMM);
         let imm = matches!(op, WR_SEND_IMM | WR_RDMA_WRITE_IMM);
-        let mut head = self.rc_packet(0, first_psn);
-        head.payload = src.into_payload(self.dev, len, self.qp.pending.sends());
+        let mut head = self.rc_packet(0, self.qp.next_psn);
+        head.payload = payload;
         head.reth = write.then_some(Reth {
             va: w.remote_addr,
             rkey: w.rkey,
@@ -389,14 +410,58 @@ impl QpEngine<'_> {
         head.imm = imm.then_some(w.imm);
         head.ieth = (op == WR_SEND_INV).then_some(w.imm);
         head.solicited = u32::from(w.flags) & WQE_SOLICITED != 0;
-        head.make_message(if write { RC_WRITE_ONLY } else { RC_SEND_ONLY }, len, mtu);
-        let npk = head.span();
-        let request = head.clone();
+        head.make_message(
+            if write { RC_WRITE_ONLY } else { RC_SEND_ONLY },
+            len,
+            self.qp.mtu(),
+        );
+        head
+    }
+
+    /// UC: a SEND or RDMA WRITE (with or without immediate), cut into packets as RC's are,
+    /// never acknowledged or resent. The WR completes as it goes out, so its bytes are
+    /// copied now (see [`Snapshot`]): the copy counts against the device's bound on bytes
+    /// in flight, which is why one larger than that whole bound is refused.
+    fn send_uc(
+        &mut self,
+        w: &HcaSendWqe,
+        src: Source,
+        len: u64,
+        signaled: bool,
+    ) -> Result<(), WcError> {
+        let op = u32::from(w.opcode);
+        if !matches!(
+            op,
+            WR_SEND | WR_SEND_IMM | WR_RDMA_WRITE | WR_RDMA_WRITE_IMM
+        ) {
+            return Err(WcError::LocQpOp);
+        }
+        if len > self.dev.in_flight_budget as u64 {
+            return Err(WcError::LocLen);
+        }
+        let payload = src.into_payload(self.dev, len, self.qp.pending.sends());
+        let payload = Snapshot::take(payload, &self.dev.held).map_err(|_| WcError::LocProt)?;
+        self.dev.turn_left = self.dev.turn_left.saturating_sub(len / COPY_BYTES_PER_UNIT);
+        let mut head = self.message_head(w, payload, len);
+        head.uc = true;
+        self.qp.next_psn = psn_add(self.qp.next_psn, head.span());
         self.dev.transmit_train(head);
-        pend.first_psn = first_psn;
-        pend.last_psn = psn_add(first_psn, npk - 1);
-        self.push_pending(pend, request, npk);
+        if signaled {
+            self.complete_sent(w.wr_id, op, len);
+        }
         Ok(())
+    }
+
+    /// The CQE of a WR that completed as it was sent (UD, UC).
+    fn complete_sent(&mut self, wr_id: u64, wr_op: u32, len: u64) {
+        let cqe = HcaCqe {
+            wr_id,
+            byte_len: len as u32,
+            qpn: self.qpn,
+            opcode: cqe_op_of(wr_op).unwrap_or(CQE_OP_SEND) as u8,
+            ..Default::default()
+        };
+        self.dev.post_cqe(self.qp.send_cqn, cqe, false);
     }
 
     fn send_read(
@@ -548,14 +613,7 @@ impl QpEngine<'_> {
         self.qp.next_psn = psn_add(self.qp.next_psn, 1);
         self.dev.transmit(pkt);
         if signaled {
-            let cqe = HcaCqe {
-                wr_id: w.wr_id,
-                byte_len: len as u32,
-                qpn: self.qpn,
-                opcode: CQE_OP_SEND as u8,
-                ..Default::default()
-            };
-            self.dev.post_cqe(self.qp.send_cqn, cqe, false);
+            self.complete_sent(w.wr_id, op, len);
         }
         Ok(())
     }

@@ -14,6 +14,9 @@
 //! EV_QP_ACCESS_ERR where IB raises it, and moves this QP to ERR too. A SEND with no receive
 //! WQE posted gets an RNR NAK and leaves the QP as it was.
 //!
+//! UC: RC's SENDs and WRITEs from the connected peer, placed as RC places them, never
+//! answered; what RC would NAK drops the rest of the message instead (see `receive_uc`).
+//!
 //! UD: checked against the Q_Key; with no receive WQE, a bad Q_Key, or more data than the
 //! receive WQE holds, it is dropped silently and counted, as UD allows (the WQE stays).
 //! Receive buffers start with UD_GRH_BYTES of GRH room, which holds a multicast datagram's
@@ -63,6 +66,20 @@ struct Recv {
     cap: u64,
 }
 
+impl Recv {
+    /// A SEND's message to come, into this WQE.
+    fn into_inbound(self) -> Inbound {
+        Inbound {
+            segs: self.segs,
+            offset: 0,
+            cap: self.cap,
+            recv_wr_id: Some(self.wr_id),
+            grant: None,
+            cursor: Default::default(),
+        }
+    }
+}
+
 /// Why a receive WQE could not be used.
 enum RecvError {
     /// None posted (RNR for RC, drop for UD).
@@ -95,6 +112,7 @@ impl HcaState {
                     e.dev.stats.pkey_violations += 1;
                     Ok(())
                 }
+                Some(mut e) if pkt.uc => e.receive_uc(pkt),
                 Some(mut e) => e.receive_rc(pkt),
                 None => Err(Rejected::of(pkt)),
             };
@@ -134,7 +152,7 @@ impl QpEngine<'_> {
         let qp = &mut *self.qp;
         let state = u32::from(qp.attr.state);
         let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
-        if qp.is_ud() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
+        if qp.qp_type != QPT_RC || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
             return Err(Rejected::of(pkt));
         }
         if pkt.psn != qp.epsn {
@@ -444,14 +462,7 @@ impl QpEngine<'_> {
             let Some(r) = self.start_recv(pkt) else {
                 return;
             };
-            self.qp.inbound = Some(Inbound {
-                segs: r.segs,
-                offset: 0,
-                cap: r.cap,
-                recv_wr_id: Some(r.wr_id),
-                grant: None,
-                cursor: Default::default(),
-            });
+            self.qp.inbound = Some(r.into_inbound());
         }
         if let Err(syndrome) = self.place(pkt) {
             return self.refuse_inbound(pkt, syndrome);
@@ -530,34 +541,10 @@ impl QpEngine<'_> {
             return self.rc_write_only(pkt);
         }
         if first {
-            let Some(reth) = pkt.reth else {
-                return self.nak(&pkt, AETH_NAK_INV_REQ);
-            };
-            let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
-            let mut segs = SegList::new();
-            let len = u64::from(reth.len);
-            if self
-                .dev
-                .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
-                .is_err()
-            {
-                return self.nak(&pkt, AETH_NAK_REM_ACCESS);
+            match self.write_target(&pkt) {
+                Ok(msg) => self.qp.inbound = Some(msg),
+                Err(syndrome) => return self.nak(&pkt, syndrome),
             }
-            self.qp.inbound = Some(Inbound {
-                segs,
-                offset: 0,
-                cap: len,
-                recv_wr_id: None,
-                // A WRITE in one packet is placed in this turn, under the device lock that
-                // deregistering or invalidating its MR must take: nothing can revoke the
-                // key between the check and the copy, so it needs no grant.
-                grant: if pkt.ends_message() {
-                    None
-                } else {
-                    self.dev.grant_of(reth.rkey)
-                },
-                cursor: Default::default(),
-            });
         }
         // WRITE_WITH_IMM consumes a receive WQE for its immediate; check before placing.
         if with_imm {
@@ -708,6 +695,141 @@ impl QpEngine<'_> {
         self.reply(atomic_ack(self.qpn, self.qp.pkey, &pkt, orig));
         self.qp.last_atomic = Some((pkt.psn, orig));
         self.advance_epsn(1);
+    }
+
+    /// A UC request for this QP: a SEND or RDMA WRITE from its connected peer, placed as
+    /// RC's are, and never answered. What RC would NAK is dropped instead, with the rest of
+    /// its message, and the QP stays as it was (IBA 9.7.5.2): a PSN gap (a packet lost;
+    /// the message it belonged to is abandoned, and the next one that starts is taken), no
+    /// receive WQE, a bad rkey, a message too long for its WQE or its RETH, bytes that
+    /// cannot be placed.
+    fn receive_uc(&mut self, pkt: Packet) -> Result<(), Rejected> {
+        let qp = &mut *self.qp;
+        let state = u32::from(qp.attr.state);
+        let from_peer = pkt.slid == qp.attr.dlid && pkt.src_qpn == qp.attr.dest_qpn;
+        if !qp.is_uc() || !matches!(state, QPS_RTR | QPS_RTS) || !from_peer {
+            return Err(Rejected::of(pkt));
+        }
+        let start = pkt.starts_message();
+        if pkt.psn != qp.epsn || qp.nak_sent {
+            // `nak_sent`: here, the message under way is being dropped.
+            if !start {
+                qp.epsn = psn_add(pkt.psn, pkt.span());
+                return self.drop_uc();
+            }
+            self.abandon_uc();
+            self.qp.epsn = pkt.psn;
+        }
+        if start && self.qp.inbound.is_some() {
+            // The last message's end was lost: it is abandoned, this one taken.
+            self.abandon_uc();
+        }
+        let qp = &mut *self.qp;
+        qp.nak_sent = false;
+        qp.epsn = psn_add(pkt.psn, pkt.span());
+        let (first, last) = (start, pkt.ends_message());
+        if !first && qp.inbound.is_none() {
+            return self.drop_uc();
+        }
+        let write = matches!(pkt.opcode, RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM);
+        if first {
+            let inbound = if write {
+                self.write_target(&pkt).ok()
+            } else {
+                self.uc_recv()
+            };
+            let Some(inbound) = inbound else {
+                return self.drop_uc();
+            };
+            self.qp.inbound = Some(inbound);
+        }
+        if last && write && pkt.imm.is_some() {
+            // Its immediate data takes a receive WQE.
+            let Some(r) = self.uc_recv() else {
+                return self.drop_uc();
+            };
+            if let Some(msg) = self.qp.inbound.as_mut() {
+                msg.recv_wr_id = r.recv_wr_id;
+            }
+        }
+        if pkt.payload.is_revoked() || self.place(&pkt).is_err() {
+            return self.drop_uc();
+        }
+        if last {
+            let complete = self.qp.inbound.as_ref().is_some_and(|m| m.offset == m.cap);
+            if write && !complete {
+                return self.drop_uc();
+            }
+            let op = if write {
+                CQE_OP_RECV_RDMA_IMM
+            } else {
+                CQE_OP_RECV
+            };
+            self.finish_inbound(&pkt, op);
+        }
+        Ok(())
+    }
+
+    /// A receive WQE for a UC SEND (or WRITE with immediate), as an inbound message.
+    fn uc_recv(&mut self) -> Option<Inbound> {
+        match self.take_recv() {
+            Ok(r) => Some(r.into_inbound()),
+            // A WQE that cannot be used completes in error, as RC's does; UC leaves the
+            // QP as it is.
+            Err(RecvError::Bad { wr_id, status }) => {
+                self.fail_recv(wr_id, status);
+                None
+            }
+            Err(RecvError::Empty | RecvError::Fatal) => None,
+        }
+    }
+
+    /// Where a WRITE's first packet says its bytes go (RC and UC), checked against the
+    /// rkey: PD, REMOTE_WRITE on both MR and QP, bounds. Else the syndrome RC NAKs with.
+    fn write_target(&mut self, pkt: &Packet) -> Result<Inbound, u8> {
+        let reth = pkt.reth.ok_or(AETH_NAK_INV_REQ)?;
+        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
+        let mut segs = SegList::new();
+        let len = u64::from(reth.len);
+        self.dev
+            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
+            .map_err(|_| AETH_NAK_REM_ACCESS)?;
+        Ok(Inbound {
+            segs,
+            offset: 0,
+            cap: len,
+            recv_wr_id: None,
+            // A WRITE in one packet is placed in this turn, under the device lock that
+            // deregistering or invalidating its MR must take: nothing can revoke the key
+            // between the check and the copy, so it needs no grant.
+            grant: if pkt.ends_message() {
+                None
+            } else {
+                self.dev.grant_of(reth.rkey)
+            },
+            cursor: Default::default(),
+        })
+    }
+
+    /// Drops the rest of the UC message under way.
+    fn drop_uc(&mut self) -> Result<(), Rejected> {
+        self.dev.stats.uc_dropped += 1;
+        self.qp.nak_sent = true;
+        self.abandon_uc();
+        Ok(())
+    }
+
+    /// Abandons the UC message under way, if any: a receive WQE it took goes back to the
+    /// QP's receive queue for the next message; one from an SRQ, which may have been taken
+    /// from since, completes in error instead (IBA's class E).
+    fn abandon_uc(&mut self) {
+        let Some(wr_id) = self.qp.inbound.take().and_then(|m| m.recv_wr_id) else {
+            return;
+        };
+        match self.qp.srq {
+            Some(_) => self.fail_recv(wr_id, WcError::RemInvReq),
+            None => self.untake_recv(),
+        }
     }
 
     /// A datagram for this QP.

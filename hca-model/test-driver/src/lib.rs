@@ -625,15 +625,7 @@ impl<P: Port> Driver<P> {
         mtu: u8,
         (timeout, retry_cnt, rnr_retry): (u8, u8, u8),
     ) {
-        let init = HcaQpAttr {
-            state: QPS_INIT as u8,
-            port_num: 1,
-            pkey_index,
-            access_flags: access,
-            ..Default::default()
-        };
-        let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
-        assert_eq!(self.modify_qp(qpn, m, init), CMD_OK);
+        self.connected_to_init(qpn, pkey_index, access);
         let rtr = HcaQpAttr {
             state: QPS_RTR as u8,
             dlid,
@@ -663,6 +655,49 @@ impl<P: Port> Driver<P> {
         assert_eq!(self.modify_qp(qpn, m, rts), CMD_OK);
     }
 
+    /// RESET -> INIT for an RC or UC QP.
+    fn connected_to_init(&mut self, qpn: u32, pkey_index: u16, access: u32) {
+        let init = HcaQpAttr {
+            state: QPS_INIT as u8,
+            port_num: 1,
+            pkey_index,
+            access_flags: access,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS;
+        assert_eq!(self.modify_qp(qpn, m, init), CMD_OK);
+    }
+
+    /// RESET -> INIT -> RTR -> RTS for a UC QP, with only the attributes UC takes (PSNs 100,
+    /// as [`Driver::bring_up_rc`]'s).
+    pub fn bring_up_uc(&mut self, qpn: u32, dlid: u16, dqpn: u32, access: u32, mtu: u8) {
+        self.connected_to_init(qpn, 0, access);
+        let rtr = HcaQpAttr {
+            state: QPS_RTR as u8,
+            dlid,
+            dest_qpn: dqpn,
+            path_mtu: mtu,
+            rq_psn: 100,
+            ..Default::default()
+        };
+        let m = QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_PATH_MTU | QP_ATTR_DEST_QPN | QP_ATTR_RQ_PSN;
+        assert_eq!(self.modify_qp(qpn, m, rtr), CMD_OK);
+        self.rtr_to_rts(qpn, 100);
+    }
+
+    /// RTR -> RTS with the send PSN alone (UC, UD).
+    fn rtr_to_rts(&mut self, qpn: u32, sq_psn: u32) {
+        let rts = HcaQpAttr {
+            state: QPS_RTS as u8,
+            sq_psn,
+            ..Default::default()
+        };
+        assert_eq!(
+            self.modify_qp(qpn, QP_ATTR_STATE | QP_ATTR_SQ_PSN, rts),
+            CMD_OK
+        );
+    }
+
     /// RESET -> INIT -> RTR -> RTS for a UD (or GSI) QP.
     pub fn bring_up_ud(&mut self, qpn: u32, qkey: u32, gsi: bool) {
         let port = if gsi { 0 } else { QP_ATTR_PORT };
@@ -679,15 +714,7 @@ impl<P: Port> Driver<P> {
             ..Default::default()
         };
         assert_eq!(self.modify_qp(qpn, QP_ATTR_STATE, rtr), CMD_OK);
-        let rts = HcaQpAttr {
-            state: QPS_RTS as u8,
-            sq_psn: 7,
-            ..Default::default()
-        };
-        assert_eq!(
-            self.modify_qp(qpn, QP_ATTR_STATE | QP_ATTR_SQ_PSN, rts),
-            CMD_OK
-        );
+        self.rtr_to_rts(qpn, 7);
     }
 
     // ---- data path ------------------------------------------------------------------------
@@ -965,17 +992,39 @@ impl Pair {
         qp_access: u32,
         rts: (u8, u8, u8),
     ) -> Self {
+        Self::build_of(QPT_RC, fabric, mib, mtu, qp_access, rts)
+    }
+
+    /// Two UC QPs, connected, on a manual clock (as [`Pair::with_access`]'s).
+    pub fn uc(mtu: u8, qp_access: u32) -> Self {
+        let fabric = Fabric::with_manual_clock();
+        Self::build_of(QPT_UC, fabric, 8, mtu, qp_access, DEFAULT_RTS)
+    }
+
+    fn build_of(
+        qp_type: u32,
+        fabric: Fabric,
+        mib: u64,
+        mtu: u8,
+        qp_access: u32,
+        rts: (u8, u8, u8),
+    ) -> Self {
         let mut a = Driver::new(Some(&fabric), mib);
         let mut b = Driver::new(Some(&fabric), mib);
         let pd_a = a.alloc_pd();
         let pd_b = b.alloc_pd();
         let cq_a = a.create_cq(8);
         let cq_b = b.create_cq(8);
-        let qa = a.create_qp(QPT_RC, pd_a, cq_a.cqn, cq_a.cqn);
-        let qb = b.create_qp(QPT_RC, pd_b, cq_b.cqn, cq_b.cqn);
+        let qa = a.create_qp(qp_type, pd_a, cq_a.cqn, cq_a.cqn);
+        let qb = b.create_qp(qp_type, pd_b, cq_b.cqn, cq_b.cqn);
         let (la, lb) = (a.lid(), b.lid());
-        a.bring_up_rc_tuned(qa.qpn, lb, qb.qpn, qp_access, mtu, rts);
-        b.bring_up_rc_tuned(qb.qpn, la, qa.qpn, qp_access, mtu, rts);
+        if qp_type == QPT_UC {
+            a.bring_up_uc(qa.qpn, lb, qb.qpn, qp_access, mtu);
+            b.bring_up_uc(qb.qpn, la, qa.qpn, qp_access, mtu);
+        } else {
+            a.bring_up_rc_tuned(qa.qpn, lb, qb.qpn, qp_access, mtu, rts);
+            b.bring_up_rc_tuned(qb.qpn, la, qa.qpn, qp_access, mtu, rts);
+        }
         let key_a = a.reg_dma_mr(pd_a, ALL_ACCESS);
         let key_b = b.reg_dma_mr(pd_b, ALL_ACCESS);
         Self {
