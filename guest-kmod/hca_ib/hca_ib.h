@@ -291,6 +291,12 @@ static inline struct hca_qp *to_hqp(struct ib_qp *ibqp)
 	return container_of(ibqp, struct hca_qp, ibqp);
 }
 
+/* UD and the management QPs: each WR names its destination (an AH, a QPN, a Q_Key). */
+static inline bool hca_qp_is_datagram(struct hca_qp *qp)
+{
+	return qp->ibqp.qp_type != IB_QPT_RC && qp->ibqp.qp_type != IB_QPT_UC;
+}
+
 static inline struct hca_ah *to_hah(struct ib_ah *ibah)
 {
 	return container_of(ibah, struct hca_ah, ibah);

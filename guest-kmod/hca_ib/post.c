@@ -123,7 +123,7 @@ static void hca_wqe_remote(struct hca_qp *qp, struct hca_send_wqe *w,
 	default:
 		break;
 	}
-	if (qp->ibqp.qp_type != IB_QPT_RC) {	/* UD, GSI, SMI */
+	if (hca_qp_is_datagram(qp)) {
 		w->ud_dlid = to_hah(ud_wr(wr)->ah)->dlid;
 		w->ud_remote_qpn = ud_wr(wr)->remote_qpn;
 		w->ud_qkey = ud_wr(wr)->remote_qkey;
@@ -170,8 +170,7 @@ static int hca_build_send(struct hca_qp *qp, const struct ib_send_wr *wr)
 	if ((op == HCA_WR_MASKED_CMP_SWP || op == HCA_WR_MASKED_FETCH_ADD) &&
 	    !(to_hdev(qp->ibqp.device)->caps & HCA_CAP_MASKED_ATOMIC))
 		return -EINVAL;
-	if ((qp->ibqp.qp_type != IB_QPT_RC) &&
-	    op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)
+	if (hca_qp_is_datagram(qp) && op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)
 		return -EINVAL;
 	if (op == HCA_WR_REG_MR)
 		return hca_build_reg_mr(qp, wr);

@@ -67,6 +67,9 @@ static int hca_qp_check(struct ib_qp_init_attr *init, u32 *type)
 	case IB_QPT_RC:
 		*type = HCA_QPT_RC;
 		break;
+	case IB_QPT_UC:
+		*type = HCA_QPT_UC;
+		break;
 	case IB_QPT_UD:
 		*type = HCA_QPT_UD;
 		break;
@@ -178,8 +181,8 @@ int hca_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	err = hca_qp_check(init, &type);
 	if (err)
 		return err;
-	/* Processes get RC and UD; the management QPs are ib_mad's. */
-	if (udata && type != HCA_QPT_RC && type != HCA_QPT_UD)
+	/* Processes get RC, UC and UD; the management QPs are ib_mad's. */
+	if (udata && (type == HCA_QPT_SMI || type == HCA_QPT_GSI))
 		return -EOPNOTSUPP;
 	qp->srq = init->srq ? to_hsrq(init->srq) : NULL;
 	err = hca_wq_size(&qp->sq, cap->max_send_wr, sizeof(struct hca_send_wqe),

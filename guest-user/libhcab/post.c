@@ -121,11 +121,17 @@ static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
 	struct hca_send_wqe *w = hcab_wqe(wq, wq->pi);
 	int op = hcab_wr_opcode(wr->opcode);
 	bool ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
+	bool uc = qp->vqp.qp.qp_type == IBV_QPT_UC;
+	bool send = op == HCA_WR_SEND || op == HCA_WR_SEND_IMM;
+	bool write = op == HCA_WR_RDMA_WRITE || op == HCA_WR_RDMA_WRITE_IMM;
 
 	if (op < 0 || wr->num_sge < 0 || wr->num_sge > wq->max_sge)
 		return EINVAL;
 	/* A datagram QP sends, with or without immediate data, and no more. */
-	if (ud && op != HCA_WR_SEND && op != HCA_WR_SEND_IMM)
+	if (ud && !send)
+		return EINVAL;
+	/* UC has no reads, atomics or SEND with Invalidate. */
+	if (uc && !send && !write)
 		return EINVAL;
 	if (ud && !wr->wr.ud.ah)
 		return EINVAL;

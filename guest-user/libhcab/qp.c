@@ -86,7 +86,8 @@ struct ibv_qp *hcab_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	uint32_t room;
 	int err;
 
-	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) {
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC &&
+	    attr->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}

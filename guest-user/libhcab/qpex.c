@@ -26,6 +26,9 @@
 	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |     \
 	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
 #define HCAB_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
+#define HCAB_UC_SEND_OPS                                                     \
+	(HCAB_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE |                       \
+	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
 
 static struct hcab_qp *to_hqpx(struct ibv_qp_ex *qpx)
 {
@@ -339,8 +342,16 @@ struct ibv_qp *hcab_create_qp_ex(struct ibv_context *ibctx,
 	}
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
 		ops = attr->send_ops_flags;
-		allowed = attr->qp_type == IBV_QPT_UD ? HCAB_UD_SEND_OPS :
-							HCAB_RC_SEND_OPS;
+		switch (attr->qp_type) {
+		case IBV_QPT_UD:
+			allowed = HCAB_UD_SEND_OPS;
+			break;
+		case IBV_QPT_UC:
+			allowed = HCAB_UC_SEND_OPS;
+			break;
+		default:
+			allowed = HCAB_RC_SEND_OPS;
+		}
 		if (ops & ~allowed) {
 			errno = EOPNOTSUPP;
 			return NULL;
