@@ -24,8 +24,7 @@ const MIN_TESTS: usize = 250;
 
 /// Why hcab0 may skip a test rxe0 passes: the start of the suite's skip reason, and the
 /// feature hcab0 lacks (each in docs/user-verbs.md).
-const ABSENT: [(&str, &str); 5] = [
-    ("Create UC QP", "unreliable connected QPs"),
+const ABSENT: [(&str, &str); 4] = [
     ("Reg MR with MW access is not supported", "memory windows"),
     ("Create memory window", "memory windows"),
     // IBV_ACCESS_MW_BIND among them.

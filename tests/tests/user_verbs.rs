@@ -1,7 +1,7 @@
 //! End-to-end: user-level verbs. Two QEMU guests run Debian 12's rdma-core userland
 //! unmodified (libibverbs, librdmacm, ibverbs-utils, rdmacm-utils, perftest) on hcab0,
 //! through ib_uverbs and our provider (guest-user/libhcab, libhcab-rdmav34.so): ibv_devinfo
-//! shows the port, the ibv_*_pingpong tools move checked data over RC, UD and an SRQ,
+//! shows the port, the ibv_*_pingpong tools move checked data over RC, UC, UD and an SRQ,
 //! rping's pattern arrives intact, and perftest's latency, bandwidth and atomic tests report
 //! what they ran. The same tools run then on SoftRoCE (rxe0, over a virtio-net link between
 //! the guests) as a control: it shows that the image's userland works whatever hcab0 does.
@@ -627,6 +627,11 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
             "ibv_rc_pingpong -d hcab0 -c -n 200 -s 8".to_string(),
             200,
             Some(8),
+        ),
+        (
+            "ibv_uc_pingpong -d hcab0 -c -n 200".to_string(),
+            200,
+            Some(4096),
         ),
         ("ibv_ud_pingpong -d hcab0 -c".to_string(), 1000, None),
         ("ibv_srq_pingpong -d hcab0 -c".to_string(), 1000, Some(4096)),
