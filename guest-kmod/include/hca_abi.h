@@ -128,6 +128,8 @@
 #define HCA_CAP_UAR			(1 << 7)
 /* send-doorbell rings and HCA_QP_FLAG_SQ_RING */
 #define HCA_CAP_SQ_RING			(1 << 8)
+/* memory windows (ALLOC_MW, DEALLOC_MW, HCA_WR_BIND_MW) and UC QPs */
+#define HCA_CAP_MW_UC			(1 << 9)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -144,6 +146,8 @@
 #define HCA_CMD_DEALLOC_PD		0x11
 #define HCA_CMD_REG_MR			0x20
 #define HCA_CMD_DEREG_MR		0x21
+#define HCA_CMD_ALLOC_MW		0x22
+#define HCA_CMD_DEALLOC_MW		0x23
 #define HCA_CMD_CREATE_CQ		0x30
 #define HCA_CMD_DESTROY_CQ		0x31
 #define HCA_CMD_RESIZE_CQ		0x32
@@ -185,6 +189,11 @@
 #define HCA_ACCESS_REMOTE_WRITE		(1 << 1)
 #define HCA_ACCESS_REMOTE_READ		(1 << 2)
 #define HCA_ACCESS_REMOTE_ATOMIC	(1 << 3)
+#define HCA_ACCESS_MW_BIND		(1 << 4)
+
+/* Memory window types (ib_mw_type) */
+#define HCA_MW_TYPE_1			1
+#define HCA_MW_TYPE_2			2
 
 /* QP types (ib_qp_type), create flags, states (ib_qp_state) */
 #define HCA_QPT_SMI			0
@@ -241,6 +250,7 @@
 #define HCA_WR_SEND_INV			9
 #define HCA_WR_MASKED_CMP_SWP		10
 #define HCA_WR_MASKED_FETCH_ADD		11
+#define HCA_WR_BIND_MW			12
 #define HCA_WQE_SIGNALED		(1 << 0)
 #define HCA_WQE_SOLICITED		(1 << 1)
 #define HCA_WQE_INLINE			(1 << 2)
@@ -252,6 +262,7 @@
 #define HCA_CQE_OP_RDMA_READ		2
 #define HCA_CQE_OP_COMP_SWAP		3
 #define HCA_CQE_OP_FETCH_ADD		4
+#define HCA_CQE_OP_BIND_MW		5
 #define HCA_CQE_OP_LOCAL_INV		6
 #define HCA_CQE_OP_REG_MR		8
 #define HCA_CQE_OP_MASKED_COMP_SWAP	9
@@ -266,6 +277,7 @@
 #define HCA_WC_LOC_QP_OP_ERR		2
 #define HCA_WC_LOC_PROT_ERR		4
 #define HCA_WC_WR_FLUSH_ERR		5
+#define HCA_WC_MW_BIND_ERR		6
 #define HCA_WC_BAD_RESP_ERR		7
 #define HCA_WC_LOC_ACCESS_ERR		8
 #define HCA_WC_REM_INV_REQ_ERR		9
@@ -606,6 +618,33 @@ struct hca_reg_mr_wqe {
 };
 
 /*
+ * Opcode HCA_WR_BIND_MW: binds memory window mw_key >> 8 to
+ * [addr, addr + length) of the MR mr_key (same PD, HCA_ACCESS_MW_BIND) with
+ * the remote rights in access, and makes new_key its key. A type 2 window
+ * must be unbound and is bound to this QP; type 1 with length 0 unbinds.
+ */
+struct hca_bind_mw_wqe {
+	__u64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__u16 rsvd0;
+	__u32 access;
+	__u64 addr;
+	__u64 length;
+	__u32 mw_key;
+	__u32 new_key;
+	__u32 mr_key;
+	__u32 rsvd1;
+	__u64 rsvd2[2];
+};
+
+/* HCA_CMD_ALLOC_MW input; the output handle is the window's key */
+struct hca_cmd_alloc_mw {
+	__u32 pdn;
+	__u32 mw_type;
+};
+
+/*
  * HCA_WR_MASKED_CMP_SWP / HCA_WR_MASKED_FETCH_ADD: a send WQE whose UD fields
  * (unused by an RC atomic) carry the masks; num_sge struct hca_sge (the 8-byte
  * result buffer) follow. compare_add_mask: the bits compared (CMP_SWP) or the
@@ -675,6 +714,8 @@ _Static_assert(sizeof(struct hca_cmd_create_srq) == 24, "hca_cmd_create_srq");
 _Static_assert(sizeof(struct hca_cmd_modify_qp) == 48, "hca_cmd_modify_qp");
 _Static_assert(sizeof(struct hca_send_wqe) == 64, "hca_send_wqe");
 _Static_assert(sizeof(struct hca_reg_mr_wqe) == 64, "hca_reg_mr_wqe");
+_Static_assert(sizeof(struct hca_bind_mw_wqe) == 64, "hca_bind_mw_wqe");
+_Static_assert(sizeof(struct hca_cmd_alloc_mw) == 8, "hca_cmd_alloc_mw");
 _Static_assert(sizeof(struct hca_masked_atomic_wqe) == 64, "hca_masked_atomic_wqe");
 _Static_assert(sizeof(struct hca_recv_wqe) == 16, "hca_recv_wqe");
 _Static_assert(sizeof(struct hca_cqe) == 32, "hca_cqe");

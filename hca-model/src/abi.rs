@@ -164,6 +164,8 @@ pub const CAP_UAR: u32 = 1 << 7;
 /// Send-doorbell rings (`BAR2_SQ_RING_OFFSET`, `uapi::UAR_SQ_RING_OFFSET`) and
 /// `QP_FLAG_SQ_RING`.
 pub const CAP_SQ_RING: u32 = 1 << 8;
+/// Memory windows (ALLOC_MW, DEALLOC_MW, `WR_BIND_MW`, `ACCESS_MW_BIND`) and UC QPs.
+pub const CAP_MW_UC: u32 = 1 << 9;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 pub const PORT_DOWN: u32 = 1;
@@ -183,6 +185,12 @@ pub const CMD_ALLOC_PD: u32 = 0x10;
 pub const CMD_DEALLOC_PD: u32 = 0x11;
 pub const CMD_REG_MR: u32 = 0x20;
 pub const CMD_DEREG_MR: u32 = 0x21;
+/// A memory window (`HcaCmdAllocMw`); the output handle is its key, unbound until a
+/// WR_BIND_MW binds it.
+pub const CMD_ALLOC_MW: u32 = 0x22;
+/// Frees the memory window whose key is the input handle (its current key, or the one
+/// ALLOC_MW gave): the window stops granting access at once.
+pub const CMD_DEALLOC_MW: u32 = 0x23;
 pub const CMD_CREATE_CQ: u32 = 0x30;
 pub const CMD_DESTROY_CQ: u32 = 0x31;
 /// Moves a CQ to a new ring (HcaCmdResizeCq): see `cmd_resize_cq`.
@@ -230,6 +238,15 @@ pub const ACCESS_LOCAL_WRITE: u32 = 1 << 0;
 pub const ACCESS_REMOTE_WRITE: u32 = 1 << 1;
 pub const ACCESS_REMOTE_READ: u32 = 1 << 2;
 pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
+/// An MR's: memory windows may be bound to it (ib_access_flags' MW_BIND).
+pub const ACCESS_MW_BIND: u32 = 1 << 4;
+
+// Memory window types (ib_mw_type).
+/// Bound by a WR_BIND_MW on any QP of its PD; rebound (a length of 0 unbinds) at will.
+pub const MW_TYPE_1: u32 = 1;
+/// Bound to the QP whose WR_BIND_MW bound it, which alone takes remote access through it;
+/// unbound by LOCAL_INV or a SEND with Invalidate naming its key.
+pub const MW_TYPE_2: u32 = 2;
 
 // QP types (ib_qp_type numbering).
 pub const QPT_SMI: u32 = 0;
@@ -298,6 +315,8 @@ pub const WR_MASKED_CMP_SWP: u32 = 10;
 /// Fetch-and-add of several fields at once; the WQE is an `HcaMaskedAtomicWqe`. A set bit
 /// of `compare_add_mask` is the top bit of a field: no carry goes past it.
 pub const WR_MASKED_FETCH_ADD: u32 = 11;
+/// Binds a memory window; the WQE is an `HcaBindMwWqe`.
+pub const WR_BIND_MW: u32 = 12;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
 pub const WQE_SOLICITED: u32 = 1 << 1;
@@ -310,6 +329,7 @@ pub const CQE_OP_RDMA_WRITE: u32 = 1;
 pub const CQE_OP_RDMA_READ: u32 = 2;
 pub const CQE_OP_COMP_SWAP: u32 = 3;
 pub const CQE_OP_FETCH_ADD: u32 = 4;
+pub const CQE_OP_BIND_MW: u32 = 5;
 pub const CQE_OP_LOCAL_INV: u32 = 6;
 pub const CQE_OP_REG_MR: u32 = 8;
 pub const CQE_OP_MASKED_COMP_SWAP: u32 = 9;
@@ -328,6 +348,8 @@ pub const WC_LOC_LEN_ERR: u32 = 1;
 pub const WC_LOC_QP_OP_ERR: u32 = 2;
 pub const WC_LOC_PROT_ERR: u32 = 4;
 pub const WC_WR_FLUSH_ERR: u32 = 5;
+/// A WR_BIND_MW that could not bind: a bad window, MR, range, rights or key.
+pub const WC_MW_BIND_ERR: u32 = 6;
 pub const WC_BAD_RESP_ERR: u32 = 7;
 pub const WC_LOC_ACCESS_ERR: u32 = 8;
 pub const WC_REM_INV_REQ_ERR: u32 = 9;
@@ -839,6 +861,39 @@ pub struct HcaRegMrWqe {
 }
 abi_struct!(HcaRegMrWqe, 64);
 
+/// A send-queue WQE with opcode `WR_BIND_MW`: binds the memory window `mw_key >> 8` (in the
+/// QP's PD) to `[addr, addr + length)` of the MR whose key is `mr_key` (same PD, with
+/// `ACCESS_MW_BIND`, the range inside it), granting the remote rights in `access`, and
+/// makes `new_key` its key (the same window index, a new tag). A type 2 window must be
+/// unbound and is bound to this QP; a type 1 window with `length` 0 is unbound. `wr_id`,
+/// `opcode` and `flags` sit where a send WQE has them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaBindMwWqe {
+    pub wr_id: u64,
+    pub opcode: u8,
+    pub flags: u8,
+    pub rsvd0: u16,
+    pub access: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_key: u32,
+    pub new_key: u32,
+    pub mr_key: u32,
+    pub rsvd1: u32,
+    pub rsvd2: [u64; 2],
+}
+abi_struct!(HcaBindMwWqe, 64);
+
+/// ALLOC_MW input: a window of `mw_type` (`MW_TYPE_1` or `MW_TYPE_2`) in PD `pdn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaCmdAllocMw {
+    pub pdn: u32,
+    pub mw_type: u32,
+}
+abi_struct!(HcaCmdAllocMw, 8);
+
 /// A send-queue WQE with opcode `WR_MASKED_CMP_SWP` or `WR_MASKED_FETCH_ADD`: a send WQE
 /// whose UD fields (unused by an RC atomic) carry the two masks. `num_sge` SGEs (one
 /// 8-byte result buffer) follow it, as for an atomic.
@@ -1031,6 +1086,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_SRQ,
         CAP_UAR,
         CAP_SQ_RING,
+        CAP_MW_UC,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -1067,6 +1123,8 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_DEALLOC_PD,
         CMD_REG_MR,
         CMD_DEREG_MR,
+        CMD_ALLOC_MW,
+        CMD_DEALLOC_MW,
         CMD_CREATE_CQ,
         CMD_DESTROY_CQ,
         CMD_RESIZE_CQ,
@@ -1097,6 +1155,9 @@ pub fn layout() -> Vec<(String, u64)> {
         ACCESS_REMOTE_WRITE,
         ACCESS_REMOTE_READ,
         ACCESS_REMOTE_ATOMIC,
+        ACCESS_MW_BIND,
+        MW_TYPE_1,
+        MW_TYPE_2,
         QPT_SMI,
         QPT_GSI,
         QPT_RC,
@@ -1141,6 +1202,7 @@ pub fn layout() -> Vec<(String, u64)> {
         WR_SEND_INV,
         WR_MASKED_CMP_SWP,
         WR_MASKED_FETCH_ADD,
+        WR_BIND_MW,
         WQE_SIGNALED,
         WQE_SOLICITED,
         WQE_INLINE,
@@ -1150,6 +1212,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CQE_OP_RDMA_READ,
         CQE_OP_COMP_SWAP,
         CQE_OP_FETCH_ADD,
+        CQE_OP_BIND_MW,
         CQE_OP_LOCAL_INV,
         CQE_OP_REG_MR,
         CQE_OP_MASKED_COMP_SWAP,
@@ -1164,6 +1227,7 @@ pub fn layout() -> Vec<(String, u64)> {
         WC_LOC_QP_OP_ERR,
         WC_LOC_PROT_ERR,
         WC_WR_FLUSH_ERR,
+        WC_MW_BIND_ERR,
         WC_BAD_RESP_ERR,
         WC_LOC_ACCESS_ERR,
         WC_REM_INV_REQ_ERR,
@@ -1230,6 +1294,9 @@ pub fn layout() -> Vec<(String, u64)> {
         compare_add, swap });
     layout_of!(HcaRegMrWqe => "hca_reg_mr_wqe" { wr_id, opcode, flags, rsvd0, access, iova,
         key, npages, length, page_list, page_shift, rsvd1, rsvd2 });
+    layout_of!(HcaBindMwWqe => "hca_bind_mw_wqe" { wr_id, opcode, flags, rsvd0, access,
+        addr, length, mw_key, new_key, mr_key, rsvd1, rsvd2 });
+    layout_of!(HcaCmdAllocMw => "hca_cmd_alloc_mw" { pdn, mw_type });
     layout_of!(HcaMaskedAtomicWqe => "hca_masked_atomic_wqe" { wr_id, opcode, flags,
         num_sge, rsvd0, rsvd1, remote_addr, rkey, rsvd2, compare_add_mask, swap_mask,
         compare_add, swap });

@@ -86,6 +86,8 @@ impl HcaState {
             CMD_DEALLOC_PD => self.dev.cmd_dealloc_pd(h)?,
             CMD_REG_MR => output(out, &handle(self.dev.cmd_reg_mr(&input(mb))?)),
             CMD_DEREG_MR => self.dev.cmd_dereg_mr(h)?,
+            CMD_ALLOC_MW => output(out, &handle(self.dev.cmd_alloc_mw(&input(mb))?)),
+            CMD_DEALLOC_MW => self.dev.cmd_dealloc_mw(h)?,
             CMD_CREATE_CQ => output(out, &handle(self.dev.cmd_create_cq(&input(mb))?)),
             CMD_DESTROY_CQ => self.dev.cmd_destroy_cq(h)?,
             CMD_RESIZE_CQ => self.dev.cmd_resize_cq(&input(mb))?,

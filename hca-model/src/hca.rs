@@ -180,6 +180,11 @@ impl<T> Table<T> {
     pub fn remove(&mut self, i: u32) -> Option<T> {
         self.slots.get_mut(i as usize)?.take()
     }
+
+    /// The indices in use, in order.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.slots.len() as u32).filter(|&i| self.get(i).is_some())
+    }
 }
 
 /// Everything behind the HCA's lock: its QPs, and the device they act through.
@@ -397,7 +402,8 @@ impl Device {
                 | CAP_LOCAL_DMA_LKEY
                 | CAP_SRQ
                 | CAP_UAR
-                | CAP_SQ_RING,
+                | CAP_SQ_RING
+                | CAP_MW_UC,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,

@@ -1,7 +1,9 @@
 //! Protection domains, memory regions, and key checks.
 //!
 //! A key is `(mr_index << 8) | tag`; lkey and rkey are the same value. The tag changes on
-//! every registration of a slot, so a deregistered key stops matching. An MR's page list is
+//! every registration of a slot, so a deregistered key stops matching. A memory window is a
+//! slot of the same table: its key reaches, for remote access only, the range of an MR it
+//! was bound to (WR_BIND_MW), with the rights the binding gave, while the binding lasts. An MR's page list is
 //! copied into the device at registration and every page validated then, so a translation
 //! can never leave guest memory and the guest cannot change it afterwards.
 
@@ -83,6 +85,22 @@ pub(crate) struct Mr {
     pub fast_reg_pages: u32,
     /// Remote access under the current mapping; revoked when the MR goes or changes.
     pub grant: Arc<Grant>,
+    /// When this slot is a memory window: what it is bound to. `access`, `iova` and
+    /// `length` are then the binding's rights and range (none while unbound).
+    pub window: Option<Window>,
+    /// Windows bound to this MR: while any is, it cannot be deregistered, invalidated or
+    /// mapped again (a window's access goes through this MR's translation).
+    pub windows: u32,
+}
+
+/// A memory window's type and binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub mw_type: u32,
+    /// The MR index it is bound to, while bound.
+    pub mr: Option<u32>,
+    /// Type 2: the QP that bound it, which alone takes remote access through it.
+    pub qpn: u32,
 }
 
 impl Drop for Mr {
@@ -124,6 +142,9 @@ pub(crate) struct KeyCheck {
     pub use_: Use,
     /// The QP's own remote-access flags (checked for remote uses only).
     pub qp_access: u32,
+    /// The QP a remote access arrived at (a type 2 window answers only the QP it is
+    /// bound to).
+    pub qpn: u32,
 }
 
 impl KeyCheck {
@@ -132,14 +153,16 @@ impl KeyCheck {
             pdn,
             use_,
             qp_access: 0,
+            qpn: 0,
         }
     }
 
-    pub fn remote(pdn: u32, use_: Use, qp_access: u32) -> Self {
+    pub fn remote(qpn: u32, pdn: u32, use_: Use, qp_access: u32) -> Self {
         Self {
             pdn,
             use_,
             qp_access,
+            qpn,
         }
     }
 }
@@ -215,8 +238,12 @@ fn push_seg_after(out: &mut SegList, addr: u64, len: u64) {
 /// local write.
 fn access_ok(access: u32) -> bool {
     let remote_needs_local = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC;
-    access & !0xf == 0 && (access & remote_needs_local == 0 || access & ACCESS_LOCAL_WRITE != 0)
+    access & !0x1f == 0 && (access & remote_needs_local == 0 || access & ACCESS_LOCAL_WRITE != 0)
 }
+
+/// The rights a window grants: remote ones only (a bind may name local write as well, as
+/// verbs consumers do; it means nothing for a window).
+const WINDOW_RIGHTS: u32 = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
 
 impl Device {
     /// Resolves `[va, va + len)` under `key` for `how`, appending the guest-physical pieces
@@ -259,6 +286,16 @@ impl Device {
         if len == 0 {
             return Ok(());
         }
+        if let Some(w) = mr.window {
+            return self.through_window(w, va, len, how, out);
+        }
+        self.pieces(mr, va, len, out)
+    }
+
+    /// Appends the guest-physical pieces of `[va, va + len)`, which lies inside `mr`.
+    // Always inline: on every key's path.
+    #[inline(always)]
+    fn pieces(&self, mr: &Mr, va: u64, len: u64, out: &mut SegList) -> Result<(), KeyViolation> {
         match mr.xlat {
             Translation::Phys if !crate::dma::check(self.mem.as_ref(), va, len) => {
                 return Err(KeyViolation)
@@ -267,6 +304,28 @@ impl Device {
             Translation::Pages { .. } => mr.translate(va, len, out),
         }
         Ok(())
+    }
+
+    /// The pieces of `[va, va + len)` through window `w`, whose own range and rights the
+    /// caller has checked: remote use only, by its QP if it is of type 2, through the MR it
+    /// is bound to (which cannot change or go while it is bound).
+    #[cold]
+    fn through_window(
+        &self,
+        w: Window,
+        va: u64,
+        len: u64,
+        how: &KeyCheck,
+        out: &mut SegList,
+    ) -> Result<(), KeyViolation> {
+        if !how.use_.is_remote() || (w.mw_type == MW_TYPE_2 && w.qpn != how.qpn) {
+            return Err(KeyViolation);
+        }
+        let under = self
+            .mrs
+            .get(w.mr.ok_or(KeyViolation)?)
+            .ok_or(KeyViolation)?;
+        self.pieces(under, va, len, out)
     }
 
     /// The header of the WQE at `addr` in a slot of `stride` bytes, and the SGE after it
@@ -380,6 +439,8 @@ impl Device {
             budget: 0,
             fast_reg_pages: 0,
             grant: Arc::default(),
+            window: None,
+            windows: 0,
         };
         if kind == MR_FLAG_FAST_REG {
             if a.npages == 0 || a.npages > MAX_MR_PAGES {
@@ -399,7 +460,12 @@ impl Device {
         let budget = mr.budget;
         let idx = self.mrs.alloc(mr).ok_or(CmdError::NoResources)?;
         self.mr_pages += budget;
-        if let Some(pd) = self.pds.get_mut(a.pdn) {
+        self.take_key(idx, a.pdn)
+    }
+
+    /// The key of slot `idx`, just filled with a PD `pdn`'s MR or window: a new tag.
+    fn take_key(&mut self, idx: u32, pdn: u32) -> Result<u32, CmdError> {
+        if let Some(pd) = self.pds.get_mut(pdn) {
             pd.users += 1;
         }
         // Tags run 2..=255: 0 never, and 1 only for LOCAL_DMA_LKEY's slot 0.
@@ -411,13 +477,158 @@ impl Device {
         Ok((idx << 8) | u32::from(*tag))
     }
 
+    /// ALLOC_MW: an unbound window of type 1 or 2 in PD `pdn`; its key.
+    pub(crate) fn cmd_alloc_mw(&mut self, a: &HcaCmdAllocMw) -> Result<u32, CmdError> {
+        if self.pds.get(a.pdn).is_none() {
+            return Err(CmdError::BadHandle);
+        }
+        if !matches!(a.mw_type, MW_TYPE_1 | MW_TYPE_2) {
+            return Err(CmdError::BadParam);
+        }
+        let mw = Mr {
+            pdn: a.pdn,
+            access: 0,
+            iova: 0,
+            length: 0,
+            xlat: Translation::Phys,
+            budget: 0,
+            fast_reg_pages: 0,
+            grant: Arc::default(),
+            window: Some(Window {
+                mw_type: a.mw_type,
+                mr: None,
+                qpn: 0,
+            }),
+            windows: 0,
+        };
+        let idx = self.mrs.alloc(mw).ok_or(CmdError::NoResources)?;
+        self.take_key(idx, a.pdn)
+    }
+
+    /// DEALLOC_MW: the window whose key (any it had: its index names it) is `key` goes, and
+    /// with it every access through it.
+    pub(crate) fn cmd_dealloc_mw(&mut self, key: u32) -> Result<(), CmdError> {
+        let idx = key >> 8;
+        if self.mrs.get(idx).is_none_or(|m| m.window.is_none()) {
+            return Err(CmdError::BadHandle);
+        }
+        self.unbind_window(idx);
+        let mw = self.mrs.remove(idx).ok_or(CmdError::BadHandle)?;
+        if let Some(pd) = self.pds.get_mut(mw.pdn) {
+            pd.users -= 1;
+        }
+        Ok(())
+    }
+
+    /// WR_BIND_MW on QP `qpn` of PD `pdn`: binds window `w.mw_key >> 8` as the WQE says
+    /// (see `HcaBindMwWqe`). Errors are completion statuses.
+    pub(crate) fn bind_window(
+        &mut self,
+        qpn: u32,
+        pdn: u32,
+        w: &HcaBindMwWqe,
+    ) -> Result<(), WcError> {
+        let idx = w.mw_key >> 8;
+        let kind = match self.mrs.get(idx) {
+            Some(m) if m.pdn == pdn => m.window.ok_or(WcError::MwBind)?,
+            _ => return Err(WcError::MwBind),
+        };
+        // Bound anew: a type 2 window must be unbound first (LOCAL_INV), a type 1 is
+        // rebound at will.
+        let fresh = w.new_key >> 8 == idx && w.new_key > LOCAL_DMA_LKEY;
+        if !fresh
+            || w.access & !(WINDOW_RIGHTS | ACCESS_LOCAL_WRITE) != 0
+            || (kind.mw_type == MW_TYPE_2 && kind.mr.is_some())
+        {
+            return Err(WcError::MwBind);
+        }
+        let target = if w.length == 0 {
+            None
+        } else {
+            Some(self.window_target(pdn, w)?)
+        };
+        self.unbind_window(idx);
+        if let Some(m) = target.and_then(|t| self.mrs.get_mut(t)) {
+            m.windows += 1;
+        }
+        let mw = self.mrs.get_mut(idx).ok_or(WcError::MwBind)?;
+        (mw.access, mw.iova, mw.length) = (w.access & WINDOW_RIGHTS, w.addr, w.length);
+        mw.window = Some(Window {
+            mw_type: kind.mw_type,
+            mr: target,
+            qpn,
+        });
+        if let Some(t) = self.mr_tags.get_mut(idx as usize) {
+            *t = (w.new_key & 0xff) as u8;
+        }
+        Ok(())
+    }
+
+    /// The MR a bind names, if it lets the window reach `[w.addr, w.addr + w.length)` with
+    /// `w.access`: an MR (not a window) of PD `pdn` under its current key, that allows
+    /// MW_BIND, covers the range, and allows local write where the window grants remote
+    /// write or atomics (as an MR must itself).
+    fn window_target(&self, pdn: u32, w: &HcaBindMwWqe) -> Result<u32, WcError> {
+        let idx = w.mr_key >> 8;
+        let mr = self.mrs.get(idx).ok_or(WcError::MwBind)?;
+        let tag_ok = self.mr_tags.get(idx as usize) == Some(&((w.mr_key & 0xff) as u8));
+        let end = w.addr.checked_add(w.length).ok_or(WcError::MwBind)?;
+        let inside = w.addr >= mr.iova && end <= mr.iova.saturating_add(mr.length);
+        let rights = access_ok(w.access | (mr.access & ACCESS_LOCAL_WRITE));
+        let ok = tag_ok
+            && mr.window.is_none()
+            && mr.pdn == pdn
+            && mr.access & ACCESS_MW_BIND != 0
+            && inside
+            && rights;
+        ok.then_some(idx).ok_or(WcError::MwBind)
+    }
+
+    /// Unbinds window `idx`, if bound: no access through it from now on (copies under
+    /// way end first: see [`Grant::revoke`]).
+    fn unbind_window(&mut self, idx: u32) {
+        let Some(mw) = self.mrs.get_mut(idx) else {
+            return;
+        };
+        let Some(w) = mw.window.as_mut() else {
+            return;
+        };
+        let under = w.mr.take();
+        (mw.access, mw.length) = (0, 0);
+        mw.grant.revoke();
+        mw.grant = Arc::default();
+        if let Some(m) = under.and_then(|u| self.mrs.get_mut(u)) {
+            m.windows -= 1;
+        }
+    }
+
+    /// Unbinds the type 2 windows bound to QP `qpn`, which is going: a later QP given
+    /// its number must not inherit them.
+    pub(crate) fn unbind_windows_of(&mut self, qpn: u32) {
+        let bound: Vec<u32> = self
+            .mrs
+            .indices()
+            .filter(|&i| {
+                self.mrs
+                    .get(i)
+                    .and_then(|m| m.window)
+                    .is_some_and(|w| w.mw_type == MW_TYPE_2 && w.qpn == qpn && w.mr.is_some())
+            })
+            .collect();
+        for idx in bound {
+            self.unbind_window(idx);
+        }
+    }
+
     /// WR_REG_MR: maps the fast-registration MR `w.key >> 8`, which must belong to `pdn`,
     /// and gives it the key `w.key`. Errors are completion statuses.
     pub(crate) fn fast_register(&mut self, pdn: u32, w: &HcaRegMrWqe) -> Result<(), WcError> {
         let idx = w.key >> 8;
         let tag = (w.key & 0xff) as u8;
         let cap = match self.mrs.get(idx) {
-            Some(mr) if mr.fast_reg_pages > 0 && mr.pdn == pdn => mr.fast_reg_pages,
+            Some(mr) if mr.fast_reg_pages > 0 && mr.pdn == pdn && mr.windows == 0 => {
+                mr.fast_reg_pages
+            }
             _ => return Err(WcError::LocProt),
         };
         // Any tag, as ib_inc_rkey wraps through them all, but never LOCAL_DMA_LKEY's value.
@@ -437,9 +648,10 @@ impl Device {
         Ok(())
     }
 
-    /// Invalidates the fast-registration MR whose current key is `key` (LOCAL_INV, or a SEND
-    /// with Invalidate naming it): it reaches no byte until the next WR_REG_MR. Only a
-    /// fast-registration MR of `pdn` can be invalidated; false otherwise.
+    /// Invalidates the fast-registration MR or type 2 window whose current key is `key`
+    /// (LOCAL_INV, or a SEND with Invalidate naming it): an MR reaches no byte until the
+    /// next WR_REG_MR, a window until it is bound again. Only one of `pdn`'s can be
+    /// invalidated, an MR only while no window is bound to it; false otherwise.
     pub(crate) fn invalidate(&mut self, pdn: u32, key: u32) -> bool {
         let idx = key >> 8;
         let tag_ok = self
@@ -447,7 +659,16 @@ impl Device {
             .get(idx as usize)
             .is_some_and(|&t| t == (key & 0xff) as u8);
         match self.mrs.get_mut(idx) {
-            Some(mr) if tag_ok && mr.fast_reg_pages > 0 && mr.pdn == pdn => {
+            Some(mw) if tag_ok && mw.pdn == pdn && mw.window.is_some() => {
+                let bound_2 = mw
+                    .window
+                    .is_some_and(|w| w.mw_type == MW_TYPE_2 && w.mr.is_some());
+                if bound_2 {
+                    self.unbind_window(idx);
+                }
+                bound_2
+            }
+            Some(mr) if tag_ok && mr.fast_reg_pages > 0 && mr.pdn == pdn && mr.windows == 0 => {
                 (mr.access, mr.length) = (0, 0);
                 mr.grant.revoke();
                 mr.grant = Arc::default();
@@ -505,10 +726,13 @@ impl Device {
 
     pub(crate) fn cmd_dereg_mr(&mut self, key: u32) -> Result<(), CmdError> {
         let idx = key >> 8;
-        let valid = self.mrs.get(idx).is_some()
+        let valid = self.mrs.get(idx).is_some_and(|m| m.window.is_none())
             && self.mr_tags.get(idx as usize) == Some(&((key & 0xff) as u8));
         if !valid {
             return Err(CmdError::BadHandle);
+        }
+        if self.mrs.get(idx).is_some_and(|m| m.windows > 0) {
+            return Err(CmdError::Busy);
         }
         let mr = self.mrs.remove(idx).ok_or(CmdError::BadHandle)?;
         self.mr_pages -= mr.budget;
@@ -538,6 +762,8 @@ mod tests {
             budget: 3,
             grant: Arc::default(),
             fast_reg_pages: 0,
+            window: None,
+            windows: 0,
         };
         let mut out = SegList::new();
         mr.translate(0x10_0800, 0x2000, &mut out);

@@ -386,6 +386,7 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
         WR_MASKED_FETCH_ADD => CQE_OP_MASKED_FETCH_ADD,
         WR_REG_MR => CQE_OP_REG_MR,
         WR_LOCAL_INV => CQE_OP_LOCAL_INV,
+        WR_BIND_MW => CQE_OP_BIND_MW,
         _ => return None,
     })
 }
@@ -633,6 +634,7 @@ impl HcaState {
         let dev = &mut self.dev;
         dev.give_back_inbound(qpn, &mut qp);
         dev.detach_qp(qpn);
+        dev.unbind_windows_of(qpn);
         for cqn in [qp.send_cqn, qp.recv_cqn] {
             if let Some(cq) = dev.cqs.get_mut(cqn) {
                 cq.users -= 1;

@@ -252,6 +252,9 @@ impl QpEngine<'_> {
         if op == WR_REG_MR {
             return self.execute_reg_mr(addr);
         }
+        if op == WR_BIND_MW {
+            return self.execute_bind_mw(addr);
+        }
         let (pdn, sig_all, is_ud) = (self.qp.pdn, self.qp.sig_all, self.qp.is_ud());
         let flags = u32::from(w.flags);
         let signaled = flags & WQE_SIGNALED != 0 || sig_all;
@@ -335,7 +338,21 @@ impl QpEngine<'_> {
         Ok(())
     }
 
-    /// A local operation (REG_MR, LOCAL_INV), already done: it completes in send order, after
+    /// WR_BIND_MW: binds the window now (later WRs' peers may use it); completes in send
+    /// order. A UD QP binds no window.
+    fn execute_bind_mw(&mut self, addr: u64) -> Result<(), WcError> {
+        let w: HcaBindMwWqe =
+            read_obj(self.dev.mem.as_ref(), addr).map_err(|_| WcError::LocQpOp)?;
+        if self.qp.is_ud() {
+            return Err(WcError::LocQpOp);
+        }
+        let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || self.qp.sig_all;
+        self.dev.bind_window(self.qpn, self.qp.pdn, &w)?;
+        self.complete_local(w.wr_id, CQE_OP_BIND_MW, signaled);
+        Ok(())
+    }
+
+    /// A local operation (REG_MR, BIND_MW, LOCAL_INV), already done: it completes in send order, after
     /// the WRs before it that are still in flight.
     fn complete_local(&mut self, wr_id: u64, cqe_op: u32, signaled: bool) {
         let pend = Pending {

@@ -586,7 +586,12 @@ impl QpEngine<'_> {
         let Some(reth) = pkt.reth else {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         };
-        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
+        let check = KeyCheck::remote(
+            self.qpn,
+            self.qp.pdn,
+            Use::RemoteWrite,
+            self.qp.attr.access_flags,
+        );
         let mut segs = SegList::new();
         let len = u64::from(reth.len);
         if (self.dev)
@@ -613,7 +618,12 @@ impl QpEngine<'_> {
         let Some(reth) = pkt.reth else {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         };
-        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteRead, self.qp.attr.access_flags);
+        let check = KeyCheck::remote(
+            self.qpn,
+            self.qp.pdn,
+            Use::RemoteRead,
+            self.qp.attr.access_flags,
+        );
         let len = u64::from(reth.len);
         let mut segs = SegList::new();
         if self
@@ -656,7 +666,12 @@ impl QpEngine<'_> {
         if reth.va % 8 != 0 {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         }
-        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteAtomic, self.qp.attr.access_flags);
+        let check = KeyCheck::remote(
+            self.qpn,
+            self.qp.pdn,
+            Use::RemoteAtomic,
+            self.qp.attr.access_flags,
+        );
         let mut segs = SegList::new();
         if self
             .dev
@@ -788,7 +803,12 @@ impl QpEngine<'_> {
     /// rkey: PD, REMOTE_WRITE on both MR and QP, bounds. Else the syndrome RC NAKs with.
     fn write_target(&mut self, pkt: &Packet) -> Result<Inbound, u8> {
         let reth = pkt.reth.ok_or(AETH_NAK_INV_REQ)?;
-        let check = KeyCheck::remote(self.qp.pdn, Use::RemoteWrite, self.qp.attr.access_flags);
+        let check = KeyCheck::remote(
+            self.qpn,
+            self.qp.pdn,
+            Use::RemoteWrite,
+            self.qp.attr.access_flags,
+        );
         let mut segs = SegList::new();
         let len = u64::from(reth.len);
         self.dev

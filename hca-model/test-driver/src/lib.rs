@@ -749,9 +749,30 @@ impl<P: Port> Driver<P> {
     /// Writes a WR_REG_MR WQE (its opcode is set here) without ringing the doorbell.
     pub fn write_reg_mr(&mut self, qp: &mut QpH, mut w: HcaRegMrWqe) {
         w.opcode = WR_REG_MR as u8;
+        self.push_sq_wqe(qp, &w);
+    }
+
+    /// Posts a WR_BIND_MW WQE (its opcode is set here).
+    pub fn post_bind_mw(&mut self, qp: &mut QpH, mut w: HcaBindMwWqe) {
+        w.opcode = WR_BIND_MW as u8;
+        self.push_sq_wqe(qp, &w);
+        self.ring_sq(qp);
+    }
+
+    /// Writes a WQE of its own layout at the SQ's producer index, which moves on.
+    fn push_sq_wqe<T: ByteValued>(&mut self, qp: &mut QpH, w: &T) {
         let slot = qp.sq + (u64::from(qp.sq_pi & ((1 << qp.sq_log) - 1)) << qp.sq_shift);
-        self.put(slot, &w);
+        self.put(slot, w);
         qp.sq_pi = qp.sq_pi.wrapping_add(1);
+    }
+
+    /// A memory window of `mw_type` in PD `pdn`: its key, or the command's status.
+    pub fn alloc_mw(&mut self, pdn: u32, mw_type: u32) -> Result<u32, u32> {
+        let (st, out) = self.cmd(CMD_ALLOC_MW, &HcaCmdAllocMw { pdn, mw_type });
+        match st {
+            CMD_OK => Ok(decode::<HcaCmdHandle>(&out).handle),
+            e => Err(e),
+        }
     }
 
     /// Publishes the SQ producer index, names the QP in its send-doorbell ring (if it has
