@@ -192,6 +192,10 @@ struct hca_mr {
 	struct ib_umem *umem;	/* reg_user_mr: the process's pinned pages */
 };
 
+struct hca_mw {
+	struct ib_mw ibmw;
+};
+
 static inline struct hca_mr *to_hmr(struct ib_mr *ibmr)
 {
 	return container_of(ibmr, struct hca_mr, ibmr);
@@ -357,6 +361,8 @@ struct ib_mr *hca_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_sg)
 int hca_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
 		  unsigned int *sg_offset);
 int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+int hca_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int hca_dealloc_mw(struct ib_mw *ibmw);
 u32 hca_mr_access(int access);
 
 /* cq.c */

@@ -13,7 +13,8 @@
 u32 hca_mr_access(int access)
 {
 	u32 a = access & (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
-			  IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC);
+			  IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
+			  IB_ACCESS_MW_BIND);
 
 	if (a & (IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_ATOMIC))
 		a |= IB_ACCESS_LOCAL_WRITE;
@@ -106,7 +107,9 @@ struct ib_mr *hca_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	 */
 	if (access & ~(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
 		       IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
-		       IB_ACCESS_OPTIONAL))
+		       IB_ACCESS_MW_BIND | IB_ACCESS_OPTIONAL))
+		return ERR_PTR(-EOPNOTSUPP);
+	if ((access & IB_ACCESS_MW_BIND) && !(dev->caps & HCA_CAP_MW_UC))
 		return ERR_PTR(-EOPNOTSUPP);
 	umem = ib_umem_get(ibpd->device, start, length, access);
 	if (IS_ERR(umem))
@@ -191,4 +194,41 @@ int hca_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	ib_umem_release(mr->umem);
 	kfree(mr);
 	return 0;
+}
+
+/*
+ * A memory window: the device's key for it is its rkey. Processes bind it
+ * through their send queues (libhcab); the kernel's ULPs use none.
+ */
+int hca_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct hca_dev *dev = to_hdev(ibmw->device);
+	struct hca_cmd_alloc_mw in = { .pdn = to_hpd(ibmw->pd)->pdn };
+	struct hca_cmd_handle out;
+	int err;
+
+	if (!(dev->caps & HCA_CAP_MW_UC))
+		return -EOPNOTSUPP;
+	switch (ibmw->type) {
+	case IB_MW_TYPE_1:
+		in.mw_type = HCA_MW_TYPE_1;
+		break;
+	case IB_MW_TYPE_2:
+		in.mw_type = HCA_MW_TYPE_2;
+		break;
+	default:
+		return -EINVAL;
+	}
+	err = hca_cmd(dev, HCA_CMD_ALLOC_MW, &in, sizeof(in), &out, sizeof(out));
+	if (err)
+		return err;
+	ibmw->rkey = out.handle;
+	return 0;
+}
+
+int hca_dealloc_mw(struct ib_mw *ibmw)
+{
+	/* The window's index names it, whatever key its last bind gave it. */
+	return hca_cmd_handle(to_hdev(ibmw->device), HCA_CMD_DEALLOC_MW,
+			      ibmw->rkey);
 }

@@ -48,6 +48,12 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 	a->local_ca_ack_delay = 15;
 	a->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;
 	a->device_cap_flags = IB_DEVICE_MEM_MGT_EXTENSIONS;
+	/* Windows share the MR table: each takes an MR's slot. */
+	if (dev->caps & HCA_CAP_MW_UC) {
+		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW |
+				       IB_DEVICE_MEM_WINDOW_TYPE_2B;
+		a->max_mw = h->max_mr;
+	}
 	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
 	if (dev->caps & HCA_CAP_SRQ) {
 		a->max_srq = HCA_MAX_SRQ - 1;
@@ -279,6 +285,8 @@ const struct ib_device_ops hca_dev_ops = {
 	.alloc_mr = hca_alloc_mr,
 	.map_mr_sg = hca_map_mr_sg,
 	.dereg_mr = hca_dereg_mr,
+	.alloc_mw = hca_alloc_mw,
+	.dealloc_mw = hca_dealloc_mw,
 	.create_cq = hca_create_cq,
 	.destroy_cq = hca_destroy_cq,
 	.resize_cq = hca_resize_cq,
@@ -298,6 +306,7 @@ const struct ib_device_ops hca_dev_ops = {
 	.attach_mcast = hca_attach_mcast,
 	.detach_mcast = hca_detach_mcast,
 	INIT_RDMA_OBJ_SIZE(ib_pd, hca_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_mw, hca_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_ah, hca_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, hca_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_qp, hca_qp, ibqp),

@@ -87,7 +87,9 @@ static void hcab_free_context(struct ibv_context *ibctx)
  * no-op versions stand in for them.
  */
 static const struct verbs_context_ops hcab_ctx_ops = {
+	.alloc_mw = hcab_alloc_mw,
 	.alloc_pd = hcab_alloc_pd,
+	.bind_mw = hcab_bind_mw,
 	.attach_mcast = hcab_attach_mcast,
 	.create_ah = hcab_create_ah,
 	.create_cq = hcab_create_cq,
@@ -95,6 +97,7 @@ static const struct verbs_context_ops hcab_ctx_ops = {
 	.create_qp = hcab_create_qp,
 	.create_qp_ex = hcab_create_qp_ex,
 	.create_srq = hcab_create_srq,
+	.dealloc_mw = hcab_dealloc_mw,
 	.dealloc_pd = hcab_dealloc_pd,
 	.dereg_mr = hcab_dereg_mr,
 	.destroy_ah = hcab_destroy_ah,

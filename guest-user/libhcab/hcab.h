@@ -244,6 +244,11 @@ int hcab_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *hcab_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 			   uint64_t hca_va, int access);
 int hcab_dereg_mr(struct verbs_mr *vmr);
+struct ibv_mw *hcab_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int hcab_dealloc_mw(struct ibv_mw *mw);
+int hcab_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind);
+void hcab_fill_bind_mw(struct hca_bind_mw_wqe *w, struct ibv_mw *mw,
+		       uint32_t rkey, const struct ibv_mw_bind_info *info);
 struct ibv_ah *hcab_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int hcab_destroy_ah(struct ibv_ah *ah);
 int hcab_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,

@@ -77,10 +77,30 @@ static int hcab_wr_opcode(enum ibv_wr_opcode op)
 		return HCA_WR_ATOMIC_CMP_SWP;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return HCA_WR_ATOMIC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		/* A process's type 2 window: it has no fast-registration MR. */
+		return HCA_WR_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return HCA_WR_BIND_MW;
 	default:
-		/* LOCAL_INV and BIND_MW: a user PD has no MR they could act on. */
 		return -1;
 	}
+}
+
+/*
+ * A bind of window mw, as key rkey, to bind_info's range of its MR (none:
+ * a type 1 window unbound), with its rights. The device checks the window,
+ * the MR, the range and the rights; what it refuses fails the WR.
+ */
+void hcab_fill_bind_mw(struct hca_bind_mw_wqe *w, struct ibv_mw *mw,
+		       uint32_t rkey, const struct ibv_mw_bind_info *info)
+{
+	w->access = info->mw_access_flags;
+	w->addr = info->addr;
+	w->length = info->length;
+	w->mw_key = mw->rkey;
+	w->new_key = rkey;
+	w->mr_key = info->mr ? info->mr->lkey : 0;
 }
 
 /* Inline SGEs name the process's own memory: copy it into the WQE. */
@@ -124,6 +144,7 @@ static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
 	bool uc = qp->vqp.qp.qp_type == IBV_QPT_UC;
 	bool send = op == HCA_WR_SEND || op == HCA_WR_SEND_IMM;
 	bool write = op == HCA_WR_RDMA_WRITE || op == HCA_WR_RDMA_WRITE_IMM;
+	bool local = op == HCA_WR_LOCAL_INV || op == HCA_WR_BIND_MW;
 
 	if (op < 0 || wr->num_sge < 0 || wr->num_sge > wq->max_sge)
 		return EINVAL;
@@ -131,7 +152,7 @@ static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
 	if (ud && !send)
 		return EINVAL;
 	/* UC has no reads, atomics or SEND with Invalidate. */
-	if (uc && !send && !write)
+	if (uc && !send && !write && !local)
 		return EINVAL;
 	if (ud && !wr->wr.ud.ah)
 		return EINVAL;
@@ -139,6 +160,15 @@ static int hcab_build_send(struct hcab_qp *qp, const struct ibv_send_wr *wr)
 	w->wr_id = wq->pi;
 	w->opcode = op;
 	w->flags = hcab_wqe_flags(wr->send_flags);
+	if (op == HCA_WR_BIND_MW) {
+		hcab_fill_bind_mw((struct hca_bind_mw_wqe *)w, wr->bind_mw.mw,
+				  wr->bind_mw.rkey, &wr->bind_mw.bind_info);
+		return 0;
+	}
+	if (op == HCA_WR_LOCAL_INV) {
+		w->imm = wr->invalidate_rkey;
+		return 0;
+	}
 	if (op == HCA_WR_SEND_IMM || op == HCA_WR_RDMA_WRITE_IMM)
 		w->imm = (uint32_t)wr->imm_data;
 	/* The key the responder invalidates. */

@@ -24,11 +24,14 @@
 	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |                \
 	 IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |          \
 	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |     \
-	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | \
+	 HCAB_LOCAL_OPS)
 #define HCAB_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 #define HCAB_UC_SEND_OPS                                                     \
 	(HCAB_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE |                       \
-	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
+	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | HCAB_LOCAL_OPS)
+/* Memory windows, a connected QP's. */
+#define HCAB_LOCAL_OPS (IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV)
 
 static struct hcab_qp *to_hqpx(struct ibv_qp_ex *qpx)
 {
@@ -104,6 +107,28 @@ static void hcab_wr_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
 
 	if (w)
 		w->imm = rkey;
+}
+
+static void hcab_wr_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{
+	struct hca_send_wqe *w = hcab_wr_open(qpx, HCA_WR_LOCAL_INV,
+					      IBV_QP_EX_WITH_LOCAL_INV);
+
+	if (w)
+		w->imm = rkey;
+	/* No data: an SGE set after it has nowhere to go. */
+	to_hqpx(qpx)->wr_cur = NULL;
+}
+
+static void hcab_wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw,
+			    uint32_t rkey, const struct ibv_mw_bind_info *info)
+{
+	struct hca_send_wqe *w = hcab_wr_open(qpx, HCA_WR_BIND_MW,
+					      IBV_QP_EX_WITH_BIND_MW);
+
+	if (w)
+		hcab_fill_bind_mw((struct hca_bind_mw_wqe *)w, mw, rkey, info);
+	to_hqpx(qpx)->wr_cur = NULL;
 }
 
 static void hcab_wr_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey,
@@ -303,6 +328,8 @@ static void hcab_qp_ex_init(struct hcab_qp *qp, uint64_t ops)
 	x->wr_send = hcab_wr_send;
 	x->wr_send_imm = hcab_wr_send_imm;
 	x->wr_send_inv = hcab_wr_send_inv;
+	x->wr_local_inv = hcab_wr_local_inv;
+	x->wr_bind_mw = hcab_wr_bind_mw;
 	x->wr_rdma_write = hcab_wr_rdma_write;
 	x->wr_rdma_write_imm = hcab_wr_rdma_write_imm;
 	x->wr_rdma_read = hcab_wr_rdma_read;

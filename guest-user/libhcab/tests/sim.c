@@ -534,6 +534,19 @@ int ibv_cmd_dereg_mr(struct verbs_mr *vmr)
 	return EOPNOTSUPP;
 }
 
+int ibv_cmd_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type,
+		     struct ibv_mw *mw, struct ibv_alloc_mw *cmd,
+		     size_t cmd_size, struct ib_uverbs_alloc_mw_resp *resp,
+		     size_t resp_size)
+{
+	return EOPNOTSUPP;
+}
+
+int ibv_cmd_dealloc_mw(struct ibv_mw *mw)
+{
+	return EOPNOTSUPP;
+}
+
 int ibv_cmd_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
 			 uint16_t lid)
 {
@@ -746,7 +759,7 @@ static void test_full_send_queue(void)
 	CHECK(rdma1(a, 9, IBV_WR_RDMA_WRITE, 0, buf, 8, &word) == 0);
 	/* Bad work requests stop the list where they are. */
 	wr[0].next = NULL;
-	wr[0].opcode = IBV_WR_LOCAL_INV;
+	wr[0].opcode = IBV_WR_TSO;
 	CHECK(hcab_post_send(a, wr, &bad) == EINVAL && bad == &wr[0]);
 	wr[0].opcode = IBV_WR_SEND;
 	wr[0].num_sge = to_hqp(a)->sq.max_sge + 1;
