@@ -251,6 +251,8 @@
 #define HCA_WR_MASKED_CMP_SWP		10
 #define HCA_WR_MASKED_FETCH_ADD		11
 #define HCA_WR_BIND_MW			12
+/* RC: the 8 bytes in compare_add stored at remote_addr (8-aligned), no SGEs */
+#define HCA_WR_ATOMIC_WRITE		13
 #define HCA_WQE_SIGNALED		(1 << 0)
 #define HCA_WQE_SOLICITED		(1 << 1)
 #define HCA_WQE_INLINE			(1 << 2)
@@ -267,6 +269,7 @@
 #define HCA_CQE_OP_REG_MR		8
 #define HCA_CQE_OP_MASKED_COMP_SWAP	9
 #define HCA_CQE_OP_MASKED_FETCH_ADD	10
+#define HCA_CQE_OP_ATOMIC_WRITE		11
 #define HCA_CQE_OP_RECV			0x80
 #define HCA_CQE_OP_RECV_RDMA_IMM	0x81
 #define HCA_CQE_FLAG_IMM		(1 << 0)

@@ -317,6 +317,10 @@ pub const WR_MASKED_CMP_SWP: u32 = 10;
 pub const WR_MASKED_FETCH_ADD: u32 = 11;
 /// Binds a memory window; the WQE is an `HcaBindMwWqe`.
 pub const WR_BIND_MW: u32 = 12;
+/// RC: stores the 8 bytes in `compare_add` (as the consumer gave them) at `remote_addr`
+/// (8-byte aligned) in one store, under `rkey`'s remote write right (IBTA 1.5's ATOMIC
+/// WRITE); no SGEs.
+pub const WR_ATOMIC_WRITE: u32 = 13;
 
 pub const WQE_SIGNALED: u32 = 1 << 0;
 pub const WQE_SOLICITED: u32 = 1 << 1;
@@ -334,6 +338,8 @@ pub const CQE_OP_LOCAL_INV: u32 = 6;
 pub const CQE_OP_REG_MR: u32 = 8;
 pub const CQE_OP_MASKED_COMP_SWAP: u32 = 9;
 pub const CQE_OP_MASKED_FETCH_ADD: u32 = 10;
+/// Not ib_wc_opcode's number, which differs between kernels.
+pub const CQE_OP_ATOMIC_WRITE: u32 = 11;
 pub const CQE_OP_RECV: u32 = 0x80;
 pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
 
@@ -1203,6 +1209,7 @@ pub fn layout() -> Vec<(String, u64)> {
         WR_MASKED_CMP_SWP,
         WR_MASKED_FETCH_ADD,
         WR_BIND_MW,
+        WR_ATOMIC_WRITE,
         WQE_SIGNALED,
         WQE_SOLICITED,
         WQE_INLINE,
@@ -1217,6 +1224,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CQE_OP_REG_MR,
         CQE_OP_MASKED_COMP_SWAP,
         CQE_OP_MASKED_FETCH_ADD,
+        CQE_OP_ATOMIC_WRITE,
         CQE_OP_RECV,
         CQE_OP_RECV_RDMA_IMM,
         CQE_FLAG_IMM,

@@ -41,6 +41,8 @@ pub const RC_CMP_SWAP: u8 = 0x13;
 pub const RC_FETCH_ADD: u8 = 0x14;
 pub const RC_SEND_LAST_INV: u8 = 0x16;
 pub const RC_SEND_ONLY_INV: u8 = 0x17;
+/// IBTA 1.5: RETH and 8 bytes of data, stored in one access; answered by an ACK.
+pub const RC_ATOMIC_WRITE: u8 = 0x1d;
 /// UC opcodes (transport 001) are RC's SEND and WRITE opcodes (0x00-0x0b) with this.
 pub const UC_TRANSPORT: u8 = 0x20;
 // UD opcodes (transport 011).

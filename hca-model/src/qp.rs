@@ -387,6 +387,7 @@ pub(crate) fn cqe_op_of(wr_opcode: u32) -> Option<u32> {
         WR_REG_MR => CQE_OP_REG_MR,
         WR_LOCAL_INV => CQE_OP_LOCAL_INV,
         WR_BIND_MW => CQE_OP_BIND_MW,
+        WR_ATOMIC_WRITE => CQE_OP_ATOMIC_WRITE,
         _ => return None,
     })
 }

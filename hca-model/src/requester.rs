@@ -324,6 +324,7 @@ impl QpEngine<'_> {
         match op {
             WR_RDMA_READ => self.send_read(w, src, len, pend),
             _ if is_atomic(op) => self.send_atomic(w, src, len, pend),
+            WR_ATOMIC_WRITE => self.send_atomic_write(w, pend),
             _ => self.send_rc_message(w, src, len, pend),
         }
     }
@@ -558,6 +559,24 @@ impl QpEngine<'_> {
         pend.last_psn = psn;
         pend.byte_len = 8;
         pend.kind = PendKind::Atomic { dst: result };
+        self.push_pending(pend, request, 1);
+        Ok(())
+    }
+
+    /// ATOMIC WRITE: the WQE's 8 bytes to the peer in one packet, ACKed as a WRITE is.
+    fn send_atomic_write(&mut self, w: &HcaSendWqe, mut pend: Pending) -> Result<(), WcError> {
+        let psn = self.qp.next_psn;
+        let mut pkt = self.rc_packet(RC_ATOMIC_WRITE, psn);
+        pkt.reth = Some(Reth {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            len: 8,
+        });
+        let data = w.compare_add.to_le_bytes();
+        pkt.payload = SmallBytes::new(&data).map_or(Payload::Empty, Payload::Small);
+        let request = pkt.clone();
+        self.dev.transmit(pkt);
+        (pend.first_psn, pend.last_psn, pend.byte_len) = (psn, psn, 8);
         self.push_pending(pend, request, 1);
         Ok(())
     }

@@ -174,6 +174,7 @@ impl QpEngine<'_> {
             RC_WRITE_FIRST..=RC_WRITE_ONLY_IMM => self.rc_write(pkt),
             RC_READ_REQUEST => self.rc_read(pkt, true),
             RC_CMP_SWAP | RC_FETCH_ADD => self.rc_atomic(pkt),
+            RC_ATOMIC_WRITE => self.rc_atomic_write(pkt),
             _ => self.nak(&pkt, AETH_NAK_INV_REQ),
         }
         Ok(())
@@ -850,6 +851,38 @@ impl QpEngine<'_> {
             Some(_) => self.fail_recv(wr_id, WcError::RemInvReq),
             None => self.untake_recv(),
         }
+    }
+
+    /// An ATOMIC WRITE: its 8 bytes stored at an aligned address under the rkey's remote
+    /// write right, in one access under the device's lock (so no atomic of this HCA sees
+    /// half of it); ACKed as a WRITE is. A duplicate is ACKed again, not stored again.
+    fn rc_atomic_write(&mut self, pkt: Packet) {
+        let (Some(reth), 8) = (pkt.reth, pkt.payload.len()) else {
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
+        };
+        if reth.va % 8 != 0 || reth.len != 8 {
+            return self.nak(&pkt, AETH_NAK_INV_REQ);
+        }
+        let check = KeyCheck::remote(
+            self.qpn,
+            self.qp.pdn,
+            Use::RemoteWrite,
+            self.qp.attr.access_flags,
+        );
+        let mut segs = SegList::new();
+        if self
+            .dev
+            .resolve_key(reth.rkey, reth.va, 8, &check, &mut segs)
+            .is_err()
+        {
+            return self.nak(&pkt, AETH_NAK_REM_ACCESS);
+        }
+        if pkt.payload.scatter(self.dev.mem.as_ref(), &segs).is_err() {
+            self.dev.stats.dma_faults += 1;
+            return self.nak(&pkt, AETH_NAK_REM_OP);
+        }
+        self.transmit_ack(&pkt);
+        self.advance_epsn(1);
     }
 
     /// A datagram for this QP.

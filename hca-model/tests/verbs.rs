@@ -303,6 +303,44 @@ fn test_atomics_compare_swap_and_fetch_add() {
     assert_eq!(p.b.read(remote, 8), 7u64.to_le_bytes());
 }
 
+/// ATOMIC WRITE (IBTA 1.5): the WQE's 8 bytes land at an aligned address under an rkey that
+/// allows remote write; a misaligned address is an invalid request, a key without remote
+/// write a remote access error.
+#[test]
+fn test_atomic_write_stores_its_eight_bytes_where_the_key_allows() {
+    let bytes = *b"8 bytes!";
+    let cases = [
+        (0, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, WC_SUCCESS),
+        (
+            4,
+            ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+            WC_REM_INV_REQ_ERR,
+        ),
+        (0, ACCESS_REMOTE_READ, WC_REM_ACCESS_ERR),
+    ];
+    for (misalign, access, want) in cases {
+        let mut p = Pair::new(5);
+        let remote = p.b.alloc(64, 64);
+        let rkey = p.b.reg_mr(p.pd_b, remote, 64, access);
+        let mut wr = send_wr(1, WR_ATOMIC_WRITE, WQE_SIGNALED);
+        (wr.remote_addr, wr.rkey) = (remote + 8 + misalign, rkey);
+        wr.compare_add = u64::from_le_bytes(bytes);
+        p.a.post_send(&mut p.qa, wr, &[]);
+        let c = p.a.drain_cq(&mut p.cq_a);
+        assert_eq!(
+            u32::from(c[0].status),
+            want,
+            "access {access:#x}, +{misalign}"
+        );
+        if want == WC_SUCCESS {
+            assert_eq!(u32::from(c[0].opcode), CQE_OP_ATOMIC_WRITE);
+            assert_eq!(p.b.read(remote + 8, 8), bytes);
+        } else {
+            assert_eq!(p.b.read(remote, 64), vec![0; 64]);
+        }
+    }
+}
+
 /// Masked atomics (as RDS posts every atomic): a compare-and-swap that compares and swaps
 /// only some bits, one whose compared bits differ, and a fetch-and-add of eight byte-wide
 /// counters whose carries stay in their bytes; each result buffer gets the value before.
