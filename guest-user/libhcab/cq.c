@@ -226,6 +226,10 @@ static enum ibv_wc_opcode hcab_wc_opcode(uint8_t op)
 		return IBV_WC_FETCH_ADD;
 	case HCA_CQE_OP_LOCAL_INV:
 		return IBV_WC_LOCAL_INV;
+	case HCA_CQE_OP_BIND_MW:
+		return IBV_WC_BIND_MW;
+	case HCA_CQE_OP_ATOMIC_WRITE:
+		return IBV_WC_ATOMIC_WRITE;
 	default:
 		/* No user WR makes another; a consumer sees a plain send. */
 		return IBV_WC_SEND;

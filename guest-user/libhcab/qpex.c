@@ -25,7 +25,7 @@
 	 IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |          \
 	 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |     \
 	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | \
-	 HCAB_LOCAL_OPS)
+	 IBV_QP_EX_WITH_ATOMIC_WRITE | HCAB_LOCAL_OPS)
 #define HCAB_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 #define HCAB_UC_SEND_OPS                                                     \
 	(HCAB_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE |                       \
@@ -179,6 +179,19 @@ static void hcab_wr_atomic_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey,
 		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, rkey, remote_addr);
 	if (qp->wr_cur)
 		qp->wr_cur->compare_add = add;
+}
+
+/* The 8 bytes travel in the WQE, as the consumer gave them: no SGE. */
+static void hcab_wr_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey,
+				 uint64_t remote_addr, const void *atomic_wr)
+{
+	struct hcab_qp *qp = to_hqpx(qpx);
+
+	hcab_wr_remote(qpx, HCA_WR_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE,
+		       rkey, remote_addr);
+	if (qp->wr_cur)
+		memcpy(&qp->wr_cur->compare_add, atomic_wr, 8);
+	qp->wr_cur = NULL;
 }
 
 static void hcab_wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah,
@@ -335,6 +348,7 @@ static void hcab_qp_ex_init(struct hcab_qp *qp, uint64_t ops)
 	x->wr_rdma_read = hcab_wr_rdma_read;
 	x->wr_atomic_cmp_swp = hcab_wr_atomic_cmp_swp;
 	x->wr_atomic_fetch_add = hcab_wr_atomic_fetch_add;
+	x->wr_atomic_write = hcab_wr_atomic_write;
 	x->wr_set_ud_addr = hcab_wr_set_ud_addr;
 	x->wr_set_sge = hcab_wr_set_sge;
 	x->wr_set_sge_list = hcab_wr_set_sge_list;
