@@ -24,28 +24,13 @@ const MIN_TESTS: usize = 250;
 
 /// Why hcab0 may skip a test rxe0 passes: the start of the suite's skip reason, and the
 /// feature hcab0 lacks (each in docs/user-verbs.md).
-const ABSENT: [(&str, &str); 4] = [
-    ("Reg MR with MW access is not supported", "memory windows"),
-    ("Create memory window", "memory windows"),
-    // IBV_ACCESS_MW_BIND among them.
-    (
-        "Create custom mr with additional access flags",
-        "memory windows",
-    ),
+const ABSENT: [(&str, &str); 1] = [
     // RoCE's own tests: hcab0's port is InfiniBand.
     (
         "Link layer of port=1 is InfiniBand",
         "an Ethernet link layer (RoCE)",
     ),
 ];
-
-/// Tests hcab0 may skip where rxe0 passes whose skip reason names no feature (the suite
-/// says only that the extended QP could not be made): the test, and the feature it needs.
-const ABSENT_TESTS: [(&str, &str); 1] = [(
-    // rxe0 passes it on 6.12 (and errors on 6.1): an 8-byte ATOMIC WRITE, IBTA 1.5.
-    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
-    "RDMA ATOMIC WRITE (IBV_QP_EX_WITH_ATOMIC_WRITE)",
-)];
 
 /// One test's outcome as unittest's verbose output says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,10 +172,7 @@ fn verdict(hcab: &BTreeMap<String, Outcome>, rxe: &BTreeMap<String, Outcome>) ->
             continue;
         }
         let explained = match o {
-            Outcome::Skip(why) => {
-                ABSENT.iter().any(|(start, _)| why.starts_with(start))
-                    || ABSENT_TESTS.iter().any(|(test, _)| test == id)
-            }
+            Outcome::Skip(why) => ABSENT.iter().any(|(start, _)| why.starts_with(start)),
             _ => false,
         };
         if !explained {
