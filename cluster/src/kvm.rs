@@ -62,14 +62,17 @@ impl KvmNode {
                 vfio: node.vfio,
             },
             fabric,
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         machine.hca().set_in_flight_budget(node.in_flight_budget);
-        machine.load_linux(&LinuxBoot {
-            kernel: image.bzimage.clone(),
-            initramfs: Some(image.initramfs.clone()),
-            cmdline: kernel_cmdline(node.name, node.cmd, node.kernel_args),
-        })?;
-        machine.start()?;
+        machine
+            .load_linux(&LinuxBoot {
+                kernel: image.bzimage.clone(),
+                initramfs: Some(image.initramfs.clone()),
+                cmdline: kernel_cmdline(node.name, node.cmd, node.kernel_args),
+            })
+            .map_err(|e| e.to_string())?;
+        machine.start().map_err(|e| e.to_string())?;
         Ok(KvmNode {
             name: node.name.to_string(),
             machine,
@@ -83,7 +86,7 @@ fn check_stopped<'a>(machine: &mut Machine, stopped: &'a mut Option<String>) -> 
     if stopped.is_none() && !machine.running() {
         *stopped = Some(match machine.stop() {
             Ok(o) => format!("it stopped (exit code {:?})", o.exit_code),
-            Err(e) => e.lines().next().unwrap_or_default().to_string(),
+            Err(e) => e.to_string().lines().next().unwrap_or_default().to_string(),
         });
     }
     stopped.as_deref()

@@ -103,6 +103,7 @@ fn test_linux_first_boot_lines_reach_the_serial_console() {
             out.serial
         }
         Err(e) => {
+            let e = e.to_string();
             eprintln!(
                 "the guest stopped on its own: {}",
                 e.lines().next().unwrap()

@@ -29,10 +29,17 @@ pub const ECX_HYPERVISOR: u32 = 1 << 31;
 /// "KVMKVMKVM\0\0\0" in EBX, ECX, EDX.
 pub const KVM_SIGNATURE: [u32; 3] = [0x4b4d_564b, 0x564b_4d56, 0x0000_004d];
 
+/// Why a vCPU's CPUID could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuidError {
+    #[error("CPUID table full: {0:?}")]
+    Full(#[source] vmm_sys_util::fam::Error),
+}
+
 /// The CPUID for the vCPU with local APIC ID `apic_id`, from the host KVM's `supported`
 /// table; `tsc_deadline` says whether KVM emulates the TSC-deadline timer
 /// (KVM_CAP_TSC_DEADLINE_TIMER).
-pub fn for_vcpu(supported: &CpuId, apic_id: u8, tsc_deadline: bool) -> Result<CpuId, String> {
+pub fn for_vcpu(supported: &CpuId, apic_id: u8, tsc_deadline: bool) -> Result<CpuId, CpuidError> {
     let mut cpuid = supported.clone();
     let mut signature = false;
     for e in cpuid.as_mut_slice() {
@@ -63,7 +70,7 @@ pub fn for_vcpu(supported: &CpuId, apic_id: u8, tsc_deadline: bool) -> Result<Cp
                 edx: KVM_SIGNATURE[2],
                 ..Default::default()
             })
-            .map_err(|e| format!("CPUID table full: {e:?}"))?;
+            .map_err(CpuidError::Full)?;
     }
     Ok(cpuid)
 }

@@ -13,7 +13,7 @@ use hca_model::abi::{BAR2_SIZE, NUM_VECTORS, PCI_DEVICE_HCABENCH, PCI_VENDOR_HCA
 use hca_model::InterruptSink;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::irq::{GsiRouter, MsixTable};
+use super::irq::{GsiRouter, IrqError, MsixTable};
 use super::pci::{ConfigSpace, PciFunction};
 
 /// Where the BARs start (the guest may move them; the machine follows).
@@ -41,16 +41,30 @@ struct MsixState {
     pending: u32,
 }
 
+/// Why the HCA's MSI-X vectors could not be wired to the VM.
+#[derive(Debug, thiserror::Error)]
+pub enum MsixError {
+    #[error(transparent)]
+    Gsi(#[from] IrqError),
+    #[error("eventfd: {0}")]
+    Eventfd(#[source] std::io::Error),
+    #[error("KVM_IRQFD for vector {vector}: {source}")]
+    Irqfd {
+        vector: u32,
+        source: kvm_ioctls::Error,
+    },
+}
+
 impl Msix {
-    pub fn new(router: Arc<GsiRouter>) -> Result<Arc<Self>, String> {
+    pub fn new(router: Arc<GsiRouter>) -> Result<Arc<Self>, MsixError> {
         let gsi_base = router.allocate(NUM_VECTORS)?;
         let mut irqfds = Vec::new();
         for v in 0..NUM_VECTORS {
-            let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+            let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(MsixError::Eventfd)?;
             router
                 .vm()
                 .register_irqfd(&fd, gsi_base + v)
-                .map_err(|e| format!("KVM_IRQFD for vector {v}: {e}"))?;
+                .map_err(|source| MsixError::Irqfd { vector: v, source })?;
             irqfds.push(fd);
         }
         Ok(Arc::new(Self {

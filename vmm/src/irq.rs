@@ -32,9 +32,20 @@ struct Routes {
     msi: BTreeMap<u32, MsiMessage>,
 }
 
+/// Why GSIs could not be allocated or routed.
+#[derive(Debug, thiserror::Error)]
+pub enum IrqError {
+    #[error("no GSIs left for {0} more MSI vectors")]
+    NoGsis(u32),
+    #[error("GSI routing table: {0:?}")]
+    Table(#[source] vmm_sys_util::fam::Error),
+    #[error("KVM_SET_GSI_ROUTING: {0}")]
+    SetRouting(#[source] kvm_ioctls::Error),
+}
+
 impl GsiRouter {
     /// The router of `vm`, with the irqchip routes installed.
-    pub fn new(vm: Arc<VmFd>) -> Result<Arc<Self>, String> {
+    pub fn new(vm: Arc<VmFd>) -> Result<Arc<Self>, IrqError> {
         let r = Arc::new(Self {
             vm,
             routes: Mutex::new(Routes {
@@ -51,18 +62,18 @@ impl GsiRouter {
     }
 
     /// `n` consecutive GSIs for one device's vectors; the first.
-    pub fn allocate(&self, n: u32) -> Result<u32, String> {
+    pub fn allocate(&self, n: u32) -> Result<u32, IrqError> {
         let mut r = crate::lock(&self.routes);
         let base = r.next_gsi;
         if base + n > MAX_GSI {
-            return Err(format!("no GSIs left for {n} more MSI vectors"));
+            return Err(IrqError::NoGsis(n));
         }
         r.next_gsi += n;
         Ok(base)
     }
 
     /// Points each `(gsi, message)` at its MSI message and installs the table.
-    pub fn set_msi(&self, changes: &[(u32, MsiMessage)]) -> Result<(), String> {
+    pub fn set_msi(&self, changes: &[(u32, MsiMessage)]) -> Result<(), IrqError> {
         let mut r = crate::lock(&self.routes);
         for &(gsi, m) in changes {
             r.msi.insert(gsi, m);
@@ -70,7 +81,7 @@ impl GsiRouter {
         self.commit(&r)
     }
 
-    fn commit(&self, r: &Routes) -> Result<(), String> {
+    fn commit(&self, r: &Routes) -> Result<(), IrqError> {
         let chip = |gsi: u32, irqchip: u32, pin: u32| {
             let mut e = kvm_irq_routing_entry {
                 gsi,
@@ -105,10 +116,10 @@ impl GsiRouter {
             e.u.msi.data = m[2];
             entries.push(e);
         }
-        let routing = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
+        let routing = KvmIrqRouting::from_entries(&entries).map_err(IrqError::Table)?;
         self.vm
             .set_gsi_routing(&routing)
-            .map_err(|e| format!("KVM_SET_GSI_ROUTING: {e}"))
+            .map_err(IrqError::SetRouting)
     }
 }
 

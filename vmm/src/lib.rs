@@ -61,7 +61,7 @@ pub fn check_kvm() -> KvmCheck {
     }
     match spin_test(&kvm, Duration::from_millis(100)) {
         Ok(()) => KvmCheck::Usable,
-        Err(e) => KvmCheck::Unusable(e),
+        Err(e) => KvmCheck::Unusable(e.to_string()),
     }
 }
 
@@ -81,41 +81,57 @@ fn no_hw_virt(modules: &std::path::Path) -> String {
     }
 }
 
+/// Why the spin test's guest did not run, or ran too slowly.
+#[derive(Debug, thiserror::Error)]
+enum SpinError {
+    /// A VM or vCPU ioctl (named) failed.
+    #[error("{0}: {1}")]
+    Kvm(&'static str, #[source] kvm_ioctls::Error),
+    #[error("guest memory: {0}")]
+    Ram(#[source] boot::BootError),
+    #[error("memory slot: {0}")]
+    Slot(#[source] boot::BootError),
+    #[error("{0}")]
+    Write(#[from] vm_memory::GuestMemoryError),
+    #[error("test guest exited with {0}")]
+    Exit(String),
+    #[error("a 100000-iteration loop took {0:.1?} under KVM: emulated, not accelerated")]
+    Slow(Duration),
+}
+
 /// Runs a real-mode loop of 100000 iterations (well under a millisecond on hardware
 /// virtualisation, about half a second when emulated); too slow means emulated.
-fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), String> {
+fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), SpinError> {
     use vm_memory::{Bytes, GuestAddress};
     // mov ecx, 100000; loop $; hlt
     let code: [u8; 9] = [0x66, 0xb9, 0xa0, 0x86, 0x01, 0x00, 0xe2, 0xfe, 0xf4];
-    let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
-    let mem = boot::guest_ram(0x10000).map_err(|e| format!("guest memory: {e}"))?;
-    boot::map_ram(&vm, &mem).map_err(|e| format!("memory slot: {e}"))?;
-    mem.write_slice(&code, GuestAddress(0))
-        .map_err(|e| e.to_string())?;
-    let vcpu = vm.create_vcpu(0).map_err(|e| format!("vcpu: {e}"))?;
-    let mut sregs = vcpu.get_sregs().map_err(|e| e.to_string())?;
+    let kvm_err = |what| move |e| SpinError::Kvm(what, e);
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    let mem = boot::guest_ram(0x10000).map_err(SpinError::Ram)?;
+    boot::map_ram(&vm, &mem).map_err(SpinError::Slot)?;
+    mem.write_slice(&code, GuestAddress(0))?;
+    let vcpu = vm.create_vcpu(0).map_err(kvm_err("vcpu"))?;
+    let mut sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
     sregs.cs.base = 0;
     sregs.cs.selector = 0;
-    vcpu.set_sregs(&sregs).map_err(|e| e.to_string())?;
-    let mut regs = vcpu.get_regs().map_err(|e| e.to_string())?;
+    vcpu.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
+    let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
     regs.rip = 0;
     regs.rflags = 2;
-    vcpu.set_regs(&regs).map_err(|e| e.to_string())?;
+    vcpu.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
     let t = Instant::now();
     let mut vcpu = vcpu;
     loop {
         match vcpu.run() {
             Ok(kvm_ioctls::VcpuExit::Hlt) => break,
-            Ok(other) => return Err(format!("test guest exited with {other:?}")),
+            Ok(other) => return Err(SpinError::Exit(format!("{other:?}"))),
             Err(e) if e.errno() == libc::EINTR => continue,
-            Err(e) => return Err(format!("KVM_RUN: {e}")),
+            Err(e) => return Err(SpinError::Kvm("KVM_RUN", e)),
         }
     }
     let took = t.elapsed();
     if took > limit {
-        return Err(format!(
-            "a 100000-iteration loop took {took:.1?} under KVM: emulated, not accelerated"
-        ));
+        return Err(SpinError::Slow(took));
     }
     Ok(())
 }

@@ -41,6 +41,57 @@ const STARTUP_64: u64 = 0x200;
 /// Where devices live; RAM must end below it (one slot, no split around the hole).
 pub const RAM_LIMIT: u64 = 0xc000_0000;
 
+/// Why a Linux guest could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxError {
+    #[error("{} MiB of RAM: Linux guests take 64 MiB to {} MiB", .0 >> 20, RAM_LIMIT >> 20)]
+    Ram(u64),
+    #[error("kernel {}: {source}", .path.display())]
+    Kernel {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("kernel {} (ELF): {source}", .path.display())]
+    Elf {
+        path: PathBuf,
+        source: linux_loader::loader::Error,
+    },
+    #[error("kernel {}: neither ELF nor bzImage: {source}", .path.display())]
+    NotAKernel {
+        path: PathBuf,
+        source: linux_loader::loader::Error,
+    },
+    #[error("bzImage without a setup header")]
+    NoSetupHeader,
+    #[error("command line: {0}")]
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    #[error("command line {cmdline:?}: {source}")]
+    CmdlineText {
+        cmdline: String,
+        source: linux_loader::cmdline::Error,
+    },
+    #[error("command line: {0}")]
+    CmdlineLoad(#[source] linux_loader::loader::Error),
+    #[error("initramfs {}: {source}", .path.display())]
+    Initramfs {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("initramfs of {0} bytes does not fit in RAM")]
+    InitramfsTooBig(usize),
+    #[error("initramfs: {0}")]
+    InitramfsWrite(#[source] vm_memory::GuestMemoryError),
+    #[error("zero page: {0}")]
+    ZeroPage(#[source] linux_loader::configurator::Error),
+    #[error(transparent)]
+    MpTable(#[from] mptable::MpTableError),
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    /// A vCPU register ioctl (named) failed.
+    #[error("{0}: {1}")]
+    Vcpu(&'static str, #[source] kvm_ioctls::Error),
+}
+
 fn e820(addr: u64, size: u64, type_: u32) -> boot_e820_entry {
     boot_e820_entry {
         addr,
@@ -54,14 +105,21 @@ fn e820(addr: u64, size: u64, type_: u32) -> boot_e820_entry {
 fn load_kernel(
     mem: &GuestMemoryMmap,
     path: &std::path::Path,
-) -> Result<(KernelLoaderResult, setup_header, u64), String> {
-    let mut f = File::open(path).map_err(|e| format!("kernel {}: {e}", path.display()))?;
+) -> Result<(KernelLoaderResult, setup_header, u64), LinuxError> {
+    let path_err = |source| LinuxError::Kernel {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = File::open(path).map_err(path_err)?;
     let mut magic = [0u8; 4];
-    std::io::Read::read_exact(&mut f, &mut magic)
-        .map_err(|e| format!("kernel {}: {e}", path.display()))?;
+    std::io::Read::read_exact(&mut f, &mut magic).map_err(path_err)?;
     if magic == *b"\x7fELF" {
-        let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIMEM)))
-            .map_err(|e| format!("kernel {} (ELF): {e}", path.display()))?;
+        let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIMEM))).map_err(|source| {
+            LinuxError::Elf {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
         let hdr = setup_header {
             boot_flag: 0xaa55,
             header: 0x5372_6448, // "HdrS"
@@ -73,9 +131,13 @@ fn load_kernel(
         let entry = r.kernel_load.0;
         return Ok((r, hdr, entry));
     }
-    let r = BzImage::load(mem, None, &mut f, Some(GuestAddress(HIMEM)))
-        .map_err(|e| format!("kernel {}: neither ELF nor bzImage: {e}", path.display()))?;
-    let hdr = r.setup_header.ok_or("bzImage without a setup header")?;
+    let r = BzImage::load(mem, None, &mut f, Some(GuestAddress(HIMEM))).map_err(|source| {
+        LinuxError::NotAKernel {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    let hdr = r.setup_header.ok_or(LinuxError::NoSetupHeader)?;
     let entry = r.kernel_load.0 + STARTUP_64;
     Ok((r, hdr, entry))
 }
@@ -88,21 +150,20 @@ pub fn load(
     vcpus: u8,
     bsp: &VcpuFd,
     what: &LinuxBoot,
-) -> Result<(), String> {
+) -> Result<(), LinuxError> {
     if !(64 << 20..=RAM_LIMIT).contains(&ram_bytes) {
-        return Err(format!(
-            "{} MiB of RAM: Linux guests take 64 MiB to {} MiB",
-            ram_bytes >> 20,
-            RAM_LIMIT >> 20
-        ));
+        return Err(LinuxError::Ram(ram_bytes));
     }
     let (loaded, mut hdr, entry) = load_kernel(mem, &what.kernel)?;
 
-    let mut cmdline = Cmdline::new(CMDLINE_MAX).map_err(|e| format!("command line: {e}"))?;
+    let mut cmdline = Cmdline::new(CMDLINE_MAX).map_err(LinuxError::Cmdline)?;
     cmdline
         .insert_str(&what.cmdline)
-        .map_err(|e| format!("command line {:?}: {e}", what.cmdline))?;
-    load_cmdline(mem, GuestAddress(CMDLINE), &cmdline).map_err(|e| format!("command line: {e}"))?;
+        .map_err(|source| LinuxError::CmdlineText {
+            cmdline: what.cmdline.clone(),
+            source,
+        })?;
+    load_cmdline(mem, GuestAddress(CMDLINE), &cmdline).map_err(LinuxError::CmdlineLoad)?;
     hdr.type_of_loader = 0xff;
     hdr.cmd_line_ptr = CMDLINE as u32;
     hdr.loadflags |= 0x80; // CAN_USE_HEAP
@@ -110,15 +171,18 @@ pub fn load(
     hdr.vid_mode = 0xffff;
 
     if let Some(path) = &what.initramfs {
-        let data = std::fs::read(path).map_err(|e| format!("initramfs {}: {e}", path.display()))?;
+        let data = std::fs::read(path).map_err(|source| LinuxError::Initramfs {
+            path: path.clone(),
+            source,
+        })?;
         let top = ram_bytes.min(u64::from(hdr.initrd_addr_max) + 1);
         let at = top
             .checked_sub(data.len() as u64)
             .map(|a| a & !0xfff)
             .filter(|a| *a >= loaded.kernel_end)
-            .ok_or_else(|| format!("initramfs of {} bytes does not fit in RAM", data.len()))?;
+            .ok_or(LinuxError::InitramfsTooBig(data.len()))?;
         mem.write_slice(&data, GuestAddress(at))
-            .map_err(|e| format!("initramfs: {e}"))?;
+            .map_err(LinuxError::InitramfsWrite)?;
         hdr.ramdisk_image = at as u32;
         hdr.ramdisk_size = data.len() as u32;
     }
@@ -140,12 +204,14 @@ pub fn load(
         &BootParams::new(&params, GuestAddress(ZERO_PAGE)),
         mem,
     )
-    .map_err(|e| format!("zero page: {e}"))?;
+    .map_err(LinuxError::ZeroPage)?;
     mptable::write(mem, vcpus)?;
 
     boot::enter_long_mode(mem, bsp, entry, BOOT_STACK)?;
-    let mut regs = bsp.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))?;
+    let mut regs = bsp
+        .get_regs()
+        .map_err(|e| LinuxError::Vcpu("KVM_GET_REGS", e))?;
     regs.rsi = ZERO_PAGE;
     bsp.set_regs(&regs)
-        .map_err(|e| format!("KVM_SET_REGS: {e}"))
+        .map_err(|e| LinuxError::Vcpu("KVM_SET_REGS", e))
 }

@@ -17,15 +17,15 @@ use vm_superio::Serial;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
-use super::boot;
-use super::cpuid;
-use super::hca_pci::{HcaPci, Msix, BAR1_SIZE};
-use super::irq::GsiRouter;
-use super::linux::{self, LinuxBoot};
+use super::boot::{self, BootError};
+use super::cpuid::{self, CpuidError};
+use super::hca_pci::{HcaPci, Msix, MsixError, BAR1_SIZE};
+use super::irq::{GsiRouter, IrqError};
+use super::linux::{self, LinuxBoot, LinuxError};
 use super::mptable;
 use super::pci::{PciBus, TrappedBars};
 use super::rtc::{self, Cmos};
-use super::serial::{self, ConsoleOut, IrqLine, SerialPort};
+use super::serial::{self, ConsoleOut, IrqLine, SerialError, SerialPort};
 
 pub const COM1: u16 = 0x3f8;
 /// The second UART, as on a PC (IRQ 3): the shell job's command channel (the guest's
@@ -57,6 +57,94 @@ pub struct MachineConfig {
     /// Host PCI functions (sysfs paths, bound to vfio-pci) passed through next to the HCA;
     /// needs the `vfio` build feature.
     pub vfio: Vec<PathBuf>,
+}
+
+/// Why a machine could not be built, loaded, started or run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// A VM or vCPU ioctl (named) failed.
+    #[error("{0}: {1}")]
+    Kvm(&'static str, #[source] kvm_ioctls::Error),
+    #[error("KVM_CREATE_VCPU {id}: {source}")]
+    CreateVcpu { id: u8, source: kvm_ioctls::Error },
+    #[error("doorbell ioeventfd (class {class}): {source}")]
+    Doorbell {
+        class: usize,
+        source: kvm_ioctls::Error,
+    },
+    #[error("BAR2: {0}")]
+    Bar2(#[source] vm_memory::mmap::MmapRegionError),
+    #[error("{name}: {source}")]
+    Attach {
+        name: String,
+        source: hca_model::LidTaken,
+    },
+    #[error("eventfd: {0}")]
+    Eventfd(#[source] std::io::Error),
+    #[error("{0} vCPUs: between 1 and {max} are supported", max = mptable::MAX_VCPUS)]
+    Vcpus(u8),
+    #[error("doorbell thread: {0}")]
+    DoorbellThread(#[source] std::io::Error),
+    #[error("the machine has already started")]
+    Started,
+    #[error("loading {len} bytes at {addr:#x}: {source}")]
+    Load {
+        len: usize,
+        addr: u64,
+        source: vm_memory::GuestMemoryError,
+    },
+    #[error("signal: {0}")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("vcpu thread: {0}")]
+    VcpuThread(#[source] std::io::Error),
+    /// A vCPU failed before the guest gave an exit code.
+    #[error("{name}: {source}\nserial console:\n{serial}")]
+    Vcpu {
+        name: String,
+        source: VcpuError,
+        serial: String,
+    },
+    #[error(
+        "passing {} through needs VFIO support, which this hcabench was built without: \
+         rebuild with `cargo build --release --features vfio`",
+        .0.display()
+    )]
+    NoVfio(PathBuf),
+    #[cfg(feature = "vfio")]
+    #[error(transparent)]
+    Passthrough(#[from] super::vfio::PassthroughError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Linux(#[from] LinuxError),
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    #[error(transparent)]
+    Msix(#[from] MsixError),
+    #[error(transparent)]
+    Serial(#[from] SerialError),
+    #[error(transparent)]
+    Cpuid(#[from] CpuidError),
+}
+
+/// Why a vCPU stopped running the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("the guest halted with interrupts off")]
+    Halted,
+    /// With where the vCPU stood.
+    #[error("the guest triple-faulted (shutdown); {0}")]
+    TripleFault(String),
+    /// With where the vCPU stood.
+    #[error(
+        "KVM internal error: this host's KVM could not run an instruction (emulation \
+         failure); {0}"
+    )]
+    Internal(String),
+    #[error("unexpected exit: {0}")]
+    UnexpectedExit(String),
+    #[error("KVM_RUN: {0}")]
+    Run(#[source] kvm_ioctls::Error),
 }
 
 /// What the vCPU threads share.
@@ -96,12 +184,17 @@ pub struct Machine {
     doorbell_pump: Option<DoorbellPump>,
     console_thread: Option<JoinHandle<()>>,
     com2_thread: Option<JoinHandle<()>>,
-    vcpu_threads: Vec<JoinHandle<Result<(), String>>>,
+    vcpu_threads: Vec<JoinHandle<Result<(), VcpuError>>>,
     started: Option<Instant>,
 }
 
 /// Registers (or with `remove`, unregisters) the doorbell ioeventfds at a BAR0 base.
-fn doorbell_ioevents(vm: &VmFd, fds: &[EventFd], bar0: u64, remove: bool) -> Result<(), String> {
+fn doorbell_ioevents(
+    vm: &VmFd,
+    fds: &[EventFd],
+    bar0: u64,
+    remove: bool,
+) -> Result<(), MachineError> {
     let addr = IoEventAddress::Mmio(bar0 + u64::from(BAR0_DOORBELL));
     for (class, fd) in fds.iter().enumerate() {
         let value = DOORBELL_PEER << DOORBELL_PEER_SHIFT | class as u32;
@@ -110,7 +203,7 @@ fn doorbell_ioevents(vm: &VmFd, fds: &[EventFd], bar0: u64, remove: bool) -> Res
         } else {
             vm.register_ioevent(fd, &addr, value)
         };
-        r.map_err(|e| format!("doorbell ioeventfd (class {class}): {e}"))?;
+        r.map_err(|source| MachineError::Doorbell { class, source })?;
     }
     Ok(())
 }
@@ -119,32 +212,38 @@ extern "C" fn kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void
 
 impl Machine {
     /// A VM with `cfg.ram_bytes` of RAM, `cfg.vcpus` vCPUs and an HCA attached to `fabric`.
-    pub fn new(kvm: &Kvm, cfg: MachineConfig, fabric: &Fabric) -> Result<Machine, String> {
-        let vm = Arc::new(kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?);
+    pub fn new(kvm: &Kvm, cfg: MachineConfig, fabric: &Fabric) -> Result<Machine, MachineError> {
+        let vm = Arc::new(
+            kvm.create_vm()
+                .map_err(|e| MachineError::Kvm("KVM_CREATE_VM", e))?,
+        );
         vm.set_tss_address(0xfffb_d000)
-            .map_err(|e| format!("KVM_SET_TSS_ADDR: {e}"))?;
+            .map_err(|e| MachineError::Kvm("KVM_SET_TSS_ADDR", e))?;
         vm.create_irq_chip()
-            .map_err(|e| format!("KVM_CREATE_IRQCHIP: {e}"))?;
+            .map_err(|e| MachineError::Kvm("KVM_CREATE_IRQCHIP", e))?;
         // The 8254 timer, which Linux calibrates against and uses until the LAPIC timer.
         vm.create_pit2(kvm_bindings::kvm_pit_config {
             flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
             ..Default::default()
         })
-        .map_err(|e| format!("KVM_CREATE_PIT2: {e}"))?;
+        .map_err(|e| MachineError::Kvm("KVM_CREATE_PIT2", e))?;
         let mem = boot::guest_ram(cfg.ram_bytes)?;
         boot::map_ram(&vm, &mem)?;
 
-        let bar2 = DeviceMemory::new().map_err(|e| format!("BAR2: {e}"))?;
+        let bar2 = DeviceMemory::new().map_err(MachineError::Bar2)?;
         let router = GsiRouter::new(vm.clone())?;
         let msix = Msix::new(router.clone())?;
         let hca = Hca::new(mem.clone(), bar2, msix.clone(), abi::node_guid(cfg.lid));
         hca.set_doorbell_peer(DOORBELL_PEER);
         hca.attach_at(fabric, cfg.lid)
-            .map_err(|e| format!("{}: {e}", cfg.name))?;
+            .map_err(|source| MachineError::Attach {
+                name: cfg.name.clone(),
+                source,
+            })?;
 
         let fds: Arc<Vec<EventFd>> = Arc::new(
             (0..NUM_VECTORS)
-                .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}")))
+                .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Eventfd))
                 .collect::<Result<_, _>>()?,
         );
         // The Hca (which the Machine holds) keeps BAR2's mapping alive.
@@ -157,9 +256,11 @@ impl Machine {
                         .and_then(|_| doorbell_ioevents(&vm, &fds, new, false)),
                     // SAFETY: BAR2's mapping lives in the Machine, which outlives the VM fd's use.
                     2 => unsafe {
-                        boot::map_slot(&vm, BAR2_SLOT, old, 0, bar2_host).and_then(|_| {
-                            boot::map_slot(&vm, BAR2_SLOT, new, u64::from(BAR2_SIZE), bar2_host)
-                        })
+                        boot::map_slot(&vm, BAR2_SLOT, old, 0, bar2_host)
+                            .and_then(|_| {
+                                boot::map_slot(&vm, BAR2_SLOT, new, u64::from(BAR2_SIZE), bar2_host)
+                            })
+                            .map_err(MachineError::from)
                     },
                     _ => Ok(()),
                 };
@@ -177,9 +278,9 @@ impl Machine {
         bus.add(hca_pci.clone());
         let trapped = passthrough(&cfg, &vm, &router, &mem, &mut bus)?;
 
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Eventfd)?;
         vm.register_irqfd(&serial_irq, SERIAL_GSI)
-            .map_err(|e| format!("serial irqfd: {e}"))?;
+            .map_err(|e| MachineError::Kvm("serial irqfd", e))?;
         let out = ConsoleOut::new(cfg.serial_log.as_deref())?;
         let console = out.captured();
         let serial = Arc::new(Mutex::new(Serial::new(IrqLine(serial_irq), out)));
@@ -188,9 +289,9 @@ impl Machine {
             Some(p) => Some(serial::serve(p, "console", serial.clone(), stop.clone())?),
             None => None,
         };
-        let com2_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        let com2_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Eventfd)?;
         vm.register_irqfd(&com2_irq, COM2_GSI)
-            .map_err(|e| format!("COM2 irqfd: {e}"))?;
+            .map_err(|e| MachineError::Kvm("COM2 irqfd", e))?;
         let com2 = Arc::new(Mutex::new(Serial::new(
             IrqLine(com2_irq),
             ConsoleOut::socket_only(),
@@ -201,15 +302,11 @@ impl Machine {
         };
 
         if cfg.vcpus == 0 || cfg.vcpus > mptable::MAX_VCPUS {
-            return Err(format!(
-                "{} vCPUs: between 1 and {} are supported",
-                cfg.vcpus,
-                mptable::MAX_VCPUS
-            ));
+            return Err(MachineError::Vcpus(cfg.vcpus));
         }
         let cpuid = kvm
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-            .map_err(|e| format!("KVM_GET_SUPPORTED_CPUID: {e}"))?;
+            .map_err(|e| MachineError::Kvm("KVM_GET_SUPPORTED_CPUID", e))?;
         let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
         let vcpus = (0..cfg.vcpus)
             .map(|id| new_vcpu(&vm, &cpuid, id, tsc_deadline))
@@ -219,9 +316,9 @@ impl Machine {
             .iter()
             .map(EventFd::try_clone)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("eventfd: {e}"))?;
+            .map_err(MachineError::Eventfd)?;
         let doorbell_pump = DoorbellPump::start(&cfg.name, hca.clone(), pump_fds)
-            .map_err(|e| format!("doorbell thread: {e}"))?;
+            .map_err(MachineError::DoorbellThread)?;
         Ok(Machine {
             name: cfg.name,
             devices: Arc::new(Devices {
@@ -260,38 +357,36 @@ impl Machine {
 
     /// Loads a flat binary at `addr` and enters it in 64-bit mode (the bare-metal test
     /// guest's start state).
-    pub fn load_flat(&self, blob: &[u8], addr: u64, stack: u64) -> Result<(), String> {
-        let bsp = self
-            .vcpus
-            .first()
-            .ok_or("the machine has already started")?;
+    pub fn load_flat(&self, blob: &[u8], addr: u64, stack: u64) -> Result<(), MachineError> {
+        let bsp = self.vcpus.first().ok_or(MachineError::Started)?;
         self.mem
             .write_slice(blob, GuestAddress(addr))
-            .map_err(|e| format!("loading {} bytes at {addr:#x}: {e}", blob.len()))?;
-        boot::enter_long_mode(&self.mem, bsp, addr, stack)
+            .map_err(|source| MachineError::Load {
+                len: blob.len(),
+                addr,
+                source,
+            })?;
+        Ok(boot::enter_long_mode(&self.mem, bsp, addr, stack)?)
     }
 
     /// Loads a Linux kernel (bzImage), its initramfs and command line, and the platform
     /// tables, and puts vCPU 0 at the kernel's 64-bit entry point.
-    pub fn load_linux(&self, what: &LinuxBoot) -> Result<(), String> {
-        let bsp = self
-            .vcpus
-            .first()
-            .ok_or("the machine has already started")?;
+    pub fn load_linux(&self, what: &LinuxBoot) -> Result<(), MachineError> {
+        let bsp = self.vcpus.first().ok_or(MachineError::Started)?;
         let vcpus = self.vcpus.len() as u8;
-        linux::load(&self.mem, self.ram_bytes, vcpus, bsp, what)
+        Ok(linux::load(&self.mem, self.ram_bytes, vcpus, bsp, what)?)
     }
 
     /// Runs the vCPUs (a thread each) until the guest writes [`EXIT_PORT`], a vCPU fails,
     /// or `timeout` passes.
-    pub fn run(&mut self, timeout: Duration) -> Result<Outcome, String> {
+    pub fn run(&mut self, timeout: Duration) -> Result<Outcome, MachineError> {
         self.start()?;
         self.wait(timeout, |_| false)
     }
 
     /// Starts a thread per vCPU.
-    pub fn start(&mut self) -> Result<(), String> {
-        register_signal_handler(SIGRTMIN(), kick).map_err(|e| format!("signal: {e}"))?;
+    pub fn start(&mut self) -> Result<(), MachineError> {
+        register_signal_handler(SIGRTMIN(), kick).map_err(MachineError::Signal)?;
         self.started = Some(Instant::now());
         for (i, vcpu) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
             let d = self.devices.clone();
@@ -299,7 +394,7 @@ impl Machine {
                 std::thread::Builder::new()
                     .name(format!("{}-vcpu{i}", self.name))
                     .spawn(move || vcpu_loop(vcpu, &d))
-                    .map_err(|e| format!("vcpu thread: {e}"))?,
+                    .map_err(MachineError::VcpuThread)?,
             );
         }
         Ok(())
@@ -340,7 +435,7 @@ impl Machine {
         &mut self,
         timeout: Duration,
         until: impl Fn(&str) -> bool,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, MachineError> {
         let deadline = Instant::now() + timeout;
         while self.running() && Instant::now() < deadline && !until(&self.serial_text()) {
             std::thread::sleep(Duration::from_millis(5));
@@ -350,7 +445,7 @@ impl Machine {
 
     /// Stops the vCPUs and reports how the run ended: an error if a vCPU failed before the
     /// guest gave an exit code.
-    pub fn stop(&mut self) -> Result<Outcome, String> {
+    pub fn stop(&mut self) -> Result<Outcome, MachineError> {
         self.devices.stop.store(true, Ordering::SeqCst);
         let mut err = None;
         for t in std::mem::take(&mut self.vcpu_threads) {
@@ -369,7 +464,11 @@ impl Machine {
         let exit_code = *crate::lock(&self.devices.exit_code);
         let serial = self.serial_text();
         if let (None, Some(e)) = (exit_code, err) {
-            return Err(format!("{}: {e}\nserial console:\n{serial}", self.name));
+            return Err(MachineError::Vcpu {
+                name: self.name.clone(),
+                source: e,
+                serial,
+            });
         }
         Ok(Outcome {
             exit_code,
@@ -404,7 +503,7 @@ fn passthrough(
     router: &Arc<GsiRouter>,
     mem: &GuestMemoryMmap,
     bus: &mut PciBus,
-) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, String> {
+) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, MachineError> {
     let mut next_slot = BAR2_SLOT + 1;
     let mut trapped: Vec<Arc<Mutex<dyn TrappedBars>>> = Vec::new();
     for path in &cfg.vfio {
@@ -423,13 +522,9 @@ fn passthrough(
     _: &Arc<GsiRouter>,
     _: &GuestMemoryMmap,
     _: &mut PciBus,
-) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, String> {
+) -> Result<Vec<Arc<Mutex<dyn TrappedBars>>>, MachineError> {
     match cfg.vfio.first() {
-        Some(p) => Err(format!(
-            "passing {} through needs VFIO support, which this hcabench was built without: \
-             rebuild with `cargo build --release --features vfio`",
-            p.display()
-        )),
+        Some(p) => Err(MachineError::NoVfio(p.clone())),
         None => Ok(Vec::new()),
     }
 }
@@ -441,16 +536,16 @@ fn new_vcpu(
     supported: &kvm_bindings::CpuId,
     id: u8,
     tsc_deadline: bool,
-) -> Result<VcpuFd, String> {
+) -> Result<VcpuFd, MachineError> {
     let vcpu = vm
         .create_vcpu(u64::from(id))
-        .map_err(|e| format!("KVM_CREATE_VCPU {id}: {e}"))?;
+        .map_err(|source| MachineError::CreateVcpu { id, source })?;
     let cpuid = cpuid::for_vcpu(supported, id, tsc_deadline)?;
     vcpu.set_cpuid2(&cpuid)
-        .map_err(|e| format!("KVM_SET_CPUID2: {e}"))?;
+        .map_err(|e| MachineError::Kvm("KVM_SET_CPUID2", e))?;
     let mut lapic = vcpu
         .get_lapic()
-        .map_err(|e| format!("KVM_GET_LAPIC: {e}"))?;
+        .map_err(|e| MachineError::Kvm("KVM_GET_LAPIC", e))?;
     let mut set_lvt = |off: usize, mode: u32| {
         let b: &mut [u8] = lapic_bytes(&mut lapic);
         if let Some(reg) = b.get_mut(off..off + 4) {
@@ -462,14 +557,14 @@ fn new_vcpu(
     set_lvt(0x350, 7); // LVT LINT0: ExtINT
     set_lvt(0x360, 4); // LVT LINT1: NMI
     vcpu.set_lapic(&lapic)
-        .map_err(|e| format!("KVM_SET_LAPIC: {e}"))?;
+        .map_err(|e| MachineError::Kvm("KVM_SET_LAPIC", e))?;
     let fpu = kvm_bindings::kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
     vcpu.set_fpu(&fpu)
-        .map_err(|e| format!("KVM_SET_FPU: {e}"))?;
+        .map_err(|e| MachineError::Kvm("KVM_SET_FPU", e))?;
     Ok(vcpu)
 }
 
@@ -606,30 +701,19 @@ fn vcpu_state(vcpu: &VcpuFd) -> String {
     }
 }
 
-fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), String> {
+fn vcpu_loop(mut vcpu: VcpuFd, d: &Devices) -> Result<(), VcpuError> {
     while !d.stop.load(Ordering::SeqCst) {
         match vcpu.run() {
             Ok(VcpuExit::IoOut(port, data)) => io_out(d, port, data),
             Ok(VcpuExit::IoIn(port, data)) => io_in(d, port, data),
             Ok(VcpuExit::MmioRead(addr, data)) => mmio(d, addr, Some(data), None),
             Ok(VcpuExit::MmioWrite(addr, data)) => mmio(d, addr, None, Some(data)),
-            Ok(VcpuExit::Hlt) => return Err("the guest halted with interrupts off".into()),
-            Ok(VcpuExit::Shutdown) => {
-                return Err(format!(
-                    "the guest triple-faulted (shutdown); {}",
-                    vcpu_state(&vcpu)
-                ))
-            }
-            Ok(VcpuExit::InternalError) => {
-                return Err(format!(
-                    "KVM internal error: this host's KVM could not run an instruction \
-                     (emulation failure); {}",
-                    vcpu_state(&vcpu)
-                ))
-            }
-            Ok(other) => return Err(format!("unexpected exit: {other:?}")),
+            Ok(VcpuExit::Hlt) => return Err(VcpuError::Halted),
+            Ok(VcpuExit::Shutdown) => return Err(VcpuError::TripleFault(vcpu_state(&vcpu))),
+            Ok(VcpuExit::InternalError) => return Err(VcpuError::Internal(vcpu_state(&vcpu))),
+            Ok(other) => return Err(VcpuError::UnexpectedExit(format!("{other:?}"))),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
-            Err(e) => return Err(format!("KVM_RUN: {e}")),
+            Err(e) => return Err(VcpuError::Run(e)),
         }
     }
     Ok(())

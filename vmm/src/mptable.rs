@@ -29,17 +29,26 @@ fn processor(id: u8) -> [u8; 20] {
     e
 }
 
+/// Why the MP table could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum MpTableError {
+    #[error("{0} vCPUs: between 1 and {MAX_VCPUS} are supported")]
+    Vcpus(u8),
+    #[error("MP table does not fit below 640K")]
+    TooBig,
+    #[error("MP table: {0}")]
+    Write(#[from] vm_memory::GuestMemoryError),
+}
+
 /// An 8-byte I/O (type 3) or local (type 4) interrupt assignment entry.
 fn interrupt(kind: u8, irq_type: u8, src_irq: u8, dst: u8, pin: u8) -> [u8; 8] {
     [kind, irq_type, 0, 0, ISA_BUS, src_irq, dst, pin]
 }
 
 /// Writes the table for `vcpus` processors; the I/O APIC takes the ID after the last CPU.
-pub fn write(mem: &GuestMemoryMmap, vcpus: u8) -> Result<(), String> {
+pub fn write(mem: &GuestMemoryMmap, vcpus: u8) -> Result<(), MpTableError> {
     if vcpus == 0 || vcpus > MAX_VCPUS {
-        return Err(format!(
-            "{vcpus} vCPUs: between 1 and {MAX_VCPUS} are supported"
-        ));
+        return Err(MpTableError::Vcpus(vcpus));
     }
     let ioapic_id = vcpus;
     let mut entries: Vec<u8> = Vec::new();
@@ -82,13 +91,11 @@ pub fn write(mem: &GuestMemoryMmap, vcpus: u8) -> Result<(), String> {
     fp[9] = 4;
     fp[10] = checksum(&fp);
     if table_addr + table.len() as u64 > 0xa_0000 {
-        return Err("MP table does not fit below 640K".into());
+        return Err(MpTableError::TooBig);
     }
-    let err = |e: vm_memory::GuestMemoryError| format!("MP table: {e}");
-    mem.write_slice(&fp, GuestAddress(MPTABLE_START))
-        .map_err(err)?;
-    mem.write_slice(&table, GuestAddress(table_addr))
-        .map_err(err)
+    mem.write_slice(&fp, GuestAddress(MPTABLE_START))?;
+    mem.write_slice(&table, GuestAddress(table_addr))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -32,6 +32,31 @@ impl Trigger for IrqLine {
 pub type SerialPort = Serial<IrqLine, NoEvents, ConsoleOut>;
 
 /// Where the guest's serial output goes.
+/// Why a serial port's log or socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialError {
+    /// The console log or a port's socket.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{thread} thread: {source}")]
+    Thread {
+        thread: String,
+        source: std::io::Error,
+    },
+}
+
+impl SerialError {
+    fn file(path: &Path) -> impl FnOnce(std::io::Error) -> SerialError + '_ {
+        move |source| SerialError::File {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
 pub struct ConsoleOut {
     log: Option<File>,
     captured: Arc<Mutex<Vec<u8>>>,
@@ -41,9 +66,9 @@ pub struct ConsoleOut {
 }
 
 impl ConsoleOut {
-    pub fn new(log: Option<&Path>) -> Result<ConsoleOut, String> {
+    pub fn new(log: Option<&Path>) -> Result<ConsoleOut, SerialError> {
         let log = match log {
-            Some(p) => Some(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+            Some(p) => Some(File::create(p).map_err(SerialError::file(p))?),
             None => None,
         };
         Ok(ConsoleOut {
@@ -108,12 +133,12 @@ pub fn serve(
     thread: &str,
     port: Arc<Mutex<SerialPort>>,
     stop: Arc<AtomicBool>,
-) -> Result<JoinHandle<()>, String> {
+) -> Result<JoinHandle<()>, SerialError> {
     let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(SerialError::file(path))?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(SerialError::file(path))?;
     let client = crate::lock(&port).writer().client.clone();
     std::thread::Builder::new()
         .name(thread.into())
@@ -131,7 +156,10 @@ pub fn serve(
                 }
             }
         })
-        .map_err(|e| format!("{thread} thread: {e}"))
+        .map_err(|source| SerialError::Thread {
+            thread: thread.into(),
+            source,
+        })
 }
 
 fn attach(

@@ -19,6 +19,11 @@ const PEER_OFF: u64 = 32;
 /// `struct xchg_side`: ready, lid, qpn, rkey (u32 each), addr (u64).
 const SIDE_BYTES: usize = 24;
 
+/// The exchange block could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("exchange block: {0}")]
+pub struct ExchangeError(#[from] vm_memory::GuestMemoryError);
+
 /// What a test guest does after the single-VM checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -33,37 +38,30 @@ pub enum Role {
 }
 
 /// Gives the guest in `mem` its role (before it runs).
-pub fn set_role(mem: &GuestMemoryMmap, role: Role) -> Result<(), String> {
-    let w = |off: u64, v: u32| {
-        mem.write_obj(v, GuestAddress(XCHG_ADDR + off))
-            .map_err(|e| format!("exchange block: {e}"))
-    };
+pub fn set_role(mem: &GuestMemoryMmap, role: Role) -> Result<(), ExchangeError> {
+    let w = |off: u64, v: u32| mem.write_obj(v, GuestAddress(XCHG_ADDR + off));
     w(0, XCHG_MAGIC)?;
-    w(4, role as u32)
+    w(4, role as u32)?;
+    Ok(())
 }
 
 /// Copies each guest's published side into the other's peer side, the ready word last (a
 /// guest reads the rest only after it sees ready move). Call it repeatedly while both run.
-pub fn mirror(a: &GuestMemoryMmap, b: &GuestMemoryMmap) -> Result<(), String> {
+pub fn mirror(a: &GuestMemoryMmap, b: &GuestMemoryMmap) -> Result<(), ExchangeError> {
     copy_side(a, b)?;
     copy_side(b, a)
 }
 
 /// The guest writes its side's fields before its ready word, so reading ready first and
 /// the fields after it never pairs a new ready with stale fields.
-fn copy_side(from: &GuestMemoryMmap, to: &GuestMemoryMmap) -> Result<(), String> {
+fn copy_side(from: &GuestMemoryMmap, to: &GuestMemoryMmap) -> Result<(), ExchangeError> {
     use std::sync::atomic::{fence, Ordering};
-    let err = |e: vm_memory::GuestMemoryError| format!("exchange block: {e}");
-    let ready: u32 = from
-        .read_obj(GuestAddress(XCHG_ADDR + SELF_OFF))
-        .map_err(err)?;
+    let ready: u32 = from.read_obj(GuestAddress(XCHG_ADDR + SELF_OFF))?;
     fence(Ordering::SeqCst);
     let mut fields = [0u8; SIDE_BYTES - 4];
-    from.read_slice(&mut fields, GuestAddress(XCHG_ADDR + SELF_OFF + 4))
-        .map_err(err)?;
-    to.write_slice(&fields, GuestAddress(XCHG_ADDR + PEER_OFF + 4))
-        .map_err(err)?;
+    from.read_slice(&mut fields, GuestAddress(XCHG_ADDR + SELF_OFF + 4))?;
+    to.write_slice(&fields, GuestAddress(XCHG_ADDR + PEER_OFF + 4))?;
     fence(Ordering::SeqCst);
-    to.write_obj(ready, GuestAddress(XCHG_ADDR + PEER_OFF))
-        .map_err(err)
+    to.write_obj(ready, GuestAddress(XCHG_ADDR + PEER_OFF))?;
+    Ok(())
 }

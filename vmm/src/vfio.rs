@@ -25,7 +25,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::boot;
-use super::irq::{GsiRouter, MsixTable};
+use super::irq::{GsiRouter, IrqError, MsixTable};
 use super::pci::{PciFunction, TrappedBars};
 use super::vfio_config::{ConfigWrite, VirtualConfig};
 
@@ -36,6 +36,42 @@ const PAGE: u64 = 0x1000;
 /// Guest-physical window the machine gives passed-through BARs (between RAM's top at
 /// 3 GiB and the emulated HCA's BARs).
 pub const BAR_WINDOW: std::ops::Range<u64> = 0xc000_0000..0xe000_0000;
+
+/// Why a host function could not be passed through.
+#[derive(Debug, thiserror::Error)]
+pub enum PassthroughError {
+    #[error("VFIO {name}: KVM VFIO device: {source}")]
+    KvmDevice {
+        name: String,
+        source: kvm_ioctls::Error,
+    },
+    #[error("VFIO {name}: the VFIO container (is vfio-pci loaded, the IOMMU on?): {source}")]
+    Container {
+        name: String,
+        source: vfio_ioctls::VfioError,
+    },
+    #[error(
+        "VFIO {name}: open (is it bound to vfio-pci, and is /dev/vfio/<group> yours?): {source}"
+    )]
+    Open {
+        name: String,
+        source: vfio_ioctls::VfioError,
+    },
+    #[error("VFIO {name}: IOMMU map: {source}")]
+    IommuMap {
+        name: String,
+        source: vfio_ioctls::VfioError,
+    },
+    #[error(
+        "BAR{bar} ({size:#x} bytes) does not fit the {} MiB window for passed-through BARs",
+        (BAR_WINDOW.end - BAR_WINDOW.start) >> 20
+    )]
+    BarWindow { bar: usize, size: u64 },
+    #[error(transparent)]
+    Gsi(#[from] IrqError),
+    #[error("eventfd: {0}")]
+    Eventfd(#[source] std::io::Error),
+}
 
 /// A piece of a BAR mapped into the guest: host mapping, offset in the BAR, KVM slot.
 struct Piece {
@@ -84,31 +120,41 @@ impl VfioPci {
         router: Arc<GsiRouter>,
         mem: &GuestMemoryMmap,
         next_slot: &mut u32,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PassthroughError> {
         let name = sysfs.display().to_string();
-        let err = |what: &str, e: &dyn std::fmt::Display| format!("VFIO {name}: {what}: {e}");
         let mut kvm_vfio = kvm_bindings::kvm_create_device {
             type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
             fd: 0,
             flags: 0,
         };
-        let kvm_dev = vm
-            .create_device(&mut kvm_vfio)
-            .map_err(|e| err("KVM VFIO device", &e))?;
+        let kvm_dev =
+            vm.create_device(&mut kvm_vfio)
+                .map_err(|source| PassthroughError::KvmDevice {
+                    name: name.clone(),
+                    source,
+                })?;
         let container = Arc::new(
-            VfioContainer::new(Some(Arc::new(VfioDeviceFd::new_from_kvm(kvm_dev))))
-                .map_err(|e| err("the VFIO container (is vfio-pci loaded, the IOMMU on?)", &e))?,
+            VfioContainer::new(Some(Arc::new(VfioDeviceFd::new_from_kvm(kvm_dev)))).map_err(
+                |source| PassthroughError::Container {
+                    name: name.clone(),
+                    source,
+                },
+            )?,
         );
-        let device =
-            VfioDevice::new(sysfs, container.clone() as Arc<dyn VfioOps>, false).map_err(|e| {
-                err(
-                    "open (is it bound to vfio-pci, and is /dev/vfio/<group> yours?)",
-                    &e,
-                )
-            })?;
+        let device = VfioDevice::new(sysfs, container.clone() as Arc<dyn VfioOps>, false).map_err(
+            |source| PassthroughError::Open {
+                name: name.clone(),
+                source,
+            },
+        )?;
         // SAFETY: guest RAM is only ever touched through vm-memory's volatile accessors
         // and by guests; it stays mapped as long as the machine, which owns this device.
-        unsafe { container.vfio_map_guest_memory(mem) }.map_err(|e| err("IOMMU map", &e))?;
+        unsafe { container.vfio_map_guest_memory(mem) }.map_err(|source| {
+            PassthroughError::IommuMap {
+                name: name.clone(),
+                source,
+            }
+        })?;
         let device = Arc::new(device);
         let sizes: [u64; 6] = std::array::from_fn(|i| device.get_region_size(i as u32));
         let mut config = VirtualConfig::parse(|off| config_dword(&device, off), sizes);
@@ -119,7 +165,7 @@ impl VfioPci {
             name,
             bars: Vec::new(),
             vectors: (0..vectors)
-                .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}")))
+                .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(PassthroughError::Eventfd))
                 .collect::<Result<_, _>>()?,
             attached: vec![false; vectors as usize],
             table: MsixTable::new(vectors as usize),
@@ -141,7 +187,7 @@ impl VfioPci {
 
     /// mmaps BAR `i` where the kernel allows it and cuts it into slots around the MSI-X
     /// table's pages.
-    fn map_bar(&self, i: usize, next_slot: &mut u32) -> Result<BarMap, String> {
+    fn map_bar(&self, i: usize, next_slot: &mut u32) -> Result<BarMap, PassthroughError> {
         let mut bar = BarMap {
             host: std::ptr::null_mut(),
             len: 0,
@@ -296,7 +342,7 @@ fn config_dword(device: &VfioDevice, off: u32) -> u32 {
 
 /// Gives each memory BAR a naturally aligned base in [`BAR_WINDOW`], largest first (as
 /// firmware would, so the guest finds them assigned).
-fn place_bars(config: &mut VirtualConfig) -> Result<(), String> {
+fn place_bars(config: &mut VirtualConfig) -> Result<(), PassthroughError> {
     let mut order: Vec<usize> = (0..6).filter(|&i| config.bar_base(i).is_some()).collect();
     let size_of = |c: &VirtualConfig, i: usize| c.bars.get(i).map_or(0, |b| b.size);
     order.sort_by_key(|&i| std::cmp::Reverse(size_of(config, i)));
@@ -305,10 +351,7 @@ fn place_bars(config: &mut VirtualConfig) -> Result<(), String> {
         let size = size_of(config, i);
         let base = next.div_ceil(size) * size;
         if base + size > BAR_WINDOW.end {
-            return Err(format!(
-                "BAR{i} ({size:#x} bytes) does not fit the {} MiB window for passed-through BARs",
-                (BAR_WINDOW.end - BAR_WINDOW.start) >> 20
-            ));
+            return Err(PassthroughError::BarWindow { bar: i, size });
         }
         config.set_bar_base(i, base);
         next = base + size;

@@ -104,7 +104,7 @@ fn test_a_triple_fault_is_reported_with_where_the_vcpu_stood() {
     // ud2 with no IDT: #UD cannot be delivered, nor the #GP or the #DF after it.
     m.load_flat(&[0x0f, 0x0b], TEST_GUEST_ENTRY, TEST_GUEST_STACK)
         .unwrap();
-    let err = m.run(Duration::from_secs(60)).unwrap_err();
+    let err = m.run(Duration::from_secs(60)).unwrap_err().to_string();
     eprintln!("{err}");
     assert!(err.contains("the guest triple-faulted"), "{err}");
     // Intel keeps the faulting state; AMD's KVM resets the vCPU and the error says so.
@@ -226,7 +226,8 @@ fn test_passthrough_that_cannot_work_is_refused_with_the_reason() {
         &Fabric::new(),
     )
     .err()
-    .expect("passthrough of the host bridge without VFIO must fail");
+    .expect("passthrough of the host bridge without VFIO must fail")
+    .to_string();
     println!("refused: {err}");
     assert!(err.contains("0000:00:00.0"), "{err}");
     if cfg!(feature = "vfio") {
