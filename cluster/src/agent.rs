@@ -9,7 +9,6 @@
 //! bytes. A marker names this connection (a random session) and the command's number, so
 //! the output of an earlier connection's command cannot end one of this connection's.
 
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -38,19 +37,23 @@ const NUDGE_MAX: Duration = Duration::from_secs(1);
 const SLOWEST_BYTES_PER_MS: u64 = 40;
 
 /// Why a command in a guest's shell did not give an answer, or failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// The socket would not connect (the guest's host gone, or never there).
+    #[error("{node}: shell socket {}: {source}", .socket.display())]
     Connect {
         node: String,
         socket: std::path::PathBuf,
         source: io::Error,
     },
     /// Reading or writing the channel failed.
+    #[error("{node}: shell socket: {source}")]
     Io { node: String, source: io::Error },
     /// The channel closed: the guest stopped.
+    #[error("{node}: the shell's serial port closed (guest gone?)")]
     Closed { node: String },
     /// No end-of-command marker in time: the guest hangs, or the command runs on.
+    #[error("{node}: `{cmd}` gave no answer within {timeout:?}; output so far:\n{output}")]
     Timeout {
         node: String,
         cmd: String,
@@ -58,6 +61,7 @@ pub enum AgentError {
         output: String,
     },
     /// The command ran and exited non-zero.
+    #[error("{node}: `{cmd}` failed (exit {status}): {}", .output.trim())]
     Failed {
         node: String,
         cmd: String,
@@ -65,56 +69,12 @@ pub enum AgentError {
         output: String,
     },
     /// What came back after a marker was not a status line.
+    #[error("{node}: garbled answer from the guest's shell: {what}")]
     Garbled { node: String, what: String },
     /// The caller's sink refused the command's output (a closed pipe, a full disk).
+    #[error("{node}: the command's output could not be passed on: {source}")]
     Output { node: String, source: io::Error },
 }
-
-impl fmt::Display for AgentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AgentError::Connect {
-                node,
-                socket,
-                source,
-            } => write!(f, "{node}: shell socket {}: {source}", socket.display()),
-            AgentError::Io { node, source } => write!(f, "{node}: shell socket: {source}"),
-            AgentError::Closed { node } => {
-                write!(f, "{node}: the shell's serial port closed (guest gone?)")
-            }
-            AgentError::Timeout {
-                node,
-                cmd,
-                timeout,
-                output,
-            } => write!(
-                f,
-                "{node}: `{cmd}` gave no answer within {timeout:?}; output so far:\n{output}"
-            ),
-            AgentError::Failed {
-                node,
-                cmd,
-                status,
-                output,
-            } => write!(
-                f,
-                "{node}: `{cmd}` failed (exit {status}): {}",
-                output.trim()
-            ),
-            AgentError::Garbled { node, what } => {
-                write!(f, "{node}: garbled answer from the guest's shell: {what}")
-            }
-            AgentError::Output { node, source } => {
-                write!(
-                    f,
-                    "{node}: the command's output could not be passed on: {source}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for AgentError {}
 
 impl AgentError {
     /// The node whose shell it was.
@@ -128,12 +88,6 @@ impl AgentError {
             | AgentError::Garbled { node, .. }
             | AgentError::Output { node, .. } => node,
         }
-    }
-}
-
-impl From<AgentError> for String {
-    fn from(e: AgentError) -> String {
-        e.to_string()
     }
 }
 
@@ -441,6 +395,12 @@ fn session_id() -> u64 {
                 .unwrap_or(0);
             t ^ u64::from(std::process::id()).rotate_left(32)
         }
+    }
+}
+
+impl From<AgentError> for String {
+    fn from(e: AgentError) -> String {
+        e.to_string()
     }
 }
 

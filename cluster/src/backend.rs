@@ -38,37 +38,17 @@ impl fmt::Display for Backend {
 }
 
 /// Why a backend cannot run here.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// `kvm` was asked for, and this host's KVM cannot run a Linux guest.
+    #[error("backend kvm: KVM cannot run a Linux guest here ({0}); use --backend qemu or auto")]
     KvmUnusable(String),
     /// The QEMU binary is not installed.
+    #[error(
+        "{} not found: install it with `sudo apt-get install -y qemu-system-x86`",
+        crate::qemu::QEMU
+    )]
     NoQemu,
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BackendError::KvmUnusable(why) => write!(
-                f,
-                "backend kvm: KVM cannot run a Linux guest here ({why}); use --backend qemu \
-                 or auto"
-            ),
-            BackendError::NoQemu => write!(
-                f,
-                "{} not found: install it with `sudo apt-get install -y qemu-system-x86`",
-                crate::qemu::QEMU
-            ),
-        }
-    }
-}
-
-impl std::error::Error for BackendError {}
-
-impl From<BackendError> for String {
-    fn from(e: BackendError) -> String {
-        e.to_string()
-    }
 }
 
 /// The backend for a request (`None`: auto) and why it was chosen. Auto picks the VMM where
@@ -107,6 +87,12 @@ pub fn kvm_boot_advice(err: &str, timeout: Duration) -> String {
          the earliest ones).",
         timeout.as_secs()
     )
+}
+
+impl From<BackendError> for String {
+    fn from(e: BackendError) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -10,11 +10,14 @@ use crate::agent::{Agent, AgentError};
 use crate::verbs::{fields, float, num, AnswerError};
 
 /// Why driving the DSM in the guests failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DsmError {
-    Shell(AgentError),
-    Answer(AnswerError),
+    #[error(transparent)]
+    Shell(#[from] AgentError),
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
     /// An application exited non-zero for another reason than its own failed check.
+    #[error("{node}: `{cmd}` exited {status}:\n{output}")]
     Exited {
         node: String,
         cmd: String,
@@ -25,45 +28,56 @@ pub enum DsmError {
     /// after (`dsmctl state` and the module's kernel log lines), to tell a lost message
     /// from a stuck queue or a dead QP; `stalled`, the links on which messages were posted
     /// and never received (see [`stalled_links`]).
+    #[error(
+        "{cause}\nthe DSM on every node just after:\n{state}{}",
+        stalled_note(.stalled)
+    )]
     Failed {
+        #[source]
         cause: Box<DsmError>,
         state: String,
         stalled: Vec<Undelivered>,
     },
 }
 
-impl fmt::Display for DsmError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DsmError::Shell(e) => write!(f, "{e}"),
-            DsmError::Answer(e) => write!(f, "{e}"),
-            DsmError::Exited {
-                node,
-                cmd,
-                status,
-                output,
-            } => write!(f, "{node}: `{cmd}` exited {status}:\n{output}"),
-            DsmError::Failed {
-                cause,
-                state,
-                stalled,
-            } => {
-                write!(f, "{cause}\nthe DSM on every node just after:\n{state}")?;
-                if !stalled.is_empty() {
-                    let links: Vec<String> = stalled.iter().map(ToString::to_string).collect();
-                    write!(
-                        f,
-                        "\nthe transport stopped delivering, with both ends' QPs in RTS: {}",
-                        links.join("; ")
-                    )?;
-                }
-                Ok(())
-            }
-        }
+/// The links on which the transport stopped delivering, when there are any.
+fn stalled_note(stalled: &[Undelivered]) -> String {
+    if stalled.is_empty() {
+        return String::new();
     }
+    let links: Vec<String> = stalled.iter().map(ToString::to_string).collect();
+    format!(
+        "\nthe transport stopped delivering, with both ends' QPs in RTS: {}",
+        links.join("; ")
+    )
 }
 
-impl std::error::Error for DsmError {}
+/// Why the DSM did not come to rest after an application.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    #[error(transparent)]
+    Shell(#[from] AgentError),
+    /// `busy`: the nodes whose DSM is not at rest; `lost`: the links with messages posted
+    /// and not received; `states`: every node's state.
+    #[error("{}:\n{states}", unsettled(.busy, .lost))]
+    Unsettled {
+        busy: Vec<String>,
+        lost: Vec<Undelivered>,
+        states: String,
+    },
+}
+
+/// What stays busy: the nodes not at rest, then the links with messages in flight.
+fn unsettled(busy: &[String], lost: &[Undelivered]) -> String {
+    let mut why = String::new();
+    if !busy.is_empty() {
+        why += &format!("the DSM is not at rest on {}", busy.join(", "));
+    }
+    for u in lost {
+        why += &format!("{}{u}", if why.is_empty() { "" } else { "; " });
+    }
+    why
+}
 
 impl DsmError {
     /// The links on which a failed application's messages were posted and never received
@@ -73,24 +87,6 @@ impl DsmError {
             DsmError::Failed { stalled, .. } => stalled,
             _ => &[],
         }
-    }
-}
-
-impl From<AgentError> for DsmError {
-    fn from(e: AgentError) -> Self {
-        DsmError::Shell(e)
-    }
-}
-
-impl From<AnswerError> for DsmError {
-    fn from(e: AnswerError) -> Self {
-        DsmError::Answer(e)
-    }
-}
-
-impl From<DsmError> for String {
-    fn from(e: DsmError) -> String {
-        e.to_string()
     }
 }
 
@@ -391,19 +387,17 @@ pub fn undelivered(states: &[String]) -> Vec<Undelivered> {
 }
 
 /// Every node's `dsmctl state`, asked of all at once.
-fn states(agents: &mut [Agent]) -> Result<Vec<String>, String> {
-    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
+fn states(agents: &mut [Agent]) -> Result<Vec<String>, AgentError> {
     run_everywhere(agents, "dsmctl state", STATE_TIMEOUT)
         .into_iter()
-        .zip(names)
-        .map(|(r, name)| r.map(|(_, out)| out).map_err(|e| format!("{name}: {e}")))
+        .map(|r| r.map(|(_, out)| out))
         .collect()
 }
 
 /// Waits (up to `timeout`) until every node's protocol is at rest after an application
 /// (its last confirmations may still be landing when the processes exit) and every
 /// message posted has been received. Err names what stays busy, with every node's state.
-pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
+pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), SettleError> {
     let end = std::time::Instant::now() + timeout;
     loop {
         let states = states(agents)?;
@@ -416,17 +410,10 @@ pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
             return Ok(());
         }
         if std::time::Instant::now() >= end {
-            let mut why = String::new();
-            if !busy.is_empty() {
-                why += &format!("the DSM is not at rest on {}", busy.join(", "));
-            }
-            for u in lost {
-                why += &format!("{}{u}", if why.is_empty() { "" } else { "; " });
-            }
-            let all: String = (agents.iter().zip(&states))
+            let states: String = (agents.iter().zip(&states))
                 .map(|(a, s)| format!("== {} ==\n{}\n", a.name, s.trim_end()))
                 .collect();
-            return Err(format!("{why}:\n{all}"));
+            return Err(SettleError::Unsettled { busy, lost, states });
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -438,7 +425,7 @@ pub fn settle(agents: &mut [Agent], timeout: Duration) -> Result<(), String> {
 /// it still reports in RTS, outside the DSM, which counts a message as posted only when
 /// `ib_post_send` took it and as received when its completion was polled. Empty when
 /// every message arrived, or the counts moved meanwhile.
-pub fn stalled_links(agents: &mut [Agent], wait: Duration) -> Result<Vec<Undelivered>, String> {
+pub fn stalled_links(agents: &mut [Agent], wait: Duration) -> Result<Vec<Undelivered>, AgentError> {
     let before = states(agents)?;
     std::thread::sleep(wait);
     let after = states(agents)?;
@@ -470,6 +457,12 @@ pub fn close_all(agents: &mut [Agent]) -> Result<(), DsmError> {
         a.run("dsmctl close", T)?;
     }
     Ok(())
+}
+
+impl From<DsmError> for String {
+    fn from(e: DsmError) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! kernel: Debian's by release name (`6.1.0-56-amd64`, `6.12.117+deb12-amd64`), a
 //! developer's as `local-<release>`; `current` names the default one.
 
-use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,65 +24,71 @@ pub struct Image {
 }
 
 /// Why there is no image to boot.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// `images/build.py` never ran for this directory.
+    #[error("no guest image in {} ({HOW})", .0.display())]
     NotBuilt(PathBuf),
     /// A file of the named image is missing (a build was interrupted, or files removed).
+    #[error("guest image {version} is incomplete: no {} ({HOW})", .missing.display())]
     Incomplete { version: String, missing: PathBuf },
     /// No image of the kernel asked for, and none could be built here.
+    #[error(
+        "no guest image of kernel {kernel} in {} (build it with: python3 images/build.py \
+         --kernel {kernel})",
+        .dir.display()
+    )]
     NoKernel { kernel: String, dir: PathBuf },
     /// `images/build.py` failed for that kernel (it said why on stderr).
-    Build { kernel: String, why: String },
+    #[error("building the guest image of kernel {kernel} failed: {source}")]
+    Build { kernel: String, source: BuildError },
+}
+
+/// Why `images/build.py` built nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The source tree this hcabench was built from is gone; `kernel`: the `--kernel` to
+    /// run it with from the source tree.
+    #[error(
+        "{} is not here (this hcabench was built from a tree since moved){}",
+        .script.display(),
+        .kernel.as_ref().map_or_else(String::new, |k| {
+            format!(": run it from the source tree with --kernel {k}")
+        })
+    )]
+    Moved {
+        script: PathBuf,
+        kernel: Option<String>,
+    },
+    #[error("cannot run python3: {0}")]
+    Python(#[source] std::io::Error),
+    #[error("images/build.py exited with {0}")]
+    Exit(std::process::ExitStatus),
+    #[error("images/build.py named no image")]
+    NoImage,
+    #[error("images/build.py named no disk")]
+    NoDisk,
+    #[error("{}: {source}", .path.display())]
+    Canonicalize {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 const HOW: &str = "build it with: python3 images/build.py";
 
 /// Runs `images/build.py` (its progress on stderr): the last line it printed on stdout
 /// (what it built), or why it failed.
-fn run_build_py(cmd: &mut Command) -> Result<String, String> {
+fn run_build_py(cmd: &mut Command) -> Result<String, BuildError> {
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
+        .map_err(BuildError::Python)?;
     if !out.status.success() {
-        return Err(format!("images/build.py exited with {}", out.status));
+        return Err(BuildError::Exit(out.status));
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     Ok(stdout.lines().last().unwrap_or("").trim().to_string())
-}
-
-impl fmt::Display for ImageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImageError::NotBuilt(dir) => write!(f, "no guest image in {} ({HOW})", dir.display()),
-            ImageError::Incomplete { version, missing } => write!(
-                f,
-                "guest image {version} is incomplete: no {} ({HOW})",
-                missing.display()
-            ),
-            ImageError::NoKernel { kernel, dir } => write!(
-                f,
-                "no guest image of kernel {kernel} in {} (build it with: python3 \
-                 images/build.py --kernel {kernel})",
-                dir.display()
-            ),
-            ImageError::Build { kernel, why } => {
-                write!(
-                    f,
-                    "building the guest image of kernel {kernel} failed: {why}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for ImageError {}
-
-impl From<ImageError> for String {
-    fn from(e: ImageError) -> String {
-        e.to_string()
-    }
 }
 
 impl Image {
@@ -145,16 +150,15 @@ impl Image {
     /// tree or install directory (rebuilt whenever its files change).
     pub fn build(dir: &Path, kernel: &str) -> Result<Image, ImageError> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build.py");
-        let fail = |why: String| ImageError::Build {
+        let fail = |source| ImageError::Build {
             kernel: kernel.to_string(),
-            why,
+            source,
         };
         if !script.exists() {
-            return Err(fail(format!(
-                "{} is not here (this hcabench was built from a tree since moved): run it \
-                 from the source tree with --kernel {kernel}",
-                script.display()
-            )));
+            return Err(fail(BuildError::Moved {
+                script,
+                kernel: Some(kernel.to_string()),
+            }));
         }
         let mut cmd = Command::new("python3");
         cmd.arg(&script)
@@ -166,7 +170,7 @@ impl Image {
         let name = Path::new(&built)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .ok_or_else(|| fail("images/build.py named no image".into()))?;
+            .ok_or_else(|| fail(BuildError::NoImage))?;
         Self::open(dir, &name)
     }
 
@@ -175,15 +179,15 @@ impl Image {
     /// `images/build.py --package` (progress on stderr), under `dir/userland/`; its path.
     pub fn build_userland(dir: &Path, packages: &[String]) -> Result<PathBuf, ImageError> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build.py");
-        let fail = |why: String| ImageError::Build {
+        let fail = |source| ImageError::Build {
             kernel: format!("userland disk with {}", packages.join(", ")),
-            why,
+            source,
         };
         if !script.exists() {
-            return Err(fail(format!(
-                "{} is not here (this hcabench was built from a tree since moved)",
-                script.display()
-            )));
+            return Err(fail(BuildError::Moved {
+                script,
+                kernel: None,
+            }));
         }
         let mut cmd = Command::new("python3");
         cmd.arg(&script).arg("--out").arg(dir);
@@ -192,9 +196,9 @@ impl Image {
         }
         let path = Some(PathBuf::from(run_build_py(&mut cmd).map_err(fail)?))
             .filter(|p| p.extension().is_some_and(|e| e == "img"))
-            .ok_or_else(|| fail("images/build.py named no disk".into()))?;
+            .ok_or_else(|| fail(BuildError::NoDisk))?;
         // Absolute: the daemon that boots the guests runs elsewhere.
-        fs::canonicalize(&path).map_err(|e| fail(format!("{}: {e}", path.display())))
+        fs::canonicalize(&path).map_err(|source| fail(BuildError::Canonicalize { path, source }))
     }
 
     /// The image in `dir/name`, checked whole.
@@ -230,6 +234,12 @@ impl Image {
 /// by version: it has a slash or names a directory.
 pub fn is_kernel_path(kernel: &str) -> bool {
     kernel.contains('/') || kernel.starts_with('.') || Path::new(kernel).is_dir()
+}
+
+impl From<ImageError> for String {
+    fn from(e: ImageError) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]

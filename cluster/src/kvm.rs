@@ -10,7 +10,7 @@ use vmm::machine::{Machine, MachineConfig};
 
 use crate::node::{wait_for_line, Node, WaitError};
 use crate::qemu::kernel_cmdline;
-use crate::Image;
+use crate::{Image, StartError};
 
 /// One node's guest under the VMM.
 pub struct KvmNodeSpec<'a> {
@@ -46,9 +46,8 @@ impl KvmNode {
         image: &Image,
         node: KvmNodeSpec,
         fabric: &Fabric,
-    ) -> Result<KvmNode, String> {
-        let vcpus =
-            u8::try_from(node.vcpus).map_err(|_| format!("{} vCPUs: too many", node.vcpus))?;
+    ) -> Result<KvmNode, StartError> {
+        let vcpus = u8::try_from(node.vcpus).map_err(|_| StartError::Vcpus(node.vcpus))?;
         let mut machine = Machine::new(
             kvm,
             MachineConfig {
@@ -62,17 +61,14 @@ impl KvmNode {
                 vfio: node.vfio,
             },
             fabric,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         machine.hca().set_in_flight_budget(node.in_flight_budget);
-        machine
-            .load_linux(&LinuxBoot {
-                kernel: image.bzimage.clone(),
-                initramfs: Some(image.initramfs.clone()),
-                cmdline: kernel_cmdline(node.name, node.cmd, node.kernel_args),
-            })
-            .map_err(|e| e.to_string())?;
-        machine.start().map_err(|e| e.to_string())?;
+        machine.load_linux(&LinuxBoot {
+            kernel: image.bzimage.clone(),
+            initramfs: Some(image.initramfs.clone()),
+            cmdline: kernel_cmdline(node.name, node.cmd, node.kernel_args),
+        })?;
+        machine.start()?;
         Ok(KvmNode {
             name: node.name.to_string(),
             machine,

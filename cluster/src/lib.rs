@@ -26,7 +26,6 @@ pub mod qemu;
 pub mod verbs;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,7 +34,7 @@ use device_server::{DeviceServer, NodeConfig, ServerError};
 use hca_model::{Fabric, Hca};
 
 pub use backend::{Backend, BackendError};
-pub use image::{is_kernel_path, Image, ImageError};
+pub use image::{is_kernel_path, BuildError, Image, ImageError};
 pub use node::Node;
 pub use private_dir::create_private_dir;
 
@@ -100,17 +99,16 @@ pub struct PartitionSpec {
 impl PartitionSpec {
     /// The partition with its members as LIDs (node `i` has LID `i + 1`) in a cluster of
     /// `nodes`; Err names a member that is not a node.
-    pub fn with_lids(&self, nodes: usize) -> Result<hca_model::partition::Partition, String> {
-        let lids = |names: &[String]| -> Result<Vec<u16>, String> {
+    pub fn with_lids(&self, nodes: usize) -> Result<hca_model::partition::Partition, SpecError> {
+        let lids = |names: &[String]| -> Result<Vec<u16>, SpecError> {
             (names.iter())
                 .map(|n| {
                     ClusterSpec::node_index(n, nodes)
                         .map(|i| (i + 1) as u16)
-                        .ok_or_else(|| {
-                            format!(
-                                "partition member {n} is not a node (the nodes are node1 to \
-                                 node{nodes})"
-                            )
+                        .ok_or_else(|| SpecError::NotANode {
+                            what: "partition member",
+                            name: n.clone(),
+                            nodes,
                         })
                 })
                 .collect()
@@ -191,102 +189,114 @@ impl ClusterSpec {
     }
 
     /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
-    fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), BootError> {
-        fabric.set_packet_life(self.packet_life).ok_or_else(|| {
-            BootError::Spec(format!(
-                "packet lifetime {} is past {} (a QP's ACK timeout has 5 bits)",
-                self.packet_life,
-                hca_model::sa::MAX_PACKET_LIFE
-            ))
-        })?;
+    fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), SpecError> {
+        fabric
+            .set_packet_life(self.packet_life)
+            .ok_or(SpecError::PacketLife(self.packet_life))?;
         fabric
             .set_partitions(&self.partitions()?)
-            .map_err(|e| BootError::Spec(e.to_string()))
+            .map_err(SpecError::Partitions)?;
+        Ok(())
     }
 
     /// The partitions with their nodes as LIDs.
-    fn partitions(&self) -> Result<Vec<hca_model::partition::Partition>, BootError> {
+    fn partitions(&self) -> Result<Vec<hca_model::partition::Partition>, SpecError> {
         (self.partitions.iter())
-            .map(|p| p.with_lids(self.nodes).map_err(BootError::Spec))
+            .map(|p| p.with_lids(self.nodes))
             .collect()
     }
 
-    fn check(&self) -> Result<(), BootError> {
-        let bad = |why: String| Err(BootError::Spec(why));
+    fn check(&self) -> Result<(), SpecError> {
         if self.nodes == 0 {
-            return bad("a cluster needs at least one node".into());
+            return Err(SpecError::NoNodes);
         }
         let named = |n: &String| Self::node_index(n, self.nodes).is_some();
         if let Some(n) = self.ram_mib_of.keys().find(|n| !named(n)) {
-            return bad(format!(
-                "memory for {n}, which is not a node (the nodes are node1 to node{})",
-                self.nodes
-            ));
+            return Err(SpecError::MemoryFor {
+                name: n.clone(),
+                nodes: self.nodes,
+            });
         }
         if self.link && (self.nodes != 2 || self.backend != Backend::Qemu) {
-            return bad(
-                "a virtio-net link joins exactly two QEMU guests (hcabench's VMM gives its \
-                 guests no NIC)"
-                    .into(),
-            );
+            return Err(SpecError::Link);
         }
         if !self.vfio.is_empty() && self.backend != Backend::Kvm {
-            return bad("VFIO passthrough needs the kvm backend".into());
+            return Err(SpecError::VfioBackend);
         }
         if self.qemu_accel == QemuAccel::Kvm && self.backend != Backend::Qemu {
-            return bad("-accel kvm is a QEMU setting".into());
+            return Err(SpecError::AccelKvm);
         }
         Ok(())
     }
 }
 
 /// Why a cluster did not boot.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BootError {
     /// The spec asks for something the backend cannot do.
-    Spec(String),
-    Backend(BackendError),
-    Dir {
-        dir: PathBuf,
-        source: io::Error,
-    },
-    DeviceServer(ServerError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("cannot create {}: {source}", .dir.display())]
+    Dir { dir: PathBuf, source: io::Error },
+    #[error("device server: {0}")]
+    DeviceServer(#[source] ServerError),
     /// Guest RAM (a sealed memfd per QEMU guest) could not be made.
-    Ram(io::Error),
+    #[error("cannot create guest RAM (a sealed memfd): {0}")]
+    Ram(#[source] io::Error),
     /// /dev/kvm would not open.
-    Kvm(io::Error),
+    #[error("/dev/kvm: {0}")]
+    Kvm(#[source] io::Error),
     /// A node's QEMU or VM would not start.
-    Start {
-        node: String,
-        why: String,
-    },
+    #[error("{node}: cannot start its guest: {source}")]
+    Start { node: String, source: StartError },
     /// No two free UDP ports on 127.0.0.1 for the virtio-net link.
-    Link(io::Error),
+    #[error("no UDP ports on 127.0.0.1 for the guests' link: {0}")]
+    Link(#[source] io::Error),
 }
 
-impl fmt::Display for BootError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BootError::Spec(why) => f.write_str(why),
-            BootError::Backend(e) => write!(f, "{e}"),
-            BootError::Dir { dir, source } => {
-                write!(f, "cannot create {}: {source}", dir.display())
-            }
-            BootError::DeviceServer(e) => write!(f, "device server: {e}"),
-            BootError::Ram(e) => write!(f, "cannot create guest RAM (a sealed memfd): {e}"),
-            BootError::Kvm(e) => write!(f, "/dev/kvm: {e}"),
-            BootError::Start { node, why } => write!(f, "{node}: cannot start its guest: {why}"),
-            BootError::Link(e) => write!(f, "no UDP ports on 127.0.0.1 for the guests' link: {e}"),
-        }
-    }
+/// What in a cluster's spec its backend or its nodes cannot honour.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("a cluster needs at least one node")]
+    NoNodes,
+    /// `what` (a partition member, ...) names `name`, which is not one of the `nodes`.
+    #[error("{what} {name} is not a node (the nodes are node1 to node{nodes})")]
+    NotANode {
+        what: &'static str,
+        name: String,
+        nodes: usize,
+    },
+    #[error("memory for {name}, which is not a node (the nodes are node1 to node{nodes})")]
+    MemoryFor { name: String, nodes: usize },
+    #[error(
+        "a virtio-net link joins exactly two QEMU guests (hcabench's VMM gives its guests no \
+         NIC)"
+    )]
+    Link,
+    #[error("VFIO passthrough needs the kvm backend")]
+    VfioBackend,
+    #[error("-accel kvm is a QEMU setting")]
+    AccelKvm,
+    #[error(
+        "packet lifetime {0} is past {max} (a QP's ACK timeout has 5 bits)",
+        max = hca_model::sa::MAX_PACKET_LIFE
+    )]
+    PacketLife(u8),
+    #[error(transparent)]
+    Partitions(hca_model::partition::PartitionError),
 }
 
-impl std::error::Error for BootError {}
-
-impl From<BootError> for String {
-    fn from(e: BootError) -> String {
-        e.to_string()
-    }
+/// Why a node's QEMU or VM would not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot start QEMU: {0}")]
+    Qemu(#[source] io::Error),
+    #[error("{0} vCPUs: too many")]
+    Vcpus(u32),
+    #[error(transparent)]
+    Machine(#[from] vmm::machine::MachineError),
 }
 
 /// A booted cluster. Dropping it stops every guest and removes its sockets (guest RAM goes
@@ -318,7 +328,7 @@ impl Cluster {
             .collect();
         let mut cluster = match spec.backend {
             Backend::Qemu => {
-                qemu::qemu_available().map_err(BootError::Backend)?;
+                qemu::qemu_available()?;
                 let ram: Vec<u64> = (0..spec.nodes)
                     .map(|i| spec.node_ram_mib(i) << 20)
                     .collect();
@@ -371,7 +381,7 @@ impl Cluster {
                         in_flight_budget: spec.in_flight_budget(),
                     };
                     let n = KvmNode::start(&kvm, &spec.image, node, &c.fabric)
-                        .map_err(|why| BootError::Start { node: name, why })?;
+                        .map_err(|source| BootError::Start { node: name, source })?;
                     c.nodes.push(Box::new(n));
                 }
                 c
@@ -413,7 +423,7 @@ impl Cluster {
             progress(&format!("starting {name}"));
             let guest = QemuNode::spawn(&g).map_err(|e| BootError::Start {
                 node: name,
-                why: format!("cannot start QEMU: {e}"),
+                source: StartError::Qemu(e),
             })?;
             self.nodes.push(Box::new(guest));
         }
@@ -539,6 +549,12 @@ impl Drop for Cluster {
             let _ = s.shutdown();
         }
         remove_all(&self.files);
+    }
+}
+
+impl From<BootError> for String {
+    fn from(e: BootError) -> String {
+        e.to_string()
     }
 }
 

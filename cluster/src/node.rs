@@ -1,7 +1,6 @@
 //! What the launcher needs of one booted guest, whatever hosts it: a QEMU process
 //! ([`crate::qemu::QemuNode`]) or a VM in hcabench's own VMM ([`crate::kvm::KvmNode`]).
 
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use hca_model::Hca;
@@ -40,9 +39,10 @@ pub trait Node: Send {
 }
 
 /// Why an awaited console line never came; the console so far goes with it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WaitError {
     /// The guest stopped first (`why`: its host's words).
+    #[error("{node}: {host} stopped before `{prefix}`: {why}; console:\n{console}")]
     Stopped {
         node: String,
         host: String,
@@ -50,6 +50,10 @@ pub enum WaitError {
         why: String,
         console: String,
     },
+    #[error(
+        "{node}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
+         far:\n{console}"
+    )]
     TimedOut {
         node: String,
         host: String,
@@ -57,42 +61,6 @@ pub enum WaitError {
         timeout: Duration,
         console: String,
     },
-}
-
-impl fmt::Display for WaitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WaitError::Stopped {
-                node,
-                host,
-                prefix,
-                why,
-                console,
-            } => write!(
-                f,
-                "{node}: {host} stopped before `{prefix}`: {why}; console:\n{console}"
-            ),
-            WaitError::TimedOut {
-                node,
-                host,
-                prefix,
-                timeout,
-                console,
-            } => write!(
-                f,
-                "{node}: no `{prefix}` on the console within {timeout:?} ({host}); console so \
-                 far:\n{console}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for WaitError {}
-
-impl From<WaitError> for String {
-    fn from(e: WaitError) -> String {
-        e.to_string()
-    }
 }
 
 /// The newline-terminated lines of `text`, without their line ends.
@@ -144,6 +112,12 @@ pub fn wait_for_line(
             });
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl From<WaitError> for String {
+    fn from(e: WaitError) -> String {
+        e.to_string()
     }
 }
 

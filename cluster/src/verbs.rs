@@ -60,11 +60,13 @@ pub fn fields(line: &str) -> HashMap<String, String> {
 }
 
 /// A guest program's answer that lacks what the harness reads from it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AnswerError {
     /// No `key=` (or not a number) in a result line.
+    #[error("no {key}= in the guest's answer `{}`", .line.trim())]
     MissingField { key: String, line: String },
     /// No result line at all in a command's output.
+    #[error("{node}: {what}: no result in `{}`", .output.trim())]
     NoLine {
         node: String,
         what: String,
@@ -72,65 +74,29 @@ pub enum AnswerError {
     },
 }
 
-impl fmt::Display for AnswerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AnswerError::MissingField { key, line } => {
-                write!(f, "no {key}= in the guest's answer `{}`", line.trim())
-            }
-            AnswerError::NoLine { node, what, output } => {
-                write!(f, "{node}: {what}: no result in `{}`", output.trim())
-            }
-        }
-    }
-}
-
-impl std::error::Error for AnswerError {}
-
 /// Why a verbs run between guests failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum VerbsError {
-    Boot(BootError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
     /// A guest never reached its shell.
-    Wait(WaitError),
+    #[error(transparent)]
+    Wait(#[from] WaitError),
     /// A guest's shell failed; `console` is the end of its console log.
+    #[error("{source}{}", shell_console(.source, .console.as_deref()))]
     Shell {
         source: AgentError,
         console: Option<String>,
     },
-    Answer(AnswerError),
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
 }
 
-impl fmt::Display for VerbsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VerbsError::Boot(e) => write!(f, "{e}"),
-            VerbsError::Wait(e) => write!(f, "{e}"),
-            VerbsError::Shell {
-                source,
-                console: None,
-            } => write!(f, "{source}"),
-            VerbsError::Shell {
-                source,
-                console: Some(c),
-            } => write!(f, "{source}\nconsole of {}:\n{c}", source.node()),
-            VerbsError::Answer(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for VerbsError {}
-
-impl From<BootError> for VerbsError {
-    fn from(e: BootError) -> Self {
-        VerbsError::Boot(e)
-    }
-}
-
-impl From<WaitError> for VerbsError {
-    fn from(e: WaitError) -> Self {
-        VerbsError::Wait(e)
-    }
+/// The console that goes with a failed shell command, when there is one.
+fn shell_console(source: &AgentError, console: Option<&str>) -> String {
+    console.map_or_else(String::new, |c| {
+        format!("\nconsole of {}:\n{c}", source.node())
+    })
 }
 
 impl From<AgentError> for VerbsError {
@@ -139,24 +105,6 @@ impl From<AgentError> for VerbsError {
             source,
             console: None,
         }
-    }
-}
-
-impl From<AnswerError> for VerbsError {
-    fn from(e: AnswerError) -> Self {
-        VerbsError::Answer(e)
-    }
-}
-
-impl From<AnswerError> for String {
-    fn from(e: AnswerError) -> String {
-        e.to_string()
-    }
-}
-
-impl From<VerbsError> for String {
-    fn from(e: VerbsError) -> String {
-        e.to_string()
     }
 }
 
@@ -487,5 +435,17 @@ impl Drop for Testbed {
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+impl From<AnswerError> for String {
+    fn from(e: AnswerError) -> String {
+        e.to_string()
+    }
+}
+
+impl From<VerbsError> for String {
+    fn from(e: VerbsError) -> String {
+        e.to_string()
     }
 }

@@ -282,7 +282,8 @@ impl ClusterConfig {
         }
         let parts = (self.partition.iter())
             .map(|p| p.spec().with_lids(self.nodes))
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
         hca_model::partition::tables(&parts).map_err(|e| format!("partition: {e}"))?;
         Ok(())
     }
