@@ -16,7 +16,8 @@ use cluster::Backend;
 
 use crate::config::ClusterConfig;
 use crate::dsmrun::{self, Job, Mode};
-use crate::session::{Session, Shape};
+use crate::error::UsageError;
+use crate::session::{BenchError, Session, Shape};
 
 /// The sizes `bench apps` runs each application at (the e2e tests' sizes: seconds each on
 /// a 2-core host; `hcabench run` takes any size).
@@ -82,24 +83,32 @@ impl Cell {
     }
 }
 
-pub fn check(b: &AppsBench) -> Result<(), String> {
+pub fn check(b: &AppsBench) -> Result<(), UsageError> {
     if b.apps.is_empty() || b.nodes.is_empty() || b.threads.is_empty() || b.modes.is_empty() {
-        return Err("--apps, --app-nodes, --threads and --modes need a value each".into());
+        return Err(UsageError::AppsNeedValues);
     }
     if let Some(a) = b.apps.iter().find(|&&a| a == Job::Probe) {
-        return Err(format!("{a:?} is not a DSM application"));
+        return Err(UsageError::NotAnApp(format!("{a:?}")));
     }
-    if let Some(n) = b.nodes.iter().find(|&&n| !(2..=16).contains(&n)) {
-        return Err(format!("--app-nodes {n} is outside 2..=16"));
+    if let Some(&n) = b.nodes.iter().find(|&&n| !(2..=16).contains(&n)) {
+        return Err(UsageError::OutOfRange {
+            what: "--app-nodes",
+            value: n as u64,
+            range: "2..=16",
+        });
     }
-    if let Some(t) = b.threads.iter().find(|&&t| !(1..=16).contains(&t)) {
-        return Err(format!("--threads {t} is outside 1..=16"));
+    if let Some(&t) = b.threads.iter().find(|&&t| !(1..=16).contains(&t)) {
+        return Err(UsageError::OutOfRange {
+            what: "--threads",
+            value: t.into(),
+            range: "1..=16",
+        });
     }
     Ok(())
 }
 
 /// A CPU-bound process in every guest (a shell busy loop); its pids, to stop it.
-fn start_load(s: &mut Session) -> Result<Vec<String>, String> {
+fn start_load(s: &mut Session) -> Result<Vec<String>, BenchError> {
     let t = Duration::from_secs(60);
     let mut pids = Vec::new();
     for a in s.tb.agents.iter_mut() {
@@ -110,13 +119,16 @@ fn start_load(s: &mut Session) -> Result<Vec<String>, String> {
         let pid = out
             .lines()
             .find_map(|l| l.strip_prefix("LOADPID="))
-            .ok_or_else(|| format!("{}: the load did not start: {out}", a.name))?;
+            .ok_or_else(|| BenchError::NoLoad {
+                node: a.name.clone(),
+                output: out.clone(),
+            })?;
         pids.push(pid.trim().to_string());
     }
     Ok(pids)
 }
 
-fn stop_load(s: &mut Session, pids: &[String]) -> Result<(), String> {
+fn stop_load(s: &mut Session, pids: &[String]) -> Result<(), BenchError> {
     let t = Duration::from_secs(60);
     for (a, pid) in s.tb.agents.iter_mut().zip(pids) {
         a.run(&format!("kill {pid}"), t)?;
@@ -131,7 +143,7 @@ fn run_cell(
     threads: u32,
     mode: Mode,
     load: bool,
-) -> Result<Vec<AppResult>, String> {
+) -> Result<Vec<AppResult>, BenchError> {
     close_all(&mut s.tb.agents)?;
     connect_mesh(&mut s.tb.agents, "hcab0")?;
     configure(&mut s.tb.agents, &mode.config())?;
@@ -145,14 +157,12 @@ fn run_cell(
     let res = res?;
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(res),
-        Some(false) => Err(format!(
-            "`{cmd}` ({mode}): the result differs from the sequential run"
-        )),
-        None => Err(format!("`{cmd}` ({mode}): no node verified the result")),
+        Some(false) => Err(BenchError::Differs(format!("`{cmd}` ({mode})"))),
+        None => Err(BenchError::Unverified(format!("`{cmd}` ({mode})"))),
     }
 }
 
-pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
+pub fn run(b: &AppsBench, backend: Backend) -> Result<(), BenchError> {
     check(b)?;
     let vcpus = b
         .cfg
@@ -228,11 +238,11 @@ pub fn run(b: &AppsBench, backend: Backend) -> Result<(), String> {
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "{} of {total} runs failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        ))
+        Err(BenchError::Runs {
+            failed: failures.len(),
+            total,
+            failures,
+        })
     }
 }
 

@@ -42,21 +42,32 @@ fn value(c: u8) -> Option<u32> {
     }))
 }
 
+/// What is wrong with a line that should be base64.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Base64Error {
+    #[error("a base64 line of {0} characters")]
+    Length(usize),
+    #[error("base64 padding in the middle of a line")]
+    Padding,
+    #[error("{0:?} is not base64")]
+    Char(char),
+}
+
 /// Decodes one line (no newline): whole groups of four, padding only at the end. Err says
 /// what is wrong; a guest may send anything.
-pub fn decode_line(line: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+pub fn decode_line(line: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
     if line.len() % 4 != 0 {
-        return Err(format!("a base64 line of {} characters", line.len()));
+        return Err(Base64Error::Length(line.len()));
     }
     let groups = line.len() / 4;
     for (i, g) in line.chunks_exact(4).enumerate() {
         let pad = g.iter().rev().take_while(|&&c| c == b'=').count();
         if pad > 2 || (pad > 0 && i + 1 != groups) {
-            return Err("base64 padding in the middle of a line".into());
+            return Err(Base64Error::Padding);
         }
         let mut n = 0u32;
         for &c in g.iter().take(4 - pad) {
-            n = n << 6 | value(c).ok_or_else(|| format!("{:?} is not base64", char::from(c)))?;
+            n = n << 6 | value(c).ok_or(Base64Error::Char(char::from(c)))?;
         }
         n <<= 6 * pad as u32;
         let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];

@@ -13,10 +13,10 @@ use cluster::verbs::{float, num, BwResult, Mode, PingResult, Testbed};
 use cluster::{Backend, ClusterSpec, QemuAccel};
 
 use crate::config::ClusterConfig;
-use crate::session::{Session, Shape};
+use crate::session::{BenchError, Session, Shape};
 
 /// Boots a bench's guests, with progress lines.
-pub(crate) fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, String> {
+pub(crate) fn boot(b: &VerbsBench, backend: Backend, shape: Shape) -> Result<Session, BenchError> {
     Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
         println!("  {m}")
     })
@@ -38,7 +38,7 @@ pub(crate) fn elapsed(out: &str) -> Option<f64> {
 }
 
 /// `mib` MiB of fresh random bytes in /tmp/blob on guest `i`: their md5 sum.
-pub(crate) fn random_blob(tb: &mut Testbed, i: usize, mib: u64) -> Result<String, String> {
+pub(crate) fn random_blob(tb: &mut Testbed, i: usize, mib: u64) -> Result<String, BenchError> {
     let out = tb.agents[i].run(
         &format!(
             "dd if=/dev/urandom of=/tmp/blob bs=1M count={mib} 2>/dev/null && md5sum /tmp/blob"
@@ -71,7 +71,7 @@ struct DevResults {
     bw: Vec<BwResult>,
 }
 
-pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let started = Instant::now();
     // SoftRoCE needs a NIC: a virtio-net link between two QEMU guests.
     let rxe = backend == Backend::Qemu;
@@ -121,14 +121,12 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
         .chain(all.iter().flat_map(|d| d.bw.iter().map(|r| r.errors)))
         .sum();
     if errors > 0 {
-        return Err(format!(
-            "{errors} data errors: the numbers above are not trustworthy"
-        ));
+        return Err(BenchError::DataErrors(errors));
     }
     Ok(())
 }
 
-fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, String> {
+fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, BenchError> {
     tb.connect(dev)?;
     let mut ping = Vec::new();
     for mode in Mode::ALL {
@@ -148,10 +146,11 @@ fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, St
                 r = tb.ping(mode, size, b.iters, false)?;
             }
             if r.done != b.iters {
-                return Err(format!(
-                    "{dev} {mode} {size}: {} of {} round trips",
-                    r.done, b.iters
-                ));
+                return Err(BenchError::RoundTrips {
+                    what: format!("{dev} {mode} {size}"),
+                    done: r.done,
+                    iters: b.iters,
+                });
             }
             println!("  {dev:<6} {mode:<5} {size:>5} B  {} us", us(&r));
             ping.push(r);
@@ -296,7 +295,7 @@ const DSM_CONFIGS: [(&str, &str); 4] = [
 
 /// `bench dsm`: remote fault latency per protocol configuration on three guests, and the
 /// page-protection primitive against mprotect.
-pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let (iters, pages) = (b.iters, b.pages);
     println!(
         "booting 3 {} guests with the hcabench HCA",
@@ -319,23 +318,29 @@ pub fn run_dsm(b: &VerbsBench, backend: Backend) -> Result<(), String> {
             &format!("handler={handler} readfault={readfault}"),
         )?;
         let out = run_everywhere(&mut tb.agents, &format!("dsm-bench {pages}"), t);
-        let (_, text) = out.into_iter().nth(1).ok_or("no node 2")??;
+        let (_, text) = out.into_iter().nth(1).ok_or(BenchError::NoNode2)??;
         let line = text
             .lines()
             .find(|l| l.starts_with("DSM-FAULTS"))
-            .ok_or_else(|| format!("dsm-bench printed no result:\n{text}"))?;
+            .ok_or_else(|| BenchError::DsmBenchSilent(text.clone()))?;
         let get = |k: &str| float(line, k);
         if get("bad")? != 0.0 {
-            return Err(format!("dsm-bench saw wrong page contents: {line}"));
+            return Err(BenchError::WrongPages(line.to_string()));
         }
         // Node 2's counters: how its read faults' pages travelled, where messages ran.
         let st = tb.agents[1].run("dsmctl stats", t)?;
         let n = |k: &str| num(&st, k);
         if readfault == "read" && n("rdma_reads")? < pages {
-            return Err(format!("RDMA Read configured but not used: {st}"));
+            return Err(BenchError::Configured {
+                what: "RDMA Read configured but not used",
+                stats: st,
+            });
         }
         if handler == "process" && n("irq")? != 0 {
-            return Err(format!("process context configured, handler used: {st}"));
+            return Err(BenchError::Configured {
+                what: "process context configured, handler used",
+                stats: st,
+            });
         }
         rows.push((handler, readfault, get("read_us")?, get("write_us")?));
         close_all(&mut tb.agents)?;
@@ -411,13 +416,10 @@ const VMM_MODES: [Mode; 2] = [Mode::Poll, Mode::Isr];
 /// `hcabench bench vmm`: on a host with usable KVM, two guests under hcabench's VMM and two
 /// under QEMU with `-accel kvm` (HCAs in the device server), one after the other in one
 /// run: each guest's boot time to userspace, and verified RC ping-pong round trips.
-pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
+pub fn run_vmm(b: &VerbsBench) -> Result<(), BenchError> {
     use cluster::BackendError;
     if let Err(BackendError::KvmUnusable(why)) = cluster::backend::choose(Some(Backend::Kvm)) {
-        return Err(format!(
-            "bench vmm compares two KVM hosts, and KVM cannot run Linux here ({why}); \
-             ci/nested-kvm.sh runs it inside a nested KVM"
-        ));
+        return Err(BenchError::NoKvm(why));
     }
     cluster::qemu::qemu_available()?;
     let image = b.cfg.image()?;
@@ -461,12 +463,12 @@ pub fn run_vmm(b: &VerbsBench) -> Result<(), String> {
             for &size in &b.sizes {
                 let r = tb.ping(mode, size, b.iters, true)?;
                 if r.done != b.iters || r.errors + r.server_errors > 0 {
-                    return Err(format!(
-                        "{host} {mode} {size}: {} of {} round trips, {} data errors",
-                        r.done,
-                        b.iters,
-                        r.errors + r.server_errors
-                    ));
+                    return Err(BenchError::VmmRoundTrips {
+                        what: format!("{host} {mode} {size}"),
+                        done: r.done,
+                        iters: b.iters,
+                        errors: r.errors + r.server_errors,
+                    });
                 }
                 println!("  {mode:<5} {size:>5} B  {} us", us(&r));
                 ping.push(r);

@@ -50,7 +50,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use cluster::{ClusterSpec, Image};
@@ -184,55 +183,111 @@ impl Default for ClusterConfig {
 }
 
 /// A cluster file that cannot be used, with what to change.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ConfigError(pub String);
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not TOML, or not the cluster file's fields.
+    #[error("{origin}: {source}")]
+    Toml {
+        origin: String,
+        source: toml::de::Error,
+    },
+    #[error("{origin}: {source}")]
+    Invalid { origin: String, source: Invalid },
+}
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// A setting of a cluster file that is out of range, names no node, or does not go with
+/// the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    #[error("nodes = {0} (must be 1 to {MAX_NODES})")]
+    Nodes(usize),
+    // Below 128 MiB a guest runs out of memory unpacking its initramfs (about 57 MB, held
+    // twice until the archive is freed) before its init runs.
+    #[error(
+        "{what} = {mib} (must be 128 to 16384: a guest unpacks its 57 MB initramfs into RAM \
+         as it boots)"
+    )]
+    Memory { what: String, mib: u64 },
+    #[error("vcpus = {0} (must be 1 to 16)")]
+    Vcpus(u32),
+    /// `table` names `name`, which is not one of the `nodes`.
+    #[error("{table}: no node {name:?} (the nodes are node1 to node{nodes})")]
+    NoNode {
+        table: String,
+        name: String,
+        nodes: usize,
+    },
+    #[error("vfio: passthrough needs the kvm backend, not qemu")]
+    VfioOnQemu,
+    #[error("packages: {0:?} is not a Debian package name")]
+    Package(String),
+    #[error(
+        "packages: the userland disk needs the qemu backend (hcabench's VMM gives guests no \
+         disk device yet)"
+    )]
+    PackagesOnKvm,
+    #[error("device_memory_mib = {mib} (must be {least} to 4096)")]
+    DeviceMemory { mib: u64, least: u64 },
+    #[error(
+        "packet_life_time = {0} (must be 0 to {max}: ib_cm adds one for a QP's 5-bit ACK \
+         timeout)",
+        max = hca_model::sa::MAX_PACKET_LIFE
+    )]
+    PacketLife(u8),
+    #[error(transparent)]
+    Spec(#[from] cluster::SpecError),
+    #[error("partition: {0}")]
+    Partition(#[from] hca_model::partition::PartitionError),
 }
 
 impl ClusterConfig {
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let c: ClusterConfig =
-            toml::from_str(text).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
-        c.validate()
-            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        let c: ClusterConfig = toml::from_str(text).map_err(|source| ConfigError::Toml {
+            origin: origin.to_string(),
+            source,
+        })?;
+        c.validate().map_err(|source| ConfigError::Invalid {
+            origin: origin.to_string(),
+            source,
+        })?;
         Ok(c)
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(&text, &path.display().to_string())
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !(1..=MAX_NODES).contains(&self.nodes) {
-            return Err(format!("nodes = {} (must be 1 to {MAX_NODES})", self.nodes));
+            return Err(Invalid::Nodes(self.nodes));
         }
-        // Below 128 MiB a guest runs out of memory unpacking its initramfs (about 57 MB,
-        // held twice until the archive is freed) before its init runs.
         let memory = |what: &str, mib: u64| {
             if (128..=16384).contains(&mib) {
                 Ok(())
             } else {
-                Err(format!(
-                    "{what} = {mib} (must be 128 to 16384: a guest unpacks its 57 MB \
-                     initramfs into RAM as it boots)"
-                ))
+                Err(Invalid::Memory {
+                    what: what.to_string(),
+                    mib,
+                })
             }
         };
         memory("memory_mib", self.memory_mib)?;
         if !(1..=16).contains(&self.vcpus) {
-            return Err(format!("vcpus = {} (must be 1 to 16)", self.vcpus));
+            return Err(Invalid::Vcpus(self.vcpus));
         }
-        let no_node = |table: &str, name: &str| {
-            format!(
-                "{table}: no node {name:?} (the nodes are node1 to node{})",
-                self.nodes
-            )
+        let no_node = |table: &str, name: &str| Invalid::NoNode {
+            table: table.to_string(),
+            name: name.to_string(),
+            nodes: self.nodes,
         };
         for name in self.vfio.keys() {
             if !self.is_node(name) {
@@ -246,32 +301,23 @@ impl ClusterConfig {
             memory(&format!("node_memory_mib: {name}"), mib)?;
         }
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
-            return Err("vfio: passthrough needs the kvm backend, not qemu".into());
+            return Err(Invalid::VfioOnQemu);
         }
         if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
-            return Err(format!("packages: {bad:?} is not a Debian package name"));
+            return Err(Invalid::Package(bad.clone()));
         }
         if !self.packages.is_empty() && self.backend == Backend::Kvm {
-            return Err(
-                "packages: the userland disk needs the qemu backend (hcabench's VMM gives \
-                 guests no disk device yet)"
-                    .into(),
-            );
+            return Err(Invalid::PackagesOnKvm);
         }
         let least = (hca_model::abi::MIN_IN_FLIGHT_BYTES >> 20) as u64;
         if !(least..=4096).contains(&self.device_memory_mib) {
-            return Err(format!(
-                "device_memory_mib = {} (must be {least} to 4096)",
-                self.device_memory_mib
-            ));
+            return Err(Invalid::DeviceMemory {
+                mib: self.device_memory_mib,
+                least,
+            });
         }
         if self.packet_life_time > hca_model::sa::MAX_PACKET_LIFE {
-            return Err(format!(
-                "packet_life_time = {} (must be 0 to {}: ib_cm adds one for a QP's 5-bit \
-                 ACK timeout)",
-                self.packet_life_time,
-                hca_model::sa::MAX_PACKET_LIFE
-            ));
+            return Err(Invalid::PacketLife(self.packet_life_time));
         }
         for p in &self.partition {
             for name in p.members.iter().chain(&p.limited) {
@@ -282,9 +328,8 @@ impl ClusterConfig {
         }
         let parts = (self.partition.iter())
             .map(|p| p.spec().with_lids(self.nodes))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        hca_model::partition::tables(&parts).map_err(|e| format!("partition: {e}"))?;
+            .collect::<Result<Vec<_>, _>>()?;
+        hca_model::partition::tables(&parts)?;
         Ok(())
     }
 
@@ -444,32 +489,35 @@ mod tests {
     fn test_bad_files_say_what_is_wrong() {
         let e = ClusterConfig::parse("nodes = 65", "c.toml").unwrap_err();
         assert!(
-            e.0.contains("c.toml") && e.0.contains("nodes = 65 (must be 1 to 64)"),
+            e.to_string().contains("c.toml")
+                && e.to_string().contains("nodes = 65 (must be 1 to 64)"),
             "{e}"
         );
         let e = ClusterConfig::parse("node = 4", "c.toml").unwrap_err();
-        assert!(e.0.contains("unknown field"), "{e}");
+        assert!(e.to_string().contains("unknown field"), "{e}");
         let e = ClusterConfig::parse("backend = \"xen\"", "c.toml").unwrap_err();
-        assert!(e.0.contains("xen"), "{e}");
+        assert!(e.to_string().contains("xen"), "{e}");
         let e = ClusterConfig::parse("[vfio]\nnode3 = \"/sys/x\"", "c.toml").unwrap_err();
-        assert!(e.0.contains("no node \"node3\""), "{e}");
+        assert!(e.to_string().contains("no node \"node3\""), "{e}");
         let e =
             ClusterConfig::parse("backend = \"qemu\"\n[vfio]\nnode1 = \"/x\"", "c").unwrap_err();
-        assert!(e.0.contains("needs the kvm backend"), "{e}");
+        assert!(e.to_string().contains("needs the kvm backend"), "{e}");
         let e = ClusterConfig::parse("packages = [\"fio\", \"x; rm -rf /\"]", "c").unwrap_err();
-        assert!(e.0.contains("not a Debian package name"), "{e}");
+        assert!(e.to_string().contains("not a Debian package name"), "{e}");
         let e = ClusterConfig::parse("backend = \"kvm\"\npackages = [\"fio\"]", "c").unwrap_err();
-        assert!(e.0.contains("needs the qemu backend"), "{e}");
+        assert!(e.to_string().contains("needs the qemu backend"), "{e}");
         let c = ClusterConfig::parse("packages = [\"fio\", \"libc6\", \"g++-12\"]", "c").unwrap();
         assert_eq!(c.packages, ["fio", "libc6", "g++-12"]);
         let e = ClusterConfig::parse("packet_life_time = 31", "c.toml").unwrap_err();
         assert!(
-            e.0.contains("packet_life_time = 31 (must be 0 to 30"),
+            e.to_string()
+                .contains("packet_life_time = 31 (must be 0 to 30"),
             "{e}"
         );
         let e = ClusterConfig::parse("device_memory_mib = 2", "c.toml").unwrap_err();
         assert!(
-            e.0.contains("device_memory_mib = 2 (must be 4 to 4096)"),
+            e.to_string()
+                .contains("device_memory_mib = 2 (must be 4 to 4096)"),
             "{e}"
         );
         let c = ClusterConfig::parse("device_memory_mib = 16", "c.toml").unwrap();
@@ -499,13 +547,17 @@ mod tests {
         assert!(two.partitions[0].limited.is_empty());
         let e = ClusterConfig::parse("[[partition]]\npkey = 1\nmembers = [\"node5\"]", "c")
             .unwrap_err();
-        assert!(e.0.contains("partition 0x0001: no node \"node5\""), "{e}");
+        assert!(
+            e.to_string()
+                .contains("partition 0x0001: no node \"node5\""),
+            "{e}"
+        );
         let e = ClusterConfig::parse("[[partition]]\npkey = 0x7fff\nmembers = [\"node1\"]", "c")
             .unwrap_err();
-        assert!(e.0.contains("the default's"), "{e}");
+        assert!(e.to_string().contains("the default's"), "{e}");
         let twice = "[[partition]]\npkey = 3\n[[partition]]\npkey = 0x8003\n";
         let e = ClusterConfig::parse(twice, "c").unwrap_err();
-        assert!(e.0.contains("given twice"), "{e}");
+        assert!(e.to_string().contains("given twice"), "{e}");
     }
 
     #[test]
@@ -544,7 +596,10 @@ mod tests {
         ];
         for (text, says) in bad {
             let e = ClusterConfig::parse(text, "c").unwrap_err();
-            assert!(e.0.contains(&format!("node_memory_mib: {says}")), "{e}");
+            assert!(
+                e.to_string().contains(&format!("node_memory_mib: {says}")),
+                "{e}"
+            );
         }
     }
 

@@ -2,25 +2,43 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use vmm_sys_util::terminal::Terminal;
 
 /// Ctrl-] ends the session, as in telnet.
 const ESCAPE: u8 = 0x1d;
 
-pub fn attach(socket: &Path, name: &str) -> Result<(), String> {
-    let stream = UnixStream::connect(socket).map_err(|e| {
-        format!(
-            "cannot attach to {name}'s console at {}: {e}",
-            socket.display()
-        )
+/// Why the terminal could not be attached to a guest's console.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("cannot attach to {node}'s console at {}: {source}", .socket.display())]
+    Connect {
+        node: String,
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{node}'s console: {source}")]
+    Stream {
+        node: String,
+        source: std::io::Error,
+    },
+}
+
+pub fn attach(socket: &Path, name: &str) -> Result<(), ConsoleError> {
+    let stream = UnixStream::connect(socket).map_err(|source| ConsoleError::Connect {
+        node: name.to_string(),
+        socket: socket.to_path_buf(),
+        source,
     })?;
     let stdin = std::io::stdin();
     let lock = stdin.lock();
     let raw = std::io::IsTerminal::is_terminal(&std::io::stdin()) && lock.set_raw_mode().is_ok();
     eprintln!("attached to {name}'s console; Ctrl-] detaches\r");
-    let mut from_guest = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut from_guest = stream.try_clone().map_err(|source| ConsoleError::Stream {
+        node: name.to_string(),
+        source,
+    })?;
     let out = std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         let mut stdout = std::io::stdout();

@@ -8,7 +8,6 @@
 //! the daemon's main loop, which polls [`FaultHook::due_kills`] for planned and live kills
 //! alike.
 
-use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -53,54 +52,53 @@ pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, c
                            clear, kill";
 
 /// Why the control socket could not be served, or a request got no answer.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    Listen {
-        socket: PathBuf,
-        source: io::Error,
-    },
-    Thread(io::Error),
+    #[error("cannot listen on {}: {source}", .socket.display())]
+    Listen { socket: PathBuf, source: io::Error },
+    #[error("cannot start the control thread: {0}")]
+    Thread(#[source] io::Error),
     /// `hcabench fault` found no daemon on the socket.
-    Connect {
-        socket: PathBuf,
-        source: io::Error,
-    },
-    Send(io::Error),
-    Receive(io::Error),
+    #[error("cannot reach the cluster's daemon at {}: {source}", .socket.display())]
+    Connect { socket: PathBuf, source: io::Error },
+    #[error("cannot send to the daemon: {0}")]
+    Send(#[source] io::Error),
+    #[error("no reply from the daemon: {0}")]
+    Receive(#[source] io::Error),
     /// The daemon refused the request; its words.
+    #[error("{0}")]
     Refused(String),
     /// The daemon answered something that is not the protocol.
+    #[error("unexpected reply from the daemon: `{0}`")]
     Garbled(String),
 }
 
-impl fmt::Display for ControlError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ControlError::Listen { socket, source } => {
-                write!(f, "cannot listen on {}: {source}", socket.display())
-            }
-            ControlError::Thread(e) => write!(f, "cannot start the control thread: {e}"),
-            ControlError::Connect { socket, source } => write!(
-                f,
-                "cannot reach the cluster's daemon at {}: {source}",
-                socket.display()
-            ),
-            ControlError::Send(e) => write!(f, "cannot send to the daemon: {e}"),
-            ControlError::Receive(e) => write!(f, "no reply from the daemon: {e}"),
-            ControlError::Refused(why) => f.write_str(why),
-            ControlError::Garbled(reply) => {
-                write!(f, "unexpected reply from the daemon: `{reply}`")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ControlError {}
-
-impl From<ControlError> for String {
-    fn from(e: ControlError) -> String {
-        e.to_string()
-    }
+/// Why the daemon refused a request (the words it sends back with `error`).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(
+        "cannot parse `{0}` (want: fault NODE ACTION [ARGS], groups, partitions, partition \
+         PKEY FULL LIMITED|remove, counters or registrations)"
+    )]
+    Unparsed(String),
+    #[error("no node `{node}`; the cluster has node1 to node{nodes}")]
+    NoNode { node: String, nodes: usize },
+    #[error("P_Key `{0}` is not a hex number")]
+    PKey(String),
+    #[error("no partition {0:#06x}")]
+    NoPartition(u16),
+    #[error("want: partition PKEY FULL LIMITED, or partition PKEY remove")]
+    PartitionUsage,
+    #[error(transparent)]
+    Partitions(#[from] hca_model::partition::PartitionError),
+    #[error(transparent)]
+    Faults(#[from] crate::faultrun::FaultRunError),
+    #[error("unknown action `{0}`; actions: {ACTIONS}")]
+    UnknownAction(String),
+    #[error("`{0}` is not a probability (0 to 1)")]
+    Probability(String),
+    #[error("`{0}` is not a number of microseconds")]
+    Micros(String),
 }
 
 /// The daemon's side: the fabric, the plan on it (if any yet) and where its log goes.
@@ -191,7 +189,7 @@ impl Control {
     /// Carries out one request: `fault NODE ACTION [ARGS]`, `groups` (the subnet
     /// administrator's multicast groups) or `registrations` (how many service records and
     /// trap subscriptions it holds, and the subnet's packet lifetime).
-    fn handle(&self, line: &str) -> Result<String, String> {
+    fn handle(&self, line: &str) -> Result<String, RequestError> {
         let words: Vec<&str> = line.split_whitespace().collect();
         if words == ["groups"] {
             return Ok(self.groups());
@@ -212,10 +210,7 @@ impl Control {
             return Ok(format!("{services} {informs} {life}"));
         }
         let ["fault", node, action, args @ ..] = words.as_slice() else {
-            return Err(format!(
-                "cannot parse `{line}` (want: fault NODE ACTION [ARGS], groups, partitions, \
-                 partition PKEY FULL LIMITED|remove, counters or registrations)"
-            ));
+            return Err(RequestError::Unparsed(line.to_string()));
         };
         let lid = self.lid_of(node)?;
         let hook = self.hook_or_start()?;
@@ -234,13 +229,13 @@ impl Control {
     /// partition's members, replacing the ones it had; `partition PKEY remove` removes it.
     /// The other partitions stay as they are, in their order (a new one comes last, so the
     /// entries ports had keep their places).
-    fn set_partition(&self, pkey: &str, rest: &[&str]) -> Result<String, String> {
+    fn set_partition(&self, pkey: &str, rest: &[&str]) -> Result<String, RequestError> {
         let pkey = u16::from_str_radix(pkey.trim_start_matches("0x"), 16)
-            .map_err(|_| format!("P_Key `{pkey}` is not a hex number"))?;
+            .map_err(|_| RequestError::PKey(pkey.to_string()))?;
         let id = pkey & 0x7fff;
         let mut parts = self.fabric.partitions();
         let at = parts.iter().position(|p| p.pkey & 0x7fff == id);
-        let lids = |names: &str| -> Result<Vec<u16>, String> {
+        let lids = |names: &str| -> Result<Vec<u16>, RequestError> {
             if names == "-" {
                 return Ok(Vec::new());
             }
@@ -251,7 +246,7 @@ impl Control {
                 parts.remove(i);
                 "removed".to_string()
             }
-            (["remove"], None) => return Err(format!("no partition {pkey:#06x}")),
+            (["remove"], None) => return Err(RequestError::NoPartition(pkey)),
             ([full, limited], _) => {
                 let p = hca_model::partition::Partition {
                     pkey: pkey | hca_model::partition::FULL_MEMBER,
@@ -269,11 +264,9 @@ impl Control {
                 }
                 what
             }
-            _ => return Err("want: partition PKEY FULL LIMITED, or partition PKEY remove".into()),
+            _ => return Err(RequestError::PartitionUsage),
         };
-        self.fabric
-            .set_partitions(&parts)
-            .map_err(|e| e.to_string())?;
+        self.fabric.set_partitions(&parts)?;
         Ok(format!("partition {:#06x} {what}", pkey | 0x8000))
     }
 
@@ -346,21 +339,19 @@ impl Control {
         })
     }
 
-    fn lid_of(&self, node: &str) -> Result<u16, String> {
+    fn lid_of(&self, node: &str) -> Result<u16, RequestError> {
         node.strip_prefix("node")
             .and_then(|n| n.parse::<usize>().ok())
             .filter(|n| (1..=self.nodes).contains(n))
             .map(|n| n as u16)
-            .ok_or_else(|| {
-                format!(
-                    "no node `{node}`; the cluster has node1 to node{}",
-                    self.nodes
-                )
+            .ok_or_else(|| RequestError::NoNode {
+                node: node.to_string(),
+                nodes: self.nodes,
             })
     }
 
     /// The cluster's plan, or an empty one started now.
-    fn hook_or_start(&self) -> Result<Arc<FaultHook>, String> {
+    fn hook_or_start(&self) -> Result<Arc<FaultHook>, RequestError> {
         let mut slot = self.hook.lock_unpoisoned();
         if let Some(h) = slot.as_ref() {
             return Ok(h.clone());
@@ -374,8 +365,8 @@ impl Control {
 /// The link's live rule `r` with the rates and the delay that `acts` set (`drop P`,
 /// `duplicate P`, `reorder P`, `corrupt P`, `delay US [JITTER_US]`, one after another: a
 /// campaign changes several at once), the rest as they were.
-fn rule(mut r: LinkFaults, acts: &[&str]) -> Result<LinkFaults, String> {
-    let unknown = || format!("unknown action `{}`; actions: {ACTIONS}", acts.join(" "));
+fn rule(mut r: LinkFaults, acts: &[&str]) -> Result<LinkFaults, RequestError> {
+    let unknown = || RequestError::UnknownAction(acts.join(" "));
     if acts.is_empty() {
         return Err(unknown());
     }
@@ -412,16 +403,16 @@ fn rule(mut r: LinkFaults, acts: &[&str]) -> Result<LinkFaults, String> {
     Ok(r)
 }
 
-fn probability(s: &str) -> Result<f64, String> {
+fn probability(s: &str) -> Result<f64, RequestError> {
     s.parse::<f64>()
         .ok()
         .filter(|p| (0.0..=1.0).contains(p))
-        .ok_or_else(|| format!("`{s}` is not a probability (0 to 1)"))
+        .ok_or_else(|| RequestError::Probability(s.to_string()))
 }
 
-fn micros(s: &str) -> Result<u64, String> {
+fn micros(s: &str) -> Result<u64, RequestError> {
     s.parse::<u64>()
-        .map_err(|_| format!("`{s}` is not a number of microseconds"))
+        .map_err(|_| RequestError::Micros(s.to_string()))
 }
 
 /// The client's side: sends `request` to the daemon of the cluster in `run_dir` and returns
@@ -549,9 +540,15 @@ mod tests {
             (0.25, 0.05, 0.02, 0.01)
         );
         assert_eq!((r.delay_us, r.jitter_us), (10, 0));
-        let e = c.handle("fault node2 drop 0.5 reorder").unwrap_err();
+        let e = c
+            .handle("fault node2 drop 0.5 reorder")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown action"), "{e}");
-        let e = c.handle("fault node2 drop 0.5 link-down").unwrap_err();
+        let e = c
+            .handle("fault node2 drop 0.5 link-down")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown action"), "{e}");
         assert_eq!(
             h.live_rule(2).unwrap().drop,
@@ -561,11 +558,11 @@ mod tests {
         c.handle("fault node3 kill").unwrap();
         assert_eq!(c.due_kills(), [2], "node3 is index 2");
         assert!(c.due_kills().is_empty());
-        let e = c.handle("fault node4 kill").unwrap_err();
+        let e = c.handle("fault node4 kill").unwrap_err().to_string();
         assert!(e.contains("node1 to node3"), "{e}");
-        let e = c.handle("fault node1 drop 2").unwrap_err();
+        let e = c.handle("fault node1 drop 2").unwrap_err().to_string();
         assert!(e.contains("probability"), "{e}");
-        let e = c.handle("fault node1 explode").unwrap_err();
+        let e = c.handle("fault node1 explode").unwrap_err().to_string();
         assert!(e.contains("actions: link-down"), "{e}");
         h.flush();
         let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap();

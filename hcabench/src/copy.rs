@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 use cluster::agent::{Patience, HEREDOC_END};
 
 use crate::base64;
-use crate::exec::{self, channel_error, sh_quote, Channel};
+use crate::base64::Base64Error;
+use crate::exec::{self, channel_error, sh_quote, Channel, ExecError};
 use crate::rundir::{ClusterState, RunDir};
 use crate::sha256::Sha256;
-use crate::tar;
+use crate::tar::{self, TarError};
 
 /// Copy files and directories into or out of a guest
 ///
@@ -67,6 +68,169 @@ const MISMATCH: &str = "90";
 /// Progress is shown for transfers of at least this many bytes.
 const SHOW_PROGRESS: u64 = 1 << 20;
 
+/// Why a copy was refused, failed, or arrived damaged.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("want SRC... DEST, one side NODE:PATH")]
+    Usage,
+    #[error("both sides name a guest: copy from one guest to the host, then to the other")]
+    BothGuests,
+    #[error(
+        "neither side names a guest: write it as NODE:PATH, e.g. `hcabench cp {sources} \
+         node1:/tmp`"
+    )]
+    NoGuest { sources: String },
+    #[error("the sources mix guest (NODE:PATH) and host paths: exactly one side names a guest")]
+    Mixed,
+    #[error("the sources are on {node} and {other}: copy from one guest at a time")]
+    TwoGuests { node: String, other: String },
+    #[error("{0}: name a file or directory after the colon")]
+    NoPath(String),
+    /// A host path could not be read, made or moved.
+    #[error("{}: {source}", .path.display())]
+    Host { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Tar(#[from] TarError),
+    #[error("{0}: name a file or directory")]
+    GuestName(String),
+    #[error("{node}: unexpected answer about {about}: {answer:?}")]
+    Answer {
+        node: String,
+        about: String,
+        answer: String,
+    },
+    #[error("{}: cannot copy this (no name, or not UTF-8)", .0.display())]
+    NoName(PathBuf),
+    #[error("{node}: no directory {dir} in the guest (for {dest})")]
+    NoGuestParent {
+        node: String,
+        dir: String,
+        dest: String,
+    },
+    #[error("{node}: no directory {dest} in the guest")]
+    NoGuestDir { node: String, dest: String },
+    #[error("{node}:{dest} is a file: cannot copy the directory {} onto it", .src.display())]
+    DirOntoFile {
+        node: String,
+        dest: String,
+        src: PathBuf,
+    },
+    #[error("{node}:{dest} is not a directory in the guest: copying several sources needs one")]
+    NotGuestDir { node: String, dest: String },
+    #[error(
+        "{node}: no room for {}: it needs about {} in the guest (the archive while it is \
+         checked, then its files) and the guest can give it {} (its files live in its RAM: \
+         memory_mib in the cluster file)",
+        .src.display(),
+        mib(*.need),
+        mib(*.free)
+    )]
+    NoRoom {
+        node: String,
+        src: PathBuf,
+        need: u64,
+        free: u64,
+    },
+    #[error(
+        "{node}: the copy of {} arrived damaged: sent sha256 {sum}, {}; nothing was unpacked",
+        .src.display(),
+        .guest.trim()
+    )]
+    DamagedIn {
+        node: String,
+        src: PathBuf,
+        sum: String,
+        /// What the guest said of it.
+        guest: String,
+    },
+    #[error(
+        "{node}: unpacking {} in {parent} failed: {}{}",
+        .src.display(),
+        .output.trim(),
+        disk_full_hint(.output)
+    )]
+    Unpacking {
+        node: String,
+        src: PathBuf,
+        parent: String,
+        output: String,
+    },
+    #[error(
+        "{node}: writing {STAGE_IN} in the guest failed: {}{}",
+        .output.trim(),
+        disk_full_hint(.output)
+    )]
+    Staging { node: String, output: String },
+    #[error("{}: not a directory (copying several sources needs one)", .0.display())]
+    NotDir(PathBuf),
+    #[error("{}: no such directory", .0.display())]
+    NoSuchDir(PathBuf),
+    #[error("{node}:{src}: no such file or directory in the guest")]
+    GuestMissing { node: String, src: String },
+    #[error("{node}:{src}: not a regular file or directory (a device, FIFO or socket)")]
+    GuestSpecial { node: String, src: String },
+    #[error("{node}: unexpected path for {src}: {resolved:?}")]
+    GuestPath {
+        node: String,
+        src: String,
+        resolved: String,
+    },
+    #[error("{node}:{src}: cannot copy the guest's /")]
+    GuestRoot { node: String, src: String },
+    #[error("{node}: the copy of {src} ended without its checksum: {trailer}")]
+    NoChecksum {
+        node: String,
+        src: String,
+        trailer: String,
+    },
+    #[error("{node}: tar in the guest failed on {src}: {trailer}")]
+    GuestTar {
+        node: String,
+        src: String,
+        trailer: String,
+    },
+    #[error(
+        "{node}: the copy of {src} arrived damaged: the guest sent sha256 {theirs}, {ours} \
+         arrived; nothing was put in place"
+    )]
+    DamagedOut {
+        node: String,
+        src: String,
+        theirs: String,
+        ours: String,
+    },
+    #[error("the archive was unpacked twice")]
+    UnpackedTwice,
+    #[error("{node}: the copy of {src}: {source}")]
+    Unpack {
+        node: String,
+        src: String,
+        source: TarError,
+    },
+    #[error("the guest sent a line too long to be base64: the copy is garbled")]
+    LineTooLong,
+    #[error("the copy is garbled: {0}")]
+    Garbled(#[source] Base64Error),
+    #[error("the guest sent more than its cluster's {} of RAM could hold: refused", mib(*.0))]
+    TooMuch(u64),
+    #[error("{}: a directory is there: not replaced with a file", .0.display())]
+    DirThere(PathBuf),
+    #[error("{}: a file is there: not replaced with a directory", .0.display())]
+    FileThere(PathBuf),
+}
+
+impl CopyError {
+    /// The error for an I/O failure on host path `path`.
+    fn host(path: &Path) -> impl Fn(io::Error) -> CopyError + '_ {
+        move |source| CopyError::Host {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// What `hcabench cp` was asked to do.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Transfer {
@@ -92,19 +256,15 @@ pub fn remote(arg: &str) -> Option<(&str, &str)> {
 }
 
 /// Reads `SRC... DEST`: which side is the guest's, and which guest.
-pub fn parse(args: &[String]) -> Result<Transfer, String> {
+pub fn parse(args: &[String]) -> Result<Transfer, CopyError> {
     let Some((dest, sources)) = args.split_last().filter(|(_, s)| !s.is_empty()) else {
-        return Err("want SRC... DEST, one side NODE:PATH".into());
+        return Err(CopyError::Usage);
     };
     let remote_sources: Vec<_> = sources.iter().filter_map(|s| remote(s)).collect();
     match remote(dest) {
         Some((node, path)) => {
             if !remote_sources.is_empty() {
-                return Err(
-                    "both sides name a guest: copy from one guest to the host, then to the \
-                     other"
-                        .into(),
-                );
+                return Err(CopyError::BothGuests);
             }
             Ok(Transfer::In {
                 node: node.to_string(),
@@ -114,30 +274,25 @@ pub fn parse(args: &[String]) -> Result<Transfer, String> {
         }
         None => {
             if remote_sources.is_empty() {
-                return Err(format!(
-                    "neither side names a guest: write it as NODE:PATH, e.g. `hcabench cp \
-                     {} node1:/tmp`",
-                    sources.join(" ")
-                ));
+                return Err(CopyError::NoGuest {
+                    sources: sources.join(" "),
+                });
             }
             if remote_sources.len() != sources.len() {
-                return Err(
-                    "the sources mix guest (NODE:PATH) and host paths: exactly one side \
-                     names a guest"
-                        .into(),
-                );
+                return Err(CopyError::Mixed);
             }
             let node = remote_sources.first().map_or("", |(n, _)| n);
             if let Some((other, _)) = remote_sources.iter().find(|(n, _)| *n != node) {
-                return Err(format!(
-                    "the sources are on {node} and {other}: copy from one guest at a time"
-                ));
+                return Err(CopyError::TwoGuests {
+                    node: node.to_string(),
+                    other: other.to_string(),
+                });
             }
             if let Some(s) = sources
                 .iter()
                 .find(|s| remote(s).is_some_and(|(_, p)| p.is_empty()))
             {
-                return Err(format!("{s}: name a file or directory after the colon"));
+                return Err(CopyError::NoPath(s.clone()));
             }
             Ok(Transfer::Out {
                 node: node.to_string(),
@@ -148,13 +303,13 @@ pub fn parse(args: &[String]) -> Result<Transfer, String> {
     }
 }
 
-pub fn run(run: &RunDir, a: &CpArgs) -> Result<(), String> {
+pub fn run(run: &RunDir, a: &CpArgs) -> Result<(), CopyError> {
     let transfer = parse(&a.paths)?;
     match &transfer {
         Transfer::In { sources, .. } => {
             // The host's side is checked before anything happens in the guest.
             for s in sources {
-                fs::metadata(s).map_err(|e| format!("{}: {e}", s.display()))?;
+                fs::metadata(s).map_err(CopyError::host(s))?;
             }
         }
         Transfer::Out { dest, sources, .. } => {
@@ -183,7 +338,7 @@ fn ask(
     what: &str,
     script: &str,
     limit: Duration,
-) -> Result<(String, String), String> {
+) -> Result<(String, String), CopyError> {
     let mut out = Vec::new();
     let word = ch
         .agent
@@ -202,12 +357,12 @@ fn ask(
 }
 
 /// The last path component of a guest path, or an error naming it.
-fn guest_name(path: &str) -> Result<String, String> {
+fn guest_name(path: &str) -> Result<String, CopyError> {
     Path::new(path)
         .file_name()
         .and_then(|n| n.to_str())
         .map(str::to_string)
-        .ok_or_else(|| format!("{path}: name a file or directory"))
+        .ok_or_else(|| CopyError::GuestName(path.to_string()))
 }
 
 /// The directory a guest path is in ("." for a bare name, from the guest's /).
@@ -233,7 +388,7 @@ fn copy_in(
     node: &str,
     sources: &[PathBuf],
     dest: &str,
-) -> Result<(), String> {
+) -> Result<(), CopyError> {
     let mut ch = exec::open(run, state, node, LOCK_WAIT)?;
     let d = sh_quote(dest);
     let probe = format!(
@@ -260,10 +415,11 @@ fn copy_in(
         Some("new") => GuestDest::New,
         Some("nodir") => GuestDest::NoDir,
         other => {
-            return Err(format!(
-                "{node}: unexpected answer about {dest}: {:?}",
-                other.unwrap_or_default()
-            ))
+            return Err(CopyError::Answer {
+                node: node.to_string(),
+                about: dest.to_string(),
+                answer: other.unwrap_or_default().to_string(),
+            })
         }
     };
     let room = Room::read(lines);
@@ -326,44 +482,56 @@ fn in_targets(
     sources: &[PathBuf],
     dest: &str,
     kind: &GuestDest,
-) -> Result<Vec<(PathBuf, String, String)>, String> {
-    let source_name = |s: &PathBuf| -> Result<String, String> {
-        let full = fs::canonicalize(s).map_err(|e| format!("{}: {e}", s.display()))?;
+) -> Result<Vec<(PathBuf, String, String)>, CopyError> {
+    let source_name = |s: &PathBuf| -> Result<String, CopyError> {
+        let full = fs::canonicalize(s).map_err(CopyError::host(s))?;
         full.file_name()
             .and_then(|n| n.to_str())
             .map(str::to_string)
-            .ok_or_else(|| format!("{}: cannot copy this (no name, or not UTF-8)", s.display()))
+            .ok_or_else(|| CopyError::NoName(s.clone()))
     };
     match (kind, sources) {
         (GuestDest::Dir, _) => sources
             .iter()
             .map(|s| Ok((s.clone(), dest.to_string(), source_name(s)?)))
             .collect(),
-        (GuestDest::NoDir, _) => Err(format!(
-            "{node}: no directory {} in the guest (for {dest})",
-            guest_parent(dest)
-        )),
+        (GuestDest::NoDir, _) => Err(CopyError::NoGuestParent {
+            node: node.to_string(),
+            dir: guest_parent(dest),
+            dest: dest.to_string(),
+        }),
         (_, [one]) => {
             if dest.ends_with('/') {
-                return Err(format!("{node}: no directory {dest} in the guest"));
+                return Err(CopyError::NoGuestDir {
+                    node: node.to_string(),
+                    dest: dest.to_string(),
+                });
             }
             if *kind == GuestDest::File && fs::metadata(one).is_ok_and(|m| m.is_dir()) {
-                return Err(format!(
-                    "{node}:{dest} is a file: cannot copy the directory {} onto it",
-                    one.display()
-                ));
+                return Err(CopyError::DirOntoFile {
+                    node: node.to_string(),
+                    dest: dest.to_string(),
+                    src: one.clone(),
+                });
             }
             source_name(one)?;
             Ok(vec![(one.clone(), guest_parent(dest), guest_name(dest)?)])
         }
-        _ => Err(format!(
-            "{node}:{dest} is not a directory in the guest: copying several sources needs one"
-        )),
+        _ => Err(CopyError::NotGuestDir {
+            node: node.to_string(),
+            dest: dest.to_string(),
+        }),
     }
 }
 
 /// Sends host path `src` into the guest's `parent` directory as `name`.
-fn send(ch: &mut Channel, src: &Path, parent: &str, name: &str, room: &Room) -> Result<(), String> {
+fn send(
+    ch: &mut Channel,
+    src: &Path,
+    parent: &str,
+    name: &str,
+    room: &Room,
+) -> Result<(), CopyError> {
     let node = ch.node.name.clone();
     let plan = tar::plan(src, name)?;
     for s in &plan.skipped {
@@ -377,14 +545,12 @@ fn send(ch: &mut Channel, src: &Path, parent: &str, name: &str, room: &Room) -> 
     let need = archive + plan.content_bytes();
     if let Some(free) = room.bytes() {
         if need > free {
-            return Err(format!(
-                "{node}: no room for {}: it needs about {} in the guest (the archive while it \
-                 is checked, then its files) and the guest can give it {} (its files live in \
-                 its RAM: memory_mib in the cluster file)",
-                src.display(),
-                mib(need),
-                mib(free)
-            ));
+            return Err(CopyError::NoRoom {
+                node,
+                src: src.to_path_buf(),
+                need,
+                free,
+            });
         }
     }
     let label = format!("{} -> {node}:{parent}/{name}", src.display());
@@ -396,7 +562,9 @@ fn send(ch: &mut Channel, src: &Path, parent: &str, name: &str, room: &Room) -> 
         failed: None,
         progress: Progress::new(&label, archive),
     };
-    let written = tar::write(&plan, &mut sender).and_then(|()| sender.send_rest());
+    let written = tar::write(&plan, &mut sender)
+        .map_err(CopyError::from)
+        .and_then(|()| sender.send_rest());
     if let Err(e) = written {
         let why = sender.failed.take().unwrap_or(e);
         let _ = ask(
@@ -425,20 +593,20 @@ fn send(ch: &mut Channel, src: &Path, parent: &str, name: &str, room: &Room) -> 
     match word.as_str() {
         "0" => {}
         MISMATCH => {
-            return Err(format!(
-                "{node}: the copy of {} arrived damaged: sent sha256 {sum}, {}; nothing was \
-                 unpacked",
-                src.display(),
-                out.trim()
-            ))
+            return Err(CopyError::DamagedIn {
+                node,
+                src: src.to_path_buf(),
+                sum,
+                guest: out,
+            })
         }
         _ => {
-            return Err(format!(
-                "{node}: unpacking {} in {parent} failed: {}{}",
-                src.display(),
-                out.trim(),
-                disk_full_hint(&out)
-            ))
+            return Err(CopyError::Unpacking {
+                node,
+                src: src.to_path_buf(),
+                parent: parent.to_string(),
+                output: out,
+            })
         }
     }
     progress.finish("sha256 checked on both ends");
@@ -451,14 +619,14 @@ struct Sender<'a> {
     buf: Vec<u8>,
     hash: Sha256,
     first: bool,
-    /// What went wrong, in words (the Write trait carries io errors only).
-    failed: Option<String>,
+    /// What went wrong (the Write trait carries io errors only).
+    failed: Option<CopyError>,
     progress: Progress,
 }
 
 impl Sender<'_> {
     /// One here-document of `data` appended to the guest's staging file.
-    fn piece(&mut self, data: &[u8]) -> Result<(), String> {
+    fn piece(&mut self, data: &[u8]) -> Result<(), CopyError> {
         self.hash.update(data);
         let lines = base64::encode_lines(data);
         let redirect = if self.first { ">" } else { ">>" };
@@ -484,19 +652,16 @@ impl Sender<'_> {
             )
             .map_err(|e| channel_error(&self.ch.node, e))?;
         if word != "0" {
-            let out = String::from_utf8_lossy(&out);
-            return Err(format!(
-                "{}: writing {STAGE_IN} in the guest failed: {}{}",
-                self.ch.node.name,
-                out.trim(),
-                disk_full_hint(&out)
-            ));
+            return Err(CopyError::Staging {
+                node: self.ch.node.name.clone(),
+                output: String::from_utf8_lossy(&out).into_owned(),
+            });
         }
         self.progress.add(data.len() as u64);
         Ok(())
     }
 
-    fn send_rest(&mut self) -> Result<(), String> {
+    fn send_rest(&mut self) -> Result<(), CopyError> {
         let rest = std::mem::take(&mut self.buf);
         if !rest.is_empty() {
             self.piece(&rest)?;
@@ -511,8 +676,9 @@ impl Write for Sender<'_> {
         while self.buf.len() >= CHUNK {
             let piece: Vec<u8> = self.buf.drain(..CHUNK).collect();
             if let Err(e) = self.piece(&piece) {
-                self.failed = Some(e.clone());
-                return Err(io::Error::other(e));
+                let said = e.to_string();
+                self.failed = Some(e);
+                return Err(io::Error::other(said));
             }
         }
         Ok(b.len())
@@ -534,15 +700,12 @@ fn disk_full_hint(out: &str) -> &'static str {
 
 /// Checks the host destination of a copy out: an existing directory, or (one source) a
 /// new or existing file name in an existing directory.
-fn out_destination(dest: &Path, sources: usize) -> Result<(), String> {
+fn out_destination(dest: &Path, sources: usize) -> Result<(), CopyError> {
     if dest.is_dir() {
         return Ok(());
     }
     if sources > 1 {
-        return Err(format!(
-            "{}: not a directory (copying several sources needs one)",
-            dest.display()
-        ));
+        return Err(CopyError::NotDir(dest.to_path_buf()));
     }
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -550,7 +713,7 @@ fn out_destination(dest: &Path, sources: usize) -> Result<(), String> {
     };
     if dest.as_os_str().as_encoded_bytes().ends_with(b"/") || !parent.is_dir() {
         let missing = if parent.is_dir() { dest } else { parent };
-        return Err(format!("{}: no such directory", missing.display()));
+        return Err(CopyError::NoSuchDir(missing.to_path_buf()));
     }
     Ok(())
 }
@@ -561,7 +724,7 @@ fn copy_out(
     node: &str,
     sources: &[String],
     dest: &Path,
-) -> Result<(), String> {
+) -> Result<(), CopyError> {
     // What a guest sends can be no more than the guests hold: their RAM.
     let limit: u64 = (state.nodes.iter())
         .map(|n| state.config.memory_mib_of(&n.name) << 20)
@@ -574,7 +737,7 @@ fn copy_out(
 }
 
 /// Copies guest path `src` to the host: into `dest` if it is a directory, else as `dest`.
-fn receive(ch: &mut Channel, src: &str, dest: &Path, limit: u64) -> Result<(), String> {
+fn receive(ch: &mut Channel, src: &str, dest: &Path, limit: u64) -> Result<(), CopyError> {
     let node = ch.node.name.clone();
     let probe = format!(
         "hcabench_s={}\n\
@@ -592,23 +755,37 @@ fn receive(ch: &mut Channel, src: &str, dest: &Path, limit: u64) -> Result<(), S
     let mut words = head.split_whitespace();
     let estimate = match (words.next(), words.next()) {
         (Some("missing"), _) => {
-            return Err(format!(
-                "{node}:{src}: no such file or directory in the guest"
-            ))
+            return Err(CopyError::GuestMissing {
+                node,
+                src: src.to_string(),
+            })
         }
         (Some("dir" | "file"), kib) => kib.and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) * 1024,
         (Some("other"), _) => {
-            return Err(format!(
-                "{node}:{src}: not a regular file or directory (a device, FIFO or socket)"
-            ))
+            return Err(CopyError::GuestSpecial {
+                node,
+                src: src.to_string(),
+            })
         }
-        _ => return Err(format!("{node}: unexpected answer about {src}: {head:?}")),
+        _ => {
+            return Err(CopyError::Answer {
+                node,
+                about: src.to_string(),
+                answer: head.to_string(),
+            })
+        }
     };
     if !resolved.starts_with('/') || resolved.contains('\n') {
-        return Err(format!("{node}: unexpected path for {src}: {resolved:?}"));
+        return Err(CopyError::GuestPath {
+            node,
+            src: src.to_string(),
+            resolved: resolved.to_string(),
+        });
     }
-    let name =
-        guest_name(resolved).map_err(|_| format!("{node}:{src}: cannot copy the guest's /"))?;
+    let name = guest_name(resolved).map_err(|_| CopyError::GuestRoot {
+        node: node.clone(),
+        src: src.to_string(),
+    })?;
     let target = if dest.is_dir() {
         dest.join(&name)
     } else {
@@ -649,40 +826,48 @@ fn receive(ch: &mut Channel, src: &str, dest: &Path, limit: u64) -> Result<(), S
         "sending the copy",
         |marker| format!("{stream}\necho \"{marker}$?\""),
         Patience::Idle(IDLE),
-        &mut |b| rx.push(b).map_err(io::Error::other),
+        &mut |b| rx.push(b),
     );
     if let Err(e) = r {
         return Err(rx
             .failed
             .take()
-            .unwrap_or_else(|| channel_error(&ch.node, e)));
+            .unwrap_or_else(|| channel_error(&ch.node, e).into()));
     }
     let Some((their_sum, tar_status)) = rx.end.take() else {
-        return Err(format!(
-            "{node}: the copy of {src} ended without its checksum: {}",
-            String::from_utf8_lossy(&rx.trailer).trim()
-        ));
+        return Err(CopyError::NoChecksum {
+            node,
+            src: src.to_string(),
+            trailer: String::from_utf8_lossy(&rx.trailer).trim().to_string(),
+        });
     };
     let trailer = String::from_utf8_lossy(&rx.trailer).trim().to_string();
     if tar_status != "0" {
-        return Err(format!(
-            "{node}: tar in the guest failed on {src}: {trailer}"
-        ));
+        return Err(CopyError::GuestTar {
+            node,
+            src: src.to_string(),
+            trailer,
+        });
     }
     let our_sum = std::mem::take(&mut rx.hash).hex();
     if our_sum != their_sum {
-        return Err(format!(
-            "{node}: the copy of {src} arrived damaged: the guest sent sha256 {their_sum}, \
-             {} arrived; nothing was put in place",
-            our_sum
-        ));
+        return Err(CopyError::DamagedOut {
+            node,
+            src: src.to_string(),
+            theirs: their_sum,
+            ours: our_sum,
+        });
     }
     let x = rx
         .extract
         .take()
-        .ok_or("the archive was unpacked twice")?
+        .ok_or(CopyError::UnpackedTwice)?
         .finish()
-        .map_err(|e| format!("{node}: the copy of {src}: {e}"))?;
+        .map_err(|source| CopyError::Unpack {
+            node: node.clone(),
+            src: src.to_string(),
+            source,
+        })?;
     for s in &x.skipped {
         eprintln!("hcabench: {node}:{src}: {s}: left out");
     }
@@ -702,7 +887,7 @@ struct Receiver {
     extract: Option<tar::Extract>,
     bytes: u64,
     limit: u64,
-    failed: Option<String>,
+    failed: Option<CopyError>,
     progress: Progress,
 }
 
@@ -710,22 +895,21 @@ struct Receiver {
 const MAX_LINE: usize = 4096;
 
 impl Receiver {
-    fn push(&mut self, b: &[u8]) -> Result<(), String> {
-        let r = self.take(b);
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r
+    /// Takes what the guest sent; an error is kept in `failed`, and said to the channel.
+    fn push(&mut self, b: &[u8]) -> io::Result<()> {
+        self.take(b).map_err(|e| {
+            let said = e.to_string();
+            self.failed = Some(e);
+            io::Error::other(said)
+        })
     }
 
-    fn take(&mut self, b: &[u8]) -> Result<(), String> {
+    fn take(&mut self, b: &[u8]) -> Result<(), CopyError> {
         let mut decoded = Vec::with_capacity(b.len());
         for &c in b {
             if c != b'\n' {
                 if self.line.len() >= MAX_LINE {
-                    return Err(
-                        "the guest sent a line too long to be base64: the copy is garbled".into(),
-                    );
+                    return Err(CopyError::LineTooLong);
                 }
                 self.line.push(c);
                 continue;
@@ -741,8 +925,7 @@ impl Receiver {
                 let status = w.next().unwrap_or_default().to_string();
                 self.end = Some((sum, status));
             } else if !line.is_empty() {
-                base64::decode_line(&line, &mut decoded)
-                    .map_err(|e| format!("the copy is garbled: {e}"))?;
+                base64::decode_line(&line, &mut decoded).map_err(CopyError::Garbled)?;
             }
         }
         if decoded.is_empty() {
@@ -750,15 +933,12 @@ impl Receiver {
         }
         self.bytes += decoded.len() as u64;
         if self.bytes > self.limit {
-            return Err(format!(
-                "the guest sent more than its cluster's {} of RAM could hold: refused",
-                mib(self.limit)
-            ));
+            return Err(CopyError::TooMuch(self.limit));
         }
         self.hash.update(&decoded);
         self.progress.add(decoded.len() as u64);
         match self.extract.as_mut() {
-            Some(x) => x.feed(&decoded),
+            Some(x) => Ok(x.feed(&decoded)?),
             None => Ok(()),
         }
     }
@@ -769,14 +949,14 @@ impl Receiver {
 struct Stage(PathBuf);
 
 impl Stage {
-    fn new(parent: &Path) -> Result<Stage, String> {
+    fn new(parent: &Path) -> Result<Stage, CopyError> {
         use std::os::unix::fs::DirBuilderExt;
         let dir = parent.join(format!(".hcabench-cp-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(CopyError::host(&dir))?;
         Ok(Stage(dir))
     }
 }
@@ -789,28 +969,21 @@ impl Drop for Stage {
 
 /// Moves what was unpacked at `from` to `to`, as `cp -r` would leave it: a new name is a
 /// rename, a file replaces a file, a directory merges into a directory.
-fn place(from: &Path, to: &Path) -> Result<(), String> {
-    let err = |e: io::Error| format!("{}: {e}", to.display());
-    let from_dir = fs::symlink_metadata(from)
-        .map_err(|e| format!("{}: {e}", from.display()))?
-        .is_dir();
+fn place(from: &Path, to: &Path) -> Result<(), CopyError> {
+    let err = CopyError::host(to);
+    let from_err = CopyError::host(from);
+    let from_dir = fs::symlink_metadata(from).map_err(&from_err)?.is_dir();
     match fs::symlink_metadata(to) {
         Err(_) => fs::rename(from, to).map_err(err),
         Ok(m) if m.is_dir() && from_dir => {
-            for e in fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
-                let e = e.map_err(|e| format!("{}: {e}", from.display()))?;
+            for e in fs::read_dir(from).map_err(&from_err)? {
+                let e = e.map_err(&from_err)?;
                 place(&e.path(), &to.join(e.file_name()))?;
             }
             Ok(())
         }
-        Ok(m) if m.is_dir() => Err(format!(
-            "{}: a directory is there: not replaced with a file",
-            to.display()
-        )),
-        Ok(_) if from_dir => Err(format!(
-            "{}: a file is there: not replaced with a directory",
-            to.display()
-        )),
+        Ok(m) if m.is_dir() => Err(CopyError::DirThere(to.to_path_buf())),
+        Ok(_) if from_dir => Err(CopyError::FileThere(to.to_path_buf())),
         Ok(_) => fs::rename(from, to).map_err(err),
     }
 }
@@ -918,24 +1091,24 @@ mod tests {
     #[test]
     fn test_the_side_that_names_a_guest_sets_the_direction() {
         assert_eq!(
-            parse(&args(&["a", "dir/b", "node1:/tmp"])),
-            Ok(Transfer::In {
+            parse(&args(&["a", "dir/b", "node1:/tmp"])).ok(),
+            Some(Transfer::In {
                 node: "node1".into(),
                 sources: vec!["a".into(), "dir/b".into()],
                 dest: "/tmp".into()
             })
         );
         assert_eq!(
-            parse(&args(&["f", "node2:"])),
-            Ok(Transfer::In {
+            parse(&args(&["f", "node2:"])).ok(),
+            Some(Transfer::In {
                 node: "node2".into(),
                 sources: vec!["f".into()],
                 dest: "/".into()
             })
         );
         assert_eq!(
-            parse(&args(&["node1:/var/log", "node1:x", "."])),
-            Ok(Transfer::Out {
+            parse(&args(&["node1:/var/log", "node1:x", "."])).ok(),
+            Some(Transfer::Out {
                 node: "node1".into(),
                 sources: vec!["/var/log".into(), "x".into()],
                 dest: ".".into()
@@ -953,7 +1126,7 @@ mod tests {
             (&["node1:", "c"][..], "after the colon"),
             (&["node1:/tmp"][..], "want SRC... DEST"),
         ] {
-            let e = parse(&args(a)).unwrap_err();
+            let e = parse(&args(a)).unwrap_err().to_string();
             assert!(e.contains(says), "{a:?}: {e}");
         }
     }
@@ -998,7 +1171,9 @@ mod tests {
                 "no directory /tmp/new/",
             ),
         ] {
-            let e = in_targets("node1", &srcs, dest, &kind).unwrap_err();
+            let e = in_targets("node1", &srcs, dest, &kind)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(says), "{dest}: {e}");
         }
         fs::remove_dir_all(&dir).unwrap();
@@ -1022,9 +1197,13 @@ mod tests {
         let dir = std::env::temp_dir();
         assert!(out_destination(&dir, 3).is_ok());
         assert!(out_destination(&dir.join("new-file"), 1).is_ok());
-        let e = out_destination(&dir.join("new-file"), 2).unwrap_err();
+        let e = out_destination(&dir.join("new-file"), 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a directory"), "{e}");
-        let e = out_destination(&dir.join("no-such-dir/x"), 1).unwrap_err();
+        let e = out_destination(&dir.join("no-such-dir/x"), 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no such directory"), "{e}");
     }
 
@@ -1044,7 +1223,9 @@ mod tests {
         assert_eq!(fs::read_to_string(d.join("to/same")).unwrap(), "copied");
         fs::create_dir_all(d.join("dir")).unwrap();
         fs::write(d.join("file"), "f").unwrap();
-        let e = place(&d.join("file"), &d.join("dir")).unwrap_err();
+        let e = place(&d.join("file"), &d.join("dir"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a directory is there"), "{e}");
         fs::remove_dir_all(&d).unwrap();
     }
@@ -1078,14 +1259,15 @@ mod tests {
         assert_eq!(rx.bytes, data.len() as u64);
         assert_eq!(String::from_utf8_lossy(&rx.trailer), "tar: a complaint\n");
         rx.end = None;
-        let e = rx.push(b"not base64!\n").unwrap_err();
+        let e = rx.push(b"not base64!\n").unwrap_err().to_string();
         assert!(e.contains("garbled"), "{e}");
-        let e = rx.push(&[b'A'; MAX_LINE + 1]).unwrap_err();
+        let e = rx.push(&[b'A'; MAX_LINE + 1]).unwrap_err().to_string();
         assert!(e.contains("too long"), "{e}");
         rx.line.clear();
         let e = rx
             .push(base64::encode_lines(&[0u8; 2000]).as_bytes())
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("more than"), "{e}");
     }
 }

@@ -6,10 +6,11 @@
 
 use std::io;
 
-use cluster::{Backend, Cluster, ClusterSpec};
+use cluster::{Backend, BackendError, BootError, Cluster, ClusterSpec, ImageError};
 
-use crate::config::ClusterConfig;
-use crate::control::Control;
+use crate::config::{ClusterConfig, ConfigError};
+use crate::control::{Control, ControlError};
+use crate::faultrun::FaultRunError;
 use crate::rundir::{ClusterState, NodeState, RunDir};
 
 /// Blocks SIGTERM and SIGINT in this thread (and the threads it starts), so that
@@ -43,8 +44,30 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Which backend the cluster file asks for means here, and why; `kvm` where KVM cannot run
 /// Linux is an error.
-pub fn choose_backend(cfg: &ClusterConfig) -> Result<(Backend, String), String> {
-    Ok(cluster::backend::choose(cfg.backend.request())?)
+pub fn choose_backend(cfg: &ClusterConfig) -> Result<(Backend, String), BackendError> {
+    cluster::backend::choose(cfg.backend.request())
+}
+
+/// Why the daemon could not bring up, or keep, its cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Faults(#[from] FaultRunError),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error("cannot write {}: {source}", .path.display())]
+    State {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The cluster's fault plan and capture on `fabric`, if it has them, and the control
@@ -53,7 +76,7 @@ fn attach_fabric_tools(
     run: &RunDir,
     cfg: &ClusterConfig,
     fabric: &hca_model::Fabric,
-) -> Result<std::sync::Arc<Control>, String> {
+) -> Result<std::sync::Arc<Control>, DaemonError> {
     use crate::faultrun::{attach, attach_capture, LOG, REPORT};
     let _ = std::fs::remove_file(run.path(REPORT));
     let _ = std::fs::remove_file(run.path(LOG));
@@ -91,7 +114,7 @@ fn note_killed(node: &NodeState) {
 /// failed, the guest shut down); `hcabench up` and `status` look for it.
 pub const GUEST_STOPPED: &str = "[hcabench] guest stopped:";
 
-pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
+pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
     let signals = block_stop_signals();
     let (backend, why) = choose_backend(cfg)?;
     eprintln!("daemon: backend {backend} ({why})");
@@ -122,7 +145,10 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), String> {
             .collect(),
     };
     run.write_state(&state)
-        .map_err(|e| format!("cannot write {}: {e}", run.state_file().display()))?;
+        .map_err(|source| DaemonError::State {
+            path: run.state_file(),
+            source,
+        })?;
     eprintln!("daemon: {} guests started", cluster.len());
 
     let sig = loop {

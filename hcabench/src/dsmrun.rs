@@ -11,7 +11,8 @@ use cluster::dsm::{app_command, configure, connect_mesh, run_app, AppResult};
 use cluster::Backend;
 
 use crate::config::ClusterConfig;
-use crate::session::{Session, Shape};
+use crate::error::UsageError;
+use crate::session::{BenchError, Session, Shape};
 
 /// What `hcabench run` runs; the doc comments are the help text.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -115,34 +116,36 @@ pub struct RunOpts {
     pub keep: bool,
 }
 
-pub fn check(o: &RunOpts) -> Result<(), String> {
+pub fn check(o: &RunOpts) -> Result<(), UsageError> {
     if o.app == Job::Probe {
-        return Err("probe runs on the cluster `up` boots, not as a DSM application".into());
+        return Err(UsageError::Probe);
     }
     if !(2..=16).contains(&o.cfg.nodes) {
-        return Err(format!("--nodes {} is outside 2..=16", o.cfg.nodes));
+        return Err(UsageError::OutOfRange {
+            what: "--nodes",
+            value: o.cfg.nodes as u64,
+            range: "2..=16",
+        });
     }
     let rxe = o.transport == Transport::Rxe;
     if rxe && o.cfg.nodes != 2 {
-        return Err("--transport rxe runs on exactly 2 nodes (one virtio-net link)".into());
+        return Err(UsageError::RxeNodes);
     }
     if rxe && o.backend == Backend::Kvm {
-        return Err(
-            "--transport rxe needs the qemu backend: hcabench's VMM gives its guests \
-                    no NIC for SoftRoCE (add --backend qemu)"
-                .into(),
-        );
+        return Err(UsageError::RxeOnKvm);
     }
     if (o.cfg.faults.is_some() || o.cfg.capture.is_some()) && rxe {
-        return Err(
-            "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network".into(),
-        );
+        return Err(UsageError::RxeFabricTools);
     }
     if !(1..=16).contains(&o.shape.threads) {
-        return Err(format!("--threads {} is outside 1..=16", o.shape.threads));
+        return Err(UsageError::OutOfRange {
+            what: "--threads",
+            value: o.shape.threads.into(),
+            range: "1..=16",
+        });
     }
     if let Some(a) = o.args.iter().find(|a| a.parse::<u64>().is_err()) {
-        return Err(format!("application argument `{a}` is not a number"));
+        return Err(UsageError::AppArg(a.clone()));
     }
     Ok(())
 }
@@ -151,7 +154,7 @@ pub fn check(o: &RunOpts) -> Result<(), String> {
 pub fn boot_dsm(
     o: &RunOpts,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Session, &'static str), String> {
+) -> Result<(Session, &'static str), BenchError> {
     let rxe = o.transport == Transport::Rxe;
     let shape = Shape {
         what: "run",
@@ -174,7 +177,7 @@ pub fn boot_dsm(
     Ok((s, dev))
 }
 
-pub fn run(o: &RunOpts) -> Result<(), String> {
+pub fn run(o: &RunOpts) -> Result<(), BenchError> {
     check(o)?;
     let started = Instant::now();
     let app = o.app.name();
@@ -206,20 +209,15 @@ pub fn run(o: &RunOpts) -> Result<(), String> {
         print!("{}", crate::faultrun::report(h, &hcas));
     }
     let res = res.map_err(|e| match s.faults() {
-        Some(h) if h.counts().nodes_killed > 0 => format!(
-            "{e}\n(the fault plan killed a node: the DSM cannot go on without one, so its \
-             peers' faults and calls fail)"
-        ),
+        Some(h) if h.counts().nodes_killed > 0 => BenchError::NodeKilled(Box::new(e)),
         _ => e,
     })?;
     // With a plan the directory stays for its fault log; the cluster removes the guests'
     // sockets when it goes.
     match res.iter().find_map(|r| r.verified) {
         Some(true) => Ok(()),
-        Some(false) => Err(format!(
-            "{app}: the DSM result differs from the sequential run"
-        )),
-        None => Err(format!("{app}: no node verified the result")),
+        Some(false) => Err(BenchError::Differs(format!("{app} (DSM)"))),
+        None => Err(BenchError::Unverified(app)),
     }
 }
 

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -103,22 +104,90 @@ fn still_busy(lock: &File) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// Why a command could not be run in a guest, or did not come back.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("no cluster is up in {}: start one with `hcabench up`", .0.display())]
+    NoCluster(PathBuf),
+    #[error("no node {name}; the cluster has {}", .nodes.join(", "))]
+    NoNode { name: String, nodes: Vec<String> },
+    /// The node's guest is not running (`why`: see [`guest_gone`]).
+    #[error("{node}: {why}")]
+    GuestGone { node: String, why: String },
+    #[error(
+        "{0} has no command channel: the cluster was started by an hcabench without exec \
+         (`hcabench down`, then `hcabench up`)"
+    )]
+    NoChannel(String),
+    #[error("{node}: cannot reach its command channel at {}: {source}", .socket.display())]
+    Unreachable {
+        node: String,
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{node}: its shell on the second serial port (ttyS1) did not answer within \
+         {patience:?}: an earlier command may still run, or the guest hangs (its console: {})",
+        .console.display()
+    )]
+    NoShell {
+        node: String,
+        patience: Duration,
+        console: PathBuf,
+    },
+    #[error("{0}: the command channel closed (the guest stopped?)")]
+    Closed(String),
+    #[error(transparent)]
+    Shell(AgentError),
+    /// The node's channel lock file.
+    #[error("{}: {source}", .path.display())]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{node}: another hcabench exec or cp has held its command channel for {wait:?} ({})",
+        .path.display()
+    )]
+    Busy {
+        node: String,
+        wait: Duration,
+        path: PathBuf,
+    },
+    #[error(
+        "{node}: no word from the guest {limit:?} after starting `{cmd}` (its own {secs} s \
+         limit did not end it: the guest hangs?)"
+    )]
+    Hung {
+        node: String,
+        limit: Duration,
+        cmd: String,
+        secs: u64,
+    },
+    #[error("{node}: the guest's shell answered {word:?}, not an exit status")]
+    NotAStatus { node: String, word: String },
+    #[error("--timeout {0} is outside 1..=86400")]
+    Timeout(u64),
+    #[error("its thread panicked")]
+    Panicked,
+}
+
 /// The running cluster's state, or why there is none.
-pub fn live_cluster(run: &RunDir) -> Result<ClusterState, String> {
-    run.live_state().ok_or_else(|| {
-        format!(
-            "no cluster is up in {} (`hcabench up`)",
-            run.dir().display()
-        )
-    })
+pub fn live_cluster(run: &RunDir) -> Result<ClusterState, ExecError> {
+    run.live_state()
+        .ok_or_else(|| ExecError::NoCluster(run.dir().to_path_buf()))
 }
 
 /// The node called `name`, or an error that lists the nodes.
-pub fn find_node<'a>(state: &'a ClusterState, name: &str) -> Result<&'a NodeState, String> {
-    state.nodes.iter().find(|n| n.name == name).ok_or_else(|| {
-        let names: Vec<_> = state.nodes.iter().map(|n| n.name.as_str()).collect();
-        format!("no node {name}; the cluster has {}", names.join(", "))
-    })
+pub fn find_node<'a>(state: &'a ClusterState, name: &str) -> Result<&'a NodeState, ExecError> {
+    state
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .ok_or_else(|| ExecError::NoNode {
+            name: name.to_string(),
+            nodes: state.nodes.iter().map(|n| n.name.clone()).collect(),
+        })
 }
 
 /// Why the node's guest is not running, if it is not: its QEMU exited, or the daemon
@@ -143,16 +212,17 @@ pub fn open(
     state: &ClusterState,
     name: &str,
     wait: Duration,
-) -> Result<Channel, String> {
+) -> Result<Channel, ExecError> {
     let n = find_node(state, name)?;
+    let gone = |why| ExecError::GuestGone {
+        node: name.to_string(),
+        why,
+    };
     if let Some(why) = guest_gone(n) {
-        return Err(format!("{name}: {why}"));
+        return Err(gone(why));
     }
     if n.agent_socket.as_os_str().is_empty() {
-        return Err(format!(
-            "{name} has no command channel: the cluster was started by an hcabench without \
-             exec (`hcabench down`, then `hcabench up`)"
-        ));
+        return Err(ExecError::NoChannel(name.to_string()));
     }
     let lock = lock_channel(run, name, wait)?;
     let busy = still_busy(&lock);
@@ -166,18 +236,18 @@ pub fn open(
     let patience = CONNECT + busy;
     let agent = Agent::connect(name, &n.agent_socket, patience).map_err(|e| match e {
         AgentError::Connect { source, .. } => match guest_gone(n) {
-            Some(why) => format!("{name}: {why}"),
-            None => format!(
-                "{name}: cannot reach its command channel at {}: {source}",
-                n.agent_socket.display()
-            ),
+            Some(why) => gone(why),
+            None => ExecError::Unreachable {
+                node: name.to_string(),
+                socket: n.agent_socket.clone(),
+                source,
+            },
         },
-        AgentError::Timeout { .. } => format!(
-            "{name}: its shell on the second serial port (ttyS1) did not answer within \
-             {patience:?}: an earlier command may still run, or the guest hangs (its console: \
-             {})",
-            n.console_log.display()
-        ),
+        AgentError::Timeout { .. } => ExecError::NoShell {
+            node: name.to_string(),
+            patience,
+            console: n.console_log.clone(),
+        },
         e => channel_error(n, e),
     })?;
     let mut ch = Channel {
@@ -190,22 +260,22 @@ pub fn open(
 }
 
 /// What an error on an open channel means to a user: a closed channel is a guest gone.
-pub fn channel_error(n: &NodeState, e: AgentError) -> String {
+pub fn channel_error(n: &NodeState, e: AgentError) -> ExecError {
     match e {
         AgentError::Closed { .. } => match guest_gone(n) {
-            Some(why) => format!("{}: {why}", n.name),
-            None => format!(
-                "{}: the command channel closed (the guest stopped?)",
-                n.name
-            ),
+            Some(why) => ExecError::GuestGone {
+                node: n.name.clone(),
+                why,
+            },
+            None => ExecError::Closed(n.name.clone()),
         },
-        e => e.to_string(),
+        e => ExecError::Shell(e),
     }
 }
 
 /// Takes `NODE.agent.lock` in the run directory (flock, exclusive), waiting up to `wait`
 /// for whoever holds it; says once that it waits.
-fn lock_channel(run: &RunDir, name: &str, wait: Duration) -> Result<File, String> {
+fn lock_channel(run: &RunDir, name: &str, wait: Duration) -> Result<File, ExecError> {
     let path = run.path(&format!("{name}.agent.lock"));
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -213,7 +283,10 @@ fn lock_channel(run: &RunDir, name: &str, wait: Duration) -> Result<File, String
         .read(true)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|source| ExecError::Lock {
+            path: path.clone(),
+            source,
+        })?;
     let started = Instant::now();
     let mut said = false;
     loop {
@@ -221,16 +294,16 @@ fn lock_channel(run: &RunDir, name: &str, wait: Duration) -> Result<File, String
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(f);
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("{}: {e}", path.display()));
+        let source = std::io::Error::last_os_error();
+        if source.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(ExecError::Lock { path, source });
         }
         if started.elapsed() > wait {
-            return Err(format!(
-                "{name}: another hcabench exec or cp has held its command channel for \
-                 {wait:?} ({})",
-                path.display()
-            ));
+            return Err(ExecError::Busy {
+                node: name.to_string(),
+                wait,
+                path,
+            });
         }
         if !said && started.elapsed() > Duration::from_secs(1) {
             eprintln!("hcabench: {name}: waiting for another exec or cp on it to finish");
@@ -282,7 +355,7 @@ pub fn run_on(
     cmd: &str,
     secs: u64,
     sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ExecError> {
     let limit = Duration::from_secs(secs) + MARGIN;
     ch.busy_until(Some(SystemTime::now() + Duration::from_secs(secs + 5)));
     let word = ch
@@ -294,22 +367,24 @@ pub fn run_on(
             sink,
         )
         .map_err(|e| match e {
-            AgentError::Timeout { .. } => format!(
-                "{}: no word from the guest {limit:?} after starting `{cmd}` (its own {secs} s \
-                 limit did not end it: the guest hangs?)",
-                ch.node.name
-            ),
+            AgentError::Timeout { .. } => ExecError::Hung {
+                node: ch.node.name.clone(),
+                limit,
+                cmd: cmd.to_string(),
+                secs,
+            },
             e => channel_error(&ch.node, e),
         })?;
     ch.busy_until(None);
     match word.as_str() {
         "timeout" => Ok(Outcome::TimedOut),
-        w => w.parse::<u8>().map(Outcome::Exited).map_err(|_| {
-            format!(
-                "{}: the guest's shell answered {w:?}, not an exit status",
-                ch.node.name
-            )
-        }),
+        w => w
+            .parse::<u8>()
+            .map(Outcome::Exited)
+            .map_err(|_| ExecError::NotAStatus {
+                node: ch.node.name.clone(),
+                word: w.to_string(),
+            }),
     }
 }
 
@@ -318,15 +393,15 @@ pub fn main(run: &RunDir, a: &ExecArgs) -> ExitCode {
     match exec(run, a) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("hcabench: {e}");
+            eprintln!("hcabench: {}", crate::error::chain(&e));
             ExitCode::from(NOT_RUN)
         }
     }
 }
 
-fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, String> {
+fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, ExecError> {
     if !(1..=86_400).contains(&a.timeout) {
-        return Err(format!("--timeout {} is outside 1..=86400", a.timeout));
+        return Err(ExecError::Timeout(a.timeout));
     }
     let cmd = a.command.join(" ");
     let state = live_cluster(run)?;
@@ -354,7 +429,7 @@ fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, String> {
     // Every node at once, lines kept whole: each node's output is cut into lines before
     // it reaches stdout.
     let stdout = Mutex::new(std::io::stdout());
-    let results: Vec<(String, Result<Outcome, String>)> = std::thread::scope(|s| {
+    let results: Vec<(String, Result<Outcome, ExecError>)> = std::thread::scope(|s| {
         let jobs: Vec<_> = (state.nodes.iter())
             .map(|n| {
                 let (name, cmd, stdout, state) = (&n.name, &cmd, &stdout, &state);
@@ -369,9 +444,7 @@ fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, String> {
             .collect();
         (state.nodes.iter().zip(jobs))
             .map(|(n, j)| {
-                let r = j
-                    .join()
-                    .unwrap_or_else(|_| Err("its thread panicked".into()));
+                let r = j.join().unwrap_or(Err(ExecError::Panicked));
                 (n.name.clone(), r)
             })
             .collect()
@@ -383,7 +456,7 @@ fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, String> {
             Ok(Outcome::Exited(0)) => continue,
             Ok(Outcome::Exited(c)) => (*c, format!("exit {c}")),
             Ok(Outcome::TimedOut) => (TIMED_OUT, format!("killed after {} s", a.timeout)),
-            Err(e) => (NOT_RUN, e.clone()),
+            Err(e) => (NOT_RUN, e.to_string()),
         };
         if code == 0 {
             code = this;

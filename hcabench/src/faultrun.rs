@@ -4,7 +4,6 @@
 //! and error completions the HCAs counted, the seed) that `hcabench down` prints. Also the
 //! fabric capture (`--capture`), which rides on the same fabric.
 
-use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,39 +18,17 @@ pub const LOG: &str = "faults.jsonl";
 pub const REPORT: &str = "faults.report";
 
 /// Why a plan or a capture could not start.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum FaultRunError {
+    #[error("cannot read fault plan {}: {source}", .path.display())]
     ReadPlan { path: PathBuf, source: io::Error },
+    /// The plan did not parse (`why`: the parser's words).
+    #[error("fault plan {}: {why}", .path.display())]
     BadPlan { path: PathBuf, why: String },
+    #[error("cannot open {}: {source}", .path.display())]
     OpenLog { path: PathBuf, source: io::Error },
+    #[error("cannot create capture {}: {source}", .path.display())]
     Capture { path: PathBuf, source: io::Error },
-}
-
-impl fmt::Display for FaultRunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FaultRunError::ReadPlan { path, source } => {
-                write!(f, "cannot read fault plan {}: {source}", path.display())
-            }
-            FaultRunError::BadPlan { path, why } => {
-                write!(f, "fault plan {}: {why}", path.display())
-            }
-            FaultRunError::OpenLog { path, source } => {
-                write!(f, "cannot open {}: {source}", path.display())
-            }
-            FaultRunError::Capture { path, source } => {
-                write!(f, "cannot create capture {}: {source}", path.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for FaultRunError {}
-
-impl From<FaultRunError> for String {
-    fn from(e: FaultRunError) -> String {
-        e.to_string()
-    }
 }
 
 /// Reads and checks a plan file.

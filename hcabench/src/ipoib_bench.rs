@@ -11,7 +11,7 @@ use cluster::verbs::Testbed;
 use cluster::Backend;
 
 use crate::bench::{elapsed, random_blob, timed, VerbsBench};
-use crate::session::Shape;
+use crate::session::{BenchError, Shape};
 
 const T: Duration = Duration::from_secs(600);
 const PORT: u16 = 8080;
@@ -48,7 +48,7 @@ fn measure(
     pings: u64,
     sum: &str,
     bytes: u64,
-) -> Result<Row, String> {
+) -> Result<Row, BenchError> {
     // Warm-up: the neighbour's address, its path from the SA and, in connected mode, the RC
     // connection are set up by the first packets, which IPoIB may drop while it waits.
     tb.agents[0].run(&format!("ping -q -c 3 -W 5 {server_ip} > /dev/null"), T)?;
@@ -56,18 +56,30 @@ fn measure(
     // A lost ping is a figure (printed), not a failure; no answer at all is.
     let received = received(&out).unwrap_or(0);
     if received == 0 {
-        return Err(format!("{name}: no ping answered: {out}"));
+        return Err(BenchError::NoPing {
+            name: name.to_string(),
+            output: out,
+        });
     }
-    let ping_avg_us =
-        ping_avg_us(&out).ok_or_else(|| format!("{name}: no ping summary in `{out}`"))?;
+    let ping_avg_us = ping_avg_us(&out).ok_or_else(|| BenchError::NoPingSummary {
+        name: name.to_string(),
+        output: out.clone(),
+    })?;
     let fetch = format!(
         "rm -f /tmp/got; wget -q -O /tmp/got http://{server_ip}:{PORT}/blob && md5sum /tmp/got"
     );
     let out = tb.agents[0].run(&timed(&fetch), T)?;
     if !out.contains(sum) {
-        return Err(format!("{name}: the TCP transfer arrived changed: {out}"));
+        return Err(BenchError::Changed {
+            name: name.to_string(),
+            what: "the TCP transfer arrived",
+            output: out,
+        });
     }
-    let secs = elapsed(&out).ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
+    let secs = elapsed(&out).ok_or_else(|| BenchError::NoTiming {
+        name: name.to_string(),
+        output: out.clone(),
+    })?;
     let row = Row {
         name,
         ping_avg_us,
@@ -82,7 +94,7 @@ fn measure(
     Ok(row)
 }
 
-pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let nic = backend == Backend::Qemu;
     println!(
         "booting 2 {} guests{}",

@@ -9,6 +9,7 @@ mod control;
 mod copy;
 mod daemon;
 mod dsmrun;
+mod error;
 mod exec;
 mod faultrun;
 mod ipoib_bench;
@@ -28,6 +29,7 @@ use cluster::console_protocol::{INIT, IPOIB, PROBE, READY};
 use cluster::node::complete_lines;
 use cluster::Backend;
 
+use error::{BootWait, Error, UsageError};
 use hcabench::config::{self, ClusterConfig};
 use rundir::{pid_alive, ClusterState, RunDir};
 
@@ -416,7 +418,7 @@ fn main() -> ExitCode {
         Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Exec(a) => return exec::main(&run, &a),
-        Cmd::Cp(a) => copy::run(&run, &a),
+        Cmd::Cp(a) => copy::run(&run, &a).map_err(Error::from),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Partition {
             pkey,
@@ -447,13 +449,14 @@ fn main() -> ExitCode {
         },
         Cmd::Bench { what } => bench_cmd(what),
         Cmd::Daemon { config } => ClusterConfig::load(&config)
-            .map_err(|e| e.to_string())
-            .and_then(|c| daemon::run(&run, &c)),
+            .map_err(daemon::DaemonError::from)
+            .and_then(|c| daemon::run(&run, &c))
+            .map_err(Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hcabench: {e}");
+            eprintln!("hcabench: {}", error::chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -466,9 +469,9 @@ fn resolve(
     a: &ClusterArgs,
     nodes: Option<usize>,
     image_dir: Option<PathBuf>,
-) -> Result<ClusterConfig, String> {
+) -> Result<ClusterConfig, Error> {
     let mut c = match &a.config {
-        Some(p) => ClusterConfig::load(p).map_err(|e| e.to_string())?,
+        Some(p) => ClusterConfig::load(p)?,
         None => ClusterConfig::default(),
     };
     if let Some(n) = nodes {
@@ -501,23 +504,18 @@ fn resolve(
     Ok(c)
 }
 
-fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
+fn load_config(a: &UpArgs) -> Result<ClusterConfig, Error> {
     let mut c = resolve(&a.cluster, a.nodes, None)?;
     c.vfio.extend(a.vfio.iter().cloned());
     c.packages.extend(a.packages.iter().cloned());
     c.validate()?;
     let (backend, why) = daemon::choose_backend(&c)?;
     if backend != Backend::Qemu && !c.packages.is_empty() {
-        return Err(format!(
-            "packages need QEMU guests (the userland disk is a virtio disk, and hcabench's \
-             VMM has none yet); the backend is {backend:?} ({why}): add --backend qemu"
-        ));
+        return Err(UsageError::PackagesNeedQemu { backend, why }.into());
     }
     if backend == Backend::Qemu {
         if !c.vfio.is_empty() {
-            return Err(format!(
-                "--vfio needs the kvm backend; the backend is qemu ({why})"
-            ));
+            return Err(UsageError::VfioNeedsKvm { why }.into());
         }
         cluster::qemu::qemu_available()?;
     }
@@ -528,48 +526,55 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, String> {
 }
 
 /// `p` made absolute (the daemon runs elsewhere), its directory checked to exist.
-fn absolute(p: &std::path::Path) -> Result<PathBuf, String> {
-    let p = std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))?;
+fn absolute(p: &std::path::Path) -> Result<PathBuf, Error> {
+    let p = std::path::absolute(p).map_err(|source| Error::Path {
+        path: p.to_path_buf(),
+        source,
+    })?;
     match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() && !d.is_dir() => {
-            Err(format!("{}: no directory {}", p.display(), d.display()))
-        }
+        Some(d) if !d.as_os_str().is_empty() && !d.is_dir() => Err(Error::NoDir {
+            dir: d.to_path_buf(),
+            path: p,
+        }),
         _ => Ok(p),
     }
 }
 
-fn parse_vfio(s: &str) -> Result<(String, PathBuf), String> {
+fn parse_vfio(s: &str) -> Result<(String, PathBuf), UsageError> {
     match s.split_once('=') {
         Some((node, path)) if !node.is_empty() && !path.is_empty() => {
             Ok((node.to_string(), PathBuf::from(path)))
         }
-        _ => Err("expected NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0".into()),
+        _ => Err(UsageError::Vfio),
     }
 }
 
-fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
+fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
     if let Some(s) = run.live_state() {
-        return Err(format!(
-            "a cluster of {} nodes is already up in {} (`hcabench down` stops it)",
-            s.nodes.len(),
-            run.dir().display()
-        ));
+        return Err(Error::AlreadyUp {
+            nodes: s.nodes.len(),
+            dir: run.dir().to_path_buf(),
+        });
     }
     let mut cfg = load_config(a)?;
     let (backend, why) = daemon::choose_backend(&cfg)?;
     cfg.image_dir = std::fs::canonicalize(&cfg.image_dir).unwrap_or(cfg.image_dir);
-    cluster::create_private_dir(run.dir())
-        .map_err(|e| format!("cannot create {}: {e}", run.dir().display()))?;
+    cluster::create_private_dir(run.dir()).map_err(|source| Error::Create {
+        path: run.dir().to_path_buf(),
+        source,
+    })?;
     let cfg_file = run.path("cluster.toml");
-    std::fs::write(&cfg_file, toml::to_string(&cfg).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("cannot write {}: {e}", cfg_file.display()))?;
+    std::fs::write(&cfg_file, toml::to_string(&cfg)?).map_err(|source| Error::Write {
+        path: cfg_file.clone(),
+        source,
+    })?;
     let kernel = cfg.image()?.kernel_version;
     println!(
         "booting {} nodes, kernel {kernel} ({backend}: {why})",
         cfg.nodes
     );
     let started = Instant::now();
-    let pid = daemon::spawn(run, &cfg_file).map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let pid = daemon::spawn(run, &cfg_file).map_err(Error::Spawn)?;
     let deadline = started + Duration::from_secs(a.cluster.timeout);
     let state = loop {
         if let Some(s) = run.read_state().filter(|s| s.daemon_pid == pid) {
@@ -577,7 +582,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
         }
         if !pid_alive(pid) || Instant::now() > deadline {
             let log = std::fs::read_to_string(run.path("daemon.log")).unwrap_or_default();
-            return Err(format!("the cluster did not start:\n{}", log.trim()));
+            return Err(Error::NotStarted(log.trim().to_string()));
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -590,11 +595,11 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
             if let Err(e) = wait_console(&n.console_log, INIT, deadline, n.pid) {
                 println!(" failed");
                 let _ = down(run);
-                let e = format!("{}: {e}", n.name);
-                return Err(cluster::backend::kvm_boot_advice(
-                    &e,
-                    Duration::from_secs(a.cluster.timeout),
-                ));
+                return Err(Error::KvmBoot {
+                    node: n.name.clone(),
+                    source: e,
+                    timeout: Duration::from_secs(a.cluster.timeout),
+                });
             }
         }
         match wait_console(&n.console_log, READY, deadline, n.pid) {
@@ -602,7 +607,10 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, String> {
             Err(e) => {
                 println!(" failed");
                 let _ = down(run);
-                return Err(format!("{}: {e}", n.name));
+                return Err(Error::NotReady {
+                    node: n.name.clone(),
+                    source: e,
+                });
             }
         }
     }
@@ -622,7 +630,7 @@ fn wait_console(
     prefix: &str,
     deadline: Instant,
     pid: u32,
-) -> Result<(), String> {
+) -> Result<(), BootWait> {
     loop {
         let text = std::fs::read(log).unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
@@ -630,22 +638,19 @@ fn wait_console(
             return Ok(());
         }
         if !pid_alive(pid) {
-            return Err(format!("its VMM exited; console:\n{}", text.trim()));
+            return Err(BootWait::Exited(text.trim().to_string()));
         }
         if text.contains(daemon::GUEST_STOPPED) {
-            return Err(format!("the guest stopped; console:\n{}", text.trim()));
+            return Err(BootWait::Stopped(text.trim().to_string()));
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "not ready in time; console so far:\n{}",
-                text.trim()
-            ));
+            return Err(BootWait::Late(text.trim().to_string()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-fn down(run: &RunDir) -> Result<(), String> {
+fn down(run: &RunDir) -> Result<(), Error> {
     let Some(s) = run.live_state() else {
         println!("no cluster is up in {}", run.dir().display());
         return Ok(());
@@ -655,7 +660,7 @@ fn down(run: &RunDir) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while pid_alive(s.daemon_pid) {
         if Instant::now() > deadline {
-            return Err(format!("daemon {} did not stop within 20 s", s.daemon_pid));
+            return Err(Error::DaemonStuck(s.daemon_pid));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -670,7 +675,7 @@ fn down(run: &RunDir) -> Result<(), String> {
     Ok(())
 }
 
-fn status(run: &RunDir) -> Result<(), String> {
+fn status(run: &RunDir) -> Result<(), Error> {
     let Some(s) = run.live_state() else {
         println!("no cluster is up in {}", run.dir().display());
         return Ok(());
@@ -728,27 +733,14 @@ fn status(run: &RunDir) -> Result<(), String> {
     Ok(())
 }
 
-fn console_cmd(run: &RunDir, node: &str) -> Result<(), String> {
-    let s = run.live_state().ok_or_else(|| {
-        format!(
-            "no cluster is up in {} (`hcabench up`)",
-            run.dir().display()
-        )
-    })?;
-    let n = s.nodes.iter().find(|n| n.name == node).ok_or_else(|| {
-        let names: Vec<_> = s.nodes.iter().map(|n| n.name.as_str()).collect();
-        format!("no node {node}; the cluster has {}", names.join(", "))
-    })?;
-    console::attach(&n.console_socket, &n.name)
+fn console_cmd(run: &RunDir, node: &str) -> Result<(), Error> {
+    let s = exec::live_cluster(run)?;
+    let n = exec::find_node(&s, node)?;
+    Ok(console::attach(&n.console_socket, &n.name)?)
 }
 
-fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), String> {
-    if run.live_state().is_none() {
-        return Err(format!(
-            "no cluster is up in {} (`hcabench up`)",
-            run.dir().display()
-        ));
-    }
+fn fault_cmd(run: &RunDir, node: &str, action: &[String]) -> Result<(), Error> {
+    exec::live_cluster(run)?;
     let reply = control::request(run.dir(), &format!("fault {node} {}", action.join(" ")))?;
     println!("{reply}");
     Ok(())
@@ -760,19 +752,14 @@ fn partition_cmd(
     members: &str,
     limited: &str,
     remove: bool,
-) -> Result<(), String> {
-    if run.live_state().is_none() {
-        return Err(format!(
-            "no cluster is up in {} (`hcabench up`)",
-            run.dir().display()
-        ));
-    }
+) -> Result<(), Error> {
+    exec::live_cluster(run)?;
     let digits = pkey.strip_prefix("0x").or_else(|| pkey.strip_prefix("0X"));
     let value = match digits {
         Some(hex) => u16::from_str_radix(hex, 16),
         None => pkey.parse::<u16>(),
     }
-    .map_err(|_| format!("P_Key `{pkey}`: want a number to 0xffff, e.g. 0x8001"))?;
+    .map_err(|_| UsageError::PKey(pkey.to_string()))?;
     let list = |names: &str| {
         if names.is_empty() {
             "-".to_string()
@@ -804,11 +791,9 @@ const COUNTER_COLUMNS: [(u32, &str); 11] = [
     (hca_model::abi::CTR_PKEY_VIOLATIONS, "P_Key viol"),
 ];
 
-fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), String> {
+fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), Error> {
     use hca_model::abi::{COUNTER_NAMES, CTR_RX_OCTETS, CTR_TX_OCTETS};
-    if run.live_state().is_none() {
-        return Err(format!("no cluster is up in {}", run.dir().display()));
-    }
+    exec::live_cluster(run)?;
     let reply = control::request(run.dir(), "counters")?;
     // Per node its counters, or None while its HCA is off the fabric (`NODE -`).
     let rows: Vec<(&str, Option<Vec<u64>>)> = (reply.split(';'))
@@ -826,11 +811,9 @@ fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), String> {
     if let Some(want) = node {
         let (_, values) = (rows.iter())
             .find(|(name, _)| *name == want)
-            .ok_or_else(|| {
-                format!(
-                    "no node `{want}` in this cluster (node1 to node{})",
-                    rows.len()
-                )
+            .ok_or_else(|| Error::NoNode {
+                node: want.to_string(),
+                nodes: rows.len(),
             })?;
         let Some(values) = values else {
             println!("{want}: {OFF}");
@@ -866,10 +849,8 @@ fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
-fn fabric_cmd(run: &RunDir) -> Result<(), String> {
-    if run.live_state().is_none() {
-        return Err(format!("no cluster is up in {}", run.dir().display()));
-    }
+fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
+    exec::live_cluster(run)?;
     let reply = control::request(run.dir(), "groups")?;
     println!(
         "multicast groups (the fabric's subnet administrator, SM LID {:#x}):",
@@ -914,7 +895,7 @@ fn dsm_app(
     keep: bool,
     shape: dsmrun::AppShape,
     args: Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let mut cfg = resolve(&a.cluster, a.nodes, image_dir)?;
     cfg.vcpus = cfg.vcpus.max(shape.threads);
     let (backend, why) = daemon::choose_backend(&cfg)?;
@@ -928,10 +909,11 @@ fn dsm_app(
         args,
         boot_timeout: Duration::from_secs(a.cluster.timeout),
         keep,
-    })
+    })?;
+    Ok(())
 }
 
-fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
+fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), Error> {
     let state = match run.live_state() {
         Some(s) => s,
         None => up(run, a)?,
@@ -949,7 +931,7 @@ fn run_probe(run: &RunDir, a: &UpArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_cmd(what: BenchCmd) -> Result<(), String> {
+fn bench_cmd(what: BenchCmd) -> Result<(), Error> {
     let on = match &what {
         BenchCmd::Verbs { on, .. }
         | BenchCmd::Dsm { on, .. }
@@ -973,13 +955,21 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
     };
     let check_pings = |p: &PingArgs| {
         if p.iters == 0 || p.iters > 100_000 {
-            return Err(format!("--iters {} is outside 1..=100000", p.iters));
+            return Err(UsageError::OutOfRange {
+                what: "--iters",
+                value: p.iters,
+                range: "1..=100000",
+            });
         }
         if p.sizes.is_empty() {
-            return Err("--sizes needs at least one value".to_string());
+            return Err(UsageError::Empty("--sizes"));
         }
         match p.sizes.iter().find(|&&s| !(8..=4096).contains(&s)) {
-            Some(s) => Err(format!("ping-pong size {s} is outside 8..=4096")),
+            Some(&s) => Err(UsageError::OutOfRange {
+                what: "ping-pong size",
+                value: s.into(),
+                range: "8..=4096",
+            }),
             None => Ok(()),
         }
     };
@@ -1006,18 +996,14 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             session::refuse_node_kills(&b.cfg, "bench apps")?;
             let (backend, why) = daemon::choose_backend(&b.cfg)?;
             println!("backend {backend} ({why})");
-            return apps_bench::run(&b, backend);
+            return Ok(apps_bench::run(&b, backend)?);
         }
         BenchCmd::Vmm { pings, .. } => {
             check_pings(&pings)?;
             if on.cluster.backend.is_some() {
-                return Err(
-                    "bench vmm compares both backends (hcabench's VMM and QEMU/KVM); \
-                     --backend does not apply"
-                        .into(),
-                );
+                return Err(UsageError::VmmBackend.into());
             }
-            return bench::run_vmm(&b(pings.iters, pings.sizes, vec![], 0, 0));
+            return Ok(bench::run_vmm(&b(pings.iters, pings.sizes, vec![], 0, 0))?);
         }
         BenchCmd::Verbs {
             pings,
@@ -1027,19 +1013,34 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
         } => {
             check_pings(&pings)?;
             if bw_sizes.is_empty() {
-                return Err("--bw-sizes needs at least one value".into());
+                return Err(UsageError::Empty("--bw-sizes").into());
             }
-            if let Some(s) = bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
-                return Err(format!("RDMA size {s} is outside 1..=1048576"));
+            if let Some(&s) = bw_sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
+                return Err(UsageError::OutOfRange {
+                    what: "RDMA size",
+                    value: s.into(),
+                    range: "1..=1048576",
+                }
+                .into());
             }
             ("verbs", b(pings.iters, pings.sizes, bw_sizes, bw_bytes, 0))
         }
         BenchCmd::Dsm { iters, pages, .. } => {
             if iters == 0 || iters > 100_000 {
-                return Err(format!("--iters {iters} is outside 1..=100000"));
+                return Err(UsageError::OutOfRange {
+                    what: "--iters",
+                    value: iters,
+                    range: "1..=100000",
+                }
+                .into());
             }
             if pages == 0 || pages > 1024 {
-                return Err(format!("--pages {pages} is outside 1..=1024"));
+                return Err(UsageError::OutOfRange {
+                    what: "--pages",
+                    value: pages,
+                    range: "1..=1024",
+                }
+                .into());
             }
             ("dsm", b(iters, vec![], vec![], 0, pages))
         }
@@ -1047,7 +1048,12 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             iters, bw_bytes, ..
         } => {
             if iters == 0 || iters > 1000 {
-                return Err(format!("--iters {iters} is outside 1..=1000"));
+                return Err(UsageError::OutOfRange {
+                    what: "--iters",
+                    value: iters,
+                    range: "1..=1000",
+                }
+                .into());
             }
             ("ipoib", b(iters, vec![], vec![], bw_bytes, 0))
         }
@@ -1055,7 +1061,12 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
             iters, bw_bytes, ..
         } => {
             if !(10..=100_000).contains(&iters) {
-                return Err(format!("--iters {iters} is outside 10..=100000"));
+                return Err(UsageError::OutOfRange {
+                    what: "--iters",
+                    value: iters,
+                    range: "10..=100000",
+                }
+                .into());
             }
             ("perftest", b(iters, vec![], vec![], bw_bytes, 0))
         }
@@ -1067,10 +1078,12 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
                 .unwrap_or(cfg.memory_mib);
             let most = nfs_bench::max_mib(guest_mib);
             if !(1..=most).contains(&(bw_bytes >> 20)) {
-                return Err(format!(
-                    "--bw-bytes {bw_bytes} is outside 1 MiB..={most} MiB (a quarter of \
-                     the smaller guest's {guest_mib} MiB)"
-                ));
+                return Err(UsageError::NfsBytes {
+                    bytes: bw_bytes,
+                    most,
+                    guest_mib,
+                }
+                .into());
             }
             ("nfs", b(0, vec![], vec![], bw_bytes, 0))
         }
@@ -1084,5 +1097,6 @@ fn bench_cmd(what: BenchCmd) -> Result<(), String> {
         "nfs" => nfs_bench::run(&b, backend),
         "perftest" => perftest_bench::run(&b, backend),
         _ => ipoib_bench::run(&b, backend),
-    }
+    }?;
+    Ok(())
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cluster::Backend;
 
 use crate::bench::{elapsed, random_blob, timed, VerbsBench};
-use crate::session::Shape;
+use crate::session::{BenchError, Shape};
 
 const T: Duration = Duration::from_secs(600);
 const SERVER: &str = "10.78.0.2";
@@ -37,7 +37,7 @@ fn measure(
     dir: &str,
     mib: u64,
     sum: &str,
-) -> Result<Row, String> {
+) -> Result<Row, BenchError> {
     let mb = (mib << 20) as f64 / 1e6;
     let out = tb.agents[0].run(
         &timed(&format!(
@@ -45,7 +45,11 @@ fn measure(
         )),
         T,
     )?;
-    let w = elapsed(&out).ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
+    let no_timing = |output: &str| BenchError::NoTiming {
+        name: name.to_string(),
+        output: output.to_string(),
+    };
+    let w = elapsed(&out).ok_or_else(|| no_timing(&out))?;
     let out = tb.agents[0].run(
         &timed(&format!(
             "echo 3 > /proc/sys/vm/drop_caches; md5sum < {dir}/blob"
@@ -53,9 +57,13 @@ fn measure(
         T,
     )?;
     if !out.contains(sum) {
-        return Err(format!("{name}: the file read back changed: {out}"));
+        return Err(BenchError::Changed {
+            name: name.to_string(),
+            what: "the file read back",
+            output: out,
+        });
     }
-    let r = elapsed(&out).ok_or_else(|| format!("{name}: no timing in `{out}`"))?;
+    let r = elapsed(&out).ok_or_else(|| no_timing(&out))?;
     tb.agents[0].run(&format!("rm {dir}/blob"), T)?;
     let row = Row {
         name,
@@ -69,7 +77,7 @@ fn measure(
     Ok(row)
 }
 
-pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     println!(
         "booting 2 {} guests with the hcabench HCA",
         backend.describe()
@@ -86,7 +94,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
     let mib = (b.bw_bytes >> 20).max(1);
     let out = tb.agents[1].run(&format!("nfs export {}", mib + 8), T)?;
     if !out.contains("RDMA port 20049") {
-        return Err(format!("the NFS server did not start: {out}"));
+        return Err(BenchError::NfsServer(out));
     }
     let sum = random_blob(tb, 0, mib)?;
     println!("{mib} MiB written and read back per transport (NFSv4.2, the server's tmpfs)");
@@ -116,7 +124,11 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
             T,
         )?;
         if !out.contains(&format!("proto={via}")) {
-            return Err(format!("{name}: the mount is not over {via}: {out}"));
+            return Err(BenchError::NfsMount {
+                name: name.to_string(),
+                via: via.to_string(),
+                output: out,
+            });
         }
         rows.push(measure(tb, name, "/mnt/nfs", mib, &sum)?);
         tb.agents[0].run("nfs umount /mnt/nfs", T)?;

@@ -11,7 +11,7 @@ use cluster::verbs::{Mode, Testbed};
 use cluster::Backend;
 
 use crate::bench::VerbsBench;
-use crate::session::Shape;
+use crate::session::{BenchError, Shape};
 
 const T: Duration = Duration::from_secs(600);
 
@@ -72,7 +72,7 @@ fn run_one(
     dev: &str,
     gid: Option<u32>,
     server_ip: &str,
-) -> Result<Figure, String> {
+) -> Result<Figure, BenchError> {
     let cmd = command(t, dev, gid);
     let size = if t.tool == "ib_atomic_bw" { 8 } else { t.size };
     // perftest times with the TSC and gives up when the TSC and the wall clock do not keep
@@ -89,9 +89,12 @@ fn run_one(
         }
         let clock = "Correlation coefficient r^2";
         if attempt == 3 || !(out.contains(clock) || server.contains(clock)) {
-            return Err(format!(
-                "{dev}: `{cmd} {server_ip}` gave no result row:\n{out}\nserver:\n{server}"
-            ));
+            return Err(BenchError::NoRow {
+                dev: dev.to_string(),
+                cmd: format!("{cmd} {server_ip}"),
+                output: out,
+                server,
+            });
         }
         println!(
             "  ({dev}: {}: perftest's clock calibration failed; again)",
@@ -103,7 +106,7 @@ fn run_one(
 /// The rows: (test, hcab0, rxe0).
 type Rows = Vec<(Test, Figure, Option<Figure>)>;
 
-pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
+pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let rxe = backend == Backend::Qemu;
     println!(
         "booting 2 {} guests{}",
@@ -184,11 +187,11 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), String> {
     tb.connect("hcab0")?;
     let k = tb.ping(Mode::Poll, 8, lat, true)?;
     if k.errors + k.server_errors > 0 || k.done != lat {
-        return Err(format!(
-            "kernel ping-pong: {} of {lat} done, {} errors",
-            k.done,
-            k.errors + k.server_errors
-        ));
+        return Err(BenchError::KernelPing {
+            done: k.done,
+            iters: lat,
+            errors: k.errors + k.server_errors,
+        });
     }
     print_table(&rows, rxe, k.rtt_avg_ns as f64 / 1e3);
     s.print_fault_report();

@@ -88,6 +88,53 @@ impl Plan {
     }
 }
 
+/// Why an archive could not be made from host files, or unpacked.
+#[derive(Debug, thiserror::Error)]
+pub enum TarError {
+    /// A host file or directory could not be read or written.
+    #[error("{}: {source}", .path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}: not a regular file or directory", .0.display())]
+    NotFileOrDir(PathBuf),
+    #[error("{}: larger than 8 GiB", .0.display())]
+    TooLarge(PathBuf),
+    #[error("{}: shrank from {size} to {sent} bytes while being copied", .path.display())]
+    Shrank { path: PathBuf, size: u64, sent: u64 },
+    /// The archive's reader, or a file being unpacked, refused the bytes.
+    #[error("{0}")]
+    Write(#[source] io::Error),
+    #[error("the archive ended early")]
+    EndedEarly,
+    #[error("a tar header without a checksum")]
+    NoChecksum,
+    #[error("a tar header's checksum does not match: the data is corrupt")]
+    Checksum,
+    #[error("a long name of {0} bytes")]
+    LongName(u64),
+    #[error("{0}: an absolute path in the archive")]
+    Absolute(String),
+    #[error("{0}: `..` in the archive")]
+    DotDot(String),
+    #[error("{name}: not under {top} in the archive")]
+    NotUnder { name: String, top: String },
+    #[error("{0}: a parent in the archive is no directory")]
+    ParentNotDir(String),
+    #[error("{}: a directory where the archive has a file", .0.display())]
+    DirInTheWay(PathBuf),
+    #[error("{name}: a hard link to {target} that is no file of this copy")]
+    HardLink { name: String, target: String },
+}
+
+impl TarError {
+    /// The error for an I/O failure on host path `path`.
+    fn at(path: &Path) -> impl Fn(io::Error) -> TarError + '_ {
+        move |source| TarError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 fn padded(n: u64) -> u64 {
     n.div_ceil(BLOCK as u64) * BLOCK as u64
 }
@@ -95,24 +142,21 @@ fn padded(n: u64) -> u64 {
 /// The members for host path `src` (followed if it is a symbolic link, as `cp` does),
 /// named `top` in the archive: a file, or a directory with its whole tree, parents before
 /// their contents. Links inside a directory stay links.
-pub fn plan(src: &Path, top: &str) -> Result<Plan, String> {
-    let meta = fs::metadata(src).map_err(|e| format!("{}: {e}", src.display()))?;
+pub fn plan(src: &Path, top: &str) -> Result<Plan, TarError> {
+    let meta = fs::metadata(src).map_err(TarError::at(src))?;
     let mut p = Plan::default();
     if !(meta.is_file() || meta.is_dir()) {
-        return Err(format!(
-            "{}: not a regular file or directory",
-            src.display()
-        ));
+        return Err(TarError::NotFileOrDir(src.to_path_buf()));
     }
     add(&mut p, src, top.as_bytes().to_vec(), &meta)?;
     Ok(p)
 }
 
-fn add(p: &mut Plan, path: &Path, name: Vec<u8>, meta: &fs::Metadata) -> Result<(), String> {
+fn add(p: &mut Plan, path: &Path, name: Vec<u8>, meta: &fs::Metadata) -> Result<(), TarError> {
     let ft = meta.file_type();
     let mode = meta.mode() & 0o7777;
     let mtime = meta.mtime().max(0) as u64;
-    let err = |e: io::Error| format!("{}: {e}", path.display());
+    let err = TarError::at(path);
     if ft.is_symlink() {
         let target = fs::read_link(path).map_err(err)?;
         p.entries.push(Entry {
@@ -123,7 +167,7 @@ fn add(p: &mut Plan, path: &Path, name: Vec<u8>, meta: &fs::Metadata) -> Result<
         });
     } else if ft.is_file() {
         if meta.len() > MAX_SIZE {
-            return Err(format!("{}: larger than 8 GiB", path.display()));
+            return Err(TarError::TooLarge(path.to_path_buf()));
         }
         p.entries.push(Entry {
             name,
@@ -142,15 +186,14 @@ fn add(p: &mut Plan, path: &Path, name: Vec<u8>, meta: &fs::Metadata) -> Result<
             mtime,
         });
         let mut children: Vec<_> = fs::read_dir(path)
-            .map_err(err)?
+            .map_err(&err)?
             .map(|e| e.map(|e| e.file_name()))
             .collect::<Result<_, _>>()
-            .map_err(err)?;
+            .map_err(&err)?;
         children.sort();
         for c in children {
             let child = path.join(&c);
-            let m =
-                fs::symlink_metadata(&child).map_err(|e| format!("{}: {e}", child.display()))?;
+            let m = fs::symlink_metadata(&child).map_err(TarError::at(&child))?;
             let mut n = name.clone();
             n.push(b'/');
             n.extend_from_slice(c.as_bytes());
@@ -164,8 +207,8 @@ fn add(p: &mut Plan, path: &Path, name: Vec<u8>, meta: &fs::Metadata) -> Result<
 
 /// Writes the archive of `plan` to `out`. A file that shrank since it was planned is an
 /// error (what was sent would not be what the header said).
-pub fn write(plan: &Plan, out: &mut dyn Write) -> Result<(), String> {
-    let io = |e: io::Error| e.to_string();
+pub fn write(plan: &Plan, out: &mut dyn Write) -> Result<(), TarError> {
+    let io = TarError::Write;
     for e in &plan.entries {
         let (flag, size, link): (u8, u64, &[u8]) = match &e.kind {
             Kind::File { size, .. } => (b'0', *size, b""),
@@ -207,28 +250,29 @@ pub fn write(plan: &Plan, out: &mut dyn Write) -> Result<(), String> {
 }
 
 /// Sends exactly `size` bytes of `source`, padded to a block.
-fn copy_exactly(source: &Path, size: u64, out: &mut dyn Write) -> Result<(), String> {
-    let err = |e: io::Error| format!("{}: {e}", source.display());
-    let mut f = File::open(source).map_err(err)?.take(size);
+fn copy_exactly(source: &Path, size: u64, out: &mut dyn Write) -> Result<(), TarError> {
+    let err = TarError::at(source);
+    let mut f = File::open(source).map_err(&err)?.take(size);
     let mut buf = vec![0u8; 64 << 10];
     let mut sent = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(err)?;
+        let n = f.read(&mut buf).map_err(&err)?;
         if n == 0 {
             break;
         }
         out.write_all(buf.get(..n).unwrap_or_default())
-            .map_err(|e| e.to_string())?;
+            .map_err(TarError::Write)?;
         sent += n as u64;
     }
     if sent != size {
-        return Err(format!(
-            "{}: shrank from {size} to {sent} bytes while being copied",
-            source.display()
-        ));
+        return Err(TarError::Shrank {
+            path: source.to_path_buf(),
+            size,
+            sent,
+        });
     }
     let pad = (padded(size) - size) as usize;
-    out.write_all(&vec![0u8; pad]).map_err(|e| e.to_string())
+    out.write_all(&vec![0u8; pad]).map_err(TarError::Write)
 }
 
 /// `name` as ustar's prefix and name fields, if it fits them.
@@ -391,7 +435,7 @@ impl Extract {
     }
 
     /// Takes the next bytes of the archive.
-    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), String> {
+    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), TarError> {
         while !data.is_empty() {
             match &mut self.state {
                 State::End => return Ok(()),
@@ -412,7 +456,7 @@ impl Extract {
                         let take = (*left).min(data.len() as u64) as usize;
                         let (now, rest) = data.split_at(take);
                         match sink {
-                            Sink::File(f) => f.write_all(now).map_err(|e| e.to_string())?,
+                            Sink::File(f) => f.write_all(now).map_err(TarError::Write)?,
                             Sink::LongName(v) | Sink::LongLink(v) => v.extend_from_slice(now),
                             Sink::Skip => {}
                         }
@@ -443,19 +487,19 @@ impl Extract {
 
     /// The archive ended: checks it ended where an archive does, and sets the
     /// directories' modes.
-    pub fn finish(mut self) -> Result<Extract, String> {
+    pub fn finish(mut self) -> Result<Extract, TarError> {
         if !matches!(self.state, State::End) {
-            return Err("the archive ended early".into());
+            return Err(TarError::EndedEarly);
         }
         for (dir, mode) in self.dirs.iter().rev() {
             fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
+                .map_err(TarError::at(dir))?;
         }
         self.dirs.clear();
         Ok(self)
     }
 
-    fn header(&mut self, h: &[u8; BLOCK]) -> Result<(), String> {
+    fn header(&mut self, h: &[u8; BLOCK]) -> Result<(), TarError> {
         if h.iter().all(|&b| b == 0) {
             self.zero_blocks += 1;
             if self.zero_blocks == 2 {
@@ -464,9 +508,9 @@ impl Extract {
             return Ok(());
         }
         self.zero_blocks = 0;
-        let stored = parse_octal(&h[148..156]).ok_or("a tar header without a checksum")?;
+        let stored = parse_octal(&h[148..156]).ok_or(TarError::NoChecksum)?;
         if stored != u64::from(checksum(h)) {
-            return Err("a tar header's checksum does not match: the data is corrupt".into());
+            return Err(TarError::Checksum);
         }
         let size = parse_octal(&h[124..136]).unwrap_or(0);
         let mode = parse_octal(&h[100..108]).unwrap_or(0o644) as u32;
@@ -479,7 +523,7 @@ impl Extract {
         };
         if matches!(flag, b'L' | b'K') {
             if size > MAX_LONG_NAME {
-                return Err(format!("a long name of {size} bytes"));
+                return Err(TarError::LongName(size));
             }
             self.state = data(if flag == b'L' {
                 Sink::LongName(Vec::new())
@@ -515,10 +559,10 @@ impl Extract {
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(TarError::at(&path))?;
                 // The final mode and time now: the descriptor writes whatever they are.
                 f.set_permissions(fs::Permissions::from_mode(mode & 0o1777))
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(TarError::at(&path))?;
                 let _ = f.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
                 self.files += 1;
                 sink = Sink::File(f);
@@ -528,7 +572,7 @@ impl Extract {
                 match fs::symlink_metadata(&path) {
                     Ok(m) if m.is_dir() => {}
                     Ok(_) => {
-                        fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                        fs::remove_file(&path).map_err(TarError::at(&path))?;
                         make_dir(&path)?;
                     }
                     Err(_) => make_dir(&path)?,
@@ -539,7 +583,7 @@ impl Extract {
                 let path = self.member(&name)?;
                 self.clear_for_file(&path)?;
                 std::os::unix::fs::symlink(OsStr::from_bytes(&link), &path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(TarError::at(&path))?;
             }
             b'1' => {
                 let path = self.member(&name)?;
@@ -547,14 +591,14 @@ impl Extract {
                 match fs::symlink_metadata(&target) {
                     Ok(m) if m.is_file() => {}
                     _ => {
-                        return Err(format!(
-                            "{shown}: a hard link to {} that is no file of this copy",
-                            String::from_utf8_lossy(&link)
-                        ))
+                        return Err(TarError::HardLink {
+                            name: shown,
+                            target: String::from_utf8_lossy(&link).into_owned(),
+                        })
                     }
                 }
                 self.clear_for_file(&path)?;
-                fs::hard_link(&target, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+                fs::hard_link(&target, &path).map_err(TarError::at(&path))?;
             }
             b'3' | b'4' | b'6' => self
                 .skipped
@@ -574,23 +618,22 @@ impl Extract {
 
     /// Where member `name` goes: under the root, as `top` or below it, through no
     /// symbolic link. Missing parents are made.
-    fn member(&self, name: &[u8]) -> Result<PathBuf, String> {
+    fn member(&self, name: &[u8]) -> Result<PathBuf, TarError> {
         let shown = || String::from_utf8_lossy(name).into_owned();
         if name.first() == Some(&b'/') {
-            return Err(format!("{}: an absolute path in the archive", shown()));
+            return Err(TarError::Absolute(shown()));
         }
         let parts: Vec<&[u8]> = (name.split(|&b| b == b'/'))
             .filter(|p| !p.is_empty() && *p != b".")
             .collect();
         if parts.iter().any(|p| *p == b"..") {
-            return Err(format!("{}: `..` in the archive", shown()));
+            return Err(TarError::DotDot(shown()));
         }
         if parts.first() != Some(&self.top.as_slice()) {
-            return Err(format!(
-                "{}: not under {} in the archive",
-                shown(),
-                String::from_utf8_lossy(&self.top)
-            ));
+            return Err(TarError::NotUnder {
+                name: shown(),
+                top: String::from_utf8_lossy(&self.top).into_owned(),
+            });
         }
         let mut path = self.root.clone();
         let last = parts.len() - 1;
@@ -601,12 +644,7 @@ impl Extract {
             }
             match fs::symlink_metadata(&path) {
                 Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(format!(
-                        "{}: a parent in the archive is no directory",
-                        shown()
-                    ))
-                }
+                Ok(_) => return Err(TarError::ParentNotDir(shown())),
                 Err(_) => make_dir(&path)?,
             }
         }
@@ -615,23 +653,20 @@ impl Extract {
 
     /// Removes what is at `path` for a file or link to take its place; a directory stays
     /// (an error).
-    fn clear_for_file(&self, path: &Path) -> Result<(), String> {
+    fn clear_for_file(&self, path: &Path) -> Result<(), TarError> {
         match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => Err(format!(
-                "{}: a directory where the archive has a file",
-                path.display()
-            )),
-            Ok(_) => fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display())),
+            Ok(m) if m.is_dir() => Err(TarError::DirInTheWay(path.to_path_buf())),
+            Ok(_) => fs::remove_file(path).map_err(TarError::at(path)),
             Err(_) => Ok(()),
         }
     }
 }
 
-fn make_dir(path: &Path) -> Result<(), String> {
+fn make_dir(path: &Path) -> Result<(), TarError> {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(path)
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(TarError::at(path))
 }
 
 #[cfg(test)]
@@ -654,7 +689,7 @@ mod tests {
     }
 
     /// Unpacks `data` fed in pieces of `piece` bytes; a refused archive's directory goes.
-    fn unpack(data: &[u8], top: &str, piece: usize) -> Result<(PathBuf, Extract), String> {
+    fn unpack(data: &[u8], top: &str, piece: usize) -> Result<(PathBuf, Extract), TarError> {
         let root = scratch(&format!("out-{top}-{piece}"));
         let mut x = Extract::new(&root, top);
         let r = data
@@ -796,15 +831,16 @@ mod tests {
         ] {
             let e = unpack(&data, "top", 512)
                 .err()
-                .unwrap_or_else(|| panic!("{case}"));
+                .unwrap_or_else(|| panic!("{case}"))
+                .to_string();
             assert!(e.contains(says), "{case}: {e}");
         }
         let mut bad = member("top/f", b'0', "", b"x");
         bad[0] ^= 1;
-        let e = unpack(&end(bad), "top", 512).err().unwrap();
+        let e = unpack(&end(bad), "top", 512).err().unwrap().to_string();
         assert!(e.contains("checksum"), "{e}");
         let short = member("top/f", b'0', "", &[7u8; 1000]);
-        let e = unpack(&short[..700], "top", 100).err().unwrap();
+        let e = unpack(&short[..700], "top", 100).err().unwrap().to_string();
         assert!(e.contains("ended early"), "{e}");
     }
 

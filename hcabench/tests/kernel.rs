@@ -145,44 +145,38 @@ fn test_up_boots_a_developers_kernel_with_its_own_rdma_modules() {
     let image = repo_root()
         .join("target/images")
         .join(format!("local-{rel}"));
-    let checks = || -> Result<(), String> {
+    // The checks panic on what they find wrong; the cluster goes down first.
+    let checks = || {
         let status = text(&hcabench(&run.0, &["status"]));
-        if !status.contains(&format!("kernel {rel}")) || status.matches(&rel).count() < 3 {
-            return Err(format!(
-                "status does not name {rel} for the cluster and each node:\n{status}"
-            ));
-        }
+        assert!(
+            status.contains(&format!("kernel {rel}")) && status.matches(&rel).count() >= 3,
+            "status does not name {rel} for the cluster and each node:\n{status}"
+        );
         let exec = |node: &str, cmd: &str| {
             let o = hcabench(&run.0, &["exec", node, "--", cmd]);
-            if o.status.success() {
-                Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-            } else {
-                Err(format!("{node}: `{cmd}`: {}", text(&o)))
-            }
+            assert!(o.status.success(), "{node}: `{cmd}`: {}", text(&o));
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
         };
-        let taint = exec("node1", "cat /sys/module/ib_core/taint")?;
-        if taint != "E" {
-            return Err(format!(
-                "ib_core's taint is {taint:?}, not the tree's unsigned E"
-            ));
-        }
+        let taint = exec("node1", "cat /sys/module/ib_core/taint");
+        assert_eq!(
+            taint, "E",
+            "ib_core's taint is {taint:?}, not the tree's unsigned E"
+        );
         // The tree's other modules are Debian's, still signed.
-        let ipoib = exec("node1", "cat /sys/module/ib_ipoib/taint")?;
-        if !ipoib.is_empty() {
-            return Err(format!(
-                "ib_ipoib's taint is {ipoib:?}: not the tree's module?"
-            ));
-        }
-        let state = exec("node2", "cat /sys/class/infiniband/hcab0/ports/1/state")?;
-        if !state.contains("ACTIVE") {
-            return Err(format!("node2's hcab0 port: {state}"));
-        }
-        exec("node1", "ping -c 2 -W 5 10.78.0.2")?;
-        Ok(())
+        let ipoib = exec("node1", "cat /sys/module/ib_ipoib/taint");
+        assert!(
+            ipoib.is_empty(),
+            "ib_ipoib's taint is {ipoib:?}: not the tree's module?"
+        );
+        let state = exec("node2", "cat /sys/class/infiniband/hcab0/ports/1/state");
+        assert!(state.contains("ACTIVE"), "node2's hcab0 port: {state}");
+        exec("node1", "ping -c 2 -W 5 10.78.0.2");
     };
-    let result = checks();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(checks));
     let stopped = down();
-    result.unwrap();
+    if let Err(failed) = result {
+        std::panic::resume_unwind(failed);
+    }
     assert!(stopped.status.success(), "{}", text(&stopped));
     assert!(
         image.join("manifest.json").exists(),
