@@ -41,8 +41,17 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Why an end-to-end test cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum Missing {
+    #[error(transparent)]
+    Qemu(#[from] cluster::BackendError),
+    #[error(transparent)]
+    Image(#[from] cluster::ImageError),
+}
+
 /// The image to boot, or the reason there is none (QEMU missing, image not built).
-pub fn prerequisites() -> Result<Image, String> {
+pub fn prerequisites() -> Result<Image, Missing> {
     qemu_available()?;
     Ok(image()?)
 }
@@ -64,17 +73,17 @@ pub fn image_or_skip(test: &str) -> Option<Image> {
 
 /// The image alone (for tests that boot it without QEMU), or None after saying why.
 pub fn image_only_or_skip(test: &str) -> Option<Image> {
-    or_skip(test, image().map_err(String::from))
+    or_skip(test, image())
 }
 
-fn or_skip<T>(test: &str, r: Result<T, String>) -> Option<T> {
+fn or_skip<T, E: std::fmt::Display>(test: &str, r: Result<T, E>) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(why) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_some() => {
             panic!("{test}: {why}")
         }
         Err(why) => {
-            skipped(test, &why);
+            skipped(test, &why.to_string());
             None
         }
     }

@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+use cluster::agent::AgentError;
 use cluster::verbs::Testbed;
 use cluster::ClusterSpec;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
@@ -59,8 +60,40 @@ enum Listen {
     Joined([u8; 4]),
 }
 
-fn fail<T>(why: String) -> Result<T, String> {
-    Err(why)
+/// Why a check failed.
+#[derive(Debug, thiserror::Error)]
+enum CheckError {
+    /// A command in a guest gave no answer, or failed.
+    #[error(transparent)]
+    Shell(#[from] AgentError),
+    /// A step of a server and client run (`what`) failed in a guest's shell.
+    #[error("{what}: {source}")]
+    Step {
+        what: &'static str,
+        source: AgentError,
+    },
+    /// The tools ran, and what they said is not what the check wants.
+    #[error("{0}")]
+    Wrong(String),
+    /// With what may explain it (hcab0's verbs missing on a node).
+    #[error("{source}{diagnosis}")]
+    Diagnosed {
+        source: Box<CheckError>,
+        diagnosis: String,
+    },
+}
+
+impl CheckError {
+    fn diagnosed(self, diagnosis: String) -> CheckError {
+        CheckError::Diagnosed {
+            source: Box::new(self),
+            diagnosis,
+        }
+    }
+}
+
+fn fail<T>(why: String) -> Result<T, CheckError> {
+    Err(CheckError::Wrong(why))
 }
 
 macro_rules! ensure {
@@ -77,7 +110,7 @@ macro_rules! ensure {
 /// Runs `server` on node 1 in the background, waits until it listens, runs `client` on
 /// node 2, then waits for the server to end; both under the guest's `timeout`. A server
 /// still running after its client ended is killed.
-fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<Pair, String> {
+fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<Pair, CheckError> {
     let prog = server.split_whitespace().next().unwrap_or_default();
     let ready = match listen {
         Listen::Tcp => "netstat -ltn | grep -q ':18515 '",
@@ -94,7 +127,10 @@ fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<
     );
     tb.agents[0]
         .run(&start, T)
-        .map_err(|e| format!("starting the server: {e}"))?;
+        .map_err(|source| CheckError::Step {
+            what: "starting the server",
+            source,
+        })?;
     if let Listen::Joined(group) = listen {
         let node1 = hca_model::abi::node_guid(1);
         // The MGID ends in the group address less its top four bits (ip_ib_mc_map).
@@ -113,7 +149,10 @@ fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<
     }
     let (status, out) = tb.agents[1]
         .status(&format!("timeout -s KILL {TOOL_SECS} {client}"), T)
-        .map_err(|e| format!("the client: {e}"))?;
+        .map_err(|source| CheckError::Step {
+            what: "the client",
+            source,
+        })?;
     let client = Ran { status, out };
     let log = tb.agents[0]
         .run(
@@ -125,7 +164,10 @@ fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<
             ),
             T,
         )
-        .map_err(|e| format!("the server's log: {e}"))?;
+        .map_err(|source| CheckError::Step {
+            what: "the server's log",
+            source,
+        })?;
     let status = log
         .lines()
         .rev()
@@ -144,7 +186,7 @@ fn pair(tb: &mut Testbed, server: &str, client: &str, listen: Listen) -> Result<
 }
 
 /// Both ends exited 0.
-fn both_ok(p: &Pair) -> Result<(), String> {
+fn both_ok(p: &Pair) -> Result<(), CheckError> {
     ensure!(
         p.server.status == 0 && p.client.status == 0,
         "server exit {}, client exit {}\n--- server:\n{}\n--- client:\n{}",
@@ -197,7 +239,7 @@ fn pingpong_ok(
     size: Option<u64>,
     lids: [u16; 2],
     gids: Option<[&str; 2]>,
-) -> Result<String, String> {
+) -> Result<String, CheckError> {
     both_ok(p)?;
     let mut said = String::new();
     for (end, ran, me, peer) in [("server", &p.server, 0, 1), ("client", &p.client, 1, 0)] {
@@ -272,7 +314,7 @@ fn rping_text(n: usize, size: usize) -> String {
 
 /// Every ping of `count` arrived with its pattern, in order, on both ends (the client
 /// checks each with -V too).
-fn rping_ok(p: &Pair, count: usize) -> Result<String, String> {
+fn rping_ok(p: &Pair, count: usize) -> Result<String, CheckError> {
     both_ok(p)?;
     for (end, ran, prefix) in [
         ("server", &p.server, "server ping data: "),
@@ -318,7 +360,7 @@ fn perftest_row(out: &str) -> Option<Vec<f64>> {
 /// run whose clock calibration failed (perftest times with the TSC and gives up, "Can't
 /// produce a report", when the TSC and the wall clock do not keep step, as a vCPU under
 /// TCG on a loaded host may not) says nothing of RDMA: it is run again, at most twice.
-fn perftest_pair(tb: &mut Testbed, cmd: &str) -> Result<Pair, String> {
+fn perftest_pair(tb: &mut Testbed, cmd: &str) -> Result<Pair, CheckError> {
     let mut tries = 0;
     loop {
         let p = pair(tb, cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
@@ -331,7 +373,7 @@ fn perftest_pair(tb: &mut Testbed, cmd: &str) -> Result<Pair, String> {
     }
 }
 
-fn perftest_lat_ok(p: &Pair, size: u64, iters: u64) -> Result<String, String> {
+fn perftest_lat_ok(p: &Pair, size: u64, iters: u64) -> Result<String, CheckError> {
     both_ok(p)?;
     let out = &p.client.out;
     let Some(row) = perftest_row(out) else {
@@ -354,7 +396,7 @@ fn perftest_lat_ok(p: &Pair, size: u64, iters: u64) -> Result<String, String> {
 
 /// perftest's bandwidth result: the size and iterations asked for, a positive average
 /// and message rate.
-fn perftest_bw_ok(p: &Pair, size: u64, iters: u64) -> Result<String, String> {
+fn perftest_bw_ok(p: &Pair, size: u64, iters: u64) -> Result<String, CheckError> {
     both_ok(p)?;
     let out = &p.client.out;
     let Some(row) = perftest_row(out) else {
@@ -403,7 +445,7 @@ impl Checks {
         &mut self,
         tb: &mut Testbed,
         what: &str,
-        f: impl FnOnce(&mut Testbed) -> Result<String, String>,
+        f: impl FnOnce(&mut Testbed) -> Result<String, CheckError>,
     ) {
         let t = Instant::now();
         match f(tb) {
@@ -434,17 +476,15 @@ fn hcab0_diagnosis(tb: &mut Testbed, i: usize) -> String {
 
 /// The GID index of rxe0's IPv4 address (::ffff:a.b.c.d), which the pingpong tools need
 /// (-g) to reach the peer over RoCE v2.
-fn rxe_gid_index(tb: &mut Testbed, i: usize) -> Result<u32, String> {
-    let out = tb.agents[i]
-        .run(
-            "cd /sys/class/infiniband/rxe0/ports/1/gids && for g in *; do \
+fn rxe_gid_index(tb: &mut Testbed, i: usize) -> Result<u32, CheckError> {
+    let out = tb.agents[i].run(
+        "cd /sys/class/infiniband/rxe0/ports/1/gids && for g in *; do \
              case $(cat $g) in 0000:0000:0000:0000:0000:ffff:*) echo $g; break;; esac; done",
-            T,
-        )
-        .map_err(|e| e.to_string())?;
+        T,
+    )?;
     out.trim()
         .parse()
-        .map_err(|_| format!("rxe0 has no IPv4 GID: {out:?}"))
+        .map_err(|_| CheckError::Wrong(format!("rxe0 has no IPv4 GID: {out:?}")))
 }
 
 #[test]
@@ -477,25 +517,30 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
     let mut checks = Checks::default();
 
     // The image: ib_uverbs and rdma_ucm loaded at boot made their device nodes.
-    checks.run(&mut tb, "/dev/infiniband has uverbs and rdma_cm nodes", |tb| {
-        let mut said = String::new();
-        for a in tb.agents.iter_mut() {
-            let out = a
-                .run("lsmod | cut -d' ' -f1 | grep -x 'ib_uverbs\\|rdma_ucm'; ls /dev/infiniband", T)
-                .map_err(|e| e.to_string())?;
-            let words: Vec<&str> = out.split_whitespace().collect();
-            for want in ["ib_uverbs", "rdma_ucm", "rdma_cm"] {
-                ensure!(words.contains(&want), "{}: no {want}:\n{out}", a.name);
+    checks.run(
+        &mut tb,
+        "/dev/infiniband has uverbs and rdma_cm nodes",
+        |tb| {
+            let mut said = String::new();
+            for a in tb.agents.iter_mut() {
+                let out = a.run(
+                    "lsmod | cut -d' ' -f1 | grep -x 'ib_uverbs\\|rdma_ucm'; ls /dev/infiniband",
+                    T,
+                )?;
+                let words: Vec<&str> = out.split_whitespace().collect();
+                for want in ["ib_uverbs", "rdma_ucm", "rdma_cm"] {
+                    ensure!(words.contains(&want), "{}: no {want}:\n{out}", a.name);
+                }
+                ensure!(
+                    words.iter().any(|w| w.starts_with("uverbs")),
+                    "{}: no /dev/infiniband/uverbsN:\n{out}",
+                    a.name
+                );
+                said = words.join(" ");
             }
-            ensure!(
-                words.iter().any(|w| w.starts_with("uverbs")),
-                "{}: no /dev/infiniband/uverbsN:\n{out}",
-                a.name
-            );
-            said = words.join(" ");
-        }
-        Ok(said)
-    });
+            Ok(said)
+        },
+    );
 
     // `modprobe nvmet-rdma`: the module and every dependency from modules.dep;
     // `modprobe -r nvmet-rdma`: the module and the dependencies nothing else uses go again.
@@ -506,10 +551,8 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         "modprobe nvmet-rdma; modprobe -r nvmet-rdma",
         |tb| {
             let a = &mut tb.agents[1];
-            let mods = |a: &mut cluster::agent::Agent| -> Result<Vec<String>, String> {
-                let out = a
-                    .run("cut -d' ' -f1 /proc/modules | sort", T)
-                    .map_err(|e| e.to_string())?;
+            let mods = |a: &mut cluster::agent::Agent| -> Result<Vec<String>, CheckError> {
+                let out = a.run("cut -d' ' -f1 /proc/modules | sort", T)?;
                 Ok(out.lines().map(str::to_string).collect())
             };
             let before = mods(a)?;
@@ -519,9 +562,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
             );
             // What modules.dep says it needs (`insmod /lib/modules/<kernel>/kernel/X.ko`
             // lines, dependencies first), as module names.
-            let deps = a
-                .run("modprobe -D nvmet-rdma", T)
-                .map_err(|e| e.to_string())?;
+            let deps = a.run("modprobe -D nvmet-rdma", T)?;
             let deps: Vec<String> = (deps.lines())
                 .filter_map(|l| l.strip_prefix("insmod "))
                 .filter_map(|f| f.trim().rsplit('/').next())
@@ -533,7 +574,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                     "modprobe -D nvmet-rdma names no {m}: {deps:?}"
                 );
             }
-            a.run("modprobe nvmet-rdma", T).map_err(|e| e.to_string())?;
+            a.run("modprobe nvmet-rdma", T)?;
             let loaded = mods(a)?;
             for m in &deps {
                 ensure!(
@@ -541,9 +582,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                     "after modprobe, no {m} (of {deps:?}): {loaded:?}"
                 );
             }
-            let (status, out) = a
-                .status("modprobe -r nvmet-rdma", T)
-                .map_err(|e| e.to_string())?;
+            let (status, out) = a.status("modprobe -r nvmet-rdma", T)?;
             let after = mods(a)?;
             ensure!(
                 after == before,
@@ -575,9 +614,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
     checks.run(&mut tb, "hcab0: ibv_devinfo -v (both nodes)", |tb| {
         let mut said = Vec::new();
         for (i, lid) in lids.into_iter().enumerate() {
-            let out = tb.agents[i]
-                .run("ibv_devinfo -v 2>&1", T)
-                .map_err(|e| e.to_string())?;
+            let out = tb.agents[i].run("ibv_devinfo -v 2>&1", T)?;
             let Some(sec) = devinfo_section(&out, "hcab0") else {
                 let listed: Vec<&str> = (out.lines())
                     .filter(|l| l.starts_with("hca_id:") || !l.starts_with('\t'))
@@ -641,7 +678,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
             &format!("hcab0: {cmd} [server] / {cmd} {SERVER_IB0}"),
             |tb| {
                 let p = pair(tb, &cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
-                pingpong_ok(&p, iters, size, lids, None).map_err(|e| e + &why(tb))
+                pingpong_ok(&p, iters, size, lids, None).map_err(|e| e.diagnosed(why(tb)))
             },
         );
     }
@@ -655,13 +692,13 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                 &format!("rping -c -a {SERVER_IB0} -v -V -C 20"),
                 Listen::RdmaCm,
             )?;
-            rping_ok(&p, 20).map_err(|e| e + &why(tb))
+            rping_ok(&p, 20).map_err(|e| e.diagnosed(why(tb)))
         },
     );
     checks.run(&mut tb, "hcab0: ib_send_lat -d hcab0 -s 8 -n 1000", |tb| {
         let cmd = "ib_send_lat -d hcab0 -s 8 -n 1000";
         let p = perftest_pair(tb, cmd)?;
-        perftest_lat_ok(&p, 8, 1000).map_err(|e| e + &why(tb))
+        perftest_lat_ok(&p, 8, 1000).map_err(|e| e.diagnosed(why(tb)))
     });
     // perftest's own defaults (its -h says them): 5,000 RDMA Writes, 1,000 RDMA Reads of
     // 64 KiB, 1,000 8-byte fetch-and-adds; PCIe relaxed ordering asked for in every MR
@@ -673,7 +710,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
     ] {
         checks.run(&mut tb, &format!("hcab0: {cmd}"), |tb| {
             let p = perftest_pair(tb, cmd)?;
-            perftest_bw_ok(&p, size, iters).map_err(|e| e + &why(tb))
+            perftest_bw_ok(&p, size, iters).map_err(|e| e.diagnosed(why(tb)))
         });
     }
     // rdma_cm over UD: udaddy resolves the peer's address and route through the SA and
@@ -689,7 +726,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                 &format!("udaddy -s {SERVER_IB0}"),
                 Listen::RdmaCm,
             )?;
-            both_ok(&p).map_err(|e| e + &why(tb))?;
+            both_ok(&p).map_err(|e| e.diagnosed(why(tb)))?;
             for (end, r) in [("server", &p.server), ("client", &p.client)] {
                 ensure!(
                     r.out.contains("data transfers complete"),
@@ -712,7 +749,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                 "mckey -m 239.1.2.3 -b 10.78.0.2 -s -C 8",
                 Listen::Joined([239, 1, 2, 3]),
             )?;
-            both_ok(&p).map_err(|e| e + &why(tb))?;
+            both_ok(&p).map_err(|e| e.diagnosed(why(tb)))?;
             ensure!(
                 p.server.out.contains("data transfers complete"),
                 "the receiver did not take all 8 datagrams:\n{}",
@@ -734,9 +771,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
     // clean process beside it keeps its data intact, and one killed mid-traffic leaves the
     // device working for the next.
     checks.run(&mut tb, "hcab0: uverbs-hostile", |tb| {
-        let out = tb.agents[0]
-            .run("uverbs-hostile 2>&1; echo exit=$?", T)
-            .map_err(|e| e.to_string())?;
+        let out = tb.agents[0].run("uverbs-hostile 2>&1; echo exit=$?", T)?;
         let summary = out
             .lines()
             .find(|l| l.starts_with("uverbs-hostile:") && l.contains(" passed, "))
@@ -758,16 +793,14 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         &mut tb,
         "rdma link add rxe0 type rxe netdev eth0 (rdma_rxe unloaded)",
         |tb| {
-            let out = tb.agents[1]
-                .run(
-                    "rdma link delete rxe0 && rmmod rdma_rxe && rdma link add rxe0 type rxe \
+            let out = tb.agents[1].run(
+                "rdma link delete rxe0 && rmmod rdma_rxe && rdma link add rxe0 type rxe \
                  netdev eth0 && for i in $(seq 100); do \
                  [ \"$(cat /sys/class/infiniband/rxe0/ports/1/state)\" = '4: ACTIVE' ] && \
                  break; sleep 0.1; done; grep -c '^rdma_rxe ' /proc/modules; \
                  cat /sys/class/infiniband/rxe0/ports/1/state",
-                    T,
-                )
-                .map_err(|e| e.to_string())?;
+                T,
+            )?;
             ensure!(
                 out.contains("1\n4: ACTIVE"),
                 "rdma_rxe or rxe0 not back:\n{out}"
@@ -787,9 +820,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         Ok(g) if g[0] == g[1] => {
             let gx = g[0];
             checks.run(&mut tb, "rxe0: ibv_devinfo -v", |tb| {
-                let out = tb.agents[0]
-                    .run("ibv_devinfo -v", T)
-                    .map_err(|e| e.to_string())?;
+                let out = tb.agents[0].run("ibv_devinfo -v", T)?;
                 let Some(sec) = devinfo_section(&out, "rxe0") else {
                     return fail(format!("no rxe0:\n{out}"));
                 };
