@@ -398,12 +398,6 @@ fn session_id() -> u64 {
     }
 }
 
-impl From<AgentError> for String {
-    fn from(e: AgentError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -89,12 +89,6 @@ pub fn kvm_boot_advice(err: &str, timeout: Duration) -> String {
     )
 }
 
-impl From<BackendError> for String {
-    fn from(e: BackendError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -459,12 +459,6 @@ pub fn close_all(agents: &mut [Agent]) -> Result<(), DsmError> {
     Ok(())
 }
 
-impl From<DsmError> for String {
-    fn from(e: DsmError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::{at_rest, undelivered, Undelivered};

@@ -236,12 +236,6 @@ pub fn is_kernel_path(kernel: &str) -> bool {
     kernel.contains('/') || kernel.starts_with('.') || Path::new(kernel).is_dir()
 }
 
-impl From<ImageError> for String {
-    fn from(e: ImageError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

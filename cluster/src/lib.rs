@@ -552,12 +552,6 @@ impl Drop for Cluster {
     }
 }
 
-impl From<BootError> for String {
-    fn from(e: BootError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,12 +115,6 @@ pub fn wait_for_line(
     }
 }
 
-impl From<WaitError> for String {
-    fn from(e: WaitError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

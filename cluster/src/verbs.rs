@@ -437,15 +437,3 @@ impl Drop for Testbed {
         }
     }
 }
-
-impl From<AnswerError> for String {
-    fn from(e: AnswerError) -> String {
-        e.to_string()
-    }
-}
-
-impl From<VerbsError> for String {
-    fn from(e: VerbsError) -> String {
-        e.to_string()
-    }
-}
