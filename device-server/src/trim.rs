@@ -8,8 +8,7 @@
 //! looks once a second and, when the allocator holds more than [`TRIM_SLACK`] free, calls
 //! `malloc_trim`, which returns every arena's free pages.
 
-use hca_model::sync::Unpoisoned;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -50,31 +49,25 @@ pub fn trim_if_slack() -> bool {
 
 /// The thread that trims; stopped and joined when dropped.
 pub(crate) struct Trimmer {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Dropping it stops the thread (its receiver sees the channel close).
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Trimmer {
     pub(crate) fn start() -> std::io::Result<Self> {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let s = stop.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("heap-trim".into())
             .spawn(move || {
-                let (lock, cv) = &*s;
-                let mut stopped = lock.lock_unpoisoned();
-                while !*stopped {
-                    stopped = cv
-                        .wait_timeout(stopped, PERIOD)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                    if !*stopped && trim_if_slack() {
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(PERIOD) {
+                    if trim_if_slack() {
                         log::debug!("gave free heap memory back to the system");
                     }
                 }
             })?;
         Ok(Self {
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -82,9 +75,7 @@ impl Trimmer {
 
 impl Drop for Trimmer {
     fn drop(&mut self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock_unpoisoned() = true;
-        cv.notify_all();
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use hca_model::abi::{BAR2_SIZE, NUM_VECTORS, PCI_DEVICE_HCABENCH, PCI_VENDOR_HCABENCH};
+use hca_model::sync::Unpoisoned;
 use hca_model::InterruptSink;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -91,7 +92,7 @@ impl Msix {
 
     /// A 4-byte read at `off` in BAR1 (table, then PBA).
     pub fn bar_read(&self, off: u64) -> u32 {
-        let s = crate::lock(&self.state);
+        let s = self.state.lock_unpoisoned();
         if off >= PBA_OFFSET {
             return if off == PBA_OFFSET { s.pending } else { 0 };
         }
@@ -99,7 +100,7 @@ impl Msix {
     }
 
     pub fn bar_write(&self, off: u64, val: u32) {
-        let mut s = crate::lock(&self.state);
+        let mut s = self.state.lock_unpoisoned();
         if off >= PBA_OFFSET {
             return;
         }
@@ -114,13 +115,13 @@ impl Msix {
     }
 
     fn set_control(&self, ctl: u32) {
-        let mut s = crate::lock(&self.state);
+        let mut s = self.state.lock_unpoisoned();
         s.table.set_control(ctl);
         self.fire_pending(&mut s);
     }
 
     fn control(&self) -> u32 {
-        crate::lock(&self.state).table.control()
+        self.state.lock_unpoisoned().table.control()
     }
 }
 
@@ -130,7 +131,7 @@ impl InterruptSink for Msix {
         if v >= NV {
             return;
         }
-        let mut s = crate::lock(&self.state);
+        let mut s = self.state.lock_unpoisoned();
         if s.table.deliverable(v) {
             if let Some(fd) = self.irqfds.get(v) {
                 let _ = fd.write(1);

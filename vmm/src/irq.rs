@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use hca_model::sync::Unpoisoned;
 use kvm_bindings::{
     kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
@@ -53,7 +54,7 @@ impl GsiRouter {
                 msi: BTreeMap::new(),
             }),
         });
-        r.commit(&crate::lock(&r.routes))?;
+        r.commit(&r.routes.lock_unpoisoned())?;
         Ok(r)
     }
 
@@ -63,7 +64,7 @@ impl GsiRouter {
 
     /// `n` consecutive GSIs for one device's vectors; the first.
     pub fn allocate(&self, n: u32) -> Result<u32, IrqError> {
-        let mut r = crate::lock(&self.routes);
+        let mut r = self.routes.lock_unpoisoned();
         let base = r.next_gsi;
         if base + n > MAX_GSI {
             return Err(IrqError::NoGsis(n));
@@ -74,7 +75,7 @@ impl GsiRouter {
 
     /// Points each `(gsi, message)` at its MSI message and installs the table.
     pub fn set_msi(&self, changes: &[(u32, MsiMessage)]) -> Result<(), IrqError> {
-        let mut r = crate::lock(&self.routes);
+        let mut r = self.routes.lock_unpoisoned();
         for &(gsi, m) in changes {
             r.msi.insert(gsi, m);
         }

@@ -32,7 +32,6 @@ pub mod vfio_config;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Whether this host's KVM can run a full guest, and why not when it cannot.
@@ -134,12 +133,6 @@ fn spin_test(kvm: &kvm_ioctls::Kvm, limit: Duration) -> Result<(), SpinError> {
         return Err(SpinError::Slow(took));
     }
     Ok(())
-}
-
-/// Locks `m`. A thread that panicked while holding it left the data as it was; the VM's
-/// other devices go on with it rather than failing every exit after.
-pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    hca_model::sync::Unpoisoned::lock_unpoisoned(m)
 }
 
 #[cfg(test)]

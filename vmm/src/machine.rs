@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hca_model::abi::{self, BAR0_DOORBELL, BAR2_SIZE, DOORBELL_PEER_SHIFT, NUM_VECTORS};
+use hca_model::sync::Unpoisoned;
 use hca_model::Hca;
 use hca_model::{DeviceMemory, DoorbellPump};
 use hca_model::{Fabric, Lid};
@@ -270,7 +271,7 @@ impl Machine {
             })
         };
         let hca_pci = Arc::new(Mutex::new(HcaPci::new(msix.clone(), on_move)));
-        let bars = crate::lock(&hca_pci).mapped_bars();
+        let bars = hca_pci.lock_unpoisoned().mapped_bars();
         doorbell_ioevents(&vm, &fds, bars[0], false)?;
         // SAFETY: as above.
         unsafe { boot::map_slot(&vm, BAR2_SLOT, bars[2], u64::from(BAR2_SIZE), bar2_host)? };
@@ -403,7 +404,7 @@ impl Machine {
     /// Whether the guest is still running: it has not written [`EXIT_PORT`] and no vCPU
     /// has failed.
     pub fn running(&self) -> bool {
-        crate::lock(&self.devices.exit_code).is_none()
+        self.devices.exit_code.lock_unpoisoned().is_none()
             && !self.vcpu_threads.is_empty()
             && self.vcpu_threads.iter().all(|t| !t.is_finished())
     }
@@ -415,7 +416,7 @@ impl Machine {
 
     /// Whether a client is attached to the console socket.
     pub fn console_attached(&self) -> bool {
-        crate::lock(&self.devices.serial).writer().attached()
+        self.devices.serial.lock_unpoisoned().writer().attached()
     }
 
     /// The serial output so far (its first MiB).
@@ -461,7 +462,7 @@ impl Machine {
                 err.get_or_insert(e);
             }
         }
-        let exit_code = *crate::lock(&self.devices.exit_code);
+        let exit_code = *self.devices.exit_code.lock_unpoisoned();
         let serial = self.serial_text();
         if let (None, Some(e)) = (exit_code, err) {
             return Err(MachineError::Vcpu {
@@ -576,7 +577,7 @@ fn lapic_bytes(l: &mut kvm_bindings::kvm_lapic_state) -> &mut [u8] {
 
 /// The captured serial output as text.
 fn serial_text(buf: &Mutex<Vec<u8>>) -> String {
-    String::from_utf8_lossy(&crate::lock(buf)).into_owned()
+    String::from_utf8_lossy(&buf.lock_unpoisoned()).into_owned()
 }
 
 /// Which of the two UARTs a port number falls in, and the register there.
@@ -610,14 +611,14 @@ fn io_out(d: &Devices, port: u16, data: &[u8]) {
     let byte = data.first().copied().unwrap_or(0);
     if let Some(u) = uart_at(port) {
         let (uart, reg) = d.uart(u);
-        let _ = crate::lock(uart).write(reg, byte);
+        let _ = uart.lock_unpoisoned().write(reg, byte);
         return;
     }
     match port {
-        EXIT_PORT => *crate::lock(&d.exit_code) = Some(byte),
-        rtc::PORT_INDEX | rtc::PORT_DATA => crate::lock(&d.rtc).write(port, byte),
+        EXIT_PORT => *d.exit_code.lock_unpoisoned() = Some(byte),
+        rtc::PORT_INDEX | rtc::PORT_DATA => d.rtc.lock_unpoisoned().write(port, byte),
         _ => {
-            crate::lock(&d.bus).io_write(port, data);
+            d.bus.lock_unpoisoned().io_write(port, data);
         }
     }
 }
@@ -630,13 +631,13 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
     };
     if let Some(u) = uart_at(port) {
         let (uart, reg) = d.uart(u);
-        byte(crate::lock(uart).read(reg), data);
+        byte(uart.lock_unpoisoned().read(reg), data);
         return;
     }
     match port {
-        rtc::PORT_INDEX | rtc::PORT_DATA => byte(crate::lock(&d.rtc).read(port), data),
+        rtc::PORT_INDEX | rtc::PORT_DATA => byte(d.rtc.lock_unpoisoned().read(port), data),
         _ => {
-            if !crate::lock(&d.bus).io_read(port, data) {
+            if !d.bus.lock_unpoisoned().io_read(port, data) {
                 data.fill(0xff);
             }
         }
@@ -648,7 +649,7 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
 /// another peer, which ivshmem drops too) reads as zero and ignores writes, like any other
 /// address.
 fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]>) {
-    let bars = crate::lock(&d.hca_pci).mapped_bars();
+    let bars = d.hca_pci.lock_unpoisoned().mapped_bars();
     if (bars[1]..bars[1] + BAR1_SIZE).contains(&addr) {
         let len = read
             .as_deref()
@@ -672,7 +673,7 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
         return;
     }
     for f in &d.trapped {
-        if crate::lock(f).mmio(addr, read.as_deref_mut(), write) {
+        if f.lock_unpoisoned().mmio(addr, read.as_deref_mut(), write) {
             return;
         }
     }

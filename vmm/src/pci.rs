@@ -5,6 +5,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use hca_model::sync::Unpoisoned;
+
 pub const CONFIG_ADDRESS: u16 = 0xcf8;
 pub const CONFIG_DATA: u16 = 0xcfc;
 
@@ -180,7 +182,7 @@ impl PciBus {
             CONFIG_ADDRESS..=0xcfb => self.address >> (8 * (port - CONFIG_ADDRESS)),
             CONFIG_DATA..=0xcff => match self.target() {
                 Some((d, off)) => {
-                    let v = crate::lock(d).config_read(off);
+                    let v = d.lock_unpoisoned().config_read(off);
                     v >> (8 * (port - CONFIG_DATA))
                 }
                 None => u32::MAX,
@@ -208,7 +210,7 @@ impl PciBus {
                 let width = 8 * data.len().min(4) as u32;
                 let mask = u32::MAX.checked_shr(32 - width).unwrap_or(0) << shift;
                 if let Some((d, off)) = self.target() {
-                    crate::lock(d).config_write(off, v << shift, mask);
+                    d.lock_unpoisoned().config_write(off, v << shift, mask);
                 }
             }
             _ => return false,

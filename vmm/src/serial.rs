@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use hca_model::sync::Unpoisoned;
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
@@ -91,7 +92,7 @@ impl ConsoleOut {
     }
 
     pub fn attached(&self) -> bool {
-        crate::lock(&self.client).is_some()
+        self.client.lock_unpoisoned().is_some()
     }
 
     /// The first [`CAPTURE_LIMIT`] bytes of output, shared.
@@ -106,11 +107,11 @@ impl Write for ConsoleOut {
             f.write_all(b)?;
         }
         if self.capture_limit > 0 {
-            let mut c = crate::lock(&self.captured);
+            let mut c = self.captured.lock_unpoisoned();
             let room = self.capture_limit.saturating_sub(c.len());
             c.extend(b.iter().take(room));
         }
-        let mut client = crate::lock(&self.client);
+        let mut client = self.client.lock_unpoisoned();
         if let Some(s) = client.as_mut() {
             // A client that went away, or blocks a write for longer than its 200 ms write
             // timeout, is dropped: the guest's vCPU never waits on it for longer.
@@ -139,7 +140,7 @@ pub fn serve(
     listener
         .set_nonblocking(true)
         .map_err(SerialError::file(path))?;
-    let client = crate::lock(&port).writer().client.clone();
+    let client = port.lock_unpoisoned().writer().client.clone();
     std::thread::Builder::new()
         .name(thread.into())
         .spawn(move || {
@@ -175,7 +176,7 @@ fn attach(
         return;
     };
     let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-    *crate::lock(client) = Some(s);
+    *client.lock_unpoisoned() = Some(s);
     let mut buf = [0u8; 256];
     while !stop.load(Ordering::SeqCst) {
         let n = match input.read(&mut buf) {
@@ -188,7 +189,7 @@ fn attach(
         while sent < n && !stop.load(Ordering::SeqCst) {
             // An error is a full FIFO: the guest has not read yet.
             let rest = buf.get(sent..n).unwrap_or_default();
-            if let Ok(k) = crate::lock(port).enqueue_raw_bytes(rest) {
+            if let Ok(k) = port.lock_unpoisoned().enqueue_raw_bytes(rest) {
                 sent += k;
             }
             if sent < n {
@@ -198,7 +199,7 @@ fn attach(
             }
         }
     }
-    *crate::lock(client) = None;
+    *client.lock_unpoisoned() = None;
 }
 
 #[cfg(test)]
@@ -223,7 +224,7 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while got.len() < want {
             assert!(std::time::Instant::now() < deadline, "got {got:?}");
-            let mut p = crate::lock(port);
+            let mut p = port.lock_unpoisoned();
             if p.read(LSR) & DATA_READY != 0 {
                 got.push(p.read(0));
             } else {
@@ -241,7 +242,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let t = serve(&path, "com2-test", port.clone(), stop.clone()).unwrap();
         let mut client = UnixStream::connect(&path).unwrap();
-        while !crate::lock(&port).writer().attached() {
+        while !port.lock_unpoisoned().writer().attached() {
             std::thread::sleep(Duration::from_millis(5));
         }
         // More than the 64-byte FIFO holds: the socket's side paces it, nothing is lost.
@@ -249,13 +250,13 @@ mod tests {
         client.write_all(&sent).unwrap();
         assert_eq!(guest_reads(&port, sent.len()), sent);
         for b in b"ok\n" {
-            crate::lock(&port).write(0, *b).unwrap();
+            port.lock_unpoisoned().write(0, *b).unwrap();
         }
         let mut back = [0u8; 3];
         client.read_exact(&mut back).unwrap();
         assert_eq!(&back, b"ok\n");
-        let writer = crate::lock(&port);
-        assert!(crate::lock(&writer.writer().captured()).is_empty());
+        let writer = port.lock_unpoisoned();
+        assert!(writer.writer().captured().lock_unpoisoned().is_empty());
         drop(writer);
         stop.store(true, Ordering::SeqCst);
         drop(client);
