@@ -7,8 +7,7 @@
 use std::cell::Cell;
 
 use arbitrary::Arbitrary;
-use hca_model::abi::{node_guid, COUNTERS_LEN, GSI_QKEY, SMI_QPN};
-use hca_model::fabric::Lid;
+use hca_model::abi::{node_guid, Lid, COUNTERS_LEN, GSI_QKEY, SMI_QPN};
 use hca_model::packet::{Packet, Payload, UD_SEND_ONLY};
 use hca_model::sa::pma::{Agent, CLASS_PERF_MGMT};
 use hca_model::sa::sm::PERMISSIVE_LID;

@@ -25,12 +25,17 @@ pub const PCI_DEVICE_IVSHMEM: u32 = 0x1110;
 pub const PCI_VENDOR_HCABENCH: u32 = 0x1234;
 pub const PCI_DEVICE_HCABENCH: u32 = 0x21a8;
 
+/// A port's local identifier (LID): the 16-bit address packets are routed by within a
+/// subnet. 0 is invalid, 1 up to 0xbfff are unicast (the fabric hands nodes 1, 2, ... and
+/// keeps the top one for its SM), and multicast LIDs start at [`MCAST_LID_FIRST`].
+pub type Lid = u16;
+
 /// Node GUIDs carry Mellanox's OUI (00:02:c9, as the MT21108 family reported) and the
 /// node's LID in the low bits, so node N has the same GUID on every backend and every run.
 pub const NODE_GUID_PREFIX: u64 = 0x0002_c903_0000_0000;
 
 /// The node GUID (also its port GUID) of the node at `lid`.
-pub const fn node_guid(lid: u16) -> u64 {
+pub const fn node_guid(lid: Lid) -> u64 {
     NODE_GUID_PREFIX | lid as u64
 }
 

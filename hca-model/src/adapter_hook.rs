@@ -4,7 +4,7 @@
 //! ([`crate::Fabric::set_adapter_hook`]), so every HCA on it, including one a restarted
 //! guest gets, sees the same plan.
 
-use crate::fabric::Lid;
+use crate::abi::Lid;
 
 /// What becomes of one interrupt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -46,13 +46,12 @@ pub mod sync;
 pub mod uapi;
 mod uar;
 
+pub use abi::Lid;
 pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
 pub use dma::{DmaFault, DmaSpace, GuestRam};
 pub use doorbell::DoorbellPump;
-pub use fabric::{
-    Fabric, FabricStats, Lid, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
-};
+pub use fabric::{Fabric, FabricStats, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict};
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};
 pub use qp::WR_FIXED_BYTES;
 pub use status::{CmdError, WcError};

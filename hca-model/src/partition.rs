@@ -10,7 +10,7 @@
 //! membership. Two limited members of one partition may not talk to each other; a full
 //! member talks to both.
 
-use crate::fabric::Lid;
+use crate::abi::Lid;
 
 /// The default partition, every port a full member of it, at index 0 of every table.
 pub const DEFAULT_PKEY: u16 = 0xffff;

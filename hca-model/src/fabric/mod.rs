@@ -55,14 +55,12 @@ use lanes::{slot, Item, Lanes};
 use link::{Attachment, Stage};
 use sa_port::{Partitioning, SaPort};
 
+pub use crate::abi::Lid;
 pub use clock::TICK;
 pub(crate) use cut::PortNote;
 pub use cut::Run;
 pub use lanes::{BACKLOG_UNIT, MAX_BACKLOG, MAX_TOTAL_BACKLOG};
 pub use link::{LinkDir, LinkHook, LinkId, PacketTap, Verdict};
-
-/// A port's local identifier. LID 0 is invalid in IB; the fabric hands out 1, 2, ...
-pub type Lid = u16;
 
 /// Why a packet did not reach a receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use super::{
     be16, be32, gid_at, gid_guid, meets, select, status, Found, Ports, Request, DEFAULT_PKEY,
     IPOIB_BROADCAST_MGID, IPOIB_QKEY, MLID_BASE, MTU_2048, MTU_4096, RATE_10G, RATE_40G,
 };
-use crate::fabric::Lid;
+use crate::abi::Lid;
 
 /// The most groups one port may belong to.
 pub const MAX_GROUPS_PER_PORT: usize = 512;

@@ -10,7 +10,7 @@ use super::{
     attr, be16, be32, gid_at, gid_guid, method, status, Found, Peer, Ports, Request,
     CLASS_SUBN_ADM, DATA_OFFSET, MAD_SIZE, SA_CLASS_VERSION, SM_LID,
 };
-use crate::fabric::Lid;
+use crate::abi::Lid;
 
 pub const MAX_SUBSCRIPTIONS: usize = 256;
 pub const MAX_SUBSCRIPTIONS_PER_PORT: usize = 16;

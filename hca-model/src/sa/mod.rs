@@ -41,8 +41,8 @@ mod tests;
 
 pub use groups::Group;
 
+use crate::abi::Lid;
 use crate::abi::{GSI_QKEY, GSI_QPN, SMI_QPN};
-use crate::fabric::Lid;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
 
 /// The SM's (and SA's) LID: the highest unicast LID, clear of the nodes' 1, 2, ...

@@ -22,8 +22,8 @@
 
 use super::method::{GET, RESP, SET};
 use super::{be16, status, to, Peer, Ports, MAD_SIZE};
+use crate::abi::Lid;
 use crate::abi::{self, COUNTERS_LEN, GSI_QKEY, GSI_QPN};
-use crate::fabric::Lid;
 use crate::packet::{Packet, Payload};
 
 /// The Performance Management class, and the class version it speaks.

@@ -6,7 +6,7 @@ use super::{
     be16, be32, be64, gid_at, gid_guid, port_gid, select, status, Found, Ports, Request,
     DEFAULT_PKEY, MTU_4096, RATE_40G, RESP_TIME, SA_CLASS_VERSION, SM_LID, SUBNET_PREFIX,
 };
-use crate::fabric::Lid;
+use crate::abi::Lid;
 use crate::partition::{pkeys_match, PKeyTable};
 
 /// PathRecord component mask bits (IBA 15.2.5.16).

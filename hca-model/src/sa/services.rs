@@ -7,7 +7,7 @@
 //! Bounded: [`MAX_SERVICES`] in all, [`MAX_SERVICES_PER_PORT`] per registering port.
 
 use super::{be32, gid_at, gid_guid, status, Found, Ports, Request, DEFAULT_PKEY};
-use crate::fabric::Lid;
+use crate::abi::Lid;
 
 pub const MAX_SERVICES: usize = 1024;
 pub const MAX_SERVICES_PER_PORT: usize = 64;

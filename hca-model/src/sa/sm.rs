@@ -16,8 +16,8 @@
 
 use super::method::{GET, RESP, SET};
 use super::{be16, records, status, Ports, MAD_SIZE, SM_LID};
+use crate::abi::Lid;
 use crate::abi::SMI_QPN;
-use crate::fabric::Lid;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
 
 /// The switch's GUID (node, system and port 0): as the nodes' (`abi::node_guid`), for the
