@@ -32,7 +32,7 @@ impl Device {
         let v = vector.min(NUM_VECTORS - 1);
         let ci = self.eq_ci(v);
         let pi = self.eqs.get(v as usize).map(|e| e.pi)?;
-        self.pending_irqs |= 1 << v;
+        self.turn.pending_irqs |= 1 << v;
         if pi.wrapping_sub(ci) >= EQ_ENTRIES {
             self.stats.events_lost += 1;
             return None;

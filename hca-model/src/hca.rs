@@ -14,7 +14,6 @@
 //! `HcaState` keeps what needs the QP table: commands (command.rs) and the dispatch of a
 //! doorbell, a packet or a tick to the QPs it concerns.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
@@ -26,11 +25,12 @@ use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
 use crate::eq::Eq;
-use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, PortNote, Rejected};
+use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, Rejected};
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
 use crate::sync::Unpoisoned;
+use crate::turn::{Turn, WORK_PER_TURN};
 
 /// Raises one of the guest's MSI-X vectors. Host adapters implement it (an eventfd write
 /// under QEMU, an irqfd under the VMM).
@@ -240,44 +240,20 @@ pub(crate) struct Device {
     pub last_cmd_seq: u32,
     /// The host's id for this device as a doorbell target (ivshmem peer id), shown in BAR2.
     pub doorbell_peer: u32,
-    /// Vectors to raise once the lock is dropped.
-    pub pending_irqs: u32,
-    /// Packets sent while the port had no fabric; they bounce once the current work is done,
-    /// as they would from a fabric with no route.
-    pub stranded: Vec<Packet>,
     pub stats: HcaStats,
     /// No QP timer is due before this fabric time (ns; NEVER when none runs).
     pub timer_hint: u64,
     /// Interrupts an adapter fault made late: (due fabric time, vector).
     pub late_irqs: Vec<(u64, u32)>,
-    /// Late interrupts now due: raised without being judged again.
-    pub late_due: u32,
     /// UD QPs attached to multicast groups.
     pub mcast: Vec<crate::mcast::Attachment>,
     /// The fabric has this port's link down (a fault): the port is DOWN until it returns.
     pub link_down: bool,
-    /// Work units left in this turn (a WQE, a page-list entry read, a gather record made);
-    /// see `WORK_PER_TURN`.
-    pub turn_left: u64,
-    /// A send queue stopped for want of budget: more turns follow.
-    pub more_work: bool,
     /// QPs that entered ERR, each once (kept until a receive doorbell finds one reset or
     /// destroyed): the only QPs a receive doorbell acts on.
     pub qps_in_error: Vec<u32>,
     /// What a receive doorbell reads before it takes the lock; shared with `Shared`.
     pub recv_doorbells: Arc<RecvDoorbells>,
-    /// This turn delivers a packet with more of its stream (the same sender QP to the same
-    /// QP) queued right behind it: the responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
-    /// ends the burst sends them, one per QP for all its messages.
-    pub hold_acks: bool,
-    /// QPs holding an ACK, each once.
-    pub held_acks: Vec<u32>,
-    /// This turn keeps what it sends in `outbox`, and moves it itself at its end (see
-    /// `fabric::Cut`).
-    pub cut: bool,
-    pub outbox: VecDeque<Packet>,
-    /// The port this one's cut-throughs went to last.
-    pub port_note: PortNote,
     /// PortInfo:CapabilityMask as the driver set it (SET_PORT_CAP); shared with the port's
     /// sink, which the SA asks without taking the device lock.
     pub port_caps: Arc<AtomicU32>,
@@ -292,6 +268,8 @@ pub(crate) struct Device {
     pub gathers: crate::packet::GatherPool,
     /// The port's P_Keys, as the fabric's subnet manager set them.
     pub pkeys: crate::partition::PKeyTable,
+    /// The scratch state of the turn under way (see turn.rs).
+    pub turn: Turn,
 }
 
 impl HcaState {
@@ -319,7 +297,7 @@ impl HcaState {
                 *h = SqHint::Look;
             }
         }
-        self.dev.more_work = true;
+        self.dev.turn.more_work = true;
     }
 
     fn doorbell(&mut self, class: u32) {
@@ -357,29 +335,20 @@ impl Device {
             eqs: Default::default(),
             last_cmd_seq: 0,
             doorbell_peer: 0,
-            pending_irqs: 0,
-            stranded: Vec::new(),
             stats: HcaStats::default(),
             timer_hint: crate::reliability::NEVER,
             late_irqs: Vec::new(),
-            late_due: 0,
             mcast: Vec::new(),
             link_down: false,
             port_caps: Arc::default(),
             held: Arc::default(),
             mem_waiters: Vec::new(),
             in_flight_budget: MAX_IN_FLIGHT_BYTES,
-            turn_left: WORK_PER_TURN,
-            more_work: false,
             qps_in_error: Vec::new(),
             recv_doorbells: Arc::default(),
-            hold_acks: false,
-            held_acks: Vec::new(),
-            cut: false,
-            outbox: VecDeque::new(),
-            port_note: PortNote::default(),
             gathers: Default::default(),
             pkeys: crate::partition::default_table(),
+            turn: Turn::default(),
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -429,7 +398,7 @@ impl Device {
     /// Hands a packet to the fabric (queued; it moves after the lock is dropped).
     pub fn transmit(&mut self, mut pkt: Packet) {
         let Some(f) = &self.fabric else {
-            self.stranded.push(pkt.clone_header());
+            self.turn.stranded.push(pkt.clone_header());
             return;
         };
         pkt.slid = self.lid;
@@ -439,8 +408,8 @@ impl Device {
         self.stats.mcast_out += n * u64::from(pkt.is_multicast());
         self.stats.bytes_out += len;
         self.stats.wire_out += pkt.header_bytes() + len;
-        if self.cut {
-            self.outbox.push_back(pkt);
+        if self.turn.cut {
+            self.turn.outbox.push_back(pkt);
         } else {
             f.enqueue(pkt);
         }
@@ -449,10 +418,10 @@ impl Device {
     /// Queues what the turn kept to move itself (in order), as `transmit` would have; the
     /// outbox keeps its room for the next turn.
     fn queue_outbox(&mut self) {
-        while let Some(pkt) = self.outbox.pop_front() {
+        while let Some(pkt) = self.turn.outbox.pop_front() {
             match &self.fabric {
                 Some(f) => f.enqueue(pkt),
-                None => self.stranded.push(pkt.clone_header()),
+                None => self.turn.stranded.push(pkt.clone_header()),
             }
         }
     }
@@ -532,7 +501,7 @@ impl Device {
         let mut keep = Vec::new();
         for (due, v) in std::mem::take(&mut self.late_irqs) {
             if due <= now {
-                self.late_due |= 1 << v;
+                self.turn.late_due |= 1 << v;
             } else {
                 self.timer_hint = self.timer_hint.min(due);
                 keep.push((due, v));
@@ -544,12 +513,6 @@ impl Device {
 
 /// The longest piece of a message the fabric moves as one item (see `transmit_train`).
 pub(crate) const PIECE_BYTES: u32 = 1 << 20;
-
-/// How much one turn under the device lock may do: WQEs executed, page-list entries read
-/// (a fast registration), gather records made (a message over a repeated-page MR). A guest
-/// with more queued waits for the next turn, so no single doorbell holds the device for long
-/// (16K fast registrations of 1M pages each, say).
-const WORK_PER_TURN: u64 = 1 << 16;
 
 /// What a receive doorbell needs to know before it takes the device lock, kept where it
 /// can be read without it. Only QPs in ERR act on receive doorbells (they flush the new
@@ -660,8 +623,8 @@ impl Shared {
     ) -> (R, bool) {
         let mut resume = Vec::new();
         let (r, irqs, pump, lid, more) = {
-            st.dev.turn_left = WORK_PER_TURN;
-            st.dev.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
+            st.dev.turn.work_left = WORK_PER_TURN;
+            st.dev.turn.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
             let r = f(&mut st);
             if !st.dev.mem_waiters.is_empty()
                 && st.dev.held.load(Ordering::Relaxed) < st.dev.in_flight_budget
@@ -669,29 +632,29 @@ impl Shared {
                 st.wake_mem_waiters();
             }
             // Any turn but a delivery with more behind it ends a burst: its ACKs go now.
-            if !std::mem::take(&mut st.dev.hold_acks) && !st.dev.held_acks.is_empty() {
+            if !std::mem::take(&mut st.dev.turn.hold_acks) && !st.dev.turn.held_acks.is_empty() {
                 st.send_held_acks();
             }
-            if st.dev.cut {
+            if st.dev.turn.cut {
                 self.cut_through(&mut st, &mut resume);
             }
-            while !st.dev.stranded.is_empty() {
-                for pkt in std::mem::take(&mut st.dev.stranded) {
+            while !st.dev.turn.stranded.is_empty() {
+                for pkt in std::mem::take(&mut st.dev.turn.stranded) {
                     st.bounced(pkt, DropReason::NoRoute);
                 }
             }
-            let irqs = std::mem::take(&mut st.dev.pending_irqs);
+            let irqs = std::mem::take(&mut st.dev.turn.pending_irqs);
             let irqs = if irqs != 0 {
                 st.dev.judge_irqs(irqs)
             } else {
                 0
             };
-            let irqs = irqs | std::mem::take(&mut st.dev.late_due);
+            let irqs = irqs | std::mem::take(&mut st.dev.turn.late_due);
             st.dev.stats.interrupts += u64::from(irqs.count_ones());
             // Work left over is due at once: the next tick goes on with it if no caller does.
             // So is a send queue waiting for memory: what a UC copy or a peer's READ
             // response held may be freed on another thread, which wakes no one here.
-            let hint = if st.dev.more_work || !st.dev.mem_waiters.is_empty() {
+            let hint = if st.dev.turn.more_work || !st.dev.mem_waiters.is_empty() {
                 0
             } else {
                 st.dev.timer_hint
@@ -704,7 +667,7 @@ impl Shared {
                 },
                 _ => Pump::No,
             };
-            (r, irqs, pump, st.dev.lid, st.dev.more_work)
+            (r, irqs, pump, st.dev.lid, st.dev.turn.more_work)
         };
         drop(st);
         // The vectors to raise, lowest first (most turns raise none).
@@ -743,22 +706,22 @@ impl Shared {
         if let Some(cut) = cut.as_mut() {
             let lid = st.dev.lid;
             for _ in 0..CUT_ROUNDS {
-                if st.dev.outbox.is_empty() {
+                if st.dev.turn.outbox.is_empty() {
                     break;
                 }
-                let mut out = std::mem::take(&mut st.dev.outbox);
-                cut.send(lid, &mut out, &mut st.dev.port_note, resume);
-                if st.dev.outbox.is_empty() {
-                    st.dev.outbox = out; // (emptied: kept for its capacity)
+                let mut out = std::mem::take(&mut st.dev.turn.outbox);
+                cut.send(lid, &mut out, &mut st.dev.turn.port_note, resume);
+                if st.dev.turn.outbox.is_empty() {
+                    st.dev.turn.outbox = out; // (emptied: kept for its capacity)
                 }
                 let Some(pkt) = cut.returned() else {
                     break;
                 };
-                st.dev.hold_acks = false;
+                st.dev.turn.hold_acks = false;
                 cut.took(st.receive(pkt));
             }
         }
-        st.dev.cut = false;
+        st.dev.turn.cut = false;
         st.dev.queue_outbox();
     }
 }
@@ -775,7 +738,7 @@ impl PacketSink for Shared {
 
     fn deliver_in_burst(&self, pkt: Packet, more: bool) -> Result<(), Rejected> {
         self.with_state(|st| {
-            st.dev.hold_acks = more;
+            st.dev.turn.hold_acks = more;
             st.receive(pkt)
         })
     }
@@ -787,7 +750,7 @@ impl PacketSink for Shared {
         let mut rejected = Vec::new();
         self.with_state(|st| {
             for (i, pkt) in pkts.into_iter().enumerate() {
-                st.dev.hold_acks = more || i + 1 < n;
+                st.dev.turn.hold_acks = more || i + 1 < n;
                 if let Err(r) = st.receive(pkt) {
                     rejected.push(r);
                 }
@@ -805,7 +768,7 @@ impl PacketSink for Shared {
         let mut rejected = Vec::new();
         let ((), more) = self.turn(st, |st| {
             for (pkt, more) in run {
-                st.dev.hold_acks = more;
+                st.dev.turn.hold_acks = more;
                 if let Err(r) = st.receive(pkt) {
                     rejected.push(r);
                 }

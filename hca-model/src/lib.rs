@@ -43,6 +43,7 @@ mod sq_ring;
 mod srq;
 mod status;
 pub mod sync;
+mod turn;
 pub mod uapi;
 mod uar;
 

@@ -313,9 +313,9 @@ pub(crate) struct Qp {
     /// without executing it twice.
     pub last_atomic: Option<(u32, u64)>,
     /// The responder's latest ACK, held while a burst of this QP's stream is being delivered
-    /// (see `Device::hold_acks`); it covers every message before it.
+    /// (see `Turn::hold_acks`); it covers every message before it.
     pub held_ack: Option<HeldAck>,
-    /// This QP is in `Device::held_acks` (until the burst's end goes through the list).
+    /// This QP is in `Turn::held_acks` (until the burst's end goes through the list).
     pub held_ack_listed: bool,
     /// The P_Key at its P_Key index when that was set: its packets carry it, and only
     /// packets of its partition reach it.

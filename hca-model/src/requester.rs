@@ -64,7 +64,7 @@ fn small_or_dma(dev: &mut Device, segs: SegList, grant: &Arc<Grant>) -> Payload 
 impl HcaState {
     /// Goes on with send queues that the last turn left work in; whether it did any.
     pub(crate) fn continue_send_queues(&mut self) -> bool {
-        if !std::mem::take(&mut self.dev.more_work) {
+        if !std::mem::take(&mut self.dev.turn.more_work) {
             return false;
         }
         self.dev.stats.extra_turns += 1;
@@ -165,8 +165,8 @@ impl QpEngine<'_> {
             if posted == 0 {
                 return;
             }
-            if self.dev.turn_left == 0 {
-                self.dev.more_work = true;
+            if self.dev.turn.work_left == 0 {
+                self.dev.turn.more_work = true;
                 return;
             }
             if posted > self.qp.sq.size() {
@@ -186,7 +186,7 @@ impl QpEngine<'_> {
             }
             self.qp.sq.ci = self.qp.sq.ci.wrapping_add(1);
             self.dev.stats.wqes += 1;
-            self.dev.turn_left = self.dev.turn_left.saturating_sub(1);
+            self.dev.turn.work_left = self.dev.turn.work_left.saturating_sub(1);
             if let Some((hook, now)) = self.dev.adapter_hook() {
                 if let Some(status) = hook.send_wqe(self.dev.lid, self.qpn, now) {
                     return self.fail_wr(&wqe, status);
@@ -294,7 +294,7 @@ impl QpEngine<'_> {
             let mut segs = SegList::new();
             self.dev
                 .gather_sges(addr + 64, w.num_sge.into(), first, (pdn, use_), &mut segs)?;
-            self.dev.turn_left = self.dev.turn_left.saturating_sub(segs.len() as u64);
+            self.dev.turn.work_left = self.dev.turn.work_left.saturating_sub(segs.len() as u64);
             Source::Gather(segs)
         };
         let len = match &src {
@@ -333,7 +333,7 @@ impl QpEngine<'_> {
     fn execute_reg_mr(&mut self, addr: u64) -> Result<(), WcError> {
         let w: HcaRegMrWqe = read_obj(self.dev.mem.as_ref(), addr).map_err(|_| WcError::LocQpOp)?;
         let signaled = u32::from(w.flags) & WQE_SIGNALED != 0 || self.qp.sig_all;
-        self.dev.turn_left = self.dev.turn_left.saturating_sub(u64::from(w.npages));
+        self.dev.turn.work_left = self.dev.turn.work_left.saturating_sub(u64::from(w.npages));
         self.dev.fast_register(self.qp.pdn, &w)?;
         self.complete_local(w.wr_id, CQE_OP_REG_MR, signaled);
         Ok(())
@@ -459,7 +459,11 @@ impl QpEngine<'_> {
         }
         let payload = src.into_payload(self.dev, len, self.qp.pending.sends());
         let payload = Snapshot::take(payload, &self.dev.held).map_err(|_| WcError::LocProt)?;
-        self.dev.turn_left = self.dev.turn_left.saturating_sub(len / COPY_BYTES_PER_UNIT);
+        self.dev.turn.work_left = self
+            .dev
+            .turn
+            .work_left
+            .saturating_sub(len / COPY_BYTES_PER_UNIT);
         let mut head = self.message_head(w, payload, len);
         head.uc = true;
         self.qp.next_psn = psn_add(self.qp.next_psn, head.span());
@@ -623,7 +627,7 @@ impl QpEngine<'_> {
         // `WORK_PER_TURN * COPY_BYTES_PER_UNIT` (4 MiB) of them, and the fabric's
         // backpressure holds the port between turns.
         let units = len / COPY_BYTES_PER_UNIT;
-        self.dev.turn_left = self.dev.turn_left.saturating_sub(units);
+        self.dev.turn.work_left = self.dev.turn.work_left.saturating_sub(units);
         let pkt = Packet {
             dlid: w.ud_dlid,
             pkey,

@@ -297,7 +297,7 @@ impl QpEngine<'_> {
     fn transmit_ack(&mut self, req: &Packet) {
         self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;
         let psn = psn_add(req.psn, req.span() - 1);
-        if !self.dev.hold_acks {
+        if !self.dev.turn.hold_acks {
             // A held ACK is older: this one covers its messages too.
             self.qp.held_ack = None;
             let ack = self.aeth(req, AETH_ACK, psn);
@@ -311,7 +311,7 @@ impl QpEngine<'_> {
             msn: self.qp.msn,
         });
         if !std::mem::replace(&mut self.qp.held_ack_listed, true) {
-            self.dev.held_acks.push(self.qpn);
+            self.dev.turn.held_acks.push(self.qpn);
         }
     }
 
@@ -1022,7 +1022,7 @@ fn atomic_ack(qpn: u32, pkey: u16, req: &Packet, orig: u64) -> Packet {
 impl HcaState {
     /// Ends a burst of deliveries: each QP's held ACK goes out.
     pub(crate) fn send_held_acks(&mut self) {
-        let mut list = std::mem::take(&mut self.dev.held_acks);
+        let mut list = std::mem::take(&mut self.dev.turn.held_acks);
         for &qpn in &list {
             if let Some(mut e) = self.engine(qpn) {
                 e.qp.held_ack_listed = false;
@@ -1030,8 +1030,8 @@ impl HcaState {
             }
         }
         list.clear();
-        if self.dev.held_acks.is_empty() {
-            self.dev.held_acks = list; // keeps its capacity
+        if self.dev.turn.held_acks.is_empty() {
+            self.dev.turn.held_acks = list; // keeps its capacity
         }
     }
 }

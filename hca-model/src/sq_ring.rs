@@ -233,7 +233,7 @@ impl HcaState {
         }
         // A turn that left work (its thread may be held up in the fabric's pump before it
         // goes on) is gone on with here, as a send doorbell did before the rings.
-        if overran || std::mem::take(&mut self.dev.more_work) {
+        if overran || std::mem::take(&mut self.dev.turn.more_work) {
             self.scan_send_queues();
         } else if !self.sq_rings.unnamed.is_empty() {
             self.scan_unnamed_send_queues();
