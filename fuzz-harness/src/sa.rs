@@ -7,9 +7,10 @@
 use std::cell::Cell;
 
 use arbitrary::Arbitrary;
-use hca_model::abi::{node_guid, Lid, COUNTERS_LEN, GSI_QKEY, SMI_QPN};
+use hca_model::abi::{node_guid, Lid, COUNTERS_LEN, SMI_QPN};
 use hca_model::packet::{Packet, Payload, UD_SEND_ONLY};
-use hca_model::sa::pma::{Agent, CLASS_PERF_MGMT};
+use hca_model::sa::mad::{self, at, class, SA_CLASS_VERSION};
+use hca_model::sa::pma::Agent;
 use hca_model::sa::sm::PERMISSIVE_LID;
 use hca_model::sa::{Ports, SubnetAdmin, MAD_SIZE, SM_LID};
 
@@ -125,10 +126,6 @@ pub fn run(input: Input) {
                 rmpp,
                 data,
             } => {
-                let mut m = vec![0u8; MAD_SIZE];
-                if sa_header {
-                    m[..3].copy_from_slice(&[1, 3, 2]);
-                }
                 // The attributes the SA knows, most of the time.
                 const ATTRS: [u16; 8] = [1, 2, 3, 0x11, 0x12, 0x31, 0x35, 0x38];
                 let attr = if attr & 0x8000 == 0 {
@@ -136,23 +133,16 @@ pub fn run(input: Input) {
                 } else {
                     attr
                 };
-                m[3] = method;
-                m[16..18].copy_from_slice(&attr.to_be_bytes());
+                let mut m = mad::header(class::SUBN_ADM, SA_CLASS_VERSION, method, 0, attr);
+                if !sa_header {
+                    m[..at::METHOD].fill(0);
+                }
                 m[24..36].copy_from_slice(&rmpp);
-                m[48..56].copy_from_slice(&comp_mask.to_be_bytes());
-                let n = data.len().min(MAD_SIZE - 56);
-                m[56..56 + n].copy_from_slice(&data[..n]);
+                m[at::SA_COMP_MASK..at::SA_DATA].copy_from_slice(&comp_mask.to_be_bytes());
+                let n = data.len().min(MAD_SIZE - at::SA_DATA);
+                m[at::SA_DATA..at::SA_DATA + n].copy_from_slice(&data[..n]);
                 let from = Lid::from(from);
-                let p = Packet {
-                    slid: from,
-                    opcode: UD_SEND_ONLY,
-                    dest_qpn: 1,
-                    src_qpn: u32::from(qpn),
-                    qkey: GSI_QKEY,
-                    payload: Payload::Bytes(m),
-                    ..Default::default()
-                };
-                (p, from)
+                (mad::to_sa(from, u32::from(qpn), m.to_vec()), from)
             }
             Step::Raw {
                 from,
@@ -184,11 +174,14 @@ pub fn run(input: Input) {
                 initial_path,
                 return_path,
             } => {
-                let mut m = vec![0u8; MAD_SIZE];
-                m[..4].copy_from_slice(&[1, if directed { 0x81 } else { 0x01 }, 1, method]);
+                let class = if directed {
+                    class::SUBN_DIRECTED_ROUTE
+                } else {
+                    class::SUBN_LID_ROUTED
+                };
+                let mut m = mad::header(class, 1, method, 0, u16::from(attr));
                 m[4..6].copy_from_slice(&status.to_be_bytes());
                 (m[6], m[7]) = hops;
-                m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
                 m[20..24].copy_from_slice(&u32::from(attr_mod).to_be_bytes());
                 let dr = |permissive: bool| if permissive { [0xff, 0xff] } else { [0, 2] };
                 m[32..34].copy_from_slice(&dr(dr_lids.0));
@@ -203,7 +196,7 @@ pub fn run(input: Input) {
                     opcode: UD_SEND_ONLY,
                     dest_qpn: SMI_QPN,
                     src_qpn: SMI_QPN,
-                    payload: Payload::Bytes(m),
+                    payload: Payload::Bytes(m.to_vec()),
                     ..Default::default()
                 };
                 if let Some(answers) = sa.answer(&p, &ports) {
@@ -225,24 +218,13 @@ pub fn run(input: Input) {
                 port,
                 select,
             } => {
-                let mut m = vec![0u8; MAD_SIZE];
                 let version = if versions_ok { 1 } else { method >> 4 };
-                m[..4].copy_from_slice(&[1, CLASS_PERF_MGMT, version, method]);
                 // ClassPortInfo, PortCounters, PortCountersExtended, or any.
                 let attr = [1, 0x12, 0x1d, u16::from(attr)][usize::from(attr % 4)];
-                m[16..18].copy_from_slice(&attr.to_be_bytes());
+                let mut m = mad::header(class::PERF_MGMT, version, method, 0, attr);
                 m[65] = port;
                 m[66..68].copy_from_slice(&select.to_be_bytes());
-                let p = Packet {
-                    slid: Lid::from(from),
-                    dlid: SM_LID,
-                    opcode: UD_SEND_ONLY,
-                    dest_qpn: 1,
-                    src_qpn: 1,
-                    qkey: GSI_QKEY,
-                    payload: Payload::Bytes(m),
-                    ..Default::default()
-                };
+                let p = mad::to_sa(Lid::from(from), 1, m.to_vec());
                 if let Some(a) = pma.answer(&p, &ports) {
                     assert_eq!(a.payload.len() as usize, MAD_SIZE);
                     assert_eq!((a.dlid, a.dest_qpn), (p.slid, 1));

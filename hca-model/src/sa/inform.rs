@@ -6,10 +6,8 @@
 //! A Report is sent once (the SA does not resend it for want of a ReportResp).
 //! Bounded: [`MAX_SUBSCRIPTIONS`] in all, [`MAX_SUBSCRIPTIONS_PER_PORT`] per subscribing port.
 
-use super::{
-    attr, be16, be32, gid_at, gid_guid, method, status, Found, Peer, Ports, Request,
-    CLASS_SUBN_ADM, DATA_OFFSET, MAD_SIZE, SA_CLASS_VERSION, SM_LID,
-};
+use super::mad::{self, at, attr, class, method, status, SA_CLASS_VERSION};
+use super::{be16, be32, gid_at, gid_guid, Found, Peer, Ports, Request, SM_LID};
 use crate::abi::Lid;
 
 pub const MAX_SUBSCRIPTIONS: usize = 256;
@@ -100,15 +98,15 @@ impl Subscriptions {
 /// A Report of generic trap `trap` about the port whose GID is `gid` (traps 64 and 65
 /// carry the GID in their data details).
 pub(super) fn report(tid: u64, trap: u16, gid: &[u8; 16]) -> Vec<u8> {
-    let mut m = [0u8; MAD_SIZE];
-    m[0] = 1;
-    m[1] = CLASS_SUBN_ADM;
-    m[2] = SA_CLASS_VERSION;
-    m[3] = method::REPORT;
-    m[8..16].copy_from_slice(&tid.to_be_bytes());
-    m[16..18].copy_from_slice(&attr::NOTICE.to_be_bytes());
+    let mut m = mad::header(
+        class::SUBN_ADM,
+        SA_CLASS_VERSION,
+        method::REPORT,
+        tid,
+        attr::NOTICE,
+    );
     // The Notice (80 bytes of data): IsGeneric | Type, then the 24-bit ProducerType.
-    const N: usize = DATA_OFFSET;
+    const N: usize = at::SA_DATA;
     m[N..N + 4].copy_from_slice(
         &(0x8000_0000 | u32::from(NOTICE_TYPE_SUBN_MGMT) << 24 | PRODUCER_CLASS_MANAGER)
             .to_be_bytes(),

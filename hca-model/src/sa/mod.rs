@@ -31,6 +31,7 @@
 
 mod groups;
 mod inform;
+pub mod mad;
 pub mod pma;
 mod records;
 mod rmpp;
@@ -40,15 +41,15 @@ pub mod sm;
 mod tests;
 
 pub use groups::Group;
+pub use mad::{status, MAD_SIZE};
 
 use crate::abi::Lid;
 use crate::abi::{GSI_QKEY, GSI_QPN, SMI_QPN};
-use crate::packet::{Packet, Payload, UD_SEND_ONLY};
+use crate::packet::{Packet, Payload};
+use mad::{at, attr, class, method, SA_CLASS_VERSION};
 
 /// The SM's (and SA's) LID: the highest unicast LID, clear of the nodes' 1, 2, ...
 pub const SM_LID: Lid = 0xbfff;
-/// A MAD is 256 bytes on a GSI QP.
-pub const MAD_SIZE: usize = 256;
 /// The subnet prefix every port's GID starts with (link-local).
 pub const SUBNET_PREFIX: u64 = 0xfe80_0000_0000_0000;
 /// The first multicast LID.
@@ -56,51 +57,6 @@ pub const MLID_BASE: Lid = 0xc000;
 /// The most records one GetTable answer carries: every path of a 64-node fabric (the most
 /// hcabench boots; 256 KiB of path records); a query that matches more gets "no resources".
 pub const MAX_TABLE_RECORDS: usize = 4096;
-
-/// Management class of the SA, and its class version.
-const CLASS_SUBN_ADM: u8 = 0x03;
-const SA_CLASS_VERSION: u8 = 2;
-
-/// SA methods (IBA 15.4.2); a response sets bit 7.
-mod method {
-    pub const GET: u8 = 0x01;
-    pub const SET: u8 = 0x02;
-    pub const REPORT: u8 = 0x06;
-    pub const GET_TABLE: u8 = 0x12;
-    pub const DELETE: u8 = 0x15;
-    pub const RESP: u8 = 0x80;
-}
-
-/// SA attribute IDs (IBA 15.2.5).
-mod attr {
-    pub const CLASS_PORT_INFO: u16 = 0x0001;
-    pub const NOTICE: u16 = 0x0002;
-    pub const INFORM_INFO: u16 = 0x0003;
-    pub const NODE_RECORD: u16 = 0x0011;
-    pub const PORT_INFO_RECORD: u16 = 0x0012;
-    pub const SERVICE_RECORD: u16 = 0x0031;
-    pub const PATH_RECORD: u16 = 0x0035;
-    pub const MCMEMBER_RECORD: u16 = 0x0038;
-}
-
-/// MAD status: common codes (bits 2-4) and SA codes (bits 8-14).
-pub mod status {
-    pub const BAD_VERSION: u16 = 1 << 2;
-    pub const METHOD_UNSUPPORTED: u16 = 2 << 2;
-    pub const METHOD_ATTR_UNSUPPORTED: u16 = 3 << 2;
-    pub const INVALID_FIELD: u16 = 7 << 2;
-    pub const NO_RESOURCES: u16 = 1 << 8;
-    pub const REQ_INVALID: u16 = 2 << 8;
-    pub const NO_RECORDS: u16 = 3 << 8;
-    pub const TOO_MANY_RECORDS: u16 = 4 << 8;
-    pub const INVALID_GID: u16 = 5 << 8;
-    pub const INSUFFICIENT_COMPONENTS: u16 = 6 << 8;
-}
-
-/// Where the SA header's fields and the data sit in a MAD.
-const ATTR_OFFSET_AT: usize = 44;
-const COMP_MASK_OFFSET: usize = 48;
-const DATA_OFFSET: usize = 56;
 
 /// IB MTU enums (1: 256 .. 5: 4096) and rate enums, as path and group records carry them.
 const MTU_4096: u8 = 5;
@@ -208,9 +164,9 @@ struct Request<'a> {
 
 impl Request<'_> {
     /// The record the request carries (its template).
-    fn data(&self) -> &[u8; MAD_SIZE - DATA_OFFSET] {
-        let (_, data) = self.mad.split_at(DATA_OFFSET);
-        data.try_into().unwrap_or(&[0; MAD_SIZE - DATA_OFFSET])
+    fn data(&self) -> &[u8; MAD_SIZE - at::SA_DATA] {
+        let (_, data) = self.mad.split_at(at::SA_DATA);
+        data.try_into().unwrap_or(&[0; MAD_SIZE - at::SA_DATA])
     }
     fn has(&self, bits: u64) -> bool {
         self.comp_mask & bits == bits
@@ -343,7 +299,7 @@ impl SubnetAdmin {
         let Some(Ok(mad)) = mad.get(..MAD_SIZE).map(<&[u8; MAD_SIZE]>::try_from) else {
             return None;
         };
-        if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != CLASS_SUBN_ADM {
+        if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != class::SUBN_ADM {
             return None;
         }
         let from = Peer {
@@ -378,7 +334,7 @@ impl SubnetAdmin {
             mad,
             method: mad[3],
             attr: be16(mad, 16),
-            comp_mask: be64(mad, COMP_MASK_OFFSET),
+            comp_mask: be64(mad, at::SA_COMP_MASK),
             from,
         };
         let mut resp: [u8; MAD_SIZE] = *mad;
@@ -409,7 +365,7 @@ impl SubnetAdmin {
                     resp[4..6].copy_from_slice(&status::NO_RESOURCES.to_be_bytes());
                     out.push(to(from, resp.to_vec()));
                 } else {
-                    resp[ATTR_OFFSET_AT..ATTR_OFFSET_AT + 2]
+                    resp[at::SA_ATTR_OFFSET..at::SA_ATTR_OFFSET + 2]
                         .copy_from_slice(&((size / 8) as u16).to_be_bytes());
                     let mut data = Vec::with_capacity(size * rows.len());
                     for r in &rows {
@@ -424,7 +380,7 @@ impl SubnetAdmin {
                 let st = match rows.as_slice() {
                     [one] => {
                         put_data(&mut resp, one);
-                        resp[ATTR_OFFSET_AT..ATTR_OFFSET_AT + 2]
+                        resp[at::SA_ATTR_OFFSET..at::SA_ATTR_OFFSET + 2]
                             .copy_from_slice(&((size / 8) as u16).to_be_bytes());
                         0
                     }
@@ -462,15 +418,21 @@ impl SubnetAdmin {
         use method::*;
         match (req.method, req.attr) {
             (GET, attr::CLASS_PORT_INFO) => Ok(Found::One(records::class_port_info())),
-            (GET | GET_TABLE, attr::PATH_RECORD) => records::paths(req, ports, self.packet_life),
-            (GET | GET_TABLE, attr::NODE_RECORD) => records::nodes(req, ports),
-            (GET | GET_TABLE, attr::PORT_INFO_RECORD) => records::port_infos(req, ports),
-            (SET, attr::MCMEMBER_RECORD) => self.groups.join(req, ports, self.packet_life),
-            (DELETE, attr::MCMEMBER_RECORD) => self.groups.leave(req, self.packet_life),
-            (GET | GET_TABLE, attr::MCMEMBER_RECORD) => Ok(self.groups.find(req, self.packet_life)),
-            (SET, attr::SERVICE_RECORD) => self.services.set(req, ports),
-            (DELETE, attr::SERVICE_RECORD) => self.services.delete(req, ports.now_ns()),
-            (GET | GET_TABLE, attr::SERVICE_RECORD) => Ok(self.services.find(req, ports.now_ns())),
+            (GET | GET_TABLE, attr::sa::PATH_RECORD) => {
+                records::paths(req, ports, self.packet_life)
+            }
+            (GET | GET_TABLE, attr::sa::NODE_RECORD) => records::nodes(req, ports),
+            (GET | GET_TABLE, attr::sa::PORT_INFO_RECORD) => records::port_infos(req, ports),
+            (SET, attr::sa::MCMEMBER_RECORD) => self.groups.join(req, ports, self.packet_life),
+            (DELETE, attr::sa::MCMEMBER_RECORD) => self.groups.leave(req, self.packet_life),
+            (GET | GET_TABLE, attr::sa::MCMEMBER_RECORD) => {
+                Ok(self.groups.find(req, self.packet_life))
+            }
+            (SET, attr::sa::SERVICE_RECORD) => self.services.set(req, ports),
+            (DELETE, attr::sa::SERVICE_RECORD) => self.services.delete(req, ports.now_ns()),
+            (GET | GET_TABLE, attr::sa::SERVICE_RECORD) => {
+                Ok(self.services.find(req, ports.now_ns()))
+            }
             (SET, attr::INFORM_INFO) => self.informs.set(req, ports),
             (GET | SET | GET_TABLE | DELETE, _) => Err(status::METHOD_ATTR_UNSUPPORTED),
             _ => Err(status::METHOD_UNSUPPORTED),
@@ -480,7 +442,7 @@ impl SubnetAdmin {
 
 /// Writes `rec` as the data of `mad`, clearing the rest of the data area.
 fn put_data(mad: &mut [u8; MAD_SIZE], rec: &[u8]) {
-    let (_, data) = mad.split_at_mut(DATA_OFFSET);
+    let (_, data) = mad.split_at_mut(at::SA_DATA);
     data.fill(0);
     for (d, r) in data.iter_mut().zip(rec) {
         *d = *r;
@@ -489,14 +451,5 @@ fn put_data(mad: &mut [u8; MAD_SIZE], rec: &[u8]) {
 
 /// A MAD from the SA's QP1 to `peer`.
 fn to(peer: Peer, mad: Vec<u8>) -> Packet {
-    Packet {
-        slid: SM_LID,
-        dlid: peer.lid,
-        opcode: UD_SEND_ONLY,
-        dest_qpn: peer.qpn,
-        src_qpn: GSI_QPN,
-        qkey: GSI_QKEY,
-        payload: Payload::Bytes(mad),
-        ..Default::default()
-    }
+    mad::on_gsi(SM_LID, GSI_QPN, peer.lid, peer.qpn, mad)
 }

@@ -20,30 +20,16 @@
 //! lock or under the SA's (a port attaching takes its device's lock, then the SA's): the
 //! fabric's SA port calls it with neither held (`fabric.rs`).
 
-use super::method::{GET, RESP, SET};
+use super::mad::method::{GET, GET_RESP, RESP, SET};
+use super::mad::{at, attr, class, PERF_CLASS_VERSION};
 use super::{be16, status, to, Peer, Ports, MAD_SIZE};
 use crate::abi::Lid;
 use crate::abi::{self, COUNTERS_LEN, GSI_QKEY, GSI_QPN};
 use crate::packet::{Packet, Payload};
 
-/// The Performance Management class, and the class version it speaks.
-pub const CLASS_PERF_MGMT: u8 = 0x04;
-const PERF_CLASS_VERSION: u8 = 1;
-
-/// The response to a Get or Set, in every management class.
-const GET_RESP: u8 = GET | RESP;
-
-mod attr {
-    pub const CLASS_PORT_INFO: u16 = 0x0001;
-    pub const PORT_COUNTERS: u16 = 0x0012;
-    pub const PORT_COUNTERS_EXT: u16 = 0x001d;
-}
-
-/// Where the attribute data starts (after the common header and 40 reserved bytes).
-const DATA: usize = 64;
 /// PortSelect, in PortCounters and PortCountersExtended.
-const PORT_SELECT: usize = DATA + 1;
-const COUNTER_SELECT: usize = DATA + 2;
+const PORT_SELECT: usize = at::DATA + 1;
+const COUNTER_SELECT: usize = at::DATA + 2;
 /// PortSelect naming every port at once.
 const ALL_PORTS: u8 = 0xff;
 
@@ -116,7 +102,7 @@ impl Agent {
             return None;
         };
         let mad: &[u8; MAD_SIZE] = b.get(..MAD_SIZE)?.try_into().ok()?;
-        if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != CLASS_PERF_MGMT {
+        if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != class::PERF_MGMT {
             return None;
         }
         let (get, set) = (mad[3] == GET, mad[3] == SET);
@@ -144,16 +130,16 @@ impl Agent {
     fn attribute(&mut self, mad: &mut [u8; MAD_SIZE], set: bool, ports: &dyn Ports) -> u16 {
         match (be16(mad, 16), set) {
             (attr::CLASS_PORT_INFO, false) => {
-                mad[DATA..].fill(0);
-                mad[DATA] = 1; // BaseVersion
-                mad[DATA + 1] = PERF_CLASS_VERSION;
+                mad[at::DATA..].fill(0);
+                mad[at::DATA] = 1; // BaseVersion
+                mad[at::DATA + 1] = PERF_CLASS_VERSION;
                 let cap = CAP_ALL_PORT_SELECT | CAP_EXTENDED_WIDTH;
-                put(mad, DATA + 2, &cap.to_be_bytes());
-                put(mad, DATA + 4, &RESP_TIME.to_be_bytes());
+                put(mad, at::DATA + 2, &cap.to_be_bytes());
+                put(mad, at::DATA + 4, &RESP_TIME.to_be_bytes());
                 0
             }
-            (attr::PORT_COUNTERS, _) => self.counters(mad, false, set, ports),
-            (attr::PORT_COUNTERS_EXT, _) => self.counters(mad, true, set, ports),
+            (attr::pma::PORT_COUNTERS, _) => self.counters(mad, false, set, ports),
+            (attr::pma::PORT_COUNTERS_EXT, _) => self.counters(mad, true, set, ports),
             _ => status::METHOD_ATTR_UNSUPPORTED,
         }
     }
@@ -193,24 +179,24 @@ impl Agent {
             }
         }
         // PortSelect and CounterSelect stay; everything after them is ours.
-        mad[DATA + 4..].fill(0);
+        mad[at::DATA + 4..].fill(0);
         if ext {
             for (i, v) in sum.iter().take(8).enumerate() {
-                put(mad, DATA + 8 + 8 * i, &v.to_be_bytes());
+                put(mad, at::DATA + 8 + 8 * i, &v.to_be_bytes());
             }
         } else {
             let sat = |v: u64, max: u64| v.min(max);
-            mad[DATA + 7] = sat(sum[field::LINK_DOWNED], 0xff) as u8;
+            mad[at::DATA + 7] = sat(sum[field::LINK_DOWNED], 0xff) as u8;
             let relay = sat(sum[field::RELAY_ERRORS], 0xffff) as u16;
-            put(mad, DATA + 12, &relay.to_be_bytes());
-            for (at, f) in [
+            put(mad, at::DATA + 12, &relay.to_be_bytes());
+            for (off, f) in [
                 (24, sum[field::XMIT_DATA]),
                 (28, sum[field::RCV_DATA]),
                 (32, sum[field::XMIT_PKTS]),
                 (36, sum[field::RCV_PKTS]),
             ] {
                 let v = sat(f, u64::from(u32::MAX)) as u32;
-                put(mad, DATA + at, &v.to_be_bytes());
+                put(mad, at::DATA + off, &v.to_be_bytes());
             }
         }
         0

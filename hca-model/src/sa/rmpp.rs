@@ -11,7 +11,8 @@
 
 use std::collections::VecDeque;
 
-use super::{be32, method, Peer, DATA_OFFSET, MAD_SIZE};
+use super::mad::at;
+use super::{be32, method, Peer, MAD_SIZE};
 
 pub const MAX_TRANSFERS: usize = 16;
 
@@ -31,8 +32,8 @@ const STATUS_UNSPECIFIED: u8 = 127;
 /// Where the RMPP header sits, and the bytes of each segment after it that count as
 /// payload: the SA header (20) and 200 bytes of records.
 const RMPP_AT: usize = 24;
-const SA_HEADER: usize = DATA_OFFSET - 36;
-const SEGMENT_DATA: usize = MAD_SIZE - DATA_OFFSET;
+const SA_HEADER: usize = at::SA_DATA - 36;
+const SEGMENT_DATA: usize = MAD_SIZE - at::SA_DATA;
 
 /// A MAD's RMPP header, when RMPP is active in it.
 pub(super) struct Header {
@@ -84,7 +85,7 @@ pub(super) fn ack_of(mad: &[u8; MAD_SIZE]) -> Vec<u8> {
 pub(super) fn abort(mad: &mut [u8; MAD_SIZE]) {
     mad[3] ^= method::RESP;
     set_header(mad, ABORT, 0, STATUS_UNSPECIFIED, 0, 0);
-    mad[DATA_OFFSET..].fill(0);
+    mad[at::SA_DATA..].fill(0);
 }
 
 /// An answer under way to `to`.
@@ -108,9 +109,9 @@ impl Transfers {
         let segments: Vec<Vec<u8>> = (0..n)
             .map(|i| {
                 let mut m = [0u8; MAD_SIZE];
-                m[..DATA_OFFSET].copy_from_slice(&header[..DATA_OFFSET]);
+                m[..at::SA_DATA].copy_from_slice(&header[..at::SA_DATA]);
                 let chunk = data.chunks(SEGMENT_DATA).nth(i).unwrap_or_default();
-                for (d, c) in m[DATA_OFFSET..].iter_mut().zip(chunk) {
+                for (d, c) in m[at::SA_DATA..].iter_mut().zip(chunk) {
                     *d = *c;
                 }
                 let (first, last) = (i == 0, i + 1 == n);

@@ -14,7 +14,8 @@
 //! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
 //! permissive) are forwarded; a port above 254 is not on the switch.
 
-use super::method::{GET, RESP, SET};
+use super::mad::method::{GET, GET_RESP, SET};
+use super::mad::{at, attr, class};
 use super::{be16, records, status, Ports, MAD_SIZE, SM_LID};
 use crate::abi::Lid;
 use crate::abi::SMI_QPN;
@@ -28,29 +29,11 @@ pub const PERMISSIVE_LID: Lid = 0xffff;
 /// What `smpquery nodedesc` shows for the switch.
 pub const NODE_DESC: &str = "hcabench fabric switch (subnet manager)";
 
-const CLASS_LID_ROUTED: u8 = 0x01;
-const CLASS_DIRECTED_ROUTE: u8 = 0x81;
-/// The response to a Get or Set, in every management class.
-const GET_RESP: u8 = GET | RESP;
-
-mod attr {
-    pub const NODE_DESC: u16 = 0x0010;
-    pub const NODE_INFO: u16 = 0x0011;
-    pub const SWITCH_INFO: u16 = 0x0012;
-    pub const PORT_INFO: u16 = 0x0015;
-    pub const LINEAR_FORWARDING_TABLE: u16 = 0x0019;
-    pub const SM_INFO: u16 = 0x0020;
-}
-
-/// SMP offsets (IBA 14.2.1.2).
-const STATUS: usize = 4;
+/// Directed-route SMP offsets (IBA 14.2.1.2), beside the common header's ([`at`]).
 const HOP_PTR: usize = 6;
 const HOP_CNT: usize = 7;
-const ATTR_ID: usize = 16;
-const ATTR_MOD: usize = 20;
 const DR_SLID: usize = 32;
 const DR_DLID: usize = 34;
-const DATA: usize = 64;
 const INITIAL_PATH: usize = 128;
 const RETURN_PATH: usize = 192;
 /// The status bit of a directed-route SMP on its way back.
@@ -86,11 +69,11 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
     // On a directed route's hops both LIDs are permissive (so the next port answers
     // the way the SMP came, whatever its LRH said).
     let (from, to) = match mad[1] {
-        CLASS_LID_ROUTED if pkt.dlid == SM_LID => {
+        class::SUBN_LID_ROUTED if pkt.dlid == SM_LID => {
             switch.agent(&mut mad)?;
             (SM_LID, pkt.slid)
         }
-        CLASS_DIRECTED_ROUTE if pkt.dlid == PERMISSIVE_LID => {
+        class::SUBN_DIRECTED_ROUTE if pkt.dlid == PERMISSIVE_LID => {
             (PERMISSIVE_LID, switch.directed(&mut mad)?)
         }
         _ => return None,
@@ -147,7 +130,7 @@ impl Switch<'_> {
         if !pure || hop_cnt >= MAX_HOPS {
             return None;
         }
-        let returning = be16(mad, STATUS) & DIRECTION != 0;
+        let returning = be16(mad, at::STATUS) & DIRECTION != 0;
         let out = if !returning {
             // C14-9:2 and :3: the sender moved the pointer onto this hop.
             if hop_ptr == 0 || hop_ptr > hop_cnt {
@@ -184,10 +167,11 @@ impl Switch<'_> {
             return None;
         }
         mad[3] = GET_RESP;
-        let attr = be16(mad, ATTR_ID);
-        let attr_mod = u32::from_be_bytes(mad.get(ATTR_MOD..ATTR_MOD + 4)?.try_into().ok()?);
+        let attr = be16(mad, at::ATTR_ID);
+        let attr_mod =
+            u32::from_be_bytes(mad.get(at::ATTR_MOD..at::ATTR_MOD + 4)?.try_into().ok()?);
         let versions_ok = mad[0] == 1 && mad[2] == 1;
-        let data = mad.get_mut(DATA..INITIAL_PATH)?;
+        let data = mad.get_mut(at::DATA..INITIAL_PATH)?;
         data.fill(0);
         let mut st = if !versions_ok {
             status::BAD_VERSION
@@ -196,10 +180,10 @@ impl Switch<'_> {
         } else {
             self.get(attr, attr_mod, data)
         };
-        if mad[1] == CLASS_DIRECTED_ROUTE {
+        if mad[1] == class::SUBN_DIRECTED_ROUTE {
             st |= DIRECTION;
         }
-        mad.get_mut(STATUS..STATUS + 2)?
+        mad.get_mut(at::STATUS..at::STATUS + 2)?
             .copy_from_slice(&st.to_be_bytes());
         Some(())
     }
@@ -209,7 +193,7 @@ impl Switch<'_> {
         let mut w = Writer(data);
         let local_port = self.ingress_port().unwrap_or(0);
         match attr {
-            attr::NODE_INFO => w.put(
+            attr::smp::NODE_INFO => w.put(
                 0,
                 &records::node_info(
                     records::NODE_SWITCH,
@@ -219,14 +203,14 @@ impl Switch<'_> {
                     local_port,
                 ),
             ),
-            attr::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
-            attr::SWITCH_INFO => {
+            attr::smp::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
+            attr::smp::SWITCH_INFO => {
                 // LinearFDBCap: every unicast LID; LinearFDBTop: the switch's own, the
                 // highest it forwards.
                 w.put(0, &0xc000u16.to_be_bytes());
                 w.put(6, &SM_LID.to_be_bytes());
             }
-            attr::LINEAR_FORWARDING_TABLE => {
+            attr::smp::LINEAR_FORWARDING_TABLE => {
                 // 64 LIDs a block: LID n leaves by port n, the switch's own LID is port
                 // 0, a LID with no port behind it has none (0xff).
                 let Some(first) = attr_mod.checked_mul(64).filter(|&f| f <= u32::from(SM_LID))
@@ -246,14 +230,14 @@ impl Switch<'_> {
                     .collect();
                 w.put(0, &ports);
             }
-            attr::PORT_INFO => {
+            attr::smp::PORT_INFO => {
                 let Some(port) = u8::try_from(attr_mod).ok().filter(|&p| p <= self.num_ports)
                 else {
                     return status::INVALID_FIELD;
                 };
                 w.put(0, &self.port_info(port, local_port));
             }
-            attr::SM_INFO => {
+            attr::smp::SM_INFO => {
                 // GUID, SM_Key (0: no key protects the SM), ActCount, priority 0 and state.
                 w.put(0, &SM_GUID.to_be_bytes());
                 w.put(16, &self.activity.to_be_bytes());

@@ -56,25 +56,11 @@ fn three() -> Nodes {
 }
 
 fn mad(method: u8, attr: u16, comp_mask: u64, data: &[u8]) -> Packet {
-    let mut m = vec![0u8; MAD_SIZE];
-    m[0] = 1;
-    m[1] = CLASS_SUBN_ADM;
-    m[2] = SA_CLASS_VERSION;
-    m[3] = method;
-    m[8..16].copy_from_slice(&0x1234_5678_9abc_def0u64.to_be_bytes());
-    m[16..18].copy_from_slice(&attr.to_be_bytes());
-    m[COMP_MASK_OFFSET..DATA_OFFSET].copy_from_slice(&comp_mask.to_be_bytes());
-    m[DATA_OFFSET..DATA_OFFSET + data.len()].copy_from_slice(data);
-    Packet {
-        slid: 2,
-        dlid: SM_LID,
-        opcode: UD_SEND_ONLY,
-        dest_qpn: 1,
-        src_qpn: 1,
-        qkey: GSI_QKEY,
-        payload: Payload::Bytes(m),
-        ..Default::default()
-    }
+    let tid = 0x1234_5678_9abc_def0;
+    let mut m = mad::header(class::SUBN_ADM, SA_CLASS_VERSION, method, tid, attr);
+    m[at::SA_COMP_MASK..at::SA_DATA].copy_from_slice(&comp_mask.to_be_bytes());
+    m[at::SA_DATA..at::SA_DATA + data.len()].copy_from_slice(data);
+    mad::to_sa(2, 1, m.to_vec())
 }
 
 /// (method, status, data) of the answer.
@@ -89,7 +75,7 @@ fn ask(sa: &mut SubnetAdmin, p: &Packet) -> (u8, u16, Vec<u8>) {
     };
     assert_eq!(b.len(), MAD_SIZE);
     assert_eq!(be64(&b, 8), 0x1234_5678_9abc_def0, "the TID comes back");
-    (b[3], be16(&b, 4), b[DATA_OFFSET..].to_vec())
+    (b[3], be16(&b, 4), b[at::SA_DATA..].to_vec())
 }
 
 fn gid(lid: Lid) -> [u8; 16] {
@@ -101,7 +87,10 @@ fn test_a_path_record_by_dgid_names_both_ends_and_honours_selectors() {
     let mut sa = SubnetAdmin::new();
     let mut d = [0u8; 64];
     d[8..24].copy_from_slice(&gid(3));
-    let (m, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, pr::DGID, &d));
+    let (m, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::sa::PATH_RECORD, pr::DGID, &d),
+    );
     assert_eq!((m, st), ((method::GET | method::RESP), 0));
     assert_eq!(r[8..24], gid(3));
     assert_eq!(r[24..40], gid(2), "from the asker");
@@ -110,20 +99,23 @@ fn test_a_path_record_by_dgid_names_both_ends_and_honours_selectors() {
     // MTU exactly 2048: a 4096 path carries that too.
     d[54] = 2 << 6 | MTU_2048;
     let exact = pr::DGID | pr::MTU_SELECTOR | pr::MTU;
-    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, exact, &d));
     assert_eq!((st, r[54] & 0x3f), (0, MTU_2048));
     // Greater than 2048: 4096 will do; greater than 4096 nothing does.
     d[54] = MTU_2048;
-    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, exact, &d));
     assert_eq!((st, r[54] & 0x3f), (0, MTU_4096));
     d[54] = MTU_4096;
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, exact, &d));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, exact, &d));
     assert_eq!(st, status::NO_RECORDS);
     // An unknown GID has no path; a query naming no destination is incomplete.
     d[8..24].copy_from_slice(&gid(9));
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, pr::DGID, &d));
+    let (_, st, _) = ask(
+        &mut sa,
+        &mad(method::GET, attr::sa::PATH_RECORD, pr::DGID, &d),
+    );
     assert_eq!(st, status::NO_RECORDS);
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, 0, &d));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, 0, &d));
     assert_eq!(st, status::INSUFFICIENT_COMPONENTS);
     // By DLID and SLID.
     let mut d = [0u8; 64];
@@ -131,7 +123,7 @@ fn test_a_path_record_by_dgid_names_both_ends_and_honours_selectors() {
     d[42..44].copy_from_slice(&3u16.to_be_bytes());
     let (_, st, r) = ask(
         &mut sa,
-        &mad(method::GET, attr::PATH_RECORD, pr::DLID | pr::SLID, &d),
+        &mad(method::GET, attr::sa::PATH_RECORD, pr::DLID | pr::SLID, &d),
     );
     assert_eq!((st, r[24..40].to_vec()), (0, gid(3).to_vec()));
 }
@@ -141,10 +133,10 @@ fn test_paths_and_groups_carry_the_packet_lifetime_the_subnet_is_given() {
     let mut sa = SubnetAdmin::new();
     let mut d = [0u8; 64];
     d[8..24].copy_from_slice(&gid(3));
-    let path = mad(method::GET, attr::PATH_RECORD, pr::DGID, &d);
+    let path = mad(method::GET, attr::sa::PATH_RECORD, pr::DGID, &d);
     let join = mad(
         method::SET,
-        attr::MCMEMBER_RECORD,
+        attr::sa::MCMEMBER_RECORD,
         mc::MGID | mc::PORT_GID | mc::JOIN_STATE,
         &member(IPOIB_BROADCAST_MGID, 2, 1),
     );
@@ -159,10 +151,10 @@ fn test_paths_and_groups_carry_the_packet_lifetime_the_subnet_is_given() {
     // 12" has nothing.
     let life = pr::DGID | pr::LIFE_SELECTOR | pr::LIFE;
     d[56] = 1 << 6 | 12;
-    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, life, &d));
+    let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, life, &d));
     assert_eq!((st, r[56] & 0x3f), (0, 11));
     d[56] = 12;
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::PATH_RECORD, life, &d));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::PATH_RECORD, life, &d));
     assert_eq!(st, status::NO_RECORDS);
     // Past what a QP's 5-bit ACK timeout can follow: refused, nothing changed.
     assert_eq!(sa.set_packet_life(MAX_PACKET_LIFE + 1), None);
@@ -184,7 +176,10 @@ fn test_ipoib_joins_the_broadcast_group_that_exists_from_the_start() {
     let mut sa = SubnetAdmin::new();
     let d = member(IPOIB_BROADCAST_MGID, 2, 1);
     let mask = mc::MGID | mc::PORT_GID | mc::PKEY | mc::JOIN_STATE;
-    let (m, st, r) = ask(&mut sa, &mad(method::SET, attr::MCMEMBER_RECORD, mask, &d));
+    let (m, st, r) = ask(
+        &mut sa,
+        &mad(method::SET, attr::sa::MCMEMBER_RECORD, mask, &d),
+    );
     assert_eq!((m, st), ((method::GET | method::RESP), 0));
     assert_eq!(r[0..16], IPOIB_BROADCAST_MGID);
     assert_eq!(be32(&r, 32), IPOIB_QKEY);
@@ -193,7 +188,7 @@ fn test_ipoib_joins_the_broadcast_group_that_exists_from_the_start() {
     // Leaving keeps the permanent group.
     let (m, st, _) = ask(
         &mut sa,
-        &mad(method::DELETE, attr::MCMEMBER_RECORD, mask, &d),
+        &mad(method::DELETE, attr::sa::MCMEMBER_RECORD, mask, &d),
     );
     assert_eq!((m, st), ((method::DELETE | method::RESP), 0));
     assert!(sa.group_by_mlid(MLID_BASE).unwrap().members.is_empty());
@@ -209,7 +204,7 @@ fn test_a_group_is_created_by_a_full_join_and_goes_with_its_last_member() {
     let mut d = member(mgid, 2, 1);
     let (_, st, _) = ask(
         &mut sa,
-        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &d),
+        &mad(method::SET, attr::sa::MCMEMBER_RECORD, partial, &d),
     );
     assert_eq!(
         st,
@@ -218,14 +213,17 @@ fn test_a_group_is_created_by_a_full_join_and_goes_with_its_last_member() {
     );
     d[32..36].copy_from_slice(&IPOIB_QKEY.to_be_bytes());
     let full = partial | mc::CREATE;
-    let (_, st, r) = ask(&mut sa, &mad(method::SET, attr::MCMEMBER_RECORD, full, &d));
+    let (_, st, r) = ask(
+        &mut sa,
+        &mad(method::SET, attr::sa::MCMEMBER_RECORD, full, &d),
+    );
     assert_eq!(st, 0);
     let mlid = be16(&r, 36);
     assert!(mlid > MLID_BASE, "a new MLID");
     let d3 = member(mgid, 3, 1);
     let (_, st, r) = ask(
         &mut sa,
-        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &d3),
+        &mad(method::SET, attr::sa::MCMEMBER_RECORD, partial, &d3),
     );
     assert_eq!(
         (st, be16(&r, 36)),
@@ -236,13 +234,13 @@ fn test_a_group_is_created_by_a_full_join_and_goes_with_its_last_member() {
     // Get by MGID.
     let (_, st, r) = ask(
         &mut sa,
-        &mad(method::GET, attr::MCMEMBER_RECORD, mc::MGID, &d),
+        &mad(method::GET, attr::sa::MCMEMBER_RECORD, mc::MGID, &d),
     );
     assert_eq!((st, be16(&r, 36)), (0, mlid));
     for x in [&d, &d3] {
         let (_, st, _) = ask(
             &mut sa,
-            &mad(method::DELETE, attr::MCMEMBER_RECORD, partial, x),
+            &mad(method::DELETE, attr::sa::MCMEMBER_RECORD, partial, x),
         );
         assert_eq!(st, 0);
     }
@@ -252,14 +250,14 @@ fn test_a_group_is_created_by_a_full_join_and_goes_with_its_last_member() {
     );
     let (_, st, _) = ask(
         &mut sa,
-        &mad(method::DELETE, attr::MCMEMBER_RECORD, partial, &d),
+        &mad(method::DELETE, attr::sa::MCMEMBER_RECORD, partial, &d),
     );
     assert_eq!(st, status::NO_RECORDS);
     // A stranger's GID cannot join.
     let stranger = member(IPOIB_BROADCAST_MGID, 9, 1);
     let (_, st, _) = ask(
         &mut sa,
-        &mad(method::SET, attr::MCMEMBER_RECORD, partial, &stranger),
+        &mad(method::SET, attr::sa::MCMEMBER_RECORD, partial, &stranger),
     );
     assert_eq!(st, status::INVALID_GID);
 }
@@ -269,7 +267,10 @@ fn test_a_node_record_by_lid_or_guid_describes_the_node() {
     let mut sa = SubnetAdmin::new();
     let mut d = [0u8; 108];
     d[0..2].copy_from_slice(&3u16.to_be_bytes());
-    let (m, st, r) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, nr::LID, &d));
+    let (m, st, r) = ask(
+        &mut sa,
+        &mad(method::GET, attr::sa::NODE_RECORD, nr::LID, &d),
+    );
     assert_eq!((m, st), ((method::GET | method::RESP), 0));
     assert_eq!(be16(&r, 0), 3);
     assert_eq!(
@@ -283,13 +284,16 @@ fn test_a_node_record_by_lid_or_guid_describes_the_node() {
     d[16..24].copy_from_slice(&crate::abi::node_guid(2).to_be_bytes());
     let (_, st, r) = ask(
         &mut sa,
-        &mad(method::GET, attr::NODE_RECORD, nr::NODE_GUID, &d),
+        &mad(method::GET, attr::sa::NODE_RECORD, nr::NODE_GUID, &d),
     );
     assert_eq!((st, be16(&r, 0)), (0, 2));
     d[0..2].copy_from_slice(&9u16.to_be_bytes());
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, nr::LID, &d));
+    let (_, st, _) = ask(
+        &mut sa,
+        &mad(method::GET, attr::sa::NODE_RECORD, nr::LID, &d),
+    );
     assert_eq!(st, status::NO_RECORDS);
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, 0, &d));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::NODE_RECORD, 0, &d));
     assert_eq!(st, status::TOO_MANY_RECORDS, "all three match");
 }
 
@@ -322,7 +326,7 @@ fn test_many_members_join_and_leave_many_groups() {
         };
         let p = Packet {
             slid: lid,
-            ..mad(method, attr::MCMEMBER_RECORD, mask, &d)
+            ..mad(method, attr::sa::MCMEMBER_RECORD, mask, &d)
         };
         let r = sa.answer(&p, &sixteen).unwrap().remove(0);
         let Payload::Bytes(b) = r.payload else {
@@ -354,7 +358,7 @@ fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
     assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(RESP_TIME)));
     let (_, st, _) = ask(&mut sa, &mad(method::GET, 0x0030, 0, &[]));
     assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "GuidInfoRecord");
-    let (_, st, _) = ask(&mut sa, &mad(0x07, attr::PATH_RECORD, 0, &[]));
+    let (_, st, _) = ask(&mut sa, &mad(0x07, attr::sa::PATH_RECORD, 0, &[]));
     assert_eq!(st, status::METHOD_UNSUPPORTED);
     let mut p = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
     if let Payload::Bytes(b) = &mut p.payload {
@@ -394,7 +398,7 @@ fn answers(sa: &mut SubnetAdmin, p: &Packet, ports: &Nodes) -> Vec<(u8, u16, Vec
 
 /// The ACK a receiver sends for segments up to `seg`, opening the window to `window`.
 fn ack(seg: u32, window: u32) -> Packet {
-    let mut p = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    let mut p = mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]);
     if let Payload::Bytes(m) = &mut p.payload {
         m[24] = 1;
         m[25] = rmpp::wire::ACK;
@@ -437,12 +441,12 @@ fn table(sa: &mut SubnetAdmin, q: &Packet, ports: &Nodes) -> (usize, Vec<Vec<u8>
     assert_ne!(flags & rmpp::wire::LAST, 0);
     // The final ACK ends the transfer: nothing more comes.
     assert!(answers(sa, &ack(n, n + 64), ports).is_empty());
-    let size = be16(seg1, ATTR_OFFSET_AT) as usize * 8;
+    let size = be16(seg1, at::SA_ATTR_OFFSET) as usize * 8;
     let data_len = total as usize - segs.len() * 20;
     assert_eq!(last_len as usize, 20 + data_len - (segs.len() - 1) * 200);
     let data: Vec<u8> = segs
         .iter()
-        .flat_map(|s| s[DATA_OFFSET..].to_vec())
+        .flat_map(|s| s[at::SA_DATA..].to_vec())
         .collect();
     let rows = data[..data_len]
         .chunks(size.max(1))
@@ -458,7 +462,7 @@ fn test_a_path_table_comes_back_in_rmpp_segments_paced_by_acks() {
     // Every path on three nodes: nine records of 64 bytes, three segments.
     let (size, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]),
         &ports,
     );
     assert_eq!((size, rows.len()), (64, 9));
@@ -468,7 +472,7 @@ fn test_a_path_table_comes_back_in_rmpp_segments_paced_by_acks() {
     // From one source: three records.
     let mut d = [0u8; 64];
     d[42..44].copy_from_slice(&2u16.to_be_bytes());
-    let q = mad(method::GET_TABLE, attr::PATH_RECORD, pr::SLID, &d);
+    let q = mad(method::GET_TABLE, attr::sa::PATH_RECORD, pr::SLID, &d);
     let (_, rows) = table(&mut sa, &q, &ports);
     assert!(rows.len() == 3 && rows.iter().all(|r| r[24..40] == gid(2)));
     assert_eq!(sa.transfers.len(), 0, "finished transfers are gone");
@@ -478,7 +482,7 @@ fn test_a_path_table_comes_back_in_rmpp_segments_paced_by_acks() {
 fn test_a_lost_segment_is_sent_again_from_a_duplicate_ack_and_stop_ends_a_transfer() {
     let mut sa = SubnetAdmin::new();
     let ports = three();
-    let q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    let q = mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]);
     assert_eq!(answers(&mut sa, &q, &ports).len(), 1);
     // A window of one after segment 1 sends nothing yet; opened to 3, two more segments.
     assert!(answers(&mut sa, &ack(1, 1), &ports).is_empty());
@@ -508,7 +512,7 @@ fn test_transfers_under_way_are_bounded() {
     let mut sa = SubnetAdmin::new();
     let ports = Nodes::new(40);
     for tid in 0..200u64 {
-        let mut q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+        let mut q = mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]);
         if let Payload::Bytes(m) = &mut q.payload {
             m[8..16].copy_from_slice(&tid.to_be_bytes());
         }
@@ -518,7 +522,7 @@ fn test_transfers_under_way_are_bounded() {
     // 40 nodes is 1600 paths (under the table limit): 512 segments, eight windows.
     let (_, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]),
         &ports,
     );
     assert_eq!(rows.len(), 1600);
@@ -526,12 +530,12 @@ fn test_transfers_under_way_are_bounded() {
     // nodes' 4225 are refused.
     let (_, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]),
         &Nodes::new(64),
     );
     assert_eq!(rows.len(), 4096);
     let big = Nodes::new(65);
-    let q = mad(method::GET_TABLE, attr::PATH_RECORD, 0, &[]);
+    let q = mad(method::GET_TABLE, attr::sa::PATH_RECORD, 0, &[]);
     let a = answers(&mut sa, &q, &big);
     assert_eq!((a.len(), a[0].1), (1, status::NO_RESOURCES));
 }
@@ -542,24 +546,24 @@ fn test_node_and_member_tables_list_every_node_and_membership() {
     let ports = three();
     let (size, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::NODE_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::NODE_RECORD, 0, &[]),
         &ports,
     );
     assert_eq!(size, 112);
     let lids: Vec<u16> = rows.iter().map(|r| be16(r, 0)).collect();
     assert_eq!(lids, [1, 2, 3]);
     // A Get that matches three is refused; by port GUID it finds one.
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::NODE_RECORD, 0, &[]));
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::NODE_RECORD, 0, &[]));
     assert_eq!(st, status::TOO_MANY_RECORDS);
     let mut d = [0u8; 108];
     d[24..32].copy_from_slice(&crate::abi::node_guid(3).to_be_bytes());
     let (_, st, r) = ask(
         &mut sa,
-        &mad(method::GET, attr::NODE_RECORD, nr::PORT_GUID, &d),
+        &mad(method::GET, attr::sa::NODE_RECORD, nr::PORT_GUID, &d),
     );
     assert_eq!((st, be16(&r, 0)), (0, 3));
     // The broadcast group with no members is one record; with two, one per member.
-    let q = mad(method::GET_TABLE, attr::MCMEMBER_RECORD, 0, &[]);
+    let q = mad(method::GET_TABLE, attr::sa::MCMEMBER_RECORD, 0, &[]);
     let (size, rows) = table(&mut sa, &q, &ports);
     assert_eq!(
         (size, rows.len(), rows[0][16..32].to_vec()),
@@ -570,7 +574,7 @@ fn test_node_and_member_tables_list_every_node_and_membership() {
             slid: lid,
             ..mad(
                 method::SET,
-                attr::MCMEMBER_RECORD,
+                attr::sa::MCMEMBER_RECORD,
                 mc::MGID | mc::PORT_GID | mc::JOIN_STATE,
                 &member(IPOIB_BROADCAST_MGID, lid, 1),
             )
@@ -583,7 +587,7 @@ fn test_node_and_member_tables_list_every_node_and_membership() {
     // By port GID: that port's memberships only.
     let q = mad(
         method::GET_TABLE,
-        attr::MCMEMBER_RECORD,
+        attr::sa::MCMEMBER_RECORD,
         mc::PORT_GID,
         &member([0; 16], 3, 0),
     );
@@ -599,7 +603,7 @@ fn test_port_info_records_show_state_and_capabilities() {
     d[0..2].copy_from_slice(&2u16.to_be_bytes());
     let (m, st, r) = ask(
         &mut sa,
-        &mad(method::GET, attr::PORT_INFO_RECORD, pir::LID, &d),
+        &mad(method::GET, attr::sa::PORT_INFO_RECORD, pir::LID, &d),
     );
     assert_eq!((m, st), (method::GET | method::RESP, 0));
     let pi = &r[4..];
@@ -611,14 +615,14 @@ fn test_port_info_records_show_state_and_capabilities() {
     assert_eq!((pi[32] & 0xf, pi[33] >> 4), (4, 5), "Active, LinkUp");
     assert_eq!(be32(pi, 20), CM_SUPPORTED);
     ports.down.set(Some(2));
-    let q = mad(method::GET, attr::PORT_INFO_RECORD, pir::LID, &d);
-    let r = &answers(&mut sa, &q, &ports)[0].2[DATA_OFFSET..];
+    let q = mad(method::GET, attr::sa::PORT_INFO_RECORD, pir::LID, &d);
+    let r = &answers(&mut sa, &q, &ports)[0].2[at::SA_DATA..];
     assert_eq!((r[4 + 32] & 0xf, r[4 + 33] >> 4), (1, 3), "Down, Disabled");
     // srp_daemon's question: which ports are device-management agents?
     d[4 + 20..4 + 24].copy_from_slice(&DEV_MGMT_SUPPORTED.to_be_bytes());
     let q = mad(
         method::GET_TABLE,
-        attr::PORT_INFO_RECORD,
+        attr::sa::PORT_INFO_RECORD,
         pir::CAPABILITY_MASK,
         &d,
     );
@@ -648,7 +652,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
             lid,
             mad(
                 method::SET,
-                attr::SERVICE_RECORD,
+                attr::sa::SERVICE_RECORD,
                 set,
                 &service(id, lid, name, lease),
             ),
@@ -657,7 +661,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
     }
     let (size, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::SERVICE_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::SERVICE_RECORD, 0, &[]),
         &ports,
     );
     assert_eq!((size, rows.len()), (176, 2));
@@ -665,7 +669,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
         &mut sa,
         &mad(
             method::GET,
-            attr::SERVICE_RECORD,
+            attr::sa::SERVICE_RECORD,
             sr::NAME,
             &service(0, 1, "srp", 0),
         ),
@@ -675,7 +679,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
     ports.now.set(11_000_000_000);
     let (_, rows) = table(
         &mut sa,
-        &mad(method::GET_TABLE, attr::SERVICE_RECORD, 0, &[]),
+        &mad(method::GET_TABLE, attr::sa::SERVICE_RECORD, 0, &[]),
         &ports,
     );
     assert_eq!(rows.len(), 1);
@@ -685,7 +689,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
         3,
         mad(
             method::DELETE,
-            attr::SERVICE_RECORD,
+            attr::sa::SERVICE_RECORD,
             del,
             &service(0x10, 2, "", 0),
         ),
@@ -695,7 +699,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
         2,
         mad(
             method::DELETE,
-            attr::SERVICE_RECORD,
+            attr::sa::SERVICE_RECORD,
             del,
             &service(0x10, 2, "", 0),
         ),
@@ -706,7 +710,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
     // A stranger's GID is refused, and one port's records are bounded.
     let p = mad(
         method::SET,
-        attr::SERVICE_RECORD,
+        attr::sa::SERVICE_RECORD,
         set,
         &service(1, 9, "x", 0),
     );
@@ -715,7 +719,7 @@ fn test_service_records_are_registered_found_leased_and_deleted() {
     for id in 0..services::MAX_SERVICES_PER_PORT as u64 + 5 {
         let p = mad(
             method::SET,
-            attr::SERVICE_RECORD,
+            attr::sa::SERVICE_RECORD,
             set,
             &service(id, 2, "x", u32::MAX),
         );
@@ -754,7 +758,7 @@ fn test_trap_subscribers_get_a_report_when_a_port_goes_down_or_up() {
         panic!()
     };
     assert_eq!((b[3], be16(b, 16)), (method::REPORT, attr::NOTICE));
-    let notice = &b[DATA_OFFSET..];
+    let notice = &b[at::SA_DATA..];
     assert_eq!(
         (notice[0] >> 7, be16(notice, 4)),
         (1, 65),
@@ -821,14 +825,11 @@ fn test_a_request_sent_as_rmpp_is_acknowledged_and_a_long_one_aborted() {
 
 /// An SMP from node 2's QP0: LID-routed to the SM, or directed-route along `path`.
 fn smp(method: u8, attr: u16, src_qpn: u32) -> Packet {
-    let mut m = vec![0u8; MAD_SIZE];
-    (m[0], m[1], m[2], m[3]) = (1, 0x01, 1, method);
-    m[8..16].copy_from_slice(&0x0bad_cafe_u64.to_be_bytes());
-    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    let m = mad::header(class::SUBN_LID_ROUTED, 1, method, 0x0bad_cafe, attr).to_vec();
     Packet {
         slid: 2,
         dlid: SM_LID,
-        opcode: UD_SEND_ONLY,
+        opcode: crate::packet::UD_SEND_ONLY,
         dest_qpn: SMI_QPN,
         src_qpn,
         payload: Payload::Bytes(m),
