@@ -20,9 +20,11 @@ pub const SIGNATURE: u32 = 0x4241_4348;
 // ---- PCI identity -------------------------------------------------------------------------
 /// ivshmem-doorbell's IDs (QEMU host): the driver checks BAR2's signature before binding.
 pub const PCI_VENDOR_IVSHMEM: u32 = 0x1af4;
+/// ivshmem-doorbell's PCI device ID.
 pub const PCI_DEVICE_IVSHMEM: u32 = 0x1110;
 /// The VMM's own HCA function (a vendor ID from the "experimental" range used by QEMU's edu).
 pub const PCI_VENDOR_HCABENCH: u32 = 0x1234;
+/// The VMM's own HCA function's PCI device ID.
 pub const PCI_DEVICE_HCABENCH: u32 = 0x21a8;
 
 /// A port's local identifier (LID): the 16-bit address packets are routed by within a
@@ -40,9 +42,13 @@ pub const fn node_guid(lid: Lid) -> u64 {
 }
 
 // ---- BAR0: ivshmem register layout --------------------------------------------------------
+/// ivshmem's interrupt mask register (unused with MSI-X).
 pub const BAR0_INTR_MASK: u32 = 0x00;
+/// ivshmem's interrupt status register (unused with MSI-X).
 pub const BAR0_INTR_STATUS: u32 = 0x04;
+/// ivshmem's IVPosition: this peer's id, read-only.
 pub const BAR0_IV_POSITION: u32 = 0x08;
+/// ivshmem's doorbell register: the driver writes `peer << DOORBELL_PEER_SHIFT | class`.
 pub const BAR0_DOORBELL: u32 = 0x0c;
 /// Doorbell value = `peer << DOORBELL_PEER_SHIFT | class`; only the low 8 bits of the class count.
 pub const DOORBELL_PEER_SHIFT: u32 = 16;
@@ -66,15 +72,21 @@ pub const VEC_ASYNC: u32 = 0;
 pub const VEC_COMP_FIRST: u32 = 1;
 
 // ---- BAR2: device memory layout -----------------------------------------------------------
+/// BAR2's size: device memory from [`HcaDevInfo`] to the last user access region.
 pub const BAR2_SIZE: u32 = 0x8_0000;
+/// Where [`HcaDevInfo`] sits in BAR2.
 pub const BAR2_INFO_OFFSET: u32 = 0x0000;
+/// Where the command mailbox ([`HcaCmdMailbox`]) sits in BAR2.
 pub const BAR2_MAILBOX_OFFSET: u32 = 0x1000;
 /// One u32 consumer index per EQ, 16 bytes apart.
 pub const BAR2_EQ_DB_OFFSET: u32 = 0x2000;
+/// Bytes between two EQs' consumer-index records.
 pub const EQ_DB_STRIDE: u32 = 16;
 /// EQ rings, one per vector, `EQ_ENTRIES` entries each.
 pub const BAR2_EQ_OFFSET: u32 = 0x3000;
+/// Each EQ ring holds `1 << EQ_LOG_ENTRIES` entries.
 pub const EQ_LOG_ENTRIES: u32 = 8;
+/// Entries in each EQ ring.
 pub const EQ_ENTRIES: u32 = 1 << EQ_LOG_ENTRIES;
 /// QP doorbell records, indexed by QPN.
 pub const BAR2_QP_DB_OFFSET: u32 = 0x8000;
@@ -89,7 +101,9 @@ pub const BAR2_SRQ_DB_OFFSET: u32 = 0xb000;
 /// instead of looking at every QP. A process's QPs are named in its UAR's ring
 /// (`uapi::UAR_SQ_RING_OFFSET`), of the same layout.
 pub const BAR2_SQ_RING_OFFSET: u32 = 0xc000;
+/// Bytes between two send-doorbell rings.
 pub const SQ_RING_STRIDE: u32 = 0x200;
+/// How many kernel send-doorbell rings there are (one per CPU, up to this many).
 pub const SQ_RINGS: u32 = 32;
 /// In a ring: the writer's free-running producer index (u32), stored after the QPN it
 /// publishes. The device keeps its consumer index to itself.
@@ -100,34 +114,53 @@ pub const SQ_RINGS_USED: u32 = 0x04;
 /// In a ring: `SQ_RING_ENTRIES` u32 QPNs; the one of index `i` at
 /// `SQ_RING_QPN_OFFSET + 4 * (i % SQ_RING_ENTRIES)`.
 pub const SQ_RING_QPN_OFFSET: u32 = 0x40;
+/// QPNs one send-doorbell ring holds before its writer wraps.
 pub const SQ_RING_ENTRIES: u32 = 64;
 /// User access regions: pages the guest kernel hands to processes (one per user context),
 /// holding the doorbell records of that process's QPs, CQs and SRQs (`db_offset` at
 /// creation). A process mapping one page can move only its own queues' records.
 pub const BAR2_UAR_OFFSET: u32 = 0x1_0000;
+/// Bytes of one user access region (one page).
 pub const UAR_SIZE: u32 = 0x1000;
+/// How many user access regions BAR2 holds.
 pub const MAX_UAR: u32 = (BAR2_SIZE - BAR2_UAR_OFFSET) / UAR_SIZE;
 
 // ---- Device limits ------------------------------------------------------------------------
+/// QPs one HCA holds at most (QPN 0 and 1 are QP0 and QP1).
 pub const MAX_QP: u32 = 1024;
+/// CQs one HCA holds at most (CQN 0 is never handed out).
 pub const MAX_CQ: u32 = 256;
 /// Shared receive queues (SRQN 0 is never handed out), and the WQEs one holds at most.
 pub const MAX_SRQ: u32 = 256;
+/// An SRQ holds at most `1 << MAX_SRQ_LOG_WR` WQEs.
 pub const MAX_SRQ_LOG_WR: u32 = 14;
+/// PDs one HCA holds at most.
 pub const MAX_PD: u32 = 1024;
+/// MRs one HCA holds at most (an MR's index is its key's upper 24 bits).
 pub const MAX_MR: u32 = 4096;
+/// A send or receive queue holds at most `1 << MAX_QP_LOG_WR` WQEs.
 pub const MAX_QP_LOG_WR: u32 = 14;
+/// A CQ holds at most `1 << MAX_CQ_LOG_CQE` CQEs.
 pub const MAX_CQ_LOG_CQE: u32 = 16;
+/// SGEs one WQE may carry at most.
 pub const MAX_SGE: u32 = 16;
+/// Inline bytes one send WQE may carry at most.
 pub const MAX_INLINE: u32 = 512;
+/// The smallest send WQE stride, as a shift (64 bytes: the header alone).
 pub const MIN_SQ_WQE_SHIFT: u32 = 6;
+/// The largest send WQE stride, as a shift (1 KiB: the header and `MAX_SGE` SGEs or `MAX_INLINE` bytes).
 pub const MAX_SQ_WQE_SHIFT: u32 = 10;
+/// The smallest receive WQE stride, as a shift (16 bytes: the header alone).
 pub const MIN_RQ_WQE_SHIFT: u32 = 4;
+/// The largest receive WQE stride, as a shift (512 bytes: the header and `MAX_SGE` SGEs).
 pub const MAX_RQ_WQE_SHIFT: u32 = 9;
 /// Pages one MR's page list may hold, and pages all MRs together may hold.
 pub const MAX_MR_PAGES: u32 = 1 << 20;
+/// Pages all of an HCA's MRs together may map.
 pub const MAX_TOTAL_MR_PAGES: u32 = 1 << 22;
+/// The smallest MR page size, as a shift (4 KiB).
 pub const MIN_MR_PAGE_SHIFT: u32 = 12;
+/// The largest MR page size, as a shift (1 GiB).
 pub const MAX_MR_PAGE_SHIFT: u32 = 30;
 /// Largest message (IB's 2^31).
 pub const MAX_MSG_SIZE: u32 = 1 << 31;
@@ -149,16 +182,22 @@ pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 pub const MIN_IN_FLIGHT_BYTES: usize = 4 << 20;
 /// The GSI QP (QP1) always has this number and Q_Key.
 pub const GSI_QPN: u32 = 1;
+/// The GSI QP's well-known Q_Key: every MAD on QP1 carries it.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 /// The SMI QP (QP0) always has this number. It takes only what another port's QP0 sent
 /// (subnet management packets), whatever its P_Key or Q_Key, and only a QP0 takes that.
 pub const SMI_QPN: u32 = 0;
 
 // ---- Capability bits in HcaDevInfo::caps --------------------------------------------------
+/// Reliable connected QPs.
 pub const CAP_RC: u32 = 1 << 0;
+/// Unreliable datagram QPs.
 pub const CAP_UD: u32 = 1 << 1;
+/// RDMA READ requests and responses.
 pub const CAP_RDMA_READ: u32 = 1 << 2;
+/// Atomic compare-and-swap and fetch-and-add (8 bytes).
 pub const CAP_ATOMIC: u32 = 1 << 3;
+/// The reserved [`LOCAL_DMA_LKEY`].
 pub const CAP_LOCAL_DMA_LKEY: u32 = 1 << 4;
 /// Masked atomics (`WR_MASKED_CMP_SWP`, `WR_MASKED_FETCH_ADD`).
 pub const CAP_MASKED_ATOMIC: u32 = 1 << 5;
@@ -173,22 +212,31 @@ pub const CAP_SQ_RING: u32 = 1 << 8;
 pub const CAP_MW_UC: u32 = 1 << 9;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
+/// The port has no link (no fabric, or the fabric has its link down).
 pub const PORT_DOWN: u32 = 1;
+/// The port's link is up and it has a LID: it sends and receives.
 pub const PORT_ACTIVE: u32 = 4;
 /// ib_mtu numbering: 1 = 256 bytes ... 5 = 4096 bytes.
 pub const MTU_256: u32 = 1;
+/// 4096-byte MTU, the only one the port offers.
 pub const MTU_4096: u32 = 5;
 
 // ---- Commands -----------------------------------------------------------------------------
+/// The device's attributes ([`HcaDeviceAttr`]).
 pub const CMD_QUERY_DEVICE: u32 = 0x01;
+/// The port's attributes ([`HcaPortAttr`]).
 pub const CMD_QUERY_PORT: u32 = 0x02;
 /// The port's P_Key table ([`HcaPKeyTable`]), as the subnet manager set it.
 pub const CMD_QUERY_PKEYS: u32 = 0x03;
 /// Eight of the port's counters from `HcaCmdCounters::first` on ([`HcaCounters`]).
 pub const CMD_QUERY_COUNTERS: u32 = 0x04;
+/// Allocates a PD ([`HcaCmdAllocPd`] in, [`HcaCmdHandle`] out).
 pub const CMD_ALLOC_PD: u32 = 0x10;
+/// Frees a PD that no MR, QP or SRQ uses.
 pub const CMD_DEALLOC_PD: u32 = 0x11;
+/// Registers an MR ([`HcaCmdRegMr`] in; its key as [`HcaCmdHandle`] out).
 pub const CMD_REG_MR: u32 = 0x20;
+/// Deregisters the MR with the key given.
 pub const CMD_DEREG_MR: u32 = 0x21;
 /// A memory window (`HcaCmdAllocMw`); the output handle is its key, unbound until a
 /// WR_BIND_MW binds it.
@@ -196,34 +244,53 @@ pub const CMD_ALLOC_MW: u32 = 0x22;
 /// Frees the memory window whose key is the input handle (its current key, or the one
 /// ALLOC_MW gave): the window stops granting access at once.
 pub const CMD_DEALLOC_MW: u32 = 0x23;
+/// Creates a CQ ([`HcaCmdCreateCq`] in, its CQN out).
 pub const CMD_CREATE_CQ: u32 = 0x30;
+/// Destroys a CQ that no QP uses.
 pub const CMD_DESTROY_CQ: u32 = 0x31;
 /// Moves a CQ to a new ring (HcaCmdResizeCq): see `cmd_resize_cq`.
 pub const CMD_RESIZE_CQ: u32 = 0x32;
+/// Creates a QP ([`HcaCmdCreateQp`] in, its QPN out).
 pub const CMD_CREATE_QP: u32 = 0x40;
+/// Moves a QP through its states and sets its attributes ([`HcaCmdModifyQp`]).
 pub const CMD_MODIFY_QP: u32 = 0x41;
+/// A QP's attributes ([`HcaQpAttr`] out).
 pub const CMD_QUERY_QP: u32 = 0x42;
+/// Destroys a QP; its WQEs are not completed.
 pub const CMD_DESTROY_QP: u32 = 0x43;
 /// Attach a UD QP to a multicast group (MGID, MLID): it receives the group's packets.
 pub const CMD_ATTACH_MCAST: u32 = 0x44;
+/// Detaches a UD QP from a multicast group ([`HcaCmdMcast`]).
 pub const CMD_DETACH_MCAST: u32 = 0x45;
+/// Sets the port's capability mask ([`HcaCmdPortCap`]).
 pub const CMD_SET_PORT_CAP: u32 = 0x46;
+/// Creates an SRQ ([`HcaCmdCreateSrq`] in, its SRQN out).
 pub const CMD_CREATE_SRQ: u32 = 0x50;
 /// Arms (limit > 0) or disarms (0) an SRQ's limit event.
 pub const CMD_MODIFY_SRQ: u32 = 0x51;
+/// An SRQ's limit ([`HcaCmdSrqLimit`] out).
 pub const CMD_QUERY_SRQ: u32 = 0x52;
+/// Destroys an SRQ that no QP uses.
 pub const CMD_DESTROY_SRQ: u32 = 0x53;
 /// Mailbox flag: post an EV_CMD_DONE event on EQ 0 and raise vector 0 when done.
 pub const CMD_FLAG_EVENT: u32 = 1 << 0;
 
 // Command status codes (HcaCmdMailbox::status).
+/// The command succeeded.
 pub const CMD_OK: u32 = 0;
+/// No command has this opcode.
 pub const CMD_BAD_OPCODE: u32 = 1;
+/// An input field is out of range or inconsistent.
 pub const CMD_BAD_PARAM: u32 = 2;
+/// The handle (PDN, key, CQN, QPN, SRQN) names nothing live.
 pub const CMD_BAD_HANDLE: u32 = 3;
+/// The object is in a state that forbids the command (a QP transition IB does not allow).
 pub const CMD_BAD_STATE: u32 = 4;
+/// The object is still in use (a PD with MRs, a CQ with QPs).
 pub const CMD_BUSY: u32 = 5;
+/// A table or the device's page budget is full.
 pub const CMD_NO_RESOURCES: u32 = 6;
+/// A guest address in the input is outside guest memory or misaligned.
 pub const CMD_BAD_ADDRESS: u32 = 7;
 
 // REG_MR flags.
@@ -239,9 +306,13 @@ pub const MR_FLAG_FAST_REG: u32 = 1 << 1;
 pub const PD_FLAG_USER: u32 = 1 << 0;
 
 // Access flags (ib_access_flags numbering).
+/// The local side may write the memory (receives, READ responses, atomic results).
 pub const ACCESS_LOCAL_WRITE: u32 = 1 << 0;
+/// A peer may RDMA WRITE to the memory.
 pub const ACCESS_REMOTE_WRITE: u32 = 1 << 1;
+/// A peer may RDMA READ the memory.
 pub const ACCESS_REMOTE_READ: u32 = 1 << 2;
+/// A peer may run atomics on the memory.
 pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
 /// An MR's: memory windows may be bound to it (ib_access_flags' MW_BIND).
 pub const ACCESS_MW_BIND: u32 = 1 << 4;
@@ -254,11 +325,15 @@ pub const MW_TYPE_1: u32 = 1;
 pub const MW_TYPE_2: u32 = 2;
 
 // QP types (ib_qp_type numbering).
+/// QP0, the subnet management QP.
 pub const QPT_SMI: u32 = 0;
+/// QP1, the general services QP that carries MADs.
 pub const QPT_GSI: u32 = 1;
+/// Reliable connected.
 pub const QPT_RC: u32 = 2;
 /// Unreliable connected: RC's SENDs and WRITEs to one peer, without ACKs or resends.
 pub const QPT_UC: u32 = 3;
+/// Unreliable datagram.
 pub const QPT_UD: u32 = 4;
 // CREATE_QP flags.
 /// Every send WR completes with a CQE (ib_qp_init_attr.sq_sig_type == IB_SIGNAL_ALL_WR).
@@ -272,40 +347,71 @@ pub const QP_FLAG_SRQ: u32 = 1 << 1;
 pub const QP_FLAG_SQ_RING: u32 = 1 << 2;
 
 // QP states (ib_qp_state numbering).
+/// Reset: holds no WQEs and takes no packets.
 pub const QPS_RESET: u32 = 0;
+/// Initialised: receives may be posted, nothing is sent or taken.
 pub const QPS_INIT: u32 = 1;
+/// Ready to receive.
 pub const QPS_RTR: u32 = 2;
+/// Ready to send.
 pub const QPS_RTS: u32 = 3;
+/// Send queue drained.
 pub const QPS_SQD: u32 = 4;
+/// Send queue error (UD): the send queue stopped after a WQE failed.
 pub const QPS_SQE: u32 = 5;
+/// Error: every WQE completes flushed.
 pub const QPS_ERR: u32 = 6;
 
 // MODIFY_QP attribute mask (ib_qp_attr_mask numbering).
+/// Sets `state`.
 pub const QP_ATTR_STATE: u32 = 1 << 0;
+/// Checks `cur_state`.
 pub const QP_ATTR_CUR_STATE: u32 = 1 << 1;
+/// Sets `access_flags` (what a peer may do through this QP).
 pub const QP_ATTR_ACCESS_FLAGS: u32 = 1 << 3;
+/// Sets `pkey_index`.
 pub const QP_ATTR_PKEY_INDEX: u32 = 1 << 4;
+/// Sets `port_num`.
 pub const QP_ATTR_PORT: u32 = 1 << 5;
+/// Sets `qkey` (UD).
 pub const QP_ATTR_QKEY: u32 = 1 << 6;
+/// Sets the address vector (`dlid`, `sl`).
 pub const QP_ATTR_AV: u32 = 1 << 7;
+/// Sets `path_mtu`.
 pub const QP_ATTR_PATH_MTU: u32 = 1 << 8;
+/// Sets `timeout` (RC's local ACK timeout).
 pub const QP_ATTR_TIMEOUT: u32 = 1 << 9;
+/// Sets `retry_cnt`.
 pub const QP_ATTR_RETRY_CNT: u32 = 1 << 10;
+/// Sets `rnr_retry`.
 pub const QP_ATTR_RNR_RETRY: u32 = 1 << 11;
+/// Sets `rq_psn`.
 pub const QP_ATTR_RQ_PSN: u32 = 1 << 12;
+/// Sets `max_rd_atomic` (READs and atomics this QP has outstanding).
 pub const QP_ATTR_MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+/// Sets `min_rnr_timer`.
 pub const QP_ATTR_MIN_RNR_TIMER: u32 = 1 << 15;
+/// Sets `sq_psn`.
 pub const QP_ATTR_SQ_PSN: u32 = 1 << 16;
+/// Sets `max_dest_rd_atomic` (READs and atomics it answers at once).
 pub const QP_ATTR_MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+/// Sets `dest_qpn` (RC).
 pub const QP_ATTR_DEST_QPN: u32 = 1 << 20;
 
 // ---- Work requests ------------------------------------------------------------------------
+/// SEND: the payload lands in the peer's next receive.
 pub const WR_SEND: u32 = 0;
+/// SEND with immediate data.
 pub const WR_SEND_IMM: u32 = 1;
+/// RDMA WRITE to `remote_addr` under `rkey`.
 pub const WR_RDMA_WRITE: u32 = 2;
+/// RDMA WRITE with immediate data, which consumes a receive at the peer.
 pub const WR_RDMA_WRITE_IMM: u32 = 3;
+/// RDMA READ from `remote_addr` under `rkey` into the local SGEs.
 pub const WR_RDMA_READ: u32 = 4;
+/// Atomic compare-and-swap of 8 bytes.
 pub const WR_ATOMIC_CMP_SWP: u32 = 5;
+/// Atomic fetch-and-add of 8 bytes.
 pub const WR_ATOMIC_FETCH_ADD: u32 = 6;
 /// Maps a fast-registration MR; the WQE is an `HcaRegMrWqe`.
 pub const WR_REG_MR: u32 = 7;
@@ -327,47 +433,77 @@ pub const WR_BIND_MW: u32 = 12;
 /// WRITE); no SGEs.
 pub const WR_ATOMIC_WRITE: u32 = 13;
 
+/// The WR completes with a CQE even on a QP without QP_FLAG_SIG_ALL.
 pub const WQE_SIGNALED: u32 = 1 << 0;
+/// The receiver's CQ event fires for it even when armed for solicited completions only.
 pub const WQE_SOLICITED: u32 = 1 << 1;
+/// The payload is inline in the WQE, not gathered from SGEs.
 pub const WQE_INLINE: u32 = 1 << 2;
+/// The WR waits until every earlier READ and atomic on its QP has completed.
 pub const WQE_FENCE: u32 = 1 << 3;
 
 // ---- Completions (ib_wc_opcode / ib_wc_status numbering) ----------------------------------
+/// A SEND completed.
 pub const CQE_OP_SEND: u32 = 0;
+/// An RDMA WRITE completed.
 pub const CQE_OP_RDMA_WRITE: u32 = 1;
+/// An RDMA READ completed.
 pub const CQE_OP_RDMA_READ: u32 = 2;
+/// A compare-and-swap completed.
 pub const CQE_OP_COMP_SWAP: u32 = 3;
+/// A fetch-and-add completed.
 pub const CQE_OP_FETCH_ADD: u32 = 4;
+/// A memory window bind completed.
 pub const CQE_OP_BIND_MW: u32 = 5;
+/// A local invalidate completed.
 pub const CQE_OP_LOCAL_INV: u32 = 6;
+/// A fast registration completed.
 pub const CQE_OP_REG_MR: u32 = 8;
+/// A masked compare-and-swap completed.
 pub const CQE_OP_MASKED_COMP_SWAP: u32 = 9;
+/// A masked fetch-and-add completed.
 pub const CQE_OP_MASKED_FETCH_ADD: u32 = 10;
-/// Not ib_wc_opcode's number, which differs between kernels.
+/// An ATOMIC WRITE completed (not ib_wc_opcode's number, which differs between kernels).
 pub const CQE_OP_ATOMIC_WRITE: u32 = 11;
+/// A receive took a SEND.
 pub const CQE_OP_RECV: u32 = 0x80;
+/// A receive took an RDMA WRITE with immediate data.
 pub const CQE_OP_RECV_RDMA_IMM: u32 = 0x81;
 
+/// `imm` holds immediate data.
 pub const CQE_FLAG_IMM: u32 = 1 << 0;
 /// The entry's receive buffer begins with a (zeroed) GRH slot.
 pub const CQE_FLAG_GRH: u32 = 1 << 1;
 /// The received SEND invalidated the rkey in `imm` (SEND with Invalidate).
 pub const CQE_FLAG_INV: u32 = 1 << 2;
 
+/// The WR completed.
 pub const WC_SUCCESS: u32 = 0;
+/// Local length error: a message longer than the receive, or than the MTU on UD.
 pub const WC_LOC_LEN_ERR: u32 = 1;
+/// Local QP operation error: a WQE the QP cannot execute (bad opcode, too many SGEs).
 pub const WC_LOC_QP_OP_ERR: u32 = 2;
+/// Local protection error: an lkey not valid for the access or PD.
 pub const WC_LOC_PROT_ERR: u32 = 4;
+/// The QP was in error: the WR was flushed, not executed.
 pub const WC_WR_FLUSH_ERR: u32 = 5;
 /// A WR_BIND_MW that could not bind: a bad window, MR, range, rights or key.
 pub const WC_MW_BIND_ERR: u32 = 6;
+/// The peer's response made no sense for the request.
 pub const WC_BAD_RESP_ERR: u32 = 7;
+/// Local access error: the receiving side's own buffer refused an incoming message.
 pub const WC_LOC_ACCESS_ERR: u32 = 8;
+/// The peer found the request invalid.
 pub const WC_REM_INV_REQ_ERR: u32 = 9;
+/// The peer refused the access (its rkey, range or rights).
 pub const WC_REM_ACCESS_ERR: u32 = 10;
+/// The peer could not execute the request.
 pub const WC_REM_OP_ERR: u32 = 11;
+/// Retries ran out with no ACK (or the peer's port is gone).
 pub const WC_RETRY_EXC_ERR: u32 = 12;
+/// RNR retries ran out: the peer never had a receive posted.
 pub const WC_RNR_RETRY_EXC_ERR: u32 = 13;
+/// Any other failure.
 pub const WC_GENERAL_ERR: u32 = 21;
 
 // ---- Event queue entries ------------------------------------------------------------------
@@ -375,7 +511,9 @@ pub const WC_GENERAL_ERR: u32 = 21;
 pub const EV_COMPLETION: u32 = 1;
 /// A mailbox command finished: `param` = its seq, `data` = its status.
 pub const EV_CMD_DONE: u32 = 2;
+/// The port became ACTIVE.
 pub const EV_PORT_ACTIVE: u32 = 3;
+/// The port went DOWN.
 pub const EV_PORT_DOWN: u32 = 4;
 /// A CQ overflowed or its ring became unreachable: `param` = CQN, `data` = reason.
 pub const EV_CQ_ERR: u32 = 5;
@@ -395,8 +533,11 @@ pub const EV_SRQ_ERR: u32 = 10;
 pub const EV_PKEY_CHANGE: u32 = 11;
 
 // Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
+/// The CQ overflowed: the driver did not consume in time.
 pub const ERR_CQ_OVERFLOW: u32 = 1;
+/// The device could not read or write a ring.
 pub const ERR_RING_ACCESS: u32 = 2;
+/// A producer index moved more than the ring holds.
 pub const ERR_WQ_INDEX: u32 = 3;
 
 /// Marks a struct as a byte image of the ABI: plain integers, no padding (asserted by
@@ -416,23 +557,37 @@ macro_rules! abi_struct {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaDevInfo {
+    /// [`SIGNATURE`]: an hcabench HCA.
     pub signature: u32,
+    /// [`ABI_VERSION`] of the device.
     pub abi_version: u32,
+    /// The port's LID (0 while it has none).
     pub lid: u16,
+    /// `PORT_ACTIVE` or `PORT_DOWN`.
     pub port_state: u8,
+    /// Doorbell classes and MSI-X vectors ([`NUM_VECTORS`]).
     pub num_vectors: u8,
+    /// `CAP_*` bits.
     pub caps: u32,
+    /// The node's (and port's) GUID.
     pub node_guid: u64,
+    /// Where the command mailbox is in BAR2.
     pub mailbox_offset: u32,
+    /// Where the EQ rings are in BAR2.
     pub eq_offset: u32,
+    /// Where the EQ consumer-index records are in BAR2.
     pub eq_db_offset: u32,
+    /// Where the QP doorbell records are in BAR2.
     pub qp_db_offset: u32,
+    /// Where the CQ doorbell records are in BAR2.
     pub cq_db_offset: u32,
+    /// Each EQ holds `1 << eq_log_entries` entries.
     pub eq_log_entries: u32,
     /// The device's ivshmem peer id: the `peer` field of every doorbell write.
     pub doorbell_peer: u32,
     /// Where SRQ doorbell records start (with CAP_SRQ; 0 without).
     pub srq_db_offset: u32,
+    /// Reserved; zero.
     pub rsvd: [u64; 3],
 }
 abi_struct!(HcaDevInfo, 80);
@@ -443,15 +598,25 @@ abi_struct!(HcaDevInfo, 80);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HcaCmdMailbox {
+    /// A `CMD_*` opcode.
     pub opcode: u32,
+    /// `CMD_FLAG_*` bits.
     pub flags: u32,
+    /// The driver's sequence number for this command; a new value starts it.
     pub seq: u32,
+    /// The device sets it to `seq` when the command is done.
     pub done_seq: u32,
+    /// A `CMD_*` status code, valid once `done_seq == seq`.
     pub status: u32,
+    /// Reserved; zero.
     pub rsvd0: u32,
+    /// Reserved; zero.
     pub rsvd1: u64,
+    /// The command's input structure.
     pub input: [u8; 96],
+    /// The command's output structure.
     pub output: [u8; 64],
+    /// Reserved; zero.
     pub rsvd2: [u64; 8],
 }
 abi_struct!(HcaCmdMailbox, 256);
@@ -477,18 +642,31 @@ impl Default for HcaCmdMailbox {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaDeviceAttr {
+    /// Firmware version (the model's version).
     pub fw_ver: u64,
+    /// The node GUID.
     pub node_guid: u64,
+    /// The largest MR, in bytes.
     pub max_mr_size: u64,
+    /// Page sizes MRs may use, one bit per size.
     pub page_size_cap: u64,
+    /// QPs the device holds at most ([`MAX_QP`]).
     pub max_qp: u32,
+    /// WQEs per queue at most.
     pub max_qp_wr: u32,
+    /// CQs the device holds at most ([`MAX_CQ`]).
     pub max_cq: u32,
+    /// CQEs per CQ at most.
     pub max_cqe: u32,
+    /// MRs the device holds at most ([`MAX_MR`]).
     pub max_mr: u32,
+    /// PDs the device holds at most ([`MAX_PD`]).
     pub max_pd: u32,
+    /// SGEs per WQE at most ([`MAX_SGE`]).
     pub max_sge: u16,
+    /// Inline bytes per send WQE at most ([`MAX_INLINE`]).
     pub max_inline: u16,
+    /// The reserved lkey ([`LOCAL_DMA_LKEY`]).
     pub local_dma_lkey: u32,
 }
 abi_struct!(HcaDeviceAttr, 64);
@@ -497,14 +675,23 @@ abi_struct!(HcaDeviceAttr, 64);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaPortAttr {
+    /// The subnet prefix of the port's GID.
     pub gid_prefix: u64,
+    /// The port GUID (the GID's interface ID).
     pub port_guid: u64,
+    /// The port's LID.
     pub lid: u16,
+    /// The subnet manager's LID.
     pub sm_lid: u16,
+    /// `PORT_ACTIVE` or `PORT_DOWN`.
     pub state: u8,
+    /// The largest MTU the port supports (`MTU_*`).
     pub max_mtu: u8,
+    /// The MTU in use (`MTU_*`).
     pub active_mtu: u8,
+    /// Reserved; zero.
     pub rsvd0: u8,
+    /// Reserved; zero.
     pub rsvd1: u64,
 }
 abi_struct!(HcaPortAttr, 32);
@@ -514,6 +701,7 @@ abi_struct!(HcaPortAttr, 32);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaPKeyTable {
+    /// The table's entries, by index.
     pub pkeys: [u16; PKEY_TABLE_LEN],
 }
 abi_struct!(HcaPKeyTable, 32);
@@ -523,7 +711,9 @@ abi_struct!(HcaPKeyTable, 32);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdCounters {
+    /// The first `CTR_*` index wanted.
     pub first: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdCounters, 8);
@@ -533,6 +723,7 @@ abi_struct!(HcaCmdCounters, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCounters {
+    /// Counters `first` to `first + 7`.
     pub values: [u64; 8],
 }
 abi_struct!(HcaCounters, 64);
@@ -540,13 +731,16 @@ abi_struct!(HcaCounters, 64);
 // ---- Port counters (QUERY_COUNTERS indices) -----------------------------------------------
 /// MTU packets sent and received (every packet of a message; ACKs and MADs too).
 pub const CTR_TX_PACKETS: u32 = 0;
+/// MTU packets received.
 pub const CTR_RX_PACKETS: u32 = 1;
 /// Octets sent and received on the wire: headers, payload and CRCs (IBA's PortXmitData and
 /// PortRcvData count these, in units of 4).
 pub const CTR_TX_OCTETS: u32 = 2;
+/// Octets received on the wire.
 pub const CTR_RX_OCTETS: u32 = 3;
 /// Of the packets, those to and from multicast groups.
 pub const CTR_TX_MCAST_PACKETS: u32 = 4;
+/// Multicast packets received.
 pub const CTR_RX_MCAST_PACKETS: u32 = 5;
 /// Packets the port could not send: no port has their destination LID.
 pub const CTR_TX_DISCARDS: u32 = 6;
@@ -560,6 +754,7 @@ pub const CTR_PKEY_VIOLATIONS: u32 = 9;
 pub const CTR_RETRANSMITS: u32 = 10;
 /// PSN sequence error NAKs and RNR NAKs received.
 pub const CTR_SEQ_NAKS: u32 = 11;
+/// RNR NAKs received.
 pub const CTR_RNR_NAKS: u32 = 12;
 /// Send WRs that ended in a retry-exceeded error.
 pub const CTR_RETRY_EXCEEDED: u32 = 13;
@@ -568,6 +763,7 @@ pub const CTR_DUPLICATES: u32 = 14;
 /// Datagrams dropped (no receive posted, bad Q_Key, too long, ...), and RC packets sent
 /// that no receiver took.
 pub const CTR_UD_DROPPED: u32 = 15;
+/// RC packets sent that no receiver took.
 pub const CTR_RC_DROPPED: u32 = 16;
 /// Remote accesses stopped because their MR was deregistered or invalidated in flight.
 pub const CTR_REVOKED: u32 = 17;
@@ -577,6 +773,7 @@ pub const CTR_READ_GAPS: u32 = 18;
 pub const CTR_DMA_FAULTS: u32 = 19;
 /// CQEs and EQEs lost to a full queue.
 pub const CTR_CQES_LOST: u32 = 20;
+/// EQEs lost to a full EQ.
 pub const CTR_EVENTS_LOST: u32 = 21;
 /// How many counters there are.
 pub const COUNTERS_LEN: u32 = 22;
@@ -614,9 +811,13 @@ pub const PKEY_TABLE_LEN: usize = crate::partition::PKEY_TABLE_LEN;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdMcast {
+    /// The group's MGID.
     pub mgid: [u8; 16],
+    /// The UD QP.
     pub qpn: u32,
+    /// The group's multicast LID.
     pub mlid: u16,
+    /// Reserved; zero.
     pub rsvd: u16,
 }
 abi_struct!(HcaCmdMcast, 24);
@@ -626,7 +827,9 @@ abi_struct!(HcaCmdMcast, 24);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdPortCap {
+    /// PortInfo:CapabilityMask.
     pub cap_mask: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdPortCap, 8);
@@ -635,7 +838,9 @@ abi_struct!(HcaCmdPortCap, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdHandle {
+    /// The PDN, key, CQN, QPN or SRQN.
     pub handle: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdHandle, 8);
@@ -645,14 +850,23 @@ abi_struct!(HcaCmdHandle, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdRegMr {
+    /// The MR's first I/O virtual address.
     pub iova: u64,
+    /// The MR's length in bytes.
     pub length: u64,
+    /// Guest-physical address of the page list (`npages` u64 page addresses).
     pub page_list: u64,
+    /// The PD the MR belongs to.
     pub pdn: u32,
+    /// `ACCESS_*` bits.
     pub access: u32,
+    /// Pages in the page list; for a fast-registration MR, the most it may map.
     pub npages: u32,
+    /// The page size, as a shift.
     pub page_shift: u32,
+    /// `MR_FLAG_*` bits.
     pub flags: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdRegMr, 48);
@@ -662,12 +876,16 @@ abi_struct!(HcaCmdRegMr, 48);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdCreateCq {
+    /// Guest-physical address of the CQE ring.
     pub ring_addr: u64,
+    /// The ring holds `1 << log_entries` CQEs.
     pub log_entries: u32,
+    /// The completion vector its events go to (`VEC_COMP_FIRST` up).
     pub vector: u32,
     /// With CAP_UAR: where in BAR2's user access regions its doorbell record is (8-byte
     /// aligned); 0: at `BAR2_CQ_DB_OFFSET + 8 * CQN`.
     pub db_offset: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdCreateCq, 24);
@@ -680,8 +898,11 @@ abi_struct!(HcaCmdCreateCq, 24);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdResizeCq {
+    /// Guest-physical address of the new ring.
     pub ring_addr: u64,
+    /// The CQ to move.
     pub cqn: u32,
+    /// The new ring holds `1 << log_entries` CQEs.
     pub log_entries: u32,
 }
 abi_struct!(HcaCmdResizeCq, 16);
@@ -690,7 +911,9 @@ abi_struct!(HcaCmdResizeCq, 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdAllocPd {
+    /// `PD_FLAG_*` bits.
     pub flags: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaCmdAllocPd, 8);
@@ -700,16 +923,27 @@ abi_struct!(HcaCmdAllocPd, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdCreateQp {
+    /// Guest-physical address of the send queue ring.
     pub sq_addr: u64,
+    /// Guest-physical address of the receive queue ring.
     pub rq_addr: u64,
+    /// The PD whose MRs the QP's WQEs may use.
     pub pdn: u32,
+    /// The CQ send completions go to.
     pub send_cqn: u32,
+    /// The CQ receive completions go to.
     pub recv_cqn: u32,
+    /// A `QPT_*` type.
     pub qp_type: u32,
+    /// `QP_FLAG_*` bits.
     pub flags: u32,
+    /// The send queue holds `1 << sq_log_entries` WQEs.
     pub sq_log_entries: u8,
+    /// Each send WQE is `1 << sq_wqe_shift` bytes.
     pub sq_wqe_shift: u8,
+    /// The receive queue holds `1 << rq_log_entries` WQEs.
     pub rq_log_entries: u8,
+    /// Each receive WQE is `1 << rq_wqe_shift` bytes.
     pub rq_wqe_shift: u8,
     /// With QP_FLAG_SRQ: the SRQ its receives come from (the rq_* fields are then unused).
     pub srqn: u32,
@@ -723,25 +957,45 @@ abi_struct!(HcaCmdCreateQp, 48);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaQpAttr {
+    /// The Q_Key datagrams to this QP must carry (UD).
     pub qkey: u32,
+    /// The PSN the responder expects next.
     pub rq_psn: u32,
+    /// The PSN the requester sends next.
     pub sq_psn: u32,
+    /// The peer QP (RC).
     pub dest_qpn: u32,
+    /// `ACCESS_*` bits: what a peer may do through this QP.
     pub access_flags: u32,
+    /// The P_Key table entry of the QP's partition.
     pub pkey_index: u16,
+    /// The peer port's LID (RC).
     pub dlid: u16,
+    /// A `QPS_*` state.
     pub state: u8,
+    /// The state the driver believes the QP is in (`QP_ATTR_CUR_STATE`).
     pub cur_state: u8,
+    /// The path MTU (`MTU_*`).
     pub path_mtu: u8,
+    /// The port (always 1).
     pub port_num: u8,
+    /// Local ACK timeout: 4.096 us * 2^timeout (0: never times out).
     pub timeout: u8,
+    /// Retries after a timeout or sequence NAK before the WR fails.
     pub retry_cnt: u8,
+    /// Retries after an RNR NAK before the WR fails (7: without end).
     pub rnr_retry: u8,
+    /// The RNR NAK timer code this QP's responder sends.
     pub min_rnr_timer: u8,
+    /// READs and atomics this QP may have outstanding.
     pub max_rd_atomic: u8,
+    /// READs and atomics this QP answers at once.
     pub max_dest_rd_atomic: u8,
+    /// Service level.
     pub sl: u8,
+    /// A `QPT_*` type (QUERY_QP output).
     pub qp_type: u8,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaQpAttr, 40);
@@ -750,8 +1004,11 @@ abi_struct!(HcaQpAttr, 40);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdModifyQp {
+    /// The QP to modify.
     pub qpn: u32,
+    /// `QP_ATTR_*` bits: which fields of `attr` apply.
     pub attr_mask: u32,
+    /// The attributes.
     pub attr: HcaQpAttr,
 }
 abi_struct!(HcaCmdModifyQp, 48);
@@ -762,11 +1019,17 @@ abi_struct!(HcaCmdModifyQp, 48);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdCreateSrq {
+    /// Guest-physical address of the WQE ring.
     pub ring_addr: u64,
+    /// The PD whose MRs the SRQ's WQEs may use.
     pub pdn: u32,
+    /// The limit event's threshold (0: not armed).
     pub limit: u32,
+    /// The ring holds `1 << log_entries` WQEs.
     pub log_entries: u8,
+    /// Each WQE is `1 << wqe_shift` bytes.
     pub wqe_shift: u8,
+    /// Reserved; zero.
     pub rsvd0: u16,
     /// With CAP_UAR: where in BAR2's user access regions its doorbell record is; 0: at
     /// `BAR2_SRQ_DB_OFFSET + 8 * SRQN`.
@@ -779,7 +1042,9 @@ abi_struct!(HcaCmdCreateSrq, 24);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdSrqLimit {
+    /// The SRQ.
     pub srqn: u32,
+    /// The limit (0: not armed).
     pub limit: u32,
 }
 abi_struct!(HcaCmdSrqLimit, 8);
@@ -789,7 +1054,9 @@ abi_struct!(HcaCmdSrqLimit, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaSrqDb {
+    /// The SRQ's free-running producer index.
     pub pi: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 abi_struct!(HcaSrqDb, 8);
@@ -798,7 +1065,9 @@ abi_struct!(HcaSrqDb, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaQpDb {
+    /// The send queue's free-running producer index.
     pub sq_pi: u32,
+    /// The receive queue's free-running producer index.
     pub rq_pi: u32,
 }
 abi_struct!(HcaQpDb, 8);
@@ -808,7 +1077,9 @@ abi_struct!(HcaQpDb, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCqDb {
+    /// The driver's free-running consumer index.
     pub ci: u32,
+    /// `(sn << 1) | solicited_only`: a new sn arms the CQ once.
     pub arm: u32,
 }
 abi_struct!(HcaCqDb, 8);
@@ -817,8 +1088,11 @@ abi_struct!(HcaCqDb, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaSge {
+    /// Start address (I/O virtual, in the MR `lkey` names).
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// The MR's local key.
     pub lkey: u32,
 }
 abi_struct!(HcaSge, 16);
@@ -827,23 +1101,38 @@ abi_struct!(HcaSge, 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaSendWqe {
+    /// The driver's tag for the WR, returned in its CQE.
     pub wr_id: u64,
+    /// A `WR_*` opcode.
     pub opcode: u8,
+    /// `WQE_*` bits.
     pub flags: u8,
+    /// SGEs that follow the header.
     pub num_sge: u8,
+    /// Reserved; zero.
     pub rsvd0: u8,
+    /// Immediate data, or the rkey to invalidate (SEND with Invalidate, LOCAL_INV).
     pub imm: u32,
+    /// The peer's address (RDMA and atomics).
     pub remote_addr: u64,
+    /// The peer's MR key (RDMA and atomics).
     pub rkey: u32,
+    /// Inline bytes that follow the header (with WQE_INLINE).
     pub inline_len: u32,
+    /// UD: the destination QP.
     pub ud_remote_qpn: u32,
+    /// UD: the destination's Q_Key.
     pub ud_qkey: u32,
+    /// UD: the destination LID.
     pub ud_dlid: u16,
     /// QP1 only: the entry of the port's P_Key table the datagram's P_Key is (a MAD in a
     /// partition, as ib_ud_wr's pkey_index); other QPs send with their own P_Key.
     pub ud_pkey_index: u16,
+    /// Reserved; zero.
     pub rsvd2: u32,
+    /// Atomics: the compare value (CMP_SWP) or addend (FETCH_ADD).
     pub compare_add: u64,
+    /// Atomics: the swap value (CMP_SWP).
     pub swap: u64,
 }
 abi_struct!(HcaSendWqe, 64);
@@ -856,18 +1145,31 @@ abi_struct!(HcaSendWqe, 64);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaRegMrWqe {
+    /// The driver's tag for the WR, returned in its CQE.
     pub wr_id: u64,
+    /// `WR_REG_MR`.
     pub opcode: u8,
+    /// `WQE_*` bits.
     pub flags: u8,
+    /// Reserved; zero.
     pub rsvd0: u16,
+    /// `ACCESS_*` bits the MR gets.
     pub access: u32,
+    /// The MR's first I/O virtual address.
     pub iova: u64,
+    /// The MR's new key.
     pub key: u32,
+    /// Pages in the page list.
     pub npages: u32,
+    /// The MR's length in bytes.
     pub length: u64,
+    /// Guest-physical address of the page list.
     pub page_list: u64,
+    /// The page size, as a shift.
     pub page_shift: u32,
+    /// Reserved; zero.
     pub rsvd1: u32,
+    /// Reserved; zero.
     pub rsvd2: u64,
 }
 abi_struct!(HcaRegMrWqe, 64);
@@ -881,17 +1183,29 @@ abi_struct!(HcaRegMrWqe, 64);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaBindMwWqe {
+    /// The driver's tag for the WR, returned in its CQE.
     pub wr_id: u64,
+    /// `WR_BIND_MW`.
     pub opcode: u8,
+    /// `WQE_*` bits.
     pub flags: u8,
+    /// Reserved; zero.
     pub rsvd0: u16,
+    /// `ACCESS_*` remote rights the window grants.
     pub access: u32,
+    /// The window's first address (inside the MR).
     pub addr: u64,
+    /// The window's length in bytes (0 unbinds a type 1 window).
     pub length: u64,
+    /// The window's current key.
     pub mw_key: u32,
+    /// The key the window gets: the same index, a new tag.
     pub new_key: u32,
+    /// The key of the MR the window opens onto.
     pub mr_key: u32,
+    /// Reserved; zero.
     pub rsvd1: u32,
+    /// Reserved; zero.
     pub rsvd2: [u64; 2],
 }
 abi_struct!(HcaBindMwWqe, 64);
@@ -900,7 +1214,9 @@ abi_struct!(HcaBindMwWqe, 64);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCmdAllocMw {
+    /// The PD the window belongs to.
     pub pdn: u32,
+    /// `MW_TYPE_1` or `MW_TYPE_2`.
     pub mw_type: u32,
 }
 abi_struct!(HcaCmdAllocMw, 8);
@@ -911,14 +1227,23 @@ abi_struct!(HcaCmdAllocMw, 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaMaskedAtomicWqe {
+    /// The driver's tag for the WR, returned in its CQE.
     pub wr_id: u64,
+    /// `WR_MASKED_CMP_SWP` or `WR_MASKED_FETCH_ADD`.
     pub opcode: u8,
+    /// `WQE_*` bits.
     pub flags: u8,
+    /// SGEs that follow the header (the result buffer).
     pub num_sge: u8,
+    /// Reserved; zero.
     pub rsvd0: u8,
+    /// Reserved; zero.
     pub rsvd1: u32,
+    /// The peer's address.
     pub remote_addr: u64,
+    /// The peer's MR key.
     pub rkey: u32,
+    /// Reserved; zero.
     pub rsvd2: u32,
     /// CMP_SWP: the bits compared; FETCH_ADD: the fields' top bits.
     pub compare_add_mask: u64,
@@ -926,6 +1251,7 @@ pub struct HcaMaskedAtomicWqe {
     pub swap_mask: u64,
     /// CMP_SWP: the value compared with; FETCH_ADD: what is added.
     pub compare_add: u64,
+    /// CMP_SWP: the value swapped in; FETCH_ADD: unused.
     pub swap: u64,
 }
 abi_struct!(HcaMaskedAtomicWqe, 64);
@@ -934,8 +1260,11 @@ abi_struct!(HcaMaskedAtomicWqe, 64);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaRecvWqe {
+    /// The driver's tag for the receive, returned in its CQE.
     pub wr_id: u64,
+    /// SGEs that follow the header.
     pub num_sge: u8,
+    /// Reserved; zero.
     pub rsvd: [u8; 7],
 }
 abi_struct!(HcaRecvWqe, 16);
@@ -945,16 +1274,27 @@ abi_struct!(HcaRecvWqe, 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaCqe {
+    /// The `wr_id` of the WQE it completes.
     pub wr_id: u64,
+    /// Bytes received (receives) or transferred.
     pub byte_len: u32,
+    /// Immediate data or the invalidated rkey (see `flags`).
     pub imm: u32,
+    /// The QP the WQE belonged to.
     pub qpn: u32,
+    /// UD receives: the sender's QPN.
     pub src_qp: u32,
+    /// UD receives: the sender's LID.
     pub slid: u16,
+    /// A `CQE_OP_*` opcode.
     pub opcode: u8,
+    /// A `WC_*` status.
     pub status: u8,
+    /// `CQE_FLAG_*` bits.
     pub flags: u8,
+    /// The ownership bit, written last (see [`owner_bit`]).
     pub owner: u8,
+    /// The P_Key table entry of the partition the message came in (QP0 and QP1: the entry its P_Key matched).
     pub pkey_index: u16,
 }
 abi_struct!(HcaCqe, 32);
@@ -963,11 +1303,17 @@ abi_struct!(HcaCqe, 32);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaEqe {
+    /// An `EV_*` type.
     pub event_type: u8,
+    /// The ownership bit, written last (see [`owner_bit`]).
     pub owner: u8,
+    /// Reserved; zero.
     pub rsvd0: u16,
+    /// The event's object (CQN, QPN, SRQN, command seq).
     pub param: u32,
+    /// The event's detail (a reason, a command status).
     pub data: u32,
+    /// Reserved; zero.
     pub rsvd1: u32,
 }
 abi_struct!(HcaEqe, 16);
@@ -995,6 +1341,7 @@ const _: () = {
 
 /// Offsets of `owner` bytes, written last with release ordering.
 pub const CQE_OWNER_OFFSET: u32 = std::mem::offset_of!(HcaCqe, owner) as u32;
+/// Where an EQE's `owner` byte is.
 pub const EQE_OWNER_OFFSET: u32 = std::mem::offset_of!(HcaEqe, owner) as u32;
 
 /// The owner bit a producer writes into the entry at free-running index `index`.

@@ -9,7 +9,9 @@ use crate::abi::Lid;
 /// What becomes of one interrupt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IrqFate {
+    /// Raised now.
     Deliver,
+    /// Never raised: the guest's driver must find the work by polling.
     Lose,
     /// Raised this many nanoseconds of fabric time later.
     Late(u64),

@@ -43,6 +43,7 @@ pub enum CaptureFormat {
 }
 
 impl CaptureFormat {
+    /// The pcap link type this format's frames are written under.
     pub fn linktype(self) -> u32 {
         match self {
             CaptureFormat::Erf => LINKTYPE_ERF,

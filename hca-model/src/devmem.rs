@@ -41,6 +41,7 @@ impl DeviceMemory {
         &self.region
     }
 
+    /// Reads a `T` at BAR2 offset `off`; zeros (`T::default()`) past the end.
     pub fn read_obj<T: ByteValued + Default>(&self, off: u32) -> T {
         self.region
             .as_volatile_slice()
@@ -48,10 +49,12 @@ impl DeviceMemory {
             .unwrap_or_default()
     }
 
+    /// Writes `v` at BAR2 offset `off`; nothing past the end.
     pub fn write_obj<T: ByteValued>(&self, off: u32, v: &T) {
         let _ = self.region.as_volatile_slice().write_obj(*v, off as usize);
     }
 
+    /// Writes `b` at BAR2 offset `off`; nothing past the end.
     pub fn write_bytes(&self, off: u32, b: &[u8]) {
         let _ = self.region.as_volatile_slice().write_slice(b, off as usize);
     }

@@ -23,7 +23,9 @@ use vm_memory::{
 /// A guest address range the device may not touch (outside guest RAM, or overflowing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DmaFault {
+    /// The guest-physical start of the range.
     pub addr: u64,
+    /// Its length in bytes.
     pub len: u64,
 }
 
@@ -41,11 +43,14 @@ impl std::error::Error for DmaFault {}
 
 /// The host-contiguous pieces of one guest range, in order; nearly always one.
 pub enum Slices<'a> {
+    /// The range lies in one host mapping.
     One(VolatileSlice<'a>),
+    /// The range crosses mappings: one slice each, in guest order.
     Many(Vec<VolatileSlice<'a>>),
 }
 
 impl<'a> Slices<'a> {
+    /// The pieces, as one slice however many there are.
     pub fn as_slice(&self) -> &[VolatileSlice<'a>] {
         match self {
             Slices::One(s) => std::slice::from_ref(s),
@@ -247,6 +252,7 @@ struct FlatRegion {
 }
 
 impl<M: GuestMemory> GuestRam<M> {
+    /// Wraps `mem`, noting the host address of each region so that DMA skips vm-memory's lookup.
     pub fn new(mem: M) -> Self {
         // Regions without a host address (none in vm-memory's mmap backend) or memory behind
         // an IOMMU leave the table empty: every access takes vm-memory's path.
@@ -273,6 +279,7 @@ impl<M: GuestMemory> GuestRam<M> {
 }
 
 impl<M> GuestRam<M> {
+    /// The wrapped guest memory.
     pub fn inner(&self) -> &M {
         &self.mem
     }

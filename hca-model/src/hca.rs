@@ -35,6 +35,7 @@ use crate::turn::{Turn, WORK_PER_TURN};
 /// Raises one of the guest's MSI-X vectors. Host adapters implement it (an eventfd write
 /// under QEMU, an irqfd under the VMM).
 pub trait InterruptSink: Send + Sync {
+    /// Raises MSI-X vector `vector`.
     fn raise(&self, vector: u32);
 }
 
@@ -48,43 +49,59 @@ impl InterruptSink for NoInterrupts {
 /// Counters a user can read to see what the device did. Monotonic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaStats {
+    /// Doorbells rung (receive doorbells counted without the lock included).
     pub doorbells: u64,
+    /// Mailbox commands run.
     pub commands: u64,
+    /// WQEs executed.
     pub wqes: u64,
+    /// CQEs written.
     pub cqes: u64,
+    /// CQEs lost to a full CQ.
     pub cqes_lost: u64,
+    /// EQEs written.
     pub events: u64,
+    /// EQEs lost to a full EQ.
     pub events_lost: u64,
     /// Completion events not posted because the CQ's last one was still unconsumed.
     pub events_coalesced: u64,
+    /// MSI-X interrupts raised.
     pub interrupts: u64,
     /// MTU packets sent and received (a train counts as the packets it stands for).
     pub packets_out: u64,
+    /// MTU packets received.
     pub packets_in: u64,
     /// Payload bytes sent.
     pub bytes_out: u64,
     /// Octets sent and received on the wire, headers and CRCs included
     /// ([`Packet::wire_bytes`]).
     pub wire_out: u64,
+    /// Octets received on the wire.
     pub wire_in: u64,
     /// MTU packets sent to and received from multicast groups.
     pub mcast_out: u64,
+    /// MTU packets received from multicast groups.
     pub mcast_in: u64,
     /// Packets the port could not send: no port had their destination LID.
     pub xmit_discards: u64,
     /// Times the port's link went down.
     pub link_downs: u64,
+    /// Datagrams dropped: no receive posted, a bad Q_Key, too long.
     pub ud_dropped: u64,
     /// UC packets dropped: out of sequence, or refused by the responder (no receive WQE,
     /// a bad rkey, too long), or undeliverable (UC does not tell the sender).
     pub uc_dropped: u64,
+    /// RC packets sent that no receiver took.
     pub rc_dropped: u64,
+    /// Device accesses to guest memory that failed (outside RAM, or a bad ring).
     pub dma_faults: u64,
     /// RC packets sent again (timeouts, sequence NAKs, RNR waits).
     pub retransmits: u64,
+    /// PSN sequence error NAKs received.
     pub seq_naks: u64,
     /// Read responses that arrived past a gap (the read was asked again at once).
     pub read_gaps: u64,
+    /// RNR NAKs received.
     pub rnr_naks: u64,
     /// WRs that ended in WcError::RetryExc: their retries ran out, or the peer's port is
     /// gone from the fabric (no route: retrying cannot help).
@@ -929,6 +946,7 @@ impl Hca {
             .with_state(|st| st.dev.in_flight_budget = bytes.max(MIN_IN_FLIGHT_BYTES));
     }
 
+    /// Sets the device's ivshmem peer id, shown to the driver in BAR2's [`crate::abi::HcaDevInfo`].
     pub fn set_doorbell_peer(&self, peer: u32) {
         self.shared.with_state(|st| {
             st.dev.doorbell_peer = peer;
@@ -945,14 +963,17 @@ impl Hca {
         self.shared.with_state(|st| st.doorbell(class));
     }
 
+    /// The device memory the host maps as the guest's BAR2.
     pub fn bar2(&self) -> &DeviceMemory {
         &self.shared.bar2
     }
 
+    /// The port's LID (0 while it is on no fabric).
     pub fn lid(&self) -> Lid {
         self.shared.lock().dev.lid
     }
 
+    /// The device's counters so far.
     pub fn stats(&self) -> HcaStats {
         let mut stats = self.shared.lock().dev.stats;
         stats.doorbells += self.shared.recv_doorbells.quiet.load(Ordering::Relaxed);

@@ -11,6 +11,7 @@
 //! `indexing_slicing`, `unwrap_used`, `expect_used`; the SA reads MADs typed as 256-byte
 //! arrays, so its fixed offsets are checked at compile time).
 
+#![warn(missing_docs)]
 #![cfg_attr(
     not(test),
     warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)

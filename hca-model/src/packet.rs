@@ -18,43 +18,74 @@ use std::sync::Arc;
 use crate::dma::{copy_between, DmaFault, DmaSpace};
 
 // RC opcodes (IB BTH, transport 000).
+/// SEND, first packet of several.
 pub const RC_SEND_FIRST: u8 = 0x00;
+/// SEND, a middle packet.
 pub const RC_SEND_MIDDLE: u8 = 0x01;
+/// SEND, last packet.
 pub const RC_SEND_LAST: u8 = 0x02;
+/// SEND, last packet, with immediate data.
 pub const RC_SEND_LAST_IMM: u8 = 0x03;
+/// SEND in one packet.
 pub const RC_SEND_ONLY: u8 = 0x04;
+/// SEND in one packet, with immediate data.
 pub const RC_SEND_ONLY_IMM: u8 = 0x05;
+/// RDMA WRITE, first packet (carries the RETH).
 pub const RC_WRITE_FIRST: u8 = 0x06;
+/// RDMA WRITE, a middle packet.
 pub const RC_WRITE_MIDDLE: u8 = 0x07;
+/// RDMA WRITE, last packet.
 pub const RC_WRITE_LAST: u8 = 0x08;
+/// RDMA WRITE, last packet, with immediate data.
 pub const RC_WRITE_LAST_IMM: u8 = 0x09;
+/// RDMA WRITE in one packet.
 pub const RC_WRITE_ONLY: u8 = 0x0a;
+/// RDMA WRITE in one packet, with immediate data.
 pub const RC_WRITE_ONLY_IMM: u8 = 0x0b;
+/// RDMA READ request (RETH: what to read).
 pub const RC_READ_REQUEST: u8 = 0x0c;
+/// RDMA READ response, first packet.
 pub const RC_READ_RESP_FIRST: u8 = 0x0d;
+/// RDMA READ response, a middle packet.
 pub const RC_READ_RESP_MIDDLE: u8 = 0x0e;
+/// RDMA READ response, last packet.
 pub const RC_READ_RESP_LAST: u8 = 0x0f;
+/// RDMA READ response in one packet.
 pub const RC_READ_RESP_ONLY: u8 = 0x10;
+/// Acknowledge (AETH: an ACK or a NAK).
 pub const RC_ACK: u8 = 0x11;
+/// Atomic acknowledge (AETH and AtomicAckETH: the original value).
 pub const RC_ATOMIC_ACK: u8 = 0x12;
+/// Atomic compare-and-swap request (AtomicETH).
 pub const RC_CMP_SWAP: u8 = 0x13;
+/// Atomic fetch-and-add request (AtomicETH).
 pub const RC_FETCH_ADD: u8 = 0x14;
+/// SEND, last packet, with Invalidate (IETH).
 pub const RC_SEND_LAST_INV: u8 = 0x16;
+/// SEND in one packet, with Invalidate (IETH).
 pub const RC_SEND_ONLY_INV: u8 = 0x17;
 /// IBTA 1.5: RETH and 8 bytes of data, stored in one access; answered by an ACK.
 pub const RC_ATOMIC_WRITE: u8 = 0x1d;
 /// UC opcodes (transport 001) are RC's SEND and WRITE opcodes (0x00-0x0b) with this.
 pub const UC_TRANSPORT: u8 = 0x20;
 // UD opcodes (transport 011).
+/// UD SEND (every datagram is one packet).
 pub const UD_SEND_ONLY: u8 = 0x64;
+/// UD SEND with immediate data.
 pub const UD_SEND_ONLY_IMM: u8 = 0x65;
 
 // AETH syndromes.
+/// ACK: every request up to the PSN arrived.
 pub const AETH_ACK: u8 = 0x00;
+/// RNR NAK: no receive was posted; retry after the timer the low bits give.
 pub const AETH_RNR_NAK: u8 = 0x20;
+/// NAK: PSN sequence error (a packet went missing); resend from the PSN.
 pub const AETH_NAK_PSN_SEQ: u8 = 0x60;
+/// NAK: invalid request.
 pub const AETH_NAK_INV_REQ: u8 = 0x61;
+/// NAK: remote access error (bad rkey, range or rights).
 pub const AETH_NAK_REM_ACCESS: u8 = 0x62;
+/// NAK: remote operational error.
 pub const AETH_NAK_REM_OP: u8 = 0x63;
 
 /// PSNs are 24-bit.
@@ -65,6 +96,7 @@ pub fn psn_le(a: u32, b: u32) -> bool {
     (b.wrapping_sub(a) & PSN_MASK) < (1 << 23)
 }
 
+/// `a + n` in 24-bit PSN space.
 pub fn psn_add(a: u32, n: u32) -> u32 {
     a.wrapping_add(n) & PSN_MASK
 }
@@ -72,15 +104,20 @@ pub fn psn_add(a: u32, n: u32) -> u32 {
 /// Remote address, key and length (RETH), also used for the AtomicETH's address.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reth {
+    /// The remote virtual address.
     pub va: u64,
+    /// The remote MR's key.
     pub rkey: u32,
+    /// The length of the DMA (the whole message's, for a WRITE or READ).
     pub len: u32,
 }
 
 /// A contiguous guest-physical range.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seg {
+    /// The guest-physical start.
     pub addr: u64,
+    /// The length in bytes.
     pub len: u32,
 }
 
@@ -188,6 +225,7 @@ impl SmallBytes {
         Some(s)
     }
 
+    /// The bytes carried.
     pub fn as_slice(&self) -> &[u8] {
         self.bytes.get(..usize::from(self.len)).unwrap_or_default()
     }
@@ -197,9 +235,12 @@ impl SmallBytes {
 /// sender's memory.
 #[derive(Clone, Default)]
 pub enum Payload {
+    /// No payload (an ACK, a READ request, a zero-length message).
     #[default]
     Empty,
+    /// A few bytes copied into the packet (inline data, atomics' results).
     Small(SmallBytes),
+    /// Bytes the packet owns (a MAD, a datagram copied from a sender).
     Bytes(Vec<u8>),
     /// Shared: the copy a sender keeps for retransmission is the same list.
     Dma(Arc<Gather>),
@@ -208,7 +249,9 @@ pub enum Payload {
 /// Bytes in one guest's memory, as a gather list: what a message's payload is until a
 /// receiver copies it.
 pub struct Gather {
+    /// The memory the bytes are in.
     pub mem: Arc<dyn DmaSpace>,
+    /// Where in it, in order.
     pub segs: SegList,
     /// The remote access that reached these bytes (a READ's rkey), when it can be revoked
     /// before they are copied: then they are never copied.
@@ -296,6 +339,7 @@ impl Grant {
         }
     }
 
+    /// Whether the access was revoked (its MR deregistered or invalidated): the bytes must not be copied.
     pub fn is_revoked(&self) -> bool {
         self.0.load(Ordering::Acquire) & REVOKED != 0
     }
@@ -347,6 +391,7 @@ impl Payload {
         Payload::Dma(Arc::new(Gather { mem, segs, grant }))
     }
 
+    /// Payload bytes.
     pub fn len(&self) -> u32 {
         match self {
             Payload::Empty => 0,
@@ -356,6 +401,7 @@ impl Payload {
         }
     }
 
+    /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -514,7 +560,9 @@ impl Iterator for Packets {
 /// unicast packets go without).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Grh {
+    /// Source GID.
     pub sgid: [u8; 16],
+    /// Destination GID (a multicast group's MGID).
     pub dgid: [u8; 16],
 }
 
@@ -562,29 +610,38 @@ impl RareHeaders {
 /// partition's unless its QP is in another.
 #[derive(Debug)]
 pub struct Packet {
+    /// LRH source LID: the sending port (the fabric sets it).
     pub slid: u16,
+    /// LRH destination LID: a port, the SM, or a multicast group.
     pub dlid: u16,
+    /// LRH service level.
     pub sl: u8,
+    /// BTH opcode (`RC_*`, `UD_*`).
     pub opcode: u8,
     /// BTH P_Key: the partition of the QP that sent it (see `crate::partition`).
     pub pkey: u16,
     /// BTH solicited-event bit.
     pub solicited: bool,
+    /// BTH destination QP.
     pub dest_qpn: u32,
     /// The sending QP: DETH's source QP for UD; for RC it is implied by the connection and is
     /// carried only so that the responder can check the packet comes from its peer.
     pub src_qpn: u32,
+    /// BTH PSN (of the first packet, for a train).
     pub psn: u32,
+    /// RETH: remote address, key and length (RDMA WRITE first and only, READ request, atomics).
     pub reth: Option<Reth>,
     /// AETH: syndrome and MSN.
     pub aeth: Option<(u8, u32)>,
     /// A GRH, AtomicETH or AtomicAckETH, when the packet has one.
     pub rare: Option<Box<RareHeaders>>,
+    /// Immediate data.
     pub imm: Option<u32>,
     /// IETH: the rkey a SEND with Invalidate makes the responder invalidate.
     pub ieth: Option<u32>,
     /// DETH Q_Key (UD).
     pub qkey: u32,
+    /// The data the packet carries.
     pub payload: Payload,
     /// MTU packets this stands for: 1, or a whole message (a train; see the module docs).
     pub count: u32,
@@ -594,6 +651,7 @@ pub struct Packet {
     /// its first packet in the message, and the message's packet count (0: the train ends
     /// the message, `first + count`).
     pub first: u32,
+    /// See `first`: the whole message's packet count, or 0.
     pub of: u32,
     /// Bits flipped on the wire: its ICRC would not match, so a receiver drops it.
     pub corrupt: bool,
@@ -748,14 +806,17 @@ impl Packet {
         }
     }
 
+    /// The GRH, if the packet has one (multicast datagrams).
     pub fn grh(&self) -> Option<&Grh> {
         self.rare.as_ref()?.grh.as_ref()
     }
 
+    /// AtomicETH's swap-or-add and compare values, if the packet is an atomic request.
     pub fn atomic(&self) -> Option<(u64, u64)> {
         self.rare.as_ref()?.atomic
     }
 
+    /// AtomicAckETH's original remote value, if the packet is an atomic ACK.
     pub fn atomic_ack(&self) -> Option<u64> {
         self.rare.as_ref()?.atomic_ack
     }
@@ -987,6 +1048,7 @@ impl Packet {
         (crate::abi::MCAST_LID_FIRST..0xffff).contains(&u32::from(self.dlid))
     }
 
+    /// Whether it is a datagram (a UD SEND).
     pub fn is_ud(&self) -> bool {
         self.opcode == UD_SEND_ONLY || self.opcode == UD_SEND_ONLY_IMM
     }

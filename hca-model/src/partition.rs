@@ -44,8 +44,11 @@ pub fn table_admits(table: &PKeyTable, pkt: u16) -> bool {
 /// and the LIDs of its full and its limited members.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Partition {
+    /// The partition's P_Key (its low 15 bits; the membership bit is each port's own).
     pub pkey: u16,
+    /// LIDs of the full members: they talk to every member.
     pub members: Vec<Lid>,
+    /// LIDs of the limited members: they talk to full members only.
     pub limited: Vec<Lid>,
 }
 

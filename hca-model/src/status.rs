@@ -9,12 +9,19 @@ use crate::abi::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum CmdError {
+    /// No command has this opcode (`CMD_BAD_OPCODE`).
     BadOpcode = CMD_BAD_OPCODE,
+    /// An input field is out of range or inconsistent (`CMD_BAD_PARAM`).
     BadParam = CMD_BAD_PARAM,
+    /// A handle names nothing live (`CMD_BAD_HANDLE`).
     BadHandle = CMD_BAD_HANDLE,
+    /// The object's state forbids the command (`CMD_BAD_STATE`).
     BadState = CMD_BAD_STATE,
+    /// The object is still in use (`CMD_BUSY`).
     Busy = CMD_BUSY,
+    /// A table or the page budget is full (`CMD_NO_RESOURCES`).
     NoResources = CMD_NO_RESOURCES,
+    /// A guest address is outside guest memory or misaligned (`CMD_BAD_ADDRESS`).
     BadAddress = CMD_BAD_ADDRESS,
 }
 
@@ -29,18 +36,31 @@ impl CmdError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum WcError {
+    /// Local length error (`WC_LOC_LEN_ERR`).
     LocLen = WC_LOC_LEN_ERR,
+    /// Local QP operation error (`WC_LOC_QP_OP_ERR`).
     LocQpOp = WC_LOC_QP_OP_ERR,
+    /// Local protection error (`WC_LOC_PROT_ERR`).
     LocProt = WC_LOC_PROT_ERR,
+    /// Flushed: the QP was in error (`WC_WR_FLUSH_ERR`).
     WrFlush = WC_WR_FLUSH_ERR,
+    /// A memory window bind failed (`WC_MW_BIND_ERR`).
     MwBind = WC_MW_BIND_ERR,
+    /// Bad response (`WC_BAD_RESP_ERR`).
     BadResp = WC_BAD_RESP_ERR,
+    /// Local access error (`WC_LOC_ACCESS_ERR`).
     LocAccess = WC_LOC_ACCESS_ERR,
+    /// The peer found the request invalid (`WC_REM_INV_REQ_ERR`).
     RemInvReq = WC_REM_INV_REQ_ERR,
+    /// The peer refused the access (`WC_REM_ACCESS_ERR`).
     RemAccess = WC_REM_ACCESS_ERR,
+    /// The peer could not execute the request (`WC_REM_OP_ERR`).
     RemOp = WC_REM_OP_ERR,
+    /// Retries ran out, or the peer's port is gone (`WC_RETRY_EXC_ERR`).
     RetryExc = WC_RETRY_EXC_ERR,
+    /// RNR retries ran out (`WC_RNR_RETRY_EXC_ERR`).
     RnrRetryExc = WC_RNR_RETRY_EXC_ERR,
+    /// Any other failure (`WC_GENERAL_ERR`).
     General = WC_GENERAL_ERR,
 }
 

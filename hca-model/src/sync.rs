@@ -7,6 +7,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// `lock` that takes a poisoned mutex as it is.
 pub trait Unpoisoned<T: ?Sized> {
+    /// Locks the mutex, poisoned or not.
     fn lock_unpoisoned(&self) -> MutexGuard<'_, T>;
 }
 
@@ -18,7 +19,9 @@ impl<T: ?Sized> Unpoisoned<T> for Mutex<T> {
 
 /// `read` and `write` that take a poisoned reader-writer lock as it is.
 pub trait UnpoisonedRw<T: ?Sized> {
+    /// Locks for reading, poisoned or not.
     fn read_unpoisoned(&self) -> RwLockReadGuard<'_, T>;
+    /// Locks for writing, poisoned or not.
     fn write_unpoisoned(&self) -> RwLockWriteGuard<'_, T>;
 }
 

@@ -9,10 +9,15 @@ pub const UVERBS_ABI_VERSION: u32 = 1;
 
 /// Slots of 8-byte doorbell records in one UAR page, by queue kind.
 pub const UAR_QP_OFFSET: u32 = 0x000;
+/// QP doorbell records one UAR holds.
 pub const UAR_QP_SLOTS: u32 = 256;
+/// Where a UAR's CQ doorbell records start.
 pub const UAR_CQ_OFFSET: u32 = 0x800;
+/// CQ doorbell records one UAR holds.
 pub const UAR_CQ_SLOTS: u32 = 128;
+/// Where a UAR's SRQ doorbell records start.
 pub const UAR_SRQ_OFFSET: u32 = 0xc00;
+/// SRQ doorbell records one UAR holds.
 pub const UAR_SRQ_SLOTS: u32 = 64;
 /// The context's send-doorbell ring (with CAP_SQ_RING), laid out as a kernel one
 /// (`abi::SQ_RING_PI`, `abi::SQ_RING_QPN_OFFSET`, `abi::SQ_RING_ENTRIES`): the provider
@@ -37,7 +42,9 @@ pub const UCREATE_QP_SQ_RING: u32 = 1 << 0;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaUcreateQp {
+    /// `UCREATE_QP_*` bits.
     pub flags: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 
@@ -46,11 +53,17 @@ pub struct HcaUcreateQp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaUallocUcontextResp {
+    /// mmap cookie of the context's UAR page.
     pub uar_mmap_offset: u64,
+    /// mmap cookie of the page holding BAR0's doorbell register.
     pub db_mmap_offset: u64,
+    /// The doorbell register's offset in that page.
     pub db_reg_offset: u32,
+    /// The device's ivshmem peer id, for doorbell writes.
     pub doorbell_peer: u32,
+    /// The device's `CAP_*` bits.
     pub caps: u32,
+    /// Inline bytes a send WQE may carry at most.
     pub max_inline: u32,
 }
 
@@ -58,10 +71,15 @@ pub struct HcaUallocUcontextResp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaUcreateCqResp {
+    /// mmap cookie of the CQE ring.
     pub ring_mmap_offset: u64,
+    /// The CQ's number.
     pub cqn: u32,
+    /// The ring holds `1 << log_entries` CQEs.
     pub log_entries: u32,
+    /// The CQ's doorbell record slot in the UAR.
     pub db_slot: u32,
+    /// Reserved; zero.
     pub rsvd: u32,
 }
 
@@ -69,14 +87,23 @@ pub struct HcaUcreateCqResp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaUcreateQpResp {
+    /// mmap cookie of the send queue ring.
     pub sq_mmap_offset: u64,
+    /// mmap cookie of the receive queue ring.
     pub rq_mmap_offset: u64,
+    /// The QP's number.
     pub qpn: u32,
+    /// The QP's doorbell record slot in the UAR.
     pub db_slot: u32,
+    /// The send queue holds `1 << sq_log_entries` WQEs.
     pub sq_log_entries: u8,
+    /// Each send WQE is `1 << sq_wqe_shift` bytes.
     pub sq_wqe_shift: u8,
+    /// The receive queue holds `1 << rq_log_entries` WQEs.
     pub rq_log_entries: u8,
+    /// Each receive WQE is `1 << rq_wqe_shift` bytes.
     pub rq_wqe_shift: u8,
+    /// Inline bytes a send WQE may carry at most.
     pub max_inline: u32,
 }
 
@@ -84,12 +111,19 @@ pub struct HcaUcreateQpResp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HcaUcreateSrqResp {
+    /// mmap cookie of the SRQ's WQE ring.
     pub ring_mmap_offset: u64,
+    /// The SRQ's number.
     pub srqn: u32,
+    /// The SRQ's doorbell record slot in the UAR.
     pub db_slot: u32,
+    /// The ring holds `1 << log_entries` WQEs.
     pub log_entries: u8,
+    /// Each WQE is `1 << wqe_shift` bytes.
     pub wqe_shift: u8,
+    /// Reserved; zero.
     pub rsvd0: u16,
+    /// Reserved; zero.
     pub rsvd1: u32,
 }
 

@@ -24,14 +24,18 @@ pub enum LinkDir {
 /// A link: the port at one end (the switch is at the other) and the direction of travel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LinkId {
+    /// The LID of the port at the link's end.
     pub lid: Lid,
+    /// Which way the packet crosses it.
     pub dir: LinkDir,
 }
 
 /// The hook's decision for one packet on one link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Goes on unchanged (or as the hook changed it).
     Pass,
+    /// Lost: its sender hears of it as a drop by the hook.
     Drop,
     /// Goes on, and a copy right behind it.
     Duplicate,
@@ -53,6 +57,7 @@ pub(super) enum Stage {
 /// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
 /// fabric's clock.
 pub trait LinkHook: Send + Sync {
+    /// Decides what happens to `pkt` on `link` at fabric time `now_ns`; it may change the packet (corrupt it) too.
     fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict;
     /// Whether the link of the port at `lid` is up (its port is ACTIVE) at `now_ns`.
     fn link_up(&self, _lid: Lid, _now_ns: u64) -> bool {
@@ -62,6 +67,7 @@ pub trait LinkHook: Send + Sync {
 
 /// Sees every packet once, as its sender put it on its uplink, before any hook: a capture.
 pub trait PacketTap: Send + Sync {
+    /// Sees `pkt` as its sender put it on its uplink at fabric time `now_ns`.
     fn on_wire(&self, now_ns: u64, pkt: &Packet);
 }
 
@@ -141,10 +147,12 @@ impl Fabric {
         any
     }
 
+    /// Sets (or, with None, removes) the hook that sees every packet on every link; may change under traffic.
     pub fn set_hook(&self, hook: Option<Arc<dyn LinkHook>>) {
         self.inner.hook.set(hook);
     }
 
+    /// Sets (or, with None, removes) the tap that sees every packet once (a capture).
     pub fn set_tap(&self, tap: Option<Arc<dyn PacketTap>>) {
         self.inner.tap.set(tap);
     }

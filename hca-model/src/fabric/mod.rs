@@ -14,7 +14,7 @@
 //! that overtakes nothing and the receiving port is free (a cut-through: see `Cut`): a
 //! message and its ACK then take no queue, no pump and one turn of each port's lock. In
 //! the queue too, where no hook or tap watches, a run of one stream's packets (the same
-//! sender QP to the same QP) is handed to its port as one burst of at most [`MAX_BURST`]
+//! sender QP to the same QP) is handed to its port as one burst of at most `MAX_BURST`
 //! packets, taken in one turn of the port's lock. An answer sent inside a pump (an ACK, a
 //! response) to a port nothing waits for goes to that pump directly (`Fabric::push`).
 //!
@@ -80,6 +80,7 @@ pub enum DropReason {
 pub struct Rejected(pub Box<Packet>);
 
 impl Rejected {
+    /// The refusal of `pkt`, given back whole.
     pub fn of(pkt: Packet) -> Self {
         Rejected(Box::new(pkt))
     }
@@ -170,9 +171,13 @@ pub trait PacketSink: Send + Sync {
 /// Delivery counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FabricStats {
+    /// Packets that reached a port (those cut through or handed over straight included).
     pub delivered: u64,
+    /// Packets whose DLID no port held.
     pub no_route: u64,
+    /// Packets a link hook dropped.
     pub hook_dropped: u64,
+    /// Packets the receiving port refused (no QP, wrong state, not from its peer).
     pub rejected: u64,
 }
 
@@ -353,6 +358,7 @@ impl Fabric {
         }
     }
 
+    /// The adapter-fault hook the fabric's HCAs consult, if one is set.
     pub fn adapter_hook(&self) -> Option<Arc<dyn AdapterHook>> {
         self.inner.adapter_hook.get()
     }
@@ -363,6 +369,7 @@ impl Fabric {
         self.inner.adapter_hook.is_set()
     }
 
+    /// The fabric's delivery counters so far.
     pub fn stats(&self) -> FabricStats {
         let c = &self.inner.stats;
         FabricStats {

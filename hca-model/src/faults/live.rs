@@ -9,6 +9,7 @@ use super::FaultHook;
 pub enum LiveFault {
     /// The node's link goes down (both directions) until LinkUp.
     LinkDown,
+    /// The node's link comes back up (ends a LinkDown).
     LinkUp,
     /// The node's link follows this rule instead of the plan's.
     Rule(LinkFaults),

@@ -1,5 +1,5 @@
-//! Seeded fault plans: a [`LinkHook`] that drops, duplicates, reorders, delays and corrupts
-//! packets, takes links down on a schedule and kills nodes, and an [`AdapterHook`] that makes
+//! Seeded fault plans: a [`LinkHook`](crate::LinkHook) that drops, duplicates, reorders, delays and corrupts
+//! packets, takes links down on a schedule and kills nodes, and an [`AdapterHook`](crate::AdapterHook) that makes
 //! HCAs fail WQEs, lose doorbells, lose or delay interrupts and overflow CQs. Every decision
 //! is drawn from the plan's seed and logged as one JSON line; times in the plan and the log
 //! count from the moment the plan starts ([`FaultHook::set_origin`]).
@@ -68,23 +68,36 @@ use log::LogLine;
 /// What a plan did, for the end-of-run report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultCounts {
+    /// Packets lost to a link down (a window, or `hcabench fault NODE down`).
     pub link_down: u64,
+    /// Packets a rule dropped.
     pub dropped: u64,
+    /// Packets a rule sent twice.
     pub duplicated: u64,
+    /// Packets a rule held back so that later ones overtook them.
     pub reordered: u64,
+    /// Packets a rule corrupted (their receivers drop them for a bad ICRC).
     pub corrupted: u64,
+    /// Packets a rule delayed.
     pub delayed: u64,
     /// Packets lost to or from a killed node.
     pub node_dead: u64,
+    /// Nodes killed.
     pub nodes_killed: u64,
+    /// Send WQEs made to complete with WC_GENERAL_ERR.
     pub wqe_errors: u64,
+    /// Doorbells the device ignored.
     pub doorbells_lost: u64,
+    /// Interrupts never raised.
     pub interrupts_lost: u64,
+    /// Interrupts raised late.
     pub interrupts_late: u64,
+    /// CQs made to overflow.
     pub cq_overflows: u64,
 }
 
 impl FaultCounts {
+    /// Every fault counted, of all kinds.
     pub fn total(&self) -> u64 {
         self.link_down
             + self.dropped
@@ -164,10 +177,12 @@ impl FaultHook {
         self.origin_ns.store(now_ns, Relaxed);
     }
 
+    /// The plan's seed: with it, the same traffic meets the same faults.
     pub fn seed(&self) -> u64 {
         self.plan.seed
     }
 
+    /// What the plan has done so far.
     pub fn counts(&self) -> FaultCounts {
         self.lock().counts
     }

@@ -4,37 +4,50 @@ use serde::Deserialize;
 
 use crate::fabric::{LinkDir, LinkId};
 
+/// A fault plan, as its TOML file gives it: a seed, and rules for links, nodes and adapters.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultPlan {
+    /// Seeds every random draw: a run with the same seed and traffic meets the same faults.
     pub seed: u64,
+    /// Rules for links (`[[link]]`).
     #[serde(rename = "link")]
     pub links: Vec<LinkFaults>,
+    /// Nodes that die (`[[node]]`).
     #[serde(rename = "node")]
     pub nodes: Vec<NodeFaults>,
+    /// Rules for the HCAs themselves (`[[adapter]]`).
     #[serde(rename = "adapter")]
     pub adapters: Vec<AdapterFaults>,
 }
 
+/// A node that dies during the run: its link goes dead for good.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NodeFaults {
+    /// The node's LID.
     pub lid: u16,
     /// When the node dies, in milliseconds after the plan starts.
     pub kill_ms: f64,
 }
 
+/// Faults of an HCA itself: lost doorbells and interrupts, late interrupts, a WQE or CQ made to fail.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdapterFaults {
+    /// The HCA's LID; None: every HCA.
     pub lid: Option<u16>,
     /// The Nth send WQE (from 1) of a QP completes with WC_GENERAL_ERR.
     pub error_wqe: Option<u64>,
     /// Limits `error_wqe` to one QP.
     pub qpn: Option<u32>,
+    /// Probability that a doorbell is ignored.
     pub lose_doorbell: f64,
+    /// Probability that an interrupt is never raised.
     pub lose_interrupt: f64,
+    /// Probability that an interrupt is raised late.
     pub late_interrupt: f64,
+    /// How late a late interrupt is, in microseconds.
     pub late_interrupt_us: u64,
     /// A CQ overflows when it is handed CQE number N + 1.
     pub cq_overflow_after: Option<u64>,
@@ -42,25 +55,38 @@ pub struct AdapterFaults {
     pub cqn: Option<u32>,
 }
 
+/// Which directions of a link a rule applies to.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Dirs {
+    /// From the port into the switch.
     Up,
+    /// From the switch to the port.
     Down,
+    /// Both ways.
     #[default]
     Both,
 }
 
+/// Faults on links: probabilities per packet, a delay with jitter, windows with the link down.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LinkFaults {
+    /// The LID of the port whose link it is; None: every link.
     pub lid: Option<u16>,
+    /// The directions it applies to.
     pub dir: Dirs,
+    /// Probability that a packet is dropped.
     pub drop: f64,
+    /// Probability that a packet is sent twice.
     pub duplicate: f64,
+    /// Probability that a packet is held back for later ones to overtake.
     pub reorder: f64,
+    /// Probability that a packet's bits are flipped (its ICRC then fails).
     pub corrupt: f64,
+    /// Delay added to every packet, in microseconds.
     pub delay_us: u64,
+    /// Random extra delay, up to this many microseconds.
     pub jitter_us: u64,
     /// [from, to) in milliseconds of fabric time.
     pub down: Vec<[f64; 2]>,

@@ -44,14 +44,23 @@ pub(super) mod mc {
 /// A multicast group the SA manages.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Group {
+    /// The group's MGID.
     pub mgid: [u8; 16],
+    /// The multicast LID packets to the group carry.
     pub mlid: Lid,
+    /// The Q_Key its members' UD QPs use.
     pub qkey: u32,
+    /// The P_Key of its partition.
     pub pkey: u16,
+    /// Its MTU (IB's enum: 5 is 4096 bytes).
     pub mtu: u8,
+    /// Its rate (IB's enum).
     pub rate: u8,
+    /// Its service level.
     pub sl: u8,
+    /// Its flow label.
     pub flow_label: u32,
+    /// Its traffic class.
     pub tclass: u8,
     /// Members by port GUID, with their JoinState bits (full, non, send-only).
     pub members: BTreeMap<u64, u8>,

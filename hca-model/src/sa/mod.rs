@@ -7,18 +7,18 @@
 //! - ClassPortInfo Get;
 //! - PathRecord Get and GetTable (by DGID or DLID, from SGID or SLID or, for a Get, the
 //!   asker; P_Key, and the MTU, rate and packet-lifetime selectors honoured);
-//! - MCMemberRecord Set (join), Delete (leave), Get and GetTable ([`groups`]);
-//! - NodeRecord and PortInfoRecord Get and GetTable ([`records`]);
-//! - ServiceRecord Set, Get, GetTable and Delete ([`services`]);
+//! - MCMemberRecord Set (join), Delete (leave), Get and GetTable (`groups.rs`);
+//! - NodeRecord and PortInfoRecord Get and GetTable (`records.rs`);
+//! - ServiceRecord Set, Get, GetTable and Delete (`services.rs`);
 //! - InformInfo Set: subscriptions to traps 64 and 65 (a port's GID in and out of service),
 //!   which the SA reports when a port's link comes up or goes down, or a node joins or
-//!   leaves the fabric ([`inform`]).
+//!   leaves the fabric (`inform.rs`).
 //!
 //! The fabric's node answers subnet management packets on QP0 ([`sm`]): a switch linking
 //! every port, with the SM (SMInfo) at the same LID. Its Performance Management Agent
 //! ([`pma`]) answers on QP1 with the switch ports' counters.
 //!
-//! A GetTable answer goes back as an RMPP transfer ([`rmpp`]), as ib_mad expects; a Get
+//! A GetTable answer goes back as an RMPP transfer (`rmpp.rs`), as ib_mad expects; a Get
 //! that matches more than one record gets "too many records", one that matches none "no
 //! records". Unsupported queries get "method/attribute not supported" rather than silence,
 //! so a caller never waits out its timeout.
@@ -254,6 +254,7 @@ impl SubnetAdmin {
         (life <= MAX_PACKET_LIFE).then(|| self.packet_life = life)
     }
 
+    /// Every multicast group the SA holds.
     pub fn groups(&self) -> impl Iterator<Item = &Group> {
         self.groups.iter()
     }

@@ -1,5 +1,5 @@
 //! The fabric switch's Performance Management Agent (IBA 16.1): Performance Management MADs
-//! sent to [`SM_LID`]'s QP1 get the switch ports' counters, as a managed switch's PMA gives
+//! sent to [`SM_LID`](super::SM_LID)'s QP1 get the switch ports' counters, as a managed switch's PMA gives
 //! them, so that `perfquery 49151 N` and `ibqueryerrors` read the switch too.
 //!
 //! Switch port n links the node port at LID n ([`super::sm`]), so its counters are that
