@@ -1,6 +1,7 @@
-//! Seeded fault plans: a [`LinkHook`](crate::LinkHook) that drops, duplicates, reorders, delays and corrupts
-//! packets, takes links down on a schedule and kills nodes, and an [`AdapterHook`](crate::AdapterHook) that makes
-//! HCAs fail WQEs, lose doorbells, lose or delay interrupts and overflow CQs. Every decision
+//! Seeded fault plans: a [`LinkHook`](crate::LinkHook) that drops, duplicates, reorders,
+//! delays and corrupts packets, takes links down on a schedule and kills nodes, and an
+//! [`AdapterHook`](crate::AdapterHook) that makes HCAs fail WQEs, lose doorbells, lose or
+//! delay interrupts and overflow CQs. Every decision
 //! is drawn from the plan's seed and logged as one JSON line; times in the plan and the log
 //! count from the moment the plan starts ([`FaultHook::set_origin`]).
 //!
