@@ -3,7 +3,7 @@
 //! Locking: one mutex per HCA guards all of its state (`HcaState`). Entry points take it,
 //! do their work, and collect what must happen outside it: interrupts to raise and fabric
 //! packets to move. Interrupts are raised and the fabric pumped after the lock is dropped, so
-//! an HCA never holds its lock while another HCA's lock is taken (see fabric.rs).
+//! an HCA never holds its lock while another HCA's lock is taken (see fabric/mod.rs).
 //!
 //! Shape: `HcaState` is the QP table beside a `Device` (everything else). Device-wide
 //! concerns are `impl Device` blocks in their own files: PD/MR and key checks (mr.rs), CQ
@@ -708,7 +708,7 @@ impl Shared {
         (r, more)
     }
 
-    /// The end of a turn that kept what it sent (see `fabric::Cut`): each run of packets
+    /// The end of a turn that kept what it sent (see `fabric/cut.rs`): each run of packets
     /// for one port goes to that port now if it can, else to the queue; an answer that
     /// comes straight back (an ACK) is taken in this turn, and what taking it sends (WRs
     /// a full send window held, say) goes in the next round. Ports whose turns left work

@@ -33,7 +33,7 @@ pub(crate) struct Turn {
     /// QPs holding an ACK, each once.
     pub held_acks: Vec<u32>,
     /// This turn keeps what it sends in `outbox`, and moves it itself at its end (see
-    /// `fabric::Cut`).
+    /// `fabric/cut.rs`).
     pub cut: bool,
     /// What this turn sent while `cut`, in order.
     pub outbox: VecDeque<Packet>,

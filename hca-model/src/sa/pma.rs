@@ -18,7 +18,7 @@
 //!
 //! The counters are read from the devices, so this agent must never run under a device's
 //! lock or under the SA's (a port attaching takes its device's lock, then the SA's): the
-//! fabric's SA port calls it with neither held (`fabric.rs`).
+//! fabric's SA port calls it with neither held (`fabric/sa_port.rs`).
 
 use super::mad::method::{GET, GET_RESP, RESP, SET};
 use super::mad::{at, attr, class, PERF_CLASS_VERSION};
