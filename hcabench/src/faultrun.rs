@@ -22,9 +22,13 @@ pub const REPORT: &str = "faults.report";
 pub enum FaultRunError {
     #[error("cannot read fault plan {}: {source}", .path.display())]
     ReadPlan { path: PathBuf, source: io::Error },
-    /// The plan did not parse (`why`: the parser's words).
-    #[error("fault plan {}: {why}", .path.display())]
-    BadPlan { path: PathBuf, why: String },
+    /// The plan did not parse, or a rule is out of range.
+    #[error("fault plan {}: {source}", .path.display())]
+    BadPlan {
+        path: PathBuf,
+        /// Boxed: a TOML error is large, and this one is rare.
+        source: Box<hca_model::faults::PlanError>,
+    },
     #[error("cannot open {}: {source}", .path.display())]
     OpenLog { path: PathBuf, source: io::Error },
     #[error("cannot create capture {}: {source}", .path.display())]
@@ -39,7 +43,7 @@ pub fn load_plan(path: &Path) -> Result<FaultPlan, FaultRunError> {
     })?;
     FaultPlan::parse(&text).map_err(|e| FaultRunError::BadPlan {
         path: path.to_path_buf(),
-        why: e.to_string(),
+        source: Box::new(e),
     })
 }
 

@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 pub use live::LiveFault;
-pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults};
+pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults, PlanError};
 
 use crate::sync::Unpoisoned;
 use draw::Stream;

@@ -103,10 +103,60 @@ impl LinkFaults {
     }
 }
 
+/// Why a fault plan was refused: the rule (counted from 1 in its kind) and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// Not TOML, or not a plan's fields (an unknown one, a wrong type).
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// A probability outside 0..=1.
+    #[error("{kind} {index}: {name} = {value} (a probability, 0 to 1)")]
+    Probability {
+        /// "link" or "adapter".
+        kind: &'static str,
+        /// The rule, from 1.
+        index: usize,
+        /// The field.
+        name: &'static str,
+        /// What it said.
+        value: f64,
+    },
+    /// A link's down window that ends before it starts.
+    #[error("link {link}: down window {window:?} (want [from_ms, to_ms] with from < to)")]
+    DownWindow {
+        /// The link rule, from 1.
+        link: usize,
+        /// The window given.
+        window: [f64; 2],
+    },
+    /// A node rule without a LID or a time to kill it.
+    #[error("node {node}: lid = {lid}, kill_ms = {kill_ms} (want a LID from 1 and a time >= 0)")]
+    Node {
+        /// The node rule, from 1.
+        node: usize,
+        /// The LID given.
+        lid: u16,
+        /// The time given.
+        kill_ms: f64,
+    },
+    /// `error_wqe = 0`.
+    #[error("adapter {adapter}: error_wqe counts from 1 (the first WQE)")]
+    ErrorWqeZero {
+        /// The adapter rule, from 1.
+        adapter: usize,
+    },
+    /// Late interrupts without a lateness.
+    #[error("adapter {adapter}: late_interrupt without late_interrupt_us")]
+    LateWithoutDelay {
+        /// The adapter rule, from 1.
+        adapter: usize,
+    },
+}
+
 impl FaultPlan {
-    /// Parses and checks a plan; errors name the field and what is wrong.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let plan: FaultPlan = toml::from_str(text).map_err(|e| e.to_string())?;
+    /// Parses and checks a plan; errors name the rule, the field and what is wrong.
+    pub fn parse(text: &str) -> Result<Self, PlanError> {
+        let plan: FaultPlan = toml::from_str(text)?;
         for (i, l) in plan.links.iter().enumerate() {
             for (name, p) in [
                 ("drop", l.drop),
@@ -115,27 +165,28 @@ impl FaultPlan {
                 ("corrupt", l.corrupt),
             ] {
                 if !(0.0..=1.0).contains(&p) {
-                    return Err(format!(
-                        "link {}: {name} = {p} (a probability, 0 to 1)",
-                        i + 1
-                    ));
+                    return Err(PlanError::Probability {
+                        kind: "link",
+                        index: i + 1,
+                        name,
+                        value: p,
+                    });
                 }
             }
             if let Some(w) = l.down.iter().find(|w| !(w[0] >= 0.0 && w[0] < w[1])) {
-                return Err(format!(
-                    "link {}: down window {w:?} (want [from_ms, to_ms] with from < to)",
-                    i + 1
-                ));
+                return Err(PlanError::DownWindow {
+                    link: i + 1,
+                    window: *w,
+                });
             }
         }
         for (i, n) in plan.nodes.iter().enumerate() {
             if n.lid == 0 || !(n.kill_ms.is_finite() && n.kill_ms >= 0.0) {
-                return Err(format!(
-                    "node {}: lid = {}, kill_ms = {} (want a LID from 1 and a time >= 0)",
-                    i + 1,
-                    n.lid,
-                    n.kill_ms
-                ));
+                return Err(PlanError::Node {
+                    node: i + 1,
+                    lid: n.lid,
+                    kill_ms: n.kill_ms,
+                });
             }
         }
         for (i, a) in plan.adapters.iter().enumerate() {
@@ -145,23 +196,19 @@ impl FaultPlan {
                 ("late_interrupt", a.late_interrupt),
             ] {
                 if !(0.0..=1.0).contains(&p) {
-                    return Err(format!(
-                        "adapter {}: {name} = {p} (a probability, 0 to 1)",
-                        i + 1
-                    ));
+                    return Err(PlanError::Probability {
+                        kind: "adapter",
+                        index: i + 1,
+                        name,
+                        value: p,
+                    });
                 }
             }
             if a.error_wqe == Some(0) {
-                return Err(format!(
-                    "adapter {}: error_wqe counts from 1 (the first WQE)",
-                    i + 1
-                ));
+                return Err(PlanError::ErrorWqeZero { adapter: i + 1 });
             }
             if a.late_interrupt > 0.0 && a.late_interrupt_us == 0 {
-                return Err(format!(
-                    "adapter {}: late_interrupt without late_interrupt_us",
-                    i + 1
-                ));
+                return Err(PlanError::LateWithoutDelay { adapter: i + 1 });
             }
         }
         Ok(plan)

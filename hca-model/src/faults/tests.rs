@@ -12,11 +12,17 @@ fn test_plans_parse_and_bad_ones_say_why() {
         (p.seed, p.links[0].lid, p.links[0].dir),
         (7, Some(2), Dirs::Up)
     );
-    let e = FaultPlan::parse("[[link]]\ndrop = 1.5").unwrap_err();
+    let e = FaultPlan::parse("[[link]]\ndrop = 1.5")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("drop = 1.5"), "{e}");
-    let e = FaultPlan::parse("[[link]]\ndown = [[5.0, 1.0]]").unwrap_err();
+    let e = FaultPlan::parse("[[link]]\ndown = [[5.0, 1.0]]")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("down window"), "{e}");
-    let e = FaultPlan::parse("[[link]]\ndorp = 0.1").unwrap_err();
+    let e = FaultPlan::parse("[[link]]\ndorp = 0.1")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("dorp"), "{e}");
 }
 
@@ -32,9 +38,13 @@ fn test_the_readme_plan_parses() {
     let p = FaultPlan::parse(block).unwrap();
     assert_eq!((p.links.len(), p.nodes.len(), p.adapters.len()), (1, 1, 1));
     assert_eq!(p.adapters[0].error_wqe, Some(100));
-    let e = FaultPlan::parse("[[adapter]]\nerror_wqe = 0").unwrap_err();
+    let e = FaultPlan::parse("[[adapter]]\nerror_wqe = 0")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("counts from 1"), "{e}");
-    let e = FaultPlan::parse("[[node]]\nlid = 0\nkill_ms = 1.0").unwrap_err();
+    let e = FaultPlan::parse("[[node]]\nlid = 0\nkill_ms = 1.0")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("node 1"), "{e}");
 }
 
