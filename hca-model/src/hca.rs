@@ -623,11 +623,7 @@ impl Shared {
     /// at once (the fabric's timer never waits for a busy device; its timers run at the
     /// next tick).
     fn try_with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> Option<R> {
-        let st = match self.state.try_lock() {
-            Ok(st) => st,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let st = self.state.try_lock_unpoisoned()?;
         Some(self.turn(st, f).0)
     }
 
@@ -777,11 +773,7 @@ impl PacketSink for Shared {
     }
 
     fn try_deliver_run(&self, run: &mut crate::fabric::Run<'_>) -> Option<(Vec<Rejected>, bool)> {
-        let st = match self.state.try_lock() {
-            Ok(st) => st,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let st = self.state.try_lock_unpoisoned()?;
         let mut rejected = Vec::new();
         let ((), more) = self.turn(st, |st| {
             for (pkt, more) in run {

@@ -3,17 +3,27 @@
 //! two of its statements, and the other guests' devices must go on: so a poisoned lock is
 //! taken as it is, never unwrapped into a second panic.
 
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
-/// `lock` that takes a poisoned mutex as it is.
+/// `lock` and `try_lock` that take a poisoned mutex as it is.
 pub trait Unpoisoned<T: ?Sized> {
     /// Locks the mutex, poisoned or not.
     fn lock_unpoisoned(&self) -> MutexGuard<'_, T>;
+    /// Locks the mutex, poisoned or not, if no one holds it; None if someone does.
+    fn try_lock_unpoisoned(&self) -> Option<MutexGuard<'_, T>>;
 }
 
 impl<T: ?Sized> Unpoisoned<T> for Mutex<T> {
     fn lock_unpoisoned(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_lock_unpoisoned(&self) -> Option<MutexGuard<'_, T>> {
+        match self.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 
