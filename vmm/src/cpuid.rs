@@ -12,7 +12,7 @@
 //! - The KVM signature leaf ("KVMKVMKVM", the highest paravirtual leaf in EAX), added if the
 //!   host's KVM did not list it, so that kvm-clock and the other features in 0x4000_0001
 //!   are found.
-//! - Each vCPU's own APIC ID (leaf 1 EBX[31:24]; the x2APIC ID in leaves 0xb and 0x1f), to
+//! - Each vCPU's own APIC ID (leaf 1 EBX bits 31:24; the x2APIC ID in leaves 0xb and 0x1f), to
 //!   match the MP table.
 
 use kvm_bindings::{kvm_cpuid_entry2, CpuId};

@@ -95,7 +95,7 @@ impl ConsoleOut {
         self.client.lock_unpoisoned().is_some()
     }
 
-    /// The first [`CAPTURE_LIMIT`] bytes of output, shared.
+    /// The first `CAPTURE_LIMIT` bytes of output, shared.
     pub fn captured(&self) -> Arc<Mutex<Vec<u8>>> {
         self.captured.clone()
     }
