@@ -1,5 +1,5 @@
 //! The responder fed raw packets, as a hostile peer (or a spoofing node) could put them on
-//! the wire: any opcode, PSN, QPN, RETH, AtomicETH, AETH, ImmDt, IETH and payload, one
+//! the wire: any opcode (RC's, UC's, UD's), PSN, QPN, RETH, AtomicETH, AETH, ImmDt, IETH and payload, one
 //! packet at a time (trains are the model's own, never a peer's); packets with no time
 //! between them reach the device as one burst. The device never panics,
 //! and the victim's memory changes only inside the window it opened and its own CQ rings.
@@ -31,12 +31,14 @@ pub struct Raw {
     payload: Vec<u8>,
     mtu: u8,
     corrupt: bool,
+    /// UC's transport bits (a peer may set them on any opcode).
+    uc: bool,
     advance_ms: u8,
 }
 
-const OPCODES: [u8; 26] = [
+const OPCODES: [u8; 27] = [
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
-    0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x64, 0x65, 0xff,
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x1d, 0x64, 0x65, 0xff,
 ];
 
 /// What the fuzzer decodes its bytes into.
@@ -45,7 +47,7 @@ pub type Input = Vec<Raw>;
 /// One run of the target on a decoded input.
 pub fn run(packets: Input) {
     let mut p = Pair::new(3);
-    let (mut udqpn, mut srq_udqpn) = (0, 0);
+    let (mut udqpn, mut srq_udqpn, mut ucqpn) = (0, 0, 0);
     let win = common::Window::open(&mut p, |p, bufs| {
         let mut ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
         p.b.bring_up_ud(ud.qpn, 0x1234, false);
@@ -68,6 +70,15 @@ pub fn run(packets: Input) {
             p.b.post_srq_recv(&mut srq, 200 + i, &[buf]);
         }
         srq_udqpn = ud.qpn;
+        // A UC QP connected to A's RC QP, with receives into the window too.
+        let mut uc = p.b.create_qp(QPT_UC, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
+        let (la, qa) = (p.a.lid(), p.qa.qpn);
+        p.b.bring_up_uc(uc.qpn, la, qa, ALL_ACCESS, 3);
+        for i in 0..4 {
+            let buf = sge(bufs + 0x1000 + 256 * i, 256, LOCAL_DMA_LKEY);
+            p.b.post_recv(&mut uc, 300 + i, &[buf]);
+        }
+        ucqpn = uc.qpn;
     });
     let (window, window_key) = (win.addr, win.key);
     let (la, lb) = (p.a.lid(), p.b.lid());
@@ -76,11 +87,12 @@ pub fn run(packets: Input) {
     let mut epsn_then = p.b.query_qp(p.qb.qpn).rq_psn;
     let mut queued = 0u32;
     for r in packets.iter().take(64) {
-        let dest_qpn = match r.qp % 5 {
+        let dest_qpn = match r.qp % 6 {
             0 => p.qb.qpn,
             1 => udqpn,
             2 => 1,
             3 => srq_udqpn,
+            4 => ucqpn,
             _ => u32::from(r.qp),
         };
         let epsn = epsn_then.wrapping_add(queued);
@@ -119,6 +131,7 @@ pub fn run(packets: Input) {
             count: 1,
             mtu,
             corrupt: r.corrupt,
+            uc: r.uc,
             ..Default::default()
         };
         p.fabric.enqueue(pkt);
