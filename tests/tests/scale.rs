@@ -36,7 +36,7 @@ fn test_eight_guests_ping_and_write_to_one_nfs_server_at_once() {
     };
     let spec = ClusterSpec {
         ram_mib_of: [(ClusterSpec::node_name(0), SERVER_MIB)].into(),
-        // RC ACK timeouts of about 134 ms, as ipoib.rs runs.
+        // RC ACK timeouts of about 134 ms, as the ulps tests run.
         packet_life: 13,
         ..e2e::qemu_spec(&image, "scale", NODES)
     };
