@@ -13,6 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::Instant;
 
 use cluster::verbs::Testbed;
 use e2e::{image_or_skip, BOOT_TIMEOUT};
@@ -91,6 +92,8 @@ impl Turns {
 /// when the test fails).
 pub struct Turn {
     state: MutexGuard<'static, State>,
+    test: String,
+    since: Instant,
 }
 
 impl std::ops::Deref for Turn {
@@ -114,6 +117,9 @@ impl std::ops::DerefMut for Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        // Which protocol takes the time (seen with --nocapture, or under a failure).
+        let secs = self.since.elapsed().as_secs_f64();
+        eprintln!("ulps: {} held the cluster {secs:.1} s", self.test);
         TURNS.give_back();
     }
 }
@@ -145,16 +151,23 @@ pub fn cluster(test: &str) -> Option<Turn> {
             // SAFETY: `shut_down` is an `extern "C" fn()` as atexit takes; it uses only
             // this file's statics, which live as long as the process.
             unsafe { libc::atexit(shut_down) };
+            let since = Instant::now();
             *state = match boot(&image) {
                 Ok(s) => State::Up(Box::new(s)),
                 Err(why) => State::Failed(why),
             };
+            eprintln!(
+                "ulps: boot and ib0 up: {:.1} s",
+                since.elapsed().as_secs_f64()
+            );
         }
     }
     TURNS.take(name);
     drop(queued);
     let turn = Turn {
         state: CLUSTER.lock().unwrap_or_else(PoisonError::into_inner),
+        test: test.to_string(),
+        since: Instant::now(),
     };
     if let State::Failed(why) = &*turn.state {
         panic!("{test}: the shared cluster did not come up: {why}");
