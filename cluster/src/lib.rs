@@ -13,6 +13,22 @@
 //! same way. On top:
 //! the guest's console protocol ([`console_protocol`]), its agent shell ([`agent`]), and the
 //! verbs and DSM jobs run through it ([`verbs`], [`dsm`]).
+//!
+//! # Modules
+//!
+//! - This file: [`Cluster`], [`ClusterSpec`], [`BootError`]: a cluster booted, watched and
+//!   torn down.
+//! - [`backend`]: [`Backend`], the automatic choice between them, and the advice when KVM
+//!   cannot run Linux guests.
+//! - `image`: the guest image `images/build.py` made (kernel, initramfs, userland disk).
+//! - [`node`]: the `Node` trait every guest answers to (console, `wait_line`, kill, its HCA).
+//! - [`qemu`]: QEMU guests wired to the device server; [`kvm`]: VMs in hcabench's VMM.
+//! - [`console_protocol`]: the `HCABENCH-` lines `images/init.sh` prints (a test holds the
+//!   two together, and init.sh's PCI IDs to `hca_model::abi`'s).
+//! - [`agent`]: a command channel into a guest's shell over a serial port.
+//! - [`verbs`]: `Testbed`, a cluster under agent control; the vbench runs.
+//! - [`dsm`]: the DSM's mesh, applications on every guest at once.
+//! - `private_dir`: run directories only their owner may enter.
 
 pub mod agent;
 pub mod backend;

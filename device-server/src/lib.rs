@@ -8,6 +8,19 @@
 //! turns into MSI-X vectors. Guest RAM is a sealed memfd that QEMU and the server both map
 //! (or a file QEMU creates, mapped on first use), so an RDMA WRITE is one copy from one
 //! guest's RAM into another's.
+//!
+//! # Modules
+//!
+//! - This file: [`DeviceServer`], N HCAs and their fabric, a socket per node.
+//! - `node`: one node's socket, its guest and its HCA.
+//! - [`ivshmem`]: the ivshmem server protocol, and a client side for tests.
+//! - [`memfd`]: size-sealed memfds (BAR2, guest RAM).
+//! - `guest_ram`: a QEMU guest's RAM as this process maps it.
+//! - [`trim`]: hands freed heap back to the system after a guest's burst.
+//!
+//! Tested by `tests/ivshmem_guests.rs`: stand-in QEMU clients driving the test driver
+//! (greeting, doorbell to interrupt, lazy RAM, an RDMA WRITE between two guests' RAM memfds,
+//! a dead guest taking only its HCA down).
 
 #![cfg_attr(
     not(test),

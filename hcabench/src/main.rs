@@ -1,5 +1,24 @@
 //! `hcabench`: boots clusters of Linux guests with emulated InfiniBand HCAs and runs jobs on
 //! them.
+//!
+//! # Modules
+//!
+//! - This file: the command line (clap) and each command's top.
+//! - `error`: the one error type the commands return, and what it tells the user to do.
+//! - `config` (in `lib.rs`, shared with the fuzz harness): the TOML cluster file.
+//! - `daemon`: `up`'s background process (boots through the launcher, carries out kills,
+//!   notes stopped guests); `rundir`: where a running cluster's files are.
+//! - `session`: `run` and `bench` (the cluster file on the launcher, capture, fault plan,
+//!   node kills); `faultrun`: the plan and capture on the fabric, the log, the report.
+//! - `control`: control.sock, for `fault`, `partition`, `fabric` and `counters` into the
+//!   daemon; `console`: `hcabench console`.
+//! - `exec` and `copy`: `exec` and `cp` over each guest's ttyS1 (`tar`, `sha256` and
+//!   `base64` for the copies).
+//! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`: the
+//!   benchmarks and the DSM's runs.
+//!
+//! Tested by `tests/cli.rs` and `tests/exec_cp.rs` against real guests, and
+//! `tests/kernel.rs` with a developer's own kernel (`--kernel DIR`).
 
 mod apps_bench;
 mod base64;

@@ -7,6 +7,20 @@
 //! shell job's command channel), and a thread per vCPU. Several
 //! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`]. With the
 //! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
+//!
+//! # Modules
+//!
+//! - [`machine`]: one VM, its vCPU threads and their exits.
+//! - [`boot`]: RAM, memory slots, long mode; [`linux`]: the kernel through linux-loader;
+//!   [`mptable`]: the MP table; [`cpuid`]: the hypervisor bit, TSC deadline, KVM's signature.
+//! - [`pci`]: the bus and `ConfigSpace`, every emulated function's configuration space;
+//!   [`hca_pci`]: the HCA on it.
+//! - [`irq`]: the shared GSI routing table and the MSI-X table.
+//! - [`serial`]: the 16550s (the console to a log and a socket; COM2, the shell job's command
+//!   channel); [`rtc`]: the CMOS clock.
+//! - `vfio` and `vfio_config` (feature `vfio`): a host PCI function passed through.
+//! - [`test_guest`]: the bare-metal test guest (`guest/`, C and assembly built by
+//!   `build.rs`), which `tests/kvm.rs` runs.
 
 // Guest exits (port and MMIO accesses, PCI configuration, MSI-X) never panic the VMM:
 // indexing, unwrap and expect that could are refused by the compiler.
