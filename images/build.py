@@ -686,7 +686,9 @@ def check_needed(files, links, how="add each to USERLAND_LIBS or VERBS_LIBS, and
     """Dies naming each shared library a carried program or library needs and the image
     lacks (where the loader looks: lib/x86_64-linux-gnu, usr/lib/x86_64-linux-gnu, lib64);
     `links` counts as the image's too (paths only)."""
-    libdirs = {"lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"}
+    # UCX's transport modules find each other through their RUNPATH, its module directory.
+    libdirs = {"lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64",
+               "usr/lib/x86_64-linux-gnu/ucx"}
     have = {Path(p).name for p in list(files) + list(links) if str(Path(p).parent) in libdirs}
     missing = {}
     for path, data in files.items():
@@ -762,17 +764,22 @@ def disk_closure(packages):
     return sorted(names - (DISK_SKIP - set(packages)))
 
 
-def userland_disk(cache, img, packages, have):
+def userland_disk(cache, img, packages, have, programs=None):
     """img (a path ending in .img): an EROFS image of `packages` with their dependencies
     (see DISK_PACKAGES), rebuilt only when the packages' versions change. `have` is what
     the initramfs holds ({path: bytes}, links): every ELF file on the disk must find the
-    libraries it needs in one of the two. Returns the disk's package list."""
+    libraries it needs in one of the two; `programs` ({path: bytes}) go on the disk too.
+    Returns the disk's package list."""
+    programs = programs or {}
     names = disk_closure(packages)
     prefetch_candidates(names)
     debs = [download(p, cache) for p in names]
     stamp = img.with_suffix(".key")
-    key = hashlib.sha256("|".join(["userland-3-erofs", DISK_TESTS] + [d.name for d in debs])
-                         .encode()).hexdigest()
+    h = hashlib.sha256("|".join(["userland-3-erofs", DISK_TESTS] + [d.name for d in debs])
+                       .encode())
+    for path, data in sorted(programs.items()):
+        h.update(path.encode() + hashlib.sha256(data).digest())
+    key = h.hexdigest()
     if img.exists() and stamp.exists() and stamp.read_text() == key:
         return [d.name for d in debs]
     say(f"userland disk: {len(debs)} packages ({', '.join(packages)} and their dependencies)")
@@ -805,6 +812,10 @@ def userland_disk(cache, img, packages, have):
                 if name.endswith(".gz"):
                     data, name = gzip.decompress(data), name[:-3]
                 (tree / DISK_TESTS / name).write_bytes(data)
+        for path, data in programs.items():
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_bytes(data)
+            (tree / path).chmod(0o755)
         for doc in ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
                     "usr/share/lintian"]:
             shutil.rmtree(tree / doc, ignore_errors=True)
@@ -949,6 +960,48 @@ class DebianKernel:
         self.kdir = headers_dir(self.kver)
 
 
+# guest-user/mpi/'s programs, built against Debian's MPICH (libmpich-dev's mpi.h, linked
+# to libmpich12's libmpich.so.12) and carried in /usr/bin of a disk that has libmpich12.
+MPI_SOURCES = GUEST_USER / "mpi"
+MPI_DEBS = ["libmpich-dev", "libmpich12"]
+
+
+def mpi_programs(cache):
+    """guest-user/mpi/*.c built against Debian's MPICH: {path on the disk: bytes}. No
+    mpicc is needed: the packages are unpacked, not installed, and libmpich's own
+    dependencies (UCX, hwloc) are the guest's business (the disk carries them)."""
+    sources = sorted(MPI_SOURCES.glob("*.c")) if MPI_SOURCES.is_dir() else []
+    if not sources:
+        return {}
+    root = cache / "root-mpich"
+    key = "|".join(download(p, cache).name for p in MPI_DEBS)
+    if not (root / ".done").exists() or (root / ".done").read_text() != key:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        for p in MPI_DEBS:
+            run(["dpkg-deb", "-x", str(download(p, cache)), str(root)])
+        (root / ".done").write_text(key)
+    inc = root / "usr/include/x86_64-linux-gnu/mpich"
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    outdir = ROOT / "target" / "guest-user" / "mpi"
+    outdir.mkdir(parents=True, exist_ok=True)
+    stamp = outdir / ".key"
+    built = digest(sources, key)
+    fresh = stamp.exists() and stamp.read_text() == built
+    out = {}
+    for src in sources:
+        exe = outdir / src.stem
+        if fresh and exe.is_file():
+            out[f"usr/bin/{src.stem}"] = strip_debug(exe)
+            continue
+        say(f"building guest-user/mpi/{src.name}")
+        run(["gcc", "-O2", "-Wall", "-I", str(inc), "-o", str(exe), str(src),
+             "-L", str(libdir), "-lmpich", "-Wl,--allow-shlib-undefined"])
+        out[f"usr/bin/{src.stem}"] = strip_debug(exe)
+    stamp.write_text(built)
+    return out
+
+
 def package_disk(out, cache, extra):
     """`--package`: the userland disk with a user's packages too, named by the set of
     package names (OUT/userland/<hash>.img), built unless up to date; its path on stdout."""
@@ -964,7 +1017,8 @@ def package_disk(out, cache, extra):
     # whatever the kernel.
     files, links = userland(cache)
     files.update(hcab_provider(cache))
-    userland_disk(cache, img, names, (files, links))
+    programs = mpi_programs(cache) if "libmpich12" in disk_closure(names) else {}
+    userland_disk(cache, img, names, (files, links), programs)
     (dest / f"{tag}.packages").write_text("".join(n + "\n" for n in names))
     print(img)
 
