@@ -36,6 +36,7 @@ pub mod console_protocol;
 pub mod dsm;
 mod image;
 pub mod kvm;
+pub mod mpi;
 pub mod node;
 mod private_dir;
 pub mod qemu;
