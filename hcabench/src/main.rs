@@ -32,6 +32,7 @@ mod error;
 mod exec;
 mod faultrun;
 mod ipoib_bench;
+mod mpirun;
 mod nfs_bench;
 mod perftest_bench;
 mod rundir;
@@ -103,6 +104,7 @@ enum Cmd {
     },
     Exec(exec::ExecArgs),
     Cp(copy::CpArgs),
+    Mpirun(mpirun::MpirunArgs),
     /// Inject a fault into the running cluster, now
     ///
     /// Actions on NODE's link (both directions): link-down, link-up; drop P, duplicate P,
@@ -437,6 +439,7 @@ fn main() -> ExitCode {
         Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
         Cmd::Console { node } => console_cmd(&run, &node),
         Cmd::Exec(a) => return exec::main(&run, &a),
+        Cmd::Mpirun(a) => return mpirun::main(&run, &a),
         Cmd::Cp(a) => copy::run(&run, &a).map_err(Error::from),
         Cmd::Fault { node, action } => fault_cmd(&run, &node, &action),
         Cmd::Partition {

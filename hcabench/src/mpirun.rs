@@ -1,0 +1,138 @@
+//! `hcabench mpirun`: an MPI job across the running cluster's guests, launched without ssh
+//! through the guests' command channels (the ones `hcabench exec` uses). The launch itself
+//! is [`cluster::mpi`]'s, shared with the end-to-end tests.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cluster::mpi::{self, Job, MpiError, Shell};
+
+use crate::exec::{self, Channel, ExecError, Outcome, NOT_RUN, TIMED_OUT};
+use crate::rundir::RunDir;
+
+/// Run an MPI program across the cluster's guests (MPICH over UCX on hcab0), without ssh
+///
+/// MPICH's mpiexec (hydra) runs on the first node with its manual launcher: it prints the
+/// command line of each node's proxy (hydra_pmi_proxy) instead of starting it, and hcabench
+/// starts each one on its node through the node's command channel, as `hcabench exec`
+/// does; the first node's own proxy is started beside mpiexec there. The proxies connect to
+/// mpiexec over TCP on IPoIB (ib0) and start the ranks, round-robin over the nodes; the
+/// ranks talk over UCX, on hcab0's verbs transports (UCX_NET_DEVICES=hcab0:1 unless --env
+/// sets it). Every rank's output comes here; the exit status is mpiexec's.
+///
+/// The guests need MPICH: boot with `hcabench up --package mpich` (the disk then carries
+/// mpi-check, a self-checking MPI program; NetPIPE's NPmpi with --package netpipe-mpich2).
+///
+/// Examples:
+///   hcabench up --nodes 4 --memory 512 --package mpich
+///   hcabench mpirun -n 4 -- mpi-check
+///   hcabench mpirun -n 2 --nodes node1,node3 --env UCX_TLS=rc_verbs,self -- NPmpi -u 65536
+#[derive(clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct MpirunArgs {
+    /// Ranks (processes), placed round-robin over the nodes
+    #[arg(short = 'n', long = "np", value_name = "N", default_value_t = 2)]
+    pub ranks: usize,
+    /// The nodes, comma-separated (default: every node of the cluster); mpiexec runs on
+    /// the first
+    #[arg(long, value_delimiter = ',', value_name = "NODE,...")]
+    pub nodes: Vec<String>,
+    /// Environment for the ranks, NAME=VALUE (repeatable), e.g. UCX_TLS=ud_verbs,self
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Seconds the job may run (1 to 86400)
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub timeout: u64,
+    /// The program and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub program: Vec<String>,
+}
+
+/// A node's command channel as the launcher's [`Shell`].
+struct Node(Channel);
+
+impl Shell for Node {
+    fn name(&self) -> &str {
+        &self.0.node.name
+    }
+
+    fn stream(
+        &mut self,
+        cmd: &str,
+        secs: u64,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<Option<u8>, Box<dyn std::error::Error + Send + Sync>> {
+        match exec::run_on(&mut self.0, cmd, secs, sink)? {
+            Outcome::Exited(s) => Ok(Some(s)),
+            Outcome::TimedOut => Ok(None),
+        }
+    }
+}
+
+/// Why `mpirun` could not run the job.
+#[derive(Debug, thiserror::Error)]
+pub enum MpirunError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Mpi(#[from] MpiError),
+    #[error("--env {0:?}: not NAME=VALUE")]
+    Env(String),
+    #[error("--timeout {0}: 1 to 86400 seconds")]
+    Timeout(u64),
+}
+
+/// `hcabench mpirun`: the exit status is mpiexec's.
+pub fn main(run: &RunDir, a: &MpirunArgs) -> ExitCode {
+    match mpirun(run, a) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("hcabench: {}", crate::error::chain(&e));
+            ExitCode::from(NOT_RUN)
+        }
+    }
+}
+
+fn mpirun(run: &RunDir, a: &MpirunArgs) -> Result<u8, MpirunError> {
+    if !(1..=86_400).contains(&a.timeout) {
+        return Err(MpirunError::Timeout(a.timeout));
+    }
+    let env = (a.env.iter())
+        .map(|e| match e.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(MpirunError::Env(e.clone())),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let state = exec::live_cluster(run)?;
+    let names: Vec<String> = if a.nodes.is_empty() {
+        state.nodes.iter().map(|n| n.name.clone()).collect()
+    } else {
+        a.nodes.clone()
+    };
+    let wait = Duration::from_secs(30);
+    let mut nodes = Vec::new();
+    for name in &names {
+        nodes.push(Node(exec::open(run, &state, name, wait)?));
+    }
+    let job = Job {
+        ranks: a.ranks,
+        program: a.program.clone(),
+        env,
+        secs: a.timeout,
+    };
+    let mut stdout = std::io::stdout();
+    let outcome = mpi::run(&mut nodes, &job, &mut |line| {
+        let _ = writeln!(stdout, "{line}");
+    })?;
+    Ok(match outcome.status {
+        Some(s) => s,
+        None => {
+            eprintln!(
+                "hcabench: the MPI job ran past its {} s limit and was killed (--timeout)",
+                a.timeout
+            );
+            TIMED_OUT
+        }
+    })
+}
