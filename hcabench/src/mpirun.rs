@@ -21,13 +21,18 @@ use crate::rundir::RunDir;
 /// ranks talk over UCX, on hcab0's verbs transports (UCX_NET_DEVICES=hcab0:1 unless --env
 /// sets it). Every rank's output comes here; the exit status is mpiexec's.
 ///
-/// The guests need MPICH: boot with `hcabench up --package mpich` (the disk then carries
-/// mpi-check, a self-checking MPI program; NetPIPE's NPmpi with --package netpipe-mpich2).
+/// The guests need MPICH: boot with `--package mpich` (the disk then carries mpi-check, a
+/// self-checking MPI program; NetPIPE's NPmpich2 with --package netpipe-mpich2; UCX's
+/// ucx_info and ucx_perftest with --package ucx-utils), and 512 MiB each (memory_mib in
+/// the cluster file). UCX_TLS picks hcab0's transports: rc_verbs,ud_verbs:aux,self (RC,
+/// with UD for UCX's wire-up only) or ud_verbs,self; rc_verbs alone cannot wire up.
+/// docs/guides/mpi.md has the details and measured numbers.
 ///
 /// Examples:
-///   hcabench up --nodes 4 --memory 512 --package mpich
+///   echo 'memory_mib = 512' > mpi.toml
+///   hcabench up --nodes 4 --config mpi.toml --package mpich --package netpipe-mpich2
 ///   hcabench mpirun -n 4 -- mpi-check
-///   hcabench mpirun -n 2 --nodes node1,node3 --env UCX_TLS=rc_verbs,self -- NPmpi -u 65536
+///   hcabench mpirun -n 2 --nodes node1,node3 --env UCX_TLS=ud_verbs,self -- NPmpich2 -u 65536
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct MpirunArgs {
