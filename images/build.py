@@ -812,6 +812,12 @@ def userland_disk(cache, img, packages, have, programs=None):
                 if name.endswith(".gz"):
                     data, name = gzip.decompress(data), name[:-3]
                 (tree / DISK_TESTS / name).write_bytes(data)
+        # Links Debian makes with update-alternatives in a package's postinst, which an
+        # unpacked disk never runs: Open MPI's libfabric needs PSM's by this name.
+        for link, pattern in DISK_ALTERNATIVES:
+            hits = sorted(tree.glob(pattern))
+            if hits and not (tree / link).exists():
+                (tree / link).symlink_to("/" + str(hits[-1].relative_to(tree)))
         for path, data in programs.items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
             (tree / path).write_bytes(data)
@@ -960,45 +966,52 @@ class DebianKernel:
         self.kdir = headers_dir(self.kver)
 
 
-# guest-user/mpi/'s programs, built against Debian's MPICH (libmpich-dev's mpi.h, linked
-# to libmpich12's libmpich.so.12) and carried in /usr/bin of a disk that has libmpich12.
+# Alternatives' links a disk makes itself: (link, the glob of what it points to).
+DISK_ALTERNATIVES = [("usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1",
+                      "usr/lib/libpsm1/libpsm_infinipath.so.1.*")]
+# guest-user/mpi/'s programs, built against each MPI Debian has (its -dev package's mpi.h,
+# linked to its library package's libmpi) and carried in /usr/bin of a disk that has that
+# library: (library package, -dev package, include dir, lib dir, library, name suffix).
+MPI_FLAVOURS = [
+    ("libmpich12", "libmpich-dev", "usr/include/x86_64-linux-gnu/mpich",
+     "usr/lib/x86_64-linux-gnu", "mpich", ""),
+    ("libopenmpi3", "libopenmpi-dev", "usr/lib/x86_64-linux-gnu/openmpi/include",
+     "usr/lib/x86_64-linux-gnu/openmpi/lib", "mpi", ".openmpi"),
+]
 MPI_SOURCES = GUEST_USER / "mpi"
-MPI_DEBS = ["libmpich-dev", "libmpich12"]
 
 
-def mpi_programs(cache):
-    """guest-user/mpi/*.c built against Debian's MPICH: {path on the disk: bytes}. No
-    mpicc is needed: the packages are unpacked, not installed, and libmpich's own
+def mpi_programs(cache, closure):
+    """guest-user/mpi/*.c built against each MPI in `closure` (the disk's packages):
+    {path on the disk: bytes}, MPICH's as NAME, Open MPI's as NAME.openmpi. No mpicc is
+    needed: the packages are unpacked, not installed, and the MPI library's own
     dependencies (UCX, hwloc) are the guest's business (the disk carries them)."""
     sources = sorted(MPI_SOURCES.glob("*.c")) if MPI_SOURCES.is_dir() else []
-    if not sources:
-        return {}
-    root = cache / "root-mpich"
-    key = "|".join(download(p, cache).name for p in MPI_DEBS)
-    if not (root / ".done").exists() or (root / ".done").read_text() != key:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        for p in MPI_DEBS:
-            run(["dpkg-deb", "-x", str(download(p, cache)), str(root)])
-        (root / ".done").write_text(key)
-    inc = root / "usr/include/x86_64-linux-gnu/mpich"
-    libdir = root / "usr/lib/x86_64-linux-gnu"
-    outdir = ROOT / "target" / "guest-user" / "mpi"
-    outdir.mkdir(parents=True, exist_ok=True)
-    stamp = outdir / ".key"
-    built = digest(sources, key)
-    fresh = stamp.exists() and stamp.read_text() == built
     out = {}
-    for src in sources:
-        exe = outdir / src.stem
-        if fresh and exe.is_file():
-            out[f"usr/bin/{src.stem}"] = strip_debug(exe)
+    for lib_pkg, dev_pkg, inc, libdir, lib, suffix in MPI_FLAVOURS:
+        if not sources or lib_pkg not in closure:
             continue
-        say(f"building guest-user/mpi/{src.name}")
-        run(["gcc", "-O2", "-Wall", "-I", str(inc), "-o", str(exe), str(src),
-             "-L", str(libdir), "-lmpich", "-Wl,--allow-shlib-undefined"])
-        out[f"usr/bin/{src.stem}"] = strip_debug(exe)
-    stamp.write_text(built)
+        root = cache / f"root-{dev_pkg}"
+        key = "|".join(download(p, cache).name for p in (dev_pkg, lib_pkg))
+        if not (root / ".done").exists() or (root / ".done").read_text() != key:
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            for p in (dev_pkg, lib_pkg):
+                run(["dpkg-deb", "-x", str(download(p, cache)), str(root)])
+            (root / ".done").write_text(key)
+        outdir = ROOT / "target" / "guest-user" / "mpi" / dev_pkg
+        outdir.mkdir(parents=True, exist_ok=True)
+        stamp = outdir / ".key"
+        built = digest(sources, key)
+        fresh = stamp.exists() and stamp.read_text() == built
+        for src in sources:
+            exe = outdir / (src.stem + suffix)
+            if not (fresh and exe.is_file()):
+                say(f"building guest-user/mpi/{src.name} for {lib_pkg}")
+                run(["gcc", "-O2", "-Wall", "-I", str(root / inc), "-o", str(exe), str(src),
+                     "-L", str(root / libdir), f"-l{lib}", "-Wl,--allow-shlib-undefined"])
+            out[f"usr/bin/{exe.name}"] = strip_debug(exe)
+        stamp.write_text(built)
     return out
 
 
@@ -1017,7 +1030,7 @@ def package_disk(out, cache, extra):
     # whatever the kernel.
     files, links = userland(cache)
     files.update(hcab_provider(cache))
-    programs = mpi_programs(cache) if "libmpich12" in disk_closure(names) else {}
+    programs = mpi_programs(cache, disk_closure(names))
     userland_disk(cache, img, names, (files, links), programs)
     (dest / f"{tag}.packages").write_text("".join(n + "\n" for n in names))
     print(img)
