@@ -6,23 +6,29 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cluster::mpi::{self, Job, MpiError, Shell};
+use cluster::mpi::{self, Job, Mpi, MpiError, Shell};
 
 use crate::exec::{self, Channel, ExecError, Outcome, NOT_RUN, TIMED_OUT};
 use crate::rundir::RunDir;
 
-/// Run an MPI program across the cluster's guests (MPICH over UCX on hcab0), without ssh
+/// Run an MPI program across the cluster's guests (MPICH or Open MPI, over UCX on hcab0),
+/// without ssh
 ///
-/// MPICH's mpiexec (hydra) runs on the first node with its manual launcher: it prints the
-/// command line of each node's proxy (hydra_pmi_proxy) instead of starting it, and hcabench
-/// starts each one on its node through the node's command channel, as `hcabench exec`
-/// does; the first node's own proxy is started beside mpiexec there. The proxies connect to
-/// mpiexec over TCP on IPoIB (ib0) and start the ranks, round-robin over the nodes; the
-/// ranks talk over UCX, on hcab0's verbs transports (UCX_NET_DEVICES=hcab0:1 unless --env
-/// sets it). Every rank's output comes here; the exit status is mpiexec's.
+/// MPICH (the default): its mpiexec (hydra) runs on the first node with its manual
+/// launcher: it prints the command line of each node's proxy (hydra_pmi_proxy) instead of
+/// starting it, and hcabench starts each one on its node through the node's command
+/// channel, as `hcabench exec` does; the first node's own proxy is started beside mpiexec
+/// there. Open MPI (--mpi openmpi): its mpirun runs on the first node with an rsh agent of
+/// hcabench's (/tmp/hcabench-rsh, written on every node first) that prints where and what
+/// to start instead of calling ssh; hcabench runs each daemon (orted) on its node the same
+/// way. Either way the launcher's own connections are TCP on IPoIB (ib0); the ranks,
+/// round-robin over the nodes, talk over UCX on hcab0's verbs transports
+/// (UCX_NET_DEVICES=hcab0:1 unless --env sets it). Every rank's output comes here; the
+/// exit status is the launcher's. A guest with no host name is named after its node.
 ///
-/// The guests need MPICH: boot with `--package mpich` (the disk then carries mpi-check, a
-/// self-checking MPI program; NetPIPE's NPmpich2 with --package netpipe-mpich2; UCX's
+/// The guests need the MPI: boot with `--package mpich` or `--package openmpi-bin` (the
+/// disk then carries mpi-check, a self-checking MPI program, or mpi-check.openmpi;
+/// NetPIPE's NPmpich2 with --package netpipe-mpich2, NPopenmpi with netpipe-openmpi; UCX's
 /// ucx_info and ucx_perftest with --package ucx-utils), and 512 MiB each (memory_mib in
 /// the cluster file). UCX_TLS picks hcab0's transports: rc_verbs,ud_verbs:aux,self (RC,
 /// with UD for UCX's wire-up only) or ud_verbs,self; rc_verbs alone cannot wire up.
@@ -32,10 +38,14 @@ use crate::rundir::RunDir;
 ///   echo 'memory_mib = 512' > mpi.toml
 ///   hcabench up --nodes 4 --config mpi.toml --package mpich --package netpipe-mpich2
 ///   hcabench mpirun -n 4 -- mpi-check
+///   hcabench mpirun -n 4 --mpi openmpi -- mpi-check.openmpi
 ///   hcabench mpirun -n 2 --nodes node1,node3 --env UCX_TLS=ud_verbs,self -- NPmpich2 -u 65536
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct MpirunArgs {
+    /// The MPI: mpich (hydra's mpiexec) or openmpi (its mpirun)
+    #[arg(long, value_enum, default_value = "mpich")]
+    pub mpi: MpiChoice,
     /// Ranks (processes), placed round-robin over the nodes
     #[arg(short = 'n', long = "np", value_name = "N", default_value_t = 2)]
     pub ranks: usize,
@@ -52,6 +62,13 @@ pub struct MpirunArgs {
     /// The program and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
+}
+
+/// The MPIs `--mpi` names.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum MpiChoice {
+    Mpich,
+    Openmpi,
 }
 
 /// A node's command channel as the launcher's [`Shell`].
@@ -121,6 +138,10 @@ fn mpirun(run: &RunDir, a: &MpirunArgs) -> Result<u8, MpirunError> {
         nodes.push(Node(exec::open(run, &state, name, wait)?));
     }
     let job = Job {
+        mpi: match a.mpi {
+            MpiChoice::Mpich => Mpi::Mpich,
+            MpiChoice::Openmpi => Mpi::OpenMpi,
+        },
         ranks: a.ranks,
         program: a.program.clone(),
         env,
