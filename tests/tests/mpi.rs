@@ -1,6 +1,6 @@
 //! End-to-end: UCX and MPI on hcab0, with Debian 12's own packages (ucx-utils, mpich,
-//! netpipe-mpich2 on a userland disk that `images/build.py --package` builds, with
-//! guest-user/mpi's mpi-check built against Debian's MPICH). Four guests.
+//! openmpi-bin, netpipe-mpich2 on a userland disk that `images/build.py --package` builds,
+//! with guest-user/mpi's mpi-check built against each MPI). Four guests.
 //!
 //! Asserted:
 //! - `ucx_info -d` lists memory domain hcab0 with transports rc_verbs and ud_verbs on
@@ -9,17 +9,18 @@
 //!   transport, on the lane UCX reports (rc_verbs/hcab0:1, ud_verbs/hcab0:1), with a
 //!   bandwidth above zero. ucx_perftest 1.13 has no option to check payloads, so the data
 //!   check is mpi-check's:
-//! - MPICH (ch4:ucx) runs mpi-check across the four guests through the launcher
-//!   `hcabench mpirun` uses (`cluster::mpi::run`: hydra's manual launcher, proxies started
-//!   through the guests' shells), over rc_verbs (UCX's default choice, as its log shows)
-//!   and over ud_verbs alone: rings of 1 B to 1 MiB checked byte by byte, an allreduce
+//! - MPICH (ch4:ucx) and Open MPI (pml ucx) run mpi-check across the four guests, one
+//!   rank on each, through the launcher `hcabench mpirun` uses (`cluster::mpi::run`:
+//!   hydra's manual launcher, or Open MPI's mpirun with our rsh agent; the remote parts
+//!   started through the guests' shells); MPICH over rc_verbs (UCX's default choice, as its
+//!   log shows) and over ud_verbs alone, Open MPI over rc_verbs: rings of 1 B to 1 MiB checked byte by byte, an allreduce
 //!   against its closed form (checked here too), a broadcast, and a Jacobi relaxation
 //!   split over the ranks against the sequential one, bit for bit.
 
 use std::time::{Duration, Instant};
 
 use cluster::agent::Agent;
-use cluster::mpi::{self, Job};
+use cluster::mpi::{self, Job, Mpi};
 use cluster::verbs::Testbed;
 use cluster::{ClusterSpec, Image};
 use e2e::{image_or_skip, repo_root, BOOT_TIMEOUT};
@@ -27,7 +28,7 @@ use e2e::{image_or_skip, repo_root, BOOT_TIMEOUT};
 const NODES: usize = 4;
 const T: Duration = Duration::from_secs(120);
 /// Debian 12's packages the guests need.
-const PACKAGES: [&str; 3] = ["ucx-utils", "mpich", "netpipe-mpich2"];
+const PACKAGES: [&str; 4] = ["ucx-utils", "mpich", "openmpi-bin", "netpipe-mpich2"];
 /// What mpi-check's allreduce must give: the sum of i * i below its N (1000003).
 const SUM: i128 = {
     let n: i128 = 1_000_003;
@@ -59,8 +60,9 @@ fn perftest_final(out: &str) -> Option<(f64, String)> {
     Some((*nums.get(5)?, lane.trim_end_matches(".0").to_string()))
 }
 
-/// mpi-check's verdict line, checked: all ranks there, the allreduce's sum right.
-fn check_mpi_output(out: &str, ranks: usize) -> Result<(), String> {
+/// mpi-check's verdict line, checked: the allreduce's sum right, and every rank there, on
+/// its node (round-robin over `nodes` guests, named node1, node2, ...).
+fn check_mpi_output(out: &str, ranks: usize, nodes: usize) -> Result<(), String> {
     let ok = out
         .lines()
         .find(|l| l.starts_with("MPI-CHECK "))
@@ -72,8 +74,9 @@ fn check_mpi_output(out: &str, ranks: usize) -> Result<(), String> {
         return Err(format!("allreduce sum is not {SUM}: {ok}"));
     }
     for r in 0..ranks {
-        if !out.contains(&format!("rank {r} of {ranks} on ")) {
-            return Err(format!("rank {r} never said it started"));
+        let node = r % nodes + 1;
+        if !out.contains(&format!("rank {r} of {ranks} on node{node}\n")) {
+            return Err(format!("rank {r} never said it started on node{node}"));
         }
     }
     Ok(())
@@ -96,10 +99,15 @@ fn run_perftest(tb: &mut Testbed, env: &str, test: &str) -> (f64, String) {
     perftest_final(&out).unwrap_or_else(|| panic!("ucx_perftest {test} ({env}):\n{out}"))
 }
 
-fn mpi_run(tb: &mut Testbed, env: &[(&str, &str)]) -> mpi::Outcome {
+fn mpi_run(tb: &mut Testbed, which: Mpi, env: &[(&str, &str)]) -> mpi::Outcome {
+    let program = match which {
+        Mpi::Mpich => "mpi-check",
+        Mpi::OpenMpi => "mpi-check.openmpi",
+    };
     let job = Job {
+        mpi: which,
         ranks: NODES,
-        program: vec!["mpi-check".into()],
+        program: vec![program.into()],
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -110,19 +118,19 @@ fn mpi_run(tb: &mut Testbed, env: &[(&str, &str)]) -> mpi::Outcome {
     let out = mpi::run(&mut tb.agents, &job, &mut |_| {})
         .unwrap_or_else(|e| panic!("mpirun {env:?}: {e}"));
     eprintln!(
-        "mpi-check, {} ranks on {NODES} guests {env:?}: {:.1?}",
+        "{program}, {} ranks on {NODES} guests {env:?}: {:.1?}",
         job.ranks,
         t0.elapsed()
     );
     assert_eq!(out.status, Some(0), "mpiexec's status:\n{}", out.output);
-    if let Err(why) = check_mpi_output(&out.output, job.ranks) {
-        panic!("mpi-check {env:?}: {why}\n{}", out.output);
+    if let Err(why) = check_mpi_output(&out.output, job.ranks, NODES) {
+        panic!("{program} {env:?}: {why}\n{}", out.output);
     }
     out
 }
 
 #[test]
-fn test_ucx_and_mpich_run_over_hcab0_across_four_guests() {
+fn test_ucx_mpich_and_open_mpi_run_over_hcab0_across_four_guests() {
     let Some(image) = image_or_skip("mpi") else {
         return;
     };
@@ -171,16 +179,19 @@ fn test_ucx_and_mpich_run_over_hcab0_across_four_guests() {
     }
 
     // UCX's own choice (its log names each endpoint's lanes), then UD alone.
-    let out = mpi_run(&mut tb, &[("UCX_LOG_LEVEL", "info")]);
-    let lanes: Vec<&str> = (out.output.lines())
-        .filter(|l| l.contains("ep_cfg[") && !l.contains("self/memory0"))
-        .collect();
-    assert!(
-        !lanes.is_empty() && lanes.iter().all(|l| l.contains("tag(rc_verbs/hcab0:1)")),
-        "ranks on other guests should talk over rc_verbs on hcab0; UCX says:\n{}",
-        lanes.join("\n")
-    );
-    mpi_run(&mut tb, &[("UCX_TLS", "ud_verbs,self,sm")]);
+    for which in [Mpi::Mpich, Mpi::OpenMpi] {
+        let out = mpi_run(&mut tb, which, &[("UCX_LOG_LEVEL", "info")]);
+        let lanes: Vec<&str> = (out.output.lines())
+            .filter(|l| l.contains("ep_cfg[") && !l.contains("self/memory0"))
+            .collect();
+        assert!(
+            !lanes.is_empty() && lanes.iter().all(|l| l.contains("tag(rc_verbs/hcab0:1)")),
+            "{which:?}: ranks on other guests should talk over rc_verbs on hcab0; UCX \
+             says:\n{}",
+            lanes.join("\n")
+        );
+    }
+    mpi_run(&mut tb, Mpi::Mpich, &[("UCX_TLS", "ud_verbs,self,sm")]);
     eprintln!("all: {:.1?}", t0.elapsed());
 }
 
@@ -198,12 +209,16 @@ fn test_the_parsers_read_ucx_and_mpi_check_output() {
         perftest_final(pt),
         Some((83.98, "ud_verbs/hcab0:1".to_string()))
     );
-    let good = format!("rank 1 of 2 on (none)\nrank 0 of 2 on (none)\nMPI-CHECK OK ranks=2 sum={SUM} jacobi=4096x200 seconds=0.7\n");
-    assert_eq!(check_mpi_output(&good, 2), Ok(()));
-    assert!(check_mpi_output(&good, 4).is_err());
-    assert!(check_mpi_output(&good.replace(&SUM.to_string(), "5"), 2).is_err());
-    assert!(check_mpi_output("MPI-CHECK FAILED ranks=2\n", 2).is_err());
-    assert!(check_mpi_output(&good.replace("rank 1 of", "rank 7 of"), 2).is_err());
+    let good = format!("rank 1 of 2 on node2\nrank 0 of 2 on node1\nMPI-CHECK OK ranks=2 sum={SUM} jacobi=4096x200 seconds=0.7\n");
+    assert_eq!(check_mpi_output(&good, 2, 2), Ok(()));
+    assert!(check_mpi_output(&good, 4, 2).is_err());
+    assert!(
+        check_mpi_output(&good, 2, 1).is_err(),
+        "rank 1 is not on node1"
+    );
+    assert!(check_mpi_output(&good.replace(&SUM.to_string(), "5"), 2, 2).is_err());
+    assert!(check_mpi_output("MPI-CHECK FAILED ranks=2\n", 2, 2).is_err());
+    assert!(check_mpi_output(&good.replace("rank 1 of", "rank 7 of"), 2, 2).is_err());
     // The launcher's agent side: what Agent runs is a Shell.
     fn is_shell<S: mpi::Shell>() {}
     is_shell::<Agent>();
