@@ -28,6 +28,7 @@
 //! - [`agent`]: a command channel into a guest's shell over a serial port.
 //! - [`verbs`]: `Testbed`, a cluster under agent control; the vbench runs.
 //! - [`dsm`]: the DSM's mesh, applications on every guest at once.
+//! - [`mpi`]: MPICH and Open MPI jobs across the guests, launched through their shells.
 //! - `private_dir`: run directories only their owner may enter.
 
 pub mod agent;

@@ -15,7 +15,7 @@
 //! - `exec` and `copy`: `exec` and `cp` over each guest's ttyS1 (`tar`, `sha256` and
 //!   `base64` for the copies).
 //! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`: the
-//!   benchmarks and the DSM's runs.
+//!   benchmarks and the DSM's runs; `mpirun`: an MPI job across the guests.
 //!
 //! Tested by `tests/cli.rs` and `tests/exec_cp.rs` against real guests, and
 //! `tests/kernel.rs` with a developer's own kernel (`--kernel DIR`).
