@@ -4,9 +4,10 @@
 //! irqchip, a PCI host bridge on configuration mechanism 1 with the HCA behind it
 //! ([`hca_pci`]: doorbells through ioeventfds, MSI-X through GSI routes and irqfds, BAR2 as a
 //! memory slot), two 16550 serial ports (vm-superio: COM1 the console, to a log; COM2 the
-//! shell job's command channel), and a thread per vCPU. Several
-//! machines in one process attach their HCAs to one [`hca_model::fabric::Fabric`]. With the
-//! `vfio` feature a host PCI function can join a machine's bus beside the HCA (`vfio`).
+//! shell job's command channel), read-only virtio block devices on virtio-mmio (the guests'
+//! shared userland disk), and a thread per vCPU. Several machines in one process attach
+//! their HCAs to one [`hca_model::fabric::Fabric`]. With the `vfio` feature a host PCI
+//! function can join a machine's bus beside the HCA (`vfio`).
 //!
 //! # Modules
 //!
@@ -18,6 +19,8 @@
 //! - [`irq`]: the shared GSI routing table and the MSI-X table.
 //! - [`serial`]: the 16550s (the console to a log and a socket; COM2, the shell job's command
 //!   channel); [`rtc`]: the CMOS clock.
+//! - [`virtio_mmio`]: the virtio-mmio transport; [`virtio_blk`]: the read-only block device
+//!   behind it (the userland disk).
 //! - `vfio` and `vfio_config` (feature `vfio`): a host PCI function passed through.
 //! - [`test_guest`]: the bare-metal test guest (`guest/`, C and assembly built by
 //!   `build.rs`), which `tests/kvm.rs` runs.
@@ -43,6 +46,8 @@ pub mod test_guest;
 #[cfg(feature = "vfio")]
 pub mod vfio;
 pub mod vfio_config;
+pub mod virtio_blk;
+pub mod virtio_mmio;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 
