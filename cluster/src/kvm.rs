@@ -59,6 +59,7 @@ impl KvmNode {
                 console_socket: node.console_socket,
                 agent_socket: node.agent_socket,
                 vfio: node.vfio,
+                disks: Vec::new(),
             },
             fabric,
         )?;

@@ -29,6 +29,7 @@ fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Mac
             console_socket: None,
             agent_socket: None,
             vfio: Vec::new(),
+            disks: Vec::new(),
         },
         &fabric,
     )

@@ -1,5 +1,6 @@
 //! One KVM virtual machine with an HCA: assembly (RAM, irqchip, PCI bus, serial, the HCA's
-//! BARs, doorbell ioeventfds, MSI-X irqfds) and the vCPU threads with their exit handling.
+//! BARs, doorbell ioeventfds, MSI-X irqfds, read-only virtio-mmio disks) and the vCPU
+//! threads with their exit handling.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,8 @@ use super::mptable;
 use super::pci::{PciBus, TrappedBars};
 use super::rtc::{self, Cmos};
 use super::serial::{self, ConsoleOut, IrqLine, SerialError, SerialPort};
+use super::virtio_blk::{Block, BlockError};
+use super::virtio_mmio::{MmioTransport, MMIO_SIZE};
 
 pub const COM1: u16 = 0x3f8;
 /// The second UART, as on a PC (IRQ 3): the shell job's command channel (the guest's
@@ -41,6 +44,23 @@ const COM2_GSI: u32 = 3;
 const BAR2_SLOT: u32 = 1;
 /// The doorbell peer id this machine's guests must use (one HCA per machine).
 const DOORBELL_PEER: u32 = 0;
+/// Where the virtio-mmio disks' register pages start, one page each: above the HCA's BARs
+/// and the passthrough BAR window, below the IOAPIC.
+pub const VIRTIO_MMIO_BASE: u64 = 0xfe00_0000;
+/// The disks' interrupts: ISA IRQs no other device of the machine uses (the MP table routes
+/// each to its IOAPIC pin), one per disk.
+pub const DISK_IRQS: [u32; 4] = [5, 9, 10, 11];
+
+/// A read-only virtio block device (virtio-mmio) backed by an image file.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+    /// What the guest reads in /sys/block/vdX/serial (at most 20 bytes).
+    pub serial: String,
+}
+
+/// A disk's registers and where they are.
+type Disk = (u64, Mutex<MmioTransport<Block, IrqLine>>);
 
 pub struct MachineConfig {
     pub name: String,
@@ -58,6 +78,9 @@ pub struct MachineConfig {
     /// Host PCI functions (sysfs paths, bound to vfio-pci) passed through next to the HCA;
     /// needs the `vfio` build feature.
     pub vfio: Vec<PathBuf>,
+    /// Read-only disks, at most [`DISK_IRQS`]`.len()`, announced on the kernel command line
+    /// ([`Machine::load_linux`] adds them).
+    pub disks: Vec<DiskConfig>,
 }
 
 /// Why a machine could not be built, loaded, started or run to its end.
@@ -84,6 +107,10 @@ pub enum MachineError {
     Eventfd(#[source] std::io::Error),
     #[error("{0} vCPUs: between 1 and {max} are supported", max = mptable::MAX_VCPUS)]
     Vcpus(u8),
+    #[error("{0} disks: at most {max} are supported", max = DISK_IRQS.len())]
+    Disks(usize),
+    #[error(transparent)]
+    Disk(#[from] BlockError),
     #[error("doorbell thread: {0}")]
     DoorbellThread(#[source] std::io::Error),
     #[error("the machine has already started")]
@@ -159,6 +186,7 @@ struct Devices {
     hca: Hca,
     /// Passed-through functions, whose trapped BAR ranges exit to them.
     trapped: Vec<Arc<Mutex<dyn TrappedBars>>>,
+    disks: Vec<Disk>,
     exit_code: Mutex<Option<u8>>,
     /// Ends the vCPU loops and the console thread.
     stop: Arc<AtomicBool>,
@@ -180,6 +208,8 @@ pub struct Machine {
     mem: GuestMemoryMmap,
     vcpus: Vec<VcpuFd>,
     ram_bytes: u64,
+    /// The disks' `virtio_mmio.device=` parameters.
+    disk_cmdline: String,
     devices: Arc<Devices>,
     console: Arc<Mutex<Vec<u8>>>,
     doorbell_pump: Option<DoorbellPump>,
@@ -302,6 +332,8 @@ impl Machine {
             None => None,
         };
 
+        let (disks, disk_cmdline) = disks(&vm, &mem, &cfg.disks)?;
+
         if cfg.vcpus == 0 || cfg.vcpus > mptable::MAX_VCPUS {
             return Err(MachineError::Vcpus(cfg.vcpus));
         }
@@ -331,6 +363,7 @@ impl Machine {
                 msix,
                 hca,
                 trapped,
+                disks,
                 exit_code: Mutex::new(None),
                 stop,
             }),
@@ -338,6 +371,7 @@ impl Machine {
             mem,
             vcpus,
             ram_bytes: cfg.ram_bytes as u64,
+            disk_cmdline,
             console,
             doorbell_pump: Some(doorbell_pump),
             console_thread,
@@ -370,12 +404,17 @@ impl Machine {
         Ok(boot::enter_long_mode(&self.mem, bsp, addr, stack)?)
     }
 
-    /// Loads a Linux kernel (bzImage), its initramfs and command line, and the platform
-    /// tables, and puts vCPU 0 at the kernel's 64-bit entry point.
+    /// Loads a Linux kernel (bzImage), its initramfs and command line (with the disks'
+    /// `virtio_mmio.device=` parameters added), and the platform tables, and puts vCPU 0 at
+    /// the kernel's 64-bit entry point.
     pub fn load_linux(&self, what: &LinuxBoot) -> Result<(), MachineError> {
         let bsp = self.vcpus.first().ok_or(MachineError::Started)?;
         let vcpus = self.vcpus.len() as u8;
-        Ok(linux::load(&self.mem, self.ram_bytes, vcpus, bsp, what)?)
+        let mut what = what.clone();
+        if !self.disk_cmdline.is_empty() {
+            what.cmdline = format!("{} {}", what.cmdline, self.disk_cmdline);
+        }
+        Ok(linux::load(&self.mem, self.ram_bytes, vcpus, bsp, &what)?)
     }
 
     /// Runs the vCPUs (a thread each) until the guest writes [`EXIT_PORT`], a vCPU fails,
@@ -530,6 +569,31 @@ fn passthrough(
     }
 }
 
+/// The disks `cfg` names, each opened read-only behind a virtio-mmio page with an irqfd on
+/// its IRQ; and their kernel parameters.
+fn disks(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    cfg: &[DiskConfig],
+) -> Result<(Vec<Disk>, String), MachineError> {
+    if cfg.len() > DISK_IRQS.len() {
+        return Err(MachineError::Disks(cfg.len()));
+    }
+    let mut disks = Vec::new();
+    let mut cmdline = Vec::new();
+    for ((i, d), &irq) in cfg.iter().enumerate().zip(&DISK_IRQS) {
+        let block = Block::open(&d.path, &d.serial)?;
+        let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Eventfd)?;
+        vm.register_irqfd(&fd, irq)
+            .map_err(|e| MachineError::Kvm("disk irqfd", e))?;
+        let base = VIRTIO_MMIO_BASE + i as u64 * MMIO_SIZE;
+        cmdline.push(MmioTransport::<Block, IrqLine>::cmdline(base, irq));
+        let t = MmioTransport::new(block, mem.clone(), IrqLine(fd));
+        disks.push((base, Mutex::new(t)));
+    }
+    Ok((disks, cmdline.join(" ")))
+}
+
 /// vCPU `id` with local APIC ID `id` and the paravirtual leaves in its CPUID ([`cpuid`]),
 /// and its LAPIC in virtual-wire mode (LINT0 ExtINT, LINT1 NMI) as firmware would leave it.
 fn new_vcpu(
@@ -644,7 +708,8 @@ fn io_in(d: &Devices, port: u16, data: &mut [u8]) {
     }
 }
 
-/// BAR1 (MSI-X) accesses. BAR2 is memory (no exits); BAR0's doorbell writes hit the
+/// BAR1 (MSI-X) accesses, passed-through functions' trapped BARs and the disks'
+/// virtio-mmio pages. BAR2 is memory (no exits); BAR0's doorbell writes hit the
 /// ioeventfds, and the rest of BAR0 (registers ivshmem leaves at zero, doorbells naming
 /// another peer, which ivshmem drops too) reads as zero and ignores writes, like any other
 /// address.
@@ -674,6 +739,16 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
     }
     for f in &d.trapped {
         if f.lock_unpoisoned().mmio(addr, read.as_deref_mut(), write) {
+            return;
+        }
+    }
+    for (base, disk) in &d.disks {
+        if let Some(off) = addr.checked_sub(*base).filter(|&o| o < MMIO_SIZE) {
+            let mut disk = disk.lock_unpoisoned();
+            match read {
+                Some(r) => disk.read(off, r),
+                None => disk.write(off, write.unwrap_or_default()),
+            }
             return;
         }
     }

@@ -57,6 +57,7 @@ fn test_machine_with_console(
             console_socket,
             agent_socket: None,
             vfio: Vec::new(),
+            disks: Vec::new(),
         },
         fabric,
     )
@@ -222,6 +223,7 @@ fn test_passthrough_that_cannot_work_is_refused_with_the_reason() {
             console_socket: None,
             agent_socket: None,
             vfio: vec![path.clone()],
+            disks: Vec::new(),
         },
         &Fabric::new(),
     )
