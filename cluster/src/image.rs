@@ -19,9 +19,13 @@ pub struct Image {
     pub bzimage: PathBuf,
     pub initramfs: PathBuf,
     /// The shared userland disk (python3, pyverbs, rdma-core's tests), where the image has
-    /// one: QEMU guests attach it read-only and `userland-up` lays it under /usr.
+    /// one: every guest attaches it read-only (QEMU's virtio-blk-pci, the VMM's virtio-mmio
+    /// block device), with serial [`USERLAND_SERIAL`], and `userland-up` lays it under /usr.
     pub userland: Option<PathBuf>,
 }
+
+/// The userland disk's serial, by which `userland-up` finds it among the guest's disks.
+pub const USERLAND_SERIAL: &str = "hcab-userland";
 
 /// Why there is no image to boot.
 #[derive(Debug, thiserror::Error)]

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use hca_model::{Fabric, Hca};
 use vmm::linux::LinuxBoot;
-use vmm::machine::{Machine, MachineConfig};
+use vmm::machine::{DiskConfig, Machine, MachineConfig};
 
 use crate::node::{wait_for_line, Node, WaitError};
 use crate::qemu::kernel_cmdline;
-use crate::{Image, StartError};
+use crate::{Image, StartError, USERLAND_SERIAL};
 
 /// One node's guest under the VMM.
 pub struct KvmNodeSpec<'a> {
@@ -39,8 +39,9 @@ pub struct KvmNode {
 }
 
 impl KvmNode {
-    /// Builds the node's machine on `fabric`, loads the guest image's kernel and initramfs
-    /// with the node's command line, and starts its vCPUs.
+    /// Builds the node's machine on `fabric` (with the image's userland disk, where it has
+    /// one, as a read-only virtio disk), loads the guest image's kernel and initramfs with
+    /// the node's command line, and starts its vCPUs.
     pub fn start(
         kvm: &kvm_ioctls::Kvm,
         image: &Image,
@@ -59,7 +60,12 @@ impl KvmNode {
                 console_socket: node.console_socket,
                 agent_socket: node.agent_socket,
                 vfio: node.vfio,
-                disks: Vec::new(),
+                disks: (image.userland.iter())
+                    .map(|path| DiskConfig {
+                        path: path.clone(),
+                        serial: USERLAND_SERIAL.to_string(),
+                    })
+                    .collect(),
             },
             fabric,
         )?;

@@ -52,7 +52,7 @@ use device_server::{DeviceServer, NodeConfig, ServerError};
 use hca_model::{Fabric, Hca};
 
 pub use backend::{Backend, BackendError};
-pub use image::{is_kernel_path, BuildError, Image, ImageError};
+pub use image::{is_kernel_path, BuildError, Image, ImageError, USERLAND_SERIAL};
 pub use node::Node;
 pub use private_dir::create_private_dir;
 

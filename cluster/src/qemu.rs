@@ -17,7 +17,7 @@ use device_server::{NodeConfig, RamBacking};
 use hca_model::abi::NUM_VECTORS;
 
 use crate::node::{complete_lines, wait_for_line, Node, WaitError};
-use crate::Image;
+use crate::{Image, USERLAND_SERIAL};
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
@@ -162,7 +162,7 @@ impl GuestSpec {
                     disk.display().to_string().replace(',', ",,")
                 ),
                 "-device",
-                "virtio-blk-pci,drive=userland,serial=hcab-userland",
+                &format!("virtio-blk-pci,drive=userland,serial={USERLAND_SERIAL}"),
             ]);
         }
         if let Some(net) = &self.net {
