@@ -86,11 +86,15 @@ ISER_MODULES = ["ib_isert", "target_core_iblock", "ib_iser", "sd_mod", "crc32c_g
 # module is a tenth of ext4's with jbd2 and mbcache, which a TCG guest loads in 0.2 s less)
 # and overlayfs, which lays the disk's /usr under the initramfs's.
 DISK_MODULES = ["virtio_pci", "virtio_blk", "erofs", "overlay"]
+# The same disk under hcabench's VMM, whose virtio devices are on virtio-mmio (announced on
+# the kernel command line as virtio_mmio.device=, which modload passes to the module).
+VIRTIO_MMIO_MODULES = ["virtio_mmio"]
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
           ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules"),
           ("nfs", NFS_MODULES, "nfs_modules"), ("iser", ISER_MODULES, "iser_modules"),
-          ("disk", DISK_MODULES, "disk_modules")]
+          ("disk", DISK_MODULES, "disk_modules"),
+          ("virtio-mmio", VIRTIO_MMIO_MODULES, "virtio_mmio_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
 # Shell helpers from images/ that go to the guest's /bin.

@@ -10,7 +10,8 @@ uncompressed archive that adds:
   /init                          images/nested-init.sh (loads KVM, runs /job.sh)
   /lib/modules/<ver>/kvm/*.ko    kvm_amd and its dependencies, with kvm-order
   /opt/hcabench/bin/hcabench     a static hcabench
-  /opt/hcabench/target/images/   the L2 guest image (bzImage, vmlinux, initramfs)
+  /opt/hcabench/target/images/   the L2 guest image (bzImage, vmlinux, initramfs, the
+                                 shared userland disk)
   /usr/bin/qemu-system-x86_64    with --with-qemu: this host's QEMU, its libraries and the
                                  firmware it loads, for reference boots under QEMU/KVM
   /job.sh                        the commands to run in L1
@@ -107,6 +108,10 @@ def main():
     file("opt/hcabench/target/images/current", f"{name}\n".encode())
     for f in ["bzImage", "vmlinux", "initramfs.cpio", "manifest.json"]:
         file(f"opt/hcabench/target/images/{name}/{f}", (guest / f).read_bytes())
+    # The shared userland disk, which the L2 guests attach (virtio-mmio under the VMM).
+    if (guest / "userland.img").exists():
+        file(f"opt/hcabench/target/images/{name}/userland.img",
+             (guest / "userland.img").read_bytes())
     if args.with_qemu:
         file("usr/bin/qemu-system-x86_64", Path(QEMU).read_bytes(), 0o755)
         for lib in shared_libraries(QEMU):
