@@ -29,8 +29,8 @@
 //!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
-//!                    # (images/build.py --package), laid under /usr at boot. QEMU guests
-//!                    # only (hcabench's VMM has no disk device yet). Default none
+//!                    # (images/build.py --package), laid under /usr at boot (a read-only
+//!                    # virtio disk under either backend). Default none
 //!
 //! faults = "plan.toml"          # a seeded fault plan for the fabric (see hca_model::faults)
 //! capture = "fabric.pcap"        # every fabric packet to a pcap file
@@ -226,11 +226,6 @@ pub enum Invalid {
     VfioOnQemu,
     #[error("packages: {0:?} is not a Debian package name")]
     Package(String),
-    #[error(
-        "packages: the userland disk needs the qemu backend (hcabench's VMM gives guests no \
-         disk device yet)"
-    )]
-    PackagesOnKvm,
     #[error("device_memory_mib = {mib} (must be {least} to 4096)")]
     DeviceMemory { mib: u64, least: u64 },
     #[error(
@@ -305,9 +300,6 @@ impl ClusterConfig {
         }
         if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
             return Err(Invalid::Package(bad.clone()));
-        }
-        if !self.packages.is_empty() && self.backend == Backend::Kvm {
-            return Err(Invalid::PackagesOnKvm);
         }
         let least = (hca_model::abi::MIN_IN_FLIGHT_BYTES >> 20) as u64;
         if !(least..=4096).contains(&self.device_memory_mib) {
@@ -504,8 +496,8 @@ mod tests {
         assert!(e.to_string().contains("needs the kvm backend"), "{e}");
         let e = ClusterConfig::parse("packages = [\"fio\", \"x; rm -rf /\"]", "c").unwrap_err();
         assert!(e.to_string().contains("not a Debian package name"), "{e}");
-        let e = ClusterConfig::parse("backend = \"kvm\"\npackages = [\"fio\"]", "c").unwrap_err();
-        assert!(e.to_string().contains("needs the qemu backend"), "{e}");
+        let c = ClusterConfig::parse("backend = \"kvm\"\npackages = [\"fio\"]", "c").unwrap();
+        assert_eq!(c.packages, ["fio"], "the VMM's guests get the disk too");
         let c = ClusterConfig::parse("packages = [\"fio\", \"libc6\", \"g++-12\"]", "c").unwrap();
         assert_eq!(c.packages, ["fio", "libc6", "g++-12"]);
         let e = ClusterConfig::parse("packet_life_time = 31", "c.toml").unwrap_err();

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cluster::{Backend, BackendError, ImageError};
+use cluster::{BackendError, ImageError};
 use hcabench::config::{ConfigError, Invalid};
 
 use crate::console::ConsoleError;
@@ -127,11 +127,6 @@ pub enum UsageError {
     Vfio,
     #[error("P_Key `{0}`: want a number to 0xffff, e.g. 0x8001")]
     PKey(String),
-    #[error(
-        "packages need QEMU guests (the userland disk is a virtio disk, and hcabench's VMM \
-         has none yet); the backend is {backend:?} ({why}): add --backend qemu"
-    )]
-    PackagesNeedQemu { backend: Backend, why: String },
     #[error("--vfio needs the kvm backend; the backend is qemu ({why})")]
     VfioNeedsKvm { why: String },
     #[error(

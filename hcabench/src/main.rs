@@ -413,7 +413,7 @@ struct UpArgs {
     vfio: Vec<(String, PathBuf)>,
     /// A Debian package (with its dependencies) for the guests, beside python3, pyverbs and
     /// iproute2: built onto the shared userland disk (images/build.py --package) and laid
-    /// under /usr at boot. Repeatable; adds to the file's `packages`; QEMU guests only
+    /// under /usr at boot. Repeatable; adds to the file's `packages`
     #[arg(long = "package", value_name = "NAME")]
     packages: Vec<String>,
 }
@@ -532,9 +532,6 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, Error> {
     c.packages.extend(a.packages.iter().cloned());
     c.validate()?;
     let (backend, why) = daemon::choose_backend(&c)?;
-    if backend != Backend::Qemu && !c.packages.is_empty() {
-        return Err(UsageError::PackagesNeedQemu { backend, why }.into());
-    }
     if backend == Backend::Qemu {
         if !c.vfio.is_empty() {
             return Err(UsageError::VfioNeedsKvm { why }.into());
