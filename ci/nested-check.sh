@@ -1,11 +1,12 @@
 #!/bin/sh
 # Runs inside the nested KVM host (ci/nested-kvm.sh ci/nested-check.sh): hcabench's own
 # VMM boots Debian's kernel to userspace on a real KVM, with the clock and devices Linux
-# needs from a KVM VMM, and the HCA works, and `hcabench exec` reaches it; then two VMs
-# in one VMM process run a DSM application, verified, and `bench vmm` (needs --with-qemu)
-# pings between two VMs with data checked, beside QEMU/KVM. Each check prints "ok" or
-# "FAILED"; the last line counts them. With NESTED_BOOT_ONLY=1 set before it (CI's second
-# kernel), only the one-node boot.
+# needs from a KVM VMM, and the HCA works, `hcabench exec` reaches it, and the shared
+# userland disk (the VMM's virtio-mmio block device) lies under /usr with python3, pyverbs
+# and iproute2 running from it; then two VMs in one VMM process run a DSM application,
+# verified, and `bench vmm` (needs --with-qemu) pings between two VMs with data checked,
+# beside QEMU/KVM. Each check prints "ok" or "FAILED"; the last line counts them. With
+# NESTED_BOOT_ONLY=1 set before it (CI's second kernel), only the one-node boot.
 pass=0
 fail=0
 check() {
@@ -108,6 +109,17 @@ check "doorbell ioeventfd -> MSI-X irqfd round trips" "HCABENCH-PROBE doorbell-i
 # `hcabench exec` over the VMM's second UART (COM2, ttyS1 in the guest).
 limited 90 /tmp/exec.log hcabench exec node1 -- 'cat /sys/class/infiniband/hcab0/ports/1/state'
 check "hcabench exec runs a command in the VMM's guest over COM2" "4: ACTIVE" /tmp/exec.log
+# The shared userland disk: the VMM's read-only virtio-mmio block device, which init's
+# userland-up lays under /usr; programs on it run.
+check "the VMM's guest lays the userland disk under /usr at boot" "HCABENCH-USERLAND /usr from" "$c"
+limited 90 /tmp/userland.log hcabench exec node1 -- 'grep " /usr overlay " /proc/mounts;
+	for b in /sys/block/vd*; do echo "disk ${b#/sys/block/} serial=$(cat "$b/serial")"; done;
+	/usr/bin/python3 -c "import pyverbs.device as d; print(\"pyverbs-devices\", [str(x.name) for x in d.get_device_list()])";
+	/usr/bin/ip -V'
+check "the userland disk is a virtio disk with its serial" "serial=hcab-userland" /tmp/userland.log
+check "/usr is the overlay over the disk" "^overlay /usr overlay " /tmp/userland.log
+check "python3 from the disk runs pyverbs, which finds hcab0" "pyverbs-devices .*hcab0" /tmp/userland.log
+check "iproute2 from the disk runs" "ip utility, iproute2" /tmp/userland.log
 hcabench down > /dev/null
 if [ "${NESTED_BOOT_ONLY:-}" = 1 ]; then
 	echo "nested: $pass passed, $fail failed"
