@@ -87,7 +87,9 @@ ISER_MODULES = ["ib_isert", "target_core_iblock", "ib_iser", "sd_mod", "crc32c_g
 # and overlayfs, which lays the disk's /usr under the initramfs's.
 DISK_MODULES = ["virtio_pci", "virtio_blk", "erofs", "overlay"]
 # The same disk under hcabench's VMM, whose virtio devices are on virtio-mmio (announced on
-# the kernel command line as virtio_mmio.device=, which modload passes to the module).
+# the kernel command line as virtio_mmio.device=, which modload passes to the module; where
+# the kernel lacks CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES, as Debian's does, our vmmio module
+# registers the devices instead: see userland-up).
 VIRTIO_MMIO_MODULES = ["virtio_mmio"]
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
@@ -96,7 +98,7 @@ ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_
           ("disk", DISK_MODULES, "disk_modules"),
           ("virtio-mmio", VIRTIO_MMIO_MODULES, "virtio_mmio_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
-OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm"]
+OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm", "vmmio"]
 # Shell helpers from images/ that go to the guest's /bin.
 SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser",
            "lio-disk", "ib0-addr", "modload", "userland-up"]
