@@ -29,7 +29,7 @@ use super::pci::{PciBus, TrappedBars};
 use super::rtc::{self, Cmos};
 use super::serial::{self, ConsoleOut, IrqLine, SerialError, SerialPort};
 use super::virtio_blk::{Block, BlockError};
-use super::virtio_mmio::{MmioTransport, MMIO_SIZE};
+use super::virtio_mmio::{self, MmioTransport, MMIO_SIZE};
 
 pub const COM1: u16 = 0x3f8;
 /// The second UART, as on a PC (IRQ 3): the shell job's command channel (the guest's
@@ -587,7 +587,7 @@ fn disks(
         vm.register_irqfd(&fd, irq)
             .map_err(|e| MachineError::Kvm("disk irqfd", e))?;
         let base = VIRTIO_MMIO_BASE + i as u64 * MMIO_SIZE;
-        cmdline.push(MmioTransport::<Block, IrqLine>::cmdline(base, irq));
+        cmdline.push(virtio_mmio::cmdline(base, irq));
         let t = MmioTransport::new(block, mem.clone(), IrqLine(fd));
         disks.push((base, Mutex::new(t)));
     }
