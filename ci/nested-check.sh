@@ -4,7 +4,7 @@
 # needs from a KVM VMM, and the HCA works, `hcabench exec` reaches it, and the shared
 # userland disk (the VMM's virtio-mmio block device) lies under /usr with python3, pyverbs
 # and iproute2 running from it; then two VMs in one VMM process run a DSM application,
-# verified, and `bench vmm` (needs --with-qemu) pings between two VMs with data checked,
+# verified, and ibv_rc_pingpong between processes in them, and `bench vmm` (needs --with-qemu) pings between two VMs with data checked,
 # beside QEMU/KVM. Each check prints "ok" or "FAILED"; the last line counts them. With
 # NESTED_BOOT_ONLY=1 set before it (CI's second kernel), only the one-node boot.
 pass=0
@@ -135,6 +135,21 @@ echo "(run sor took $(elapsed "$t0") s)"
 check "both VMs of one VMM process open the DSM on hcab0 and connect" \
 	"DSM open on hcab0 on every node, RC mesh connected" /tmp/sor.log
 check "SOR on 2 VMs in one VMM process, verified" "verified against a sequential run" /tmp/sor.log
+
+# User-level verbs under the VMM: a process in each of two VMs posts and polls through its
+# own UAR page (ibv_rc_pingpong, its buffers checked), the two exchanging addresses over IPoIB.
+t0=$(cut -d' ' -f1 /proc/uptime)
+limited 300 /tmp/up2.log hcabench up --nodes 2 --backend kvm --timeout 240
+limited 60 /tmp/ib0.log hcabench exec node1 -- 'ipoib-up 10.78.0.1/24'
+limited 60 /tmp/ib0.log hcabench exec node2 -- 'ipoib-up 10.78.0.2/24'
+limited 60 /tmp/pp-srv.log hcabench exec node1 -- '(timeout -s KILL 90 ibv_rc_pingpong -d hcab0 -c -n 200 > /tmp/pp.log 2>&1 &)
+	for i in $(seq 100); do netstat -ltn | grep -q ":18515 " && break; sleep 0.1; done'
+limited 120 /tmp/pp-cli.log hcabench exec node2 -- 'timeout -s KILL 90 ibv_rc_pingpong -d hcab0 -c -n 200 10.78.0.1'
+limited 60 /tmp/pp-srv.log hcabench exec node1 -- 'sleep 1; cat /tmp/pp.log'
+echo "(user verbs on 2 VMs took $(elapsed "$t0") s)"
+check "ibv_rc_pingpong's client in a VM: 200 checked round trips over hcab0" "200 iters in" /tmp/pp-cli.log
+check "ibv_rc_pingpong's server in the other VM: the same" "200 iters in" /tmp/pp-srv.log
+hcabench down > /dev/null
 
 if command -v qemu-system-x86_64 > /dev/null; then
 	t0=$(cut -d' ' -f1 /proc/uptime)
