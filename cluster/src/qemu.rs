@@ -21,6 +21,13 @@ use crate::{Image, USERLAND_SERIAL};
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
+/// The CPU a TCG guest gets: QEMU's `max`, less ERMS and FSRM. With them, the kernel clears
+/// and copies pages with `rep stosb`/`rep movsb`, which TCG runs one byte per iteration; without
+/// them it takes its `rep stosq` and unrolled variants. Measured on the 2-core host: the
+/// kernel reaches init 12% sooner (1.83 s against 2.07 s of guest time, a lone guest), and 8
+/// guests are up in 17.7-22.2 s against 21.6-24.9 s (five runs each, alternating).
+pub const TCG_CPU: &str = "max,-erms,-fsrm";
+
 /// Whether QEMU can be run here.
 pub fn qemu_available() -> Result<(), crate::BackendError> {
     match Command::new(QEMU).arg("--version").output() {
@@ -112,7 +119,7 @@ impl GuestSpec {
             RamBacking::Path(p) => p.clone(),
         };
         c.args(["-machine", &format!("q35,accel={accel},memory-backend=ram")])
-            .args(["-cpu", if self.kvm { "host" } else { "max" }])
+            .args(["-cpu", if self.kvm { "host" } else { TCG_CPU }])
             .args(["-smp", &self.vcpus.to_string(), "-m", &format!("{mib}M")])
             .args(["-nodefaults", "-no-reboot", "-display", "none"])
             .args([
