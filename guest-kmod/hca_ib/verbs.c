@@ -54,6 +54,9 @@ static int hca_query_device(struct ib_device *ibdev, struct ib_device_attr *a,
 				       IB_DEVICE_MEM_WINDOW_TYPE_2B;
 		a->max_mw = h->max_mr;
 	}
+	/* The device runs ATOMIC WRITE (IBTA 1.5) wherever it runs atomics. */
+	if (dev->caps & HCA_CAP_ATOMIC)
+		a->device_cap_flags |= HCAB_DEVICE_ATOMIC_WRITE;
 	a->max_fast_reg_page_list_len = HCA_IB_MAX_FRMR_PAGES;
 	if (dev->caps & HCA_CAP_SRQ) {
 		a->max_srq = HCA_MAX_SRQ - 1;

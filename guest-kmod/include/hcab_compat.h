@@ -59,4 +59,14 @@ static inline void hcab_vm_flags_set(struct vm_area_struct *vma,
 #endif
 }
 
+/*
+ * The device capability flag for IBTA 1.5's ATOMIC WRITE (6.2+); none
+ * before, where no consumer can ask for the operation either.
+ */
+#ifdef HCAB_HAVE_DEVICE_ATOMIC_WRITE
+#define HCAB_DEVICE_ATOMIC_WRITE IB_DEVICE_ATOMIC_WRITE
+#else
+#define HCAB_DEVICE_ATOMIC_WRITE 0
+#endif
+
 #endif /* HCAB_COMPAT_H */

@@ -647,6 +647,24 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
                     devinfo_value(sec, key)
                 );
             }
+            // ATOMIC WRITE (IB_UVERBS_DEVICE_ATOMIC_WRITE, bit 40) is said where the kernel
+            // has the flag (6.2+): the device runs it either way.
+            let release = tb.agents[i].run("uname -r", T)?;
+            let mut v = release.trim().split(['.', '-']).map(|p| p.parse::<u32>());
+            let at_least_6_2 = match (v.next(), v.next()) {
+                (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (6, 2),
+                _ => return fail(format!("node{}: uname -r said {release:?}", i + 1)),
+            };
+            let flags = devinfo_value(sec, "device_cap_flags_ex")
+                .and_then(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok());
+            ensure!(
+                flags.map(|f| f >> 40 & 1 == 1) == Some(at_least_6_2),
+                "node{}: hcab0's device_cap_flags_ex is {flags:x?} on {}: ATOMIC_WRITE (bit \
+                 40) should be {}:\n{sec}",
+                i + 1,
+                release.trim(),
+                if at_least_6_2 { "set" } else { "clear" }
+            );
             said.push(format!("node{} port_lid {lid}", i + 1));
         }
         Ok(format!(
