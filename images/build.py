@@ -67,6 +67,9 @@ IPOIB_MODULES = ["ib_ipoib"]
 NVME_MODULES = ["nvmet_rdma", "nvme_rdma", "brd"]
 # Reliable Datagram Sockets over IB (rds and its RDMA transport), loaded by `rds-up`.
 RDS_MODULES = ["rds_rdma"]
+# TIPC (`tipc-up`): Debian builds its InfiniBand media into tipc itself
+# (CONFIG_TIPC_MEDIA_IB=y), which runs over ib0 (IPoIB carries ETH_P_TIPC).
+TIPC_MODULES = ["tipc"]
 # SCSI RDMA Protocol (`srp`): Debian's LIO target with its SRP fabric (ib_srpt), the
 # initiator (ib_srp) and the disk driver its LUNs appear through; brd as above.
 SRP_MODULES = ["ib_srpt", "target_core_iblock", "ib_srp", "sd_mod", "brd"]
@@ -93,28 +96,30 @@ DISK_MODULES = ["virtio_pci", "virtio_blk", "erofs", "overlay"]
 VIRTIO_MMIO_MODULES = ["virtio_mmio"]
 ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_modules"),
           ("ipoib", IPOIB_MODULES, "ipoib_modules"), ("nvme", NVME_MODULES, "nvme_modules"),
-          ("rds", RDS_MODULES, "rds_modules"), ("srp", SRP_MODULES, "srp_modules"),
+          ("rds", RDS_MODULES, "rds_modules"), ("tipc", TIPC_MODULES, "tipc_modules"),
+          ("srp", SRP_MODULES, "srp_modules"),
           ("nfs", NFS_MODULES, "nfs_modules"), ("iser", ISER_MODULES, "iser_modules"),
           ("disk", DISK_MODULES, "disk_modules"),
           ("virtio-mmio", VIRTIO_MMIO_MODULES, "virtio_mmio_modules")]
 # Our modules: directories under guest-kmod/ with a Kbuild file.
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm", "vmmio"]
 # Shell helpers from images/ that go to the guest's /bin.
-SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "srp", "nfs", "iser",
-           "lio-disk", "ib0-addr", "modload", "userland-up"]
+SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "tipc-up", "srp", "nfs",
+           "iser", "lio-disk", "ib0-addr", "modload", "userland-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
-# libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`), and
+# libraries they need: iproute2's `rdma` (to add rxe links and show `rdma link`) and `tipc`
+# (TIPC's bearers, links and name table: `tipc-up`), and
 # infiniband-diags' `saquery` and `ibstat` (they reach the SA through ib_umad) and
 # `smpquery`, `perfquery`, `sminfo`, `ibnetdiscover`, `iblinkinfo`, `ibroute`,
 # `ibtracert` and `ibqueryerrors` (QP0's agents, the fabric's switch and the PMAs,
 # through ib_umad) and `ibping` (a vendor class over QP1), and
 # nfs-utils' NFS server tools (`nfs export`; rpc.mountd links libtirpc, which links
 # Kerberos' GSS-API), and open-iscsi's initiator daemon and admin tool (`iser connect`).
-USERLAND_TOOLS = ["rdma", "saquery", "ibstat", "smpquery", "perfquery", "sminfo",
+USERLAND_TOOLS = ["rdma", "tipc", "saquery", "ibstat", "smpquery", "perfquery", "sminfo",
                   "ibnetdiscover", "iblinkinfo", "ibroute", "ibtracert", "ibqueryerrors",
                   "ibping", "rpc.nfsd", "rpc.mountd", "exportfs", "iscsid", "iscsiadm"]
 USERLAND_DEBS = ["iproute2", "libmnl0", "libbsd0", "libcap2", "libmd0", "libc6",
@@ -485,6 +490,8 @@ CONFIG_WANTED = {
     "CONFIG_INFINIBAND_ISERT": "iSER's target",
     "CONFIG_SUNRPC_XPRT_RDMA": "NFS over RDMA",
     "CONFIG_RDS_RDMA": "RDS over IB",
+    "CONFIG_TIPC": "TIPC (`tipc-up`)",
+    "CONFIG_TIPC_MEDIA_IB": "TIPC's InfiniBand media (`tipc bearer enable media ib`)",
     "CONFIG_PVH": "booting the ELF vmlinux through PVH (faster under QEMU than the bzImage)",
 }
 
