@@ -107,7 +107,7 @@ OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm", "vmmio"]
 SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "tipc-up", "srp", "nfs",
            "iser", "lio-disk", "ib0-addr", "modload", "userland-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
-USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "pma-query"]
+USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "tipc-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.
 DSM_APPS = ["sor", "is", "lu", "tsp", "nbody", "nbodyw", "water", "barnes", "litmus", "dsm-bench"]
 # Debian's user-space tools the guests carry, from their packages, with the shared
