@@ -23,6 +23,9 @@
 //!   over rdma_cm on IPoIB addresses.
 //! - `rds`: Reliable Datagram Sockets (rds, rds_rdma) carry every size up to RDS's largest
 //!   message between nodes, and RDS's RDMA.
+//! - `tipc`: TIPC (Debian's tipc, its InfiniBand media on ib0) links every pair of nodes,
+//!   carries messages up to its largest between each pair, every byte checked, and its
+//!   one-byte latency is printed beside TCP's on ib0.
 //! - `srp`: the SCSI RDMA Protocol (LIO's ib_srpt, ib_srp) serves one RAM disk to two
 //!   initiators through IB CM.
 //! - `iser`: iSER (LIO's ib_isert, open-iscsi with ib_iser) serves another to two
@@ -31,7 +34,7 @@
 //!   two clients.
 //!
 //! Each test sets up what it needs beyond ib0 (a file to serve, a target, a mount) and puts
-//! back what it changed (faults, the IPoIB mode, partitions, servers, logins and mounts), so
+//! back what it changed (faults, the IPoIB mode, partitions, servers, logins and mounts, TIPC), so
 //! any one of them runs alone or in any order. The storage targets stay (NVMe-oF on node 3,
 //! SRP and NFS on node 2, iSER on node 1): each is set up once per boot, and no other test
 //! uses those disks.
@@ -56,6 +59,7 @@ mod shared;
 mod srp;
 mod storage;
 mod subnet;
+mod tipc;
 
 const T: Duration = Duration::from_secs(120);
 const NODES: usize = 3;
