@@ -130,6 +130,8 @@
 #define HCA_CAP_SQ_RING			(1 << 8)
 /* memory windows (ALLOC_MW, DEALLOC_MW, HCA_WR_BIND_MW) and UC QPs */
 #define HCA_CAP_MW_UC			(1 << 9)
+/* EV_CATAS, catas_syndrome, CMD_RESET and CMD_FATAL */
+#define HCA_CAP_RESET			(1 << 10)
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
@@ -142,6 +144,8 @@
 #define HCA_CMD_QUERY_PORT		0x02
 #define HCA_CMD_QUERY_PKEYS		0x03
 #define HCA_CMD_QUERY_COUNTERS		0x04
+/* Back to power-on state, catastrophic error cleared; issue it polled. */
+#define HCA_CMD_RESET			0x05
 #define HCA_CMD_ALLOC_PD		0x10
 #define HCA_CMD_DEALLOC_PD		0x11
 #define HCA_CMD_REG_MR			0x20
@@ -174,6 +178,8 @@
 #define HCA_CMD_BUSY			5
 #define HCA_CMD_NO_RESOURCES		6
 #define HCA_CMD_BAD_ADDRESS		7
+/* In a catastrophic error: only queries, teardown and RESET run. */
+#define HCA_CMD_FATAL			8
 
 #define HCA_MR_FLAG_PHYS		(1 << 0)
 #define HCA_MR_FLAG_FAST_REG		(1 << 1)
@@ -306,6 +312,9 @@
 #define HCA_EV_SRQ_ERR			10
 /* The port's P_Key table changed: read it again (QUERY_PKEYS). */
 #define HCA_EV_PKEY_CHANGE		11
+/* param = syndrome: port down, QPs flushed, teardown only until RESET */
+#define HCA_EV_CATAS			12
+#define HCA_CATAS_INJECTED		1
 #define HCA_ERR_CQ_OVERFLOW		1
 #define HCA_ERR_RING_ACCESS		2
 #define HCA_ERR_WQ_INDEX		3
@@ -331,7 +340,9 @@ struct hca_dev_info {
 	__u32 eq_log_entries;
 	__u32 doorbell_peer;	/* the peer field of every doorbell write */
 	__u32 srq_db_offset;	/* with HCA_CAP_SRQ */
-	__u64 rsvd[3];
+	__u32 catas_syndrome;	/* nonzero in a catastrophic error */
+	__u32 rsvd0;
+	__u64 rsvd[2];
 };
 
 /*

@@ -210,6 +210,9 @@ pub const CAP_UAR: u32 = 1 << 7;
 pub const CAP_SQ_RING: u32 = 1 << 8;
 /// Memory windows (ALLOC_MW, DEALLOC_MW, `WR_BIND_MW`, `ACCESS_MW_BIND`) and UC QPs.
 pub const CAP_MW_UC: u32 = 1 << 9;
+/// Catastrophic errors and their recovery: `EV_CATAS`, `HcaDevInfo::catas_syndrome`,
+/// `CMD_RESET` and `CMD_FATAL`.
+pub const CAP_RESET: u32 = 1 << 10;
 
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 /// The port has no link (no fabric, or the fabric has its link down).
@@ -230,6 +233,11 @@ pub const CMD_QUERY_PORT: u32 = 0x02;
 pub const CMD_QUERY_PKEYS: u32 = 0x03;
 /// Eight of the port's counters from `HcaCmdCounters::first` on ([`HcaCounters`]).
 pub const CMD_QUERY_COUNTERS: u32 = 0x04;
+/// Resets the function: every PD, MR, window, CQ, QP, SRQ, multicast attachment, user
+/// access region, EQ and the mailbox's sequence go, BAR2 is as at power-on (its header
+/// rewritten), and a catastrophic error is cleared. Issue it polled (no `CMD_FLAG_EVENT`:
+/// the EQs it empties could not carry the completion); `done_seq` then reads `seq`.
+pub const CMD_RESET: u32 = 0x05;
 /// Allocates a PD ([`HcaCmdAllocPd`] in, [`HcaCmdHandle`] out).
 pub const CMD_ALLOC_PD: u32 = 0x10;
 /// Frees a PD that no MR, QP or SRQ uses.
@@ -292,6 +300,9 @@ pub const CMD_BUSY: u32 = 5;
 pub const CMD_NO_RESOURCES: u32 = 6;
 /// A guest address in the input is outside guest memory or misaligned.
 pub const CMD_BAD_ADDRESS: u32 = 7;
+/// The device is in a catastrophic error: only queries, teardown (destroy, dealloc,
+/// deregister, detach, MODIFY_QP to RESET or ERR) and RESET run.
+pub const CMD_FATAL: u32 = 8;
 
 // REG_MR flags.
 /// Physical (DMA) MR: iova is the guest-physical address, no page list.
@@ -531,6 +542,13 @@ pub const EV_QP_LAST_WQE: u32 = 9;
 pub const EV_SRQ_ERR: u32 = 10;
 /// The subnet manager changed the port's P_Key table (read it again with QUERY_PKEYS).
 pub const EV_PKEY_CHANGE: u32 = 11;
+/// A catastrophic error (`param` = syndrome, a `CATAS_*`): the port is down, every QP is in
+/// ERR with its work flushed, and only teardown commands and RESET run until a RESET.
+pub const EV_CATAS: u32 = 12;
+
+// Syndromes of EV_CATAS and HcaDevInfo::catas_syndrome.
+/// Injected from the host (`hcabench fault NODE fatal`).
+pub const CATAS_INJECTED: u32 = 1;
 
 // Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
 /// The CQ overflowed: the driver did not consume in time.
@@ -587,8 +605,12 @@ pub struct HcaDevInfo {
     pub doorbell_peer: u32,
     /// Where SRQ doorbell records start (with CAP_SRQ; 0 without).
     pub srq_db_offset: u32,
+    /// Nonzero (a `CATAS_*`) while the device is in a catastrophic error (with CAP_RESET).
+    pub catas_syndrome: u32,
     /// Reserved; zero.
-    pub rsvd: [u64; 3],
+    pub rsvd0: u32,
+    /// Reserved; zero.
+    pub rsvd: [u64; 2],
 }
 abi_struct!(HcaDevInfo, 80);
 
@@ -1445,6 +1467,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_UAR,
         CAP_SQ_RING,
         CAP_MW_UC,
+        CAP_RESET,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
         PORT_ACTIVE,
@@ -1454,6 +1477,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_QUERY_PORT,
         CMD_QUERY_PKEYS,
         CMD_QUERY_COUNTERS,
+        CMD_RESET,
         CTR_TX_PACKETS,
         CTR_RX_PACKETS,
         CTR_TX_OCTETS,
@@ -1506,6 +1530,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_BUSY,
         CMD_NO_RESOURCES,
         CMD_BAD_ADDRESS,
+        CMD_FATAL,
         MR_FLAG_PHYS,
         MR_FLAG_FAST_REG,
         PD_FLAG_USER,
@@ -1607,6 +1632,8 @@ pub fn layout() -> Vec<(String, u64)> {
         EV_QP_LAST_WQE,
         EV_SRQ_ERR,
         EV_PKEY_CHANGE,
+        EV_CATAS,
+        CATAS_INJECTED,
         ERR_CQ_OVERFLOW,
         ERR_RING_ACCESS,
         ERR_WQ_INDEX,
@@ -1615,7 +1642,7 @@ pub fn layout() -> Vec<(String, u64)> {
     );
     layout_of!(HcaDevInfo => "hca_dev_info" { signature, abi_version, lid, port_state,
         num_vectors, caps, node_guid, mailbox_offset, eq_offset, eq_db_offset, qp_db_offset,
-        cq_db_offset, eq_log_entries, doorbell_peer, srq_db_offset, rsvd });
+        cq_db_offset, eq_log_entries, doorbell_peer, srq_db_offset, catas_syndrome, rsvd0, rsvd });
     layout_of!(HcaCmdMailbox => "hca_cmd_mailbox" { opcode, flags, seq, done_seq, status,
         rsvd0, rsvd1, input, output, rsvd2 });
     layout_of!(HcaDeviceAttr => "hca_device_attr" { fw_ver, node_guid, max_mr_size,

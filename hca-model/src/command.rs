@@ -12,7 +12,7 @@ use crate::hca::{Device, HcaState};
 use crate::status::CmdError;
 
 /// Reads a command's input struct from the mailbox's input bytes.
-fn input<T: ByteValued + Default>(mb: &HcaCmdMailbox) -> T {
+pub(crate) fn input<T: ByteValued + Default>(mb: &HcaCmdMailbox) -> T {
     let mut v = T::default();
     for (d, s) in v.as_mut_slice().iter_mut().zip(&mb.input) {
         *d = *s;
@@ -69,6 +69,9 @@ impl HcaState {
     }
 
     fn execute(&mut self, mb: &HcaCmdMailbox, out: &mut [u8; 64]) -> Result<(), CmdError> {
+        if self.dev.catas != 0 && !crate::catas::runs_in_error(mb.opcode, mb) {
+            return Err(CmdError::Fatal);
+        }
         let h = input::<HcaCmdHandle>(mb).handle;
         match mb.opcode {
             CMD_QUERY_DEVICE => output(out, &self.dev.device_attr()),
@@ -79,6 +82,7 @@ impl HcaState {
                     pkeys: self.dev.pkeys,
                 },
             ),
+            CMD_RESET => self.reset_function()?,
             CMD_QUERY_COUNTERS => {
                 output(out, &self.dev.counters(input::<HcaCmdCounters>(mb).first)?)
             }

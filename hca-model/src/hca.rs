@@ -287,10 +287,12 @@ pub(crate) struct Device {
     pub pkeys: crate::partition::PKeyTable,
     /// The scratch state of the turn under way (see turn.rs).
     pub turn: Turn,
+    /// A catastrophic error's syndrome (`CATAS_*`; 0: none): see catas.rs.
+    pub catas: u32,
 }
 
 impl HcaState {
-    fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
+    pub(crate) fn new(mem: Arc<dyn DmaSpace>, bar2: Arc<DeviceMemory>, node_guid: u64) -> Self {
         Self {
             dev: Device::new(mem, bar2, node_guid),
             qps: Table::next_fit(MAX_QP, 2),
@@ -366,6 +368,7 @@ impl Device {
             gathers: Default::default(),
             pkeys: crate::partition::default_table(),
             turn: Turn::default(),
+            catas: 0,
         };
         st.bar2.zero(0, BAR2_SIZE);
         st.publish_info();
@@ -389,7 +392,8 @@ impl Device {
                 | CAP_SRQ
                 | CAP_UAR
                 | CAP_SQ_RING
-                | CAP_MW_UC,
+                | CAP_MW_UC
+                | CAP_RESET,
             node_guid: self.node_guid,
             mailbox_offset: BAR2_MAILBOX_OFFSET,
             eq_offset: BAR2_EQ_OFFSET,
@@ -399,13 +403,15 @@ impl Device {
             eq_log_entries: EQ_LOG_ENTRIES,
             doorbell_peer: self.doorbell_peer,
             srq_db_offset: BAR2_SRQ_DB_OFFSET,
-            rsvd: [0; 3],
+            catas_syndrome: self.catas,
+            rsvd0: 0,
+            rsvd: [0; 2],
         };
         self.bar2.write_obj(BAR2_INFO_OFFSET, &info);
     }
 
     pub fn port_state(&self) -> u32 {
-        if self.fabric.is_some() && !self.link_down {
+        if self.fabric.is_some() && !self.link_down && self.catas == 0 {
             PORT_ACTIVE
         } else {
             PORT_DOWN
@@ -832,6 +838,14 @@ impl PacketSink for Shared {
             .store(attached, Ordering::Release);
     }
 
+    fn catastrophic(&self) -> Option<bool> {
+        Some(self.with_state(|st| {
+            let first = st.dev.catas == 0;
+            st.catastrophic(CATAS_INJECTED);
+            first
+        }))
+    }
+
     fn link_changed(&self, up: bool) {
         self.with_state(|st| {
             if st.dev.link_down != up || st.dev.fabric.is_none() {
@@ -958,6 +972,17 @@ impl Hca {
     /// The device memory the host maps as the guest's BAR2.
     pub fn bar2(&self) -> &DeviceMemory {
         &self.shared.bar2
+    }
+
+    /// The adapter dies (`hcabench fault NODE fatal`): a catastrophic error, as catas.rs
+    /// describes. False if it was in one already.
+    pub fn inject_catastrophic(&self) -> bool {
+        self.shared.catastrophic() == Some(true)
+    }
+
+    /// The syndrome of the device's catastrophic error (0: none).
+    pub fn catastrophic_syndrome(&self) -> u32 {
+        self.shared.lock().dev.catas
     }
 
     /// The port's LID (0 while it is on no fabric).

@@ -63,6 +63,7 @@
 pub mod abi;
 pub mod adapter_hook;
 pub mod capture;
+mod catas;
 mod command;
 mod completer;
 mod cq;

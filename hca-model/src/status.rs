@@ -23,6 +23,8 @@ pub enum CmdError {
     NoResources = CMD_NO_RESOURCES,
     /// A guest address is outside guest memory or misaligned (`CMD_BAD_ADDRESS`).
     BadAddress = CMD_BAD_ADDRESS,
+    /// The device is in a catastrophic error and runs only teardown (`CMD_FATAL`).
+    Fatal = CMD_FATAL,
 }
 
 impl CmdError {

@@ -166,6 +166,11 @@ pub trait PacketSink: Send + Sync {
     fn counters(&self) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         None
     }
+    /// The adapter behind the port has a catastrophic error (an injected fault): whether it
+    /// is its first since a reset; None if the port has no adapter that can.
+    fn catastrophic(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Delivery counters.
@@ -396,6 +401,12 @@ impl Fabric {
     /// The counters of the port at `lid` (`CTR_*` order), if a port there keeps them.
     pub fn counters(&self, lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         self.port(lid)?.counters()
+    }
+
+    /// The adapter at `lid` has a catastrophic error (`hcabench fault NODE fatal`): whether
+    /// it is its first since its driver reset it; None if no adapter there can.
+    pub fn catastrophic(&self, lid: Lid) -> Option<bool> {
+        self.port(lid)?.catastrophic()
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {

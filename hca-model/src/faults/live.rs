@@ -17,6 +17,9 @@ pub enum LiveFault {
     Clear,
     /// The node dies: its link goes dead for good.
     Kill,
+    /// The node's adapter has a catastrophic error (the caller makes it so, through
+    /// `Fabric::catastrophic`; the hook logs it).
+    Fatal,
 }
 
 impl FaultHook {
@@ -50,6 +53,7 @@ impl FaultHook {
                 st.counts.nodes_killed += 1;
                 "kill".to_string()
             }
+            LiveFault::Fatal => "fatal".to_string(),
         };
         st.log(&LogLine {
             t_ns: t,
