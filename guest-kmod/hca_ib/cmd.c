@@ -24,6 +24,8 @@ static int hca_status_errno(u32 status)
 		return -ENOMEM;
 	case HCA_CMD_BAD_ADDRESS:
 		return -EFAULT;
+	case HCA_CMD_FATAL:
+		return -EIO;
 	default:
 		return -EINVAL;
 	}

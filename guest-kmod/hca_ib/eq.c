@@ -136,6 +136,9 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 				     e->param, e->data);
 		hca_srq_event(dev, e->param, IB_EVENT_SRQ_ERR);
 		break;
+	case HCA_EV_CATAS:
+		hca_catastrophic(dev, e->param);
+		break;
 	case HCA_EV_PKEY_CHANGE:
 		/* ib_core reads the table again; IPoIB's children follow it. */
 		hca_port_event(dev, IB_EVENT_PKEY_CHANGE);

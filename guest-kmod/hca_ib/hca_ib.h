@@ -132,6 +132,16 @@ struct hca_dev {
 	bool sq_rings;
 	spinlock_t sq_ring_lock[HCA_SQ_RINGS];
 	u32 sq_ring_pi[HCA_SQ_RINGS];
+
+	/* Catastrophic errors (catas.c): HCA_CATAS_* bits, health check. */
+	unsigned long catas;
+	struct delayed_work health;
+};
+
+/* Bits of hca_dev.catas */
+enum {
+	HCA_CATAS_REGISTERED,	/* ib_register_device succeeded */
+	HCA_CATAS_SEEN,		/* recovery is under way */
 };
 
 /* The kinds of doorbell record slots in a UAR page (hca_uapi.h). */
@@ -336,6 +346,15 @@ int hca_uar_slot_get(struct hca_ucontext *uc, enum hca_uar_kind kind,
 		     u32 *db_offset);
 void hca_uar_slot_put(struct hca_ucontext *uc, enum hca_uar_kind kind,
 		      u32 slot);
+
+/* catas.c */
+void hca_catastrophic(struct hca_dev *dev, u32 syndrome);
+void hca_health_start(struct hca_dev *dev);
+void hca_health_stop(struct hca_dev *dev);
+int hca_reset(struct hca_dev *dev);
+int hca_recovery_init(void);
+void hca_recovery_stop(void);
+void hca_recovery_exit(void);
 
 /* eq.c */
 int hca_eq_init(struct hca_dev *dev);

@@ -115,6 +115,10 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	err = hca_identify(dev);
 	if (err)
 		goto err_free;
+	/* A clean function: nothing of an earlier load or a dead device. */
+	err = hca_reset(dev);
+	if (err)
+		goto err_free;
 	hca_sq_rings_init(dev);
 	dev->user_verbs = (dev->caps & HCA_CAP_UAR) &&
 			  pci_resource_len(pdev, 2) >= HCA_BAR2_SIZE &&
@@ -129,6 +133,8 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	err = hca_register(dev);
 	if (err)
 		goto err_eq;
+	set_bit(HCA_CATAS_REGISTERED, &dev->catas);
+	hca_health_start(dev);
 	dev_info(&pdev->dev, "%s: lid %u, port %s, user verbs %s\n",
 		 dev_name(&dev->ibdev.dev), ioread16(dev->bar2 + INFO(lid)),
 		 ioread8(dev->bar2 + INFO(port_state)) == HCA_PORT_ACTIVE ?
@@ -147,6 +153,7 @@ static void hca_remove(struct pci_dev *pdev)
 {
 	struct hca_dev *dev = pci_get_drvdata(pdev);
 
+	hca_health_stop(dev);
 	/* Consumers tear down first; their destroy commands need the EQs. */
 	ib_unregister_device(&dev->ibdev);
 	/*
@@ -174,7 +181,27 @@ static struct pci_driver hca_driver = {
 	.probe = hca_probe,
 	.remove = hca_remove,
 };
-module_pci_driver(hca_driver);
+static int __init hca_init(void)
+{
+	int err = hca_recovery_init();
+
+	if (err)
+		return err;
+	err = pci_register_driver(&hca_driver);
+	if (err)
+		hca_recovery_exit();
+	return err;
+}
+
+static void __exit hca_exit(void)
+{
+	hca_recovery_stop();
+	pci_unregister_driver(&hca_driver);
+	hca_recovery_exit();
+}
+
+module_init(hca_init);
+module_exit(hca_exit);
 
 MODULE_DESCRIPTION("InfiniBand provider for the hcabench emulated HCA");
 MODULE_LICENSE("GPL");
