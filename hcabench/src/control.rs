@@ -49,7 +49,7 @@ fn same_user(stream: &UnixStream) -> bool {
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
                            delay US [JITTER_US] (these five in any number, one after another), \
-                           clear, kill";
+                           clear, kill, fatal";
 
 /// Why the control socket could not be served, or a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,8 @@ pub enum RequestError {
     Probability(String),
     #[error("`{0}` is not a number of microseconds")]
     Micros(String),
+    #[error("{0} has no adapter on the fabric (not booted yet, or killed)")]
+    NoAdapter(String),
 }
 
 /// The daemon's side: the fabric, the plan on it (if any yet) and where its log goes.
@@ -214,6 +216,18 @@ impl Control {
         };
         let lid = self.lid_of(node)?;
         let hook = self.hook_or_start()?;
+        if let ("fatal", []) = (*action, args) {
+            let first = self
+                .fabric
+                .catastrophic(lid)
+                .ok_or_else(|| RequestError::NoAdapter(node.to_string()))?;
+            hook.live(lid, LiveFault::Fatal, self.fabric.now_ns());
+            return Ok(if first {
+                format!("{node}: fatal")
+            } else {
+                format!("{node}: fatal (its adapter was in a catastrophic error already)")
+            });
+        }
         let change = match (*action, args) {
             ("link-down", []) => LiveFault::LinkDown,
             ("link-up", []) => LiveFault::LinkUp,
@@ -513,6 +527,33 @@ mod tests {
         assert_eq!(at(1, CTR_RX_PACKETS), "1", "{reply}");
         assert_eq!(at(1, CTR_TX_PACKETS), "1", "{reply}");
         assert_eq!(at(0, CTR_RETRANSMITS), "0", "{reply}");
+    }
+
+    #[test]
+    fn test_fatal_gives_the_nodes_adapter_a_catastrophic_error_once() {
+        use hca_model::abi::*;
+        use hca_test_driver::*;
+        let p = Pair::new(MTU_4096 as u8);
+        let dir = std::env::temp_dir().join(format!("hcab-fatal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3);
+        assert_eq!(c.handle("fault node2 fatal").unwrap(), "node2: fatal");
+        assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_INJECTED);
+        assert_eq!(
+            p.a.hca.catastrophic_syndrome(),
+            0,
+            "node1's adapter is fine"
+        );
+        let again = c.handle("fault node2 fatal").unwrap();
+        assert!(again.contains("already"), "{again}");
+        // node3 has no HCA on the fabric.
+        let e = c.handle("fault node3 fatal").unwrap_err().to_string();
+        assert!(e.contains("no adapter"), "{e}");
+        let h = c.hook().unwrap();
+        h.flush();
+        let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap();
+        assert_eq!(log.matches("\"live\":\"fatal\"").count(), 2, "{log}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -111,7 +111,11 @@ enum Cmd {
     /// reorder P, corrupt P (probabilities per packet, 0 clears); delay US [JITTER_US]
     /// (these five in any number in one call, e.g. `drop 0.01 reorder 0.05`); clear (back
     /// to the cluster's plan). `kill` stops NODE's guest and takes its HCA off
-    /// the fabric, so its peers' work requests end in error completions. Each change is
+    /// the fabric, so its peers' work requests end in error completions. `fatal` gives
+    /// NODE's adapter a catastrophic error: its port goes down and its work is flushed;
+    /// hca_ib raises IB_EVENT_DEVICE_FATAL, its consumers tear down, and the driver resets
+    /// the function and registers a new hcab0 (docs/guides/faults.md says what each ULP
+    /// does then). Each change is
     /// logged in faults.jsonl next to the plan's decisions, and `hcabench down` reports
     /// it. Example: `hcabench fault node2 link-down`.
     Fault {
