@@ -3,6 +3,10 @@
 //! - a capture of a verbs ping-pong and an RDMA Write, decoded by Debian's tshark: the
 //!   opcodes and the QPNs the guests' own QPs have;
 //! - the ping-pong under 1% packet drops: every round trip done, the data verified;
+//! - an adapter's catastrophic error (`hcabench fault NODE fatal`): hca_ib raises
+//!   IB_EVENT_DEVICE_FATAL, its consumers tear down, it resets the function and registers
+//!   hcab0 again, with no oops; IPoIB comes back on the new ib0 and a new verbs connection
+//!   runs verified;
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
 //!   the device server and the other nodes go on (a new connection runs clean); a DSM
 //!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
@@ -31,6 +35,7 @@ fn test_capture_drops_and_a_killed_node_on_real_guests() {
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |m| eprintln!("  {m}")).unwrap();
     capture_is_decoded_by_tshark(&mut tb, &dir);
     ping_pong_survives_one_percent_drops(&mut tb);
+    a_dead_adapter_is_reset_and_its_consumers_come_back(&mut tb);
     a_killed_node_fails_its_peers_work_only(&mut tb);
 }
 
@@ -123,6 +128,76 @@ fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
     eprintln!(
         "1000 verified round trips of 512 B under 1% drops: {dropped} dropped, {resent} resent"
     );
+}
+
+/// What node3's kernel log says of the recovery, once it says it recovered (or after 60 s).
+fn recovery_log(tb: &mut Testbed) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = tb.agents[2]
+            .run(
+                "dmesg | grep -i -e 'hca_ib' -e 'BUG' -e 'Oops' -e 'Call Trace'",
+                T,
+            )
+            .unwrap();
+        if log.contains("recovered from a catastrophic error") || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
+    for (i, addr) in [(0, "10.78.0.1/24"), (2, "10.78.0.3/24")] {
+        tb.agents[i].run(&format!("ipoib-up {addr}"), T).unwrap();
+    }
+    let ping = "ping -c 3 -W 2 10.78.0.3 >/dev/null 2>&1; echo ping=$?";
+    assert!(tb.agents[0].run(ping, T).unwrap().contains("ping=0"));
+    tb.connect_pair(0, 2, "hcab0").unwrap();
+
+    // node3's adapter dies (LID 3), as `hcabench fault node3 fatal` makes it.
+    let began = Instant::now();
+    assert_eq!(tb.fabric().catastrophic(3), Some(true));
+    let log = recovery_log(tb);
+    assert!(
+        log.contains("catastrophic error, syndrome 1")
+            && log.contains("recovered from a catastrophic error"),
+        "node3 did not recover in 60 s:\n{log}\n{}",
+        tb.console(2)
+    );
+    for bad in ["BUG", "Oops", "Call Trace"] {
+        assert!(!log.contains(bad), "node3's kernel: {bad}:\n{log}");
+    }
+    let port = tb.agents[2]
+        .run("cat /sys/class/infiniband/hcab0/ports/1/state", T)
+        .unwrap();
+    assert_eq!(port.trim(), "4: ACTIVE", "the new hcab0's port");
+    assert_eq!(tb.hca(2).unwrap().catastrophic_syndrome(), 0, "reset");
+    eprintln!(
+        "node3's hca_ib reset its dead adapter in {:?}",
+        began.elapsed()
+    );
+
+    // IPoIB's ib0 went with the old device; the new one comes up as a user brings it up.
+    // node1 forgets node3's old address (its QPN was the old device's).
+    tb.agents[2].run("ipoib-up 10.78.0.3/24", T).unwrap();
+    tb.agents[0].run("ip neigh flush dev ib0", T).unwrap();
+    let out = tb.agents[0].run(ping, T).unwrap();
+    assert!(
+        out.contains("ping=0"),
+        "IPoIB to node3 after its reset: {out}"
+    );
+    // Verbs: a new connection to node3 runs verified.
+    tb.connect_pair(0, 2, "hcab0").unwrap();
+    let r = tb.ping_between(0, 2, Mode::Isr, 256, 50, true).unwrap();
+    assert_eq!((r.done, r.errors, r.server_errors), (50, 0, 0), "{r:?}");
+    for i in [0, 2] {
+        tb.agents[i]
+            .run("ip addr flush dev ib0; ip link set ib0 down", T)
+            .unwrap();
+    }
+    // As the steps before left it: node1's verbs connection is to node2.
+    tb.connect_pair(0, 1, "hcab0").unwrap();
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
