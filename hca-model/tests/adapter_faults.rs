@@ -181,6 +181,32 @@ fn test_a_planned_node_kill_gives_its_peer_retry_exceeded() {
 }
 
 #[test]
+fn test_a_planned_catastrophic_error_comes_due_once_and_is_checked() {
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 2\nfatal_ms = 5\n");
+    write(&mut p, 1);
+    assert_eq!(statuses(&mut p), [(1, WC_SUCCESS)]);
+    p.fabric.advance(4 * MS);
+    assert!(hook.due_fatals(p.fabric.now_ns()).is_empty());
+    p.fabric.advance(MS);
+    assert_eq!(hook.due_fatals(p.fabric.now_ns()), [2]);
+    assert!(hook.due_fatals(p.fabric.now_ns()).is_empty(), "once");
+    assert_eq!(hook.counts().adapters_fatal, 1);
+    // The caller gives it (as hcabench's daemon does): node2's peer then gets no answer.
+    assert_eq!(p.fabric.catastrophic(2), Some(true));
+    write(&mut p, 2);
+    let bound = Duration::from_nanos(4 * (ack_timeout_ns(8).unwrap() + 1_000_000));
+    assert_eq!(wait_cqe(&mut p, bound), Some((2, WC_RETRY_EXC_ERR)));
+    for bad in [
+        "[[adapter]]\nfatal_ms = 5\n",
+        "[[adapter]]\nlid = 0\nfatal_ms = 5\n",
+        "[[adapter]]\nlid = 2\nfatal_ms = -1\n",
+    ] {
+        let e = FaultPlan::parse(bad).unwrap_err().to_string();
+        assert!(e.contains("fatal_ms"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn test_live_link_down_stalls_and_link_up_resumes() {
     // retry_cnt 7 with timeout 8: about 16 ms of budget.
     let fabric = Fabric::with_manual_clock();

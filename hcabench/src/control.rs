@@ -131,6 +131,18 @@ impl Control {
         self.hook.lock_unpoisoned().clone()
     }
 
+    /// Gives the HCAs whose planned catastrophic error (`[[adapter]] fatal_ms`) came due
+    /// theirs: the LIDs it did.
+    pub fn planned_fatals(&self) -> Vec<u16> {
+        let Some(h) = self.hook() else {
+            return Vec::new();
+        };
+        let due = h.due_fatals(self.fabric.now_ns());
+        due.into_iter()
+            .filter(|&lid| self.fabric.catastrophic(lid).is_some())
+            .collect()
+    }
+
     /// Nodes (by index from 0) whose guests must stop now: planned kills that came due and
     /// live ones.
     pub fn due_kills(&self) -> Vec<usize> {

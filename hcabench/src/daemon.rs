@@ -161,6 +161,9 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
                 note_killed(&state.nodes[i]);
             }
         }
+        for lid in control.planned_fatals() {
+            eprintln!("daemon: node{lid}: catastrophic error, as the fault plan says");
+        }
         for (i, why) in cluster.newly_stopped() {
             let n = &state.nodes[i];
             eprintln!("daemon: {}: guest stopped: {why}", n.name);

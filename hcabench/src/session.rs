@@ -218,6 +218,11 @@ impl Session {
         std::thread::scope(|s| {
             let job = s.spawn(|| work(agents));
             while !job.is_finished() {
+                for lid in hook.due_fatals(cluster.fabric().now_ns()) {
+                    if cluster.fabric().catastrophic(lid).is_some() {
+                        println!("  node{lid}'s adapter: catastrophic error, by the fault plan");
+                    }
+                }
                 for lid in hook.due_kills(cluster.fabric().now_ns()) {
                     let i = usize::from(lid).wrapping_sub(1);
                     if cluster.kill(i) {

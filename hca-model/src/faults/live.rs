@@ -53,7 +53,10 @@ impl FaultHook {
                 st.counts.nodes_killed += 1;
                 "kill".to_string()
             }
-            LiveFault::Fatal => "fatal".to_string(),
+            LiveFault::Fatal => {
+                st.counts.adapters_fatal += 1;
+                "fatal".to_string()
+            }
         };
         st.log(&LogLine {
             t_ns: t,
@@ -66,6 +69,31 @@ impl FaultHook {
     /// The live rule for node `lid`'s link, if a live change set one.
     pub fn live_rule(&self, lid: u16) -> Option<LinkFaults> {
         self.lock().live_rules.get(&lid).cloned()
+    }
+
+    /// HCAs (by LID) whose planned catastrophic error (`fatal_ms`) came due by fabric time
+    /// `now_ns` and was not yet returned: the caller gives them one
+    /// (`Fabric::catastrophic`). Each rule comes due once, logged.
+    pub fn due_fatals(&self, now_ns: u64) -> Vec<u16> {
+        let t = self.plan_ns(now_ns);
+        let mut st = self.lock();
+        let mut due = Vec::new();
+        for (i, a) in self.plan.adapters.iter().enumerate() {
+            let (Some(ms), Some(lid)) = (a.fatal_ms, a.lid) else {
+                continue;
+            };
+            if (ms * 1e6) as u64 <= t && st.fatals_due.insert(i) {
+                st.counts.adapters_fatal += 1;
+                st.log(&LogLine {
+                    t_ns: t,
+                    node: Some(format!("lid{lid}")),
+                    fault: Some("fatal"),
+                    ..Default::default()
+                });
+                due.push(lid);
+            }
+        }
+        due
     }
 
     /// Nodes the plan has killed by fabric time `now_ns` that were not yet returned: the

@@ -39,6 +39,7 @@
 //! late_interrupt = 0.1  # this share of interrupts comes late_interrupt_us late
 //! late_interrupt_us = 500
 //! cq_overflow_after = 1000  # the CQ (`cqn`, or each) overflows at its 1001st CQE
+//! fatal_ms = 8000       # node2's HCA has a catastrophic error (read from every rule)
 //! ```
 //!
 //! By concern: `plan` (the file's schema and checks), `draw` (seeded decisions), `link` and
@@ -95,6 +96,9 @@ pub struct FaultCounts {
     pub interrupts_late: u64,
     /// CQs made to overflow.
     pub cq_overflows: u64,
+    /// Catastrophic errors given to HCAs (planned `fatal_ms`, and `hcabench fault NODE
+    /// fatal`).
+    pub adapters_fatal: u64,
 }
 
 impl FaultCounts {
@@ -118,6 +122,7 @@ impl FaultCounts {
             + self.interrupts_lost
             + self.interrupts_late
             + self.cq_overflows
+            + self.adapters_fatal
     }
 }
 
@@ -132,6 +137,8 @@ struct State {
     dead: HashMap<u16, u64>,
     /// Kills already handed to whoever stops the guests.
     kills_reported: HashSet<u16>,
+    /// Adapter rules (by index) whose `fatal_ms` came due.
+    fatals_due: HashSet<usize>,
 }
 
 impl State {

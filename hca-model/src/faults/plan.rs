@@ -53,6 +53,9 @@ pub struct AdapterFaults {
     pub cq_overflow_after: Option<u64>,
     /// Limits `cq_overflow_after` to one CQ.
     pub cqn: Option<u32>,
+    /// The HCA (`lid` must name it) has a catastrophic error this many milliseconds after
+    /// the plan starts, as `hcabench fault NODE fatal` gives it one now.
+    pub fatal_ms: Option<f64>,
 }
 
 /// Which directions of a link a rule applies to.
@@ -139,6 +142,14 @@ pub enum PlanError {
         /// The time given.
         kill_ms: f64,
     },
+    /// `fatal_ms` without the LID of one HCA, or not a time >= 0.
+    #[error("adapter {adapter}: fatal_ms = {fatal_ms} (want one HCA's lid and a time >= 0)")]
+    Fatal {
+        /// The adapter rule, from 1.
+        adapter: usize,
+        /// The time given.
+        fatal_ms: f64,
+    },
     /// `error_wqe = 0`.
     #[error("adapter {adapter}: error_wqe counts from 1 (the first WQE)")]
     ErrorWqeZero {
@@ -190,6 +201,14 @@ impl FaultPlan {
             }
         }
         for (i, a) in plan.adapters.iter().enumerate() {
+            if let Some(ms) = a.fatal_ms {
+                if !(ms.is_finite() && ms >= 0.0) || a.lid.is_none_or(|l| l == 0) {
+                    return Err(PlanError::Fatal {
+                        adapter: i + 1,
+                        fatal_ms: ms,
+                    });
+                }
+            }
             for (name, p) in [
                 ("lose_doorbell", a.lose_doorbell),
                 ("lose_interrupt", a.lose_interrupt),
