@@ -50,7 +50,7 @@ pub struct ExecArgs {
     #[arg(long)]
     pub all: bool,
     /// Seconds the command may run (1 to 86400)
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = timeout_secs())]
     pub timeout: u64,
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -166,8 +166,6 @@ pub enum ExecError {
     },
     #[error("{node}: the guest's shell answered {word:?}, not an exit status")]
     NotAStatus { node: String, word: String },
-    #[error("--timeout {0} is outside 1..=86400")]
-    Timeout(u64),
     #[error("its thread panicked")]
     Panicked,
 }
@@ -388,9 +386,15 @@ pub fn run_on(
     }
 }
 
-/// `hcabench exec`: the exit status is the command's.
-pub fn main(run: &RunDir, a: &ExecArgs) -> ExitCode {
-    match exec(run, a) {
+/// `--timeout`'s range for a command in a guest (`exec`, `mpirun`): a second to a day.
+pub fn timeout_secs() -> clap::builder::RangedU64ValueParser {
+    clap::value_parser!(u64).range(1..=86_400)
+}
+
+/// Exits with a guest command's status (what `run` returned), or says why it did not run
+/// and exits [`NOT_RUN`].
+pub fn exit_with<E: std::error::Error>(run: Result<u8, E>) -> ExitCode {
+    match run {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("hcabench: {}", crate::error::chain(&e));
@@ -399,10 +403,12 @@ pub fn main(run: &RunDir, a: &ExecArgs) -> ExitCode {
     }
 }
 
+/// `hcabench exec`: the exit status is the command's.
+pub fn main(run: &RunDir, a: &ExecArgs) -> ExitCode {
+    exit_with(exec(run, a))
+}
+
 fn exec(run: &RunDir, a: &ExecArgs) -> Result<u8, ExecError> {
-    if !(1..=86_400).contains(&a.timeout) {
-        return Err(ExecError::Timeout(a.timeout));
-    }
     let cmd = a.command.join(" ");
     let state = live_cluster(run)?;
     let wait = Duration::from_secs(a.timeout) + MARGIN;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cluster::mpi::{self, Job, Mpi, MpiError, Shell};
 
-use crate::exec::{self, Channel, ExecError, Outcome, NOT_RUN, TIMED_OUT};
+use crate::exec::{self, Channel, ExecError, Outcome, TIMED_OUT};
 use crate::rundir::RunDir;
 
 /// Run an MPI program across the cluster's guests (MPICH or Open MPI, over UCX on hcab0),
@@ -57,7 +57,7 @@ pub struct MpirunArgs {
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     /// Seconds the job may run (1 to 86400)
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = exec::timeout_secs())]
     pub timeout: u64,
     /// The program and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "PROGRAM")]
@@ -101,25 +101,14 @@ pub enum MpirunError {
     Mpi(#[from] MpiError),
     #[error("--env {0:?}: not NAME=VALUE")]
     Env(String),
-    #[error("--timeout {0}: 1 to 86400 seconds")]
-    Timeout(u64),
 }
 
 /// `hcabench mpirun`: the exit status is mpiexec's.
 pub fn main(run: &RunDir, a: &MpirunArgs) -> ExitCode {
-    match mpirun(run, a) {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("hcabench: {}", crate::error::chain(&e));
-            ExitCode::from(NOT_RUN)
-        }
-    }
+    exec::exit_with(mpirun(run, a))
 }
 
 fn mpirun(run: &RunDir, a: &MpirunArgs) -> Result<u8, MpirunError> {
-    if !(1..=86_400).contains(&a.timeout) {
-        return Err(MpirunError::Timeout(a.timeout));
-    }
     let env = (a.env.iter())
         .map(|e| match e.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),

@@ -376,6 +376,15 @@ fn test_commands_without_a_cluster_say_so() {
     let bad = hcabench(&dir.0, &["up", "--nodes", "99"]);
     assert!(!bad.status.success());
     assert!(text(&bad).contains("nodes = 99"), "{}", text(&bad));
+    // A time limit outside a second to a day is refused before any guest is asked.
+    for args in [
+        &["exec", "--timeout", "0", "node1", "--", "true"][..],
+        &["mpirun", "-n", "2", "--timeout", "86401", "--", "true"][..],
+    ] {
+        let o = hcabench(&dir.0, args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).contains("1..=86400"), "{args:?}: {}", text(&o));
+    }
 }
 
 #[test]
