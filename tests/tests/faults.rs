@@ -5,8 +5,9 @@
 //! - the ping-pong under 1% packet drops: every round trip done, the data verified;
 //! - an adapter's catastrophic error (`hcabench fault NODE fatal`): hca_ib raises
 //!   IB_EVENT_DEVICE_FATAL, its consumers tear down, it resets the function and registers
-//!   hcab0 again, with no oops; IPoIB comes back on the new ib0 and a new verbs connection
-//!   runs verified;
+//!   hcab0 again, with no oops; the NVMe-oF host's controller and the SRP initiator's disk
+//!   go and, connected again, read back what they wrote before; RDS, IPoIB on the new ib0,
+//!   the DSM and a new verbs connection run verified;
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
 //!   the device server and the other nodes go on (a new connection runs clean); a DSM
 //!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
@@ -16,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster::dsm::connect_mesh;
+use cluster::dsm::{close_all, connect_mesh, run_app};
 use cluster::verbs::{num, Mode, Testbed};
 use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
@@ -147,12 +148,148 @@ fn recovery_log(tb: &mut Testbed) -> String {
     }
 }
 
+/// The port node1's RDS echo server binds.
+const RDS_PORT: u16 = 18634;
+
+/// node3 asks node1's RDS echo server for 8 messages of each size, 4 in flight: whether every
+/// echo came back verified, and what rds-echo said.
+fn rds_ping(tb: &mut Testbed) -> (bool, String) {
+    let out = tb.agents[2]
+        .run(
+            &format!(
+                "rds-echo ping 10.78.0.3 10.78.0.1 {RDS_PORT} 8 4 1 65536 2>&1; \
+                 echo exit=$?"
+            ),
+            T,
+        )
+        .unwrap();
+    (
+        out.contains("16 messages, 524296 bytes, every echo verified"),
+        out,
+    )
+}
+
+/// node3's NVMe-oF controller of node1's namespace: its block device, connected now.
+fn nvme_connect(tb: &mut Testbed) -> String {
+    let dev = tb.agents[2]
+        .run("nvmeof connect 10.78.0.1", T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(2)));
+    let dev = dev.trim().to_string();
+    assert!(dev.starts_with("nvme") && dev.ends_with("n1"), "{dev}");
+    dev
+}
+
+/// node3's NVMe-oF namespace once its controller is live again (60 s at most), if the
+/// controller is still there; None once no controller is left.
+fn nvme_live_again(tb: &mut Testbed) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = tb.agents[2]
+            .run(
+                "for c in /sys/class/nvme/nvme*; do [ -e $c/state ] && echo ctrl=$(cat $c/state); \
+                 done; ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$'; true",
+                T,
+            )
+            .unwrap();
+        if !out.contains("ctrl=") {
+            return None;
+        }
+        let dev = out.lines().find(|l| l.starts_with("nvme"));
+        if let (true, Some(dev)) = (out.contains("ctrl=live"), dev) {
+            return Some(dev.to_string());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node3's NVMe-oF controller is not live again in 60 s: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// node3 logs in to node2's SRP target (its port GUID `target`): the new disk's name.
+fn srp_connect(tb: &mut Testbed, target: &str) -> String {
+    let sd = tb.agents[2]
+        .run(&format!("srp connect {target}"), T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", tb.console(2)));
+    let sd = sd.trim().to_string();
+    assert!(sd.starts_with("sd"), "{sd}");
+    sd
+}
+
+/// node3 writes `mib` MiB of random bytes at the start of its disk `dev`: their md5.
+fn disk_write(tb: &mut Testbed, dev: &str, mib: u32) -> String {
+    let out = tb.agents[2]
+        .run(
+            &format!(
+                "dd if=/dev/urandom of=/tmp/disk bs=1M count={mib} 2>/dev/null && \
+                 md5sum < /tmp/disk && dd if=/tmp/disk of=/dev/{dev} bs=1M oflag=direct \
+                 2>/dev/null && rm /tmp/disk"
+            ),
+            T,
+        )
+        .unwrap();
+    let sum = out.split_whitespace().next().unwrap_or("").to_string();
+    assert_eq!(sum.len(), 32, "{out}");
+    sum
+}
+
+/// The md5 of the first `mib` MiB of node3's disk `dev`, read direct.
+fn disk_read(tb: &mut Testbed, dev: &str, mib: u32) -> String {
+    let out = tb.agents[2]
+        .run(
+            &format!("dd if=/dev/{dev} bs=1M count={mib} iflag=direct 2>/dev/null | md5sum"),
+            T,
+        )
+        .unwrap();
+    out.split_whitespace().next().unwrap_or("").to_string()
+}
+
+/// Node `i`'s port GUID, as ib_srpt names ports and initiators.
+fn port_guid(tb: &mut Testbed, i: usize) -> String {
+    let g = tb.agents[i]
+        .run("cat /sys/class/infiniband/hcab0/node_guid", T)
+        .unwrap();
+    g.trim().to_string()
+}
+
+/// An adapter's catastrophic error on node3 (`hcabench fault node3 fatal`) with an NVMe-oF
+/// host, an SRP initiator, an RDS connection, the DSM, IPoIB and a verbs connection on it:
+/// hca_ib resets the function and registers again with no oops; each consumer fails cleanly
+/// and comes back as its user brings it back, the data written before the error read back
+/// after it.
 fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
     for (i, addr) in [(0, "10.78.0.1/24"), (2, "10.78.0.3/24")] {
         tb.agents[i].run(&format!("ipoib-up {addr}"), T).unwrap();
     }
     let ping = "ping -c 3 -W 2 10.78.0.3 >/dev/null 2>&1; echo ping=$?";
     assert!(tb.agents[0].run(ping, T).unwrap().contains("ping=0"));
+    // node1 exports a RAM disk over NVMe-oF; node3 writes 8 MiB of random bytes to it.
+    let target = tb.agents[0].run("nvmeof target 16", T).unwrap();
+    assert!(target.contains("at rdma 10.78.0.1:4420"), "{target}");
+    let nvme = nvme_connect(tb);
+    let nvme_written = disk_write(tb, &nvme, 8);
+    // node2 exports its RAM disk over SRP to node3, which writes 4 MiB to it.
+    let (guid2, guid3) = (port_guid(tb, 1), port_guid(tb, 2));
+    let srp = tb.agents[1]
+        .run(&format!("srp target 16 {guid3}"), T)
+        .unwrap();
+    assert!(srp.contains("srp: LUN 0"), "{srp}");
+    let sd = srp_connect(tb, &guid2);
+    let srp_written = disk_write(tb, &sd, 4);
+    // RDS between node3 and node1's echo server.
+    for i in [0, 2] {
+        tb.agents[i].run("rds-up", T).unwrap();
+    }
+    tb.agents[0]
+        .run(
+            &format!("rds-echo serve 10.78.0.1 {RDS_PORT} > /tmp/rds.log 2>&1 &"),
+            T,
+        )
+        .unwrap();
+    let (ok, out) = rds_ping(tb);
+    assert!(ok, "RDS before the error: {out}");
+    // The DSM across the three nodes, and a verbs connection node1 -> node3.
+    connect_mesh(&mut tb.agents, "hcab0").unwrap();
     tb.connect_pair(0, 2, "hcab0").unwrap();
 
     // node3's adapter dies (LID 3), as `hcabench fault node3 fatal` makes it.
@@ -178,6 +315,11 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
         began.elapsed()
     );
 
+    // ib_srp removed its SCSI host with the old device: its disk is gone.
+    let left = tb.agents[2]
+        .run(&format!("ls /sys/block | grep -e '^{sd}$'; true"), T)
+        .unwrap();
+    assert_eq!(left.trim(), "", "the SRP disk is left after the reset");
     // IPoIB's ib0 went with the old device; the new one comes up as a user brings it up.
     // node1 forgets node3's old address (its QPN was the old device's).
     tb.agents[2].run("ipoib-up 10.78.0.3/24", T).unwrap();
@@ -187,6 +329,54 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
         out.contains("ping=0"),
         "IPoIB to node3 after its reset: {out}"
     );
+    // NVMe-oF: the controller's own error recovery (its queues failed first) let go of the
+    // old device, so it outlives it and reconnects by itself over the new one; one that the
+    // device's removal deleted instead is connected again. Either way, what was written
+    // before the error reads back.
+    let nvme = match nvme_live_again(tb) {
+        Some(dev) => {
+            eprintln!("node3's NVMe-oF controller reconnected by itself: {dev}");
+            dev
+        }
+        None => {
+            eprintln!("node3's NVMe-oF controller went with the old device: connecting anew");
+            nvme_connect(tb)
+        }
+    };
+    assert_eq!(
+        disk_read(tb, &nvme, 8),
+        nvme_written,
+        "NVMe-oF after the reset"
+    );
+    tb.agents[2].run("nvmeof disconnect", T).unwrap();
+    // SRP: logged in again, what was written before the error reads back.
+    let sd = srp_connect(tb, &guid2);
+    assert_eq!(disk_read(tb, &sd, 4), srp_written, "SRP after the reset");
+    tb.agents[2].run("srp disconnect", T).unwrap();
+    // RDS: a new connection from the new device (node1's side of the old one learns from
+    // its retries, or is replaced when node3 connects again).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ok, out) = rds_ping(tb);
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "RDS after node3's reset: {out}\nnode1: {}",
+            tb.agents[0]
+                .run("dmesg | grep -i rds | tail -20", T)
+                .unwrap_or_default()
+        );
+    }
+    tb.agents[0].run("killall rds-echo; true", T).unwrap();
+    // The DSM: node3's closed with the old device; a new mesh runs an application verified.
+    close_all(&mut tb.agents).unwrap();
+    connect_mesh(&mut tb.agents, "hcab0").unwrap();
+    let res = run_app(&mut tb.agents, "sor 50 256 4", Duration::from_secs(300))
+        .unwrap_or_else(|e| panic!("the DSM after node3's reset: {e}"));
+    assert_eq!(res[0].verified, Some(true), "{}", res[0].line);
+    close_all(&mut tb.agents).unwrap();
     // Verbs: a new connection to node3 runs verified.
     tb.connect_pair(0, 2, "hcab0").unwrap();
     let r = tb.ping_between(0, 2, Mode::Isr, 256, 50, true).unwrap();
