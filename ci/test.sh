@@ -35,7 +35,7 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
 kernel2=$HCABENCH_SECOND_KERNEL
-step "the second kernel, Debian's $kernel2: boot, verbs, IPoIB and the storage protocols, the DSM, user-level verbs and the pyverbs suite (docs/kernels.md)"
+step "the second kernel, Debian's $kernel2: boot, verbs, IPoIB and the storage protocols, the DSM, user-level verbs, the pyverbs suite and adapter faults (docs/kernels.md)"
 HCABENCH_KERNEL=$kernel2 cargo test -p e2e --test qemu_cluster --test verbs --test ulps \
 	--test dsm --test user_verbs --test pyverbs --test faults 2>&1 | tee -a "$log"
 
