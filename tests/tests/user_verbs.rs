@@ -805,6 +805,59 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         Ok(summary.to_string())
     });
 
+    // An adapter's catastrophic error under a process (`hcabench fault node2 fatal`): the
+    // process hears IBV_EVENT_DEVICE_FATAL and its context dies; hca_ib resets the device
+    // and registers hcab0 again, and new processes run on it as before.
+    checks.run(
+        &mut tb,
+        "hcab0: a process across node2's adapter's catastrophic error",
+        |tb| {
+            tb.agents[1].run(
+                "rm -f /tmp/aw.log; (ibv_asyncwatch -d hcab0 > /tmp/aw.log 2>&1; \
+             echo exit=$? >> /tmp/aw.log) & \
+             for i in $(seq 50); do grep -q 'async event FD' /tmp/aw.log && break; \
+             sleep 0.1; done",
+                T,
+            )?;
+            ensure!(
+                tb.fabric().catastrophic(2) == Some(true),
+                "node2's adapter was not on the fabric"
+            );
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let log = loop {
+                let log = tb.agents[1].run(
+                    "cat /tmp/aw.log; dmesg | grep -e hca_ib -e Oops -e 'Call Trace' | tail -20",
+                    T,
+                )?;
+                if log.contains("recovered from a catastrophic error")
+                    && log.contains("IBV_EVENT_DEVICE_FATAL")
+                    || std::time::Instant::now() > deadline
+                {
+                    break log;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            };
+            ensure!(
+                log.contains("event_type IBV_EVENT_DEVICE_FATAL (8)")
+                    && log.contains("recovered from a catastrophic error")
+                    && !log.contains("exit=0")
+                    && !log.contains("Oops")
+                    && !log.contains("Call Trace"),
+                "the process did not hear the error, or the device did not recover:\n{log}{}",
+                why(tb)
+            );
+            // (ibv_asyncwatch's next read would fail: its device is gone. It waits for one.)
+            tb.agents[1].run("killall -q ibv_asyncwatch; true", T)?;
+            // IPoIB's ib0 came back down and empty: up again, and node1 forgets the old QPN.
+            tb.agents[1].run("ipoib-up 10.78.0.2/24", T)?;
+            tb.agents[0].run("ip neigh flush dev ib0", T)?;
+            let cmd = "ibv_rc_pingpong -d hcab0 -c -n 100";
+            let p = pair(tb, cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
+            pingpong_ok(&p, 100, Some(4096), [1, 2], None).map_err(|e| e.diagnosed(why(tb)))?;
+            Ok("IBV_EVENT_DEVICE_FATAL heard, hcab0 back, 100 verified round trips after".into())
+        },
+    );
+
     // The kernel loads a module it asks for through /sbin/modprobe: `rdma link add ...
     // type rxe` with rdma_rxe unloaded brings it back (as rdma-link-rxe).
     checks.run(
