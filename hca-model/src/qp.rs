@@ -82,13 +82,27 @@ pub const WR_FIXED_BYTES: usize = std::mem::size_of::<(Pending, usize)>()
     + std::mem::size_of::<crate::packet::Gather>()
     + 2 * std::mem::size_of::<usize>();
 
-/// Host bytes a WR holds while in flight: its fixed share ([`WR_FIXED_BYTES`]), its
-/// request's owned payload bytes, and the records of a gather or scatter list too long to
-/// be kept inline (a list of one or two pieces lives in that fixed share, as a small
-/// payload lives in its packet). A message sent in pieces (longer than `PIECE_BYTES`)
-/// counts its records twice: each time it is sent (a retransmission too) its pieces carry
-/// lists of their own, as many records again, until the fabric has moved them.
-fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
+/// Of [`WR_FIXED_BYTES`], the WR's slot in the QP's two queues of WRs in flight. A queue
+/// keeps its room when its WRs complete (until it shrinks: see `InFlight`), so past the
+/// first [`WINDOW_FLOOR`] slots the room itself is what the device counts, used or not,
+/// and a WR beyond them counts its fixed share less its slot.
+pub const WR_SLOT_BYTES: usize =
+    std::mem::size_of::<(Pending, usize)>() + std::mem::size_of::<Option<Packet>>();
+
+/// Slots a QP's queues of WRs in flight keep whatever they hold, counted as the QP's own
+/// (fixed) state, not against the device's bound: a QP with a few WRs in flight at a time
+/// neither allocates nor counts anything per WR for its slots. About 4 KiB.
+pub const WINDOW_FLOOR: usize = 16;
+
+/// Host bytes a WR holds while in flight: its fixed share ([`WR_FIXED_BYTES`]; less its
+/// slot when it is not among the queue's first [`WINDOW_FLOOR`], whose room the queue
+/// counts), its request's owned payload bytes, and the records of a gather or scatter list
+/// too long to be kept inline (a list of one or two pieces lives in that fixed share, as a
+/// small payload lives in its packet). A message sent in pieces (longer than
+/// `PIECE_BYTES`) counts its records twice: each time it is sent (a retransmission too)
+/// its pieces carry lists of their own, as many records again, until the fabric has moved
+/// them.
+fn host_bytes(p: &Pending, request: Option<&Packet>, in_floor: bool) -> usize {
     let records = |l: &crate::packet::SegList| {
         if l.spilled() {
             l.len() * std::mem::size_of::<Seg>()
@@ -108,7 +122,12 @@ fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
         PendKind::Read { dst, .. } => records(dst),
         _ => 0,
     };
-    WR_FIXED_BYTES + request + dst
+    let fixed = if in_floor {
+        WR_FIXED_BYTES
+    } else {
+        WR_FIXED_BYTES - WR_SLOT_BYTES
+    };
+    fixed + request + dst
 }
 
 /// The WRs a QP has sent and not yet completed, in send order, with what they hold: the
@@ -121,6 +140,13 @@ fn host_bytes(p: &Pending, request: Option<&Packet>) -> usize {
 /// resend from, lies in a queue beside the list, not in its `Pending`: both then stay
 /// within the size the compiler moves without a call to memcpy.
 ///
+/// The queues keep their room as WRs complete, so that a QP that keeps many in flight
+/// does not allocate for each; room past [`WINDOW_FLOOR`] slots counts in the device's
+/// total as long as it is kept (`room`), and is given back when at most a quarter of it is
+/// in use (the queues shrink to twice what they hold) or the QP's WRs are flushed. A QP
+/// that once had a full window of 16K WRs in flight thus holds nothing for it once they
+/// have completed, and the device's bound covers the room as well as the WRs in it.
+///
 /// A request's payload refers to the sender's memory until a receiver copies it. Once the
 /// WRs are flushed or dropped (ERR, RESET, a destroyed QP) their buffers are the
 /// consumer's again, so the grant their payloads carry ([`InFlight::sends`]) is revoked
@@ -132,6 +158,9 @@ pub(crate) struct InFlight {
     reads: usize,
     fenced: usize,
     bytes: usize,
+    /// The room the queues keep past [`WINDOW_FLOOR`] slots, in bytes (in
+    /// `device_bytes` too).
+    room: usize,
     /// The device's total over all its QPs.
     device_bytes: Arc<AtomicUsize>,
     sends: Arc<Grant>,
@@ -145,9 +174,56 @@ impl InFlight {
             reads: 0,
             fenced: 0,
             bytes: 0,
+            room: 0,
             device_bytes,
             sends: Arc::default(),
         }
+    }
+
+    /// The bytes the queues' room past [`WINDOW_FLOOR`] slots takes.
+    fn room_bytes(&self) -> usize {
+        let past = |cap: usize| cap.saturating_sub(WINDOW_FLOOR);
+        past(self.list.capacity()) * std::mem::size_of::<(Pending, usize)>()
+            + past(self.requests.capacity()) * std::mem::size_of::<Option<Packet>>()
+    }
+
+    /// Counts the queues' room anew, after it changed.
+    #[cold]
+    #[inline(never)]
+    fn recount_room(&mut self) {
+        let room = self.room_bytes();
+        if room >= self.room {
+            self.device_bytes
+                .fetch_add(room - self.room, Ordering::Relaxed);
+        } else {
+            self.device_bytes
+                .fetch_sub(self.room - room, Ordering::Relaxed);
+        }
+        self.room = room;
+    }
+
+    /// As a WR is about to leave: gives back room that at most a quarter of will be in use
+    /// then, so that the queues keep twice what they hold (at least [`WINDOW_FLOOR`]
+    /// slots). It keeps the room at most four times what is in flight, and costs a copy of
+    /// the WRs left now and then (amortized: the queue must have shrunk by half since it
+    /// last grew). (Before the WR is taken, not after: its `Pending` or request then moves
+    /// once, straight to the caller.)
+    #[inline(always)]
+    fn shrink_before_pop(&mut self) {
+        // Both queues have the same length and grow and shrink alike: the same capacity.
+        let cap = self.list.capacity();
+        // At most a quarter in use once one leaves: (len - 1) * 4 <= cap.
+        if cap > WINDOW_FLOOR && self.list.len() * 4 <= cap + 4 {
+            self.shrink_to((self.list.len().saturating_sub(1) * 2).max(WINDOW_FLOOR));
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn shrink_to(&mut self, slots: usize) {
+        self.list.shrink_to(slots);
+        self.requests.shrink_to(slots);
+        self.recount_room();
     }
 
     /// The grant that this QP's requests reach its memory under, while their WRs are live.
@@ -169,15 +245,22 @@ impl InFlight {
     #[inline(always)]
     pub fn push_back(&mut self, p: Pending, request: Option<Packet>) {
         let (r, f) = Self::counts(&p);
-        let b = host_bytes(&p, request.as_ref());
+        let len = self.list.len();
+        let b = host_bytes(&p, request.as_ref(), len < WINDOW_FLOOR);
         (self.reads, self.fenced, self.bytes) = (self.reads + r, self.fenced + f, self.bytes + b);
         self.device_bytes.fetch_add(b, Ordering::Relaxed);
+        // (Both queues grow alike: see `shrink_before_pop`.)
+        let grows = len == self.list.capacity();
         self.list.push_back((p, b));
         self.requests.push_back(request);
+        if grows {
+            self.recount_room();
+        }
     }
 
     pub fn pop_front(&mut self) -> Option<Pending> {
         self.uncount_front();
+        self.shrink_before_pop();
         self.requests.pop_front();
         self.list.pop_front().map(|(p, _)| p)
     }
@@ -185,6 +268,7 @@ impl InFlight {
     /// Drops the oldest WR; returns its request as sent, if it had one.
     pub fn drop_front(&mut self) -> Option<Packet> {
         self.uncount_front();
+        self.shrink_before_pop();
         self.list.pop_front();
         self.requests.pop_front().flatten()
     }
@@ -207,7 +291,11 @@ impl InFlight {
         self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
         (self.reads, self.fenced, self.bytes) = (0, 0, 0);
         self.requests.clear();
-        self.list.drain(..).map(|(p, _)| p).collect()
+        let all = self.list.drain(..).map(|(p, _)| p).collect();
+        if self.room > 0 {
+            self.shrink_to(WINDOW_FLOOR);
+        }
+        all
     }
 
     pub fn front(&self) -> Option<&Pending> {
@@ -254,7 +342,8 @@ impl InFlight {
 impl Drop for InFlight {
     /// A destroyed QP's WRs hold nothing any more, and reach nothing.
     fn drop(&mut self) {
-        self.device_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.device_bytes
+            .fetch_sub(self.bytes + self.room, Ordering::Relaxed);
         self.sends.revoke();
     }
 }
@@ -912,5 +1001,87 @@ mod tests {
             ..Default::default()
         };
         assert!(!attrs_valid(QP_ATTR_AV, &a));
+    }
+    fn pending(wr_id: u64) -> Pending {
+        Pending {
+            wr_id,
+            cqe_op: CQE_OP_SEND,
+            signaled: false,
+            first_psn: 0,
+            last_psn: 0,
+            byte_len: 0,
+            kind: PendKind::Ack,
+            next_resp_psn: 0,
+            reread_from: None,
+        }
+    }
+
+    /// What the queues' slots take on the heap past the floor, and the WRs' other shares.
+    fn floor_free(f: &InFlight) -> usize {
+        let past = |cap: usize| cap.saturating_sub(WINDOW_FLOOR);
+        past(f.list.capacity()) * std::mem::size_of::<(Pending, usize)>()
+            + past(f.requests.capacity()) * std::mem::size_of::<Option<Packet>>()
+            + f.len() * (WR_FIXED_BYTES - WR_SLOT_BYTES)
+    }
+
+    #[test]
+    fn test_a_window_counts_its_room_and_gives_it_back_as_wrs_complete() {
+        let device = Arc::new(AtomicUsize::new(0));
+        let mut f = InFlight::new(device.clone());
+        // A few WRs: each its fixed share, no room counted.
+        for i in 0..4 {
+            f.push_back(pending(i), Some(Packet::default()));
+        }
+        assert_eq!(device.load(Ordering::Relaxed), 4 * WR_FIXED_BYTES);
+        for _ in 0..4 {
+            f.pop_front();
+        }
+        assert_eq!(device.load(Ordering::Relaxed), 0);
+        // A full window of 16K: every slot the queues allocated past the floor counts.
+        for i in 0..1 << 14 {
+            f.push_back(pending(i), Some(Packet::default()));
+            assert!(device.load(Ordering::Relaxed) >= floor_free(&f));
+        }
+        let full = device.load(Ordering::Relaxed);
+        assert!(full >= (1 << 14) * WR_FIXED_BYTES, "{full}");
+        assert!(full <= (1 << 15) * WR_FIXED_BYTES, "{full}");
+        // As they complete the room shrinks: never more than four times what is in use.
+        while !f.is_empty() {
+            f.pop_front();
+            let cap = f.list.capacity().max(f.requests.capacity());
+            assert!(
+                cap <= WINDOW_FLOOR || cap < 4 * f.len(),
+                "{cap} for {}",
+                f.len()
+            );
+            assert_eq!(device.load(Ordering::Relaxed), f.bytes + f.room);
+            assert!(device.load(Ordering::Relaxed) >= floor_free(&f));
+        }
+        assert_eq!(
+            device.load(Ordering::Relaxed),
+            0,
+            "nothing counted once done"
+        );
+        assert!(f.list.capacity() <= WINDOW_FLOOR);
+        assert!(f.requests.capacity() <= WINDOW_FLOOR);
+    }
+
+    #[test]
+    fn test_a_flushed_or_dropped_window_gives_back_its_room() {
+        let device = Arc::new(AtomicUsize::new(0));
+        let mut f = InFlight::new(device.clone());
+        for i in 0..5000 {
+            f.push_back(pending(i), None);
+        }
+        assert!(device.load(Ordering::Relaxed) > 5000 * WR_FIXED_BYTES);
+        assert_eq!(f.take_all().len(), 5000);
+        assert_eq!(device.load(Ordering::Relaxed), 0);
+        assert!(f.list.capacity() <= WINDOW_FLOOR);
+        // Dropped (the QP destroyed) with its window full.
+        for i in 0..5000 {
+            f.push_back(pending(i), None);
+        }
+        drop(f);
+        assert_eq!(device.load(Ordering::Relaxed), 0);
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::packet::Packet;
-use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict, WR_FIXED_BYTES};
+use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict, WR_FIXED_BYTES, WR_SLOT_BYTES};
 use hca_test_driver::*;
 
 /// Drops everything one port sends while `on` (its peer hears nothing back).
@@ -452,4 +452,41 @@ fn test_a_qp_with_nothing_in_flight_waits_at_the_device_bound_and_goes_on_when_i
             .collect();
     assert_eq!(done, [(77, WC_SUCCESS)]);
     assert_eq!(p.b.read(dst, 64), pattern(64, 9));
+}
+
+#[test]
+fn test_a_full_window_counts_its_queues_room_and_gives_it_back_as_its_wrs_complete() {
+    // B posts no receives at first: its RNR NAKs keep every SEND of a full window in
+    // flight (rnr_retry 7: forever).
+    let mut p = Pair::new(3);
+    let log = 12u32;
+    let (mut qa, mut qb) = p.connect_more((p.cq_a.cqn, p.cq_b.cqn), log, 0);
+    let n = 1usize << log;
+    for i in 0..n {
+        p.a.write_send(&mut qa, &send_wr(i as u64, WR_SEND, 0), &[], &[]);
+    }
+    p.a.ring_sq(&qa);
+    let (wrs, bytes) = p.a.hca.in_flight();
+    assert_eq!(wrs, n);
+    // Each WR's share, and the queues' room for them: at least a slot per WR, at most
+    // twice that (the queues grow by doubling).
+    assert!(bytes >= n * WR_FIXED_BYTES, "{bytes}");
+    assert!(bytes <= n * WR_FIXED_BYTES + n * WR_SLOT_BYTES, "{bytes}");
+    // B takes them all now: every WR completes, and the room goes with them.
+    for i in 0..n {
+        p.b.post_recv(&mut qb, i as u64, &[]);
+    }
+    for _ in 0..50 {
+        p.fabric.advance(Duration::from_millis(20));
+        if p.a.hca.in_flight().0 == 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        p.a.hca.in_flight(),
+        (0, 0),
+        "nothing held once all completed"
+    );
+    let st = p.b.hca.stats();
+    assert_eq!(st.cqes + st.cqes_lost, n as u64, "B received every one");
 }
