@@ -30,6 +30,17 @@ pub const BACKLOG_UNIT: usize = 1024;
 /// several floods at once.
 pub const MAX_TOTAL_BACKLOG: usize = 8 * MAX_BACKLOG;
 
+/// Slots a source's FIFO keeps once it is empty (16 KiB); room it grew past that under a
+/// burst is given back then, so that what the fabric holds after a flood is what it holds
+/// queued, not the room every (destination, source) pair once needed.
+pub(super) const FIFO_KEEP: usize = 128;
+
+#[cold]
+#[inline(never)]
+fn shrink(q: &mut VecDeque<Item>) {
+    q.shrink_to(FIFO_KEEP);
+}
+
 /// What `pkt` counts in the backlog (see [`MAX_BACKLOG`]).
 pub(super) fn weight(pkt: &Packet) -> usize {
     1 + pkt.heap_bytes() / BACKLOG_UNIT
@@ -295,6 +306,8 @@ impl DstQueue {
         let item = q.pop_front()?;
         if !q.is_empty() {
             self.turn.push_back(i);
+        } else if q.capacity() > FIFO_KEEP {
+            shrink(q);
         }
         self.claimed = true;
         Some((*src, item))
@@ -448,5 +461,34 @@ impl Fabric {
     /// Packets and bounces queued, not yet moved.
     pub fn backlog(&self) -> usize {
         self.inner.lanes.total()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_sources_fifo_gives_back_the_room_a_burst_took_once_it_is_empty() {
+        let mut d = DstQueue::default();
+        for _ in 0..10_000 {
+            d.push(7, Item::Packet(Packet::default()));
+        }
+        let grown = d.srcs[0].1.capacity();
+        assert!(grown >= 10_000);
+        let mut taken = 0;
+        while d.take().is_some() {
+            taken += 1;
+            // Not while it still holds items: a flood drains without copies.
+            if taken < 10_000 {
+                assert_eq!(d.srcs[0].1.capacity(), grown);
+            }
+        }
+        assert_eq!(taken, 10_000);
+        assert!(d.srcs[0].1.capacity() <= FIFO_KEEP);
+        // A source that keeps a few items queued keeps its room.
+        d.push(7, Item::Packet(Packet::default()));
+        d.take();
+        assert!(d.srcs[0].1.capacity() > 0);
     }
 }
