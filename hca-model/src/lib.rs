@@ -99,5 +99,5 @@ pub use dma::{DmaFault, DmaSpace, GuestRam};
 pub use doorbell::DoorbellPump;
 pub use fabric::{Fabric, FabricStats, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict};
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};
-pub use qp::{WINDOW_FLOOR, WR_FIXED_BYTES, WR_SLOT_BYTES};
+pub use qp::{INBOUND_WINDOW, INBOUND_WINDOW_RECORDS, WINDOW_FLOOR, WR_FIXED_BYTES, WR_SLOT_BYTES};
 pub use status::{CmdError, WcError};

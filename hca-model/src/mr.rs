@@ -136,6 +136,7 @@ impl Use {
 }
 
 /// Who uses a key, and for what.
+#[derive(Clone, Copy)]
 pub(crate) struct KeyCheck {
     /// The PD of the QP using the key.
     pub pdn: u32,
@@ -258,6 +259,25 @@ impl Device {
         how: &KeyCheck,
         out: &mut SegList,
     ) -> Result<(), KeyViolation> {
+        self.resolve_key_upto(key, va, len, how, out, len)
+    }
+
+    /// Checks `[va, va + len)` under `key` for `how` as [`Device::resolve_key`] does, and
+    /// appends the guest-physical pieces of its first `upto` bytes only (`upto <= len`):
+    /// where only part of a long range is needed now, its list is not made whole (a range
+    /// over one page repeated is a record per page: 8 MiB for 2 GiB).
+    // Always inline: `resolve_key`'s body, with `upto` its `len` there.
+    #[inline(always)]
+    pub(crate) fn resolve_key_upto(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        how: &KeyCheck,
+        out: &mut SegList,
+        upto: u64,
+    ) -> Result<(), KeyViolation> {
+        let upto = upto.min(len);
         let (pdn, use_) = (how.pdn, how.use_);
         if use_.is_remote() && how.qp_access & use_.needed() == 0 {
             return Err(KeyViolation);
@@ -272,7 +292,7 @@ impl Device {
             if !crate::dma::check(self.mem.as_ref(), va, len) {
                 return Err(KeyViolation);
             }
-            push_seg(out, va, len);
+            push_seg(out, va, upto);
             return Ok(());
         }
         let idx = key >> 8;
@@ -287,21 +307,29 @@ impl Device {
             return Ok(());
         }
         if let Some(w) = mr.window {
-            return self.through_window(w, va, len, how, out);
+            return self.through_window(w, va, len, how, out, upto);
         }
-        self.pieces(mr, va, len, out)
+        self.pieces(mr, va, len, out, upto)
     }
 
-    /// Appends the guest-physical pieces of `[va, va + len)`, which lies inside `mr`.
+    /// Appends the guest-physical pieces of the first `upto` bytes of `[va, va + len)`,
+    /// which lies inside `mr`.
     // Always inline: on every key's path.
     #[inline(always)]
-    fn pieces(&self, mr: &Mr, va: u64, len: u64, out: &mut SegList) -> Result<(), KeyViolation> {
+    fn pieces(
+        &self,
+        mr: &Mr,
+        va: u64,
+        len: u64,
+        out: &mut SegList,
+        upto: u64,
+    ) -> Result<(), KeyViolation> {
         match mr.xlat {
             Translation::Phys if !crate::dma::check(self.mem.as_ref(), va, len) => {
                 return Err(KeyViolation)
             }
-            Translation::Phys => push_seg(out, va, len),
-            Translation::Pages { .. } => mr.translate(va, len, out),
+            Translation::Phys => push_seg(out, va, upto),
+            Translation::Pages { .. } => mr.translate(va, upto, out),
         }
         Ok(())
     }
@@ -317,6 +345,7 @@ impl Device {
         len: u64,
         how: &KeyCheck,
         out: &mut SegList,
+        upto: u64,
     ) -> Result<(), KeyViolation> {
         if !how.use_.is_remote() || (w.mw_type == MW_TYPE_2 && w.qpn != how.qpn) {
             return Err(KeyViolation);
@@ -325,7 +354,7 @@ impl Device {
             .mrs
             .get(w.mr.ok_or(KeyViolation)?)
             .ok_or(KeyViolation)?;
-        self.pieces(under, va, len, out)
+        self.pieces(under, va, len, out, upto)
     }
 
     /// The header of the WQE at `addr` in a slot of `stride` bytes, and the SGE after it
@@ -350,7 +379,8 @@ impl Device {
     /// WQE's header: see [`WithSge`]) and resolves each in PD `pdn` for `use_` as it is
     /// read, appending the guest-physical pieces to `out`; returns the total length.
     /// Every SGE is read before an SGE's key can fail the WQE, so that a list that leaves
-    /// guest memory is always [`SgeFault::Read`], whatever its keys.
+    /// guest memory is always [`SgeFault::Read`], whatever its keys. Every SGE is checked,
+    /// but only the first `upto` bytes of the list are resolved (`u64::MAX`: all).
     // Always inline: every send and receive WQE's SGEs, usually one, resolved in its caller.
     #[inline(always)]
     pub(crate) fn gather_sges(
@@ -360,12 +390,13 @@ impl Device {
         first: Option<HcaSge>,
         (pdn, use_): (u32, Use),
         out: &mut SegList,
+        upto: u64,
     ) -> Result<u64, SgeFault> {
         let how = KeyCheck::local(pdn, use_);
         // The usual WQE: one SGE, read with its header.
         if let (1, Some(sge)) = (n, first) {
             let len = u64::from(sge.length);
-            return match self.resolve_key(sge.lkey, sge.addr, len, &how, out) {
+            return match self.resolve_key_upto(sge.lkey, sge.addr, len, &how, out, upto) {
                 Ok(()) => Ok(len),
                 Err(KeyViolation) => Err(SgeFault::Key),
             };
@@ -381,8 +412,9 @@ impl Device {
                 continue;
             }
             let len = u64::from(sge.length);
+            let here = upto.saturating_sub(total);
             bad_key = self
-                .resolve_key(sge.lkey, sge.addr, len, &how, out)
+                .resolve_key_upto(sge.lkey, sge.addr, len, &how, out, here)
                 .is_err();
             total += len;
         }

@@ -348,10 +348,37 @@ impl Drop for InFlight {
     }
 }
 
+/// Bytes of a message's destination resolved at a time (a window): a message's list of
+/// places is kept whole only up to this length. Past it, a QP receiving it holds the
+/// records of one window ([`INBOUND_WINDOW_RECORDS`] at most) and the ranges to resolve the
+/// next from, not a record per page of the whole message: a message of 2 GiB over pages of
+/// 4 KiB would be 8 MiB of records, on each of 1024 QPs.
+pub const INBOUND_WINDOW: u64 = 1 << 20;
+
+/// The most records a window of [`INBOUND_WINDOW`] bytes takes: one per page of the
+/// smallest size an MR has (4 KiB), one more per range its receive WQE's SGEs name and
+/// one for an unaligned start.
+pub const INBOUND_WINDOW_RECORDS: usize =
+    (INBOUND_WINDOW >> MIN_MR_PAGE_SHIFT) as usize + 2 * MAX_SGE as usize + 1;
+
+/// Where the rest of a long inbound message goes: the ranges (key, address, length) its
+/// bytes fill in order (a WRITE's one rkey range, or a receive WQE's SGEs), checked again
+/// as each window is resolved, and the NAK syndrome a range that no longer resolves gets.
+pub(crate) struct Rest {
+    pub ranges: smallvec::SmallVec<[(u32, u64, u64); 1]>,
+    pub how: crate::mr::KeyCheck,
+    pub syndrome: u8,
+}
+
 /// A message the responder is receiving across several packets.
 pub(crate) struct Inbound {
-    /// Where the message's bytes go, in order.
+    /// Where the message's bytes go, in order: from byte `base` of the message up to
+    /// `end` (all of it, `base` 0 and `end` the room, unless `rest` is set).
     pub segs: SegList,
+    pub base: u64,
+    pub end: u64,
+    /// Where the bytes past `end` go, for a message longer than [`INBOUND_WINDOW`].
+    pub rest: Option<Box<Rest>>,
     /// Bytes placed so far, and the room there is.
     pub offset: u64,
     pub cap: u64,

@@ -292,8 +292,14 @@ impl QpEngine<'_> {
                 Use::LocalRead
             };
             let mut segs = SegList::new();
-            self.dev
-                .gather_sges(addr + 64, w.num_sge.into(), first, (pdn, use_), &mut segs)?;
+            self.dev.gather_sges(
+                addr + 64,
+                w.num_sge.into(),
+                first,
+                (pdn, use_),
+                &mut segs,
+                u64::MAX,
+            )?;
             self.dev.turn.work_left = self.dev.turn.work_left.saturating_sub(segs.len() as u64);
             Source::Gather(segs)
         };

@@ -24,12 +24,45 @@
 
 use crate::abi::*;
 use crate::fabric::Rejected;
-use crate::hca::HcaState;
+use crate::hca::{Device, HcaState};
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
-use crate::qp::{HeldAck, Inbound, QpEngine};
+use crate::qp::{HeldAck, Inbound, QpEngine, Rest, INBOUND_WINDOW};
 use crate::srq::SrqTake;
 use crate::status::WcError;
+
+/// Resolves the window of `msg` from its offset on, at least `n` bytes (a packet's), from
+/// the ranges its `rest` keeps, checking their keys again: `msg.segs` then covers
+/// `[msg.offset, msg.end)`. Else the syndrome the message fails with (a key gone since
+/// the message began, or room shorter than the message).
+#[cold]
+#[inline(never)]
+fn next_window(dev: &Device, msg: &mut Inbound, n: u64) -> Result<(), u8> {
+    let rest = msg.rest.as_deref().ok_or(AETH_NAK_REM_OP)?;
+    let want = n.max(INBOUND_WINDOW).min(msg.cap - msg.offset);
+    let mut segs = SegList::new();
+    let (mut skip, mut left) = (msg.offset, want);
+    for &(key, va, len) in &rest.ranges {
+        if left == 0 {
+            break;
+        }
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let take = (len - skip).min(left);
+        dev.resolve_key(key, va + skip, take, &rest.how, &mut segs)
+            .map_err(|_| rest.syndrome)?;
+        (skip, left) = (0, left - take);
+    }
+    if want - left < n {
+        return Err(rest.syndrome);
+    }
+    msg.segs = segs;
+    (msg.base, msg.end) = (msg.offset, msg.offset + want - left);
+    msg.cursor = Default::default();
+    Ok(())
+}
 
 /// The receive CQE of an RC message of `byte_len` bytes that ended with `pkt` (its last
 /// packet carries the immediate data or the invalidated rkey).
@@ -59,11 +92,13 @@ fn refused_status(syndrome: u8) -> WcError {
     }
 }
 
-/// A receive WQE taken off a receive queue, with its SGEs resolved.
+/// A receive WQE taken off a receive queue, with its SGEs resolved: all of them, or, for
+/// room longer than [`INBOUND_WINDOW`], its first window and the SGEs for the rest.
 struct Recv {
     wr_id: u64,
     segs: SegList,
     cap: u64,
+    rest: Option<Box<Rest>>,
 }
 
 impl Recv {
@@ -71,6 +106,9 @@ impl Recv {
     fn into_inbound(self) -> Inbound {
         Inbound {
             segs: self.segs,
+            base: 0,
+            end: self.cap.min(INBOUND_WINDOW),
+            rest: self.rest,
             offset: 0,
             cap: self.cap,
             recv_wr_id: Some(self.wr_id),
@@ -276,13 +314,43 @@ impl QpEngine<'_> {
                 first,
                 (pdn, Use::LocalWrite),
                 &mut segs,
+                INBOUND_WINDOW,
             )
             .map_err(|f| bad(f.into()))?;
+        let rest = if cap > INBOUND_WINDOW {
+            self.recv_rest(addr + 16, hdr.num_sge.into(), first, pdn)
+        } else {
+            None
+        };
         Ok(Recv {
             wr_id: hdr.wr_id,
             segs,
             cap,
+            rest,
         })
+    }
+
+    /// The SGEs of a receive WQE whose room is longer than [`INBOUND_WINDOW`], read
+    /// again (`gather_sges` checked them), for the windows past the first. None if they
+    /// cannot be read: the message then fails where its first window ends.
+    #[cold]
+    #[inline(never)]
+    fn recv_rest(&self, addr: u64, n: u32, first: Option<HcaSge>, pdn: u32) -> Option<Box<Rest>> {
+        let mut ranges = smallvec::SmallVec::new();
+        for i in 0..u64::from(n) {
+            let sge = match first.filter(|_| i == 0) {
+                Some(sge) => sge,
+                None => {
+                    crate::dma::read_obj::<HcaSge>(self.dev.mem.as_ref(), addr + 16 * i).ok()?
+                }
+            };
+            ranges.push((sge.lkey, sge.addr, u64::from(sge.length)));
+        }
+        Some(Box::new(Rest {
+            ranges,
+            how: KeyCheck::local(pdn, Use::LocalWrite),
+            syndrome: AETH_NAK_REM_OP,
+        }))
     }
 
     /// Gives back the receive WQE just taken: the next message gets it.
@@ -430,11 +498,14 @@ impl QpEngine<'_> {
         if msg.offset + n > msg.cap {
             return Err(AETH_NAK_INV_REQ);
         }
+        if msg.offset + n > msg.end {
+            next_window(self.dev, msg, n)?;
+        }
         let mem = self.dev.mem.as_ref();
-        let placed = if msg.offset == 0 {
+        let placed = if msg.offset == msg.base {
             pkt.payload.scatter(mem, &msg.segs)
         } else {
-            let piece = msg.cursor.cut(&msg.segs, msg.offset, n);
+            let piece = msg.cursor.cut(&msg.segs, msg.offset - msg.base, n);
             pkt.payload.scatter(mem, &piece)
         };
         msg.offset += n;
@@ -469,6 +540,14 @@ impl QpEngine<'_> {
             };
             self.qp.inbound = Some(r.into_inbound());
         }
+        self.rc_send_placed(pkt, last);
+    }
+
+    /// Places a packet of the inbound SEND message, and ends the message at its last.
+    // Always inline: `rc_send`'s own body (one call site but for the rare one-train message
+    // longer than a window).
+    #[inline(always)]
+    fn rc_send_placed(&mut self, pkt: &Packet, last: bool) {
         if let Err(syndrome) = self.place(pkt) {
             return self.refuse_inbound(pkt, syndrome);
         }
@@ -490,6 +569,13 @@ impl QpEngine<'_> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn rc_send_long(&mut self, pkt: &Packet, r: Recv) {
+        self.qp.inbound = Some(r.into_inbound());
+        self.rc_send_placed(pkt, true);
+    }
+
     /// A SEND in one packet (nearly every small message): its receive WQE is taken, its
     /// payload placed and its CQE written at once, without the inbound state that a message
     /// of several packets keeps between them. Answers as [`Self::rc_send`] does.
@@ -500,6 +586,10 @@ impl QpEngine<'_> {
         let n = pkt.payload.len();
         let syndrome = if u64::from(n) > r.cap {
             Some(AETH_NAK_INV_REQ)
+        } else if u64::from(n) > INBOUND_WINDOW {
+            // Longer than the window its WQE's list was resolved for (a train is at most
+            // a 1 MiB piece, so not in practice): placed a window at a time.
+            return self.rc_send_long(pkt, r);
         } else if pkt.payload.scatter(self.dev.mem.as_ref(), &r.segs).is_err() {
             self.dev.stats.dma_faults += 1;
             Some(AETH_NAK_REM_OP)
@@ -599,13 +689,16 @@ impl QpEngine<'_> {
         );
         let mut segs = SegList::new();
         let len = u64::from(reth.len);
+        // The range the RETH names is checked whole; only what the payload fills is
+        // resolved (a payload of another length is refused below).
+        let fills = u64::from(pkt.payload.len());
         if (self.dev)
-            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
+            .resolve_key_upto(reth.rkey, reth.va, len, &check, &mut segs, fills)
             .is_err()
         {
             return self.nak(&pkt, AETH_NAK_REM_ACCESS);
         }
-        if u64::from(pkt.payload.len()) != len {
+        if fills != len {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
         }
         // Placed under the device lock that deregistering or invalidating the MR must
@@ -817,10 +910,20 @@ impl QpEngine<'_> {
         let mut segs = SegList::new();
         let len = u64::from(reth.len);
         self.dev
-            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
+            .resolve_key_upto(reth.rkey, reth.va, len, &check, &mut segs, INBOUND_WINDOW)
             .map_err(|_| AETH_NAK_REM_ACCESS)?;
+        let rest = (len > INBOUND_WINDOW).then(|| {
+            Box::new(Rest {
+                ranges: smallvec::smallvec![(reth.rkey, reth.va, len)],
+                how: check,
+                syndrome: AETH_NAK_REM_ACCESS,
+            })
+        });
         Ok(Inbound {
             segs,
+            base: 0,
+            end: len.min(INBOUND_WINDOW),
+            rest,
             offset: 0,
             cap: len,
             recv_wr_id: None,
