@@ -15,7 +15,9 @@ use std::time::Duration;
 use hca_model::abi::*;
 use hca_model::packet::Packet;
 use hca_model::sync::Unpoisoned;
-use hca_model::{Fabric, LinkDir, LinkHook, LinkId, Verdict};
+use hca_model::{
+    Fabric, LinkDir, LinkHook, LinkId, Verdict, INBOUND_WINDOW_RECORDS, WINDOW_FLOOR, WR_SLOT_BYTES,
+};
 use hca_test_driver::*;
 
 /// The system allocator, counting the bytes live and the most there were.
@@ -104,6 +106,25 @@ struct Report {
 extern "C" {
     /// glibc: gives free heap memory back to the operating system.
     fn malloc_trim(pad: usize) -> i32;
+    /// glibc: sets an allocator parameter.
+    fn mallopt(param: i32, value: i32) -> i32;
+}
+
+/// glibc's `M_MMAP_THRESHOLD`.
+const M_MMAP_THRESHOLD: i32 = -3;
+
+/// The allocator as the device server sets it (`device_server::trim::tune`): blocks of
+/// 128 KiB and more (a long window's queues, a long message's records) are mapped each on
+/// their own, and unmapped when freed, rather than carved out of a heap that small blocks
+/// allocated meanwhile then pin (glibc's default threshold rises to 32 MiB as such blocks
+/// are freed: measured here, a run of QPs each filling a window of 4096 WRs left 30 MiB
+/// resident that `malloc_trim` could not give back).
+fn allocator_as_the_server_sets_it() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: mallopt takes two integers and changes only the allocator's parameters.
+    ONCE.call_once(|| unsafe {
+        mallopt(M_MMAP_THRESHOLD, 128 << 10);
+    });
 }
 
 /// The RSS once the allocator has given back what it can.
@@ -115,6 +136,7 @@ fn trimmed_rss() -> usize {
 
 impl Report {
     fn start(name: &'static str) -> Self {
+        allocator_as_the_server_sets_it();
         let before = sample();
         PEAK.store(before.heap, Relaxed);
         Self {
@@ -420,5 +442,189 @@ fn test_ud_fan_out_from_many_qps_into_a_lagging_fabric_stays_within_the_budget()
         destroy_qp(&mut a, q.qpn);
     }
     r.end();
+    r.check();
+}
+
+/// What one QP may add to the heap for its own state while it lives, whatever it did: the
+/// room its queue of WRs in flight keeps ([`WINDOW_FLOOR`] slots), one window of an
+/// inbound message's records, and small change.
+const PER_QP: usize = WINDOW_FLOOR * WR_SLOT_BYTES + INBOUND_WINDOW_RECORDS * 16 + (4 << 10);
+
+/// The heap the pattern's guest holds now, beyond where it started.
+fn alive(r: &Report) -> usize {
+    LIVE.load(Relaxed).saturating_sub(r.before.heap)
+}
+
+#[test]
+fn test_full_windows_flushed_leave_nothing_on_the_qps_that_sent_them() {
+    let _one = SERIAL.lock_unpoisoned();
+    let fabric = Fabric::with_manual_clock();
+    // 256 QPs (times the scale, up to 1000) each fill a send queue of 2^12 slots, which
+    // is flushed (the QP to ERR) before the next QP fills its own; the QPs stay.
+    let (nqp, sq_log) = ((256 * scale()).min(1000), 12u32);
+    let mib = 64 + (nqp as u64 * (1 << (sq_log + 9))) / (1 << 20);
+    let mut a = Driver::new(Some(&fabric), mib);
+    let mut b = Driver::new(Some(&fabric), 64);
+    touch(&a, mib);
+    touch(&b, 64);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (mut ca, cb) = (a.create_cq(14), b.create_cq(12));
+    let src = a.alloc(4096, 4096);
+    let dst = b.alloc(4096, 4096);
+    let kb = b.reg_dma_mr(pb, ALL_ACCESS);
+    // B's ACKs never come back.
+    fabric.set_hook(Some(Arc::new(Mute {
+        lid: b.lid(),
+        on: true.into(),
+    })));
+    let mut r = Report::start("full windows flushed");
+    let mut qps = Vec::new();
+    for _ in 0..nqp {
+        let mut qa = a
+            .try_create_qp(QPT_RC, pa, (ca.cqn, ca.cqn), (sq_log, 0), 0)
+            .expect("QP");
+        let qb = b
+            .try_create_qp(QPT_RC, pb, (cb.cqn, cb.cqn), (0, 0), 0)
+            .expect("QP");
+        a.bring_up_rc(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, MTU_4096 as u8);
+        b.bring_up_rc(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, MTU_4096 as u8);
+        for i in 0..1u64 << sq_log {
+            let w = HcaSendWqe {
+                wr_id: i,
+                opcode: WR_RDMA_WRITE as u8,
+                remote_addr: dst,
+                rkey: kb,
+                num_sge: 1,
+                ..Default::default()
+            };
+            a.write_send(&mut qa, &w, &[sge(src, 64, LOCAL_DMA_LKEY)], &[]);
+        }
+        a.ring_sq(&qa);
+        assert_eq!(a.hca.in_flight().0, 1 << sq_log, "a full window in flight");
+        a.to_error(qa.qpn);
+        assert_eq!(a.drain_cq(&mut ca).len(), 1 << sq_log, "flushed");
+        r.note();
+        qps.push((qa, qb));
+    }
+    // Every QP has had a full window; they are all still there.
+    let held = alive(&r);
+    assert_eq!(a.hca.in_flight(), (0, 0));
+    for (qa, qb) in qps {
+        destroy_qp(&mut a, qa.qpn);
+        destroy_qp(&mut b, qb.qpn);
+    }
+    r.end();
+    if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+        eprintln!(
+            "  {:.1} MiB held by {nqp} live QP pairs",
+            held as f64 / (1 << 20) as f64
+        );
+    }
+    assert!(held <= 2 * nqp * PER_QP, "{nqp} QP pairs hold {held} bytes");
+    r.check();
+}
+
+/// The first packet of a long message from a peer QP that will send no more of it (as
+/// when the peer's QP is reset in the middle): PSN `psn` from `(slid, src_qpn)` to
+/// `(dlid, dest_qpn)`, a WRITE of `len` bytes at `(va, rkey)` or a SEND.
+fn first_packet(
+    (slid, src_qpn): (u16, u32),
+    (dlid, dest_qpn): (u16, u32),
+    psn: u32,
+    write: Option<(u64, u32)>,
+    len: u32,
+) -> Packet {
+    use hca_model::packet::{Payload, Reth, RC_SEND_FIRST, RC_WRITE_FIRST};
+    Packet {
+        slid,
+        dlid,
+        src_qpn,
+        dest_qpn,
+        psn,
+        opcode: if write.is_some() {
+            RC_WRITE_FIRST
+        } else {
+            RC_SEND_FIRST
+        },
+        reth: write.map(|(va, rkey)| Reth { va, rkey, len }),
+        payload: Payload::Bytes(vec![0x5a; 4096]),
+        count: 1,
+        mtu: 4096,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn test_long_messages_left_unfinished_hold_one_window_per_qp() {
+    let _one = SERIAL.lock_unpoisoned();
+    let fabric = Fabric::with_manual_clock();
+    let nqp = (256 * scale()).min(1000);
+    let a = Driver::new(Some(&fabric), 16);
+    let mut b = Driver::new(Some(&fabric), 64);
+    touch(&b, 64);
+    let pb = b.alloc_pd();
+    let cb = b.create_cq(12);
+    // B's buffers: 2 GiB over one page (a record per page, 8 MiB of them for the whole).
+    let npages = (MAX_MSG_SIZE as u64) / 4096 - 1;
+    let page = b.alloc(4096, 4096);
+    let list = b.alloc(npages * 8, 8);
+    let bytes: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    b.write(list, &bytes);
+    drop(bytes);
+    let iova = 0x4000_0000;
+    let key = b
+        .try_reg_mr(&HcaCmdRegMr {
+            iova,
+            length: npages * 4096,
+            page_list: list,
+            pdn: pb,
+            access: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+            npages: npages as u32,
+            page_shift: 12,
+            ..Default::default()
+        })
+        .expect("MR");
+    let len = (npages * 4096) as u32;
+    let mut r = Report::start("long messages unfinished");
+    let mut qps = Vec::new();
+    for i in 0..nqp {
+        let mut qb = b
+            .try_create_qp(QPT_RC, pb, (cb.cqn, cb.cqn), (0, 1), 0)
+            .expect("QP");
+        let peer = 0x100 + i as u32;
+        b.bring_up_rc(qb.qpn, a.lid(), peer, ALL_ACCESS, MTU_4096 as u8);
+        // Every other QP takes a SEND into a receive WQE of the whole 2 GiB, the others
+        // a WRITE there.
+        let write = i % 2 == 0;
+        if !write {
+            b.post_recv(&mut qb, i as u64, &[sge(iova, len, key)]);
+        }
+        let psn = b.query_qp(qb.qpn).rq_psn;
+        fabric.enqueue(first_packet(
+            (a.lid(), peer),
+            (b.lid(), qb.qpn),
+            psn,
+            write.then_some((iova, key)),
+            len,
+        ));
+        fabric.pump();
+        r.note();
+        qps.push(qb);
+    }
+    let held = alive(&r);
+    // The first 4 KiB of each message landed; none finished.
+    assert_eq!(b.read(page, 4), vec![0x5a; 4]);
+    assert_eq!(b.hca.stats().cqes, 0);
+    for qb in qps {
+        destroy_qp(&mut b, qb.qpn);
+    }
+    r.end();
+    if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+        eprintln!(
+            "  {:.1} MiB held by {nqp} QPs",
+            held as f64 / (1 << 20) as f64
+        );
+    }
+    assert!(held <= nqp * PER_QP, "{nqp} QPs hold {held} bytes");
     r.check();
 }
