@@ -439,13 +439,17 @@ impl Device {
     }
 
     /// Queues what the turn kept to move itself (in order), as `transmit` would have; the
-    /// outbox keeps its room for the next turn.
+    /// outbox keeps its room for the next turn, up to [`OUTBOX_KEEP`] packets (a turn that
+    /// sent the pieces of many long messages gives back the rest).
     fn queue_outbox(&mut self) {
         while let Some(pkt) = self.turn.outbox.pop_front() {
             match &self.fabric {
                 Some(f) => f.enqueue(pkt),
                 None => self.turn.stranded.push(pkt.clone_header()),
             }
+        }
+        if self.turn.outbox.capacity() > OUTBOX_KEEP {
+            self.turn.outbox.shrink_to(OUTBOX_KEEP);
         }
     }
 
@@ -536,6 +540,9 @@ impl Device {
 
 /// The longest piece of a message the fabric moves as one item (see `transmit_train`).
 pub(crate) const PIECE_BYTES: u32 = 1 << 20;
+
+/// Packets a device's turn keeps room for in its outbox between turns (32 KiB).
+const OUTBOX_KEEP: usize = 256;
 
 /// What a receive doorbell needs to know before it takes the device lock, kept where it
 /// can be read without it. Only QPs in ERR act on receive doorbells (they flush the new
@@ -1009,5 +1016,33 @@ impl Hca {
             .map(|q| q.pending.len())
             .sum();
         (wrs, st.dev.held.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    #[test]
+    fn test_a_turns_outbox_gives_back_the_room_a_long_burst_took() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let bar2 = Arc::new(DeviceMemory::new().unwrap());
+        let mut st = HcaState::new(Arc::new(GuestRam::new(mem)), bar2, 1);
+        // The pieces of several long messages sent in one turn.
+        for _ in 0..8192 {
+            st.dev.turn.outbox.push_back(Packet::default());
+        }
+        st.dev.queue_outbox();
+        assert!(st.dev.turn.outbox.is_empty());
+        assert!(st.dev.turn.outbox.capacity() <= OUTBOX_KEEP);
+        // Off a fabric, what it held bounces (stranded), in order.
+        assert_eq!(st.dev.turn.stranded.len(), 8192);
+        // A turn that sends a few keeps its room.
+        for _ in 0..10 {
+            st.dev.turn.outbox.push_back(Packet::default());
+        }
+        st.dev.queue_outbox();
+        assert!(st.dev.turn.outbox.capacity() >= 10);
     }
 }
