@@ -23,6 +23,14 @@
  *	an RDM socket, a TIPC stream or TCP to ADDR (ib0's address); prints the
  *	round trip's mean and median in microseconds, and half of each (the
  *	one-way latency a ping-pong reports), on a line starting "LAT ".
+ *   tipc-echo bw stream INSTANCE SIZE BYTES
+ *   tipc-echo bw tcp ADDR SIZE BYTES
+ *	BYTES (rounded down to whole SIZE writes) one way to the server's sink,
+ *	service {18890, INSTANCE} over a TIPC stream or TCP port 18890 at ADDR,
+ *	in writes of SIZE bytes; the sink checks every byte (a pattern of the
+ *	stream's offset) and answers with how many came and where the first
+ *	wrong one was. Prints the throughput in MB/s (10^6 bytes/s), from the
+ *	first write to the answer, on a line starting "BW ".
  *
  * Exit 0 when all went as said; 1 on an error, 2 on a usage error, 3 when
  * data came back wrong (the first difference is printed).
@@ -47,6 +55,10 @@
 #define ECHO_TYPE	18888	/* the RDM echo service */
 #define STREAM_TYPE	18889	/* the TIPC stream echo service */
 #define TCP_PORT	18888
+#define SINK_TYPE	18890	/* the TIPC stream sink */
+#define SINK_PORT	18890	/* the TCP sink */
+#define PERIOD		65521	/* the sink's pattern repeats after this many bytes */
+#define NLISTEN		5	/* the server's listening sockets */
 #define MAX_MSG		TIPC_MAX_USER_MSG_SIZE
 #define HDR		8	/* seq and size, where a message has room */
 #define WAIT_MS		20000
@@ -64,7 +76,9 @@ static void __attribute__((noreturn)) usage(void)
 	fprintf(stderr, "usage: tipc-echo serve INSTANCE\n"
 		"       tipc-echo send INSTANCE COUNT SIZE...\n"
 		"       tipc-echo lat rdm|stream INSTANCE ROUNDS\n"
-		"       tipc-echo lat tcp ADDR ROUNDS\n");
+		"       tipc-echo lat tcp ADDR ROUNDS\n"
+		"       tipc-echo bw stream INSTANCE SIZE BYTES\n"
+		"       tipc-echo bw tcp ADDR SIZE BYTES\n");
 	exit(2);
 }
 
@@ -295,6 +309,88 @@ static void echo_datagram(int fd, uint8_t *buf, uint8_t *want)
 		perror("tipc-echo serve: sendto");
 }
 
+/*
+ * The bytes a `bw` stream carries: byte o of the stream is pattern[o % PERIOD]
+ * (a prime period, so that a lost or repeated write of any power-of-two size
+ * shows), compared and copied a run at a time.
+ */
+static uint8_t pattern[PERIOD];
+
+static void make_pattern(void)
+{
+	uint32_t x = 2463534242u;
+
+	for (int i = 0; i < PERIOD; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		pattern[i] = x >> 24;
+	}
+}
+
+/* Copies (out) or checks (!out) len bytes at stream offset off: the first bad one, or -1. */
+static long long stream_bytes(uint8_t *p, size_t len, uint64_t off, int out)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		size_t k = (off + done) % PERIOD, m = PERIOD - k;
+
+		if (m > len - done)
+			m = len - done;
+		if (out) {
+			memcpy(p + done, pattern + k, m);
+		} else if (memcmp(p + done, pattern + k, m)) {
+			for (size_t i = 0; i < m; i++)
+				if (p[done + i] != pattern[k + i])
+					return off + done + i;
+		}
+		done += m;
+	}
+	return -1;
+}
+
+/* A sink connection: an 8-byte header (the bytes to come), then the bytes. */
+struct sink {
+	int on;
+	uint8_t hdr[8];
+	uint32_t hdr_got;
+	uint64_t want, got;
+	long long bad;
+};
+
+/*
+ * Takes n bytes a sink connection read; 1 when the stream is whole and the
+ * answer (bytes received, first bad offset or all ones) was sent.
+ */
+static int sink_take(int fd, struct sink *k, uint8_t *buf, size_t n)
+{
+	uint8_t ans[16];
+
+	while (n && k->hdr_got < sizeof(k->hdr)) {
+		k->hdr[k->hdr_got++] = *buf++;
+		n--;
+		if (k->hdr_got == sizeof(k->hdr))
+			k->want = get32(k->hdr) | (uint64_t)get32(k->hdr + 4) << 32;
+	}
+	if (n) {
+		long long bad = stream_bytes(buf, n, k->got, 0);
+
+		if (bad >= 0 && k->bad < 0)
+			k->bad = bad;
+		k->got += n;
+	}
+	if (k->hdr_got < sizeof(k->hdr) || k->got < k->want)
+		return 0;
+	put32(ans, k->got);
+	put32(ans + 4, k->got >> 32);
+	put32(ans + 8, k->bad);
+	put32(ans + 12, (uint64_t)k->bad >> 32);
+	if (write(fd, ans, sizeof(ans)) != sizeof(ans))
+		perror("tipc-echo serve: sink answer");
+	return 1;
+}
+
 static int listener(int domain, int type, const void *addr, socklen_t len)
 {
 	int fd = domain == AF_TIPC ? tipc_socket(type) : socket(domain, type, 0);
@@ -323,9 +419,11 @@ static void __attribute__((noreturn)) serve(uint32_t instance)
 		.sin_port = htons(TCP_PORT),
 		.sin_addr.s_addr = htonl(INADDR_ANY),
 	};
-	struct pollfd p[3 + MAX_CONNS];
+	struct sockaddr_in sink = tcp;
+	struct pollfd p[NLISTEN + MAX_CONNS];
+	struct sink ks[NLISTEN + MAX_CONNS];
 	uint8_t *buf = malloc(MAX_MSG + 1), *want = malloc(MAX_MSG + 1);
-	int nfds = 3, one = 1;
+	int nfds = NLISTEN, one = 1;
 	char name[40];
 
 	if (!buf || !want)
@@ -336,9 +434,16 @@ static void __attribute__((noreturn)) serve(uint32_t instance)
 	range.addr.nameseq.type = STREAM_TYPE;
 	p[1].fd = listener(AF_TIPC, SOCK_STREAM, &range, sizeof(range));
 	p[2].fd = listener(AF_INET, SOCK_STREAM, &tcp, sizeof(tcp));
+	range.addr.nameseq.type = SINK_TYPE;
+	p[3].fd = listener(AF_TIPC, SOCK_STREAM, &range, sizeof(range));
+	sink.sin_port = htons(SINK_PORT);
+	p[4].fd = listener(AF_INET, SOCK_STREAM, &sink, sizeof(sink));
+	make_pattern();
 	printf("tipc-echo: serving {%u,%u} (RDM), {%u,%u} (stream) on node %s, "
-	       "TCP port %u\n", ECHO_TYPE, instance, STREAM_TYPE, instance,
-	       node_name(p[0].fd, own_node(p[0].fd), name, sizeof(name)), TCP_PORT);
+	       "TCP port %u; sinks {%u,%u} and TCP port %u\n", ECHO_TYPE, instance,
+	       STREAM_TYPE, instance,
+	       node_name(p[0].fd, own_node(p[0].fd), name, sizeof(name)), TCP_PORT,
+	       SINK_TYPE, instance, SINK_PORT);
 	fflush(stdout);
 	for (;;) {
 		for (int i = 0; i < nfds; i++)
@@ -350,7 +455,7 @@ static void __attribute__((noreturn)) serve(uint32_t instance)
 		}
 		if (p[0].revents)
 			echo_datagram(p[0].fd, buf, want);
-		for (int i = 1; i <= 2; i++) {
+		for (int i = 1; i < NLISTEN; i++) {
 			int c;
 
 			if (!p[i].revents)
@@ -360,20 +465,29 @@ static void __attribute__((noreturn)) serve(uint32_t instance)
 				perror("tipc-echo serve: accept");
 				continue;
 			}
-			if (nfds == 3 + MAX_CONNS) {
+			if (nfds == NLISTEN + MAX_CONNS) {
 				close(c);
 				continue;
 			}
 			if (i == 2)
 				setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			ks[nfds] = (struct sink){ .on = i >= 3, .bad = -1 };
 			p[nfds++].fd = c;
 		}
-		for (int i = 3; i < nfds; i++) {
+		for (int i = NLISTEN; i < nfds; i++) {
 			ssize_t n, done = 0;
 
 			if (!p[i].revents)
 				continue;
 			n = read(p[i].fd, buf, MAX_MSG);
+			if (ks[i].on) {
+				if (n <= 0 || sink_take(p[i].fd, &ks[i], buf, n)) {
+					close(p[i].fd);
+					ks[i] = ks[nfds - 1];
+					p[i--] = p[--nfds];
+				}
+				continue;
+			}
 			while (n > 0 && done < n) {
 				ssize_t w = write(p[i].fd, buf + done, n - done);
 
@@ -383,6 +497,7 @@ static void __attribute__((noreturn)) serve(uint32_t instance)
 			}
 			if (n <= 0 || done < n) {
 				close(p[i].fd);
+				ks[i] = ks[nfds - 1];
 				p[i--] = p[--nfds];
 			}
 		}
@@ -476,13 +591,17 @@ static uint64_t now_ns(void)
 	return t.tv_sec * 1000000000ull + t.tv_nsec;
 }
 
-/* A connected stream (a TIPC stream or TCP) to the echo server. */
-static int stream_to(const char *mode, const char *target, uint32_t *server)
+/*
+ * A connected stream (a TIPC stream or TCP) to the server: service {type, target}
+ * or TCP port `port` at address `target`.
+ */
+static int stream_to(const char *mode, const char *target, uint32_t type, uint16_t port,
+		     uint32_t *server)
 {
 	int fd, one = 1;
 
 	if (strcmp(mode, "tcp") == 0) {
-		struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(TCP_PORT) };
+		struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port) };
 
 		if (inet_pton(AF_INET, target, &sin.sin_addr) != 1) {
 			fprintf(stderr, "tipc-echo: not an IPv4 address: %s\n", target);
@@ -497,9 +616,9 @@ static int stream_to(const char *mode, const char *target, uint32_t *server)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	} else {
 		uint32_t instance = number(target, 0, UINT32_MAX);
-		struct sockaddr_tipc to = service(STREAM_TYPE, instance);
+		struct sockaddr_tipc to = service(type, instance);
 
-		*server = wait_for(STREAM_TYPE, instance);
+		*server = wait_for(type, instance);
 		fd = tipc_socket(SOCK_STREAM);
 		timeouts(fd, WAIT_MS);
 		if (connect(fd, (struct sockaddr *)&to, sizeof(to)))
@@ -526,7 +645,7 @@ static int latency(const char *mode, const char *target, uint32_t rounds)
 		fd = tipc_socket(SOCK_RDM);
 		timeouts(fd, WAIT_MS);
 	} else if (strcmp(mode, "stream") == 0 || strcmp(mode, "tcp") == 0) {
-		fd = stream_to(mode, target, &server);
+		fd = stream_to(mode, target, STREAM_TYPE, TCP_PORT, &server);
 	} else {
 		usage();
 	}
@@ -570,6 +689,78 @@ static int latency(const char *mode, const char *target, uint32_t rounds)
 	return 0;
 }
 
+/* Reads exactly len bytes, or dies saying what came. */
+static void read_all(int fd, uint8_t *p, size_t len)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, p + got, len - got);
+
+		if (n < 0)
+			die(errno == EAGAIN ? "no answer from the sink within 20 s" : "read");
+		if (n == 0) {
+			fprintf(stderr, "tipc-echo: the sink closed after %zu of %zu answer bytes\n",
+				got, len);
+			exit(1);
+		}
+		got += n;
+	}
+}
+
+static int bandwidth(const char *mode, const char *target, uint32_t size, uint64_t bytes)
+{
+	uint64_t count = bytes / size, total = count * size, got, t0, t1;
+	uint8_t *msg = malloc(size), hdr[8], ans[16];
+	uint32_t server = 0;
+	long long bad;
+	double secs;
+	int fd;
+
+	if (!msg)
+		die("malloc");
+	if (count == 0) {
+		fprintf(stderr, "tipc-echo: BYTES below SIZE\n");
+		return 2;
+	}
+	if (strcmp(mode, "stream") && strcmp(mode, "tcp"))
+		usage();
+	signal(SIGPIPE, SIG_IGN);
+	make_pattern();
+	fd = stream_to(mode, target, SINK_TYPE, SINK_PORT, &server);
+	put32(hdr, total);
+	put32(hdr + 4, total >> 32);
+	t0 = now_ns();
+	if (write(fd, hdr, sizeof(hdr)) != sizeof(hdr))
+		die("write");
+	for (uint64_t off = 0; off < total; off += size) {
+		stream_bytes(msg, size, off, 1);
+		/* After a short write, the rest of the message. */
+		for (size_t done = 0; done < size;) {
+			ssize_t n = write(fd, msg + done, size - done);
+
+			if (n <= 0)
+				die(n < 0 && errno == EAGAIN ? "a write made no progress in 20 s" :
+				    "write");
+			done += n;
+		}
+	}
+	read_all(fd, ans, sizeof(ans));
+	t1 = now_ns();
+	got = get32(ans) | (uint64_t)get32(ans + 4) << 32;
+	bad = (long long)(get32(ans + 8) | (uint64_t)get32(ans + 12) << 32);
+	if (got != total || bad >= 0) {
+		fprintf(stderr, "tipc-echo: the sink took %llu of %llu bytes; first wrong byte "
+			"at %lld\n", (unsigned long long)got, (unsigned long long)total, bad);
+		return 3;
+	}
+	secs = (t1 - t0) / 1e9;
+	printf("BW mode=%s size=%u bytes=%llu secs=%.6f mb_s=%.2f checked=1\n", mode, size,
+	       (unsigned long long)total, secs, total / 1e6 / secs);
+	close(fd);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "serve") == 0)
@@ -579,5 +770,8 @@ int main(int argc, char **argv)
 				  number(argv[3], 1, 1000000), argc - 4, argv + 4);
 	if (argc == 5 && strcmp(argv[1], "lat") == 0)
 		return latency(argv[2], argv[3], number(argv[4], 1, 10000000));
+	if (argc == 6 && strcmp(argv[1], "bw") == 0)
+		return bandwidth(argv[2], argv[3], number(argv[4], 1, 1 << 24),
+				 number(argv[5], 1, 1ull << 36));
 	usage();
 }
