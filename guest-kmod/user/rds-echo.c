@@ -10,6 +10,11 @@
  *   rds-echo ping LOCAL ADDR PORT COUNT WINDOW SIZE...
  *	from LOCAL, send COUNT messages of each SIZE to ADDR:PORT, WINDOW in
  *	flight at a time; every echo must come back whole, with the bytes sent
+ *   rds-echo lat LOCAL ADDR PORT ROUNDS
+ *	ROUNDS one-byte round trips (after 20 not counted) to ADDR:PORT, one
+ *	message in flight, every echo checked; prints the round trip's mean and
+ *	median in microseconds, and half of each, on a line starting "LAT " (as
+ *	tipc-echo lat does)
  *   rds-echo rdma LOCAL ADDR PORT COUNT SIZE...
  *	RDS's RDMA: the server registers SIZE bytes of its memory for this
  *	client (RDS_CMSG_RDMA_MAP on its reply, which rds_ib serves with a
@@ -382,6 +387,44 @@ static int ping(const char *local, const char *addr, int port, int count, int wi
 	return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+#define WARMUP	20
+
+static int latency(const char *local, const char *addr, int port, int rounds)
+{
+	struct sockaddr_in to = inet(addr, port);
+	int fd = rds_socket(local, 0);
+	uint8_t *in = malloc(MAX_MSG), out;
+	double *rtt = malloc(rounds * sizeof(*rtt)), sum = 0, mean, median;
+
+	if (!in || !rtt)
+		die("malloc");
+	for (int r = 0; r < WARMUP + rounds; r++) {
+		double t = now_us();
+
+		fill(&out, r, 1);
+		send_all(fd, &out, 1, &to);
+		take_echo(fd, in, r, 1);
+		if (r >= WARMUP) {
+			rtt[r - WARMUP] = now_us() - t;
+			sum += rtt[r - WARMUP];
+		}
+	}
+	qsort(rtt, rounds, sizeof(*rtt), cmp_double);
+	mean = sum / rounds;
+	median = rounds % 2 ? rtt[rounds / 2] : (rtt[rounds / 2 - 1] + rtt[rounds / 2]) / 2;
+	printf("LAT mode=rds rounds=%d rtt_mean_us=%.1f rtt_median_us=%.1f "
+	       "oneway_mean_us=%.1f oneway_median_us=%.1f\n", rounds, mean, median,
+	       mean / 2, median / 2);
+	return 0;
+}
+
 /* The cookie the last message received carried (RDS_CMSG_RDMA_DEST), or 0. */
 static uint64_t dest_cookie;
 
@@ -713,6 +756,8 @@ int main(int argc, char **argv)
 	if (argc >= 8 && !strcmp(argv[1], "ping"))
 		return ping(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
 			    argv + 7, argc - 7);
+	if (argc == 6 && !strcmp(argv[1], "lat") && atoi(argv[5]) >= 1)
+		return latency(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
 	if (argc == 5 && !strcmp(argv[1], "atomic"))
 		return atomics(argv[2], argv[3], atoi(argv[4]));
 	if (argc >= 7 && !strcmp(argv[1], "rdma"))
@@ -720,6 +765,7 @@ int main(int argc, char **argv)
 	fprintf(stderr,
 		"usage: rds-echo serve ADDR PORT\n"
 		"       rds-echo ping LOCAL ADDR PORT COUNT WINDOW SIZE...\n"
+		"       rds-echo lat LOCAL ADDR PORT ROUNDS\n"
 		"       rds-echo rdma LOCAL ADDR PORT COUNT SIZE...\n"
 		"       rds-echo atomic LOCAL ADDR PORT\n");
 	return 2;
