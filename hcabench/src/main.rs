@@ -14,8 +14,8 @@
 //!   daemon; `console`: `hcabench console`.
 //! - `exec` and `copy`: `exec` and `cp` over each guest's ttyS1 (`tar`, `sha256` and
 //!   `base64` for the copies).
-//! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`: the
-//!   benchmarks and the DSM's runs; `mpirun`: an MPI job across the guests.
+//! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`,
+//!   `stack_bench`: the benchmarks and the DSM's runs; `mpirun`: an MPI job across the guests.
 //!
 //! Tested by `tests/cli.rs` and `tests/exec_cp.rs` against real guests, and
 //! `tests/kernel.rs` with a developer's own kernel (`--kernel DIR`).
@@ -38,6 +38,7 @@ mod perftest_bench;
 mod rundir;
 mod session;
 mod sha256;
+mod stack_bench;
 mod tar;
 
 use std::path::PathBuf;
@@ -374,6 +375,54 @@ enum BenchCmd {
         /// experiment): off, on, or both
         #[arg(long, value_enum, default_value = "both")]
         load: apps_bench::Load,
+        #[command(flatten)]
+        on: BenchOn,
+    },
+    /// Every communication layer on one pair of guests: latency and bandwidth, with ratios
+    ///
+    /// The Linux cluster study's latency table and bandwidth curve, on two guests booted
+    /// once: a one-byte ping-pong (round trip, mean and median over --rounds) and
+    /// bandwidth at each of --sizes, for each layer, with its ratio to kernel verbs. Every
+    /// figure is measured in this run; data is checked where the tool can.
+    ///
+    /// Rows (latency / bandwidth):
+    ///   kernel verbs       vbench RC SEND of 8 B (its smallest), both sides polling, data
+    ///                      checked / RDMA WRITE, 16 in flight, bytes checked after
+    ///   user verbs         perftest over hcab0 through libhcab (kernel bypass):
+    ///                      ib_send_lat -s 1 (2 x t_avg, 2 x t_typical) / ib_write_bw
+    ///   MPI / UCX          (--mpi) NetPIPE (NPmpich2) under MPICH over UCX on hcab0: 1 B
+    ///                      (2 x its time; mean only) / its bandwidth at each size
+    ///   MPI / TCP ib0      (--mpi) the same with UCX's tcp transport on ib0
+    ///   TCP ib0 datagram   tipc-echo over TCP (TCP_NODELAY) on IPoIB in datagram mode:
+    ///                      1 B echoed / writes of SIZE to a sink that checks every byte
+    ///   TCP ib0 connected  the same with IPoIB in connected mode (RC, MTU 65520)
+    ///   TIPC RDM           tipc-echo over a TIPC reliable-datagram socket, bearer ib0
+    ///                      (latency only)
+    ///   TIPC stream        tipc-echo over a TIPC stream socket / to a checking sink
+    ///   RDS                rds-echo (rds_rdma: RC through rdma_cm): 1 B echoed / 8
+    ///                      messages of SIZE in flight, each echoed back and checked (one
+    ///                      direction's payload rate)
+    ///   TCP virtio-net     tipc-echo over TCP on the guests' virtio-net link (QEMU only)
+    ///
+    /// MPI's rows need MPICH and NetPIPE on the guests: --mpi adds Debian's mpich and
+    /// netpipe-mpich2 to the cluster's packages (a userland disk built on first use) and
+    /// gives each guest 512 MiB or more; each size is a NetPIPE job of its own, which
+    /// makes the run several minutes longer, so they are off by default. Defaults finish
+    /// in a few minutes on two cores under TCG.
+    #[command(verbatim_doc_comment)]
+    Stack {
+        /// One-byte round trips per layer (10..=100000)
+        #[arg(long, default_value_t = 1000)]
+        rounds: u64,
+        /// Bandwidth message sizes in bytes (1..=1048576)
+        #[arg(long, value_delimiter = ',', default_value = "1024,65536,1048576")]
+        sizes: Vec<u32>,
+        /// Bytes per bandwidth cell (at least 10 messages of each size go)
+        #[arg(long, default_value_t = 8 << 20)]
+        bw_bytes: u64,
+        /// MPI's rows too (MPICH over UCX on hcab0 and over TCP on ib0, NetPIPE)
+        #[arg(long)]
+        mpi: bool,
         #[command(flatten)]
         on: BenchOn,
     },
@@ -962,7 +1011,8 @@ fn bench_cmd(what: BenchCmd) -> Result<(), Error> {
         | BenchCmd::Ipoib { on, .. }
         | BenchCmd::Nfs { on, .. }
         | BenchCmd::Perftest { on, .. }
-        | BenchCmd::Apps { on, .. } => on.clone(),
+        | BenchCmd::Apps { on, .. }
+        | BenchCmd::Stack { on, .. } => on.clone(),
     };
     let cfg = resolve(&on.cluster, None, on.image_dir.clone())?;
     let boot_timeout = Duration::from_secs(on.cluster.timeout);
@@ -1020,6 +1070,31 @@ fn bench_cmd(what: BenchCmd) -> Result<(), Error> {
             let (backend, why) = daemon::choose_backend(&b.cfg)?;
             println!("backend {backend} ({why})");
             return Ok(apps_bench::run(&b, backend)?);
+        }
+        BenchCmd::Stack {
+            rounds,
+            sizes,
+            bw_bytes,
+            mpi,
+            ..
+        } => {
+            let mut b = stack_bench::StackBench {
+                cfg,
+                boot_timeout,
+                keep: on.keep,
+                rounds,
+                sizes,
+                bw_bytes,
+                mpi,
+            };
+            stack_bench::check(&b)?;
+            session::refuse_node_kills(&b.cfg, "bench stack")?;
+            if mpi {
+                stack_bench::with_mpi(&mut b.cfg)?;
+            }
+            let (backend, why) = daemon::choose_backend(&b.cfg)?;
+            println!("backend {backend} ({why})");
+            return Ok(stack_bench::run(&b, backend)?);
         }
         BenchCmd::Vmm { pings, .. } => {
             check_pings(&pings)?;
