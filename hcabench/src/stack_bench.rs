@@ -587,7 +587,7 @@ fn netpipe(
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        secs: 300,
+        secs: 120,
     };
     let mut said = Vec::new();
     let cmd = program.join(" ");
@@ -679,6 +679,10 @@ pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
     }
     for a in tb.agents.iter_mut() {
         a.run("tipc-up && rds-up", T)?;
+        if b.mpi {
+            // MPICH and NetPIPE are on the userland disk: under /usr from now on.
+            a.run("userland-up", T)?;
+        }
     }
     tb.agents[1].run(
         &format!(
