@@ -412,7 +412,7 @@ fn server_log(tb: &mut Testbed, log: &str) -> String {
 
 fn say_latency(layer: Layer, l: &Latency) {
     println!(
-        "  {:<18} 1 B round trip  mean {:>9.1} us  median {:>9} us",
+        "  {:<18} round trip  mean {:>9.1} us  median {:>9} us",
         layer.name(),
         l.mean_us,
         cell(l.median_us, 1)
