@@ -39,6 +39,12 @@ impl HcaState {
             return; // Already done: a coalesced or repeated doorbell.
         }
         self.dev.stats.commands += 1;
+        if mb.opcode == CMD_RESIZE_CQ {
+            // Whether the unpolled CQEs fit counts those of work the driver rang for before
+            // this command: the doorbells travel apart (each class has its own eventfd under
+            // QEMU), so the send doorbell may not have been seen yet. Posted work is run first.
+            self.send_doorbell();
+        }
         let mut out = [0u8; 64];
         let status = match self.execute(&mb, &mut out) {
             Ok(()) => CMD_OK,

@@ -503,6 +503,36 @@ fn test_resize_cq_moves_unpolled_cqes_in_order_and_goes_on_in_the_new_ring() {
     }
 }
 
+/// A resize counts the CQEs of sends posted and named before it even when their send
+/// doorbell has not reached the device yet (doorbells of different classes travel apart):
+/// rdma-core's test_resize_cq posts UD sends (complete once sent) and at once shrinks the
+/// CQ below them.
+#[test]
+fn test_resize_cq_counts_the_completions_of_work_rung_before_it() {
+    let mut p = Pair::new(5);
+    let mut cq = p.a.create_cq(3);
+    let mut ua = p.a.create_qp(QPT_UD, p.pd_a, cq.cqn, cq.cqn);
+    p.a.bring_up_ud(ua.qpn, 0x1111, false);
+    let buf = p.a.alloc(64, 64);
+    for i in 0..3 {
+        let mut wqe = send_wr(i, WR_SEND, WQE_SIGNALED);
+        (wqe.ud_dlid, wqe.ud_remote_qpn, wqe.ud_qkey) = (p.b.lid(), 0x77, 0x1111);
+        p.a.write_send(&mut ua, &wqe, &[sge(buf, 64, p.key_a)], &[]);
+    }
+    // The producer index and the ring's name are written; the doorbell is still on its way.
+    p.a.hca.bar2().store_u32(ua.db, ua.sq_pi);
+    if let Some(ring) = ua.ring {
+        name_in_ring(p.a.hca.bar2(), ring, ua.qpn);
+    }
+    assert_eq!(
+        p.a.resize_cq(&mut cq, 0),
+        CMD_BAD_PARAM,
+        "3 CQEs in a ring of 1"
+    );
+    let done: Vec<u64> = p.a.drain_cq(&mut cq).iter().map(|c| c.wr_id).collect();
+    assert_eq!(done, [0, 1, 2]);
+}
+
 #[test]
 fn test_resize_cq_refuses_a_bad_handle_size_or_ring() {
     let mut d = Driver::new(None, 8);
