@@ -177,3 +177,15 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Node `i`'s port GUID as its hcab0 reports it (`xxxx:xxxx:xxxx:xxxx`), as ib_srpt names
+/// ports and initiators.
+pub fn port_guid(tb: &mut cluster::verbs::Testbed, i: usize) -> String {
+    let g = tb.agents[i]
+        .run(
+            "cat /sys/class/infiniband/hcab0/node_guid",
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    g.trim().to_string()
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use cluster::dsm::{close_all, connect_mesh, run_app};
 use cluster::verbs::{num, Mode, Testbed};
-use e2e::{image_or_skip, tshark_or_skip, BOOT_TIMEOUT};
+use e2e::{image_or_skip, port_guid, tshark_or_skip, BOOT_TIMEOUT};
 use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::*;
@@ -242,14 +242,6 @@ fn disk_read(tb: &mut Testbed, dev: &str, mib: u32) -> String {
         )
         .unwrap();
     out.split_whitespace().next().unwrap_or("").to_string()
-}
-
-/// Node `i`'s port GUID, as ib_srpt names ports and initiators.
-fn port_guid(tb: &mut Testbed, i: usize) -> String {
-    let g = tb.agents[i]
-        .run("cat /sys/class/infiniband/hcab0/node_guid", T)
-        .unwrap();
-    g.trim().to_string()
 }
 
 /// An adapter's catastrophic error on node3 (`hcabench fault node3 fatal`) with an NVMe-oF

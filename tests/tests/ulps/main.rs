@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use cluster::verbs::Testbed;
 use e2e::broadcast_members;
+pub(crate) use e2e::port_guid;
 use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 
@@ -132,14 +133,6 @@ fn fetch(tb: &mut Testbed, from: usize, to: usize) -> String {
         )
         .unwrap();
     out.split_whitespace().next().unwrap_or("").to_string()
-}
-
-/// A node's port GUID, as ib_srpt names ports and initiators.
-fn port_guid(tb: &mut Testbed, i: usize) -> String {
-    let g = tb.agents[i]
-        .run("cat /sys/class/infiniband/hcab0/node_guid", T)
-        .unwrap();
-    g.trim().to_string()
 }
 
 /// Sets a fault plan dropping 1% of the packets on every link (its `seed`) on the fabric,
