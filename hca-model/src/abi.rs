@@ -549,6 +549,10 @@ pub const EV_CATAS: u32 = 12;
 // Syndromes of EV_CATAS and HcaDevInfo::catas_syndrome.
 /// Injected from the host (`hcabench fault NODE fatal`).
 pub const CATAS_INJECTED: u32 = 1;
+/// The function was reset underneath its driver (`hcabench fault NODE reset`): it holds
+/// nothing the driver made, its EQs included (no event says so, only `catas_syndrome`),
+/// flushed nothing, and runs only what `EV_CATAS` allows until a RESET.
+pub const CATAS_RESET: u32 = 2;
 
 // Reasons in `data` of EV_CQ_ERR / EV_QP_FATAL.
 /// The CQ overflowed: the driver did not consume in time.
@@ -1634,6 +1638,7 @@ pub fn layout() -> Vec<(String, u64)> {
         EV_PKEY_CHANGE,
         EV_CATAS,
         CATAS_INJECTED,
+        CATAS_RESET,
         ERR_CQ_OVERFLOW,
         ERR_RING_ACCESS,
         ERR_WQ_INDEX,

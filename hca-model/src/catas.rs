@@ -12,12 +12,19 @@
 //! `CMD_FATAL`, and packets from the fabric are dropped unseen (the peers' RC QPs run out
 //! of retries, as against a dead port). `CMD_RESET` brings the function back to its
 //! power-on state and its port up.
+//!
+//! A function reset underneath the driver (`Hca::inject_reset`, `hcabench fault NODE
+//! reset`: what a hypervisor's or a firmware's reset does to a live driver) is harder: the
+//! device forgets every QP, CQ and EQ at once, so nothing is flushed and no event can say
+//! so. It keeps `CATAS_RESET` in `catas_syndrome` and refuses work as in an error until the
+//! driver's RESET, so that nothing the driver does before it notices (its health check
+//! reads the syndrome) reaches a device that no longer knows its handles; the driver
+//! completes its consumers' work in software.
 
 use std::sync::atomic::Ordering;
 
 use crate::abi::*;
 use crate::hca::HcaState;
-use crate::status::CmdError;
 
 /// Whether a command may run while the device is in a catastrophic error: queries and
 /// what tears down, never what creates or brings a QP back.
@@ -61,11 +68,26 @@ impl HcaState {
         self.dev.post_event(VEC_ASYNC, EV_CATAS, syndrome, 0);
     }
 
+    /// A reset underneath the driver: the function as at power-on, then held in
+    /// `CATAS_RESET` until the driver's own RESET. Whether the device was not in an error
+    /// already (a reset during one still forgets everything).
+    pub(crate) fn reset_underneath(&mut self) -> bool {
+        let first = self.dev.catas == 0;
+        self.reset_function();
+        self.dev.catas = CATAS_RESET;
+        self.dev.publish_info();
+        log::info!(
+            "LID {}: function reset underneath the driver: port down until its RESET",
+            self.dev.lid
+        );
+        first
+    }
+
     /// CMD_RESET: the function as at power-on. What the host set (fabric and LID, doorbell
     /// peer, budget, P_Keys) and what outlives a reset on real hardware (counters, key tags,
     /// so that a key from before the reset never matches a region registered after it)
     /// stay; the turn under way keeps its scratch state.
-    pub(crate) fn reset_function(&mut self) -> Result<(), CmdError> {
+    pub(crate) fn reset_function(&mut self) {
         let old = &mut self.dev;
         let mut fresh = HcaState::new(old.mem.clone(), old.bar2.clone(), old.node_guid);
         let new = &mut fresh.dev;
@@ -95,6 +117,5 @@ impl HcaState {
                 "DOWN"
             }
         );
-        Ok(())
     }
 }

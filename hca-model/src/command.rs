@@ -88,7 +88,7 @@ impl HcaState {
                     pkeys: self.dev.pkeys,
                 },
             ),
-            CMD_RESET => self.reset_function()?,
+            CMD_RESET => self.reset_function(),
             CMD_QUERY_COUNTERS => {
                 output(out, &self.dev.counters(input::<HcaCmdCounters>(mb).first)?)
             }

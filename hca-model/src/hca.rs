@@ -25,7 +25,7 @@ use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
 use crate::eq::Eq;
-use crate::fabric::{DropReason, Fabric, Lid, LidTaken, PacketSink, Rejected};
+use crate::fabric::{AdapterFault, DropReason, Fabric, Lid, LidTaken, PacketSink, Rejected};
 use crate::mr::{Mr, Pd};
 use crate::packet::Packet;
 use crate::qp::Qp;
@@ -845,11 +845,14 @@ impl PacketSink for Shared {
             .store(attached, Ordering::Release);
     }
 
-    fn catastrophic(&self) -> Option<bool> {
-        Some(self.with_state(|st| {
-            let first = st.dev.catas == 0;
-            st.catastrophic(CATAS_INJECTED);
-            first
+    fn adapter_fault(&self, fault: AdapterFault) -> Option<bool> {
+        Some(self.with_state(|st| match fault {
+            AdapterFault::Fatal => {
+                let first = st.dev.catas == 0;
+                st.catastrophic(CATAS_INJECTED);
+                first
+            }
+            AdapterFault::Reset => st.reset_underneath(),
         }))
     }
 
@@ -984,7 +987,13 @@ impl Hca {
     /// The adapter dies (`hcabench fault NODE fatal`): a catastrophic error, as catas.rs
     /// describes. False if it was in one already.
     pub fn inject_catastrophic(&self) -> bool {
-        self.shared.catastrophic() == Some(true)
+        self.shared.adapter_fault(AdapterFault::Fatal) == Some(true)
+    }
+
+    /// The function is reset underneath its driver (`hcabench fault NODE reset`), as
+    /// catas.rs describes. False if it was in a catastrophic error already.
+    pub fn inject_reset(&self) -> bool {
+        self.shared.adapter_fault(AdapterFault::Reset) == Some(true)
     }
 
     /// The syndrome of the device's catastrophic error (0: none).

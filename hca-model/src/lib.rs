@@ -97,7 +97,9 @@ pub use adapter_hook::{AdapterHook, IrqFate};
 pub use devmem::DeviceMemory;
 pub use dma::{DmaFault, DmaSpace, GuestRam};
 pub use doorbell::DoorbellPump;
-pub use fabric::{Fabric, FabricStats, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict};
+pub use fabric::{
+    AdapterFault, Fabric, FabricStats, LidTaken, LinkDir, LinkHook, LinkId, PacketTap, Verdict,
+};
 pub use hca::{Hca, HcaStats, InterruptSink, NoInterrupts};
 pub use qp::{INBOUND_WINDOW, INBOUND_WINDOW_RECORDS, WINDOW_FLOOR, WR_FIXED_BYTES, WR_SLOT_BYTES};
 pub use status::{CmdError, WcError};

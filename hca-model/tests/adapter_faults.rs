@@ -8,7 +8,7 @@ use std::time::Duration;
 use hca_model::abi::*;
 use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
 use hca_model::reliability::ack_timeout_ns;
-use hca_model::{Fabric, HcaStats};
+use hca_model::{AdapterFault, Fabric, HcaStats};
 use hca_test_driver::*;
 
 const MS: Duration = Duration::from_millis(1);
@@ -181,28 +181,40 @@ fn test_a_planned_node_kill_gives_its_peer_retry_exceeded() {
 }
 
 #[test]
-fn test_a_planned_catastrophic_error_comes_due_once_and_is_checked() {
-    let (mut p, hook) = pair_with("[[adapter]]\nlid = 2\nfatal_ms = 5\n");
+fn test_planned_adapter_faults_come_due_once_in_order_and_are_checked() {
+    let (mut p, hook) = pair_with("[[adapter]]\nlid = 2\nreset_ms = 9\nfatal_ms = 5\n");
     write(&mut p, 1);
     assert_eq!(statuses(&mut p), [(1, WC_SUCCESS)]);
     p.fabric.advance(4 * MS);
-    assert!(hook.due_fatals(p.fabric.now_ns()).is_empty());
+    assert!(hook.due_adapter_faults(p.fabric.now_ns()).is_empty());
     p.fabric.advance(MS);
-    assert_eq!(hook.due_fatals(p.fabric.now_ns()), [2]);
-    assert!(hook.due_fatals(p.fabric.now_ns()).is_empty(), "once");
+    let fatal = hook.due_adapter_faults(p.fabric.now_ns());
+    assert_eq!(fatal, [(2, AdapterFault::Fatal)]);
+    assert!(
+        hook.due_adapter_faults(p.fabric.now_ns()).is_empty(),
+        "once"
+    );
     assert_eq!(hook.counts().adapters_fatal, 1);
     // The caller gives it (as hcabench's daemon does): node2's peer then gets no answer.
-    assert_eq!(p.fabric.catastrophic(2), Some(true));
+    assert_eq!(p.fabric.adapter_fault(2, AdapterFault::Fatal), Some(true));
     write(&mut p, 2);
     let bound = Duration::from_nanos(4 * (ack_timeout_ns(8).unwrap() + 1_000_000));
     assert_eq!(wait_cqe(&mut p, bound), Some((2, WC_RETRY_EXC_ERR)));
-    for bad in [
-        "[[adapter]]\nfatal_ms = 5\n",
-        "[[adapter]]\nlid = 0\nfatal_ms = 5\n",
-        "[[adapter]]\nlid = 2\nfatal_ms = -1\n",
+    p.fabric.advance(4 * MS);
+    let reset = hook.due_adapter_faults(p.fabric.now_ns());
+    assert_eq!(reset, [(2, AdapterFault::Reset)]);
+    assert_eq!(hook.counts().adapters_reset, 1);
+    assert_eq!(p.fabric.adapter_fault(2, AdapterFault::Reset), Some(false));
+    assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_RESET);
+    for (bad, field) in [
+        ("[[adapter]]\nfatal_ms = 5\n", "fatal_ms"),
+        ("[[adapter]]\nlid = 0\nfatal_ms = 5\n", "fatal_ms"),
+        ("[[adapter]]\nlid = 2\nfatal_ms = -1\n", "fatal_ms"),
+        ("[[adapter]]\nreset_ms = 5\n", "reset_ms"),
+        ("[[adapter]]\nlid = 2\nreset_ms = nan\n", "reset_ms"),
     ] {
         let e = FaultPlan::parse(bad).unwrap_err().to_string();
-        assert!(e.contains("fatal_ms"), "{bad}: {e}");
+        assert!(e.contains(field), "{bad}: {e}");
     }
 }
 

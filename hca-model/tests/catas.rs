@@ -1,7 +1,9 @@
 //! Catastrophic errors (`hcabench fault NODE fatal`) and the function reset a driver
 //! recovers with: the dead adapter flushes what its consumers posted so that their teardown
 //! finishes, refuses new work, drops what the fabric brings it; RESET brings it back empty,
-//! its port up, and keys from before the reset match nothing after it.
+//! its port up, and keys from before the reset match nothing after it. A reset underneath
+//! the driver (`hcabench fault NODE reset`) forgets everything at once, flushes nothing,
+//! and holds the function until the driver's own reset.
 
 use std::time::Duration;
 
@@ -166,6 +168,59 @@ fn test_reset_on_a_healthy_adapter_drops_its_state_too() {
     assert_eq!(p.b.cmd_raw(CMD_RESET, &[], 0).0, CMD_OK);
     let mut b = Driver::with_port(p.b.hca.clone(), p.b.mem.clone());
     assert_eq!(b.cmd(CMD_QUERY_QP, &handle(qpn)).0, CMD_BAD_HANDLE);
+    assert_eq!(create_cq_status(&mut b), CMD_OK);
+}
+
+#[test]
+fn test_a_reset_underneath_forgets_everything_flushes_nothing_and_waits_for_the_driver() {
+    let mut p = Pair::new(MTU_4096 as u8);
+    let (qpn, cqn) = (p.qb.qpn, p.cq_b.cqn);
+    let buf = p.b.alloc(4096, 64);
+    p.b.post_recv(&mut p.qb, 11, &[sge(buf, 4096, p.key_b)]);
+    p.b.drain_eq(VEC_ASYNC);
+
+    assert!(p.b.hca.inject_reset());
+    assert!(!p.b.hca.inject_reset(), "it was held in the reset already");
+    let i = info(&p.b);
+    assert_eq!(
+        (i.catas_syndrome, u32::from(i.port_state)),
+        (CATAS_RESET, PORT_DOWN)
+    );
+    assert_eq!(p.b.drain_eq(VEC_ASYNC).len(), 0, "no EQ is left to say so");
+    assert_eq!(
+        p.b.drain_statuses(&mut p.cq_b),
+        vec![],
+        "nothing is flushed"
+    );
+    // A send rung now reaches no QP: it neither runs nor completes.
+    let w = send_wr(13, WR_SEND, WQE_SIGNALED);
+    p.b.post_send(&mut p.qb, w, &[sge(buf, 64, p.key_b)]);
+    assert_eq!(p.b.drain_statuses(&mut p.cq_b), vec![]);
+
+    // Until the driver resets it, what it made is unknown and new work is refused.
+    assert_eq!(p.b.cmd(CMD_DESTROY_QP, &handle(qpn)).0, CMD_BAD_HANDLE);
+    assert_eq!(p.b.cmd(CMD_DESTROY_CQ, &handle(cqn)).0, CMD_BAD_HANDLE);
+    assert_eq!(create_cq_status(&mut p.b), CMD_FATAL);
+
+    // Its peer's RC gets no answer, and nothing is written.
+    let (src, dst) = (p.a.alloc(4096, 64), p.b.alloc(4096, 64));
+    p.a.write(src, &pattern(4096, 7));
+    let mut w = send_wr(21, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, p.key_b);
+    p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
+    let c = completions_of_a(&mut p, 1, Duration::from_secs(5));
+    assert_eq!(c.len(), 1, "A's WRITE completes");
+    assert_eq!((c[0].wr_id, u32::from(c[0].status)), (21, WC_RETRY_EXC_ERR));
+    assert_eq!(p.b.read(dst, 4096), vec![0; 4096]);
+
+    // The driver's reset brings it back, as after a catastrophic error.
+    assert_eq!(p.b.cmd_raw(CMD_RESET, &[], 0).0, CMD_OK);
+    let i = info(&p.b);
+    assert_eq!(
+        (i.catas_syndrome, u32::from(i.port_state)),
+        (0, PORT_ACTIVE)
+    );
+    let mut b = Driver::with_port(p.b.hca.clone(), p.b.mem.clone());
     assert_eq!(create_cq_status(&mut b), CMD_OK);
 }
 

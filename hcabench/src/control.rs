@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
 use hca_model::sync::Unpoisoned;
-use hca_model::Fabric;
+use hca_model::{AdapterFault, Fabric};
 
 pub const SOCKET: &str = "control.sock";
 
@@ -49,7 +49,7 @@ fn same_user(stream: &UnixStream) -> bool {
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
                            delay US [JITTER_US] (these five in any number, one after another), \
-                           clear, kill, fatal";
+                           clear, kill, fatal, reset";
 
 /// Why the control socket could not be served, or a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -131,15 +131,15 @@ impl Control {
         self.hook.lock_unpoisoned().clone()
     }
 
-    /// Gives the HCAs whose planned catastrophic error (`[[adapter]] fatal_ms`) came due
-    /// theirs: the LIDs it did.
-    pub fn planned_fatals(&self) -> Vec<u16> {
+    /// Makes the HCA faults the plan has come due (`[[adapter]] fatal_ms`, `reset_ms`)
+    /// happen: the LIDs and faults it did.
+    pub fn planned_adapter_faults(&self) -> Vec<(u16, AdapterFault)> {
         let Some(h) = self.hook() else {
             return Vec::new();
         };
-        let due = h.due_fatals(self.fabric.now_ns());
+        let due = h.due_adapter_faults(self.fabric.now_ns());
         due.into_iter()
-            .filter(|&lid| self.fabric.catastrophic(lid).is_some())
+            .filter(|&(lid, f)| self.fabric.adapter_fault(lid, f).is_some())
             .collect()
     }
 
@@ -228,16 +228,22 @@ impl Control {
         };
         let lid = self.lid_of(node)?;
         let hook = self.hook_or_start()?;
-        if let ("fatal", []) = (*action, args) {
+        let adapter = match (*action, args) {
+            ("fatal", []) => Some(AdapterFault::Fatal),
+            ("reset", []) => Some(AdapterFault::Reset),
+            _ => None,
+        };
+        if let Some(fault) = adapter {
             let first = self
                 .fabric
-                .catastrophic(lid)
+                .adapter_fault(lid, fault)
                 .ok_or_else(|| RequestError::NoAdapter(node.to_string()))?;
-            hook.live(lid, LiveFault::Fatal, self.fabric.now_ns());
+            hook.live(lid, LiveFault::Adapter(fault), self.fabric.now_ns());
+            let name = fault.name();
             return Ok(if first {
-                format!("{node}: fatal")
+                format!("{node}: {name}")
             } else {
-                format!("{node}: fatal (its adapter was in a catastrophic error already)")
+                format!("{node}: {name} (its adapter was in a catastrophic error already)")
             });
         }
         let change = match (*action, args) {
@@ -542,7 +548,7 @@ mod tests {
     }
 
     #[test]
-    fn test_fatal_gives_the_nodes_adapter_a_catastrophic_error_once() {
+    fn test_fatal_and_reset_fault_the_nodes_adapter() {
         use hca_model::abi::*;
         use hca_test_driver::*;
         let p = Pair::new(MTU_4096 as u8);
@@ -558,6 +564,12 @@ mod tests {
         );
         let again = c.handle("fault node2 fatal").unwrap();
         assert!(again.contains("already"), "{again}");
+        // A reset underneath the driver forgets the error, and holds the function until
+        // the driver's own reset.
+        assert!(c.handle("fault node2 reset").unwrap().contains("already"));
+        assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_RESET);
+        assert_eq!(c.handle("fault node1 reset").unwrap(), "node1: reset");
+        assert_eq!(p.a.hca.catastrophic_syndrome(), CATAS_RESET);
         // node3 has no HCA on the fabric.
         let e = c.handle("fault node3 fatal").unwrap_err().to_string();
         assert!(e.contains("no adapter"), "{e}");
@@ -565,6 +577,8 @@ mod tests {
         h.flush();
         let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap();
         assert_eq!(log.matches("\"live\":\"fatal\"").count(), 2, "{log}");
+        assert_eq!(log.matches("\"live\":\"reset\"").count(), 2, "{log}");
+        assert_eq!(h.counts().adapters_reset, 2);
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -161,8 +161,11 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
                 note_killed(&state.nodes[i]);
             }
         }
-        for lid in control.planned_fatals() {
-            eprintln!("daemon: node{lid}: catastrophic error, as the fault plan says");
+        for (lid, fault) in control.planned_adapter_faults() {
+            eprintln!(
+                "daemon: node{lid}'s adapter: {}, as the fault plan says",
+                fault.name()
+            );
         }
         for (i, why) in cluster.newly_stopped() {
             let n = &state.nodes[i];

@@ -123,7 +123,8 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
         "fault plan report (seed {})\n  faults injected: {} (link down {}, dropped {}, \
          duplicated {}, reordered {}, corrupted {}, delayed {}, nodes killed {}, packets \
          to or from dead nodes {})\n  adapter faults: {} (WQE errors {}, doorbells lost {}, \
-         interrupts lost {}, interrupts late {}, CQ overflows {}, catastrophic errors {})\n",
+         interrupts lost {}, interrupts late {}, CQ overflows {}, catastrophic errors {}, resets \
+         underneath the driver {})\n",
         hook.seed(),
         c.total(),
         c.link_down,
@@ -140,7 +141,8 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
         c.interrupts_lost,
         c.interrupts_late,
         c.cq_overflows,
-        c.adapters_fatal
+        c.adapters_fatal,
+        c.adapters_reset
     );
     let mut sum = hca_model::HcaStats::default();
     for h in hcas {

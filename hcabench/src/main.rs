@@ -116,7 +116,9 @@ enum Cmd {
     /// NODE's adapter a catastrophic error: its port goes down and its work is flushed;
     /// hca_ib raises IB_EVENT_DEVICE_FATAL, its consumers tear down, and the driver resets
     /// the function and registers a new hcab0 (docs/guides/faults.md says what each ULP
-    /// does then). Each change is
+    /// does then). `reset` resets NODE's adapter underneath its driver: it forgets every
+    /// QP, CQ and EQ at once and flushes nothing; hca_ib notices within a second, completes
+    /// its consumers' work in software and recovers as from `fatal`. Each change is
     /// logged in faults.jsonl next to the plan's decisions, and `hcabench down` reports
     /// it. Example: `hcabench fault node2 link-down`.
     Fault {

@@ -218,9 +218,9 @@ impl Session {
         std::thread::scope(|s| {
             let job = s.spawn(|| work(agents));
             while !job.is_finished() {
-                for lid in hook.due_fatals(cluster.fabric().now_ns()) {
-                    if cluster.fabric().catastrophic(lid).is_some() {
-                        println!("  node{lid}'s adapter: catastrophic error, by the fault plan");
+                for (lid, fault) in hook.due_adapter_faults(cluster.fabric().now_ns()) {
+                    if cluster.fabric().adapter_fault(lid, fault).is_some() {
+                        println!("  node{lid}'s adapter: {}, by the fault plan", fault.name());
                     }
                 }
                 for lid in hook.due_kills(cluster.fabric().now_ns()) {

@@ -166,10 +166,32 @@ pub trait PacketSink: Send + Sync {
     fn counters(&self) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         None
     }
-    /// The adapter behind the port has a catastrophic error (an injected fault): whether it
-    /// is its first since a reset; None if the port has no adapter that can.
-    fn catastrophic(&self) -> Option<bool> {
+    /// The adapter behind the port suffers `fault` (injected): whether it was not in an
+    /// error already; None if the port has no adapter that can.
+    fn adapter_fault(&self, _fault: AdapterFault) -> Option<bool> {
         None
+    }
+}
+
+/// A fault of the adapter behind a port, injected by the host (`hcabench fault NODE
+/// fatal|reset`, `[[adapter]] fatal_ms|reset_ms` in a plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdapterFault {
+    /// A catastrophic error: the device flushes its QPs, reports the error and takes no
+    /// more work until its driver resets it.
+    Fatal,
+    /// A function reset underneath the driver: the device forgets everything at once,
+    /// flushes nothing, and waits for its driver's reset.
+    Reset,
+}
+
+impl AdapterFault {
+    /// The word that names it in `hcabench fault` and in fault logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdapterFault::Fatal => "fatal",
+            AdapterFault::Reset => "reset",
+        }
     }
 }
 
@@ -403,10 +425,11 @@ impl Fabric {
         self.port(lid)?.counters()
     }
 
-    /// The adapter at `lid` has a catastrophic error (`hcabench fault NODE fatal`): whether
-    /// it is its first since its driver reset it; None if no adapter there can.
-    pub fn catastrophic(&self, lid: Lid) -> Option<bool> {
-        self.port(lid)?.catastrophic()
+    /// The adapter at `lid` suffers `fault` (`hcabench fault NODE fatal|reset`): whether it
+    /// was not in an error already (since its driver last reset it); None if no adapter
+    /// there can.
+    pub fn adapter_fault(&self, lid: Lid, fault: AdapterFault) -> Option<bool> {
+        self.port(lid)?.adapter_fault(fault)
     }
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {

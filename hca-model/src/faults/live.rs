@@ -3,6 +3,7 @@
 use super::log::LogLine;
 use super::plan::LinkFaults;
 use super::FaultHook;
+use crate::fabric::AdapterFault;
 
 /// A change to a running plan (`hcabench fault NODE ...`).
 #[derive(Clone, Debug, PartialEq)]
@@ -17,9 +18,9 @@ pub enum LiveFault {
     Clear,
     /// The node dies: its link goes dead for good.
     Kill,
-    /// The node's adapter has a catastrophic error (the caller makes it so, through
-    /// `Fabric::catastrophic`; the hook logs it).
-    Fatal,
+    /// The node's adapter suffers a fault (the caller makes it so, through
+    /// `Fabric::adapter_fault`; the hook logs and counts it).
+    Adapter(AdapterFault),
 }
 
 impl FaultHook {
@@ -53,9 +54,9 @@ impl FaultHook {
                 st.counts.nodes_killed += 1;
                 "kill".to_string()
             }
-            LiveFault::Fatal => {
-                st.counts.adapters_fatal += 1;
-                "fatal".to_string()
+            LiveFault::Adapter(fault) => {
+                st.counts.count_adapter_fault(*fault);
+                fault.name().to_string()
             }
         };
         st.log(&LogLine {
@@ -71,29 +72,35 @@ impl FaultHook {
         self.lock().live_rules.get(&lid).cloned()
     }
 
-    /// HCAs (by LID) whose planned catastrophic error (`fatal_ms`) came due by fabric time
-    /// `now_ns` and was not yet returned: the caller gives them one
-    /// (`Fabric::catastrophic`). Each rule comes due once, logged.
-    pub fn due_fatals(&self, now_ns: u64) -> Vec<u16> {
+    /// HCAs (by LID) whose planned fault (`fatal_ms`, `reset_ms`) came due by fabric time
+    /// `now_ns` and was not yet returned, in the order they came due: the caller makes each
+    /// happen (`Fabric::adapter_fault`). Each comes due once, logged.
+    pub fn due_adapter_faults(&self, now_ns: u64) -> Vec<(u16, AdapterFault)> {
         let t = self.plan_ns(now_ns);
         let mut st = self.lock();
         let mut due = Vec::new();
         for (i, a) in self.plan.adapters.iter().enumerate() {
-            let (Some(ms), Some(lid)) = (a.fatal_ms, a.lid) else {
-                continue;
-            };
-            if (ms * 1e6) as u64 <= t && st.fatals_due.insert(i) {
-                st.counts.adapters_fatal += 1;
-                st.log(&LogLine {
-                    t_ns: t,
-                    node: Some(format!("lid{lid}")),
-                    fault: Some("fatal"),
-                    ..Default::default()
-                });
-                due.push(lid);
+            let Some(lid) = a.lid else { continue };
+            for (ms, fault) in [
+                (a.fatal_ms, AdapterFault::Fatal),
+                (a.reset_ms, AdapterFault::Reset),
+            ] {
+                let Some(ms) = ms else { continue };
+                let at = (ms * 1e6) as u64;
+                if at <= t && st.adapter_faults_due.insert((i, fault)) {
+                    st.counts.count_adapter_fault(fault);
+                    st.log(&LogLine {
+                        t_ns: t,
+                        node: Some(format!("lid{lid}")),
+                        fault: Some(fault.name()),
+                        ..Default::default()
+                    });
+                    due.push((at, lid, fault));
+                }
             }
         }
-        due
+        due.sort_by_key(|&(at, ..)| at);
+        due.into_iter().map(|(_, lid, f)| (lid, f)).collect()
     }
 
     /// Nodes the plan has killed by fabric time `now_ns` that were not yet returned: the

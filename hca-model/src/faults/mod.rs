@@ -40,6 +40,7 @@
 //! late_interrupt_us = 500
 //! cq_overflow_after = 1000  # the CQ (`cqn`, or each) overflows at its 1001st CQE
 //! fatal_ms = 8000       # node2's HCA has a catastrophic error (read from every rule)
+//! reset_ms = 20000      # node2's HCA is reset underneath its driver (every rule too)
 //! ```
 //!
 //! By concern: `plan` (the file's schema and checks), `draw` (seeded decisions), `link` and
@@ -63,6 +64,7 @@ use std::sync::Mutex;
 pub use live::LiveFault;
 pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults, PlanError};
 
+use crate::fabric::AdapterFault;
 use crate::sync::Unpoisoned;
 use draw::Stream;
 use log::LogLine;
@@ -99,9 +101,19 @@ pub struct FaultCounts {
     /// Catastrophic errors given to HCAs (planned `fatal_ms`, and `hcabench fault NODE
     /// fatal`).
     pub adapters_fatal: u64,
+    /// HCAs reset underneath their drivers (planned `reset_ms`, and `hcabench fault NODE
+    /// reset`).
+    pub adapters_reset: u64,
 }
 
 impl FaultCounts {
+    fn count_adapter_fault(&mut self, fault: AdapterFault) {
+        match fault {
+            AdapterFault::Fatal => self.adapters_fatal += 1,
+            AdapterFault::Reset => self.adapters_reset += 1,
+        }
+    }
+
     /// Every fault counted, of all kinds.
     pub fn total(&self) -> u64 {
         self.link_down
@@ -123,6 +135,7 @@ impl FaultCounts {
             + self.interrupts_late
             + self.cq_overflows
             + self.adapters_fatal
+            + self.adapters_reset
     }
 }
 
@@ -137,8 +150,8 @@ struct State {
     dead: HashMap<u16, u64>,
     /// Kills already handed to whoever stops the guests.
     kills_reported: HashSet<u16>,
-    /// Adapter rules (by index) whose `fatal_ms` came due.
-    fatals_due: HashSet<usize>,
+    /// Adapter rules (by index) whose `fatal_ms` or `reset_ms` came due.
+    adapter_faults_due: HashSet<(usize, AdapterFault)>,
 }
 
 impl State {

@@ -56,6 +56,9 @@ pub struct AdapterFaults {
     /// The HCA (`lid` must name it) has a catastrophic error this many milliseconds after
     /// the plan starts, as `hcabench fault NODE fatal` gives it one now.
     pub fatal_ms: Option<f64>,
+    /// The HCA (`lid` must name it) is reset underneath its driver this many milliseconds
+    /// after the plan starts, as `hcabench fault NODE reset` does now.
+    pub reset_ms: Option<f64>,
 }
 
 /// Which directions of a link a rule applies to.
@@ -142,13 +145,15 @@ pub enum PlanError {
         /// The time given.
         kill_ms: f64,
     },
-    /// `fatal_ms` without the LID of one HCA, or not a time >= 0.
-    #[error("adapter {adapter}: fatal_ms = {fatal_ms} (want one HCA's lid and a time >= 0)")]
-    Fatal {
+    /// `fatal_ms` or `reset_ms` without the LID of one HCA, or not a time >= 0.
+    #[error("adapter {adapter}: {field} = {ms} (want one HCA's lid and a time >= 0)")]
+    AdapterFaultTime {
         /// The adapter rule, from 1.
         adapter: usize,
+        /// `fatal_ms` or `reset_ms`.
+        field: &'static str,
         /// The time given.
-        fatal_ms: f64,
+        ms: f64,
     },
     /// `error_wqe = 0`.
     #[error("adapter {adapter}: error_wqe counts from 1 (the first WQE)")]
@@ -201,11 +206,13 @@ impl FaultPlan {
             }
         }
         for (i, a) in plan.adapters.iter().enumerate() {
-            if let Some(ms) = a.fatal_ms {
+            for (field, ms) in [("fatal_ms", a.fatal_ms), ("reset_ms", a.reset_ms)] {
+                let Some(ms) = ms else { continue };
                 if !(ms.is_finite() && ms >= 0.0) || a.lid.is_none_or(|l| l == 0) {
-                    return Err(PlanError::Fatal {
+                    return Err(PlanError::AdapterFaultTime {
                         adapter: i + 1,
-                        fatal_ms: ms,
+                        field,
+                        ms,
                     });
                 }
             }
