@@ -8,6 +8,16 @@
  * unbound, so that ib_core's clients tear down (the device still flushes
  * and destroys what they had), and bound again; probe resets the function
  * and registers a new ib_device.
+ *
+ * A reset underneath the driver (HCA_CATAS_RESET: a hypervisor's or a
+ * firmware's) leaves a device that knows none of the driver's queues, EQs
+ * included, so only the health check hears of it. Nothing will complete
+ * what consumers posted, nor the WRs their teardown posts to drain a QP
+ * (ib_drain_qp). So, as mlx5 does once its device is dead, the driver
+ * completes every outstanding WR itself with IB_WC_WR_FLUSH_ERR (poll_cq,
+ * cq.c) and calls the handlers of the CQs their consumers armed; and it
+ * sends no more commands: what tears down succeeds, the device holding
+ * nothing to tear down, and the rest fails with -EIO.
  */
 #include <linux/delay.h>
 #include <linux/workqueue.h>
@@ -48,7 +58,77 @@ static void hca_recover(struct work_struct *work)
 	kfree(r);
 }
 
-/* Any context: from the async EQ's interrupt or the health check. */
+/* A command to a device that lost its state: what it would have done. */
+int hca_cmd_lost(u32 opcode, const void *in, size_t in_len)
+{
+	const struct hca_cmd_modify_qp *m = in;
+
+	switch (opcode) {
+	case HCA_CMD_DEALLOC_PD:
+	case HCA_CMD_DEREG_MR:
+	case HCA_CMD_DEALLOC_MW:
+	case HCA_CMD_DESTROY_CQ:
+	case HCA_CMD_DESTROY_QP:
+	case HCA_CMD_DETACH_MCAST:
+	case HCA_CMD_DESTROY_SRQ:
+	case HCA_CMD_SET_PORT_CAP:
+		return 0;
+	case HCA_CMD_MODIFY_QP:
+		/* To RESET or ERR: where the reset left every QP anyway. */
+		if (in_len >= sizeof(*m) && (m->attr_mask & HCA_QP_ATTR_STATE) &&
+		    (m->attr.state == HCA_QPS_RESET ||
+		     m->attr.state == HCA_QPS_ERR))
+			return 0;
+		return -EIO;
+	default:
+		return -EIO;
+	}
+}
+
+/*
+ * Calls the handler of each kernel CQ whose consumer armed it and that has
+ * work to flush, as a completion event would (eq.c: under table_lock,
+ * interrupts off). A handler that arms its CQ again schedules this again.
+ */
+static void hca_sw_notify_work(struct work_struct *work)
+{
+	struct hca_dev *dev = container_of(work, struct hca_dev, sw_notify);
+	unsigned long flags;
+	struct hca_cq *cq;
+	bool call;
+	u32 i;
+
+	spin_lock_irqsave(&dev->table_lock, flags);
+	for (i = 0; i < HCA_MAX_CQ; i++) {
+		cq = dev->cqs[i];
+		if (!cq || cq->uc || !cq->ibcq.comp_handler)
+			continue;
+		spin_lock(&cq->lock);
+		call = cq->sw_armed && hca_cq_flush_pending(cq);
+		if (call)
+			cq->sw_armed = false;
+		spin_unlock(&cq->lock);
+		if (call)
+			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	}
+	spin_unlock_irqrestore(&dev->table_lock, flags);
+}
+
+void hca_sw_notify_init(struct hca_dev *dev)
+{
+	INIT_WORK(&dev->sw_notify, hca_sw_notify_work);
+}
+
+/* Work was posted or a CQ armed on a device that lost its state. */
+void hca_sw_notify(struct hca_dev *dev)
+{
+	schedule_work(&dev->sw_notify);
+}
+
+/*
+ * Any context: from the async EQ's interrupt, the health check, or a
+ * command that waited for an event in vain.
+ */
 void hca_catastrophic(struct hca_dev *dev, u32 syndrome)
 {
 	struct ib_event ev = {
@@ -57,6 +137,15 @@ void hca_catastrophic(struct hca_dev *dev, u32 syndrome)
 	};
 	struct hca_recovery *r;
 
+	/* Even in a recovery already under way: its teardown needs it. */
+	if (syndrome == HCA_CATAS_RESET &&
+	    !test_and_set_bit(HCA_CATAS_LOST, &dev->catas)) {
+		dev_err(&dev->pdev->dev,
+			"function reset underneath the driver: completing its work in software\n");
+		/* A command waiting for its event goes on without the device. */
+		complete(&dev->cmd_done);
+		hca_sw_notify(dev);
+	}
 	if (test_and_set_bit(HCA_CATAS_SEEN, &dev->catas))
 		return;
 	dev_err(&dev->pdev->dev, "catastrophic error, syndrome %u\n", syndrome);

@@ -43,9 +43,17 @@ void hca_cmd_complete(struct hca_dev *dev, u32 seq, u32 status)
 static int hca_cmd_wait(struct hca_dev *dev, u32 seq)
 {
 	unsigned long left = msecs_to_jiffies(HCA_IB_CMD_TIMEOUT_MS);
+	u32 syndrome;
 
 	if (wait_for_completion_timeout(&dev->cmd_done, left))
 		return 0;
+	/* A device reset underneath the driver has no EQ to answer on. */
+	syndrome = ioread32(dev->bar2 + offsetof(struct hca_dev_info,
+						 catas_syndrome));
+	if (syndrome == HCA_CATAS_RESET) {
+		hca_catastrophic(dev, syndrome);
+		return 0;
+	}
 	/* A lost interrupt still leaves done_seq behind: trust BAR2. */
 	if (ioread32(dev->bar2 + MBOX(done_seq)) == seq) {
 		dev->cmd_status = ioread32(dev->bar2 + MBOX(status));
@@ -64,6 +72,8 @@ int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
 	if (in_len > sizeof_field(struct hca_cmd_mailbox, input) ||
 	    out_len > sizeof_field(struct hca_cmd_mailbox, output))
 		return -EINVAL;
+	if (hca_lost(dev))
+		return hca_cmd_lost(opcode, in, in_len);
 	mutex_lock(&dev->cmd_mutex);
 	memset_io(dev->bar2 + MBOX(input), 0,
 		  sizeof_field(struct hca_cmd_mailbox, input));
@@ -79,7 +89,9 @@ int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
 	iowrite32(seq, dev->bar2 + MBOX(seq));
 	hca_ring(dev, HCA_DB_CMD);
 	err = hca_cmd_wait(dev, seq);
-	if (!err) {
+	if (hca_lost(dev)) {
+		err = hca_cmd_lost(opcode, in, in_len);
+	} else if (!err) {
 		err = hca_status_errno(dev->cmd_status);
 		if (!err && out_len)
 			memcpy_fromio(out, dev->bar2 + MBOX(output), out_len);

@@ -88,6 +88,8 @@ int hca_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 	}
 	spin_lock_init(&cq->lock);
 	mutex_init(&cq->resize_lock);
+	INIT_LIST_HEAD(&cq->send_qps);
+	INIT_LIST_HEAD(&cq->recv_qps);
 	cq->vector = HCA_VEC_COMP_FIRST + attr->comp_vector % HCA_IB_NUM_COMP_VECTORS;
 	in.ring_addr = cq->ring_dma;
 	in.log_entries = cq->log_entries;
@@ -344,6 +346,61 @@ static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 	}
 }
 
+/* Whether a kernel QP completing on cq has work outstanding. Caller holds cq->lock. */
+bool hca_cq_flush_pending(struct hca_cq *cq)
+{
+	struct hca_qp *qp;
+
+	list_for_each_entry(qp, &cq->send_qps, send_node)
+		if (!qp->uc && READ_ONCE(qp->sq.pi) != qp->sq.ci)
+			return true;
+	list_for_each_entry(qp, &cq->recv_qps, recv_node)
+		if (!qp->uc && !qp->srq && READ_ONCE(qp->rq.pi) != qp->rq.ci)
+			return true;
+	return false;
+}
+
+/* Up to num of wq's outstanding WRs, oldest first, as flushed. */
+static int hca_flush_wq(struct hca_qp *qp, struct hca_wq *wq, spinlock_t *lock,
+			enum ib_wc_opcode opcode, int num, struct ib_wc *wc)
+{
+	int n = 0;
+
+	spin_lock(lock);
+	for (; n < num && wq->ci != wq->pi; n++) {
+		memset(&wc[n], 0, sizeof(wc[n]));
+		wc[n].wr_id = wq->wrid[wq->ci & ((1 << wq->log_entries) - 1)];
+		wc[n].status = IB_WC_WR_FLUSH_ERR;
+		wc[n].opcode = opcode;
+		wc[n].qp = &qp->ibqp;
+		wc[n].port_num = 1;
+		WRITE_ONCE(wq->ci, wq->ci + 1);
+	}
+	spin_unlock(lock);
+	return n;
+}
+
+/*
+ * The device lost its state (catas.c): every WR still outstanding on a QP
+ * that completes on cq ends flushed, as the device would have flushed it.
+ * Caller holds cq->lock, under which the work queues' locks are taken.
+ */
+static int hca_poll_flushed(struct hca_cq *cq, int num, struct ib_wc *wc)
+{
+	struct hca_qp *qp;
+	int n = 0;
+
+	list_for_each_entry(qp, &cq->send_qps, send_node)
+		if (!qp->uc)
+			n += hca_flush_wq(qp, &qp->sq, &qp->sq_lock, IB_WC_SEND,
+					  num - n, wc + n);
+	list_for_each_entry(qp, &cq->recv_qps, recv_node)
+		if (!qp->uc && !qp->srq)
+			n += hca_flush_wq(qp, &qp->rq, &qp->rq_lock, IB_WC_RECV,
+					  num - n, wc + n);
+	return n;
+}
+
 int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
 {
 	struct hca_dev *dev = to_hdev(ibcq->device);
@@ -360,6 +417,8 @@ int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
 		if (wc[n].qp)
 			n++;
 	}
+	if (hca_lost(dev) && n < num)
+		n += hca_poll_flushed(cq, num - n, wc + n);
 	iowrite32(cq->ci, hca_cq_db(dev, cq->cqn) + offsetof(struct hca_cq_db, ci));
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return n;
@@ -381,6 +440,13 @@ int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 	/* CQEs already in the ring do not fire the arm: tell the caller. */
 	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) && hca_next_cqe(cq))
 		missed = 1;
+	cq->sw_armed = true;
+	/* Nor does work flushed in software: neither the arm nor its event. */
+	if (hca_lost(dev) && (flags & IB_CQ_REPORT_MISSED_EVENTS) &&
+	    hca_cq_flush_pending(cq))
+		missed = 1;
 	spin_unlock_irqrestore(&cq->lock, irqflags);
+	if (hca_lost(dev))
+		hca_sw_notify(dev);
 	return missed;
 }

@@ -27,6 +27,8 @@
  *       dev->table_lock
  *         cq->lock | qp->sq_lock | qp->rq_lock | srq->lock
  *           srq->lock (poll_cq retires SRQ slots under cq->lock)
+ *           qp->sq_lock, qp->rq_lock (poll_cq flushes in software under
+ *             cq->lock once the device lost its state: catas.c)
  *           dev->sq_ring_lock[r] (post_send names the QP under qp->sq_lock)
  *
  * table_lock is held across the consumer's completion and event handlers
@@ -35,7 +37,7 @@
  * (qp->sq_lock, qp->rq_lock), so these three nest inside table_lock and
  * never the other way round: nothing takes table_lock while holding one of
  * them (hca_qp_unpublish takes table_lock, drops it, then takes each CQ's
- * lock alone), and none of them is held while another of them is taken.
+ * lock alone), and nothing takes cq->lock while holding another of them.
  * cmd_mutex sleeps, so it is never taken under a spinlock; verbs that issue
  * commands (create, modify, destroy) take the spinlocks only after or
  * between commands. The handlers run in hard interrupt context, so every
@@ -133,16 +135,31 @@ struct hca_dev {
 	spinlock_t sq_ring_lock[HCA_SQ_RINGS];
 	u32 sq_ring_pi[HCA_SQ_RINGS];
 
-	/* Catastrophic errors (catas.c): HCA_CATAS_* bits, health check. */
+	/*
+	 * Catastrophic errors (catas.c): HCA_CATAS_* bits, health check, and
+	 * the work that calls consumers' completion handlers for what the
+	 * driver completes in software.
+	 */
 	unsigned long catas;
 	struct delayed_work health;
+	struct work_struct sw_notify;
 };
 
 /* Bits of hca_dev.catas */
 enum {
 	HCA_CATAS_REGISTERED,	/* ib_register_device succeeded */
 	HCA_CATAS_SEEN,		/* recovery is under way */
+	/*
+	 * The device was reset underneath the driver and holds nothing of
+	 * it: commands are not sent, and work is completed in software.
+	 */
+	HCA_CATAS_LOST,
 };
+
+static inline bool hca_lost(struct hca_dev *dev)
+{
+	return unlikely(test_bit(HCA_CATAS_LOST, &dev->catas));
+}
 
 /* The kinds of doorbell record slots in a UAR page (hca_uapi.h). */
 enum hca_uar_kind {
@@ -229,6 +246,14 @@ struct hca_cq {
 	/* Guards ring, log_entries and mmap against two resizes at once. */
 	struct mutex resize_lock;
 	struct rdma_user_mmap_entry *mmap;
+	/*
+	 * Under lock: the QPs whose sends and whose receives complete here
+	 * (for the software flush), and whether the consumer armed the CQ
+	 * since the driver last called its handler for that flush.
+	 */
+	struct list_head send_qps;
+	struct list_head recv_qps;
+	bool sw_armed;
 };
 
 /* One work queue: a ring in guest RAM plus the consumer's wr_ids. */
@@ -283,6 +308,9 @@ struct hca_qp {
 	/* A process's QP: its rings and UAR slot. */
 	struct hca_ucontext *uc;
 	int db_slot;
+	/* On its CQs' send_qps and recv_qps lists, under their locks. */
+	struct list_head send_node;
+	struct list_head recv_node;
 };
 
 static inline struct hca_dev *to_hdev(struct ib_device *ibdev)
@@ -349,6 +377,9 @@ void hca_uar_slot_put(struct hca_ucontext *uc, enum hca_uar_kind kind,
 
 /* catas.c */
 void hca_catastrophic(struct hca_dev *dev, u32 syndrome);
+int hca_cmd_lost(u32 opcode, const void *in, size_t in_len);
+void hca_sw_notify_init(struct hca_dev *dev);
+void hca_sw_notify(struct hca_dev *dev);
 void hca_health_start(struct hca_dev *dev);
 void hca_health_stop(struct hca_dev *dev);
 int hca_reset(struct hca_dev *dev);
@@ -392,6 +423,7 @@ int hca_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int hca_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc);
 void hca_cq_clean(struct hca_cq *cq, struct hca_qp *qp);
 int hca_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
+bool hca_cq_flush_pending(struct hca_cq *cq);
 
 /* qp.c; the work-queue helpers serve SRQs too */
 int hca_wq_size(struct hca_wq *wq, u32 wr, u32 hdr, u32 sge, u32 inl,

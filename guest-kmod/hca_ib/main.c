@@ -109,6 +109,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	spin_lock_init(&dev->table_lock);
 	spin_lock_init(&dev->port_lock);
 	ida_init(&dev->uar_ida);
+	hca_sw_notify_init(dev);
 	err = hca_map(dev);
 	if (err)
 		goto err_free;
@@ -144,6 +145,7 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 err_eq:
 	hca_eq_cleanup(dev);
 err_free:
+	cancel_work_sync(&dev->sw_notify);
 	ida_destroy(&dev->uar_ida);
 	ib_dealloc_device(&dev->ibdev);
 	return err;
@@ -156,6 +158,8 @@ static void hca_remove(struct pci_dev *pdev)
 	hca_health_stop(dev);
 	/* Consumers tear down first; their destroy commands need the EQs. */
 	ib_unregister_device(&dev->ibdev);
+	/* Nothing is left to flush: no consumer is left to arm a CQ. */
+	cancel_work_sync(&dev->sw_notify);
 	/*
 	 * Processes could write ivshmem's INTx mask and status in the page of
 	 * the doorbell register; left asserted, INTx would fire once MSI-X

@@ -282,6 +282,9 @@ int hca_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		hca_ring(dev, HCA_DB_SQ);
 	}
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
+	/* The device will not complete it: the driver flushes it (catas.c). */
+	if (hca_lost(dev))
+		hca_sw_notify(dev);
 	return err;
 }
 
@@ -339,5 +342,7 @@ int hca_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		hca_ring(dev, HCA_DB_RQ);
 	}
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	if (hca_lost(dev))
+		hca_sw_notify(dev);
 	return err;
 }

@@ -156,6 +156,8 @@ static void hca_qp_free_rings(struct hca_dev *dev, struct hca_qp *qp)
 
 static int hca_qp_publish(struct hca_dev *dev, struct hca_qp *qp)
 {
+	struct hca_cq *scq = to_hcq(qp->ibqp.send_cq);
+	struct hca_cq *rcq = to_hcq(qp->ibqp.recv_cq);
 	unsigned long flags;
 
 	if (qp->qpn >= HCA_MAX_QP)
@@ -163,6 +165,12 @@ static int hca_qp_publish(struct hca_dev *dev, struct hca_qp *qp)
 	spin_lock_irqsave(&dev->table_lock, flags);
 	WRITE_ONCE(dev->qps[qp->qpn], qp);
 	spin_unlock_irqrestore(&dev->table_lock, flags);
+	spin_lock_irqsave(&scq->lock, flags);
+	list_add_tail(&qp->send_node, &scq->send_qps);
+	spin_unlock_irqrestore(&scq->lock, flags);
+	spin_lock_irqsave(&rcq->lock, flags);
+	list_add_tail(&qp->recv_node, &rcq->recv_qps);
+	spin_unlock_irqrestore(&rcq->lock, flags);
 	return 0;
 }
 
@@ -403,10 +411,12 @@ static void hca_qp_unpublish(struct hca_dev *dev, struct hca_qp *qp)
 	spin_unlock_irqrestore(&dev->table_lock, flags);
 	spin_lock_irqsave(&scq->lock, flags);
 	hca_cq_clean(scq, qp);
+	list_del(&qp->send_node);
 	spin_unlock_irqrestore(&scq->lock, flags);
 	spin_lock_irqsave(&rcq->lock, flags);
 	if (rcq != scq)
 		hca_cq_clean(rcq, qp);
+	list_del(&qp->recv_node);
 	spin_unlock_irqrestore(&rcq->lock, flags);
 	synchronize_irq(dev->irq[HCA_VEC_ASYNC]);
 }

@@ -315,6 +315,8 @@
 /* param = syndrome: port down, QPs flushed, teardown only until RESET */
 #define HCA_EV_CATAS			12
 #define HCA_CATAS_INJECTED		1
+/* Reset underneath the driver: nothing it made survives, EQs included */
+#define HCA_CATAS_RESET			2
 #define HCA_ERR_CQ_OVERFLOW		1
 #define HCA_ERR_RING_ACCESS		2
 #define HCA_ERR_WQ_INDEX		3
