@@ -3,11 +3,13 @@
 //! - a capture of a verbs ping-pong and an RDMA Write, decoded by Debian's tshark: the
 //!   opcodes and the QPNs the guests' own QPs have;
 //! - the ping-pong under 1% packet drops: every round trip done, the data verified;
-//! - an adapter's catastrophic error (`hcabench fault NODE fatal`): hca_ib raises
-//!   IB_EVENT_DEVICE_FATAL, its consumers tear down, it resets the function and registers
-//!   hcab0 again, with no oops; the NVMe-oF host's controller and the SRP initiator's disk
-//!   go and, connected again, read back what they wrote before; RDS, IPoIB on the new ib0,
-//!   the DSM and a new verbs connection run verified;
+//! - an adapter's catastrophic error (`hcabench fault NODE fatal`), then a function reset
+//!   underneath its driver (`hcabench fault NODE reset`): hca_ib raises
+//!   IB_EVENT_DEVICE_FATAL, its consumers tear down (after the reset, on work hca_ib
+//!   completes in software), it resets the function and registers hcab0 again, with no
+//!   oops or warning; the NVMe-oF host's controller and the SRP initiator's disk go and,
+//!   connected again, read back what they wrote before; RDS, IPoIB on the new ib0, the DSM
+//!   and a new verbs connection run verified;
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
 //!   the device server and the other nodes go on (a new connection runs clean); a DSM
 //!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
@@ -20,9 +22,11 @@ use std::time::{Duration, Instant};
 use cluster::dsm::{close_all, connect_mesh, run_app};
 use cluster::verbs::{num, Mode, Testbed};
 use e2e::{image_or_skip, port_guid, tshark_or_skip, BOOT_TIMEOUT};
+use hca_model::abi::{CATAS_INJECTED, CATAS_RESET};
 use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 use hca_model::packet::*;
+use hca_model::AdapterFault;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -36,7 +40,7 @@ fn test_capture_drops_and_a_killed_node_on_real_guests() {
     let mut tb = Testbed::boot(&spec, BOOT_TIMEOUT, &mut |m| eprintln!("  {m}")).unwrap();
     capture_is_decoded_by_tshark(&mut tb, &dir);
     ping_pong_survives_one_percent_drops(&mut tb);
-    a_dead_adapter_is_reset_and_its_consumers_come_back(&mut tb);
+    adapter_faults_are_recovered_and_consumers_come_back(&mut tb);
     a_killed_node_fails_its_peers_work_only(&mut tb);
 }
 
@@ -137,7 +141,7 @@ fn recovery_log(tb: &mut Testbed) -> String {
     loop {
         let log = tb.agents[2]
             .run(
-                "dmesg | grep -i -e 'hca_ib' -e 'BUG' -e 'Oops' -e 'Call Trace'",
+                "dmesg | grep -i -e 'hca_ib' -e 'BUG' -e 'Oops' -e 'Call Trace'; true",
                 T,
             )
             .unwrap();
@@ -244,30 +248,24 @@ fn disk_read(tb: &mut Testbed, dev: &str, mib: u32) -> String {
     out.split_whitespace().next().unwrap_or("").to_string()
 }
 
-/// An adapter's catastrophic error on node3 (`hcabench fault node3 fatal`) with an NVMe-oF
+/// Adapter faults on node3, a catastrophic error (`hcabench fault node3 fatal`) and then a
+/// function reset underneath its driver (`hcabench fault node3 reset`), each with an NVMe-oF
 /// host, an SRP initiator, an RDS connection, the DSM, IPoIB and a verbs connection on it:
 /// hca_ib resets the function and registers again with no oops; each consumer fails cleanly
-/// and comes back as its user brings it back, the data written before the error read back
+/// and comes back as its user brings it back, the data written before the fault read back
 /// after it.
-fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
+fn adapter_faults_are_recovered_and_consumers_come_back(tb: &mut Testbed) {
     for (i, addr) in [(0, "10.78.0.1/24"), (2, "10.78.0.3/24")] {
         tb.agents[i].run(&format!("ipoib-up {addr}"), T).unwrap();
     }
-    let ping = "ping -c 3 -W 2 10.78.0.3 >/dev/null 2>&1; echo ping=$?";
-    assert!(tb.agents[0].run(ping, T).unwrap().contains("ping=0"));
-    // node1 exports a RAM disk over NVMe-oF; node3 writes 8 MiB of random bytes to it.
+    // node1 exports a RAM disk over NVMe-oF, node2 its own over SRP to node3.
     let target = tb.agents[0].run("nvmeof target 16", T).unwrap();
     assert!(target.contains("at rdma 10.78.0.1:4420"), "{target}");
-    let nvme = nvme_connect(tb);
-    let nvme_written = disk_write(tb, &nvme, 8);
-    // node2 exports its RAM disk over SRP to node3, which writes 4 MiB to it.
     let (guid2, guid3) = (port_guid(tb, 1), port_guid(tb, 2));
     let srp = tb.agents[1]
         .run(&format!("srp target 16 {guid3}"), T)
         .unwrap();
     assert!(srp.contains("srp: LUN 0"), "{srp}");
-    let sd = srp_connect(tb, &guid2);
-    let srp_written = disk_write(tb, &sd, 4);
     // RDS between node3 and node1's echo server.
     for i in [0, 2] {
         tb.agents[i].run("rds-up", T).unwrap();
@@ -278,24 +276,54 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
             T,
         )
         .unwrap();
+    for fault in [AdapterFault::Fatal, AdapterFault::Reset] {
+        an_adapter_fault_is_recovered(tb, fault, &guid2);
+    }
+    tb.agents[0].run("killall rds-echo; true", T).unwrap();
+    for i in [0, 2] {
+        tb.agents[i]
+            .run("ip addr flush dev ib0; ip link set ib0 down", T)
+            .unwrap();
+    }
+    // As the steps before left it: node1's verbs connection is to node2.
+    tb.connect_pair(0, 1, "hcab0").unwrap();
+}
+
+/// One adapter fault on node3 (LID 3), its consumers set up before it and checked after.
+fn an_adapter_fault_is_recovered(tb: &mut Testbed, fault: AdapterFault, srp_target: &str) {
+    let what = fault.name();
+    let ping = "ping -c 3 -W 2 10.78.0.3 >/dev/null 2>&1; echo ping=$?";
+    assert!(tb.agents[0].run(ping, T).unwrap().contains("ping=0"));
+    let nvme = nvme_connect(tb);
+    let nvme_written = disk_write(tb, &nvme, 8);
+    let sd = srp_connect(tb, srp_target);
+    let srp_written = disk_write(tb, &sd, 4);
     let (ok, out) = rds_ping(tb);
-    assert!(ok, "RDS before the error: {out}");
+    assert!(ok, "RDS before {what}: {out}");
     // The DSM across the three nodes, and a verbs connection node1 -> node3.
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     tb.connect_pair(0, 2, "hcab0").unwrap();
 
-    // node3's adapter dies (LID 3), as `hcabench fault node3 fatal` makes it.
+    // What node3's kernel says from here on is this fault's.
+    tb.agents[2].run("dmesg -c > /dev/null", T).unwrap();
     let began = Instant::now();
-    assert_eq!(tb.fabric().catastrophic(3), Some(true));
+    assert_eq!(tb.fabric().adapter_fault(3, fault), Some(true));
+    let syndrome = match fault {
+        AdapterFault::Fatal => CATAS_INJECTED,
+        AdapterFault::Reset => CATAS_RESET,
+    };
     let log = recovery_log(tb);
     assert!(
-        log.contains("catastrophic error, syndrome 1")
+        log.contains(&format!("syndrome {syndrome}"))
             && log.contains("recovered from a catastrophic error"),
-        "node3 did not recover in 60 s:\n{log}\n{}",
+        "node3 did not recover from {what} in 60 s:\n{log}\n{}",
         tb.console(2)
     );
-    for bad in ["BUG", "Oops", "Call Trace"] {
-        assert!(!log.contains(bad), "node3's kernel: {bad}:\n{log}");
+    for bad in ["BUG", "Oops", "Call Trace", "WARNING"] {
+        assert!(
+            !log.contains(bad),
+            "node3's kernel after {what}: {bad}:\n{log}"
+        );
     }
     let port = tb.agents[2]
         .run("cat /sys/class/infiniband/hcab0/ports/1/state", T)
@@ -303,7 +331,7 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
     assert_eq!(port.trim(), "4: ACTIVE", "the new hcab0's port");
     assert_eq!(tb.hca(2).unwrap().catastrophic_syndrome(), 0, "reset");
     eprintln!(
-        "node3's hca_ib reset its dead adapter in {:?}",
+        "node3's hca_ib recovered from {what} in {:?}",
         began.elapsed()
     );
 
@@ -311,23 +339,20 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
     let left = tb.agents[2]
         .run(&format!("ls /sys/block | grep -e '^{sd}$'; true"), T)
         .unwrap();
-    assert_eq!(left.trim(), "", "the SRP disk is left after the reset");
+    assert_eq!(left.trim(), "", "the SRP disk is left after {what}");
     // IPoIB's ib0 went with the old device; the new one comes up as a user brings it up.
     // node1 forgets node3's old address (its QPN was the old device's).
     tb.agents[2].run("ipoib-up 10.78.0.3/24", T).unwrap();
     tb.agents[0].run("ip neigh flush dev ib0", T).unwrap();
     let out = tb.agents[0].run(ping, T).unwrap();
-    assert!(
-        out.contains("ping=0"),
-        "IPoIB to node3 after its reset: {out}"
-    );
+    assert!(out.contains("ping=0"), "IPoIB to node3 after {what}: {out}");
     // NVMe-oF: the controller's own error recovery (its queues failed first) let go of the
     // old device, so it outlives it and reconnects by itself over the new one; one that the
     // device's removal deleted instead is connected again. Either way, what was written
-    // before the error reads back.
+    // before the fault reads back.
     let nvme = match nvme_live_again(tb) {
         Some(dev) => {
-            eprintln!("node3's NVMe-oF controller reconnected by itself: {dev}");
+            eprintln!("node3's NVMe-oF controller reconnected by itself after {what}: {dev}");
             dev
         }
         None => {
@@ -338,12 +363,12 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
     assert_eq!(
         disk_read(tb, &nvme, 8),
         nvme_written,
-        "NVMe-oF after the reset"
+        "NVMe-oF after {what}"
     );
     tb.agents[2].run("nvmeof disconnect", T).unwrap();
-    // SRP: logged in again, what was written before the error reads back.
-    let sd = srp_connect(tb, &guid2);
-    assert_eq!(disk_read(tb, &sd, 4), srp_written, "SRP after the reset");
+    // SRP: logged in again, what was written before the fault reads back.
+    let sd = srp_connect(tb, srp_target);
+    assert_eq!(disk_read(tb, &sd, 4), srp_written, "SRP after {what}");
     tb.agents[2].run("srp disconnect", T).unwrap();
     // RDS: a new connection from the new device (node1's side of the old one learns from
     // its retries, or is replaced when node3 connects again).
@@ -355,31 +380,23 @@ fn a_dead_adapter_is_reset_and_its_consumers_come_back(tb: &mut Testbed) {
         }
         assert!(
             Instant::now() < deadline,
-            "RDS after node3's reset: {out}\nnode1: {}",
+            "RDS after node3's {what}: {out}\nnode1: {}",
             tb.agents[0]
                 .run("dmesg | grep -i rds | tail -20", T)
                 .unwrap_or_default()
         );
     }
-    tb.agents[0].run("killall rds-echo; true", T).unwrap();
     // The DSM: node3's closed with the old device; a new mesh runs an application verified.
     close_all(&mut tb.agents).unwrap();
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     let res = run_app(&mut tb.agents, "sor 50 256 4", Duration::from_secs(300))
-        .unwrap_or_else(|e| panic!("the DSM after node3's reset: {e}"));
+        .unwrap_or_else(|e| panic!("the DSM after node3's {what}: {e}"));
     assert_eq!(res[0].verified, Some(true), "{}", res[0].line);
     close_all(&mut tb.agents).unwrap();
     // Verbs: a new connection to node3 runs verified.
     tb.connect_pair(0, 2, "hcab0").unwrap();
     let r = tb.ping_between(0, 2, Mode::Isr, 256, 50, true).unwrap();
     assert_eq!((r.done, r.errors, r.server_errors), (50, 0, 0), "{r:?}");
-    for i in [0, 2] {
-        tb.agents[i]
-            .run("ip addr flush dev ib0; ip link set ib0 down", T)
-            .unwrap();
-    }
-    // As the steps before left it: node1's verbs connection is to node2.
-    tb.connect_pair(0, 1, "hcab0").unwrap();
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {

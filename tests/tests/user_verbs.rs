@@ -805,22 +805,27 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         Ok(summary.to_string())
     });
 
-    // An adapter's catastrophic error under a process (`hcabench fault node2 fatal`): the
-    // process hears IBV_EVENT_DEVICE_FATAL and its context dies; hca_ib resets the device
-    // and registers hcab0 again, and new processes run on it as before.
-    checks.run(
+    // An adapter's catastrophic error under a process (`hcabench fault node2 fatal`), then
+    // a function reset underneath its driver (`reset`): the process hears
+    // IBV_EVENT_DEVICE_FATAL and its context dies; hca_ib resets the device and registers
+    // hcab0 again, and new processes run on it as before.
+    for fault in [
+        hca_model::AdapterFault::Fatal,
+        hca_model::AdapterFault::Reset,
+    ] {
+        checks.run(
         &mut tb,
-        "hcab0: a process across node2's adapter's catastrophic error",
+        &format!("hcab0: a process across node2's adapter's {}", fault.name()),
         |tb| {
             tb.agents[1].run(
-                "rm -f /tmp/aw.log; (ibv_asyncwatch -d hcab0 > /tmp/aw.log 2>&1; \
+                "dmesg -c > /dev/null; rm -f /tmp/aw.log; (ibv_asyncwatch -d hcab0 > /tmp/aw.log 2>&1; \
              echo exit=$? >> /tmp/aw.log) & \
              for i in $(seq 50); do grep -q 'async event FD' /tmp/aw.log && break; \
              sleep 0.1; done",
                 T,
             )?;
             ensure!(
-                tb.fabric().catastrophic(2) == Some(true),
+                tb.fabric().adapter_fault(2, fault) == Some(true),
                 "node2's adapter was not on the fabric"
             );
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -857,6 +862,7 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
             Ok("IBV_EVENT_DEVICE_FATAL heard, hcab0 back, 100 verified round trips after".into())
         },
     );
+    }
 
     // The kernel loads a module it asks for through /sbin/modprobe: `rdma link add ...
     // type rxe` with rdma_rxe unloaded brings it back (as rdma-link-rxe).
