@@ -95,6 +95,23 @@ alarm() {
 	[ -z "$sign" ] || echo "\"$sign\" in its kernel log"
 }
 
+# Stops L1: SIGTERM to its QEMU, SIGKILL should it still run 10 s on. QEMU may have ended
+# on its own meanwhile (a panicking L1 reboots, and -no-reboot ends QEMU): no error, where
+# a failing `kill` would end this script (set -e) before it retries or says why.
+stop_l1() {
+	kill "$qemu_pid" 2> /dev/null || return 0
+	local waited=0
+	while kill -0 "$qemu_pid" 2> /dev/null; do
+		if [ "$waited" -ge 10 ]; then
+			echo "nested-kvm: L1's QEMU ignored SIGTERM for 10 s; killing it" >&2
+			kill -KILL "$qemu_pid" 2> /dev/null || true
+			return 0
+		fi
+		sleep 1
+		waited=$((waited + 1))
+	done
+}
+
 # Boots L1 once, showing its console as it goes; sets qemu_rc, and broke (the first alarm
 # seen) or timed_out. Stops L1 at its first alarm rather than waiting out the time limit.
 boot_l1() {
@@ -125,12 +142,12 @@ boot_l1() {
 		fi
 		if [ -n "$broke" ]; then
 			sleep 5 # the rest of L1's report
-			kill "$qemu_pid" 2> /dev/null
+			stop_l1
 			break
 		fi
 		if [ $((SECONDS - started)) -ge "$timeout" ]; then
 			timed_out=1
-			kill "$qemu_pid" 2> /dev/null
+			stop_l1
 			break
 		fi
 		sleep 2
