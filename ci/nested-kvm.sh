@@ -88,11 +88,12 @@ broke_signs='soft lockup|Kernel panic|stack guard page was hit|corrupted stack e
 # long means L1 itself is wedged (seen in CI: no alarm, no output, until the time limit).
 silence_limit=150
 
-# L1's first alarm, as "\"ALARM\" in its kernel log", or nothing.
+# L1's first alarm, as "\"LINE\" in its kernel log" (the line, without its timestamp), or
+# nothing.
 alarm() {
-	local sign
-	sign=$(grep -m1 -oE "$broke_signs" "$out/kernel.log" || true)
-	[ -z "$sign" ] || echo "\"$sign\" in its kernel log"
+	local line
+	line=$(grep -m1 -E "$broke_signs" "$out/kernel.log" | sed 's/^\[ *[0-9.]*\] //' || true)
+	[ -z "$line" ] || echo "\"$line\" in its kernel log"
 }
 
 # Stops L1: SIGTERM to its QEMU, SIGKILL should it still run 10 s on. QEMU may have ended
