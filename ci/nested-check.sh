@@ -4,9 +4,11 @@
 # needs from a KVM VMM, and the HCA works, `hcabench exec` reaches it, and the shared
 # userland disk (the VMM's virtio-mmio block device) lies under /usr with python3, pyverbs
 # and iproute2 running from it; then two VMs in one VMM process run a DSM application,
-# verified, and ibv_rc_pingpong between processes in them, and `bench vmm` (needs --with-qemu) pings between two VMs with data checked,
-# beside QEMU/KVM. Each check prints "ok" or "FAILED"; the last line counts them. With
-# NESTED_BOOT_ONLY=1 set before it (CI's second kernel), only the one-node boot.
+# verified, and between processes in them ibv_rc_pingpong, rping (its pattern checked) and
+# perftest's ib_send_lat and ib_write_bw (their result rows checked), and `bench vmm`
+# (needs --with-qemu) pings between two VMs with data checked, beside QEMU/KVM. Each check
+# prints "ok" or "FAILED"; the last line counts them. With NESTED_BOOT_ONLY=1 set before
+# it (CI's second kernel), only the one-node boot.
 pass=0
 fail=0
 check() {
@@ -15,6 +17,16 @@ check() {
 		pass=$((pass + 1))
 	else
 		echo "FAILED: $1 (no \"$2\" in $3)"
+		fail=$((fail + 1))
+	fi
+}
+# Counts a check by what is wrong: ok when $2 is empty, else FAILED and $2.
+judge() {
+	if [ -z "$2" ]; then
+		echo "ok: $1"
+		pass=$((pass + 1))
+	else
+		echo "FAILED: $1 ($2)"
 		fail=$((fail + 1))
 	fi
 }
@@ -79,6 +91,88 @@ show_new() {
 		sed -n "$((shown + 1)),${total}p" "$1"
 		shown=$total
 	fi
+}
+# Runs SERVER in node1 in the background and CLIENT in node2 once READY (a command in
+# node1) succeeds, or 10 s on; each under `timeout -s KILL 90`, their output and then
+# "EXIT <status>" in /tmp/NAME-srv.log and /tmp/NAME-cli.log here. A server still running
+# 30 s after its client ended is killed ("EXIT hung").
+serve() {
+	name=$1
+	ready=$2
+	server=$3
+	client=$4
+	limited 60 "/tmp/$name-start.log" hcabench exec node1 -- "rm -f /tmp/srv.log
+	(timeout -s KILL 90 $server > /tmp/srv.log 2>&1; echo \"EXIT \$?\" >> /tmp/srv.log) > /dev/null 2>&1 &
+	for i in \$(seq 100); do $ready && break; sleep 0.1; done"
+	limited 120 "/tmp/$name-cli.log" hcabench exec --timeout 100 node2 -- \
+		"timeout -s KILL 90 $client 2>&1; echo \"EXIT \$?\""
+	limited 60 "/tmp/$name-srv.log" hcabench exec node1 -- "for i in \$(seq 300); do
+		grep -q ^EXIT /tmp/srv.log && break; sleep 0.1; done
+	grep -q ^EXIT /tmp/srv.log || { killall -q -9 ${server%% *}; echo 'EXIT hung'; }
+	cat /tmp/srv.log"
+}
+# A perftest run between the VMs (CMD served in node1, CMD 10.78.0.1 in node2), its logs
+# /tmp/NAME-*.log. One whose clock calibration failed (perftest times with the TSC and
+# gives no report when it and the wall clock disagree) says nothing of RDMA: again, twice
+# at most.
+run_perftest() {
+	for try in 1 2 3; do
+		serve "$1" "netstat -ltn | grep -q ':18515 '" "$2" "$2 10.78.0.1"
+		grep -q "Correlation coefficient" "/tmp/$1-srv.log" "/tmp/$1-cli.log" || break
+		echo "(perftest's clock calibration failed in a VM, try $try; again)"
+	done
+}
+# What is wrong with the exit statuses of serve's logs NAME: nothing when both are 0.
+exits_wrong() {
+	s=$(sed -n 's/^EXIT \([0-9a-z]*\).*/\1/p' "/tmp/$1-srv.log" | tr -d '\r' | tail -1)
+	c=$(sed -n 's/^EXIT \([0-9a-z]*\).*/\1/p' "/tmp/$1-cli.log" | tr -d '\r' | tail -1)
+	[ "$s" = 0 ] && [ "$c" = 0 ] || echo "server exit ${s:-none}, client exit ${c:-none}"
+}
+# perftest's result row in $1: the first line of numbers under its "#bytes" header.
+result_row() {
+	tr -d '\r' < "$1" | awk '/^ *#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { $1 = $1; print; exit }'
+}
+# What is wrong with ib_send_lat's result row $1: nothing when it ran $2 bytes x $3
+# iterations and 0 < t_min <= t_typical, t_min <= t_avg <= t_max (its columns: #bytes
+# #iterations t_min t_max t_typical t_avg ...).
+lat_wrong() {
+	echo "$1" | awk -v size="$2" -v n="$3" '
+		NF < 6 { print "no result row"; exit }
+		$1 != size || $2 != n { print "it ran " $1 " B x " $2 ", not " size " B x " n; exit }
+		!($3 > 0 && $3 <= $5 && $3 <= $6 && $6 <= $4) {
+			print "t_min " $3 ", t_max " $4 ", t_typical " $5 ", t_avg " $6 " us: out of order" }'
+}
+# What is wrong with ib_write_bw's result row $1: nothing when it ran $2 bytes x $3
+# iterations with a positive average bandwidth no higher than the peak, and a positive
+# message rate (its columns: #bytes #iterations peak average MsgRate).
+bw_wrong() {
+	echo "$1" | awk -v size="$2" -v n="$3" '
+		NF < 5 { print "no result row"; exit }
+		$1 != size || $2 != n { print "it ran " $1 " B x " $2 ", not " size " B x " n; exit }
+		!($4 > 0 && $3 >= $4 && $5 > 0) {
+			print "BW peak " $3 ", average " $4 " MB/s, " $5 " Mpps" }'
+}
+# What is wrong with rping's pings in $1, the lines that start with $2 (the client's
+# "ping data: ", the server's "server ping data: "): nothing when there are $3, ping k
+# carrying rping's pattern for k in order ("rdma-ping-k: ", then ASCII from 'A' + k mod 58
+# on, 'z' wrapping to 'A', up to the 64-byte buffer's last byte, a NUL), and rping saw
+# no data mismatch.
+rping_wrong() {
+	tr -d '\r' < "$1" | awk -v prefix="$2" -v count="$3" 'BEGIN { n = 0 }
+		/data mismatch/ { print "rping saw a data mismatch"; bad = 1; exit }
+		index($0, prefix) == 1 {
+			got = substr($0, length(prefix) + 1)
+			want = "rdma-ping-" n ": "
+			for (c = 65 + n % 58; length(want) < 63; c = (c >= 122 ? 65 : c + 1))
+				want = want sprintf("%c", c)
+			if (got != want) {
+				print "ping " n " carried \"" got "\", not \"" want "\""
+				bad = 1
+				exit
+			}
+			n++
+		}
+		END { if (!bad && n != count) print n " pings of " count }'
 }
 consoles() {
 	for c in /run/hcabench/*.console /tmp/hcabench-*/*.console; do
@@ -149,6 +243,28 @@ limited 60 /tmp/pp-srv.log hcabench exec node1 -- 'sleep 1; cat /tmp/pp.log'
 echo "(user verbs on 2 VMs took $(elapsed "$t0") s)"
 check "ibv_rc_pingpong's client in a VM: 200 checked round trips over hcab0" "200 iters in" /tmp/pp-cli.log
 check "ibv_rc_pingpong's server in the other VM: the same" "200 iters in" /tmp/pp-srv.log
+# The same VMs: rdma_cm and perftest. rping's client checks each ping with -V and both
+# ends print its data (-v), which must be rping's pattern; perftest's result rows must
+# say what they ran, with times and bandwidth measured.
+t0=$(cut -d' ' -f1 /proc/uptime)
+serve rping "rdma resource show cm_id 2> /dev/null | grep -q LISTEN" \
+	"rping -s -a 10.78.0.1 -v -C 20" "rping -c -a 10.78.0.1 -v -V -C 20"
+judge "rping over rdma_cm between the VMs: both ends exit 0" "$(exits_wrong rping)"
+judge "rping's client: 20 pings, each with its pattern" \
+	"$(rping_wrong /tmp/rping-cli.log "ping data: " 20)"
+judge "rping's server: the same 20" "$(rping_wrong /tmp/rping-srv.log "server ping data: " 20)"
+run_perftest lat "ib_send_lat -d hcab0 -s 8 -n 1000"
+row=$(result_row /tmp/lat-cli.log)
+echo "(ib_send_lat's row: ${row:-none})"
+judge "ib_send_lat between the VMs: both ends exit 0" "$(exits_wrong lat)"
+judge "ib_send_lat: 1000 8-byte sends, latencies measured and in order" \
+	"$(lat_wrong "$row" 8 1000)"
+run_perftest bw "ib_write_bw -d hcab0 -s 65536 -n 300"
+row=$(result_row /tmp/bw-cli.log)
+echo "(ib_write_bw's row: ${row:-none})"
+judge "ib_write_bw between the VMs: both ends exit 0" "$(exits_wrong bw)"
+judge "ib_write_bw: 300 64 KiB RDMA Writes, bandwidth measured" "$(bw_wrong "$row" 65536 300)"
+echo "(rping and perftest on 2 VMs took $(elapsed "$t0") s)"
 hcabench down > /dev/null
 
 if command -v qemu-system-x86_64 > /dev/null; then

@@ -41,9 +41,10 @@ HCABENCH_KERNEL=$kernel2 cargo test -p e2e --test qemu_cluster --test verbs --te
 
 step "the VMM built with VFIO passthrough (built and refused here: no IOMMU, no /dev/vfio)"
 cargo test -p vmm --features vfio --lib --test kvm 2>&1 | tee -a "$log"
-step "nested KVM: hcabench's VMM boots Linux with hcab0; 2 VMs run SOR and bench vmm (ci/nested-kvm.sh)"
+step "nested KVM: hcabench's VMM boots Linux with hcab0; 2 VMs run SOR, ibv_rc_pingpong, rping, perftest and bench vmm (ci/nested-kvm.sh)"
 # This machine's /dev/kvm cannot run Linux; a QEMU TCG guest with SVM and Debian's kvm_amd
-# is a real KVM one level down (about 5 minutes: one node, then two for SOR and bench vmm).
+# is a real KVM one level down (about 10 minutes: one node, then two for SOR, user verbs
+# and bench vmm).
 # When L1's own kernel breaks (the nested host, not our VMM: see ci/nested-kvm.sh --help),
 # L1 boots once more and says so; a failed check never retries.
 ci/nested-kvm.sh --with-qemu --retries 1 --timeout 900 ci/nested-check.sh 2>&1 | tee -a "$log"
