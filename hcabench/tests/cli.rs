@@ -4,29 +4,18 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{hcabench, text};
 use e2e::{image_or_skip, repo_root};
 
-fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
-    hcabench_with_log(run_dir, args, "warn")
-}
+mod common;
 
 /// `hcabench` with RUST_LOG set to `filter`.
 fn hcabench_with_log(run_dir: &Path, args: &[&str], filter: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hcabench"))
+    common::command(run_dir)
         .env("RUST_LOG", filter)
-        .arg("--run-dir")
-        .arg(run_dir)
         .args(args)
         .output()
         .expect("run hcabench")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `hcabench fault` on a cluster started without a plan: changes are taken (an empty plan

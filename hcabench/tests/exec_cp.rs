@@ -4,28 +4,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{hcabench, stdout, text};
 use e2e::{image_or_skip, repo_root};
 
-fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hcabench"))
-        .env("RUST_LOG", "warn")
-        .arg("--run-dir")
-        .arg(run_dir)
-        .args(args)
-        .output()
-        .expect("run hcabench")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", stdout(o), String::from_utf8_lossy(&o.stderr))
-}
+mod common;
 
 /// The test's directory: the cluster's run directory (`run/`) and the host's files. Its
 /// cluster is brought down and the directory removed, whatever happens to the test.

@@ -8,24 +8,19 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::text;
 use e2e::{image_or_skip, repo_root};
 
+mod common;
+
+/// hcabench from the repository's root, where its default image directory
+/// (target/images) is the one images/build.py fills.
 fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hcabench"))
+    common::command(run_dir)
         .current_dir(repo_root())
-        .arg("--run-dir")
-        .arg(run_dir)
         .args(args)
         .output()
         .expect("run hcabench")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A scratch directory, removed when dropped.

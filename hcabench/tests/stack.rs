@@ -1,28 +1,10 @@
 //! `hcabench bench stack`: its options refused before anything boots, its --help, and a
 //! short run on two QEMU guests whose tables must have every layer with measured figures.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
+use common::{hcabench, text};
 use e2e::{image_or_skip, repo_root};
 
-fn hcabench(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hcabench"))
-        .env("RUST_LOG", "warn")
-        .arg("--run-dir")
-        .arg(run_dir)
-        .args(args)
-        .output()
-        .expect("run hcabench")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
 
 /// The rows every run has under QEMU (MPI's only with --mpi).
 const LATENCY_ROWS: [&str; 8] = [
