@@ -23,6 +23,7 @@
 //! - `image`: the guest image `images/build.py` made (kernel, initramfs, userland disk).
 //! - [`node`]: the `Node` trait every guest answers to (console, `wait_line`, kill, its HCA).
 //! - [`qemu`]: QEMU guests wired to the device server; [`kvm`]: VMs in hcabench's VMM.
+//! - [`hotplug`]: a QEMU guest's HCA hot-unplugged and plugged again through its monitor.
 //! - [`console_protocol`]: the `HCABENCH-` lines `images/init.sh` prints (a test holds the
 //!   two together, and init.sh's PCI IDs to `hca_model::abi`'s).
 //! - [`agent`]: a command channel into a guest's shell over a serial port.
@@ -35,6 +36,7 @@ pub mod agent;
 pub mod backend;
 pub mod console_protocol;
 pub mod dsm;
+pub mod hotplug;
 mod image;
 pub mod kvm;
 pub mod mpi;
@@ -204,6 +206,12 @@ impl ClusterSpec {
     pub fn agent_socket(&self, i: usize) -> Option<PathBuf> {
         self.console_sockets
             .then(|| self.dir.join(format!("{}.agent", Self::node_name(i))))
+    }
+
+    /// Node `i`'s QEMU monitor (QMP), for the HCA's hot-unplug and hot-plug
+    /// ([`hotplug`]); QEMU guests only.
+    pub fn qmp_socket(&self, i: usize) -> PathBuf {
+        hotplug::qmp_socket(&self.dir, &Self::node_name(i))
     }
 
     /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
@@ -437,6 +445,7 @@ impl Cluster {
                     remote_port: if i == 0 { ports.1 } else { ports.0 },
                     mac: format!("52:54:00:12:34:{:02x}", i + 1),
                 }),
+                qmp_socket: Some(spec.qmp_socket(i)),
             };
             progress(&format!("starting {name}"));
             let guest = QemuNode::spawn(&g).map_err(|e| BootError::Start {

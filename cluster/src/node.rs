@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use hca_model::Hca;
 
+use crate::hotplug::HotplugError;
+
 /// A booted guest: node `k` (from 0) of a cluster is named `node{k+1}` and has LID `k + 1`.
 pub trait Node: Send {
     fn name(&self) -> &str;
@@ -35,6 +37,19 @@ pub trait Node: Send {
     /// device server holds it, or the guest stopped).
     fn hca(&self) -> Option<Hca> {
         None
+    }
+    /// PCI hot-unplug of the guest's HCA ([`crate::hotplug`]): returns once the guest's
+    /// kernel released it and its port left the fabric.
+    fn unplug_hca(&mut self) -> Result<(), HotplugError> {
+        Err(HotplugError::Unsupported {
+            node: self.name().to_string(),
+        })
+    }
+    /// PCI hot-plug of a new HCA into the slot `unplug_hca` emptied.
+    fn replug_hca(&mut self) -> Result<(), HotplugError> {
+        Err(HotplugError::Unsupported {
+            node: self.name().to_string(),
+        })
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use device_server::{NodeConfig, RamBacking};
 use hca_model::abi::NUM_VECTORS;
 
+use crate::hotplug::{HotplugError, Monitor, HCA_CHARDEV, HCA_DEVICE, HCA_PORT};
 use crate::node::{complete_lines, wait_for_line, Node, WaitError};
 use crate::{Image, USERLAND_SERIAL};
 
@@ -74,6 +75,9 @@ pub struct GuestSpec {
     pub kernel_args: String,
     /// A virtio-net NIC linked to one other guest's (for SoftRoCE).
     pub net: Option<NetSpec>,
+    /// QEMU's QMP monitor on this socket, for the HCA's hot-unplug and hot-plug
+    /// ([`crate::hotplug`]).
+    pub qmp_socket: Option<PathBuf>,
 }
 
 /// One end of a point-to-point Ethernet link between two guests: UDP datagrams between two
@@ -129,13 +133,21 @@ impl GuestSpec {
                     mem_path.display()
                 ),
             ])
+            // The HCA on a PCIe root port of its own: a slot ACPI hot-plug reaches.
+            .args([
+                "-device",
+                &format!("pcie-root-port,id={HCA_PORT},chassis=1,slot=1"),
+            ])
             .args([
                 "-chardev",
-                &format!("socket,path={},id=hca", n.socket.display()),
+                &format!("socket,path={},id={HCA_CHARDEV}", n.socket.display()),
             ])
             .args([
                 "-device",
-                &format!("ivshmem-doorbell,chardev=hca,vectors={NUM_VECTORS}"),
+                &format!(
+                    "ivshmem-doorbell,chardev={HCA_CHARDEV},vectors={NUM_VECTORS},\
+                     bus={HCA_PORT},id={HCA_DEVICE}"
+                ),
             ])
             .arg("-kernel")
             .arg(&self.image.vmlinux)
@@ -172,6 +184,12 @@ impl GuestSpec {
                 &format!("virtio-blk-pci,drive=userland,serial={USERLAND_SERIAL}"),
             ]);
         }
+        if let Some(qmp) = &self.qmp_socket {
+            c.args([
+                "-qmp",
+                &format!("unix:{},server=on,wait=off", qmp.display()),
+            ]);
+        }
         if let Some(net) = &self.net {
             c.args([
                 "-netdev",
@@ -206,6 +224,8 @@ pub struct QemuNode {
     child: Child,
     console: PathBuf,
     started: Instant,
+    monitor: Option<Monitor>,
+    hca_socket: PathBuf,
 }
 
 impl QemuNode {
@@ -222,6 +242,8 @@ impl QemuNode {
             child,
             console: spec.console_log.clone(),
             started: Instant::now(),
+            monitor: (spec.qmp_socket.clone()).map(|p| Monitor::new(&spec.node.name, p)),
+            hca_socket: spec.node.socket.clone(),
         })
     }
 
@@ -297,6 +319,24 @@ impl Node for QemuNode {
     fn stopped(&mut self) -> Option<String> {
         let status = self.child.try_wait().ok().flatten()?;
         Some(format!("QEMU exited ({status})"))
+    }
+
+    fn unplug_hca(&mut self) -> Result<(), HotplugError> {
+        match &mut self.monitor {
+            Some(m) => m.unplug_hca(),
+            None => Err(HotplugError::Unsupported {
+                node: self.name.clone(),
+            }),
+        }
+    }
+
+    fn replug_hca(&mut self) -> Result<(), HotplugError> {
+        match &mut self.monitor {
+            Some(m) => m.replug_hca(&self.hca_socket, NUM_VECTORS),
+            None => Err(HotplugError::Unsupported {
+                node: self.name.clone(),
+            }),
+        }
     }
 
     fn kill(&mut self) {

@@ -58,6 +58,11 @@ pub enum RamBacking {
 }
 
 impl NodeConfig {
+    /// Where node `name` of a cluster in `dir` listens for its guest's QEMU.
+    pub fn cluster_socket(dir: &std::path::Path, name: &str) -> PathBuf {
+        dir.join(format!("{name}.sock"))
+    }
+
     /// One node per entry of `ram_sizes` (its RAM in bytes), named node1.., each with its
     /// socket (nodeK.sock) in `dir` and its RAM a sealed memfd: the layout every cluster
     /// uses.
@@ -67,7 +72,7 @@ impl NodeConfig {
             .map(|(i, &ram_size)| {
                 let name = format!("node{i}");
                 Ok(NodeConfig {
-                    socket: dir.join(format!("{name}.sock")),
+                    socket: Self::cluster_socket(dir, &name),
                     ram: RamBacking::Memfd(Arc::new(memfd::guest_ram(&name, ram_size)?)),
                     name,
                     ram_size,
