@@ -8,12 +8,15 @@
 //! the daemon's main loop, which polls [`FaultHook::due_kills`] for planned and live kills
 //! alike.
 
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cluster::hotplug::{self, HotplugError, Monitor};
+use hca_model::abi::NUM_VECTORS;
 use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
 use hca_model::sync::Unpoisoned;
 use hca_model::{AdapterFault, Fabric};
@@ -49,7 +52,7 @@ fn same_user(stream: &UnixStream) -> bool {
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
 pub const ACTIONS: &str = "link-down, link-up, drop P, duplicate P, reorder P, corrupt P, \
                            delay US [JITTER_US] (these five in any number, one after another), \
-                           clear, kill, fatal, reset";
+                           clear, kill, fatal, reset, unplug, replug";
 
 /// Why the control socket could not be served, or a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +104,8 @@ pub enum RequestError {
     Micros(String),
     #[error("{0} has no adapter on the fabric (not booted yet, or killed)")]
     NoAdapter(String),
+    #[error(transparent)]
+    Hotplug(#[from] HotplugError),
 }
 
 /// The daemon's side: the fabric, the plan on it (if any yet) and where its log goes.
@@ -109,6 +114,11 @@ pub struct Control {
     hook: Mutex<Option<Arc<FaultHook>>>,
     log_path: PathBuf,
     nodes: usize,
+    /// The run directory of QEMU guests, where their monitors and HCA links are
+    /// (`unplug`, `replug`); None under a VMM without PCI hot-plug.
+    hotplug_dir: Option<PathBuf>,
+    /// Each guest's monitor session, kept from its first hot-plug request on.
+    monitors: Mutex<HashMap<String, Monitor>>,
 }
 
 impl Control {
@@ -117,12 +127,15 @@ impl Control {
         hook: Option<Arc<FaultHook>>,
         log_path: PathBuf,
         nodes: usize,
+        hotplug_dir: Option<PathBuf>,
     ) -> Arc<Self> {
         Arc::new(Self {
             fabric,
             hook: Mutex::new(hook),
             log_path,
             nodes,
+            hotplug_dir,
+            monitors: Mutex::new(HashMap::new()),
         })
     }
 
@@ -228,6 +241,9 @@ impl Control {
         };
         let lid = self.lid_of(node)?;
         let hook = self.hook_or_start()?;
+        if let ("unplug" | "replug", []) = (*action, args) {
+            return self.hotplug(node, lid, *action == "unplug", &hook);
+        }
         let adapter = match (*action, args) {
             ("fatal", []) => Some(AdapterFault::Fatal),
             ("reset", []) => Some(AdapterFault::Reset),
@@ -371,6 +387,40 @@ impl Control {
         })
     }
 
+    /// Hot-unplugs node's HCA, or plugs a new one into its slot, through its QEMU monitor.
+    fn hotplug(
+        &self,
+        node: &str,
+        lid: u16,
+        unplug: bool,
+        hook: &FaultHook,
+    ) -> Result<String, RequestError> {
+        let Some(dir) = &self.hotplug_dir else {
+            return Err(HotplugError::Unsupported {
+                node: node.to_string(),
+            }
+            .into());
+        };
+        let mut monitors = self.monitors.lock_unpoisoned();
+        let m = monitors
+            .entry(node.to_string())
+            .or_insert_with(|| Monitor::new(node, hotplug::qmp_socket(dir, node)));
+        let change = if unplug {
+            m.unplug_hca()?;
+            LiveFault::Unplug
+        } else {
+            m.replug_hca(&hotplug::hca_socket(dir, node), NUM_VECTORS)?;
+            LiveFault::Replug
+        };
+        drop(monitors);
+        hook.live(lid, change, self.fabric.now_ns());
+        Ok(if unplug {
+            format!("{node}: unplug (its guest released its HCA, which left the fabric)")
+        } else {
+            format!("{node}: replug (a new HCA in its slot; its guest probes it)")
+        })
+    }
+
     fn lid_of(&self, node: &str) -> Result<u16, RequestError> {
         node.strip_prefix("node")
             .and_then(|n| n.parse::<usize>().ok())
@@ -455,7 +505,8 @@ pub fn request(run_dir: &Path, request: &str) -> Result<String, ControlError> {
         socket: path.clone(),
         source,
     })?;
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    // An unplug waits for the guest to release its HCA.
+    let _ = s.set_read_timeout(Some(hotplug::RELEASE_TIMEOUT + Duration::from_secs(10)));
     s.write_all(format!("{request}\n").as_bytes())
         .map_err(ControlError::Send)?;
     let mut reply = String::new();
@@ -513,6 +564,7 @@ mod tests {
             None,
             dir.join("faults.jsonl"),
             3,
+            None,
         );
         (c, dir)
     }
@@ -530,7 +582,7 @@ mod tests {
         assert!(p.a.poll_cq(&mut p.cq_a).is_some());
         let dir = std::env::temp_dir().join(format!("hcab-counters-{}", std::process::id()));
         // A third node whose HCA is not on the fabric.
-        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3);
+        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3, None);
         let reply = c.handle("counters").unwrap();
         let nodes: Vec<Vec<&str>> = reply.split(';').map(|n| n.split(' ').collect()).collect();
         assert_eq!(nodes.len(), 3, "{reply}");
@@ -554,7 +606,7 @@ mod tests {
         let p = Pair::new(MTU_4096 as u8);
         let dir = std::env::temp_dir().join(format!("hcab-fatal-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3);
+        let c = Control::new(p.fabric.clone(), None, dir.join("faults.jsonl"), 3, None);
         assert_eq!(c.handle("fault node2 fatal").unwrap(), "node2: fatal");
         assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_INJECTED);
         assert_eq!(

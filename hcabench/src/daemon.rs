@@ -75,6 +75,7 @@ pub enum DaemonError {
 fn attach_fabric_tools(
     run: &RunDir,
     cfg: &ClusterConfig,
+    backend: Backend,
     fabric: &hca_model::Fabric,
 ) -> Result<std::sync::Arc<Control>, DaemonError> {
     use crate::faultrun::{attach, attach_capture, LOG, REPORT};
@@ -88,7 +89,9 @@ fn attach_fabric_tools(
         .as_ref()
         .map(|p| attach(&run.path(LOG), p, fabric))
         .transpose()?;
-    let control = Control::new(fabric.clone(), hook, run.path(LOG), cfg.nodes);
+    // QEMU guests have monitors for PCI hot-plug; hcabench's VMM has no hot-plug.
+    let hotplug = (backend == Backend::Qemu).then(|| run.dir().to_path_buf());
+    let control = Control::new(fabric.clone(), hook, run.path(LOG), cfg.nodes, hotplug);
     control.serve(&run.path(crate::control::SOCKET))?;
     Ok(control)
 }
@@ -124,7 +127,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
         ..cfg.spec(backend, image.clone(), run.dir().to_path_buf(), cfg.nodes)
     };
     let mut cluster = Cluster::boot(&spec, &mut |m| eprintln!("daemon: {m}"))?;
-    let control = attach_fabric_tools(run, cfg, cluster.fabric())?;
+    let control = attach_fabric_tools(run, cfg, backend, cluster.fabric())?;
     // SAFETY: getpid has no preconditions.
     let daemon_pid = unsafe { libc::getpid() } as u32;
     let state = ClusterState {

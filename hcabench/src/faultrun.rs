@@ -124,7 +124,7 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
          duplicated {}, reordered {}, corrupted {}, delayed {}, nodes killed {}, packets \
          to or from dead nodes {})\n  adapter faults: {} (WQE errors {}, doorbells lost {}, \
          interrupts lost {}, interrupts late {}, CQ overflows {}, catastrophic errors {}, resets \
-         underneath the driver {})\n",
+         underneath the driver {}, hot-unplugs {})\n",
         hook.seed(),
         c.total(),
         c.link_down,
@@ -142,7 +142,8 @@ pub fn report(hook: &FaultHook, hcas: &[Hca]) -> String {
         c.interrupts_late,
         c.cq_overflows,
         c.adapters_fatal,
-        c.adapters_reset
+        c.adapters_reset,
+        c.adapters_unplugged
     );
     let mut sum = hca_model::HcaStats::default();
     for h in hcas {

@@ -118,7 +118,10 @@ enum Cmd {
     /// the function and registers a new hcab0 (docs/guides/faults.md says what each ULP
     /// does then). `reset` resets NODE's adapter underneath its driver: it forgets every
     /// QP, CQ and EQ at once and flushes nothing; hca_ib notices within a second, completes
-    /// its consumers' work in software and recovers as from `fatal`. Each change is
+    /// its consumers' work in software and recovers as from `fatal`. `unplug` hot-unplugs
+    /// NODE's HCA (PCI, through QEMU's monitor; the qemu backend only): the guest's kernel
+    /// releases it, then its port leaves the fabric; `replug` plugs a new one into the
+    /// slot, which the guest probes (ULPs come back as after `fatal`). Each change is
     /// logged in faults.jsonl next to the plan's decisions, and `hcabench down` reports
     /// it. Example: `hcabench fault node2 link-down`.
     Fault {

@@ -21,6 +21,10 @@ pub enum LiveFault {
     /// The node's adapter suffers a fault (the caller makes it so, through
     /// `Fabric::adapter_fault`; the hook logs and counts it).
     Adapter(AdapterFault),
+    /// The node's adapter was hot-unplugged (the caller did it, through the guest's VMM).
+    Unplug,
+    /// A new adapter was hot-plugged into the node's empty slot.
+    Replug,
 }
 
 impl FaultHook {
@@ -58,6 +62,11 @@ impl FaultHook {
                 st.counts.count_adapter_fault(*fault);
                 fault.name().to_string()
             }
+            LiveFault::Unplug => {
+                st.counts.adapters_unplugged += 1;
+                "unplug".to_string()
+            }
+            LiveFault::Replug => "replug".to_string(),
         };
         st.log(&LogLine {
             t_ns: t,

@@ -104,6 +104,8 @@ pub struct FaultCounts {
     /// HCAs reset underneath their drivers (planned `reset_ms`, and `hcabench fault NODE
     /// reset`).
     pub adapters_reset: u64,
+    /// HCAs hot-unplugged (`hcabench fault NODE unplug`).
+    pub adapters_unplugged: u64,
 }
 
 impl FaultCounts {
@@ -136,6 +138,7 @@ impl FaultCounts {
             + self.cq_overflows
             + self.adapters_fatal
             + self.adapters_reset
+            + self.adapters_unplugged
     }
 }
 
