@@ -18,6 +18,40 @@ fn hcabench_with_log(run_dir: &Path, args: &[&str], filter: &str) -> Output {
         .expect("run hcabench")
 }
 
+/// `hcabench fault NODE unplug` and `replug`: node2's guest lets its HCA go and probes the
+/// new one, each refused with the reason when the slot is already so.
+fn the_hca_is_unplugged_and_plugged_again(run_dir: &Path) {
+    let state = "cat /sys/class/infiniband/hcab0/ports/1/state 2>/dev/null; true";
+    for (action, says, again) in [
+        ("unplug", "node2: unplug", "unplugged already"),
+        ("replug", "node2: replug", "plugged in already"),
+    ] {
+        let o = hcabench(run_dir, &["fault", "node2", action]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains(says), "{}", text(&o));
+        let o = hcabench(run_dir, &["fault", "node2", action]);
+        assert!(!o.status.success(), "{action} twice");
+        assert!(text(&o).contains(again), "{}", text(&o));
+        if action == "unplug" {
+            let o = hcabench(run_dir, &["exec", "node2", "--", state]);
+            assert_eq!(text(&o).trim(), "", "node2 still has hcab0 after unplug");
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let o = hcabench(run_dir, &["exec", "node2", "--", state]);
+        if text(&o).contains("4: ACTIVE") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node2's new hcab0 is not ACTIVE: {}",
+            text(&o)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// `hcabench fault` on a cluster started without a plan: changes are taken (an empty plan
 /// starts), bad ones refused with the reason, and a killed node's guest stops.
 fn live_faults_reach_the_running_cluster(run_dir: &Path) {
@@ -59,6 +93,7 @@ fn live_faults_reach_the_running_cluster(run_dir: &Path) {
         assert!(!o.status.success(), "{args:?}");
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
+    the_hca_is_unplugged_and_plugged_again(run_dir);
     let kill = hcabench(run_dir, &["fault", "node2", "kill"]);
     assert!(kill.status.success(), "{}", text(&kill));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -9,7 +9,8 @@
 //!   completes in software), it resets the function and registers hcab0 again, with no
 //!   oops or warning; the NVMe-oF host's controller and the SRP initiator's disk go and,
 //!   connected again, read back what they wrote before; RDS, IPoIB on the new ib0, the DSM
-//!   and a new verbs connection run verified;
+//!   and a new verbs connection run verified; and the same across a PCI hot-unplug of
+//!   node3's HCA and the hot-plug of a new one (`unplug`, `replug`);
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
 //!   the device server and the other nodes go on (a new connection runs clean); a DSM
 //!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
@@ -135,8 +136,8 @@ fn ping_pong_survives_one_percent_drops(tb: &mut Testbed) {
     );
 }
 
-/// What node3's kernel log says of the recovery, once it says it recovered (or after 60 s).
-fn recovery_log(tb: &mut Testbed) -> String {
+/// What node3's kernel log says of the recovery, once it says `done` (or after 60 s).
+fn recovery_log(tb: &mut Testbed, done: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let log = tb.agents[2]
@@ -145,7 +146,7 @@ fn recovery_log(tb: &mut Testbed) -> String {
                 T,
             )
             .unwrap();
-        if log.contains("recovered from a catastrophic error") || Instant::now() > deadline {
+        if log.contains(done) || Instant::now() > deadline {
             return log;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -276,8 +277,14 @@ fn adapter_faults_are_recovered_and_consumers_come_back(tb: &mut Testbed) {
             T,
         )
         .unwrap();
-    for fault in [AdapterFault::Fatal, AdapterFault::Reset] {
-        an_adapter_fault_is_recovered(tb, fault, &guid2);
+    for fault in [
+        Fault::Adapter(AdapterFault::Fatal),
+        Fault::Adapter(AdapterFault::Reset),
+        // Twice: a slot is plugged again after a replug as after boot.
+        Fault::Hotplug,
+        Fault::Hotplug,
+    ] {
+        a_fault_is_recovered(tb, fault, &guid2);
     }
     tb.agents[0].run("killall rds-echo; true", T).unwrap();
     for i in [0, 2] {
@@ -289,9 +296,21 @@ fn adapter_faults_are_recovered_and_consumers_come_back(tb: &mut Testbed) {
     tb.connect_pair(0, 1, "hcab0").unwrap();
 }
 
-/// One adapter fault on node3 (LID 3), its consumers set up before it and checked after.
-fn an_adapter_fault_is_recovered(tb: &mut Testbed, fault: AdapterFault, srp_target: &str) {
-    let what = fault.name();
+/// What happens to node3's HCA.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// `hcabench fault node3 fatal|reset`.
+    Adapter(AdapterFault),
+    /// `hcabench fault node3 unplug`, then `replug`.
+    Hotplug,
+}
+
+/// One fault of node3's HCA (LID 3), its consumers set up before it and checked after.
+fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
+    let what = match fault {
+        Fault::Adapter(f) => f.name(),
+        Fault::Hotplug => "unplug and replug",
+    };
     let ping = "ping -c 3 -W 2 10.78.0.3 >/dev/null 2>&1; echo ping=$?";
     assert!(tb.agents[0].run(ping, T).unwrap().contains("ping=0"));
     let nvme = nvme_connect(tb);
@@ -307,15 +326,38 @@ fn an_adapter_fault_is_recovered(tb: &mut Testbed, fault: AdapterFault, srp_targ
     // What node3's kernel says from here on is this fault's.
     tb.agents[2].run("dmesg -c > /dev/null", T).unwrap();
     let began = Instant::now();
-    assert_eq!(tb.fabric().adapter_fault(3, fault), Some(true));
-    let syndrome = match fault {
-        AdapterFault::Fatal => CATAS_INJECTED,
-        AdapterFault::Reset => CATAS_RESET,
+    let (log, expected) = match fault {
+        Fault::Adapter(f) => {
+            assert_eq!(tb.fabric().adapter_fault(3, f), Some(true));
+            let syndrome = match f {
+                AdapterFault::Fatal => CATAS_INJECTED,
+                AdapterFault::Reset => CATAS_RESET,
+            };
+            let done = "recovered from a catastrophic error";
+            let log = recovery_log(tb, done);
+            (log, [format!("syndrome {syndrome}"), done.to_string()])
+        }
+        Fault::Hotplug => {
+            tb.cluster.node_mut(2).unplug_hca().unwrap();
+            // Its port leaves the fabric as its link closes; no hcab0 is left in the guest.
+            let gone = Instant::now() + Duration::from_secs(5);
+            while tb.hca(2).is_some() {
+                assert!(Instant::now() < gone, "node3's HCA is still on the fabric");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let left = tb.agents[2].run("ls /sys/class/infiniband", T).unwrap();
+            assert_eq!(left.trim(), "", "node3 still has an RDMA device");
+            eprintln!("node3's HCA unplugged in {:?}", began.elapsed());
+            tb.cluster.node_mut(2).replug_hca().unwrap();
+            let done = "hcab0: lid 3, port ACTIVE";
+            (
+                recovery_log(tb, done),
+                [done.to_string(), "hca_ib".to_string()],
+            )
+        }
     };
-    let log = recovery_log(tb);
     assert!(
-        log.contains(&format!("syndrome {syndrome}"))
-            && log.contains("recovered from a catastrophic error"),
+        expected.iter().all(|e| log.contains(e.as_str())),
         "node3 did not recover from {what} in 60 s:\n{log}\n{}",
         tb.console(2)
     );
