@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hca_model::abi::*;
-use hca_model::faults::{FaultHook, FaultPlan, LiveFault};
+use hca_model::faults::{AdapterEvent, FaultHook, FaultPlan, LiveFault};
 use hca_model::reliability::ack_timeout_ns;
 use hca_model::{AdapterFault, Fabric, HcaStats};
 use hca_test_driver::*;
@@ -182,16 +182,18 @@ fn test_a_planned_node_kill_gives_its_peer_retry_exceeded() {
 
 #[test]
 fn test_planned_adapter_faults_come_due_once_in_order_and_are_checked() {
-    let (mut p, hook) = pair_with("[[adapter]]\nlid = 2\nreset_ms = 9\nfatal_ms = 5\n");
+    let (mut p, hook) = pair_with(
+        "[[adapter]]\nlid = 2\nreset_ms = 9\nfatal_ms = 5\nreplug_ms = 60001\nunplug_ms = 60000\n",
+    );
     write(&mut p, 1);
     assert_eq!(statuses(&mut p), [(1, WC_SUCCESS)]);
     p.fabric.advance(4 * MS);
-    assert!(hook.due_adapter_faults(p.fabric.now_ns()).is_empty());
+    assert!(hook.due_adapter_events(p.fabric.now_ns()).is_empty());
     p.fabric.advance(MS);
-    let fatal = hook.due_adapter_faults(p.fabric.now_ns());
-    assert_eq!(fatal, [(2, AdapterFault::Fatal)]);
+    let fatal = hook.due_adapter_events(p.fabric.now_ns());
+    assert_eq!(fatal, [(2, AdapterEvent::Fault(AdapterFault::Fatal))]);
     assert!(
-        hook.due_adapter_faults(p.fabric.now_ns()).is_empty(),
+        hook.due_adapter_events(p.fabric.now_ns()).is_empty(),
         "once"
     );
     assert_eq!(hook.counts().adapters_fatal, 1);
@@ -201,17 +203,31 @@ fn test_planned_adapter_faults_come_due_once_in_order_and_are_checked() {
     let bound = Duration::from_nanos(4 * (ack_timeout_ns(8).unwrap() + 1_000_000));
     assert_eq!(wait_cqe(&mut p, bound), Some((2, WC_RETRY_EXC_ERR)));
     p.fabric.advance(4 * MS);
-    let reset = hook.due_adapter_faults(p.fabric.now_ns());
-    assert_eq!(reset, [(2, AdapterFault::Reset)]);
+    let reset = hook.due_adapter_events(p.fabric.now_ns());
+    assert_eq!(reset, [(2, AdapterEvent::Fault(AdapterFault::Reset))]);
     assert_eq!(hook.counts().adapters_reset, 1);
     assert_eq!(p.fabric.adapter_fault(2, AdapterFault::Reset), Some(false));
     assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_RESET);
+    // Unplug and replug come due in their order, for the caller to make happen.
+    p.fabric.advance(60_001 * MS);
+    let hotplug = hook.due_adapter_events(p.fabric.now_ns());
+    assert_eq!(
+        hotplug,
+        [(2, AdapterEvent::Unplug), (2, AdapterEvent::Replug)]
+    );
+    assert_eq!(hook.counts().adapters_unplugged, 1);
     for (bad, field) in [
         ("[[adapter]]\nfatal_ms = 5\n", "fatal_ms"),
         ("[[adapter]]\nlid = 0\nfatal_ms = 5\n", "fatal_ms"),
         ("[[adapter]]\nlid = 2\nfatal_ms = -1\n", "fatal_ms"),
         ("[[adapter]]\nreset_ms = 5\n", "reset_ms"),
         ("[[adapter]]\nlid = 2\nreset_ms = nan\n", "reset_ms"),
+        ("[[adapter]]\nunplug_ms = 5\n", "unplug_ms"),
+        ("[[adapter]]\nlid = 2\nreplug_ms = 5\n", "replug_ms"),
+        (
+            "[[adapter]]\nlid = 2\nunplug_ms = 5\nreplug_ms = 5\n",
+            "earlier unplug_ms",
+        ),
     ] {
         let e = FaultPlan::parse(bad).unwrap_err().to_string();
         assert!(e.contains(field), "{bad}: {e}");

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use cluster::hotplug::{self, HotplugError, Monitor};
 use hca_model::abi::NUM_VECTORS;
-use hca_model::faults::{FaultHook, FaultPlan, LinkFaults, LiveFault};
+use hca_model::faults::{AdapterEvent, FaultHook, FaultPlan, LinkFaults, LiveFault};
 use hca_model::sync::Unpoisoned;
 use hca_model::{AdapterFault, Fabric};
 
@@ -144,15 +144,27 @@ impl Control {
         self.hook.lock_unpoisoned().clone()
     }
 
-    /// Makes the HCA faults the plan has come due (`[[adapter]] fatal_ms`, `reset_ms`)
-    /// happen: the LIDs and faults it did.
-    pub fn planned_adapter_faults(&self) -> Vec<(u16, AdapterFault)> {
+    /// Makes the HCA events the plan has come due (`[[adapter]] fatal_ms`, `reset_ms`,
+    /// `unplug_ms`, `replug_ms`) happen: each with what came of it.
+    pub fn planned_adapter_events(&self) -> Vec<(u16, AdapterEvent, Result<(), String>)> {
         let Some(h) = self.hook() else {
             return Vec::new();
         };
-        let due = h.due_adapter_faults(self.fabric.now_ns());
+        let due = h.due_adapter_events(self.fabric.now_ns());
         due.into_iter()
-            .filter(|&(lid, f)| self.fabric.adapter_fault(lid, f).is_some())
+            .map(|(lid, event)| {
+                let node = format!("node{lid}");
+                let done = match event {
+                    AdapterEvent::Fault(f) => match self.fabric.adapter_fault(lid, f) {
+                        Some(_) => Ok(()),
+                        None => Err(RequestError::NoAdapter(node).to_string()),
+                    },
+                    AdapterEvent::Unplug | AdapterEvent::Replug => self
+                        .hotplug_now(&node, event == AdapterEvent::Unplug)
+                        .map_err(|e| e.to_string()),
+                };
+                (lid, event, done)
+            })
             .collect()
     }
 
@@ -388,6 +400,24 @@ impl Control {
     }
 
     /// Hot-unplugs node's HCA, or plugs a new one into its slot, through its QEMU monitor.
+    fn hotplug_now(&self, node: &str, unplug: bool) -> Result<(), HotplugError> {
+        let Some(dir) = &self.hotplug_dir else {
+            return Err(HotplugError::Unsupported {
+                node: node.to_string(),
+            });
+        };
+        let mut monitors = self.monitors.lock_unpoisoned();
+        let m = monitors
+            .entry(node.to_string())
+            .or_insert_with(|| Monitor::new(node, hotplug::qmp_socket(dir, node)));
+        if unplug {
+            m.unplug_hca()
+        } else {
+            m.replug_hca(&hotplug::hca_socket(dir, node), NUM_VECTORS)
+        }
+    }
+
+    /// `fault NODE unplug|replug`: the hot-plug, logged.
     fn hotplug(
         &self,
         node: &str,
@@ -395,24 +425,12 @@ impl Control {
         unplug: bool,
         hook: &FaultHook,
     ) -> Result<String, RequestError> {
-        let Some(dir) = &self.hotplug_dir else {
-            return Err(HotplugError::Unsupported {
-                node: node.to_string(),
-            }
-            .into());
-        };
-        let mut monitors = self.monitors.lock_unpoisoned();
-        let m = monitors
-            .entry(node.to_string())
-            .or_insert_with(|| Monitor::new(node, hotplug::qmp_socket(dir, node)));
+        self.hotplug_now(node, unplug)?;
         let change = if unplug {
-            m.unplug_hca()?;
             LiveFault::Unplug
         } else {
-            m.replug_hca(&hotplug::hca_socket(dir, node), NUM_VECTORS)?;
             LiveFault::Replug
         };
-        drop(monitors);
         hook.live(lid, change, self.fabric.now_ns());
         Ok(if unplug {
             format!("{node}: unplug (its guest released its HCA, which left the fabric)")
@@ -597,6 +615,34 @@ mod tests {
         assert_eq!(at(1, CTR_RX_PACKETS), "1", "{reply}");
         assert_eq!(at(1, CTR_TX_PACKETS), "1", "{reply}");
         assert_eq!(at(0, CTR_RETRANSMITS), "0", "{reply}");
+    }
+
+    #[test]
+    fn test_planned_adapter_events_happen_or_say_why_not() {
+        use hca_model::abi::*;
+        use hca_test_driver::*;
+        let p = Pair::new(MTU_4096 as u8);
+        let plan = FaultPlan::parse(
+            "[[adapter]]\nlid = 2\nreset_ms = 0\n[[adapter]]\nlid = 1\nunplug_ms = 0\n",
+        )
+        .unwrap();
+        let hook = Arc::new(FaultHook::new(plan, None));
+        p.fabric.set_hook(Some(hook.clone()));
+        let dir = std::env::temp_dir().join(format!("hcab-planned-{}", std::process::id()));
+        // No hot-plug directory: the cluster runs under a VMM without PCI hot-plug.
+        let c = Control::new(p.fabric.clone(), Some(hook), dir.join("f.jsonl"), 3, None);
+        let mut done = c.planned_adapter_events();
+        done.sort_by_key(|(lid, ..)| *lid);
+        assert_eq!(done.len(), 2, "{done:?}");
+        assert_eq!((done[0].0, done[0].1), (1, AdapterEvent::Unplug));
+        let why = done[0].2.as_ref().unwrap_err();
+        assert!(why.contains("needs the qemu backend"), "{why}");
+        assert_eq!(
+            done[1],
+            (2, AdapterEvent::Fault(AdapterFault::Reset), Ok(()))
+        );
+        assert_eq!(p.b.hca.catastrophic_syndrome(), CATAS_RESET);
+        assert!(c.planned_adapter_events().is_empty(), "each comes due once");
     }
 
     #[test]

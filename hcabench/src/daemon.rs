@@ -164,11 +164,12 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
                 note_killed(&state.nodes[i]);
             }
         }
-        for (lid, fault) in control.planned_adapter_faults() {
-            eprintln!(
-                "daemon: node{lid}'s adapter: {}, as the fault plan says",
-                fault.name()
-            );
+        for (lid, event, done) in control.planned_adapter_events() {
+            let name = event.name();
+            match done {
+                Ok(()) => eprintln!("daemon: node{lid}'s adapter: {name}, as the fault plan says"),
+                Err(e) => eprintln!("daemon: node{lid}'s adapter: the plan's {name} failed: {e}"),
+            }
         }
         for (i, why) in cluster.newly_stopped() {
             let n = &state.nodes[i];

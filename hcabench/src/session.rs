@@ -13,7 +13,7 @@ use cluster::dsm::{DsmError, SettleError};
 use cluster::node::WaitError;
 use cluster::verbs::{AnswerError, Testbed, VerbsError};
 use cluster::{Backend, BackendError, ClusterSpec, ImageError};
-use hca_model::faults::FaultHook;
+use hca_model::faults::{AdapterEvent, FaultHook};
 
 use crate::config::ClusterConfig;
 use crate::error::UsageError;
@@ -218,9 +218,28 @@ impl Session {
         std::thread::scope(|s| {
             let job = s.spawn(|| work(agents));
             while !job.is_finished() {
-                for (lid, fault) in hook.due_adapter_faults(cluster.fabric().now_ns()) {
-                    if cluster.fabric().adapter_fault(lid, fault).is_some() {
-                        println!("  node{lid}'s adapter: {}, by the fault plan", fault.name());
+                for (lid, event) in hook.due_adapter_events(cluster.fabric().now_ns()) {
+                    let i = usize::from(lid).wrapping_sub(1);
+                    let done = match event {
+                        AdapterEvent::Fault(f) => cluster
+                            .fabric()
+                            .adapter_fault(lid, f)
+                            .is_some()
+                            .then_some(()),
+                        AdapterEvent::Unplug | AdapterEvent::Replug if i < cluster.len() => {
+                            let node = cluster.node_mut(i);
+                            let r = if event == AdapterEvent::Unplug {
+                                node.unplug_hca()
+                            } else {
+                                node.replug_hca()
+                            };
+                            r.map_err(|e| println!("  the plan's {}: {e}", event.name()))
+                                .ok()
+                        }
+                        _ => None,
+                    };
+                    if done.is_some() {
+                        println!("  node{lid}'s adapter: {}, by the fault plan", event.name());
                     }
                 }
                 for lid in hook.due_kills(cluster.fabric().now_ns()) {

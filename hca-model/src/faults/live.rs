@@ -27,6 +27,28 @@ pub enum LiveFault {
     Replug,
 }
 
+/// What a plan's `[[adapter]]` rule does to its HCA at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdapterEvent {
+    /// `fatal_ms`, `reset_ms`: the caller gives it through `Fabric::adapter_fault`.
+    Fault(AdapterFault),
+    /// `unplug_ms`: the caller hot-unplugs it through the guest's VMM.
+    Unplug,
+    /// `replug_ms`: the caller plugs a new one into its slot.
+    Replug,
+}
+
+impl AdapterEvent {
+    /// The word that names it in fault logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdapterEvent::Fault(f) => f.name(),
+            AdapterEvent::Unplug => "unplug",
+            AdapterEvent::Replug => "replug",
+        }
+    }
+}
+
 impl FaultHook {
     /// Applies a live change to node `lid`'s link at fabric time `now_ns`, and logs it.
     pub fn live(&self, lid: u16, change: LiveFault, now_ns: u64) {
@@ -59,11 +81,11 @@ impl FaultHook {
                 "kill".to_string()
             }
             LiveFault::Adapter(fault) => {
-                st.counts.count_adapter_fault(*fault);
+                st.counts.count_adapter_event(AdapterEvent::Fault(*fault));
                 fault.name().to_string()
             }
             LiveFault::Unplug => {
-                st.counts.adapters_unplugged += 1;
+                st.counts.count_adapter_event(AdapterEvent::Unplug);
                 "unplug".to_string()
             }
             LiveFault::Replug => "replug".to_string(),
@@ -81,30 +103,32 @@ impl FaultHook {
         self.lock().live_rules.get(&lid).cloned()
     }
 
-    /// HCAs (by LID) whose planned fault (`fatal_ms`, `reset_ms`) came due by fabric time
-    /// `now_ns` and was not yet returned, in the order they came due: the caller makes each
-    /// happen (`Fabric::adapter_fault`). Each comes due once, logged.
-    pub fn due_adapter_faults(&self, now_ns: u64) -> Vec<(u16, AdapterFault)> {
+    /// HCAs (by LID) whose planned event (`fatal_ms`, `reset_ms`, `unplug_ms`,
+    /// `replug_ms`) came due by fabric time `now_ns` and was not yet returned, in the order
+    /// they came due: the caller makes each happen. Each comes due once, logged.
+    pub fn due_adapter_events(&self, now_ns: u64) -> Vec<(u16, AdapterEvent)> {
         let t = self.plan_ns(now_ns);
         let mut st = self.lock();
         let mut due = Vec::new();
         for (i, a) in self.plan.adapters.iter().enumerate() {
             let Some(lid) = a.lid else { continue };
-            for (ms, fault) in [
-                (a.fatal_ms, AdapterFault::Fatal),
-                (a.reset_ms, AdapterFault::Reset),
+            for (ms, event) in [
+                (a.fatal_ms, AdapterEvent::Fault(AdapterFault::Fatal)),
+                (a.reset_ms, AdapterEvent::Fault(AdapterFault::Reset)),
+                (a.unplug_ms, AdapterEvent::Unplug),
+                (a.replug_ms, AdapterEvent::Replug),
             ] {
                 let Some(ms) = ms else { continue };
                 let at = (ms * 1e6) as u64;
-                if at <= t && st.adapter_faults_due.insert((i, fault)) {
-                    st.counts.count_adapter_fault(fault);
+                if at <= t && st.adapter_events_due.insert((i, event)) {
+                    st.counts.count_adapter_event(event);
                     st.log(&LogLine {
                         t_ns: t,
                         node: Some(format!("lid{lid}")),
-                        fault: Some(fault.name()),
+                        fault: Some(event.name()),
                         ..Default::default()
                     });
-                    due.push((at, lid, fault));
+                    due.push((at, lid, event));
                 }
             }
         }

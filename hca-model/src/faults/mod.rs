@@ -41,6 +41,8 @@
 //! cq_overflow_after = 1000  # the CQ (`cqn`, or each) overflows at its 1001st CQE
 //! fatal_ms = 8000       # node2's HCA has a catastrophic error (read from every rule)
 //! reset_ms = 20000      # node2's HCA is reset underneath its driver (every rule too)
+//! unplug_ms = 30000     # node2's HCA is hot-unplugged (QEMU guests), and a new one
+//! replug_ms = 35000     #   plugged into its slot
 //! ```
 //!
 //! By concern: `plan` (the file's schema and checks), `draw` (seeded decisions), `link` and
@@ -61,7 +63,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-pub use live::LiveFault;
+pub use live::{AdapterEvent, LiveFault};
 pub use plan::{AdapterFaults, Dirs, FaultPlan, LinkFaults, NodeFaults, PlanError};
 
 use crate::fabric::AdapterFault;
@@ -104,15 +106,17 @@ pub struct FaultCounts {
     /// HCAs reset underneath their drivers (planned `reset_ms`, and `hcabench fault NODE
     /// reset`).
     pub adapters_reset: u64,
-    /// HCAs hot-unplugged (`hcabench fault NODE unplug`).
+    /// HCAs hot-unplugged (planned `unplug_ms`, and `hcabench fault NODE unplug`).
     pub adapters_unplugged: u64,
 }
 
 impl FaultCounts {
-    fn count_adapter_fault(&mut self, fault: AdapterFault) {
-        match fault {
-            AdapterFault::Fatal => self.adapters_fatal += 1,
-            AdapterFault::Reset => self.adapters_reset += 1,
+    fn count_adapter_event(&mut self, event: AdapterEvent) {
+        match event {
+            AdapterEvent::Fault(AdapterFault::Fatal) => self.adapters_fatal += 1,
+            AdapterEvent::Fault(AdapterFault::Reset) => self.adapters_reset += 1,
+            AdapterEvent::Unplug => self.adapters_unplugged += 1,
+            AdapterEvent::Replug => {}
         }
     }
 
@@ -153,8 +157,9 @@ struct State {
     dead: HashMap<u16, u64>,
     /// Kills already handed to whoever stops the guests.
     kills_reported: HashSet<u16>,
-    /// Adapter rules (by index) whose `fatal_ms` or `reset_ms` came due.
-    adapter_faults_due: HashSet<(usize, AdapterFault)>,
+    /// Adapter rules (by index) whose `fatal_ms`, `reset_ms`, `unplug_ms` or `replug_ms`
+    /// came due.
+    adapter_events_due: HashSet<(usize, AdapterEvent)>,
 }
 
 impl State {

@@ -59,6 +59,12 @@ pub struct AdapterFaults {
     /// The HCA (`lid` must name it) is reset underneath its driver this many milliseconds
     /// after the plan starts, as `hcabench fault NODE reset` does now.
     pub reset_ms: Option<f64>,
+    /// The HCA (`lid` must name it) is hot-unplugged this many milliseconds after the plan
+    /// starts, as `hcabench fault NODE unplug` does now (QEMU guests).
+    pub unplug_ms: Option<f64>,
+    /// A new HCA is hot-plugged into its slot this long after the plan starts (after
+    /// `unplug_ms`).
+    pub replug_ms: Option<f64>,
 }
 
 /// Which directions of a link a rule applies to.
@@ -145,7 +151,8 @@ pub enum PlanError {
         /// The time given.
         kill_ms: f64,
     },
-    /// `fatal_ms` or `reset_ms` without the LID of one HCA, or not a time >= 0.
+    /// `fatal_ms`, `reset_ms`, `unplug_ms` or `replug_ms` without the LID of one HCA, or
+    /// not a time >= 0.
     #[error("adapter {adapter}: {field} = {ms} (want one HCA's lid and a time >= 0)")]
     AdapterFaultTime {
         /// The adapter rule, from 1.
@@ -154,6 +161,14 @@ pub enum PlanError {
         field: &'static str,
         /// The time given.
         ms: f64,
+    },
+    /// `replug_ms` without an earlier `unplug_ms` in the same rule.
+    #[error("adapter {adapter}: replug_ms = {replug_ms} wants an earlier unplug_ms")]
+    ReplugFirst {
+        /// The adapter rule, from 1.
+        adapter: usize,
+        /// The time given.
+        replug_ms: f64,
     },
     /// `error_wqe = 0`.
     #[error("adapter {adapter}: error_wqe counts from 1 (the first WQE)")]
@@ -206,7 +221,12 @@ impl FaultPlan {
             }
         }
         for (i, a) in plan.adapters.iter().enumerate() {
-            for (field, ms) in [("fatal_ms", a.fatal_ms), ("reset_ms", a.reset_ms)] {
+            for (field, ms) in [
+                ("fatal_ms", a.fatal_ms),
+                ("reset_ms", a.reset_ms),
+                ("unplug_ms", a.unplug_ms),
+                ("replug_ms", a.replug_ms),
+            ] {
                 let Some(ms) = ms else { continue };
                 if !(ms.is_finite() && ms >= 0.0) || a.lid.is_none_or(|l| l == 0) {
                     return Err(PlanError::AdapterFaultTime {
@@ -227,6 +247,14 @@ impl FaultPlan {
                         index: i + 1,
                         name,
                         value: p,
+                    });
+                }
+            }
+            if let Some(replug_ms) = a.replug_ms {
+                if a.unplug_ms.is_none_or(|u| u >= replug_ms) {
+                    return Err(PlanError::ReplugFirst {
+                        adapter: i + 1,
+                        replug_ms,
                     });
                 }
             }
