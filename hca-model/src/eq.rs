@@ -29,6 +29,11 @@ impl Device {
         param: u32,
         data: u32,
     ) -> Option<u32> {
+        // Reset underneath its driver, the function has no EQ the driver knows of: its
+        // rings start over at slot 0 while the driver's consumer indices go on.
+        if self.catas == CATAS_RESET {
+            return None;
+        }
         let v = vector.min(NUM_VECTORS - 1);
         let ci = self.eq_ci(v);
         let pi = self.eqs.get(v as usize).map(|e| e.pi)?;

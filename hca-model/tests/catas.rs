@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_test_driver::*;
+use vm_memory::ByteValued;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -197,7 +198,19 @@ fn test_a_reset_underneath_forgets_everything_flushes_nothing_and_waits_for_the_
     p.b.post_send(&mut p.qb, w, &[sge(buf, 64, p.key_b)]);
     assert_eq!(p.b.drain_statuses(&mut p.cq_b), vec![]);
 
-    // Until the driver resets it, what it made is unknown and new work is refused.
+    // Until the driver resets it, what it made is unknown and new work is refused; a
+    // command completes in the mailbox alone: no EQ is the driver's.
+    let (st, _) =
+        p.b.cmd_raw(CMD_DESTROY_CQ, handle(cqn).as_slice(), CMD_FLAG_EVENT);
+    assert_eq!(st, CMD_BAD_HANDLE);
+    for v in 0..NUM_VECTORS {
+        // The reset zeroed BAR2, EQ rings included: the first slot of each stays so.
+        let first: HcaEqe =
+            p.b.hca
+                .bar2()
+                .read_obj(BAR2_EQ_OFFSET + v * EQ_ENTRIES * 16);
+        assert_eq!(first.event_type, 0, "an event on EQ {v}");
+    }
     assert_eq!(p.b.cmd(CMD_DESTROY_QP, &handle(qpn)).0, CMD_BAD_HANDLE);
     assert_eq!(p.b.cmd(CMD_DESTROY_CQ, &handle(cqn)).0, CMD_BAD_HANDLE);
     assert_eq!(create_cq_status(&mut p.b), CMD_FATAL);
