@@ -98,6 +98,8 @@ static void hca_sw_notify_work(struct work_struct *work)
 	bool call;
 	u32 i;
 
+	/* Softirqs the handlers raise (NAPI, irq_poll) run when this ends. */
+	local_bh_disable();
 	spin_lock_irqsave(&dev->table_lock, flags);
 	for (i = 0; i < HCA_MAX_CQ; i++) {
 		cq = dev->cqs[i];
@@ -112,6 +114,7 @@ static void hca_sw_notify_work(struct work_struct *work)
 			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
 	}
 	spin_unlock_irqrestore(&dev->table_lock, flags);
+	local_bh_enable();
 }
 
 void hca_sw_notify_init(struct hca_dev *dev)
@@ -171,11 +174,15 @@ static void hca_health_check(struct work_struct *work)
 	u32 syndrome = ioread32(dev->bar2 +
 				offsetof(struct hca_dev_info, catas_syndrome));
 
-	if (syndrome) {
+	if (syndrome)
 		hca_catastrophic(dev, syndrome);
-		return;
-	}
-	schedule_delayed_work(&dev->health, HCA_HEALTH_PERIOD);
+	/*
+	 * Until the device is known lost: a reset underneath during the
+	 * recovery from a catastrophic error must still be seen, or a drain
+	 * posted after it would wait for ever.
+	 */
+	if (syndrome != HCA_CATAS_RESET)
+		schedule_delayed_work(&dev->health, HCA_HEALTH_PERIOD);
 }
 
 void hca_health_start(struct hca_dev *dev)

@@ -89,6 +89,11 @@ int hca_cmd(struct hca_dev *dev, u32 opcode, const void *in, size_t in_len,
 	iowrite32(seq, dev->bar2 + MBOX(seq));
 	hca_ring(dev, HCA_DB_CMD);
 	err = hca_cmd_wait(dev, seq);
+	/* A refusal may be a function reset underneath that has not been seen yet. */
+	if (!err && dev->cmd_status != HCA_CMD_OK &&
+	    ioread32(dev->bar2 + offsetof(struct hca_dev_info, catas_syndrome)) ==
+	    HCA_CATAS_RESET)
+		hca_catastrophic(dev, HCA_CATAS_RESET);
 	if (hca_lost(dev)) {
 		err = hca_cmd_lost(opcode, in, in_len);
 	} else if (!err) {

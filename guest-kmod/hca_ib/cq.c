@@ -346,17 +346,42 @@ static void hca_cqe_to_wc(struct hca_dev *dev, const struct hca_cqe *c,
 	}
 }
 
-/* Whether a kernel QP completing on cq has work outstanding. Caller holds cq->lock. */
+/* WRs posted to wq and not yet completed (0 if ci ran past a reset pi). */
+static u32 hca_wq_outstanding(struct hca_wq *wq)
+{
+	s32 n = wq->pi - wq->ci;
+
+	return n > 0 ? n : 0;
+}
+
+/*
+ * Whether a kernel QP completing on cq has work outstanding. Caller holds
+ * cq->lock. The queue's lock orders this with a post: one that took it
+ * later sees HCA_CATAS_LOST, set before this runs, and notifies anew.
+ */
 bool hca_cq_flush_pending(struct hca_cq *cq)
 {
 	struct hca_qp *qp;
+	bool pending;
 
-	list_for_each_entry(qp, &cq->send_qps, send_node)
-		if (!qp->uc && READ_ONCE(qp->sq.pi) != qp->sq.ci)
+	list_for_each_entry(qp, &cq->send_qps, send_node) {
+		if (qp->uc)
+			continue;
+		spin_lock(&qp->sq_lock);
+		pending = hca_wq_outstanding(&qp->sq);
+		spin_unlock(&qp->sq_lock);
+		if (pending)
 			return true;
-	list_for_each_entry(qp, &cq->recv_qps, recv_node)
-		if (!qp->uc && !qp->srq && READ_ONCE(qp->rq.pi) != qp->rq.ci)
+	}
+	list_for_each_entry(qp, &cq->recv_qps, recv_node) {
+		if (qp->uc || qp->srq)
+			continue;
+		spin_lock(&qp->rq_lock);
+		pending = hca_wq_outstanding(&qp->rq);
+		spin_unlock(&qp->rq_lock);
+		if (pending)
 			return true;
+	}
 	return false;
 }
 
@@ -367,7 +392,7 @@ static int hca_flush_wq(struct hca_qp *qp, struct hca_wq *wq, spinlock_t *lock,
 	int n = 0;
 
 	spin_lock(lock);
-	for (; n < num && wq->ci != wq->pi; n++) {
+	for (; n < num && hca_wq_outstanding(wq); n++) {
 		memset(&wc[n], 0, sizeof(wc[n]));
 		wc[n].wr_id = wq->wrid[wq->ci & ((1 << wq->log_entries) - 1)];
 		wc[n].status = IB_WC_WR_FLUSH_ERR;

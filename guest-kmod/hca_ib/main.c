@@ -155,9 +155,12 @@ static void hca_remove(struct pci_dev *pdev)
 {
 	struct hca_dev *dev = pci_get_drvdata(pdev);
 
-	hca_health_stop(dev);
-	/* Consumers tear down first; their destroy commands need the EQs. */
+	/*
+	 * Consumers tear down first; their destroy commands need the EQs, and
+	 * their drains the health check, should the device be reset meanwhile.
+	 */
 	ib_unregister_device(&dev->ibdev);
+	hca_health_stop(dev);
 	/* Nothing is left to flush: no consumer is left to arm a CQ. */
 	cancel_work_sync(&dev->sw_notify);
 	/*
