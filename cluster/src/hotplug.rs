@@ -9,23 +9,26 @@
 //! for which the device server makes a new HCA at the same LID, and plugs a new device
 //! into the same slot; the guest's kernel probes it.
 //!
-//! One monitor session per guest, kept open from the first request on ([`Monitor`]).
 //! QEMU 7.2's ivshmem, without KVM's irqfds, watches its interrupt eventfds with fd handlers
 //! that its unplug leaves registered after closing the fds: a later fd that takes one of
 //! those numbers and becomes readable runs the freed device's handler, and QEMU dies
-//! (SIGSEGV in `object_dynamic_cast_assert` from `aio_dispatch`, seen here when `replug` came
-//! on a new session). The new device's own eventfds replace those handlers when they take
-//! the same numbers, which they do when the fds QEMU opens in between are the same as at
-//! boot: the link, the BAR memory, the peer's and then its own eventfds, in the device
-//! server's order. A monitor session opened between unplug and replug would take the first
-//! freed number and shift them all.
+//! (SIGSEGV in `object_dynamic_cast_assert` from `aio_dispatch`; seen here on replugs, the
+//! new link's socket or eventfds having taken those numbers). So `unplug` fills every number
+//! the device freed with a pipe end QEMU holds both ends of (QMP `add-fd`), which never
+//! becomes readable: the stale handlers stay, harmless, and the new device's fds take other
+//! numbers. It finds the freed numbers in QEMU's `/proc/PID/fd`, QEMU's pid being the peer
+//! of the monitor socket. One session per guest is kept from the first request on
+//! ([`Monitor`]).
 
+use std::collections::BTreeSet;
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 /// QEMU's ids of the HCA's device, its root port and its link to the device server.
 pub const HCA_DEVICE: &str = "hca0";
@@ -36,6 +39,9 @@ pub const HCA_CHARDEV: &str = "hca";
 /// guest well under a second; a guest whose kernel hangs in its driver's remove never
 /// releases it.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// At most this many pipes fill the numbers an unplug freed (the device holds about ten).
+const MAX_FILL_PIPES: usize = 64;
 
 /// Where node `name` of a cluster in `dir` has its QEMU monitor.
 pub fn qmp_socket(dir: &Path, name: &str) -> PathBuf {
@@ -67,6 +73,8 @@ pub enum HotplugError {
         command: &'static str,
         desc: String,
     },
+    #[error("{node}'s guest refused to release its HCA (QEMU: DEVICE_UNPLUG_GUEST_ERROR)")]
+    GuestRefused { node: String },
     #[error("{node}'s HCA is unplugged already")]
     Unplugged { node: String },
     #[error("{node}'s HCA is plugged in already")]
@@ -86,6 +94,11 @@ struct Qmp {
     writer: UnixStream,
     /// DEVICE_DELETED events read while waiting for a command's reply.
     deleted: Vec<Value>,
+    /// The id of the last command sent: a reply to an earlier one (whose wait timed out)
+    /// is skipped, so the session outlives a timeout.
+    id: u64,
+    /// QEMU's pid: the monitor socket's peer.
+    pid: Option<i32>,
 }
 
 impl Qmp {
@@ -102,11 +115,14 @@ impl Qmp {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(io)?;
+        let pid = peer_pid(&stream);
         let mut q = Qmp {
             node: node.to_string(),
             reader: BufReader::new(stream.try_clone().map_err(io)?),
             writer: stream,
             deleted: Vec::new(),
+            id: 0,
+            pid,
         };
         q.read()?; // the greeting
         q.execute("qmp_capabilities", json!({}))?;
@@ -131,10 +147,35 @@ impl Qmp {
 
     /// Runs `command`; its `return` value, or `Refused` with QEMU's words.
     fn execute(&mut self, command: &'static str, args: Value) -> Result<Value, HotplugError> {
-        let msg = json!({ "execute": command, "arguments": args });
+        self.id += 1;
+        let msg = json!({ "execute": command, "arguments": args, "id": self.id });
         writeln!(self.writer, "{msg}").map_err(|e| self.io(e))?;
+        self.reply(command)
+    }
+
+    /// Runs `command` with `fd` passed alongside it (SCM_RIGHTS), as `add-fd` takes one.
+    fn execute_with_fd(&mut self, command: &'static str, fd: RawFd) -> Result<Value, HotplugError> {
+        self.id += 1;
+        let msg = format!("{}\n", json!({ "execute": command, "id": self.id }));
+        let sent = self
+            .writer
+            .send_with_fds(&[msg.as_bytes()], &[fd])
+            .map_err(|e| self.io(io::Error::from_raw_os_error(e.errno())))?;
+        if sent != msg.len() {
+            self.writer
+                .write_all(&msg.as_bytes()[sent..])
+                .map_err(|e| self.io(e))?;
+        }
+        self.reply(command)
+    }
+
+    /// The reply to the last command sent.
+    fn reply(&mut self, command: &'static str) -> Result<Value, HotplugError> {
         loop {
             let v = self.read()?;
+            if v.get("event").is_none() && v["id"] != self.id {
+                continue; // the late reply to an earlier command
+            }
             if let Some(r) = v.get("return") {
                 return Ok(r.clone());
             }
@@ -146,7 +187,10 @@ impl Qmp {
                     desc,
                 });
             }
-            if v["event"] == "DEVICE_DELETED" {
+            if matches!(
+                v["event"].as_str(),
+                Some("DEVICE_DELETED" | "DEVICE_UNPLUG_GUEST_ERROR")
+            ) {
                 self.deleted.push(v);
             }
         }
@@ -154,14 +198,23 @@ impl Qmp {
 
     /// Waits until QEMU says it deleted device `id`, or `timeout` passed: whether it did.
     fn wait_deleted(&mut self, id: &str, timeout: Duration) -> Result<bool, HotplugError> {
-        let deleted = |v: &Value| v["event"] == "DEVICE_DELETED" && v["data"]["device"] == id;
-        if self.deleted.drain(..).any(|v| deleted(&v)) {
-            return Ok(true);
+        let about = |v: &Value, event: &str| v["event"] == event && v["data"]["device"] == id;
+        let refused = |node: &str| HotplugError::GuestRefused {
+            node: node.to_string(),
+        };
+        for v in std::mem::take(&mut self.deleted) {
+            if about(&v, "DEVICE_DELETED") {
+                return Ok(true);
+            }
+            if about(&v, "DEVICE_UNPLUG_GUEST_ERROR") {
+                return Err(refused(&self.node));
+            }
         }
         let end = Instant::now() + timeout;
         while Instant::now() < end {
             match self.read() {
-                Ok(v) if deleted(&v) => return Ok(true),
+                Ok(v) if about(&v, "DEVICE_DELETED") => return Ok(true),
+                Ok(v) if about(&v, "DEVICE_UNPLUG_GUEST_ERROR") => return Err(refused(&self.node)),
                 Ok(_) => {}
                 Err(HotplugError::Io { source, .. })
                     if matches!(
@@ -192,12 +245,6 @@ impl Monitor {
         }
     }
 
-    /// Connects the session now, if it is not yet: before the first unplug.
-    pub fn connect(&mut self) -> Result<(), HotplugError> {
-        self.session()?;
-        Ok(())
-    }
-
     fn session(&mut self) -> Result<&mut Qmp, HotplugError> {
         if self.session.is_none() {
             self.session = Some(Qmp::connect(&self.node, &self.path)?);
@@ -205,15 +252,21 @@ impl Monitor {
         Ok(self.session.as_mut().expect("connected above"))
     }
 
-    /// Runs `f` on the session; a session that broke is dropped, for the next request to
-    /// connect anew.
+    /// Runs `f` on the session; a session that broke (not one that timed out: replies
+    /// carry ids) is dropped, for the next request to connect anew.
     fn with<T>(
         &mut self,
         f: impl FnOnce(&mut Qmp) -> Result<T, HotplugError>,
     ) -> Result<T, HotplugError> {
         let r = f(self.session()?);
-        if matches!(r, Err(HotplugError::Io { .. })) {
-            self.session = None;
+        if let Err(HotplugError::Io { source, .. }) = &r {
+            let timed_out = matches!(
+                source.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            );
+            if !timed_out {
+                self.session = None;
+            }
         }
         r
     }
@@ -232,8 +285,72 @@ impl Monitor {
     }
 }
 
+/// The pid of the process at the other end of `stream` (SO_PEERCRED).
+fn peer_pid(stream: &UnixStream) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writing and len says cred's size; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// The fd numbers process `pid` has open, if they can be read.
+fn open_fds(pid: Option<i32>) -> Option<BTreeSet<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{}/fd", pid?)).ok()?;
+    Some(
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// A pipe, both ends close-on-exec.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both are open fds that nothing else owns.
+    Ok(unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    })
+}
+
+/// Fills the fd numbers in `freed` that QEMU has not reused with pipe ends it holds both
+/// ends of (the module's words say why). Each `add-fd` takes QEMU's lowest free number.
+fn fill_freed(q: &mut Qmp, freed: &BTreeSet<i32>) -> Result<(), HotplugError> {
+    for _ in 0..MAX_FILL_PIPES {
+        let open = open_fds(q.pid).unwrap_or_default();
+        if freed.iter().all(|n| open.contains(n)) {
+            return Ok(());
+        }
+        let (r, w) = pipe().map_err(|e| q.io(e))?;
+        q.execute_with_fd("add-fd", r.as_raw_fd())?;
+        q.execute_with_fd("add-fd", w.as_raw_fd())?;
+    }
+    log::warn!(
+        "{}: QEMU's fds the unplug freed are not all filled after {MAX_FILL_PIPES} pipes",
+        q.node
+    );
+    Ok(())
+}
+
 fn unplug(node: &str, q: &mut Qmp) -> Result<(), HotplugError> {
     q.deleted.clear();
+    let before = open_fds(q.pid);
     match q.execute("device_del", json!({ "id": HCA_DEVICE })) {
         // Gone already; its link too, unless an unplug that gave up waiting left it.
         Err(HotplugError::Refused { desc, .. }) if desc.contains("not found") => {
@@ -252,7 +369,13 @@ fn unplug(node: &str, q: &mut Qmp) -> Result<(), HotplugError> {
         });
     }
     q.execute("chardev-remove", json!({ "id": HCA_CHARDEV }))?;
-    Ok(())
+    match (before, open_fds(q.pid)) {
+        (Some(before), Some(after)) => fill_freed(q, &before.difference(&after).copied().collect()),
+        _ => {
+            log::warn!("{node}: cannot read QEMU's fds: its next replug may crash QEMU 7.2");
+            Ok(())
+        }
+    }
 }
 
 fn replug(node: &str, q: &mut Qmp, hca_socket: &Path, vectors: u32) -> Result<(), HotplugError> {
