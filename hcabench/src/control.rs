@@ -524,7 +524,7 @@ pub fn request(run_dir: &Path, request: &str) -> Result<String, ControlError> {
         source,
     })?;
     // An unplug waits for the guest to release its HCA.
-    let _ = s.set_read_timeout(Some(hotplug::RELEASE_TIMEOUT + Duration::from_secs(10)));
+    let _ = s.set_read_timeout(Some(hotplug::RELEASE_TIMEOUT + Duration::from_secs(30)));
     s.write_all(format!("{request}\n").as_bytes())
         .map_err(ControlError::Send)?;
     let mut reply = String::new();

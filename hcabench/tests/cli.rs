@@ -27,6 +27,11 @@ fn the_hca_is_unplugged_and_plugged_again(run_dir: &Path) {
         ("replug", "node2: replug", "plugged in already"),
     ] {
         let o = hcabench(run_dir, &["fault", "node2", action]);
+        if text(&o).contains("needs the qemu backend") {
+            // Where auto chose hcabench's VMM, which has no PCI hot-plug (CI runs QEMU).
+            eprintln!("hot-plug not tested: {}", text(&o).trim());
+            return;
+        }
         assert!(o.status.success(), "{}", text(&o));
         assert!(text(&o).contains(says), "{}", text(&o));
         let o = hcabench(run_dir, &["fault", "node2", action]);
