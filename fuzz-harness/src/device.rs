@@ -50,9 +50,18 @@ pub type Input = Vec<Step>;
 
 /// One run of the target on a decoded input.
 pub fn run(steps: Input) {
+    drive(steps);
+}
+
+/// Like [`run`]; the fingerprint of the state the run ends in (see [`common::fingerprint`]).
+pub fn run_fingerprint(steps: Input) -> u64 {
+    common::fingerprint(&drive(steps))
+}
+
+fn drive(steps: Input) -> Pair {
     let fabric = Fabric::with_manual_clock();
     let chaos = Arc::new(Chaos(AtomicU64::new(0)));
-    let mut p = Pair::build(fabric.clone(), 3, ALL_ACCESS, DEFAULT_RTS);
+    let mut p = common::pair(fabric.clone(), 3);
     let win = common::Window::open(&mut p, |_, _| {});
     let target = Target {
         window: win.addr,
@@ -72,4 +81,5 @@ pub fn run(steps: Input) {
     fabric.set_hook(None);
     fabric.advance(Duration::from_secs(1));
     win.check(&p);
+    p
 }

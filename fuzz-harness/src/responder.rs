@@ -9,6 +9,7 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use hca_model::abi::*;
 use hca_model::packet::{Packet, Payload, RareHeaders, Reth, SmallBytes};
+use hca_model::Fabric;
 use hca_test_driver::*;
 
 use crate::common;
@@ -46,7 +47,16 @@ pub type Input = Vec<Raw>;
 
 /// One run of the target on a decoded input.
 pub fn run(packets: Input) {
-    let mut p = Pair::new(3);
+    drive(packets);
+}
+
+/// Like [`run`]; the fingerprint of the state the run ends in (see [`common::fingerprint`]).
+pub fn run_fingerprint(packets: Input) -> u64 {
+    common::fingerprint(&drive(packets))
+}
+
+fn drive(packets: Input) -> Pair {
+    let mut p = common::pair(Fabric::with_manual_clock(), 3);
     let (mut udqpn, mut srq_udqpn, mut ucqpn) = (0, 0, 0);
     let win = common::Window::open(&mut p, |p, bufs| {
         let mut ud = p.b.create_qp(QPT_UD, p.pd_b, p.cq_b.cqn, p.cq_b.cqn);
@@ -147,4 +157,5 @@ pub fn run(packets: Input) {
     }
     p.fabric.pump();
     win.check(&p);
+    p
 }
