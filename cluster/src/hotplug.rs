@@ -115,7 +115,7 @@ impl Qmp {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(io)?;
-        let pid = peer_pid(&stream);
+        let pid = crate::peer_cred(&stream).map(|c| c.pid).filter(|&p| p > 0);
         let mut q = Qmp {
             node: node.to_string(),
             reader: BufReader::new(stream.try_clone().map_err(io)?),
@@ -283,27 +283,6 @@ impl Monitor {
         let node = self.node.clone();
         self.with(|q| replug(&node, q, hca_socket, vectors))
     }
-}
-
-/// The pid of the process at the other end of `stream` (SO_PEERCRED).
-fn peer_pid(stream: &UnixStream) -> Option<i32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred and len are valid for writing and len says cred's size; the fd is open.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 /// The fd numbers process `pid` has open, if they can be read.

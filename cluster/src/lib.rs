@@ -56,7 +56,7 @@ use hca_model::{Fabric, Hca};
 pub use backend::{Backend, BackendError};
 pub use image::{is_kernel_path, BuildError, Image, ImageError, USERLAND_SERIAL};
 pub use node::Node;
-pub use private_dir::create_private_dir;
+pub use private_dir::{create_private_dir, peer_cred};
 
 use kvm::{KvmNode, KvmNodeSpec};
 use qemu::{GuestSpec, NetSpec, QemuNode};

@@ -4,8 +4,32 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
+
+/// The credentials of the process at the other end of `stream` (SO_PEERCRED): who may
+/// use a socket of a private directory, and which process a QEMU monitor is.
+pub fn peer_cred(stream: &UnixStream) -> Option<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writing and len says cred's size; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred)
+}
 
 /// Creates `dir` (and missing parents) with mode 0700, or checks an existing one: it must
 /// be a real directory (not a symbolic link) owned by this user; a group- or world-

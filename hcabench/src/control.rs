@@ -28,25 +28,8 @@ const MAX_REQUEST: u64 = 4096;
 
 /// Whether the peer of `stream` runs as this process's user (SO_PEERCRED).
 fn same_user(stream: &UnixStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred and len are valid for writing and len says cred's size; the fd is open.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
     // SAFETY: getuid cannot fail and has no preconditions.
-    rc == 0 && cred.uid == unsafe { libc::getuid() }
+    cluster::peer_cred(stream).is_some_and(|c| c.uid == unsafe { libc::getuid() })
 }
 
 /// What `hcabench fault NODE ACTION` accepts, for errors and --help.
