@@ -3,6 +3,8 @@
 //!   memcpy of the same size: one WRITE at a time (post, ring, poll its completion), and 16
 //!   per doorbell (as a bandwidth test keeps a window in flight); rounds of the three
 //!   alternate, the best round of each is kept;
+//! - RDMA READ of 4 KiB, 64 KiB, 1 MiB and 64 MiB (longer than the 16 MiB a responder's turn
+//!   makes of a response), one at a time, as a ratio to a memcpy of the same size;
 //! - 8-byte SEND message rate on one core, doorbell to CQE on both sides (on the virtual
 //!   clock the tests use, and at one WR per doorbell also on the real clock the device
 //!   server and the VMM run, whose readings cost);
@@ -14,8 +16,8 @@
 //!   server or VMM runs several guests, a thread each).
 //!
 //! Run: `cargo bench -p hca-model --bench throughput` (add `-- --quick` for a short run, and
-//! `write`, `send`, `fair`, `scale` or `cores` for one part; `write64k` or `send1` for one
-//! row).
+//! `write`, `read`, `send`, `fair`, `scale` or `cores` for one part; `write64k`, `read64m`
+//! or `send1` for one row).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -117,6 +119,57 @@ fn rdma_write_vs_memcpy(quick: bool, sizes: &[bool; 3]) {
             best_copy.as_secs_f64() / best_write.as_secs_f64(),
             best_batch,
             best_copy.as_secs_f64() / best_batch.as_secs_f64()
+        );
+    }
+}
+
+/// `sizes`: which of 4 KiB, 64 KiB, 1 MiB and 64 MiB to run (for a profiler: `read4k`,
+/// `read64k`, `read1m`, `read64m`).
+fn rdma_read_vs_memcpy(quick: bool, sizes: &[bool; 4]) {
+    println!();
+    println!("RDMA READ between two guest memories vs memcpy, one at a time (best round per side)");
+    println!(
+        "{:>8} {:>12} {:>12} {:>12} {:>8}",
+        "size", "memcpy", "rdma read", "read GB/s", "ratio"
+    );
+    let all = [4 << 10, 64 << 10, 1 << 20, 64 << 20];
+    for size in (all.into_iter().zip(sizes))
+        .filter(|(_, &on)| on)
+        .map(|(size, _)| size)
+    {
+        let mib = 16 + 2 * (size as u64 >> 20);
+        let fabric = Fabric::with_manual_clock();
+        let mut p = Pair::build_with_memory(fabric, mib, MTU_4096 as u8, ALL_ACCESS, DEFAULT_RTS);
+        let src = p.b.alloc(size as u64, 4096);
+        let dst = p.a.alloc(size as u64, 4096);
+        p.b.write(src, &pattern(size, 2));
+        let iters = if quick { 4 } else { ((64 << 20) / size).max(8) };
+        let rounds = if quick { 3 } else { 9 };
+        let (mem_a, mem_b) = (p.a.mem.clone(), p.b.mem.clone());
+        let src_slice = mem_b.get_slice(GuestAddress(src), size).unwrap();
+        let dst_slice = mem_a.get_slice(GuestAddress(dst), size).unwrap();
+        let (mut best_copy, mut best_read) = (Duration::MAX, Duration::MAX);
+        let mut wr = send_wr(1, WR_RDMA_READ, WQE_SIGNALED);
+        (wr.remote_addr, wr.rkey) = (src, p.key_b);
+        let sges = [sge(dst, size as u32, p.key_a)];
+        for _ in 0..rounds {
+            best_copy = best_copy.min(best_of(1, iters, || {
+                black_box(&src_slice).copy_to_volatile_slice(black_box(dst_slice));
+            }));
+            best_read = best_read.min(best_of(1, iters, || {
+                p.a.post_send(&mut p.qa, wr, &sges);
+                let c = p.a.poll_cq(&mut p.cq_a).expect("read completed");
+                assert_eq!(u32::from(c.status), WC_SUCCESS);
+            }));
+        }
+        assert!(p.a.read(dst, size) == pattern(size, 2));
+        println!(
+            "{:>8} {:>10.2?} {:>12.2?} {:>12.2} {:>7.2}x",
+            fmt_size(size),
+            best_copy,
+            best_read,
+            size as f64 / best_read.as_secs_f64() / 1e9,
+            best_copy.as_secs_f64() / best_read.as_secs_f64()
         );
     }
 }
@@ -344,6 +397,11 @@ fn main() {
     let sizes = ["write4k", "write64k", "write1m"].map(|s| want("write") || parts.contains(&s));
     if sizes.contains(&true) {
         rdma_write_vs_memcpy(quick, &sizes);
+    }
+    let sizes =
+        ["read4k", "read64k", "read1m", "read64m"].map(|s| want("read") || parts.contains(&s));
+    if sizes.contains(&true) {
+        rdma_read_vs_memcpy(quick, &sizes);
     }
     let rows = ["send1", "send16", "send1real"].map(|r| want("send") || parts.contains(&r));
     if rows.contains(&true) {
