@@ -626,10 +626,19 @@ impl Shared {
     /// move, while a guest's long queue is worked through).
     fn with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> R {
         let (r, mut more) = self.turn(self.lock(), f);
-        while more {
+        while more && !self.defer_turns() {
             more = self.turn(self.lock(), HcaState::continue_send_queues).1;
         }
         r
+    }
+
+    /// Whether the further turns of a turn that left work wait for the pump this thread
+    /// is in: nothing between them would move what they queue (see `Fabric::defer_turns`).
+    #[cold]
+    fn defer_turns(&self) -> bool {
+        let st = self.lock();
+        let lid = st.dev.lid;
+        st.dev.fabric.as_ref().is_some_and(|f| f.defer_turns(lid))
     }
 
     /// Like `with_state` for one turn, unless another thread holds the device: then None

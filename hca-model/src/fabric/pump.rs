@@ -21,6 +21,16 @@ thread_local! {
     pub(super) static QUEUED_TO: RefCell<QueuedTo> = const {
         RefCell::new(QueuedTo { to: Vec::new(), next: 0 })
     };
+    /// This thread is in a pump's loop over the queued items (a cut-through, which counts
+    /// as pumping too, is not).
+    static SERVING: Cell<bool> = const { Cell::new(false) };
+    /// Ports whose further turns wait for this thread's pump to end (see
+    /// [`Fabric::defer_turns`]), as (fabric, LID) pairs, each once.
+    static DEFERRED: RefCell<Vec<(usize, Lid)>> = const { RefCell::new(Vec::new()) };
+    /// `DEFERRED` has entries (read on every pump's way out, without a borrow).
+    static ANY_DEFERRED: Cell<bool> = const { Cell::new(false) };
+    /// This thread is running deferred turns: a pump inside them leaves new ones to it.
+    static RESUMING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// (fabric, destination slot) pairs this thread queued items for since its last pump of
@@ -111,6 +121,7 @@ struct Pumping<'a> {
 impl<'a> Pumping<'a> {
     fn start(fabric: &'a Fabric) -> Self {
         PUMPING.with(|p| p.set(fabric.id()));
+        SERVING.set(true);
         Self {
             fabric,
             claimed: None,
@@ -138,6 +149,7 @@ impl Drop for Pumping<'_> {
             let c = &self.fabric.inner.stats.delivered;
             c.fetch_add(self.delivered, Relaxed);
         }
+        SERVING.set(false);
         PUMPING.with(|p| p.set(0));
     }
 }
@@ -155,6 +167,26 @@ pub(super) fn note_queued(fabric: usize, dst: usize) {
             to.push((fabric, dst));
         }
     });
+}
+
+/// The next port on fabric `fabric` whose turns were deferred to this thread's pump.
+fn take_deferred(fabric: usize) -> Option<Lid> {
+    DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        let i = d.iter().position(|&(f, _)| f == fabric)?;
+        let (_, lid) = d.swap_remove(i);
+        ANY_DEFERRED.set(!d.is_empty());
+        Some(lid)
+    })
+}
+
+/// Marks this thread as running deferred turns until dropped (however it ends).
+struct Resuming;
+
+impl Drop for Resuming {
+    fn drop(&mut self) {
+        RESUMING.set(false);
+    }
 }
 
 impl Fabric {
@@ -188,18 +220,65 @@ impl Fabric {
     /// delivery's own sends). Call it with no HCA lock held.
     pub fn pump_with_backpressure(&self, sender: Lid) {
         self.pump_own();
-        // While no source crowds the fabric (a sender that does has counted so itself,
-        // before this load), none is past its bound nor the queue past its total: the
-        // usual case reads one counter that packets leave alone.
-        let lanes = &self.inner.lanes;
-        if in_a_pump() || lanes.crowded.load(Relaxed) == 0 {
+        if in_a_pump() {
             return;
         }
-        let over =
-            || lanes.queued_from(slot(sender)) > MAX_BACKLOG || lanes.total() > MAX_TOTAL_BACKLOG;
-        while over() {
+        while self.backlogged(sender) {
             self.pump();
             std::thread::yield_now();
+        }
+    }
+
+    /// Whether the port at `sender` is past its backlog bound, or the queue past its total
+    /// (see [`Fabric::pump_with_backpressure`]). While no source crowds the fabric (a
+    /// sender that does has counted so itself, before this load), none is past its bound
+    /// nor the queue past its total: the usual case reads one counter that packets leave
+    /// alone.
+    pub(crate) fn backlogged(&self, sender: Lid) -> bool {
+        let lanes = &self.inner.lanes;
+        lanes.crowded.load(Relaxed) > 0
+            && (lanes.queued_from(slot(sender)) > MAX_BACKLOG || lanes.total() > MAX_TOTAL_BACKLOG)
+    }
+
+    /// A port's turn left work for further turns (a long send queue): whether those turns
+    /// wait for this thread's pump, which runs them once it has moved what it could (see
+    /// [`Fabric::pump_own`]). They do when the turn was a delivery of the pump's: nothing
+    /// would move what they queue between them, and what the first turn queued is moved
+    /// first. Elsewhere (a doorbell's or a tick's thread) they
+    /// run at once, the port waiting for the fabric between them
+    /// ([`Fabric::pump_with_backpressure`]); a cut-through's deliveries go on once the
+    /// turn that cut through lets go of its lock (`PacketSink::resume`).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn defer_turns(&self, lid: Lid) -> bool {
+        if !SERVING.get() {
+            return false;
+        }
+        let entry = (self.id(), lid);
+        DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            if !d.contains(&entry) {
+                d.push(entry);
+            }
+        });
+        ANY_DEFERRED.set(true);
+        true
+    }
+
+    /// Runs the turns deferred to this thread's pump of this fabric (see
+    /// [`Fabric::defer_turns`]), each port's until it has no work left, with no pump under
+    /// way: each port waits for the fabric between its turns, as a doorbell's turns do. One
+    /// frame at a time: a pump inside these turns leaves what they defer to it.
+    fn run_deferred(&self) {
+        if !ANY_DEFERRED.get() || RESUMING.get() {
+            return;
+        }
+        RESUMING.set(true);
+        let _resuming = Resuming;
+        while let Some(lid) = take_deferred(self.id()) {
+            if let Some(port) = self.port(lid) {
+                port.resume();
+            }
         }
     }
 
@@ -219,8 +298,9 @@ impl Fabric {
 
     /// Delivers what this thread queued, and what those deliveries queue, until nothing of
     /// it is left that another thread is not delivering; items only other threads queued
-    /// are theirs to move. A device's turn ends with this: a guest's doorbell thread moves
-    /// its own traffic, not another guest's flood. Call it with no HCA lock held.
+    /// are theirs to move. Then runs the turns deferred to it ([`Fabric::defer_turns`]).
+    /// A device's turn ends with this: a guest's doorbell thread moves its own traffic (and
+    /// what it causes), not another guest's flood. Call it with no HCA lock held.
     pub fn pump_own(&self) {
         self.pump_while(false);
     }
@@ -231,10 +311,15 @@ impl Fabric {
         if in_a_pump() {
             return;
         }
-        let id = self.id();
-        if !any && !queued_any(id) {
-            return; // nothing of this thread's to move (a turn that sent nothing)
+        // (Unless nothing of this thread's is queued: a turn that sent nothing.)
+        if any || queued_any(self.id()) {
+            self.pump_items(any);
+            self.run_deferred();
         }
+    }
+
+    /// [`Fabric::pump_while`]'s loop over the queued items.
+    fn pump_items(&self, any: bool) {
         let mut pumping = Pumping::start(self);
         let mut cursor = 0;
         // The item goes from the queue to its port in as few moves as the code can make it:
