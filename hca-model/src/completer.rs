@@ -45,7 +45,10 @@ impl HcaState {
             return;
         }
         self.dev.stats.rc_dropped += 1;
-        if !pkt.is_request() || why == DropReason::Hook {
+        if !pkt.is_request() {
+            return self.answer_bounced(&pkt, why);
+        }
+        if why == DropReason::Hook {
             return;
         }
         let Some(mut e) = self.engine(pkt.src_qpn) else {

@@ -21,6 +21,7 @@ use vm_memory::GuestMemory;
 
 use crate::abi::*;
 use crate::adapter_hook::{AdapterHook, IrqFate};
+use crate::answers::READ_PIECES_PER_TURN;
 use crate::cq::Cq;
 use crate::devmem::DeviceMemory;
 use crate::dma::{DmaSpace, GuestRam};
@@ -116,8 +117,8 @@ pub struct HcaStats {
     /// Remote accesses stopped because their MR was deregistered, invalidated or re-mapped
     /// after the key was checked: read responses not copied, write packets refused.
     pub revoked: u64,
-    /// Further turns that send queues took because their work was more than one turn
-    /// allows (the device lock was let go between turns).
+    /// Further turns that send queues or READ responses took because their work was more
+    /// than one turn allows (the device lock was let go between turns).
     pub extra_turns: u64,
     /// Send-doorbell ring entries that named a QP the ring may name (see `sq_ring`).
     pub sq_named: u64,
@@ -283,6 +284,9 @@ pub(crate) struct Device {
     pub in_flight_budget: usize,
     /// Gather lists of completed messages, for the next ones.
     pub gathers: crate::packet::GatherPool,
+    /// QPs that owe a READ's response still to be made, each once, served in turn by the
+    /// device's further turns (see answers.rs).
+    pub answering: std::collections::VecDeque<u32>,
     /// The port's P_Keys, as the fabric's subnet manager set them.
     pub pkeys: crate::partition::PKeyTable,
     /// The scratch state of the turn under way (see turn.rs).
@@ -366,6 +370,7 @@ impl Device {
             qps_in_error: Vec::new(),
             recv_doorbells: Arc::default(),
             gathers: Default::default(),
+            answering: Default::default(),
             pkeys: crate::partition::default_table(),
             turn: Turn::default(),
             catas: 0,
@@ -627,7 +632,7 @@ impl Shared {
     fn with_state<R>(&self, f: impl FnOnce(&mut HcaState) -> R) -> R {
         let (r, mut more) = self.turn(self.lock(), f);
         while more && !self.defer_turns() {
-            more = self.turn(self.lock(), HcaState::continue_send_queues).1;
+            more = self.turn(self.lock(), HcaState::continue_work).1;
         }
         r
     }
@@ -659,6 +664,7 @@ impl Shared {
         let mut resume = Vec::new();
         let (r, irqs, pump, lid, more) = {
             st.dev.turn.work_left = WORK_PER_TURN;
+            st.dev.turn.pieces_left = READ_PIECES_PER_TURN;
             st.dev.turn.cut = st.dev.fabric.as_ref().is_some_and(Fabric::may_cut);
             let r = f(&mut st);
             if !st.dev.mem_waiters.is_empty()
@@ -686,9 +692,10 @@ impl Shared {
             };
             let irqs = irqs | std::mem::take(&mut st.dev.turn.late_due);
             st.dev.stats.interrupts += u64::from(irqs.count_ones());
-            // Work left over is due at once: the next tick goes on with it if no caller does.
-            // So is a send queue waiting for memory: what a UC copy or a peer's READ
-            // response held may be freed on another thread, which wakes no one here.
+            // Work left over (send queues, READ responses to make) is due at once: the next
+            // tick goes on with it if no caller does. So is a send queue waiting for memory:
+            // what a UC copy or a peer's READ response held may be freed on another thread,
+            // which wakes no one here.
             let hint = if st.dev.turn.more_work || !st.dev.mem_waiters.is_empty() {
                 0
             } else {
@@ -809,7 +816,7 @@ impl PacketSink for Shared {
     }
 
     fn resume(&self) {
-        self.with_state(HcaState::continue_send_queues);
+        self.with_state(HcaState::continue_work);
     }
 
     fn undeliverable(&self, pkt: Packet, why: DropReason) {
@@ -820,7 +827,7 @@ impl PacketSink for Shared {
         if now_ns >= self.timer_hint.load(Ordering::Relaxed) {
             self.try_with_state(|st| {
                 st.on_timer(now_ns);
-                st.continue_send_queues();
+                st.continue_work();
             });
         }
     }

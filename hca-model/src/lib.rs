@@ -41,6 +41,8 @@
 //! - `snapshot.rs`: a UC message's bytes, copied as it is sent.
 //! - `completer.rs`: ACKs, NAKs and responses completing the WRs sent.
 //! - `responder.rs`: requests taken off the fabric, answered and completed.
+//! - `answers.rs`: what a responder owes, sent in order: long READ responses made a piece
+//!   at a time.
 //! - [`reliability`]: RC's transport timer, retransmission and NAKs.
 //! - [`packet`]: packets shaped as IB's headers, and message trains.
 //!
@@ -62,6 +64,7 @@
 
 pub mod abi;
 pub mod adapter_hook;
+mod answers;
 pub mod capture;
 mod catas;
 mod command;

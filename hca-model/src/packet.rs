@@ -897,9 +897,7 @@ impl Packet {
     /// have them). `total` is the train's payload length; `cursor` follows the payload's
     /// gather list from piece to piece.
     fn cut(&self, f: Family, start: u32, n: u32, total: u64, cursor: &mut SegCursor) -> Packet {
-        let of = self.message_packets();
-        let (abs, mtu) = (self.first + start, u64::from(self.mtu));
-        let (has_first, has_last) = (abs == 0, abs + n == of);
+        let mtu = u64::from(self.mtu);
         let off = u64::from(start) * mtu;
         let len = total.saturating_sub(off).min(u64::from(n) * mtu);
         let payload = match &self.payload {
@@ -912,6 +910,28 @@ impl Packet {
             ),
             p => p.slice(off, len),
         };
+        self.piece_of(f, start, n, payload)
+    }
+
+    /// Packets `[start, start + n)` of this message (a train that stands for all of it;
+    /// its own payload is not looked at) as a piece of their own, carrying `payload`: what
+    /// a responder makes of a long READ's answer a piece at a time, resolving each piece's
+    /// bytes as it makes it (see answers.rs).
+    pub(crate) fn piece(&self, start: u32, n: u32, payload: Payload) -> Packet {
+        match family(self.opcode) {
+            Some(f) => self.piece_of(f, start, n, payload),
+            None => Packet {
+                payload,
+                ..self.clone_header()
+            },
+        }
+    }
+
+    /// [`Packet::cut`]'s packet, with the payload given.
+    fn piece_of(&self, f: Family, start: u32, n: u32, payload: Payload) -> Packet {
+        let of = self.message_packets();
+        let abs = self.first + start;
+        let (has_first, has_last) = (abs == 0, abs + n == of);
         Packet {
             opcode: message_opcode(f, abs, of, self.tail()),
             psn: psn_add(self.psn, start),

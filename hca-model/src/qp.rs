@@ -429,10 +429,14 @@ pub(crate) struct Qp {
     /// without executing it twice.
     pub last_atomic: Option<(u32, u64)>,
     /// The responder's latest ACK, held while a burst of this QP's stream is being delivered
-    /// (see `Turn::hold_acks`); it covers every message before it.
+    /// (see `Turn::hold_acks`); it covers every message before it. Never while it owes
+    /// `answers`: the ACK goes behind them.
     pub held_ack: Option<HeldAck>,
     /// This QP is in `Turn::held_acks` (until the burst's end goes through the list).
     pub held_ack_listed: bool,
+    /// What the responder owes its requester and has not sent, in order: a long READ's
+    /// response being made, and the answers behind it (see answers.rs).
+    pub answers: crate::answers::Answers,
     /// The P_Key at its P_Key index when that was set: its packets carry it, and only
     /// packets of its partition reach it.
     pub pkey: u16,
@@ -703,6 +707,7 @@ impl HcaState {
             last_atomic: None,
             held_ack: None,
             held_ack_listed: false,
+            answers: Default::default(),
             pkey: crate::partition::DEFAULT_PKEY,
         };
         let special = match a.qp_type {
@@ -864,6 +869,7 @@ impl QpEngine<'_> {
         qp.sq_waits = false;
         qp.msn = 0;
         qp.held_ack = None;
+        qp.answers.clear();
         self.dev.bar2.write_obj(self.qp.db, &HcaQpDb::default());
     }
 

@@ -24,7 +24,7 @@
 
 use crate::abi::*;
 use crate::fabric::Rejected;
-use crate::hca::{Device, HcaState};
+use crate::hca::{Device, HcaState, PIECE_BYTES};
 use crate::mr::{KeyCheck, Use};
 use crate::packet::*;
 use crate::qp::{HeldAck, Inbound, QpEngine, Rest, INBOUND_WINDOW};
@@ -239,9 +239,7 @@ impl QpEngine<'_> {
         match pkt.opcode {
             RC_READ_REQUEST => self.rc_read(pkt, false),
             RC_CMP_SWAP | RC_FETCH_ADD => match qp.last_atomic {
-                Some((psn, orig)) if psn == pkt.psn => {
-                    self.reply(atomic_ack(self.qpn, self.qp.pkey, &pkt, orig));
-                }
+                Some((psn, orig)) if psn == pkt.psn => self.answer_atomic(&pkt, orig),
                 _ => {} // Older than the one we keep: its ACK must have arrived.
             },
             _ if pkt.ends_message() => {
@@ -369,6 +367,9 @@ impl QpEngine<'_> {
     fn transmit_ack(&mut self, req: &Packet) {
         self.qp.msn = self.qp.msn.wrapping_add(1) & PSN_MASK;
         let psn = psn_add(req.psn, req.span() - 1);
+        if !self.qp.answers.is_empty() {
+            return self.owe_aeth(AETH_ACK, psn);
+        }
         if !self.dev.turn.hold_acks {
             // A held ACK is older: this one covers its messages too.
             self.qp.held_ack = None;
@@ -390,8 +391,19 @@ impl QpEngine<'_> {
     /// An ACK or NAK (AETH `syndrome`, the current MSN) to `req`'s sender naming `psn`:
     /// an ACK covers everything up to it, a NAK asks for a resend from it (or fails it).
     fn transmit_aeth(&mut self, req: &Packet, syndrome: u8, psn: u32) {
+        if !self.qp.answers.is_empty() {
+            return self.owe_aeth(syndrome, psn);
+        }
         let pkt = self.aeth(req, syndrome, psn);
         self.reply(pkt);
+    }
+
+    /// The response to atomic request `req`, which found `orig`.
+    fn answer_atomic(&mut self, req: &Packet, orig: u64) {
+        if !self.qp.answers.is_empty() {
+            return self.owe_atomic(req.psn, orig);
+        }
+        self.reply(atomic_ack(self.qpn, self.qp.pkey, req, orig));
     }
 
     fn aeth(&self, req: &Packet, syndrome: u8, psn: u32) -> Packet {
@@ -712,6 +724,9 @@ impl QpEngine<'_> {
     }
 
     /// A read request; `fresh` false for a duplicate, answered again without taking PSNs.
+    /// A response in one piece when the QP owes nothing before it (nearly every READ) is
+    /// made now; a longer one, or one behind answers owed, is owed (see answers.rs): its
+    /// range is checked whole now, and resolved a piece at a time as it is made.
     fn rc_read(&mut self, pkt: Packet, fresh: bool) {
         let Some(reth) = pkt.reth else {
             return self.nak(&pkt, AETH_NAK_INV_REQ);
@@ -723,10 +738,18 @@ impl QpEngine<'_> {
             self.qp.attr.access_flags,
         );
         let len = u64::from(reth.len);
+        let now = len <= u64::from(PIECE_BYTES) && self.qp.answers.is_empty();
         let mut segs = SegList::new();
         if self
             .dev
-            .resolve_key(reth.rkey, reth.va, len, &check, &mut segs)
+            .resolve_key_upto(
+                reth.rkey,
+                reth.va,
+                len,
+                &check,
+                &mut segs,
+                if now { len } else { 0 },
+            )
             .is_err()
         {
             if !fresh {
@@ -737,6 +760,14 @@ impl QpEngine<'_> {
                 return self.transmit_aeth(&pkt, AETH_NAK_REM_ACCESS, pkt.psn);
             }
             return self.nak(&pkt, AETH_NAK_REM_ACCESS);
+        }
+        if !now {
+            let npk = len.div_ceil(u64::from(self.qp.mtu())).max(1) as u32;
+            self.owe_read(pkt.psn, reth, fresh);
+            if fresh {
+                self.advance_epsn(npk);
+            }
+            return;
         }
         let mut resp = Packet {
             dlid: pkt.slid,
@@ -805,7 +836,7 @@ impl QpEngine<'_> {
         if self.dev.mem.write(at, &new.to_le_bytes()).is_err() {
             return self.nak(&pkt, AETH_NAK_REM_OP);
         }
-        self.reply(atomic_ack(self.qpn, self.qp.pkey, &pkt, orig));
+        self.answer_atomic(&pkt, orig);
         self.qp.last_atomic = Some((pkt.psn, orig));
         self.advance_epsn(1);
     }

@@ -24,8 +24,12 @@ pub(crate) struct Turn {
     /// Work units left in this turn (a WQE, a page-list entry read, a gather record made);
     /// see [`WORK_PER_TURN`].
     pub work_left: u64,
-    /// A send queue stopped for want of budget: more turns follow.
+    /// A send queue stopped for want of budget, or QPs owe READ responses still to be
+    /// made: more turns follow.
     pub more_work: bool,
+    /// Pieces of READ responses this turn may still make (see answers.rs); the QPs that
+    /// owe more go on in further turns.
+    pub pieces_left: u32,
     /// This turn delivers a packet with more of its stream (the same sender QP to the same
     /// QP) queued right behind it: the responder holds its ACKs (each QP's latest in `Qp::held_ack`), and the turn that
     /// ends the burst sends them, one per QP for all its messages.
@@ -53,6 +57,7 @@ impl Default for Turn {
         Self {
             work_left: WORK_PER_TURN,
             more_work: false,
+            pieces_left: crate::answers::READ_PIECES_PER_TURN,
             hold_acks: false,
             held_acks: Vec::new(),
             cut: false,

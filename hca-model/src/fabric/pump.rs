@@ -240,11 +240,12 @@ impl Fabric {
             && (lanes.queued_from(slot(sender)) > MAX_BACKLOG || lanes.total() > MAX_TOTAL_BACKLOG)
     }
 
-    /// A port's turn left work for further turns (a long send queue): whether those turns
-    /// wait for this thread's pump, which runs them once it has moved what it could (see
-    /// [`Fabric::pump_own`]). They do when the turn was a delivery of the pump's: nothing
-    /// would move what they queue between them, and what the first turn queued is moved
-    /// first. Elsewhere (a doorbell's or a tick's thread) they
+    /// A port's turn left work for further turns (READ responses to make, a long send
+    /// queue): whether those turns wait for this thread's pump, which runs them once it
+    /// has moved what it could (see [`Fabric::pump_own`]). They do when the turn was a
+    /// delivery of the pump's: nothing would move what they queue between them, and what
+    /// the first turn queued is moved first (a long READ's first pieces reach the
+    /// requester before more are made). Elsewhere (a doorbell's or a tick's thread) they
     /// run at once, the port waiting for the fabric between them
     /// ([`Fabric::pump_with_backpressure`]); a cut-through's deliveries go on once the
     /// turn that cut through lets go of its lock (`PacketSink::resume`).
