@@ -3,14 +3,15 @@
 //! resident set, before the attack, at its peak and after the guest destroyed what it made.
 //! Each pattern is one that drove a device server's memory to gigabytes (issue 49): many
 //! connected RC QPs with full send windows that are never acknowledged, huge SENDs in an
-//! endless RNR loop, and UD datagrams fanned out of many QPs into a fabric that lags.
+//! endless RNR loop, UD datagrams fanned out of many QPs into a fabric that lags, and huge
+//! RDMA READs of a peer's memory on many QPs at once.
 //!
 //! `HCAB_MEM_REPORT=1` prints each pattern's numbers.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hca_model::abi::*;
 use hca_model::packet::Packet;
@@ -626,5 +627,132 @@ fn test_long_messages_left_unfinished_hold_one_window_per_qp() {
         );
     }
     assert!(held <= nqp * PER_QP, "{nqp} QPs hold {held} bytes");
+    r.check();
+}
+
+/// An MR of `d`'s in PD `pdn` over `len` bytes at IOVA 0x4000_0000 whose page list names
+/// one page of `1 << shift` bytes again and again: a long range over little memory, a
+/// record per page. The page is written first, so that the resident set counts it from
+/// the start. Its (key, IOVA).
+fn repeated_mr(d: &mut Driver, pdn: u32, len: u64, shift: u32, access: u32) -> (u32, u64) {
+    let npages = len.div_ceil(1 << shift);
+    let page = d.alloc(1 << shift, 1 << shift);
+    let zero = vec![0u8; 1 << shift.min(20)];
+    for at in (0..1u64 << shift).step_by(zero.len()) {
+        d.write(page + at, &zero);
+    }
+    let list = d.alloc(npages * 8, 8);
+    let bytes: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    d.write(list, &bytes);
+    let iova = 0x4000_0000;
+    let key = d
+        .try_reg_mr(&HcaCmdRegMr {
+            iova,
+            length: len,
+            page_list: list,
+            pdn,
+            access,
+            npages: npages as u32,
+            page_shift: shift,
+            ..Default::default()
+        })
+        .expect("MR");
+    (key, iova)
+}
+
+#[test]
+fn test_huge_reads_on_many_qps_make_the_responder_hold_a_bounded_backlog() {
+    let _one = SERIAL.lock_unpoisoned();
+    let fabric = Fabric::with_manual_clock();
+    // 256 QPs (times the scale, up to 1000), each with 4 READs (its `max_rd_atomic`) of
+    // 2 GiB in flight: 2 TiB asked of B at once.
+    let nqp = (256 * scale()).min(1000);
+    let mut a = Driver::new(Some(&fabric), 640);
+    let mut b = Driver::new(Some(&fabric), 64);
+    touch(&a, 64);
+    touch(&b, 64);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(14), b.create_cq(12));
+    let len = u64::from(MAX_MSG_SIZE) - 4096;
+    // What the READs read: B's 2 GiB over one page of 4 KiB (8 MiB of records whole).
+    let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ;
+    let (kb, vb) = repeated_mr(&mut b, pb, len, 12, access);
+    // Where they land: A's 2 GiB over one page of 256 MiB (8 records a READ: A's own
+    // cost stays small, and its doorbell's first turn sends every READ; B's is the
+    // question).
+    let (ka, va) = repeated_mr(&mut a, pa, len, 28, ACCESS_LOCAL_WRITE);
+    // Unnamed send queues: one send doorbell runs them all.
+    a.name_sqs = false;
+    let mut r = Report::start("2 GiB READs, 256 QPs x 4");
+    let mut qps = Vec::new();
+    for _ in 0..nqp {
+        let mut qa = a
+            .try_create_qp(QPT_RC, pa, (ca.cqn, ca.cqn), (2, 0), 0)
+            .expect("QP");
+        let qb = b
+            .try_create_qp(QPT_RC, pb, (cb.cqn, cb.cqn), (0, 0), 0)
+            .expect("QP");
+        a.bring_up_rc(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, MTU_4096 as u8);
+        b.bring_up_rc(qb.qpn, a.lid(), qa.qpn, ALL_ACCESS, MTU_4096 as u8);
+        for i in 0..4 {
+            let w = HcaSendWqe {
+                wr_id: i,
+                opcode: WR_RDMA_READ as u8,
+                remote_addr: vb,
+                rkey: kb,
+                num_sge: 1,
+                ..Default::default()
+            };
+            a.write_send(&mut qa, &w, &[sge(va, len as u32, ka)], &[]);
+        }
+        a.hca.bar2().store_u32(qa.db, qa.sq_pi);
+        qps.push((qa, qb));
+    }
+    let reads = 4 * nqp as u64;
+    // A's doorbell, on a thread of its own: it moves what its READs cause (B's answers, and
+    // their copies into A) until A's QPs go.
+    let bell = {
+        let hca = a.hca.clone();
+        std::thread::spawn(move || hca.doorbell(DB_SQ))
+    };
+    // Every READ reaches B, and B goes on answering them (1 GiB more) as A takes them.
+    let t0 = Instant::now();
+    let mut asked = None;
+    loop {
+        r.note();
+        let s = b.hca.stats();
+        if s.packets_in >= reads {
+            let at = *asked.get_or_insert(s.bytes_out);
+            if s.bytes_out >= at + (1 << 30) {
+                break;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "B answers too slowly"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let made = b.hca.stats().bytes_out;
+    let (_, mine) = a.hca.in_flight();
+    r.note();
+    // The guest's QPs go: B's answers to them bounce, and it owes them nothing more.
+    for (qa, _) in &qps {
+        destroy_qp(&mut a, qa.qpn);
+    }
+    bell.join().expect("A's doorbell thread");
+    r.note();
+    for (_, qb) in qps {
+        destroy_qp(&mut b, qb.qpn);
+    }
+    r.end();
+    if std::env::var_os("HCAB_MEM_REPORT").is_some() {
+        eprintln!(
+            "  {reads} READs of 2 GiB owed, {:.1} GiB of them answered; A's in-flight bound \
+             counts {:.1} MiB for its READs",
+            made as f64 / (1u64 << 30) as f64,
+            mine as f64 / (1 << 20) as f64
+        );
+    }
     r.check();
 }
