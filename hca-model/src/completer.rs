@@ -194,7 +194,7 @@ impl QpEngine<'_> {
         if front.reread_from != Some(from) {
             front.reread_from = Some(from);
             self.dev.stats.read_gaps += 1;
-            let now = self.dev.now();
+            let now = self.dev.transport_now();
             self.resend_from(from, now, false);
         }
     }

@@ -261,6 +261,9 @@ pub(crate) struct Device {
     pub stats: HcaStats,
     /// No QP timer is due before this fabric time (ns; NEVER when none runs).
     pub timer_hint: u64,
+    /// Fabric time the port's transport timers do not count: the fabric's stalls for it,
+    /// summed (see fabric/clock.rs). Shared with `Shared`, whose ticks add to it.
+    pub transport_lag: Arc<AtomicU64>,
     /// Interrupts an adapter fault made late: (due fabric time, vector).
     pub late_irqs: Vec<(u64, u32)>,
     /// UD QPs attached to multicast groups.
@@ -360,6 +363,7 @@ impl Device {
             doorbell_peer: 0,
             stats: HcaStats::default(),
             timer_hint: crate::reliability::NEVER,
+            transport_lag: Arc::default(),
             late_irqs: Vec::new(),
             mcast: Vec::new(),
             link_down: false,
@@ -483,13 +487,24 @@ impl Device {
         self.fabric.as_ref().map_or(0, |f| f.now_ns())
     }
 
-    /// Fabric time to start a timer from, where reading it is cheap (a manual clock; 0 off a
-    /// fabric); None on a real clock: the timer starts at the next tick (see
+    /// The fabric's stalls for this port so far: its transport time is fabric time less this.
+    pub(crate) fn transport_lag(&self) -> u64 {
+        self.transport_lag.load(Ordering::Relaxed)
+    }
+
+    /// The port's transport time, which QP timers run on (ns; 0 off a fabric).
+    pub(crate) fn transport_now(&self) -> u64 {
+        self.now().saturating_sub(self.transport_lag())
+    }
+
+    /// Transport time to start a timer from, where reading the clock is cheap (a manual
+    /// clock; 0 off a fabric); None on a real clock: the timer starts at the next tick (see
     /// [`Fabric::now_ns_if_cheap`]).
     pub(crate) fn timer_start(&self) -> Option<u64> {
-        self.fabric
-            .as_ref()
-            .map_or(Some(0), |f| f.now_ns_if_cheap())
+        self.fabric.as_ref().map_or(Some(0), |f| {
+            f.now_ns_if_cheap()
+                .map(|t| t.saturating_sub(self.transport_lag()))
+        })
     }
 
     /// The fabric's adapter-fault hook and clock, when the port is on a fabric that has one.
@@ -604,6 +619,8 @@ struct Shared {
     guid: u64,
     /// HcaState::port_caps.
     port_caps: Arc<AtomicU32>,
+    /// Device::transport_lag, which ticks add the fabric's stalls to.
+    transport_lag: Arc<AtomicU64>,
     /// The fabric the port was first attached to, for the pump a turn runs once it has let
     /// go of the device lock: read here without a lock or a clone of the fabric's handle,
     /// whose count every device's turn would change (a cache line the cores of all guests
@@ -823,7 +840,10 @@ impl PacketSink for Shared {
         self.with_state(|st| st.bounced(pkt, why))
     }
 
-    fn tick(&self, now_ns: u64) {
+    fn tick(&self, now_ns: u64, stalled_ns: u64) {
+        if stalled_ns != 0 {
+            self.transport_lag.fetch_add(stalled_ns, Ordering::Relaxed);
+        }
         if now_ns >= self.timer_hint.load(Ordering::Relaxed) {
             self.try_with_state(|st| {
                 st.on_timer(now_ns);
@@ -913,6 +933,7 @@ impl Hca {
         let state = HcaState::new(mem, bar2.clone(), node_guid);
         let port_caps = state.dev.port_caps.clone();
         let recv_doorbells = state.dev.recv_doorbells.clone();
+        let transport_lag = state.dev.transport_lag.clone();
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
@@ -922,6 +943,7 @@ impl Hca {
                 irq,
                 guid: node_guid,
                 port_caps,
+                transport_lag,
                 first_fabric: OnceLock::new(),
             }),
         }

@@ -69,35 +69,42 @@ pub(crate) struct Retry {
 }
 
 impl HcaState {
-    /// Fires every QP timer due at `now`; recomputes the earliest one left.
+    /// Fires every timer due at fabric time `now` (QP timers on the port's transport time);
+    /// recomputes the earliest one left.
     pub(crate) fn on_timer(&mut self, now: u64) {
         if now < self.dev.timer_hint {
             return;
         }
         self.dev.timer_hint = NEVER;
         self.dev.release_late_irqs(now);
+        let port_now = now.saturating_sub(self.dev.transport_lag());
         for i in 0..self.live_qps.len() {
             let Some(&qpn) = self.live_qps.get(i) else {
                 break;
             };
             if let Some(mut e) = self.engine(qpn) {
-                e.on_timer(now);
+                e.on_timer(port_now);
             }
         }
     }
 }
 
 impl QpEngine<'_> {
+    /// Sets the QP's timer; the device's hint (fabric time) gets its deadline (transport
+    /// time) as fabric time reads it if the port stalls no more: no later than it comes due.
     fn set_wait(&mut self, wait: Wait) {
         self.qp.retry.wait = wait;
         match wait {
-            Wait::Ack(t) | Wait::Rnr(t, _) => self.dev.timer_hint = self.dev.timer_hint.min(t),
+            Wait::Ack(t) | Wait::Rnr(t, _) => {
+                let due = t.saturating_add(self.dev.transport_lag());
+                self.dev.timer_hint = self.dev.timer_hint.min(due);
+            }
             Wait::AckFromTick => self.dev.timer_hint = 0, // the next tick starts it
             Wait::Idle => {}
         }
     }
 
-    /// The ACK timer started at fabric time `now` (Idle for an infinite timeout).
+    /// The ACK timer started at transport time `now` (Idle for an infinite timeout).
     fn ack_wait_from(&self, now: u64) -> Wait {
         ack_timeout_ns(self.qp.attr.timeout).map_or(Wait::Idle, |t| Wait::Ack(now + t))
     }
@@ -150,7 +157,7 @@ impl QpEngine<'_> {
         true
     }
 
-    /// This QP's timer at fabric time `now`: fires if due, else stays in the device's hint.
+    /// This QP's timer at transport time `now`: fires if due, else stays in the device's hint.
     fn on_timer(&mut self, now: u64) {
         let live = u32::from(self.qp.attr.state) == QPS_RTS && self.qp.qp_type == QPT_RC;
         match self.qp.retry.wait {
@@ -227,7 +234,7 @@ impl QpEngine<'_> {
     /// is acknowledged by it.
     pub(crate) fn on_retry_nak(&mut self, syndrome: u8, psn: u32) {
         self.complete_acked(psn_add(psn, PSN_MASK)); // psn - 1
-        let now = self.dev.now();
+        let now = self.dev.transport_now();
         if syndrome == AETH_NAK_PSN_SEQ {
             self.dev.stats.seq_naks += 1;
             return self.resend_from(psn, now, false);

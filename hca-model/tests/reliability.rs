@@ -268,6 +268,76 @@ fn test_retries_run_out_into_an_error_completion_within_the_bound() {
     }
 }
 
+/// The fabric holding a port's packets (here an item for it that no pump moves, as a
+/// queue a loaded host moves slowly leaves them) is the fabric's stall, not the peer's
+/// silence: the port's ACK timers count a sixteenth of it, so that the retries last 16
+/// times as long, and a lost packet still times out while the hold never ends.
+#[test]
+fn test_a_port_the_fabric_holds_spends_its_retries_sixteen_times_slower() {
+    const TIMEOUT: u8 = 10;
+    const RETRY_CNT: u8 = 3;
+    let fabric = Fabric::with_manual_clock();
+    let mut p = Pair::build(
+        fabric.clone(),
+        MTU_1024,
+        ALL_ACCESS,
+        (TIMEOUT, RETRY_CNT, 7),
+    );
+    let hook = Lossy::new(1, 0);
+    hook.down.store(true, Ordering::Relaxed);
+    fabric.set_hook(Some(hook));
+    // After the tick that moves the SA's Reports of the ports' arrival, an item from port
+    // A, queued from a thread that never pumps, for a LID no port has: it waits for good.
+    // (A thread's pump serves the lanes it queued for, so the test runs on one that never
+    // did.)
+    fabric.advance(MS);
+    let (la, nowhere) = (p.a.lid(), p.a.lid().max(p.b.lid()) + 1);
+    let f = fabric.clone();
+    std::thread::spawn(move || {
+        f.enqueue(Packet {
+            dlid: nowhere,
+            slid: la,
+            opcode: RC_SEND_ONLY,
+            ..Packet::default()
+        })
+    })
+    .join()
+    .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let src = p.a.alloc(4096, 64);
+            let dst = p.b.alloc(4096, 64);
+            let mut w = send_wr(9, WR_RDMA_WRITE, WQE_SIGNALED);
+            (w.remote_addr, w.rkey) = (dst, p.key_b);
+            p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
+            let unheld = ack_timeout_ns(TIMEOUT).unwrap() * (u64::from(RETRY_CNT) + 1);
+            let (c, t) = collect(
+                &fabric,
+                &mut p.a,
+                &mut p.cq_a,
+                1,
+                Duration::from_nanos(8 * unheld),
+            );
+            assert!(
+                c.is_empty(),
+                "retries spent in {t:?} of the fabric holding the port"
+            );
+            assert_eq!(fabric.backlog(), 1, "the item still waits");
+            assert!(p.a.hca.stats().retransmits <= u64::from(RETRY_CNT) / 2);
+            let (c, t) = collect(&fabric, &mut p.a, &mut p.cq_a, 1, Duration::from_secs(30));
+            assert_eq!(c.len(), 1, "a hold that never ends still times out");
+            assert_eq!((c[0].wr_id, u32::from(c[0].status)), (9, WC_RETRY_EXC_ERR));
+            let t = t.as_nanos() as u64 + 8 * unheld;
+            let ticks = MS.as_nanos() as u64 * 16 * (u64::from(RETRY_CNT) + 1);
+            assert!(
+                (16 * unheld..=16 * unheld + ticks).contains(&t),
+                "failed after {t} ns, not 16 x {unheld} ns"
+            );
+            assert_eq!(p.a.hca.stats().retransmits, u64::from(RETRY_CNT));
+        });
+    });
+}
+
 /// A link down for less than the retry budget: the WRs wait, then complete with the data.
 #[test]
 fn test_a_link_flap_costs_time_not_data() {

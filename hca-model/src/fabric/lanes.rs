@@ -216,6 +216,25 @@ impl Lanes {
         self.get(src).map_or(0, |l| l.from_here.load(Relaxed))
     }
 
+    /// Whether the fabric holds items from or for the port at slot `slot`: its own are
+    /// queued, or its lane has items or is being delivered from. A lane that is quiet was
+    /// neither when last let go; one that is not is looked at, unless a thread holds it
+    /// (it is busy then).
+    pub(super) fn holds(&self, slot: usize) -> bool {
+        let Some(lane) = self.get(slot) else {
+            return false;
+        };
+        if lane.from_here.load(Relaxed) > 0 {
+            return true;
+        }
+        if lane.is_quiet() {
+            return false;
+        }
+        lane.q
+            .try_lock_unpoisoned()
+            .is_none_or(|d| d.claimed || !d.turn.is_empty())
+    }
+
     /// Items queued in all.
     pub(super) fn total(&self) -> usize {
         self.all().map(|(_, l)| l.from_here.load(Relaxed)).sum()

@@ -25,7 +25,9 @@
 //! Time: the fabric owns the clock the ports' transport timers run on (RC retransmission,
 //! RNR waits) and calls every port's [`PacketSink::tick`] as it advances. A real-time fabric
 //! ticks from its own thread every [`TICK`]; a manual one ([`Fabric::with_manual_clock`])
-//! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time.
+//! moves only when [`Fabric::advance`] says, so tests run timeouts in virtual time. A
+//! port's timers do not count the fabric's own stalls (see `clock.rs`): the time its
+//! packets wait in the fabric's queue, and the time the host did not run the fabric.
 //!
 //! The files, one concern each: this one the API (the [`Fabric`] handle, ports attached and
 //! detached, [`PacketSink`], delivery outcomes); `link.rs` the links and what watches them
@@ -143,8 +145,10 @@ pub trait PacketSink: Send + Sync {
     fn resume(&self) {}
     /// Hears back about one of its own packets that reached no receiver.
     fn undeliverable(&self, pkt: Packet, why: DropReason);
-    /// The fabric's clock reads `now_ns`: fire the timers that are due.
-    fn tick(&self, _now_ns: u64) {}
+    /// The fabric's clock reads `now_ns`: fire the timers that are due. Of the time since
+    /// the last tick, `stalled_ns` was the fabric's stall for this port, which its transport
+    /// timers do not count (see `clock.rs`).
+    fn tick(&self, _now_ns: u64, _stalled_ns: u64) {}
     /// The port's GUID (its GID's interface ID), for the subnet administrator.
     fn port_guid(&self) -> Option<u64> {
         None
@@ -230,6 +234,8 @@ struct Inner {
     reports_waiting: AtomicBool,
     /// Counts ports attached and detached (see [`PortNote`]).
     port_epoch: AtomicU64,
+    /// The clock's reading at the last tick.
+    last_tick: AtomicU64,
 }
 
 #[derive(Default)]
@@ -298,6 +304,7 @@ impl Fabric {
                 pkeys: RwLock::new((Vec::new(), Vec::new())),
                 reports_waiting: AtomicBool::new(false),
                 port_epoch: AtomicU64::new(0),
+                last_tick: AtomicU64::new(0),
             }),
         }
     }
