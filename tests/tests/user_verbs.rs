@@ -720,11 +720,13 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
     });
     // perftest's own defaults (its -h says them): 5,000 RDMA Writes, 1,000 RDMA Reads of
     // 64 KiB, 1,000 8-byte fetch-and-adds; PCIe relaxed ordering asked for in every MR
-    // (IBV_ACCESS_RELAXED_ORDERING, an optional access flag a device may ignore).
+    // (IBV_ACCESS_RELAXED_ORDERING, an optional access flag a device may ignore). Then
+    // READs of 32 MiB, which the responder answers a piece at a time over many turns.
     for (cmd, size, iters) in [
         ("ib_write_bw -d hcab0 -s 65536", 65536, 5000),
         ("ib_read_bw -d hcab0", 65536, 1000),
         ("ib_atomic_bw -d hcab0", 8, 1000),
+        ("ib_read_bw -d hcab0 -s 33554432 -n 20", 33554432, 20),
     ] {
         checks.run(&mut tb, &format!("hcab0: {cmd}"), |tb| {
             let p = perftest_pair(tb, cmd)?;
