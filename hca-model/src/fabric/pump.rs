@@ -299,7 +299,7 @@ impl Fabric {
 
     /// Delivers what this thread queued, and what those deliveries queue, until nothing of
     /// it is left that another thread is not delivering; items only other threads queued
-    /// are theirs to move. Then runs the turns deferred to it ([`Fabric::defer_turns`]).
+    /// are theirs to move. Then runs the turns deferred to it (`Fabric::defer_turns`).
     /// A device's turn ends with this: a guest's doorbell thread moves its own traffic (and
     /// what it causes), not another guest's flood. Call it with no HCA lock held.
     pub fn pump_own(&self) {
