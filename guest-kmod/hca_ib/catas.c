@@ -122,6 +122,28 @@ void hca_sw_notify_init(struct hca_dev *dev)
 	INIT_WORK(&dev->sw_notify, hca_sw_notify_work);
 }
 
+/*
+ * An event of @qp's that the device, having lost its state, cannot raise.
+ * Process context; the consumer holds the QP.
+ */
+void hca_sw_qp_event(struct hca_dev *dev, struct hca_qp *qp,
+		     enum ib_event_type type)
+{
+	struct ib_event ev = {
+		.device = &dev->ibdev,
+		.element.qp = &qp->ibqp,
+		.event = type,
+	};
+	unsigned long flags;
+
+	if (!qp->ibqp.event_handler)
+		return;
+	/* Handlers expect the EQ's context: interrupts off. */
+	local_irq_save(flags);
+	qp->ibqp.event_handler(&ev, qp->ibqp.qp_context);
+	local_irq_restore(flags);
+}
+
 /* Work was posted or a CQ armed on a device that lost its state. */
 void hca_sw_notify(struct hca_dev *dev)
 {

@@ -380,6 +380,8 @@ void hca_catastrophic(struct hca_dev *dev, u32 syndrome);
 int hca_cmd_lost(u32 opcode, const void *in, size_t in_len);
 void hca_sw_notify_init(struct hca_dev *dev);
 void hca_sw_notify(struct hca_dev *dev);
+void hca_sw_qp_event(struct hca_dev *dev, struct hca_qp *qp,
+		     enum ib_event_type type);
 void hca_health_start(struct hca_dev *dev);
 void hca_health_stop(struct hca_dev *dev);
 int hca_reset(struct hca_dev *dev);

@@ -339,6 +339,15 @@ int hca_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	if (err)
 		return err;
 	if (mask & IB_QP_STATE) {
+		/*
+		 * A device that lost its state raises no event. The one an
+		 * SRQ's QP owes on its way to ERR is what its consumer waits
+		 * for before it frees the QP (ib_drain_qp on 6.12, up to a
+		 * minute): raised here, as the device would have.
+		 */
+		if (attr->qp_state == IB_QPS_ERR && qp->state != IB_QPS_ERR &&
+		    ibqp->srq && hca_lost(dev))
+			hca_sw_qp_event(dev, qp, IB_EVENT_QP_LAST_WQE_REACHED);
 		qp->state = attr->qp_state;
 		if (attr->qp_state == IB_QPS_RESET)
 			hca_qp_reset_indices(qp);

@@ -323,6 +323,10 @@ fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
     connect_mesh(&mut tb.agents, "hcab0").unwrap();
     tb.connect_pair(0, 2, "hcab0").unwrap();
 
+    if matches!(fault, Fault::Adapter(AdapterFault::Reset)) {
+        ipoib_connected_into_node3(tb);
+    }
+
     // What node3's kernel says from here on is this fault's.
     tb.agents[2].run("dmesg -c > /dev/null", T).unwrap();
     let began = Instant::now();
@@ -367,6 +371,20 @@ fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
             !log.contains(bad),
             "node3's kernel after {what}: {bad}:\n{log}"
         );
+    }
+    if matches!(fault, Fault::Adapter(AdapterFault::Reset)) {
+        // IPoIB's teardown moved its connection's QP, on its SRQ, to ERR and waited for
+        // its last-WQE event, which hca_ib raised itself: the device had forgotten the QP.
+        let drain = tb.agents[2]
+            .run("dmesg | grep -i -e 'drain' -e 'ipoib'; true", T)
+            .unwrap();
+        assert!(
+            !drain.contains("timing out"),
+            "IPoIB's drain of its SRQ's QPs timed out after {what}:\n{drain}"
+        );
+        tb.agents[0]
+            .run("echo datagram > /sys/class/net/ib0/mode", T)
+            .unwrap();
     }
     let port = tb.agents[2]
         .run("cat /sys/class/infiniband/hcab0/ports/1/state", T)
@@ -440,6 +458,27 @@ fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
     tb.connect_pair(0, 2, "hcab0").unwrap();
     let r = tb.ping_between(0, 2, Mode::Isr, 256, 50, true).unwrap();
     assert_eq!((r.done, r.errors, r.server_errors), (50, 0, 0), "{r:?}");
+}
+
+/// IPoIB in connected mode on node1 and node3, and a ping from node1: node1 connects to
+/// node3, whose end of the connection is a QP that receives on IPoIB's SRQ.
+fn ipoib_connected_into_node3(tb: &mut Testbed) {
+    for i in [0, 2] {
+        let mode = tb.agents[i]
+            .run(
+                "echo connected > /sys/class/net/ib0/mode && cat /sys/class/net/ib0/mode",
+                T,
+            )
+            .unwrap();
+        assert_eq!(mode.trim(), "connected", "node{}'s ib0", i + 1);
+    }
+    let out = tb.agents[0]
+        .run(
+            "ping -c 3 -W 2 -s 4000 10.78.0.3 >/dev/null 2>&1; echo ping=$?",
+            T,
+        )
+        .unwrap();
+    assert!(out.contains("ping=0"), "IPoIB-CM to node3: {out}");
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
