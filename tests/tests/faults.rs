@@ -9,7 +9,8 @@
 //!   completes in software), it resets the function and registers hcab0 again, with no
 //!   oops or warning; the NVMe-oF host's controller and the SRP initiator's disk go and,
 //!   connected again, read back what they wrote before; RDS, IPoIB on the new ib0, the DSM
-//!   and a new verbs connection run verified; and the same across a PCI hot-unplug of
+//!   and a new verbs connection run verified (before the reset, IPoIB runs in connected
+//!   mode: its drain of the QPs on its SRQ must not time out); and the same across a PCI hot-unplug of
 //!   node3's HCA and the hot-plug of a new one (`unplug`, `replug`);
 //! - a killed node (its QEMU gone): its peer's work request ends in an error completion,
 //!   the device server and the other nodes go on (a new connection runs clean); a DSM
