@@ -17,7 +17,7 @@ use crate::abi::Lid;
 /// The most groups one port may belong to.
 pub const MAX_GROUPS_PER_PORT: usize = 512;
 /// How many multicast LIDs there are (0xc000..0xfffe).
-const MLID_COUNT: Lid = 0x3fff;
+pub(super) const MLID_COUNT: Lid = 0x3fff;
 /// An MCMemberRecord is 52 bytes; tables carry it in 56.
 const RECORD_SIZE: usize = 56;
 

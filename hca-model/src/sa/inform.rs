@@ -17,6 +17,15 @@ pub const TRAP_GID_OUT_OF_SERVICE: u16 = 65;
 /// A subscription to every generic trap, or for every LID.
 const ALL: u16 = 0xffff;
 const RECORD_SIZE: usize = 36;
+/// An InformInfoRecord: SubscriberGID, SubscriberEnum, 6 reserved bytes, the InformInfo,
+/// padding.
+const INFORM_RECORD_SIZE: usize = 64;
+
+/// InformInfoRecord component mask bits (IBA 15.2.5.12).
+pub(super) mod iir {
+    pub const SUBSCRIBER_GID: u64 = 1 << 0;
+    pub const ENUM: u64 = 1 << 1;
+}
 /// Notice type "subnet management", from a class manager (the SM).
 const NOTICE_TYPE_SUBN_MGMT: u8 = 3;
 const PRODUCER_CLASS_MANAGER: u32 = 4;
@@ -78,6 +87,55 @@ impl Subscriptions {
             self.live.push(sub);
         }
         Ok(Found::One(d[..RECORD_SIZE].to_vec()))
+    }
+
+    /// InformInfoRecord Get/GetTable: each subscription, by its subscriber's GID and its
+    /// number among that subscriber's (SubscriberEnum), with the LID range it gave (or
+    /// every LID) and the QP its Reports go to.
+    pub(super) fn records(&self, req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+        let d = req.data();
+        let mut rows = Vec::new();
+        let mut counts: Vec<(Lid, u16)> = Vec::new();
+        for s in &self.live {
+            let n = match counts.iter_mut().find(|(l, _)| *l == s.to.lid) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    counts.push((s.to.lid, 0));
+                    0
+                }
+            };
+            let Some(guid) = ports.guid_of(s.to.lid) else {
+                continue;
+            };
+            let gid = super::port_gid(guid);
+            if req.has(iir::SUBSCRIBER_GID) && gid_at(d, 0) != gid
+                || req.has(iir::ENUM) && be16(d, 16) != n
+            {
+                continue;
+            }
+            // The InformInfo as it was set: generic, for every trap type and producer.
+            let mut i = [0u8; RECORD_SIZE];
+            let (begin, end) = s.lids.unwrap_or((ALL, 0));
+            i[16..18].copy_from_slice(&begin.to_be_bytes());
+            i[18..20].copy_from_slice(&end.to_be_bytes());
+            (i[22], i[23]) = (1, 1); // IsGeneric, Subscribe
+            i[24..26].copy_from_slice(&ALL.to_be_bytes());
+            i[26..28].copy_from_slice(&s.trap.to_be_bytes());
+            i[28..32].copy_from_slice(&(s.to.qpn << 8).to_be_bytes());
+            i[33..36].copy_from_slice(&[0xff; 3]);
+            let mut r = [0u8; INFORM_RECORD_SIZE];
+            r[0..16].copy_from_slice(&gid);
+            r[16..18].copy_from_slice(&n.to_be_bytes());
+            r[24..24 + RECORD_SIZE].copy_from_slice(&i);
+            rows.push(r.to_vec());
+        }
+        Ok(Found::Records {
+            size: INFORM_RECORD_SIZE,
+            rows,
+        })
     }
 
     /// Who subscribed to `trap` from the port at `lid`.

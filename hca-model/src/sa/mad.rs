@@ -113,8 +113,28 @@ pub mod attr {
         pub const NODE_RECORD: u16 = 0x0011;
         /// PortInfoRecord.
         pub const PORT_INFO_RECORD: u16 = 0x0012;
+        /// SL2VLTableRecord.
+        pub const SL2VL_TABLE_RECORD: u16 = 0x0013;
+        /// SwitchInfoRecord.
+        pub const SWITCH_INFO_RECORD: u16 = 0x0014;
+        /// LinearForwardingTableRecord.
+        pub const LFT_RECORD: u16 = 0x0015;
+        /// MulticastForwardingTableRecord.
+        pub const MFT_RECORD: u16 = 0x0017;
+        /// SMInfoRecord.
+        pub const SM_INFO_RECORD: u16 = 0x0018;
+        /// LinkRecord.
+        pub const LINK_RECORD: u16 = 0x0020;
+        /// GUIDInfoRecord.
+        pub const GUID_INFO_RECORD: u16 = 0x0030;
         /// ServiceRecord.
         pub const SERVICE_RECORD: u16 = 0x0031;
+        /// P_KeyTableRecord.
+        pub const PKEY_TABLE_RECORD: u16 = 0x0033;
+        /// VLArbitrationTableRecord.
+        pub const VLARB_TABLE_RECORD: u16 = 0x0036;
+        /// InformInfoRecord.
+        pub const INFORM_INFO_RECORD: u16 = 0x00f3;
         /// PathRecord.
         pub const PATH_RECORD: u16 = 0x0035;
         /// MCMemberRecord.

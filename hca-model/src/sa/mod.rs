@@ -12,7 +12,13 @@
 //! - ServiceRecord Set, Get, GetTable and Delete (`services.rs`);
 //! - InformInfo Set: subscriptions to traps 64 and 65 (a port's GID in and out of service),
 //!   which the SA reports when a port's link comes up or goes down, or a node joins or
-//!   leaves the fabric (`inform.rs`).
+//!   leaves the fabric, and InformInfoRecord Get and GetTable: the subscriptions
+//!   (`inform.rs`);
+//! - the records of the subnet's structure, Get and GetTable, as the switch's SMPs show it:
+//!   SMInfoRecord, SwitchInfoRecord, LinkRecord, LinearForwardingTableRecord,
+//!   MulticastForwardingTableRecord, GUIDInfoRecord, P_KeyTableRecord, SL2VLTableRecord and
+//!   VLArbitrationTableRecord (`topology.rs`). With NodeRecord and PortInfoRecord (which
+//!   list the switch too) that is every record Debian's `saquery` asks for.
 //!
 //! The fabric's node answers subnet management packets on QP0 ([`sm`]): a switch linking
 //! every port, with the SM (SMInfo) at the same LID. Its Performance Management Agent
@@ -39,6 +45,7 @@ mod services;
 pub mod sm;
 #[cfg(test)]
 mod tests;
+mod topology;
 
 pub use groups::Group;
 pub use mad::{status, MAD_SIZE};
@@ -435,6 +442,18 @@ impl SubnetAdmin {
                 Ok(self.services.find(req, ports.now_ns()))
             }
             (SET, attr::INFORM_INFO) => self.informs.set(req, ports),
+            (GET | GET_TABLE, attr::sa::INFORM_INFO_RECORD) => self.informs.records(req, ports),
+            (GET | GET_TABLE, attr::sa::SM_INFO_RECORD) => topology::sm_infos(req, self.activity),
+            (GET | GET_TABLE, attr::sa::SWITCH_INFO_RECORD) => topology::switch_infos(req),
+            (GET | GET_TABLE, attr::sa::LINK_RECORD) => topology::links(req, ports),
+            (GET | GET_TABLE, attr::sa::LFT_RECORD) => topology::lfts(req, ports),
+            (GET | GET_TABLE, attr::sa::MFT_RECORD) => {
+                topology::mfts(req, self.groups.iter(), ports)
+            }
+            (GET | GET_TABLE, attr::sa::GUID_INFO_RECORD) => topology::guid_infos(req, ports),
+            (GET | GET_TABLE, attr::sa::PKEY_TABLE_RECORD) => topology::pkey_tables(req, ports),
+            (GET | GET_TABLE, attr::sa::SL2VL_TABLE_RECORD) => topology::sl2vl_tables(req, ports),
+            (GET | GET_TABLE, attr::sa::VLARB_TABLE_RECORD) => topology::vlarb_tables(req),
             (GET | SET | GET_TABLE | DELETE, _) => Err(status::METHOD_ATTR_UNSUPPORTED),
             _ => Err(status::METHOD_UNSUPPORTED),
         }

@@ -1,6 +1,7 @@
 //! The records the SA derives from the fabric itself, with nothing stored: ClassPortInfo,
 //! PathRecord, NodeRecord and PortInfoRecord. The subnet is one switch: every port reaches
-//! every other in one hop, at 4x QDR with a 4096-byte MTU.
+//! every other in one hop, at 4x QDR with a 4096-byte MTU. Node and port records list the
+//! switch (at [`SM_LID`]) as well as the nodes, as its SMPs show it (`sm.rs`).
 
 use super::{
     be16, be32, be64, gid_at, gid_guid, port_gid, select, status, Found, Ports, Request,
@@ -169,15 +170,24 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
     })
 }
 
-/// The ports a NodeRecord or PortInfoRecord query names by LID, or all of them.
+/// The nodes a NodeRecord or PortInfoRecord query names by LID, or all of them (the
+/// switch last), with their GUIDs.
 fn ports_named(req: &Request, lid_bit: u64, ports: &dyn Ports) -> Vec<(Lid, u64)> {
-    let lids = if req.has(lid_bit) {
-        vec![be16(req.data(), 0)]
-    } else {
-        ports.lids()
-    };
+    let mut lids = ports.lids();
+    lids.push(SM_LID);
+    if req.has(lid_bit) {
+        let want = be16(req.data(), 0);
+        lids.retain(|&l| l == want);
+    }
     lids.into_iter()
-        .filter_map(|l| Some((l, ports.guid_of(l)?)))
+        .filter_map(|l| {
+            let guid = if l == SM_LID {
+                super::sm::SM_GUID
+            } else {
+                ports.guid_of(l)?
+            };
+            Some((l, guid))
+        })
         .collect()
 }
 
@@ -191,7 +201,7 @@ pub(super) fn nodes(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
             (!req.has(nr::NODE_GUID) || be64(d, 4 + 12) == guid)
                 && (!req.has(nr::PORT_GUID) || be64(d, 4 + 20) == guid)
         })
-        .map(|(lid, guid)| node_record(lid, guid))
+        .map(|(lid, guid)| node_record(lid, guid, ports))
         .collect();
     Ok(Found::Records {
         size: NODE_SIZE,
@@ -199,36 +209,62 @@ pub(super) fn nodes(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     })
 }
 
-fn node_record(lid: Lid, guid: u64) -> Vec<u8> {
+fn node_record(lid: Lid, guid: u64, ports: &dyn Ports) -> Vec<u8> {
     let mut out = [0u8; 108];
     out[0..2].copy_from_slice(&lid.to_be_bytes());
-    // NodeInfo at 4: a channel adapter of one port, seen from that port.
-    out[4..44].copy_from_slice(&node_info(NODE_CA, 1, guid, 1, 1));
-    let desc = format!("hcabench HCA, LID {lid}");
+    // NodeInfo at 4: a channel adapter of one port, seen from that port; the switch, as
+    // its management port sees it.
+    let (info, desc) = if lid == SM_LID {
+        let n = super::sm::num_ports(ports);
+        let info = node_info(NODE_SWITCH, n, guid, 16, 0);
+        (info, super::sm::NODE_DESC.to_string())
+    } else {
+        (
+            node_info(NODE_CA, 1, guid, 1, 1),
+            format!("hcabench HCA, LID {lid}"),
+        )
+    };
+    out[4..44].copy_from_slice(&info);
     for (o, b) in out[44..].iter_mut().zip(desc.as_bytes()) {
         *o = *b;
     }
     out.to_vec()
 }
 
-/// PortInfoRecord Get/GetTable, by LID (port number 1 or 0, a CA's only port) and by
-/// capability bits (a port matches when it has every bit asked for).
+/// PortInfoRecord Get/GetTable, by LID and port number (a CA's only port is 1, which 0
+/// names too; the switch's are 0 to n) and by capability bits (a port matches when it has
+/// every bit asked for).
 pub(super) fn port_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     let d = req.data();
-    let port_ok = !req.has(pir::PORT_NUM) || d[2] <= 1;
     // CapabilityMask sits at PortInfo offset 20, after the record's 4-byte key.
     let want_caps = if req.has(pir::CAPABILITY_MASK) {
         be32(d, 4 + 20)
     } else {
         0
     };
-    let rows = ports_named(req, pir::LID, ports)
-        .into_iter()
-        .filter(|_| port_ok)
-        .map(|(lid, _)| (lid, ports.capability_mask(lid)))
-        .filter(|&(_, caps)| caps & want_caps == want_caps)
-        .map(|(lid, caps)| port_info_record(lid, caps, ports.link_up(lid)))
-        .collect();
+    let mut rows = Vec::new();
+    for (lid, _) in ports_named(req, pir::LID, ports) {
+        if lid == SM_LID {
+            for port in 0..=super::sm::num_ports(ports) {
+                if req.has(pir::PORT_NUM) && d[2] != port {
+                    continue;
+                }
+                let info = super::sm::switch_port_info(ports, port, port);
+                if be32(&info, 20) & want_caps == want_caps {
+                    let mut r = [0u8; 68];
+                    r[0..2].copy_from_slice(&lid.to_be_bytes());
+                    r[2] = port;
+                    r[4..68].copy_from_slice(&info);
+                    rows.push(r.to_vec());
+                }
+            }
+            continue;
+        }
+        let caps = ports.capability_mask(lid);
+        if (!req.has(pir::PORT_NUM) || d[2] <= 1) && caps & want_caps == want_caps {
+            rows.push(port_info_record(lid, caps, ports.link_up(lid)));
+        }
+    }
     Ok(Found::Records {
         size: PORT_INFO_SIZE,
         rows,

@@ -16,7 +16,7 @@
 
 use super::mad::method::{GET, GET_RESP, SET};
 use super::mad::{at, attr, class};
-use super::{be16, records, status, Ports, MAD_SIZE, SM_LID};
+use super::{be16, records, status, topology, Ports, MAD_SIZE, SM_LID};
 use crate::abi::Lid;
 use crate::abi::SMI_QPN;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
@@ -41,8 +41,6 @@ const DIRECTION: u16 = 0x8000;
 /// A directed route's most hops.
 const MAX_HOPS: usize = 64;
 
-/// SMInfo's SMState for the master SM, beside its priority (0).
-const SM_STATE_MASTER: u8 = 3;
 /// PortInfo:CapabilityMask's IsSM.
 const CAP_IS_SM: u32 = 1 << 1;
 
@@ -107,10 +105,7 @@ struct Switch<'a> {
 impl Switch<'_> {
     /// Whether switch port `p` links a port whose link is up.
     fn linked(&self, p: u8) -> bool {
-        let lid = Lid::from(p);
-        p >= 1 && p <= self.num_ports && self.ports.guid_of(lid).is_some() && {
-            self.ports.link_up(lid)
-        }
+        port_linked(self.ports, p)
     }
 
     /// The switch port `self.ingress` arrives on, if it is one.
@@ -204,63 +199,45 @@ impl Switch<'_> {
                 ),
             ),
             attr::smp::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
-            attr::smp::SWITCH_INFO => {
-                // LinearFDBCap: every unicast LID; LinearFDBTop: the switch's own, the
-                // highest it forwards.
-                w.put(0, &0xc000u16.to_be_bytes());
-                w.put(6, &SM_LID.to_be_bytes());
-            }
+            attr::smp::SWITCH_INFO => w.put(0, &topology::switch_info()),
             attr::smp::LINEAR_FORWARDING_TABLE => {
-                // 64 LIDs a block: LID n leaves by port n, the switch's own LID is port
-                // 0, a LID with no port behind it has none (0xff).
-                let Some(first) = attr_mod.checked_mul(64).filter(|&f| f <= u32::from(SM_LID))
-                else {
+                let Some(block) = topology::lft_block(self.ports, attr_mod) else {
                     return status::INVALID_FIELD;
                 };
-                let ports: Vec<u8> = (first..first + 64)
-                    .map(|lid| match Lid::try_from(lid) {
-                        Ok(SM_LID) => 0,
-                        Ok(lid) => u8::try_from(lid)
-                            .ok()
-                            .filter(|&p| p >= 1 && p <= self.num_ports)
-                            .filter(|_| self.ports.guid_of(lid).is_some())
-                            .unwrap_or(0xff),
-                        Err(_) => 0xff,
-                    })
-                    .collect();
-                w.put(0, &ports);
+                w.put(0, &block);
             }
             attr::smp::PORT_INFO => {
                 let Some(port) = u8::try_from(attr_mod).ok().filter(|&p| p <= self.num_ports)
                 else {
                     return status::INVALID_FIELD;
                 };
-                w.put(0, &self.port_info(port, local_port));
+                w.put(0, &switch_port_info(self.ports, port, local_port));
             }
-            attr::smp::SM_INFO => {
-                // GUID, SM_Key (0: no key protects the SM), ActCount, priority 0 and state.
-                w.put(0, &SM_GUID.to_be_bytes());
-                w.put(16, &self.activity.to_be_bytes());
-                w.put(20, &[SM_STATE_MASTER]);
-            }
+            attr::smp::SM_INFO => w.put(0, &topology::sm_info(self.activity)),
             _ => return status::METHOD_ATTR_UNSUPPORTED,
         }
         0
     }
+}
 
-    /// PortInfo of switch port `port` (0: the management port, which has the switch's
-    /// LID and the SM).
-    fn port_info(&self, port: u8, local_port: u8) -> [u8; 64] {
-        if port == 0 {
-            return records::port_info(SM_LID, SM_LID, CAP_IS_SM, local_port, records::LINK_UP);
-        }
-        let link = if self.linked(port) {
-            records::LINK_UP
-        } else {
-            (records::PORT_DOWN, records::PHYS_POLLING)
-        };
-        records::port_info(0, 0, 0, local_port, link)
+/// Whether switch port `p` links a port whose link is up.
+fn port_linked(ports: &dyn Ports, p: u8) -> bool {
+    let lid = Lid::from(p);
+    p >= 1 && p <= num_ports(ports) && ports.guid_of(lid).is_some() && ports.link_up(lid)
+}
+
+/// PortInfo of switch port `port`, asked from port `local_port` (0: the management port,
+/// which has the switch's LID and the SM).
+pub(super) fn switch_port_info(ports: &dyn Ports, port: u8, local_port: u8) -> [u8; 64] {
+    if port == 0 {
+        return records::port_info(SM_LID, SM_LID, CAP_IS_SM, local_port, records::LINK_UP);
     }
+    let link = if port_linked(ports, port) {
+        records::LINK_UP
+    } else {
+        (records::PORT_DOWN, records::PHYS_POLLING)
+    };
+    records::port_info(0, 0, 0, local_port, link)
 }
 
 /// Writes at byte offsets of an attribute's data (what does not fit is left out).

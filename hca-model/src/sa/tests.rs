@@ -356,8 +356,8 @@ fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
     let mut sa = SubnetAdmin::new();
     let (_, st, r) = ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
     assert_eq!((st, r[1], be32(&r, 4) & 0x1f), (0, 2, u32::from(RESP_TIME)));
-    let (_, st, _) = ask(&mut sa, &mad(method::GET, 0x0030, 0, &[]));
-    assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "GuidInfoRecord");
+    let (_, st, _) = ask(&mut sa, &mad(method::GET, 0x0039, 0, &[]));
+    assert_eq!(st, status::METHOD_ATTR_UNSUPPORTED, "TraceRecord");
     let (_, st, _) = ask(&mut sa, &mad(0x07, attr::sa::PATH_RECORD, 0, &[]));
     assert_eq!(st, status::METHOD_UNSUPPORTED);
     let mut p = mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]);
@@ -551,8 +551,12 @@ fn test_node_and_member_tables_list_every_node_and_membership() {
     );
     assert_eq!(size, 112);
     let lids: Vec<u16> = rows.iter().map(|r| be16(r, 0)).collect();
-    assert_eq!(lids, [1, 2, 3]);
-    // A Get that matches three is refused; by port GUID it finds one.
+    assert_eq!(lids, [1, 2, 3, SM_LID], "the nodes, and the switch");
+    // NodeType and NumPorts (NodeInfo at 4): channel adapters of one port, the switch with
+    // a port per LID.
+    let kinds: Vec<(u8, u8)> = rows.iter().map(|r| (r[6], r[7])).collect();
+    assert_eq!(kinds, [(1, 1), (1, 1), (1, 1), (2, 3)]);
+    // A Get that matches them all is refused; by port GUID it finds one.
     let (_, st, _) = ask(&mut sa, &mad(method::GET, attr::sa::NODE_RECORD, 0, &[]));
     assert_eq!(st, status::TOO_MANY_RECORDS);
     let mut d = [0u8; 108];
@@ -628,6 +632,158 @@ fn test_port_info_records_show_state_and_capabilities() {
     );
     let (size, rows) = table(&mut sa, &q, &ports);
     assert_eq!((size, rows.len(), be16(&rows[0], 0)), (72, 1, 3));
+}
+
+/// The switch's ports in PortInfoRecords: its management port 0 with its LID and the SM
+/// (IsSM), and an external port per node, each with its link's state.
+#[test]
+fn test_port_info_records_list_the_switchs_ports() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    ports.down.set(Some(2));
+    let (_, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::sa::PORT_INFO_RECORD, 0, &[]),
+        &ports,
+    );
+    let keys: Vec<(Lid, u8)> = rows.iter().map(|r| (be16(r, 0), r[2])).collect();
+    let sw = |p: u8| (SM_LID, p);
+    assert_eq!(keys, [(1, 1), (2, 1), (3, 1), sw(0), sw(1), sw(2), sw(3)]);
+    let pi = |r: &Vec<u8>| r[4..68].to_vec();
+    let port0 = pi(&rows[3]);
+    assert_eq!(
+        (be16(&port0, 16), be32(&port0, 20)),
+        (SM_LID, 1 << 1),
+        "LID, IsSM"
+    );
+    // Switch port 2 links node 2, whose link is down.
+    let states: Vec<u8> = rows[4..].iter().map(|r| pi(r)[32] & 0xf).collect();
+    assert_eq!(states, [4, 1, 4]);
+    // By LID and port number.
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&SM_LID.to_be_bytes());
+    d[2] = 3;
+    let q = mad(
+        method::GET,
+        attr::sa::PORT_INFO_RECORD,
+        pir::LID | pir::PORT_NUM,
+        &d,
+    );
+    let (_, st, r) = ask(&mut sa, &q);
+    assert_eq!((st, be16(&r, 0), r[2]), (0, SM_LID, 3));
+}
+
+/// The records of the subnet's structure, each as the switch's SMPs show it: the SM, the
+/// switch, its links (both ways, only those up), its forwarding tables, and each port's
+/// GUID, P_Key and SL-to-VL tables.
+#[test]
+fn test_the_subnets_structure_records_agree_with_the_switch() {
+    use super::topology::cm;
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    let get_table = |sa: &mut SubnetAdmin, attr: u16, mask: u64, d: &[u8]| {
+        table(sa, &mad(method::GET_TABLE, attr, mask, d), &ports)
+    };
+    // SMInfoRecord: the master SM at the switch's LID.
+    let (size, rows) = get_table(&mut sa, attr::sa::SM_INFO_RECORD, 0, &[]);
+    assert_eq!((size, rows.len()), (32, 1));
+    let r = &rows[0];
+    assert_eq!((be16(r, 0), be64(r, 4)), (SM_LID, sm::SM_GUID));
+    assert_eq!(r[24], 3, "priority 0, MASTER");
+    // SwitchInfoRecord: the one switch; its LinearFDBTop is its own LID.
+    let (size, rows) = get_table(&mut sa, attr::sa::SWITCH_INFO_RECORD, 0, &[]);
+    assert_eq!((size, rows.len(), be16(&rows[0], 0)), (24, 1, SM_LID));
+    assert_eq!((be16(&rows[0], 4), be16(&rows[0], 10)), (0xc000, SM_LID));
+    // LinkRecord: node n's port 1 to switch port n and back, for the links that are up.
+    ports.down.set(Some(2));
+    let (size, rows) = get_table(&mut sa, attr::sa::LINK_RECORD, 0, &[]);
+    let links: Vec<(Lid, u8, u8, Lid)> = rows
+        .iter()
+        .map(|r| (be16(r, 0), r[2], r[3], be16(r, 4)))
+        .collect();
+    assert_eq!(size, 8);
+    assert_eq!(
+        links,
+        [
+            (1, 1, 1, SM_LID),
+            (SM_LID, 1, 1, 1),
+            (3, 1, 3, SM_LID),
+            (SM_LID, 3, 1, 3)
+        ]
+    );
+    let mut d = [0u8; 8];
+    d[0..2].copy_from_slice(&3u16.to_be_bytes());
+    let (_, rows) = get_table(&mut sa, attr::sa::LINK_RECORD, cm::FROM_LID, &d);
+    assert_eq!(rows.len(), 1);
+    ports.down.set(None);
+    // LinearForwardingTableRecord: block 0 sends LID n out of port n; a LID with no node
+    // has no port; the last block has the switch's own LID (port 0). Every block, each
+    // SMP's answer, up to the top.
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&SM_LID.to_be_bytes());
+    let (size, rows) = get_table(&mut sa, attr::sa::LFT_RECORD, cm::LID | cm::BLOCK_1, &d);
+    assert_eq!((size, rows.len()), (72, 1));
+    assert_eq!(rows[0][8..13], [0xff, 1, 2, 3, 0xff]);
+    let (_, rows) = get_table(&mut sa, attr::sa::LFT_RECORD, 0, &[]);
+    assert_eq!(rows.len(), usize::from(SM_LID) / 64 + 1);
+    let last = rows.last().unwrap();
+    assert_eq!((be16(last, 2), last[8 + 63]), (SM_LID / 64, 0));
+    for (b, r) in rows.iter().enumerate() {
+        assert_eq!(
+            r[8..72],
+            super::topology::lft_block(&ports, b as u32).unwrap()
+        );
+    }
+    // GUIDInfoRecord: each port's GUID first in its block 0.
+    let (_, rows) = get_table(&mut sa, attr::sa::GUID_INFO_RECORD, 0, &[]);
+    let guids: Vec<(Lid, u64)> = rows.iter().map(|r| (be16(r, 0), be64(r, 8))).collect();
+    let g = crate::abi::node_guid;
+    assert_eq!(
+        guids,
+        [(1, g(1)), (2, g(2)), (3, g(3)), (SM_LID, sm::SM_GUID)]
+    );
+    // P_KeyTableRecord: each node's table as the SM set it (the default partition).
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&2u16.to_be_bytes());
+    let (_, rows) = get_table(&mut sa, attr::sa::PKEY_TABLE_RECORD, cm::LID, &d);
+    assert_eq!((rows.len(), rows[0][4], be16(&rows[0], 8)), (1, 1, 0xffff));
+    // SL2VLTableRecord: one per node port, and per pair of the switch's ports in use.
+    let (size, rows) = get_table(&mut sa, attr::sa::SL2VL_TABLE_RECORD, 0, &[]);
+    assert_eq!((size, rows.len()), (16, 3 + 4 * 4));
+    assert!(rows.iter().all(|r| r[8..16] == [0; 8]), "every SL on VL0");
+    // VLArbitrationTableRecord: the ports have no arbitration tables.
+    let q = mad(method::GET, attr::sa::VLARB_TABLE_RECORD, 0, &[]);
+    assert_eq!(ask(&mut sa, &q).1, status::NO_RECORDS);
+}
+
+/// MulticastForwardingTableRecord: the members of a group that receive (full or non-members,
+/// not send-only) are the ports its MLID's entry sends to.
+#[test]
+fn test_the_multicast_forwarding_table_follows_the_groups_members() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    for (lid, join) in [(1, 1), (3, 4)] {
+        let d = member(IPOIB_BROADCAST_MGID, lid, join);
+        let mask = mc::MGID | mc::PORT_GID | mc::JOIN_STATE;
+        let mut p = mad(method::SET, attr::sa::MCMEMBER_RECORD, mask, &d);
+        p.slid = lid;
+        assert_eq!(answers(&mut sa, &p, &ports)[0].1, 0);
+    }
+    let mlid = sa.groups().next().unwrap().mlid;
+    let (size, rows) = table(
+        &mut sa,
+        &mad(method::GET_TABLE, attr::sa::MFT_RECORD, 0, &[]),
+        &ports,
+    );
+    assert_eq!((size, rows.len()), (72, 1), "one block, one position");
+    let r = &rows[0];
+    assert_eq!(be16(r, 0), SM_LID);
+    let at = 8 + usize::from(mlid - MLID_BASE) % 32 * 2;
+    assert_eq!(
+        be16(r, at),
+        1 << 1,
+        "port 1 (node 1) only: node 3 only sends"
+    );
 }
 
 fn service(id: u64, lid: Lid, name: &str, lease: u32) -> [u8; 176] {
@@ -737,6 +893,43 @@ fn inform(trap: u16, subscribe: u8) -> [u8; 36] {
     d[26..28].copy_from_slice(&trap.to_be_bytes());
     d[28..32].copy_from_slice(&(1u32 << 8).to_be_bytes()); // QP1
     d
+}
+
+/// InformInfoRecord: each subscription, under its subscriber's GID, numbered per subscriber.
+#[test]
+fn test_inform_info_records_list_the_subscriptions() {
+    let mut sa = SubnetAdmin::new();
+    let ports = three();
+    for trap in [64, 65] {
+        let (_, st, _) = ask(
+            &mut sa,
+            &mad(method::SET, attr::INFORM_INFO, 0, &inform(trap, 1)),
+        );
+        assert_eq!(st, 0);
+    }
+    let q = mad(method::GET_TABLE, attr::sa::INFORM_INFO_RECORD, 0, &[]);
+    let (size, rows) = table(&mut sa, &q, &ports);
+    assert_eq!((size, rows.len()), (64, 2));
+    let subs: Vec<(u16, u16, u16, u32)> = rows
+        .iter()
+        .map(|r| {
+            (
+                be16(r, 16),
+                be16(r, 24 + 16),
+                be16(r, 24 + 26),
+                be32(r, 24 + 28) >> 8,
+            )
+        })
+        .collect();
+    assert_eq!(subs, [(0, 0xffff, 64, 1), (1, 0xffff, 65, 1)]);
+    assert!(rows
+        .iter()
+        .all(|r| gid_at(r, 0) == gid(2) && r[24 + 22] == 1));
+    // By another subscriber's GID: none.
+    let mut d = [0u8; 64];
+    d[0..16].copy_from_slice(&gid(3));
+    let q = mad(method::GET, attr::sa::INFORM_INFO_RECORD, 1, &d);
+    assert_eq!(ask(&mut sa, &q).1, status::NO_RECORDS);
 }
 
 #[test]
