@@ -25,6 +25,95 @@ fn test_debians_smpquery_and_perfquery_ask_the_ports_agents() {
     debians_smpquery_and_perfquery_ask_the_ports_agents(&mut c.tb);
 }
 
+/// Debian's saquery reads the records of the subnet's structure, and they say what the
+/// switch's SMPs say: the master SM, the switch, each node's link to it, its forwarding
+/// tables (a node's LID out of its port, the broadcast group to every member), each port's
+/// GUID, P_Key and SL-to-VL tables; no VL arbitration tables, as the ports have none.
+#[test]
+fn test_debians_saquery_reads_the_subnets_structure() {
+    let Some(mut c) = shared::cluster("saquery: the subnet's structure") else {
+        return;
+    };
+    debians_saquery_reads_the_subnets_structure(&mut c.tb);
+}
+
+fn debians_saquery_reads_the_subnets_structure(tb: &mut Testbed) {
+    let ask = |tb: &mut Testbed, q: &str| {
+        tb.agents[0]
+            .run(&format!("saquery {q}"), T)
+            .unwrap_or_else(|e| panic!("saquery {q}: {e}"))
+    };
+    let count = |out: &str, what: &str| out.matches(what).count();
+    let out = ask(tb, "SMIR");
+    for want in [
+        "LID...................49151\n",
+        "GUID..................0x0002c9030000bfff\n",
+        "SMState...............3\n",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let out = ask(tb, "SWIR");
+    assert!(
+        out.contains("LID.....................................49151\n")
+            && out.contains("LinearFDBTop............................0xBFFF\n"),
+        "{out}"
+    );
+    // Node n's port 1 to the switch's port n, and back.
+    let out = ask(tb, "LR");
+    assert_eq!(count(&out, "LinkRecord dump"), 2 * NODES, "{out}");
+    for n in 1..=NODES {
+        let there = format!("FromLID....................{n}\n\t\tFromPort...................1\n\t\tToPort.....................{n}\n");
+        assert!(out.contains(&there), "node {n}'s link: {out}");
+    }
+    // The first block of the linear forwarding table: LID n leaves by port n.
+    let out = ask(tb, "LFTR 49151/0");
+    for n in 1..=NODES {
+        assert!(out.contains(&format!("\t\t{n}\t{n}\n")), "LID {n}: {out}");
+    }
+    // Every node's port is in IPoIB's broadcast group: its MLID goes out of ports 1 to
+    // NODES.
+    crate::wait_members(tb, NODES);
+    let mlid = tb.fabric().with_sa(|sa| {
+        sa.groups()
+            .find(|g| g.mgid == hca_model::sa::IPOIB_BROADCAST_MGID)
+            .map(|g| g.mlid)
+            .unwrap()
+    });
+    let mask = (1u16 << (NODES + 1)) - 2;
+    let out = ask(tb, "MFTR");
+    assert!(
+        out.contains(&format!("\t\t0x{mlid:04x}\t0x{mask:04x}\n")),
+        "MLID 0x{mlid:04x} to ports 0x{mask:04x}: {out}"
+    );
+    let out = ask(tb, "GIR");
+    for i in 0..NODES {
+        let guid = format!(
+            "GUID 0.....................0x{}\n",
+            port_guid(tb, i).replace(':', "")
+        );
+        assert!(out.contains(&guid), "{guid}: {out}");
+    }
+    let out = ask(tb, "PKTR");
+    assert_eq!(count(&out, "PKeyTableRecord dump"), NODES + 1, "{out}");
+    assert!(out.contains("\t\t0xffff "), "the default partition: {out}");
+    // One per node's port, and per pair of the switch's ports (0 and one per node).
+    let out = ask(tb, "SL2VL");
+    assert_eq!(
+        count(&out, "SL2VLTableRecord dump"),
+        NODES + (NODES + 1) * (NODES + 1),
+        "{out}"
+    );
+    let out = ask(tb, "VLAR");
+    assert_eq!(count(&out, "VLArbTableRecord dump"), 0, "{out}");
+    // Subscriptions, if any, name their subscriber (the query is answered either way).
+    let out = ask(tb, "IIR");
+    assert_eq!(
+        count(&out, "InformInfoRecord dump"),
+        count(&out, "SubscriberGID...........fe80::"),
+        "{out}"
+    );
+}
+
 fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, q: &str| {
         tb.agents[0]
@@ -40,8 +129,10 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
     let gids: Vec<String> = (1..=NODES)
         .map(|l| format!("fe80::2:c903:0:{l:x}"))
         .collect();
+    // The nodes, and the switch.
     let out = ask(tb, "");
-    assert_eq!(out.matches("NodeRecord dump").count(), NODES, "{out}");
+    assert_eq!(out.matches("NodeRecord dump").count(), NODES + 1, "{out}");
+    assert!(out.contains("hcabench fabric switch"), "{out}");
     let out = ask(tb, "-p");
     assert_eq!(
         out.matches("PathRecord dump").count(),
@@ -58,9 +149,14 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
             "{g}: {out}"
         );
     }
-    // ib_cm set IsCommunicationManagementSupported through ib_modify_port.
+    // ib_cm set IsCommunicationManagementSupported through ib_modify_port. The switch's
+    // ports 0 to NODES are listed too.
     let out = ask(tb, "PIR");
-    assert_eq!(out.matches("PortInfoRecord dump").count(), NODES, "{out}");
+    assert_eq!(
+        out.matches("PortInfoRecord dump").count(),
+        2 * NODES + 1,
+        "{out}"
+    );
     assert_eq!(
         out.matches("IsCommunicatonManagementSupported").count(),
         NODES,
