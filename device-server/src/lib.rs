@@ -118,6 +118,7 @@ impl DeviceServer {
                 listener,
                 stop: stop.try_clone().map_err(ServerError::Eventfd)?,
                 current: current.clone(),
+                next_qpn: Default::default(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("hca-{}", cfg.name))

@@ -115,6 +115,9 @@ pub(crate) struct NodeThread {
     pub stop: EventFd,
     /// The current guest's HCA, for status and tests.
     pub current: Arc<Mutex<Option<Hca>>>,
+    /// The QPN the last guest's HCA would have handed out next: a new one (a replug) goes
+    /// on from there (see `Hca::continue_qpns_from`).
+    pub next_qpn: std::sync::atomic::AtomicU32,
 }
 
 impl NodeThread {
@@ -221,6 +224,10 @@ impl NodeThread {
         let hca = Hca::with_dma(ram, bar2, Arc::new(GuestIrqs(irqs)), guid);
         hca.set_doorbell_peer(u32::from(DEVICE_PEER));
         hca.set_in_flight_budget(self.cfg.in_flight_budget);
+        let next_qpn = self.next_qpn.load(std::sync::atomic::Ordering::Relaxed);
+        if next_qpn != 0 {
+            hca.continue_qpns_from(next_qpn);
+        }
         hca.attach_at(&self.fabric, self.lid)
             .map_err(io::Error::other)?;
         let greeting = Greeting {
@@ -269,6 +276,8 @@ impl NodeThread {
             EpollEvent::default(),
         );
         drop(s.pump.take());
+        self.next_qpn
+            .store(s.hca.next_qpn(), std::sync::atomic::Ordering::Relaxed);
         s.hca.detach();
         *self.current.lock_unpoisoned() = None;
         log::info!(

@@ -86,7 +86,10 @@ impl HcaState {
     /// CMD_RESET: the function as at power-on. What the host set (fabric and LID, doorbell
     /// peer, budget, P_Keys) and what outlives a reset on real hardware (counters, key tags,
     /// so that a key from before the reset never matches a region registered after it)
-    /// stay; the turn under way keeps its scratch state.
+    /// stay; the turn under way keeps its scratch state. QPNs go on from where they were:
+    /// peers' connection managers remember the QPNs of connections to this port (for as
+    /// long as their time-wait lasts, or until they learn the connection is gone), and take
+    /// a request from one of those again for a stale connection, which they reject.
     pub(crate) fn reset_function(&mut self) {
         let old = &mut self.dev;
         let mut fresh = HcaState::new(old.mem.clone(), old.bar2.clone(), old.node_guid);
@@ -105,6 +108,9 @@ impl HcaState {
         new.recv_doorbells = old.recv_doorbells.clone();
         new.recv_doorbells.no_qp_in_error();
         new.turn = std::mem::take(&mut old.turn);
+        if let Some(next) = self.qps.cursor() {
+            fresh.qps.set_cursor(next);
+        }
         let had = self.live_qps.len();
         *self = fresh;
         self.dev.publish_info();

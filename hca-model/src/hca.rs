@@ -162,6 +162,19 @@ impl<T> Table<T> {
         }
     }
 
+    /// Where a next-fit table's next search starts (None for other tables).
+    pub fn cursor(&self) -> Option<u32> {
+        self.next
+    }
+
+    /// A next-fit table's next search starts at `at` (wrapped into the table).
+    pub fn set_cursor(&mut self, at: u32) {
+        let (first, len) = (self.first, self.slots.len() as u32);
+        if self.next.is_some() && len > first {
+            self.next = Some(first + at.saturating_sub(first) % (len - first));
+        }
+    }
+
     pub fn alloc(&mut self, v: T) -> Option<u32> {
         let first = self.first as usize;
         let start = self.next.map_or(first, |n| n as usize);
@@ -998,6 +1011,18 @@ impl Hca {
     pub fn set_in_flight_budget(&self, bytes: usize) {
         self.shared
             .with_state(|st| st.dev.in_flight_budget = bytes.max(MIN_IN_FLIGHT_BYTES));
+    }
+
+    /// The QPN the device hands out next (if free; else the next free one after it).
+    pub fn next_qpn(&self) -> u32 {
+        self.shared.with_state(|st| st.qps.cursor().unwrap_or(0))
+    }
+
+    /// The device hands out QPNs from `qpn` on: what a fresh device in a slot whose last
+    /// device got that far continues from, as a reset device does (see
+    /// `HcaState::reset_function`).
+    pub fn continue_qpns_from(&self, qpn: u32) {
+        self.shared.with_state(|st| st.qps.set_cursor(qpn));
     }
 
     /// Sets the device's ivshmem peer id, shown to the driver in BAR2's [`crate::abi::HcaDevInfo`].

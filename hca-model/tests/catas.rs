@@ -151,6 +151,12 @@ fn test_reset_brings_the_adapter_back_empty_and_old_keys_match_nothing() {
     assert_ne!(key, old_key, "a new tag on the reused slot");
     let cq = b.create_cq(6);
     let qb = b.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    // QPNs go on after the old ones: a peer's CM may still hold a connection to one.
+    assert!(
+        qb.qpn > old_qpn,
+        "QPN {} after the reset, {old_qpn} before",
+        qb.qpn
+    );
     let mut qa = p.a.create_qp(QPT_RC, p.pd_a, p.cq_a.cqn, p.cq_a.cqn);
     p.a.bring_up_rc(qa.qpn, b.lid(), qb.qpn, ALL_ACCESS, MTU_4096 as u8);
     b.bring_up_rc(qb.qpn, p.a.lid(), qa.qpn, ALL_ACCESS, MTU_4096 as u8);
@@ -165,6 +171,22 @@ fn test_reset_brings_the_adapter_back_empty_and_old_keys_match_nothing() {
         assert_eq!((c[0].wr_id, u32::from(c[0].status)), (wr_id, want));
     }
     assert_eq!(b.read(dst, 8192), pattern(8192, 9));
+}
+
+/// A fresh device in the slot of one that went (a replug) hands out QPNs from where the
+/// last one got to, as a reset device does; past the table's end they wrap round.
+#[test]
+fn test_a_device_continues_the_qpns_of_the_one_before_it() {
+    let p = Pair::new(MTU_4096 as u8);
+    let next = p.b.hca.next_qpn();
+    assert!(next > p.qb.qpn, "next {next}, last handed out {}", p.qb.qpn);
+    let mut d = Driver::new(None, 4);
+    d.hca.continue_qpns_from(next);
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(6);
+    assert_eq!(d.create_qp(QPT_RC, pd, cq.cqn, cq.cqn).qpn, next);
+    d.hca.continue_qpns_from(MAX_QP + 5);
+    assert_eq!(d.hca.next_qpn(), 2 + (MAX_QP + 5 - 2) % (MAX_QP - 2));
 }
 
 #[test]
