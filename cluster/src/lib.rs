@@ -36,6 +36,7 @@ pub mod agent;
 pub mod backend;
 pub mod console_protocol;
 pub mod dsm;
+pub mod ethernet;
 pub mod hotplug;
 mod image;
 pub mod kvm;
@@ -90,7 +91,8 @@ pub struct ClusterSpec {
     pub job: String,
     /// Serve every console on `dir/<node>.serial` (for `hcabench console` and the agent).
     pub console_sockets: bool,
-    /// A virtio-net link between the two guests, for SoftRoCE (QEMU, exactly 2 nodes).
+    /// A virtio-net NIC in every guest, all on one Ethernet segment, for SoftRoCE (QEMU
+    /// only; see [`ethernet`]).
     pub link: bool,
     pub qemu_accel: QemuAccel,
     /// Node name -> host PCI function passed through (the VMM, `vfio` feature).
@@ -243,7 +245,7 @@ impl ClusterSpec {
                 nodes: self.nodes,
             });
         }
-        if self.link && (self.nodes != 2 || self.backend != Backend::Qemu) {
+        if self.link && self.backend != Backend::Qemu {
             return Err(SpecError::Link);
         }
         if !self.vfio.is_empty() && self.backend != Backend::Kvm {
@@ -278,7 +280,7 @@ pub enum BootError {
     #[error("{node}: cannot start its guest: {source}")]
     Start { node: String, source: StartError },
     /// No two free UDP ports on 127.0.0.1 for the virtio-net link.
-    #[error("no UDP ports on 127.0.0.1 for the guests' link: {0}")]
+    #[error("no UDP ports on 127.0.0.1 for the guests' Ethernet segment: {0}")]
     Link(#[source] io::Error),
 }
 
@@ -297,8 +299,8 @@ pub enum SpecError {
     #[error("memory for {name}, which is not a node (the nodes are node1 to node{nodes})")]
     MemoryFor { name: String, nodes: usize },
     #[error(
-        "a virtio-net link joins exactly two QEMU guests (hcabench's VMM gives its guests no \
-         NIC)"
+        "the guests' Ethernet segment needs the qemu backend (hcabench's VMM gives its guests \
+         no NIC)"
     )]
     Link,
     #[error("VFIO passthrough needs the kvm backend")]
@@ -337,6 +339,8 @@ pub struct Cluster {
     gone: Vec<bool>,
     /// Sockets that go with the cluster.
     files: Vec<PathBuf>,
+    /// The guests' Ethernet segment, when they have NICs.
+    hub: Option<ethernet::EthernetHub>,
 }
 
 impl Cluster {
@@ -374,6 +378,7 @@ impl Cluster {
                     server: Some(server),
                     gone: Vec::new(),
                     files,
+                    hub: None,
                 }
                 .start_qemu(spec, configs, progress)?
             }
@@ -388,6 +393,7 @@ impl Cluster {
                     fabric: Fabric::new(),
                     gone: Vec::new(),
                     files,
+                    hub: None,
                 };
                 spec.set_up_subnet(&c.fabric)?;
                 for i in 0..spec.nodes {
@@ -423,11 +429,10 @@ impl Cluster {
         configs: Vec<NodeConfig>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster, BootError> {
-        let ports = if spec.link {
-            free_udp_ports().map_err(BootError::Link)?
-        } else {
-            (0, 0)
-        };
+        if spec.link {
+            let hub = ethernet::EthernetHub::start(spec.nodes).map_err(BootError::Link)?;
+            self.hub = Some(hub);
+        }
         for (i, node) in configs.into_iter().enumerate() {
             let name = node.name.clone();
             let g = GuestSpec {
@@ -440,10 +445,12 @@ impl Cluster {
                 kvm: spec.qemu_accel == QemuAccel::Kvm,
                 cmd: spec.job.clone(),
                 kernel_args: spec.kernel_args.clone(),
-                net: spec.link.then(|| NetSpec {
-                    local_port: if i == 0 { ports.0 } else { ports.1 },
-                    remote_port: if i == 0 { ports.1 } else { ports.0 },
-                    mac: format!("52:54:00:12:34:{:02x}", i + 1),
+                net: self.hub.as_ref().and_then(|hub| {
+                    Some(NetSpec {
+                        local_port: hub.guest_port(i)?,
+                        remote_port: hub.port(),
+                        mac: format!("52:54:00:12:34:{:02x}", i + 1),
+                    })
                 }),
                 qmp_socket: Some(spec.qmp_socket(i)),
             };
@@ -459,6 +466,11 @@ impl Cluster {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The guests' Ethernet segment, when they have NICs ([`ClusterSpec::link`]).
+    pub fn ethernet(&self) -> Option<&ethernet::EthernetHub> {
+        self.hub.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -559,19 +571,12 @@ fn remove_all(files: &[PathBuf]) {
     }
 }
 
-/// Two UDP ports of 127.0.0.1 that were free a moment ago, for the two ends of the guests'
-/// link: the kernel picks them, and lets them go for QEMU to bind.
-fn free_udp_ports() -> io::Result<(u16, u16)> {
-    let a = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    let b = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_all();
         // The VMs (and their HCAs) go before their files; the server stops after its guests.
         self.nodes.clear();
+        self.hub = None;
         if let Some(s) = self.server.take() {
             let _ = s.shutdown();
         }
@@ -620,7 +625,7 @@ mod tests {
         let mut s = spec(Backend::Kvm);
         s.link = true;
         let e = Cluster::boot(&s, &mut |_| {}).err().unwrap().to_string();
-        assert!(e.contains("exactly two QEMU guests"), "{e}");
+        assert!(e.contains("needs the qemu backend"), "{e}");
         let mut s = spec(Backend::Qemu);
         s.vfio
             .insert("node1".into(), "/sys/bus/pci/devices/x".into());

@@ -73,25 +73,20 @@ pub struct GuestSpec {
     pub cmd: String,
     /// More kernel command-line parameters (may be empty).
     pub kernel_args: String,
-    /// A virtio-net NIC linked to one other guest's (for SoftRoCE).
+    /// A virtio-net NIC on the guests' Ethernet segment (for SoftRoCE).
     pub net: Option<NetSpec>,
     /// QEMU's QMP monitor on this socket, for the HCA's hot-unplug and hot-plug
     /// ([`crate::hotplug`]).
     pub qmp_socket: Option<PathBuf>,
 }
 
-/// One end of a point-to-point Ethernet link between two guests: UDP datagrams between two
-/// ports of 127.0.0.1, one frame each (loopback only, no bridge, no root).
-///
-/// Not a stream socket: over QEMU 7.2's `-netdev stream` the link died for good under
-/// SoftRoCE's load, both ways at once (a guest's NIC reported its transmit queue timed
-/// out, pings failed, and taking the NIC down and up did not help), twice in about 55
-/// runs of `tests/verbs.rs` on a 2-core host. A stream makes each QEMU's sending wait for
-/// the other's reading; UDP on loopback never waits for the peer, and a frame the peer has
-/// no room for is dropped, as on a real Ethernet, which RoCE recovers from.
+/// A guest's NIC on the guests' Ethernet segment ([`crate::ethernet`]): UDP datagrams from
+/// its port of 127.0.0.1 to the segment's hub, one frame each.
 #[derive(Clone, Debug)]
 pub struct NetSpec {
+    /// The guest's own port.
     pub local_port: u16,
+    /// The hub's.
     pub remote_port: u16,
     pub mac: String,
 }

@@ -150,8 +150,6 @@ pub enum UsageError {
     NotAnApp(String),
     #[error("probe runs on the cluster `up` boots, not as a DSM application")]
     Probe,
-    #[error("--transport rxe runs on exactly 2 nodes (one virtio-net link)")]
-    RxeNodes,
     #[error(
         "--transport rxe needs the qemu backend: hcabench's VMM gives its guests no NIC for \
          SoftRoCE (add --backend qemu)"

@@ -131,7 +131,7 @@ pub struct Shape {
     /// Names the scratch directory (`hcabench-<what>-<pid>`).
     pub what: &'static str,
     pub nodes: usize,
-    /// A virtio-net link between two QEMU guests, for SoftRoCE.
+    /// A virtio-net NIC in every QEMU guest, on one Ethernet segment, for SoftRoCE.
     pub link: bool,
 }
 

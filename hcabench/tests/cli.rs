@@ -513,8 +513,8 @@ fn test_run_rejects_bad_dsm_jobs_before_booting_anything() {
         ),
         (&["run", "sor", "--nodes", "17"][..], "outside 2..=16"),
         (
-            &["run", "lu", "--nodes", "4", "--transport", "rxe"][..],
-            "rxe runs on exactly 2 nodes",
+            &["run", "lu", "--transport", "rxe", "--capture", "x.pcap"][..],
+            "--faults and --capture act on hcabench's fabric, not on SoftRoCE's network",
         ),
         (
             &["run", "lu", "--", "big"][..],
