@@ -15,6 +15,9 @@
 //! - `subnet`: Debian's saquery reads the SA's tables; smpquery, sminfo, ibnetdiscover,
 //!   iblinkinfo, ibroute, ibtracert, perfquery, ibping and ibqueryerrors ask the ports' and
 //!   the switch's agents.
+//! - `ethernet`: the guests' virtio-net NICs share one Ethernet segment (hcabench's hub):
+//!   every pair pings over it, and SoftRoCE (rdma_rxe) on all three nodes carries verified
+//!   ping-pongs between every pair.
 //! - `counters`: the ports' counters (ib_core's sysfs through hca_ib's Performance
 //!   Management agent, and hardware counters through Debian's `rdma statistic`) follow the
 //!   traffic; another node reads and resets them over QP1.
@@ -50,6 +53,7 @@ use hca_model::capture::{Capture, CaptureFormat};
 use hca_model::faults::{FaultHook, FaultPlan};
 
 mod counters;
+mod ethernet;
 mod ipoib;
 mod iser;
 mod nfs;

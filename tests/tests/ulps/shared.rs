@@ -195,6 +195,8 @@ fn boot(image: &cluster::Image) -> Result<Shared, String> {
             members: vec!["node1".into(), "node2".into()],
             limited: vec![],
         }],
+        // A NIC each, on one Ethernet segment (`ethernet.rs`); down until a test brings it up.
+        link: true,
         ..e2e::qemu_spec(image, "ulps", NODES)
     };
     let mut tb =
