@@ -154,6 +154,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
         })?;
     eprintln!("daemon: {} guests started", cluster.len());
 
+    let adapter_events = AdapterEvents::start(&control);
     let sig = loop {
         if let Some(sig) = wait_for_stop_timeout(&signals, POLL) {
             break sig;
@@ -164,13 +165,6 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
                 note_killed(&state.nodes[i]);
             }
         }
-        for (lid, event, done) in control.planned_adapter_events() {
-            let name = event.name();
-            match done {
-                Ok(()) => eprintln!("daemon: node{lid}'s adapter: {name}, as the fault plan says"),
-                Err(e) => eprintln!("daemon: node{lid}'s adapter: the plan's {name} failed: {e}"),
-            }
-        }
         for (i, why) in cluster.newly_stopped() {
             let n = &state.nodes[i];
             eprintln!("daemon: {}: guest stopped: {why}", n.name);
@@ -178,6 +172,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
         }
     };
     eprintln!("daemon: signal {sig}, stopping");
+    drop(adapter_events);
     let hcas = cluster.hcas();
     cluster.kill_all();
     finish_faults(run, &control, &hcas);
@@ -185,6 +180,56 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
     drop(cluster);
     let _ = std::fs::remove_file(run.state_file());
     Ok(())
+}
+
+/// The fault plan's adapter events, on a thread of their own: a hot-unplug waits for its
+/// guest to release the device (up to `hotplug::RELEASE_TIMEOUT`), which must not hold up
+/// the daemon's loop (kills, stopped guests, signals). The events keep their order.
+struct AdapterEvents {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AdapterEvents {
+    fn start(control: &std::sync::Arc<Control>) -> AdapterEvents {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, control) = (stop.clone(), control.clone());
+        let thread = std::thread::Builder::new()
+            .name("adapter-events".into())
+            .spawn(move || {
+                while !flag.load(Relaxed) {
+                    for (lid, event, done) in control.planned_adapter_events() {
+                        let name = event.name();
+                        match done {
+                            Ok(()) => eprintln!(
+                                "daemon: node{lid}'s adapter: {name}, as the fault plan says"
+                            ),
+                            Err(e) => eprintln!(
+                                "daemon: node{lid}'s adapter: the plan's {name} failed: {e}"
+                            ),
+                        }
+                    }
+                    std::thread::sleep(POLL);
+                }
+            });
+        if let Err(e) = &thread {
+            eprintln!("daemon: no thread for the fault plan's adapter events: {e}");
+        }
+        AdapterEvents {
+            stop,
+            thread: thread.ok(),
+        }
+    }
+}
+
+impl Drop for AdapterEvents {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn append(path: &std::path::Path, line: &str) {
