@@ -27,6 +27,11 @@
 //!                    # host's memory stays bounded whatever a guest posts (default 64;
 //!                    # docs/hca-abi.md, "Bounds on what one guest makes the device hold")
 //!
+//! ethernet = true    # a virtio-net NIC in every guest, all on one Ethernet segment
+//!                    # (cluster/src/ethernet.rs), for SoftRoCE (`rxe-up 10.77.0.N/24`
+//!                    # in a guest) and TCP over Ethernet beside IPoIB; qemu backend only,
+//!                    # hcabench's VMM gives its guests no NIC yet (default false)
+//!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
 //!                    # (images/build.py --package), laid under /usr at boot (a read-only
@@ -130,6 +135,8 @@ pub struct ClusterConfig {
     pub vfio: BTreeMap<String, PathBuf>,
     /// Partitions beside the default (`[[partition]]`).
     pub partition: Vec<PartitionConfig>,
+    /// A NIC in every guest, on one Ethernet segment (see the module docs).
+    pub ethernet: bool,
     /// Debian packages for the guests' shared userland disk (see the module docs).
     pub packages: Vec<String>,
     /// The userland disk the guests attach instead of the image's: set by `hcabench up`
@@ -176,6 +183,7 @@ impl Default for ClusterConfig {
             node_memory_mib: BTreeMap::new(),
             vfio: BTreeMap::new(),
             partition: Vec::new(),
+            ethernet: false,
             packages: Vec::new(),
             userland: None,
         }
@@ -224,6 +232,8 @@ pub enum Invalid {
     },
     #[error("vfio: passthrough needs the kvm backend, not qemu")]
     VfioOnQemu,
+    #[error("ethernet: the guests' NICs need the qemu backend (hcabench's VMM gives its guests none yet)")]
+    EthernetOnKvm,
     #[error("packages: {0:?} is not a Debian package name")]
     Package(String),
     #[error("device_memory_mib = {mib} (must be {least} to 4096)")]
@@ -297,6 +307,9 @@ impl ClusterConfig {
         }
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
             return Err(Invalid::VfioOnQemu);
+        }
+        if self.ethernet && self.backend == Backend::Kvm {
+            return Err(Invalid::EthernetOnKvm);
         }
         if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
             return Err(Invalid::Package(bad.clone()));
@@ -406,6 +419,7 @@ impl ClusterConfig {
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
             device_memory_mib: self.device_memory_mib,
+            link: self.ethernet,
             // (Members past a bench's `nodes` are left out, as their RAM is.)
             partitions: (self.partition.iter())
                 .map(|p| {
@@ -516,6 +530,18 @@ mod tests {
         let image = test_image();
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 2);
         assert_eq!(spec.in_flight_budget(), 16 << 20);
+        assert!(!spec.link, "no NICs unless asked for");
+        let e = ClusterConfig::parse("backend = \"kvm\"\nethernet = true", "c").unwrap_err();
+        assert!(e.to_string().contains("need the qemu backend"), "{e}");
+    }
+
+    #[test]
+    fn test_ethernet_gives_every_guest_a_nic_on_one_segment() {
+        let c = ClusterConfig::parse("nodes = 5\nethernet = true", "c.toml").unwrap();
+        let spec = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 5);
+        assert!(spec.link && spec.nodes == 5);
+        let back = toml::to_string(&c).unwrap();
+        assert_eq!(ClusterConfig::parse(&back, "again").unwrap(), c);
     }
 
     #[test]
