@@ -48,6 +48,7 @@ pub mod vfio;
 pub mod vfio_config;
 pub mod virtio_blk;
 pub mod virtio_mmio;
+pub mod virtio_net;
 
 pub use test_guest::{TEST_GUEST, TEST_GUEST_ENTRY, TEST_GUEST_STACK};
 

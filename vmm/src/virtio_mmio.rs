@@ -91,6 +91,10 @@ impl<D: VirtioDevice, T: Trigger> MmioTransport<D, T> {
         &self.device
     }
 
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
     /// The device status register (0 after reset).
     pub fn status(&self) -> u32 {
         self.status
@@ -172,7 +176,7 @@ impl<D: VirtioDevice, T: Trigger> MmioTransport<D, T> {
                 _ => {}
             },
             VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = v,
-            VIRTIO_MMIO_QUEUE_NOTIFY => self.notify(v),
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.serve_queue(v),
             VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt_status &= !v,
             VIRTIO_MMIO_STATUS => self.set_status(v),
             VIRTIO_MMIO_QUEUE_READY => {
@@ -231,8 +235,9 @@ impl<D: VirtioDevice, T: Trigger> MmioTransport<D, T> {
         self.status & ok == ok && self.status & dead == 0
     }
 
-    /// The driver notified queue `index`: serve it and interrupt if it used any buffer.
-    fn notify(&mut self, index: u32) {
+    /// Serves queue `index` and interrupts if it used any buffer: when the driver notified
+    /// it, and when the device has something for it (a NIC's received frame).
+    pub fn serve_queue(&mut self, index: u32) {
         if !self.live() {
             return;
         }
