@@ -29,6 +29,8 @@ pub struct KvmNodeSpec<'a> {
     pub vfio: Vec<PathBuf>,
     /// What its HCA may hold for requests in flight, bytes.
     pub in_flight_budget: usize,
+    /// Its NIC on the cluster's Ethernet segment, if the guests have NICs.
+    pub nic: Option<vmm::virtio_net::NicConfig>,
 }
 
 /// One running machine.
@@ -66,6 +68,7 @@ impl KvmNode {
                         serial: USERLAND_SERIAL.to_string(),
                     })
                     .collect(),
+                nic: node.nic,
             },
             fabric,
         )?;

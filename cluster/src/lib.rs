@@ -91,8 +91,8 @@ pub struct ClusterSpec {
     pub job: String,
     /// Serve every console on `dir/<node>.serial` (for `hcabench console` and the agent).
     pub console_sockets: bool,
-    /// A virtio-net NIC in every guest, all on one Ethernet segment, for SoftRoCE (QEMU
-    /// only; see [`ethernet`]).
+    /// A virtio-net NIC in every guest, all on one Ethernet segment, for SoftRoCE (see
+    /// [`ethernet`]; QEMU's virtio-net-pci, or the VMM's virtio-net on virtio-mmio).
     pub link: bool,
     pub qemu_accel: QemuAccel,
     /// Node name -> host PCI function passed through (the VMM, `vfio` feature).
@@ -245,9 +245,6 @@ impl ClusterSpec {
                 nodes: self.nodes,
             });
         }
-        if self.link && self.backend != Backend::Qemu {
-            return Err(SpecError::Link);
-        }
         if !self.vfio.is_empty() && self.backend != Backend::Kvm {
             return Err(SpecError::VfioBackend);
         }
@@ -298,11 +295,6 @@ pub enum SpecError {
     },
     #[error("memory for {name}, which is not a node (the nodes are node1 to node{nodes})")]
     MemoryFor { name: String, nodes: usize },
-    #[error(
-        "the guests' Ethernet segment needs the qemu backend (hcabench's VMM gives its guests \
-         no NIC)"
-    )]
-    Link,
     #[error("VFIO passthrough needs the kvm backend")]
     VfioBackend,
     #[error("-accel kvm is a QEMU setting")]
@@ -396,6 +388,10 @@ impl Cluster {
                     hub: None,
                 };
                 spec.set_up_subnet(&c.fabric)?;
+                if spec.link {
+                    let hub = ethernet::EthernetHub::start(spec.nodes).map_err(BootError::Link)?;
+                    c.hub = Some(hub);
+                }
                 for i in 0..spec.nodes {
                     let name = ClusterSpec::node_name(i);
                     progress(&format!("starting {name} (hcabench's VMM)"));
@@ -411,6 +407,13 @@ impl Cluster {
                         agent_socket: spec.agent_socket(i),
                         vfio: spec.vfio.get(&name).cloned().into_iter().collect(),
                         in_flight_budget: spec.in_flight_budget(),
+                        nic: c.hub.as_ref().and_then(|hub| {
+                            Some(vmm::virtio_net::NicConfig {
+                                mac: guest_mac(i),
+                                port: hub.guest_port(i)?,
+                                hub_port: hub.port(),
+                            })
+                        }),
                     };
                     let n = KvmNode::start(&kvm, &spec.image, node, &c.fabric)
                         .map_err(|source| BootError::Start { node: name, source })?;
@@ -446,10 +449,14 @@ impl Cluster {
                 cmd: spec.job.clone(),
                 kernel_args: spec.kernel_args.clone(),
                 net: self.hub.as_ref().and_then(|hub| {
+                    let m = guest_mac(i);
                     Some(NetSpec {
                         local_port: hub.guest_port(i)?,
                         remote_port: hub.port(),
-                        mac: format!("52:54:00:12:34:{:02x}", i + 1),
+                        mac: format!(
+                            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                            m[0], m[1], m[2], m[3], m[4], m[5]
+                        ),
                     })
                 }),
                 qmp_socket: Some(spec.qmp_socket(i)),
@@ -565,6 +572,13 @@ impl Cluster {
     }
 }
 
+/// Guest `i`'s NIC's MAC address (QEMU's locally administered prefix, then the node's
+/// number), the same under either backend.
+fn guest_mac(i: usize) -> [u8; 6] {
+    let n = (i + 1) as u16;
+    [0x52, 0x54, 0x00, 0x12, 0x34 + (n >> 8) as u8, n as u8]
+}
+
 fn remove_all(files: &[PathBuf]) {
     for f in files {
         let _ = std::fs::remove_file(f);
@@ -622,10 +636,6 @@ mod tests {
 
     #[test]
     fn test_a_spec_the_backend_cannot_honour_is_refused_before_anything_starts() {
-        let mut s = spec(Backend::Kvm);
-        s.link = true;
-        let e = Cluster::boot(&s, &mut |_| {}).err().unwrap().to_string();
-        assert!(e.contains("needs the qemu backend"), "{e}");
         let mut s = spec(Backend::Qemu);
         s.vfio
             .insert("node1".into(), "/sys/bus/pci/devices/x".into());

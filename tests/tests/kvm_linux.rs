@@ -30,6 +30,7 @@ fn linux_machine(kvm: &kvm_ioctls::Kvm, ram_mib: usize, boot: &LinuxBoot) -> Mac
             agent_socket: None,
             vfio: Vec::new(),
             disks: Vec::new(),
+            nic: None,
         },
         &fabric,
     )

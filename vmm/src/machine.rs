@@ -30,6 +30,7 @@ use super::rtc::{self, Cmos};
 use super::serial::{self, ConsoleOut, IrqLine, SerialError, SerialPort};
 use super::virtio_blk::{Block, BlockError};
 use super::virtio_mmio::{self, MmioTransport, MMIO_SIZE};
+use super::virtio_net::{Net, NicConfig, Receiver};
 
 pub const COM1: u16 = 0x3f8;
 /// The second UART, as on a PC (IRQ 3): the shell job's command channel (the guest's
@@ -50,6 +51,9 @@ pub const VIRTIO_MMIO_BASE: u64 = 0xfe00_0000;
 /// The disks' interrupts: ISA IRQs no other device of the machine uses (the MP table routes
 /// each to its IOAPIC pin), one per disk.
 pub const DISK_IRQS: [u32; 4] = [5, 9, 10, 11];
+/// The NIC's: another such IRQ. Its register page follows the disks' slots.
+pub const NIC_IRQ: u32 = 7;
+pub const NIC_MMIO_BASE: u64 = VIRTIO_MMIO_BASE + DISK_IRQS.len() as u64 * MMIO_SIZE;
 
 /// A read-only virtio block device (virtio-mmio) backed by an image file.
 #[derive(Clone, Debug)]
@@ -61,6 +65,8 @@ pub struct DiskConfig {
 
 /// A disk's registers and where they are.
 type Disk = (u64, Mutex<MmioTransport<Block, IrqLine>>);
+/// The NIC's registers (shared with its receiving thread).
+type Nic = Arc<Mutex<MmioTransport<Net, IrqLine>>>;
 
 pub struct MachineConfig {
     pub name: String,
@@ -81,6 +87,8 @@ pub struct MachineConfig {
     /// Read-only disks, at most [`DISK_IRQS`]`.len()`, announced on the kernel command line
     /// ([`Machine::load_linux`] adds them).
     pub disks: Vec<DiskConfig>,
+    /// A virtio-net NIC on the cluster's Ethernet segment (announced as the disks are).
+    pub nic: Option<NicConfig>,
 }
 
 /// Why a machine could not be built, loaded, started or run to its end.
@@ -111,6 +119,8 @@ pub enum MachineError {
     Disks(usize),
     #[error(transparent)]
     Disk(#[from] BlockError),
+    #[error("the NIC: {0}")]
+    Nic(#[source] std::io::Error),
     #[error("doorbell thread: {0}")]
     DoorbellThread(#[source] std::io::Error),
     #[error("the machine has already started")]
@@ -187,6 +197,7 @@ struct Devices {
     /// Passed-through functions, whose trapped BAR ranges exit to them.
     trapped: Vec<Arc<Mutex<dyn TrappedBars>>>,
     disks: Vec<Disk>,
+    nic: Option<Nic>,
     exit_code: Mutex<Option<u8>>,
     /// Ends the vCPU loops and the console thread.
     stop: Arc<AtomicBool>,
@@ -213,6 +224,8 @@ pub struct Machine {
     devices: Arc<Devices>,
     console: Arc<Mutex<Vec<u8>>>,
     doorbell_pump: Option<DoorbellPump>,
+    /// Takes the NIC's frames from the segment (stops when dropped).
+    nic_receiver: Option<Receiver>,
     console_thread: Option<JoinHandle<()>>,
     com2_thread: Option<JoinHandle<()>>,
     vcpu_threads: Vec<JoinHandle<Result<(), VcpuError>>>,
@@ -332,7 +345,22 @@ impl Machine {
             None => None,
         };
 
-        let (disks, disk_cmdline) = disks(&vm, &mem, &cfg.disks)?;
+        let (disks, mut disk_cmdline) = disks(&vm, &mem, &cfg.disks)?;
+        let nic = match &cfg.nic {
+            Some(n) => Some(nic(&vm, &mem, n)?),
+            None => None,
+        };
+        let nic_receiver = match &nic {
+            Some(t) => {
+                disk_cmdline.push_str(&format!(
+                    "{}{}",
+                    if disk_cmdline.is_empty() { "" } else { " " },
+                    virtio_mmio::cmdline(NIC_MMIO_BASE, NIC_IRQ)
+                ));
+                Some(Receiver::start(&cfg.name, t.clone()).map_err(MachineError::Nic)?)
+            }
+            None => None,
+        };
 
         if cfg.vcpus == 0 || cfg.vcpus > mptable::MAX_VCPUS {
             return Err(MachineError::Vcpus(cfg.vcpus));
@@ -364,6 +392,7 @@ impl Machine {
                 hca,
                 trapped,
                 disks,
+                nic,
                 exit_code: Mutex::new(None),
                 stop,
             }),
@@ -374,6 +403,7 @@ impl Machine {
             disk_cmdline,
             console,
             doorbell_pump: Some(doorbell_pump),
+            nic_receiver,
             console_thread,
             com2_thread,
             vcpu_threads: Vec::new(),
@@ -531,6 +561,7 @@ impl Drop for Machine {
             let _ = t.join();
         }
         drop(self.doorbell_pump.take());
+        drop(self.nic_receiver.take());
         self.devices.hca.detach();
     }
 }
@@ -592,6 +623,20 @@ fn disks(
         disks.push((base, Mutex::new(t)));
     }
     Ok((disks, cmdline.join(" ")))
+}
+
+/// The NIC `cfg` describes, behind a virtio-mmio page at [`NIC_MMIO_BASE`] with an irqfd
+/// on [`NIC_IRQ`].
+fn nic(vm: &VmFd, mem: &GuestMemoryMmap, cfg: &NicConfig) -> Result<Nic, MachineError> {
+    let net = Net::new(*cfg).map_err(MachineError::Nic)?;
+    let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Eventfd)?;
+    vm.register_irqfd(&fd, NIC_IRQ)
+        .map_err(|e| MachineError::Kvm("NIC irqfd", e))?;
+    Ok(Arc::new(Mutex::new(MmioTransport::new(
+        net,
+        mem.clone(),
+        IrqLine(fd),
+    ))))
 }
 
 /// vCPU `id` with local APIC ID `id` and the paravirtual leaves in its CPUID ([`cpuid`]),
@@ -748,6 +793,16 @@ fn mmio(d: &Devices, addr: u64, mut read: Option<&mut [u8]>, write: Option<&[u8]
             match read {
                 Some(r) => disk.read(off, r),
                 None => disk.write(off, write.unwrap_or_default()),
+            }
+            return;
+        }
+    }
+    if let Some(nic) = &d.nic {
+        if let Some(off) = addr.checked_sub(NIC_MMIO_BASE).filter(|&o| o < MMIO_SIZE) {
+            let mut nic = nic.lock_unpoisoned();
+            match read {
+                Some(r) => nic.read(off, r),
+                None => nic.write(off, write.unwrap_or_default()),
             }
             return;
         }

@@ -58,6 +58,7 @@ fn test_machine_with_console(
             agent_socket: None,
             vfio: Vec::new(),
             disks: Vec::new(),
+            nic: None,
         },
         fabric,
     )
@@ -224,6 +225,7 @@ fn test_passthrough_that_cannot_work_is_refused_with_the_reason() {
             agent_socket: None,
             vfio: vec![path.clone()],
             disks: Vec::new(),
+            nic: None,
         },
         &Fabric::new(),
     )
