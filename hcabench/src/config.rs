@@ -29,8 +29,8 @@
 //!
 //! ethernet = true    # a virtio-net NIC in every guest, all on one Ethernet segment
 //!                    # (cluster/src/ethernet.rs), for SoftRoCE (`rxe-up 10.77.0.N/24`
-//!                    # in a guest) and TCP over Ethernet beside IPoIB; qemu backend only,
-//!                    # hcabench's VMM gives its guests no NIC yet (default false)
+//!                    # in a guest) and TCP over Ethernet beside IPoIB; either backend
+//!                    # (default false)
 //!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
@@ -232,8 +232,6 @@ pub enum Invalid {
     },
     #[error("vfio: passthrough needs the kvm backend, not qemu")]
     VfioOnQemu,
-    #[error("ethernet: the guests' NICs need the qemu backend (hcabench's VMM gives its guests none yet)")]
-    EthernetOnKvm,
     #[error("packages: {0:?} is not a Debian package name")]
     Package(String),
     #[error("device_memory_mib = {mib} (must be {least} to 4096)")]
@@ -307,9 +305,6 @@ impl ClusterConfig {
         }
         if !self.vfio.is_empty() && self.backend == Backend::Qemu {
             return Err(Invalid::VfioOnQemu);
-        }
-        if self.ethernet && self.backend == Backend::Kvm {
-            return Err(Invalid::EthernetOnKvm);
         }
         if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
             return Err(Invalid::Package(bad.clone()));
@@ -531,8 +526,6 @@ mod tests {
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 2);
         assert_eq!(spec.in_flight_budget(), 16 << 20);
         assert!(!spec.link, "no NICs unless asked for");
-        let e = ClusterConfig::parse("backend = \"kvm\"\nethernet = true", "c").unwrap_err();
-        assert!(e.to_string().contains("need the qemu backend"), "{e}");
     }
 
     #[test]
