@@ -105,7 +105,7 @@ ORDERS = [("load", KERNEL_MODULES, "kernel_modules"), ("rxe", RXE_MODULES, "rxe_
 OUR_MODULES = ["probe", "hca_ib", "vbench", "dsm", "vmmio"]
 # Shell helpers from images/ that go to the guest's /bin.
 SCRIPTS = ["vb", "dsmctl", "rxe-up", "ipoib-up", "nvmeof", "rds-up", "tipc-up", "srp", "nfs",
-           "iser", "lio-disk", "ib0-addr", "modload", "userland-up"]
+           "iser", "lio-disk", "ib0-addr", "modload", "userland-up", "vmmio-up"]
 # Guest user-space tools (static binaries) built from guest-kmod/user/*.c.
 USER_TOOLS = ["vbench-user", "dsm-prot", "rds-echo", "tipc-echo", "pma-query"]
 # DSM applications (guest-kmod/apps/*.c), linked with the static user library libdsm.a.

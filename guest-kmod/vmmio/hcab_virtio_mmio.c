@@ -11,12 +11,12 @@
 #include <linux/module.h>
 #include <linux/platform_device.h>
 
-#define HCAB_VMMIO_MAX 4
+#define HCAB_VMMIO_MAX 5
 
 static char *device[HCAB_VMMIO_MAX];
 static int ndevice;
 module_param_array(device, charp, &ndevice, 0400);
-MODULE_PARM_DESC(device, "<size>@<base>:<irq> as in virtio_mmio.device=, up to 4, comma-separated");
+MODULE_PARM_DESC(device, "<size>@<base>:<irq> as in virtio_mmio.device=, up to 5, comma-separated");
 
 static struct platform_device *hcab_vmmio_pdev[HCAB_VMMIO_MAX];
 
