@@ -5,7 +5,9 @@
 # userland disk (the VMM's virtio-mmio block device) lies under /usr with python3, pyverbs
 # and iproute2 running from it; then two VMs in one VMM process run a DSM application,
 # verified, and between processes in them ibv_rc_pingpong, rping (its pattern checked) and
-# perftest's ib_send_lat and ib_write_bw (their result rows checked), and `bench vmm`
+# perftest's ib_send_lat and ib_write_bw (their result rows checked), then over the VMs'
+# NICs (the VMM's virtio-net, on the cluster's Ethernet segment) a ping and SoftRoCE's
+# ibv_rc_pingpong, and `bench vmm`
 # (needs --with-qemu) pings between two VMs with data checked, beside QEMU/KVM. Each check
 # prints "ok" or "FAILED"; the last line counts them. With NESTED_BOOT_ONLY=1 set before
 # it (CI's second kernel), only the one-node boot.
@@ -232,8 +234,10 @@ check "SOR on 2 VMs in one VMM process, verified" "verified against a sequential
 
 # User-level verbs under the VMM: a process in each of two VMs posts and polls through its
 # own UAR page (ibv_rc_pingpong, its buffers checked), the two exchanging addresses over IPoIB.
+# The VMs have NICs on the cluster's Ethernet segment too (checked after perftest).
 t0=$(cut -d' ' -f1 /proc/uptime)
-limited 300 /tmp/up2.log hcabench up --nodes 2 --backend kvm --timeout 240
+echo "ethernet = true" > /tmp/eth.toml
+limited 300 /tmp/up2.log hcabench up --config /tmp/eth.toml --nodes 2 --backend kvm --timeout 240
 limited 60 /tmp/ib0.log hcabench exec node1 -- 'ipoib-up 10.78.0.1/24'
 limited 60 /tmp/ib0.log hcabench exec node2 -- 'ipoib-up 10.78.0.2/24'
 limited 60 /tmp/pp-srv.log hcabench exec node1 -- '(timeout -s KILL 90 ibv_rc_pingpong -d hcab0 -c -n 200 > /tmp/pp.log 2>&1 &)
@@ -265,6 +269,22 @@ echo "(ib_write_bw's row: ${row:-none})"
 judge "ib_write_bw between the VMs: both ends exit 0" "$(exits_wrong bw)"
 judge "ib_write_bw: 300 64 KiB RDMA Writes, bandwidth measured" "$(bw_wrong "$row" 65536 300)"
 echo "(rping and perftest on 2 VMs took $(elapsed "$t0") s)"
+# The same VMs' NICs (the VMM's virtio-net on virtio-mmio, on the cluster's hub): they ping
+# each other over eth0, and SoftRoCE on them carries ibv_rc_pingpong's checked round trips.
+t0=$(cut -d' ' -f1 /proc/uptime)
+limited 90 /tmp/rxe1.log hcabench exec node1 -- 'rxe-up 10.77.0.1/24'
+limited 90 /tmp/rxe2.log hcabench exec node2 -- 'rxe-up 10.77.0.2/24'
+check "SoftRoCE comes up on node1's NIC" "state ACTIVE" /tmp/rxe1.log
+check "SoftRoCE comes up on node2's NIC" "state ACTIVE" /tmp/rxe2.log
+limited 60 /tmp/eth-ping.log hcabench exec node2 -- 'ping -c 3 -W 2 10.77.0.1 > /dev/null && echo eth-ping-ok'
+check "node2 pings node1 over the VMs' Ethernet segment" "eth-ping-ok" /tmp/eth-ping.log
+limited 60 /tmp/rxe-srv.log hcabench exec node1 -- '(timeout -s KILL 90 ibv_rc_pingpong -d rxe0 -g 1 -c -n 100 > /tmp/rxe-pp.log 2>&1 &)
+	for i in $(seq 100); do netstat -ltn | grep -q ":18515 " && break; sleep 0.1; done'
+limited 120 /tmp/rxe-cli.log hcabench exec node2 -- 'timeout -s KILL 90 ibv_rc_pingpong -d rxe0 -g 1 -c -n 100 10.77.0.1'
+limited 60 /tmp/rxe-srv.log hcabench exec node1 -- 'sleep 1; cat /tmp/rxe-pp.log'
+check "ibv_rc_pingpong over rxe0 between the VMs: 100 checked round trips" "100 iters in" /tmp/rxe-cli.log
+check "ibv_rc_pingpong's server over rxe0: the same" "100 iters in" /tmp/rxe-srv.log
+echo "(the VMs' NICs took $(elapsed "$t0") s)"
 hcabench down > /dev/null
 
 if command -v qemu-system-x86_64 > /dev/null; then
