@@ -13,6 +13,8 @@ mount -t devtmpfs devtmpfs /dev
 exec > /dev/ttyS0 2>&1
 mount -t tmpfs tmpfs /run
 export XDG_RUNTIME_DIR=/run
+# Loopback, as any host has it: the guests' Ethernet segment is UDP on 127.0.0.1.
+ip link set lo up
 # Errors and alarms only on L1's console (ttyS1): a blocked task is reported as an error.
 dmesg -n 4
 kver=$(uname -r)
