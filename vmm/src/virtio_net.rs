@@ -81,7 +81,15 @@ impl Net {
     /// A NIC on `cfg`'s port, sending to its hub.
     pub fn new(cfg: NicConfig) -> io::Result<Net> {
         let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, cfg.port))?;
-        socket.connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, cfg.hub_port))?;
+        socket
+            .connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, cfg.hub_port))
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NetworkUnreachable => io::Error::new(
+                    e.kind(),
+                    format!("{e}: the hub is on 127.0.0.1; is the loopback interface up?"),
+                ),
+                _ => e,
+            })?;
         Ok(Net {
             cfg,
             socket,
