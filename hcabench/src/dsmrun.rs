@@ -128,9 +128,6 @@ pub fn check(o: &RunOpts) -> Result<(), UsageError> {
         });
     }
     let rxe = o.transport == Transport::Rxe;
-    if rxe && o.backend == Backend::Kvm {
-        return Err(UsageError::RxeOnKvm);
-    }
     if (o.cfg.faults.is_some() || o.cfg.capture.is_some()) && rxe {
         return Err(UsageError::RxeFabricTools);
     }

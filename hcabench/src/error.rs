@@ -150,11 +150,6 @@ pub enum UsageError {
     NotAnApp(String),
     #[error("probe runs on the cluster `up` boots, not as a DSM application")]
     Probe,
-    #[error(
-        "--transport rxe needs the qemu backend: hcabench's VMM gives its guests no NIC for \
-         SoftRoCE (add --backend qemu)"
-    )]
-    RxeOnKvm,
     #[error("--faults and --capture act on hcabench's fabric, not on SoftRoCE's network")]
     RxeFabricTools,
     #[error("application argument `{0}` is not a number")]

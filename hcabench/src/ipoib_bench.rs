@@ -95,16 +95,10 @@ fn measure(
 }
 
 pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
-    let nic = backend == Backend::Qemu;
+    let nic = true;
     println!(
-        "booting 2 {} guests{}",
-        backend.describe(),
-        if nic {
-            " with the hcabench HCA and a virtio-net link"
-        } else {
-            " with the hcabench HCA (no virtio-net baseline: hcabench's VMM gives guests no \
-             NIC; --backend qemu measures it)"
-        }
+        "booting 2 {} guests with the hcabench HCA and a virtio-net NIC",
+        backend.describe()
     );
     let shape = Shape {
         what: "bench-ipoib",

@@ -260,8 +260,8 @@ enum BenchCmd {
     /// Kernel RC ping-pong round trips with the receiver handling completions by polling,
     /// in the interrupt handler, in a workqueue and in a woken user process (the paper's
     /// Table 1), and RDMA Write/Read bandwidth, over the hcabench HCA and over SoftRoCE
-    /// (rdma_rxe) between the same two QEMU guests, with the ratios. Over hcabench's VMM it
-    /// measures hcab0 alone, since SoftRoCE needs a virtio-net link between QEMU guests.
+    /// (rdma_rxe) between the same two guests (on their virtio-net NICs, under either
+    /// backend), with the ratios.
     Verbs {
         #[command(flatten)]
         pings: PingArgs,
@@ -407,7 +407,7 @@ enum BenchCmd {
     ///   RDS                rds-echo (rds_rdma: RC through rdma_cm): 1 B echoed / 8
     ///                      messages of SIZE in flight, each echoed back and checked (one
     ///                      direction's payload rate)
-    ///   TCP virtio-net     tipc-echo over TCP on the guests' virtio-net link (QEMU only)
+    ///   TCP virtio-net     tipc-echo over TCP on the guests' virtio-net NICs
     ///
     /// MPI's rows need MPICH and NetPIPE on the guests: --mpi adds Debian's mpich and
     /// netpipe-mpich2 to the cluster's packages (a userland disk built on first use) and

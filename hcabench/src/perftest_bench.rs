@@ -107,15 +107,10 @@ fn run_one(
 type Rows = Vec<(Test, Figure, Option<Figure>)>;
 
 pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
-    let rxe = backend == Backend::Qemu;
+    let rxe = true;
     println!(
-        "booting 2 {} guests{}",
-        backend.describe(),
-        if rxe {
-            " with the hcabench HCA and a virtio-net link (SoftRoCE's)"
-        } else {
-            " (hcab0 only: SoftRoCE needs a virtio-net link; --backend qemu measures it)"
-        }
+        "booting 2 {} guests with the hcabench HCA and a virtio-net NIC (SoftRoCE's)",
+        backend.describe()
     );
     let shape = Shape {
         what: "bench-perftest",

@@ -639,15 +639,10 @@ fn mpi_layer(tb: &mut Testbed, b: &StackBench, layer: Layer) -> Result<Row, Benc
 
 pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
     let started = std::time::Instant::now();
-    let nic = backend == Backend::Qemu;
+    let nic = true;
     println!(
-        "booting 2 {} guests with the hcabench HCA{}",
-        backend.describe(),
-        if nic {
-            " and a virtio-net link"
-        } else {
-            " (no virtio-net row: hcabench's VMM gives guests no NIC; --backend qemu has it)"
-        }
+        "booting 2 {} guests with the hcabench HCA and a virtio-net NIC",
+        backend.describe()
     );
     let shape = Shape {
         what: "bench-stack",
