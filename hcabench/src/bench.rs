@@ -74,7 +74,6 @@ struct DevResults {
 pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let started = Instant::now();
     // SoftRoCE needs a NIC: the guests' virtio-net, on the cluster's Ethernet segment.
-    let rxe = true;
     println!(
         "booting 2 {} guests, each with the hcabench HCA and a virtio-net NIC",
         backend.describe()
@@ -82,7 +81,7 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let shape = Shape {
         what: "bench",
         nodes: 2,
-        link: rxe,
+        link: true,
     };
     let mut s = boot(b, backend, shape)?;
     let tb = &mut s.tb;
@@ -96,18 +95,14 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
             println!("  {}: {}", g.name(), &l[PROBE.len() + 1..]);
         }
     }
-    let mut devices = vec!["hcab0"];
-    if rxe {
-        tb.rxe_up()?;
-        println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
-        devices.push("rxe0");
-    }
+    tb.rxe_up()?;
+    println!("  rxe0 up on both guests ({:.1?})", started.elapsed());
     s.start_fabric_tools()?;
     let mut all = Vec::new();
-    for dev in devices {
+    for dev in ["hcab0", "rxe0"] {
         all.push(measure(&mut s.tb, b, dev)?);
     }
-    print_tables(b, &all);
+    print_tables(b, &all[0], &all[1]);
     s.print_fault_report();
     println!("total {:.1?}", started.elapsed());
     let errors: u64 = all
@@ -167,26 +162,7 @@ fn measure(tb: &mut Testbed, b: &VerbsBench, dev: &str) -> Result<DevResults, Be
     Ok(DevResults { ping, bw })
 }
 
-fn print_tables(b: &VerbsBench, all: &[DevResults]) {
-    let ours = &all[0];
-    let Some(rxe) = all.get(1) else {
-        println!();
-        println!(
-            "hcab0: RC SEND ping-pong round trip in us, {} iterations per cell; median / mean",
-            b.iters
-        );
-        for o in &ours.ping {
-            println!("{:<5} {:>6}  {:>17}", o.mode.name(), o.size, us(o));
-        }
-        println!("hcab0: {}", shape(b, ours));
-        deferred_note("hcab0", ours);
-        println!("hcab0: RDMA bandwidth (MB/s = 10^6 bytes/s), polled, 16 operations in flight");
-        for o in &ours.bw {
-            let op = if o.read { "read" } else { "write" };
-            println!("{op:<5} {:>8}  {:>10.1}", o.size, o.mb_per_s);
-        }
-        return;
-    };
+fn print_tables(b: &VerbsBench, ours: &DevResults, rxe: &DevResults) {
     println!();
     println!(
         "RC SEND ping-pong round trip in us, {} iterations per cell, both sides handling \

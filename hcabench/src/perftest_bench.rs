@@ -104,10 +104,9 @@ fn run_one(
 }
 
 /// The rows: (test, hcab0, rxe0).
-type Rows = Vec<(Test, Figure, Option<Figure>)>;
+type Rows = Vec<(Test, Figure, Figure)>;
 
 pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
-    let rxe = true;
     println!(
         "booting 2 {} guests with the hcabench HCA and a virtio-net NIC (SoftRoCE's)",
         backend.describe()
@@ -115,14 +114,12 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let shape = Shape {
         what: "bench-perftest",
         nodes: 2,
-        link: rxe,
+        link: true,
     };
     let mut s = crate::bench::boot(b, backend, shape)?;
     let tb = &mut s.tb;
     tb.ipoib_up()?;
-    if rxe {
-        tb.rxe_up()?;
-    }
+    tb.rxe_up()?;
     s.start_fabric_tools()?;
     let tb = &mut s.tb;
     let lat = b.iters.clamp(10, 100_000);
@@ -162,19 +159,11 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
     let mut rows: Rows = Vec::new();
     for t in tests {
         let h = run_one(tb, t, "hcab0", None, "10.78.0.2")?;
-        let r = if rxe {
-            // rxe0's GID 1 is eth0's IPv4 address (RoCEv2); the peer meets over eth0.
-            Some(run_one(tb, t, "rxe0", Some(1), "10.77.0.2")?)
-        } else {
-            None
-        };
+        // rxe0's GID 1 is eth0's IPv4 address (RoCEv2); the peer meets over eth0.
+        let r = run_one(tb, t, "rxe0", Some(1), "10.77.0.2")?;
         println!(
-            "  {:<13} {:>6} B  hcab0 {:>10.2}{}",
-            t.tool,
-            t.size,
-            h.0,
-            r.map(|r| format!("  rxe0 {:>10.2}", r.0))
-                .unwrap_or_default()
+            "  {:<13} {:>6} B  hcab0 {:>10.2}  rxe0 {:>10.2}",
+            t.tool, t.size, h.0, r.0
         );
         rows.push((t, h, r));
     }
@@ -188,12 +177,12 @@ pub fn run(b: &VerbsBench, backend: Backend) -> Result<(), BenchError> {
             errors: k.errors + k.server_errors,
         });
     }
-    print_table(&rows, rxe, k.rtt_avg_ns as f64 / 1e3);
+    print_table(&rows, k.rtt_avg_ns as f64 / 1e3);
     s.print_fault_report();
     Ok(())
 }
 
-fn print_table(rows: &Rows, rxe: bool, kernel_rtt_us: f64) {
+fn print_table(rows: &Rows, kernel_rtt_us: f64) {
     println!();
     println!(
         "perftest between two guests: latency t_avg in us (ib_send_lat: half a round trip), \
@@ -204,24 +193,20 @@ fn print_table(rows: &Rows, rxe: bool, kernel_rtt_us: f64) {
         "test", "bytes", "hcab0", "rxe0", "hcab0 vs rxe0"
     );
     for (t, h, r) in rows {
-        let (rx, ratio) = match r {
-            Some(r) if r.0 > 0.0 => (
-                format!("{:.2}", r.0),
-                if t.is_latency() {
-                    format!("{:.3}x latency", h.0 / r.0)
-                } else {
-                    format!("{:.1}x bandwidth", h.0 / r.0)
-                },
-            ),
-            _ => ("-".into(), "-".into()),
+        let (rx, ratio) = if r.0 > 0.0 {
+            let ratio = if t.is_latency() {
+                format!("{:.3}x latency", h.0 / r.0)
+            } else {
+                format!("{:.1}x bandwidth", h.0 / r.0)
+            };
+            (format!("{:.2}", r.0), ratio)
+        } else {
+            ("-".into(), "-".into())
         };
         println!(
             "{:<14} {:>8} {:>12.2} {:>12} {:>16}",
             t.tool, t.size, h.0, rx, ratio
         );
-    }
-    if !rxe {
-        println!("(rxe0 not measured: SoftRoCE needs QEMU guests with a virtio-net link)");
     }
     if let Some((_, h, _)) = rows.iter().find(|(t, _, _)| t.tool == "ib_send_lat") {
         let user_rtt = 2.0 * h.0;

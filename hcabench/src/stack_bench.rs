@@ -639,7 +639,6 @@ fn mpi_layer(tb: &mut Testbed, b: &StackBench, layer: Layer) -> Result<Row, Benc
 
 pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
     let started = std::time::Instant::now();
-    let nic = true;
     println!(
         "booting 2 {} guests with the hcabench HCA and a virtio-net NIC",
         backend.describe()
@@ -647,30 +646,25 @@ pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
     let shape = Shape {
         what: "bench-stack",
         nodes: 2,
-        link: nic,
+        link: true,
     };
     let mut s = Session::boot(&b.cfg, backend, shape, b.boot_timeout, b.keep, &mut |m| {
         println!("  {m}")
     })?;
     let tb = &mut s.tb;
-    println!(
-        "setting up: IPoIB, TIPC, RDS{}",
-        if nic { ", eth0" } else { "" }
-    );
+    println!("setting up: IPoIB, TIPC, RDS, eth0");
     tb.ipoib_up()?;
-    if nic {
-        for (i, a) in tb.agents.iter_mut().enumerate() {
-            // The NIC alone (rxe-up's first steps, no rxe0): eth0 at 10.77.0.k.
-            a.run(
-                &format!(
-                    "modload rxe && for i in $(seq 50); do [ -e /sys/class/net/eth0 ] && \
-                     break; sleep 0.1; done; ip link set lo up && ip link set eth0 up && \
-                     ip addr add 10.77.0.{}/24 dev eth0",
-                    i + 1
-                ),
-                T,
-            )?;
-        }
+    for (i, a) in tb.agents.iter_mut().enumerate() {
+        // The NIC alone (rxe-up's first steps, no rxe0): eth0 at 10.77.0.k.
+        a.run(
+            &format!(
+                "modload rxe && for i in $(seq 50); do [ -e /sys/class/net/eth0 ] && \
+                 break; sleep 0.1; done; ip link set lo up && ip link set eth0 up && \
+                 ip addr add 10.77.0.{}/24 dev eth0",
+                i + 1
+            ),
+            T,
+        )?;
     }
     for a in tb.agents.iter_mut() {
         a.run("tipc-up && rds-up", T)?;
@@ -686,10 +680,8 @@ pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
         ),
         T,
     )?;
-    if nic {
-        // The first packets over eth0 wait for ARP.
-        tb.agents[0].run(&format!("ping -q -c 2 -W 5 {ETH0} > /dev/null"), T)?;
-    }
+    // The first packets over eth0 wait for ARP.
+    tb.agents[0].run(&format!("ping -q -c 2 -W 5 {ETH0} > /dev/null"), T)?;
     tb.agents[0].run(&format!("ping -q -c 3 -W 5 {IB0} > /dev/null"), T)?;
     s.start_fabric_tools()?;
     let tb = &mut s.tb;
@@ -713,9 +705,7 @@ pub fn run(b: &StackBench, backend: Backend) -> Result<(), BenchError> {
     rows.push(tipc_echo(tb, b, Layer::TipcRdm, "rdm", &instance)?);
     rows.push(tipc_echo(tb, b, Layer::TipcStream, "stream", &instance)?);
     rows.push(rds(tb, b)?);
-    if nic {
-        rows.push(tipc_echo(tb, b, Layer::TcpEth, "tcp", ETH0)?);
-    }
+    rows.push(tipc_echo(tb, b, Layer::TcpEth, "tcp", ETH0)?);
     // Connected mode last: it changes ib0's MTU, under TIPC's bearer too.
     for a in tb.agents.iter_mut() {
         a.run(
