@@ -103,11 +103,6 @@ struct Switch<'a> {
 }
 
 impl Switch<'_> {
-    /// Whether switch port `p` links a port whose link is up.
-    fn linked(&self, p: u8) -> bool {
-        port_linked(self.ports, p)
-    }
-
     /// The switch port `self.ingress` arrives on, if it is one.
     fn ingress_port(&self) -> Option<u8> {
         u8::try_from(self.ingress)
@@ -152,7 +147,7 @@ impl Switch<'_> {
             mad[HOP_PTR] -= 1;
             *mad.get(RETURN_PATH + hop_ptr - 1)?
         };
-        self.linked(out).then_some(Lid::from(out))
+        port_linked(self.ports, out).then_some(Lid::from(out))
     }
 
     /// Answers a Get or Set in place (None for what is neither: responses, traps).
