@@ -36,8 +36,16 @@ static void hca_cq_completion(struct hca_dev *dev, u32 cqn)
 
 	spin_lock(&dev->table_lock);
 	cq = cqn < HCA_MAX_CQ ? dev->cqs[cqn] : NULL;
-	if (cq && cq->ibcq.comp_handler)
+	if (cq && cq->ibcq.comp_handler) {
+		/*
+		 * This event spent the consumer's arm: if the device is lost
+		 * before it arms again, catas.c must not call it a second time.
+		 */
+		spin_lock(&cq->lock);
+		cq->sw_armed = false;
+		spin_unlock(&cq->lock);
 		cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	}
 	spin_unlock(&dev->table_lock);
 }
 
