@@ -385,9 +385,43 @@ bool hca_cq_flush_pending(struct hca_cq *cq)
 	return false;
 }
 
+/*
+ * What a flushed send WR was, from the opcode the driver wrote into its WQE
+ * (the first byte after wr_id in every send WQE layout), so that a consumer
+ * that tells its completions apart by opcode sees the WR it posted.
+ */
+static enum ib_wc_opcode hca_flushed_send_opcode(struct hca_wq *wq, u32 idx)
+{
+	const struct hca_send_wqe *w = wq->ring +
+		((size_t)(idx & ((1 << wq->log_entries) - 1)) << wq->wqe_shift);
+
+	switch (READ_ONCE(w->opcode)) {
+	case HCA_WR_RDMA_WRITE:
+	case HCA_WR_RDMA_WRITE_IMM:
+		return IB_WC_RDMA_WRITE;
+	case HCA_WR_RDMA_READ:
+		return IB_WC_RDMA_READ;
+	case HCA_WR_ATOMIC_CMP_SWP:
+		return IB_WC_COMP_SWAP;
+	case HCA_WR_ATOMIC_FETCH_ADD:
+		return IB_WC_FETCH_ADD;
+	case HCA_WR_MASKED_CMP_SWP:
+		return IB_WC_MASKED_COMP_SWAP;
+	case HCA_WR_MASKED_FETCH_ADD:
+		return IB_WC_MASKED_FETCH_ADD;
+	case HCA_WR_REG_MR:
+		return IB_WC_REG_MR;
+	case HCA_WR_LOCAL_INV:
+		return IB_WC_LOCAL_INV;
+	default:
+		/* SEND, with immediate or invalidate. */
+		return IB_WC_SEND;
+	}
+}
+
 /* Up to num of wq's outstanding WRs, oldest first, as flushed. */
 static int hca_flush_wq(struct hca_qp *qp, struct hca_wq *wq, spinlock_t *lock,
-			enum ib_wc_opcode opcode, int num, struct ib_wc *wc)
+			bool send, int num, struct ib_wc *wc)
 {
 	int n = 0;
 
@@ -396,7 +430,8 @@ static int hca_flush_wq(struct hca_qp *qp, struct hca_wq *wq, spinlock_t *lock,
 		memset(&wc[n], 0, sizeof(wc[n]));
 		wc[n].wr_id = wq->wrid[wq->ci & ((1 << wq->log_entries) - 1)];
 		wc[n].status = IB_WC_WR_FLUSH_ERR;
-		wc[n].opcode = opcode;
+		wc[n].opcode = send ? hca_flushed_send_opcode(wq, wq->ci) :
+				      IB_WC_RECV;
 		wc[n].qp = &qp->ibqp;
 		wc[n].port_num = 1;
 		WRITE_ONCE(wq->ci, wq->ci + 1);
@@ -417,11 +452,11 @@ static int hca_poll_flushed(struct hca_cq *cq, int num, struct ib_wc *wc)
 
 	list_for_each_entry(qp, &cq->send_qps, send_node)
 		if (!qp->uc)
-			n += hca_flush_wq(qp, &qp->sq, &qp->sq_lock, IB_WC_SEND,
+			n += hca_flush_wq(qp, &qp->sq, &qp->sq_lock, true,
 					  num - n, wc + n);
 	list_for_each_entry(qp, &cq->recv_qps, recv_node)
 		if (!qp->uc && !qp->srq)
-			n += hca_flush_wq(qp, &qp->rq, &qp->rq_lock, IB_WC_RECV,
+			n += hca_flush_wq(qp, &qp->rq, &qp->rq_lock, false,
 					  num - n, wc + n);
 	return n;
 }
