@@ -17,6 +17,7 @@
 //!   node waiting on it, with nothing of its own outstanding, learns that it is gone from
 //!   its probes in seconds, not from its 60 s wait.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,14 +72,17 @@ fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
         "infiniband.bth.opcode",
         "infiniband.bth.destqp",
         "infiniband.reth.dmalen",
+        "infiniband.bth.psn",
     ];
     let Some(rows) = tshark_or_skip("capture decoded by tshark", &pcap, &fields) else {
         return;
     };
     assert_eq!(rows.len() as u64, cap.frames(), "every frame decoded");
     let hex = |q: u32| format!("{q:#08x}");
-    let mut sends = [0, 0];
-    let mut write_firsts = 0;
+    // Counted by PSN: a host too busy to run the fabric for a while can make a requester
+    // resend, and a resent packet carries its first copy's PSN.
+    let mut sends = [HashSet::new(), HashSet::new()];
+    let mut write_firsts = HashSet::new();
     for row in &rows {
         let (slid, op): (u16, u8) = (row[0].parse().unwrap(), row[2].parse().unwrap());
         // Node k has LID k; each side's packets go to the other's QP.
@@ -86,10 +90,12 @@ fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
         assert_eq!(row[3], want_qp, "frame {row:?} (QPNs {q1} and {q2})");
         assert_eq!(row[1], if slid == 1 { "2" } else { "1" }, "{row:?}");
         match op {
-            RC_SEND_ONLY_IMM => sends[usize::from(slid - 1)] += 1,
+            RC_SEND_ONLY_IMM => {
+                sends[usize::from(slid - 1)].insert(row[5].clone());
+            }
             RC_WRITE_FIRST => {
                 assert_eq!((slid, row[4].as_str()), (1, "8192"), "{row:?}");
-                write_firsts += 1;
+                write_firsts.insert(row[5].clone());
             }
             // vbench reads the region back to check the bytes it wrote.
             RC_READ_REQUEST => assert_eq!(slid, 1, "{row:?}"),
@@ -99,13 +105,13 @@ fn capture_is_decoded_by_tshark(tb: &mut Testbed, dir: &Path) {
         }
     }
     assert_eq!(
-        sends,
+        sends.map(|s| s.len()),
         [20, 20],
         "20 pings and 20 pongs, each one SEND with immediate"
     );
     // The 4 timed writes, then vbench's check writes 64 KiB in 8 KiB pieces (8 more); each
     // is 2 packets at MTU 4096, the first with the RETH.
-    assert_eq!(write_firsts, 4 + 8, "RDMA Writes of 8 KiB");
+    assert_eq!(write_firsts.len(), 4 + 8, "RDMA Writes of 8 KiB");
     eprintln!("tshark decoded {} frames of {}", rows.len(), pcap.display());
 }
 
@@ -367,11 +373,13 @@ fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
         "node3 did not recover from {what} in 60 s:\n{log}\n{}",
         tb.console(2)
     );
-    for bad in ["BUG", "Oops", "Call Trace", "WARNING"] {
-        assert!(
-            !log.contains(bad),
-            "node3's kernel after {what}: {bad}:\n{log}"
-        );
+    if let Some(bad) = ["BUG", "Oops", "Call Trace", "WARNING"]
+        .into_iter()
+        .find(|bad| log.contains(bad))
+    {
+        // The whole log since the fault: the warning's cause is in lines the filter drops.
+        let all = tb.agents[2].run("dmesg | tail -250", T).unwrap();
+        panic!("node3's kernel after {what}: {bad}:\n{all}");
     }
     if matches!(fault, Fault::Adapter(AdapterFault::Reset)) {
         // IPoIB's teardown moved its connection's QP, on its SRQ, to ERR and waited for
@@ -464,15 +472,19 @@ fn a_fault_is_recovered(tb: &mut Testbed, fault: Fault, srp_target: &str) {
 /// IPoIB in connected mode on node1 and node3, and a ping from node1: node1 connects to
 /// node3, whose end of the connection is a QP that receives on IPoIB's SRQ.
 fn ipoib_connected_into_node3(tb: &mut Testbed) {
-    for i in [0, 2] {
-        let mode = tb.agents[i]
-            .run(
-                "echo connected > /sys/class/net/ib0/mode && cat /sys/class/net/ib0/mode",
-                T,
-            )
-            .unwrap();
-        assert_eq!(mode.trim(), "connected", "node{}'s ib0", i + 1);
-    }
+    // Only node1 sends in connected mode: node3 accepts its connection on a QP of IPoIB's SRQ
+    // in either mode. A connected-mode sender on node3 would hold a CM TX connection too, and
+    // Linux's IPoIB (6.1 and 6.12) tears that down on a work item it does not wait for before
+    // destroying its CQs, so an adapter's removal then warns "Destroy of kernel CQ shouldn't
+    // fail" now and then, whatever the device (docs/guides/faults.md).
+    let mode = tb.agents[0]
+        .run(
+            "echo connected > /sys/class/net/ib0/mode && cat /sys/class/net/ib0/mode",
+            T,
+        )
+        .unwrap();
+    assert_eq!(mode.trim(), "connected", "node1's ib0");
+    let before = tb.hca(2).unwrap().next_qpn();
     let out = tb.agents[0]
         .run(
             "ping -c 3 -W 2 -s 4000 10.78.0.3 >/dev/null 2>&1; echo ping=$?",
@@ -480,6 +492,10 @@ fn ipoib_connected_into_node3(tb: &mut Testbed) {
         )
         .unwrap();
     assert!(out.contains("ping=0"), "IPoIB-CM to node3: {out}");
+    assert!(
+        tb.hca(2).unwrap().next_qpn() > before,
+        "node3 made no QP for node1's IPoIB-CM connection"
+    );
 }
 
 fn a_killed_node_fails_its_peers_work_only(tb: &mut Testbed) {
