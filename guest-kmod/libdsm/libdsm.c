@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "libdsm.h"
+#include "udsm.h"
 
 #define DSM_MAX_THREADS	16
 
@@ -25,11 +26,21 @@ static struct {
 	struct dsm_info info;
 	struct dsm_stats_user st0;
 	unsigned threads;
+	int user;		/* udsm_mode(): the user-level DSM runs the protocol here */
 	pthread_barrier_t local;	/* the node's workers, inside dsm_parallel */
 } g = { .fd = -1, .threads = 1 };
 
 static void dsm_ioctl(unsigned long cmd, void *arg, const char *what);
 static int dying;	/* dsm_die: no exit barrier */
+
+/* The node-level barrier: the kernel's, or the user-level DSM's. */
+static void node_barrier(void)
+{
+	if (g.user)
+		udsm_barrier();
+	else
+		dsm_ioctl(DSM_IOC_BARRIER, NULL, "barrier");
+}
 
 /* ---- the simulated user-level DSM (uapi.h, the kernel's usim.c) ---- */
 
@@ -114,6 +125,12 @@ static void usim_exit(void)
 		dsm_barrier();
 }
 
+static void udsm_atexit(void)
+{
+	if (!dying)
+		udsm_exit();
+}
+
 static void usim_start(void)
 {
 	uint8_t *map = malloc(g.info.pages);
@@ -189,6 +206,14 @@ static unsigned threads_from_env(void)
 void dsm_init(void)
 {
 	g.threads = threads_from_env();
+	g.user = udsm_mode();
+	if (g.user) {
+		udsm_init(g.user, &g.info, &g.base, &g.size);
+		udsm_stats(&g.st0);
+		atexit(udsm_atexit);
+		dsm_barrier();
+		return;
+	}
 	g.fd = open("/dev/dsm", O_RDWR);
 	if (g.fd < 0)
 		dsm_die("/dev/dsm: %s (is dsm.ko loaded?)", strerror(errno));
@@ -297,12 +322,12 @@ void dsm_barrier(void)
 	int r;
 
 	if (tl_worker < 0 || g.threads == 1) {
-		dsm_ioctl(DSM_IOC_BARRIER, NULL, "barrier");
+		node_barrier();
 		return;
 	}
 	r = pthread_barrier_wait(&g.local);
 	if (r == PTHREAD_BARRIER_SERIAL_THREAD)
-		dsm_ioctl(DSM_IOC_BARRIER, NULL, "barrier");
+		node_barrier();
 	else if (r)
 		dsm_die("pthread_barrier_wait: %s", strerror(r));
 	r = pthread_barrier_wait(&g.local);
@@ -314,19 +339,28 @@ void dsm_lock(unsigned id)
 {
 	uint32_t v = id;
 
-	dsm_ioctl(DSM_IOC_LOCK, &v, "lock");
+	if (g.user)
+		udsm_lock(id);
+	else
+		dsm_ioctl(DSM_IOC_LOCK, &v, "lock");
 }
 
 void dsm_unlock(unsigned id)
 {
 	uint32_t v = id;
 
-	dsm_ioctl(DSM_IOC_UNLOCK, &v, "unlock");
+	if (g.user)
+		udsm_unlock(id);
+	else
+		dsm_ioctl(DSM_IOC_UNLOCK, &v, "unlock");
 }
 
 void dsm_stats(struct dsm_stats_user *st)
 {
-	dsm_ioctl(DSM_IOC_STATS, st, "stats");
+	if (g.user)
+		udsm_stats(st);
+	else
+		dsm_ioctl(DSM_IOC_STATS, st, "stats");
 }
 
 double dsm_now(void)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * libdsm: the DSM's small static user library. One process per node:
+ * libdsm: the DSM's small user library. One process per node:
  * dsm_init() maps the whole shared space (every node sees the same bytes
  * at the same offsets) and waits for every node; dsm_alloc() hands out
  * page-aligned pieces of it in call order, so nodes that allocate in the
@@ -14,6 +14,11 @@
  * barrier, all leave together) and dsm_range() is per worker; outside
  * it, both are per node. Locks are per lock id across all threads: the
  * kernel queues a node's threads locally and lets one compete.
+ *
+ * Protocol: the kernel DSM (/dev/dsm, a session the harness opened) by
+ * default; DSM_MODE=user or user-poll runs it in this process instead,
+ * over libibverbs (udsm.c: DSM_NODE, DSM_NODES, DSM_DEV, DSM_DIR, DSM_PAGES,
+ * DSM_TIMEOUT), with the same API and result line.
  */
 #ifndef LIBDSM_H
 #define LIBDSM_H
