@@ -575,18 +575,20 @@ class LocalKernel:
         return ";".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.exists())
 
 
-def guest_tools():
+def guest_tools(cache):
     """The user-space tools and DSM applications, built once for every kernel's image (they
-    do not depend on it): rebuilt only when a source under guest-kmod/ or this script
-    changed since the last build."""
+    do not depend on it): rebuilt only when a source under guest-kmod/, this script or
+    Debian's libibverbs (the applications link it) changed since the last build."""
     outdir = ROOT / "target" / "guest-tools"
     stamp = outdir / ".key"
-    key = digest(kmod_sources() + [Path(__file__).resolve()], "guest-tools")
+    verbs = [download(p, cache) for p in ("libibverbs-dev", "libibverbs1")]
+    key = digest(kmod_sources() + [Path(__file__).resolve()],
+                 "guest-tools|" + "|".join(d.name for d in verbs))
     names = USER_TOOLS + DSM_APPS
     if stamp.exists() and stamp.read_text() == key and all((outdir / n).exists() for n in names):
         return {n: (outdir / n).read_bytes() for n in names}
     tools = build_user_tools()
-    tools.update(build_dsm_apps())
+    tools.update(build_dsm_apps(cache))
     stamp.write_text(key)
     return tools
 
@@ -604,22 +606,35 @@ def build_user_tools():
     return out
 
 
-def build_dsm_apps():
-    """libdsm.a, then every DSM application linked statically against it."""
+def build_dsm_apps(cache):
+    """libdsm.a, then every DSM application linked against it. libdsm's user-level DSM
+    (udsm.c) uses libibverbs, whose providers load as shared objects: the applications
+    link Debian 12's libibverbs.so.1 and glibc dynamically (this host's glibc is the
+    guests', Debian 12's; the image carries both, and check_needed holds it to that), with
+    the headers of the libibverbs-dev the guests' libibverbs1 goes with."""
     outdir = ROOT / "target" / "guest-tools"
     outdir.mkdir(parents=True, exist_ok=True)
-    obj, lib = outdir / "libdsm.o", outdir / "libdsm.a"
+    dev = extract(download("libibverbs-dev", cache), cache / "root-libibverbs-dev")
+    lib1 = extract(download("libibverbs1", cache), cache / "root-libibverbs1")
+    inc, libdir = dev / "usr" / "include", lib1 / "usr" / "lib" / "x86_64-linux-gnu"
+    lib = outdir / "libdsm.a"
+    objs = []
     say("building guest-kmod/libdsm (libdsm.a)")
-    run(["gcc", "-O2", "-Wall", "-pthread", "-c", "-o", str(obj), str(KMOD / "libdsm" / "libdsm.c")])
+    for src in ("libdsm", "udsm"):
+        obj = outdir / f"{src}.o"
+        run(["gcc", "-O2", "-Wall", "-pthread", f"-I{inc}", "-c", "-o", str(obj),
+             str(KMOD / "libdsm" / f"{src}.c")])
+        objs.append(str(obj))
     if lib.exists():
         lib.unlink()
-    run(["ar", "rcs", str(lib), str(obj)])
+    run(["ar", "rcs", str(lib)] + objs)
     out = {}
     for a in DSM_APPS:
         exe = outdir / a
         say(f"building guest-kmod/apps/{a}")
-        run(["gcc", "-static", "-O2", "-Wall", "-pthread", "-o", str(exe),
-             str(KMOD / "apps" / f"{a}.c"), str(lib), "-lm"])
+        run(["gcc", "-O2", "-Wall", "-pthread", f"-I{inc}", "-o", str(exe),
+             str(KMOD / "apps" / f"{a}.c"), str(lib), f"-L{libdir}", "-l:libibverbs.so.1",
+             "-lm"])
         out[a] = exe.read_bytes()
     return out
 
@@ -1116,10 +1131,10 @@ def main():
     kernel_files(kernel, dest)
 
     ours = build_our_modules(kernel.kdir, kver, out.parent / "kbuild" / name)
-    tools = guest_tools()
+    tools = guest_tools(cache)
     debian_tools, debian_links = userland(cache)
     debian_tools.update(hcab_provider(cache))
-    check_needed(debian_tools, debian_links)
+    check_needed({**debian_tools, **{f"bin/{t}": d for t, d in tools.items()}}, debian_links)
     disk = userland_disk(cache, dest / "userland.img", DISK_PACKAGES,
                          (debian_tools, debian_links))
     mods = Modules(kernel.moddir)
