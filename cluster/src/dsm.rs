@@ -267,26 +267,32 @@ fn collect_results(
     let mut out = Vec::new();
     for (name, r) in names.iter().zip(run_everywhere(agents, cmd, timeout)) {
         let (rc, text) = r?;
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("DSM-RESULT "))
-            .ok_or_else(|| AnswerError::NoLine {
-                node: name.clone(),
-                what: format!("`{cmd}` (exit {rc})"),
-                output: text.clone(),
-            })?;
-        let res = AppResult::parse(line)?;
-        if rc != 0 && res.verified != Some(false) {
-            return Err(DsmError::Exited {
-                node: name.clone(),
-                cmd: cmd.to_string(),
-                status: rc,
-                output: text,
-            });
-        }
-        out.push(res);
+        out.push(result_of(name, cmd, rc, text)?);
     }
     Ok(out)
+}
+
+/// One node's result from its run's exit status and output: an error when it printed no
+/// result line, or exited non-zero for another reason than its own failed check.
+pub fn result_of(node: &str, cmd: &str, rc: i32, text: String) -> Result<AppResult, DsmError> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("DSM-RESULT "))
+        .ok_or_else(|| AnswerError::NoLine {
+            node: node.to_string(),
+            what: format!("`{cmd}` (exit {rc})"),
+            output: text.clone(),
+        })?;
+    let res = AppResult::parse(line)?;
+    if rc != 0 && res.verified != Some(false) {
+        return Err(DsmError::Exited {
+            node: node.to_string(),
+            cmd: cmd.to_string(),
+            status: rc,
+            output: text,
+        });
+    }
+    Ok(res)
 }
 
 /// Whether one node's `dsmctl state` shows a protocol at rest: every connection in RTS,

@@ -29,6 +29,7 @@
 //! - [`agent`]: a command channel into a guest's shell over a serial port.
 //! - [`verbs`]: `Testbed`, a cluster under agent control; the vbench runs.
 //! - [`dsm`]: the DSM's mesh, applications on every guest at once.
+//! - [`udsm`]: the user-level DSM's runs (libdsm over libibverbs), their rendezvous.
 //! - [`mpi`]: MPICH and Open MPI jobs across the guests, launched through their shells.
 //! - `private_dir`: run directories only their owner may enter.
 
@@ -44,6 +45,7 @@ pub mod mpi;
 pub mod node;
 mod private_dir;
 pub mod qemu;
+pub mod udsm;
 pub mod verbs;
 
 use std::collections::BTreeMap;
