@@ -3,15 +3,18 @@
 //! most threads asked for), and for each application, thread count, load setting and
 //! protocol mode it opens a fresh DSM session, runs the application (verified against a
 //! sequential run on node 1) and records its time, faults and messages. The table gives
-//! each mode's time and the ratios workqueue/irq and user-sim/irq (the paper: the kernel
-//! handler up to 23% better than the user-level simulation, more under load), and the
-//! speedup over the sequential run where the host has a core for every guest vCPU.
+//! each mode's time and its ratio to the first mode's: by default workqueue/irq,
+//! user-sim/irq and user/irq (the paper: the kernel handler up to 23% better than the
+//! user-level simulation, more under load; `user` is a real user-level DSM over
+//! libibverbs, which the paper could not measure), and the speedup over the sequential run
+//! where the host has a core for every guest vCPU. The user-level modes open no kernel
+//! DSM session: each application process connects its own mesh ([`cluster::udsm`]).
 //!
 //! Load, as the paper ran it: one CPU-bound process per guest beside the application.
 
 use std::time::{Duration, Instant};
 
-use cluster::dsm::{app_command, close_all, configure, connect_mesh, run_app, AppResult};
+use cluster::dsm::{app_command, close_all, configure, connect_mesh, AppResult};
 use cluster::Backend;
 
 use crate::config::ClusterConfig;
@@ -145,12 +148,20 @@ fn run_cell(
     load: bool,
 ) -> Result<Vec<AppResult>, BenchError> {
     close_all(&mut s.tb.agents)?;
-    connect_mesh(&mut s.tb.agents, "hcab0")?;
-    configure(&mut s.tb.agents, &mode.config())?;
+    if let Some(config) = mode.config() {
+        connect_mesh(&mut s.tb.agents, "hcab0")?;
+        configure(&mut s.tb.agents, &config)?;
+    }
     let args: Vec<String> = bench_args(app).iter().map(|a| a.to_string()).collect();
     let cmd = app_command(&app.name(), &args, threads);
     let pids = if load { start_load(s)? } else { Vec::new() };
-    let res = run_app(&mut s.tb.agents, &cmd, Duration::from_secs(900));
+    let res = dsmrun::run_in_mode(
+        &mut s.tb.agents,
+        &cmd,
+        "hcab0",
+        mode,
+        Duration::from_secs(900),
+    );
     if load {
         stop_load(s, &pids)?;
     }

@@ -7,7 +7,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use cluster::dsm::{app_command, configure, connect_mesh, run_app, AppResult};
+use cluster::agent::Agent;
+use cluster::dsm::{app_command, configure, connect_mesh, run_app, AppResult, DsmError};
+use cluster::udsm::{run_app_user, Service};
 use cluster::Backend;
 
 use crate::config::ClusterConfig;
@@ -71,17 +73,33 @@ pub enum Mode {
     Workqueue,
     /// The paper's simulation of a user-level DSM
     UserSim,
+    /// A real user-level DSM: the protocol in the application's process over libibverbs,
+    /// its service thread asleep on a completion channel
+    User,
+    /// The same, its service thread polling the CQ
+    UserPoll,
 }
 
 impl Mode {
-    /// The `dsmctl config` arguments that select it.
-    pub fn config(self) -> String {
+    /// The `dsmctl config` arguments that select it; None for the user-level modes, which
+    /// do not use the kernel DSM.
+    pub fn config(self) -> Option<String> {
         let handler = match self {
             Mode::Irq => "irq",
             Mode::Workqueue => "process",
             Mode::UserSim => "user-sim",
+            Mode::User | Mode::UserPoll => return None,
         };
-        format!("handler={handler} readfault=write")
+        Some(format!("handler={handler} readfault=write"))
+    }
+
+    /// The user-level DSM's service thread, for the modes that run it.
+    pub fn user_level(self) -> Option<Service> {
+        match self {
+            Mode::User => Some(Service::Channel),
+            Mode::UserPoll => Some(Service::Poll),
+            _ => None,
+        }
     }
 }
 
@@ -91,6 +109,8 @@ impl fmt::Display for Mode {
             Mode::Irq => "irq",
             Mode::Workqueue => "workqueue",
             Mode::UserSim => "user-sim",
+            Mode::User => "user",
+            Mode::UserPoll => "user-poll",
         })
     }
 }
@@ -162,13 +182,36 @@ pub fn boot_dsm(
     } else {
         "hcab0"
     };
-    connect_mesh(&mut s.tb.agents, dev)?;
-    configure(&mut s.tb.agents, &o.shape.mode.config())?;
-    progress(&format!(
-        "DSM open on {dev} on every node, RC mesh connected, protocol in {} mode",
-        o.shape.mode
-    ));
+    match o.shape.mode.config() {
+        Some(config) => {
+            connect_mesh(&mut s.tb.agents, dev)?;
+            configure(&mut s.tb.agents, &config)?;
+            progress(&format!(
+                "DSM open on {dev} on every node, RC mesh connected, protocol in {} mode",
+                o.shape.mode
+            ));
+        }
+        None => progress(&format!(
+            "user-level DSM ({}): each application process connects its own RC mesh on {dev}",
+            o.shape.mode
+        )),
+    }
     Ok((s, dev))
+}
+
+/// Runs a DSM application in `mode`: on the kernel DSM the harness opened, or on the
+/// user-level one, whose processes the harness connects as they start.
+pub fn run_in_mode(
+    agents: &mut [Agent],
+    cmd: &str,
+    dev: &str,
+    mode: Mode,
+    timeout: Duration,
+) -> Result<Vec<AppResult>, DsmError> {
+    match mode.user_level() {
+        Some(service) => run_app_user(agents, cmd, dev, service, timeout),
+        None => run_app(agents, cmd, timeout),
+    }
 }
 
 pub fn run(o: &RunOpts) -> Result<(), BenchError> {
@@ -194,7 +237,8 @@ pub fn run(o: &RunOpts) -> Result<(), BenchError> {
     );
     let hcas = s.tb.cluster.hcas();
     let timeout = Duration::from_secs(900);
-    let res = s.with_kills(|agents| run_app(agents, &cmd, timeout));
+    let mode = o.shape.mode;
+    let res = s.with_kills(|agents| run_in_mode(agents, &cmd, dev, mode, timeout));
     if let Ok(r) = &res {
         print_results(&app, dev, r, o.cfg.vcpus);
     }
@@ -304,5 +348,45 @@ pub fn print_results(app: &str, dev: &str, res: &[AppResult], vcpus: u32) {
             "sequential run on node 1 (private memory): {seq:.1} ms; DSM speedup \
              {speedup:.2}{shared}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_user_level_modes_open_no_kernel_session_and_name_their_service() {
+        assert_eq!(Mode::User.config(), None);
+        assert_eq!(Mode::UserPoll.config(), None);
+        assert_eq!(Mode::User.user_level(), Some(Service::Channel));
+        assert_eq!(Mode::UserPoll.user_level(), Some(Service::Poll));
+        assert_eq!(Service::Poll.dsm_mode(), "user-poll");
+    }
+
+    #[test]
+    fn test_kernel_modes_configure_the_module() {
+        assert_eq!(
+            Mode::Irq.config().as_deref(),
+            Some("handler=irq readfault=write")
+        );
+        assert_eq!(
+            Mode::UserSim.config().as_deref(),
+            Some("handler=user-sim readfault=write")
+        );
+        assert_eq!(Mode::Workqueue.user_level(), None);
+    }
+
+    #[test]
+    fn test_modes_print_as_the_command_line_names_them() {
+        for m in [
+            Mode::Irq,
+            Mode::Workqueue,
+            Mode::UserSim,
+            Mode::User,
+            Mode::UserPoll,
+        ] {
+            assert_eq!(m.to_string(), crate::session::value_name(&m));
+        }
     }
 }

@@ -183,7 +183,10 @@ enum Cmd {
         /// Where the DSM protocol handles messages: irq (the completion handler, the
         /// paper's kernel/IB), workqueue (a kernel task queue), user-sim (the paper's
         /// simulation of a user-level DSM: a signal to the application's service thread,
-        /// mprotect for page protections, 1 us per call a user-level DSM would make)
+        /// mprotect for page protections, 1 us per call a user-level DSM would make),
+        /// user (a real user-level DSM: the protocol in the application's process over
+        /// libibverbs, SIGSEGV and mprotect, a service thread on a completion channel),
+        /// user-poll (the same, its service thread polling the CQ)
         #[arg(long, value_enum, default_value = "irq")]
         mode: dsmrun::Mode,
         /// Arguments for the application
@@ -350,7 +353,9 @@ enum BenchCmd {
     ///
     /// Every DSM application on each of --app-nodes, with each of --threads per node, in
     /// each of --modes (irq: the completion handler; workqueue: a kernel task queue;
-    /// user-sim: the paper's simulated user-level DSM), idle and/or beside one CPU-bound
+    /// user-sim: the paper's simulated user-level DSM; user: a real user-level DSM over
+    /// libibverbs, its service thread on a completion channel; user-poll: the same,
+    /// polling its CQ), idle and/or beside one CPU-bound
     /// process per guest (--load); every run verified; times, the modes' ratios, faults,
     /// messages, and the speedup where the host has a core per guest vCPU.
     Apps {
@@ -373,7 +378,7 @@ enum BenchCmd {
             long,
             value_enum,
             value_delimiter = ',',
-            default_value = "irq,workqueue,user-sim"
+            default_value = "irq,workqueue,user-sim,user"
         )]
         modes: Vec<dsmrun::Mode>,
         /// One CPU-bound process per guest beside the application (the paper's load
