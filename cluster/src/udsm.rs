@@ -147,6 +147,68 @@ pub fn run_app_user(
     service: Service,
     timeout: Duration,
 ) -> Result<Vec<AppResult>, DsmError> {
+    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
+    let ends = run_user(agents, cmd, dev, service, timeout)?;
+    let mut out = Vec::new();
+    for (name, (rc, text)) in names.iter().zip(&ends) {
+        match result_of(name, cmd, *rc, text.clone()) {
+            Ok(res) => out.push(res),
+            Err(cause) => {
+                return Err(DsmError::Failed {
+                    cause: Box::new(cause),
+                    state: every_output(&names, &ends),
+                    stalled: Vec::new(),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a program linked with libdsm (`cmd`) on every node with the user-level DSM on
+/// `dev`; each node's output, every node having exited 0.
+pub fn run_user_ok(
+    agents: &mut [Agent],
+    cmd: &str,
+    dev: &str,
+    service: Service,
+    timeout: Duration,
+) -> Result<Vec<String>, DsmError> {
+    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
+    let ends = run_user(agents, cmd, dev, service, timeout)?;
+    if let Some((name, (rc, text))) = names.iter().zip(&ends).find(|(_, (rc, _))| *rc != 0) {
+        return Err(DsmError::Failed {
+            cause: Box::new(DsmError::Exited {
+                node: name.clone(),
+                cmd: cmd.to_string(),
+                status: *rc,
+                output: text.clone(),
+            }),
+            state: every_output(&names, &ends),
+            stalled: Vec::new(),
+        });
+    }
+    Ok(ends.into_iter().map(|(_, text)| text).collect())
+}
+
+/// Every node's exit status and output, for a failure's report: the cause of one node's
+/// failure is often on another.
+fn every_output(names: &[String], ends: &[(i32, String)]) -> String {
+    names
+        .iter()
+        .zip(ends)
+        .map(|(name, (rc, text))| format!("== {name} (exit {rc}) ==\n{}\n", text.trim_end()))
+        .collect()
+}
+
+/// The rendezvous and the run; each node's exit status and output.
+fn run_user(
+    agents: &mut [Agent],
+    cmd: &str,
+    dev: &str,
+    service: Service,
+    timeout: Duration,
+) -> Result<Vec<(i32, String)>, DsmError> {
     let res = rendezvous_and_run(agents, cmd, dev, service, timeout);
     if res.is_err() {
         // No process stays behind to wait for a peer that is gone (best effort).
@@ -162,7 +224,7 @@ fn rendezvous_and_run(
     dev: &str,
     service: Service,
     timeout: Duration,
-) -> Result<Vec<AppResult>, DsmError> {
+) -> Result<Vec<(i32, String)>, DsmError> {
     let n = agents.len();
     let slack = STEP + Duration::from_secs(30);
     let starts: Vec<String> = (1..=n)
@@ -198,35 +260,11 @@ fn rendezvous_and_run(
         &format!("{cmd} (connecting)"),
     )?;
     step(agents, &vec![format!("echo go >{DIR}/go"); n], slack, "go")?;
-    let names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
-    let finish = finish_command();
-    let ends = run_each(agents, &vec![finish; n], timeout);
-    // A failure shows every node's output: the cause is often on another node.
-    let all: String = names
-        .iter()
-        .zip(&ends)
-        .map(|(name, r)| match r {
-            Ok((rc, text)) => format!("== {name} (exit {rc}) ==\n{}\n", text.trim_end()),
-            Err(e) => format!("== {name} ==\n(no answer: {e})\n"),
-        })
-        .collect();
-    let mut out = Vec::new();
-    for (name, r) in names.iter().zip(ends) {
-        let res = r
-            .map_err(DsmError::from)
-            .and_then(|(rc, text)| result_of(name, cmd, rc, text));
-        match res {
-            Ok(res) => out.push(res),
-            Err(cause) => {
-                return Err(DsmError::Failed {
-                    cause: Box::new(cause),
-                    state: all,
-                    stalled: Vec::new(),
-                })
-            }
-        }
+    let mut ends = Vec::new();
+    for r in run_each(agents, &vec![finish_command(); n], timeout) {
+        ends.push(r?);
     }
-    Ok(out)
+    Ok(ends)
 }
 
 #[cfg(test)]
