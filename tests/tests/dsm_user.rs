@@ -3,7 +3,8 @@
 //! two 2-vCPU QEMU guests, one booted cluster for every check. Every application at the
 //! sizes `hcabench bench apps` runs, with its service thread on a completion channel,
 //! each checked against a sequential run on node 1; two of them again with two threads
-//! per node and the polling service thread; and the sequential-consistency litmus tests.
+//! per node and the polling service thread; and the sequential-consistency litmus tests with
+//! one thread per node (completion channel) and two (polling).
 
 use std::time::Duration;
 
@@ -84,29 +85,38 @@ fn test_user_level_dsm_runs_every_app_verified() {
     verified(&mut tb, "water", "64 3", 2, Service::Poll);
     verified(&mut tb, "is", "65536 1024 2", 2, Service::Poll);
 
-    let outs = run_user_ok(
-        &mut tb.agents,
-        "DSM_THREADS=1 litmus 40",
-        "hcab0",
-        Service::Channel,
-        RUN,
-    )
-    .unwrap_or_else(|e| panic!("litmus: {e}"));
-    // A reader saw the flag move: it really raced the writer.
+    litmus(&mut tb, 1, Service::Channel);
+    litmus(&mut tb, 2, Service::Poll);
+}
+
+/// The sequential-consistency litmus tests with `threads` workers per node: no violation,
+/// and an mp reader that really raced the writer.
+fn litmus(tb: &mut Testbed, threads: u32, service: Service) {
+    let cmd = format!("DSM_THREADS={threads} litmus 40");
+    let outs = run_user_ok(&mut tb.agents, &cmd, "hcab0", service, RUN)
+        .unwrap_or_else(|e| panic!("{cmd} ({service:?}): {e}"));
     assert!(
         outs.iter()
             .flat_map(|t| t.lines())
             .filter(|l| l.starts_with("LITMUS-MP"))
             .any(|l| num(l, "reads") > 1),
-        "no mp reader read more than once: {outs:?}"
+        "{cmd}: no mp reader read more than once: {outs:?}"
     );
     for (i, text) in outs.iter().enumerate() {
         for test in ["mp", "sb", "counter", "barrier"] {
-            let line = text
+            let lines: Vec<&str> = text
                 .lines()
-                .find(|l| l.starts_with(&format!("LITMUS test={test} ")))
-                .unwrap_or_else(|| panic!("node{}: no {test} line:\n{text}", i + 1));
-            assert_eq!(num(line, "violations"), 0, "node{}: {line}", i + 1);
+                .filter(|l| l.starts_with(&format!("LITMUS test={test} ")))
+                .collect();
+            assert_eq!(
+                lines.len(),
+                threads as usize,
+                "node{}: {cmd}: {test}: one line per worker:\n{text}",
+                i + 1
+            );
+            for line in lines {
+                assert_eq!(num(line, "violations"), 0, "node{}: {cmd}: {line}", i + 1);
+            }
         }
     }
 }
