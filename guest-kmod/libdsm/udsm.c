@@ -119,6 +119,7 @@ struct u_mgr {
 	uint8_t busy;		/* a transaction is open */
 	uint8_t req, kind;	/* its requester and kind */
 	uint8_t acks;		/* invalidations not yet acknowledged */
+	uint16_t inv;		/* the nodes they went to: bit node - 1 */
 	uint8_t qh, qn;		/* requests waiting: q[] entries (node | 0x80 for a write) */
 	uint8_t q[U_MAX_NODES];
 };
@@ -418,10 +419,12 @@ static void mgr_start(uint32_t page, unsigned from, unsigned kind)
 		return;
 	}
 	mp->acks = 0;
+	mp->inv = 0;
 	for (n = 1; n <= u.nodes; n++) {
 		if (n == from || n == mp->owner || !(mp->copyset & 1u << (n - 1)))
 			continue;
 		send_msg(n, U_INV, page, 0, 0);
+		mp->inv |= 1u << (n - 1);
 		mp->acks++;
 	}
 	if (!mp->acks)
@@ -489,9 +492,11 @@ static void handle(const struct u_msg *m, const uint8_t *data)
 		if (manager(page) != u.self || !mp->busy)
 			proto_error(m, "no transaction open on the page here");
 		if (m->type == U_INV_ACK) {
+			/* Only a node sent an INV may ack it, and only once. */
 			if (mp->kind != U_RW || !mp->acks ||
-			    !(mp->copyset & 1u << (m->from - 1)))
+			    !(mp->inv & 1u << (m->from - 1)))
 				proto_error(m, "no invalidation pending to the node");
+			mp->inv &= ~(1u << (m->from - 1));
 			mp->copyset &= ~(1u << (m->from - 1));
 			if (!--mp->acks)
 				mgr_proceed_write(page);
@@ -735,12 +740,20 @@ static void segv(int sig, siginfo_t *si, void *ctx)
 {
 	uint8_t *a = si->si_addr;
 	ucontext_t *uc = ctx;
+	int saved = errno;
 
-	if (a < u.app || a >= u.app + u.size) {
-		signal(SIGSEGV, SIG_DFL);	/* not ours: the access faults again and kills */
+	/*
+	 * Not ours, or an instruction fetch (error code bit 4: the shared
+	 * space is never executable, so no protocol step would end it): the
+	 * access faults again and kills.
+	 */
+	if (a < u.app || a >= u.app + u.size ||
+	    (uc->uc_mcontext.gregs[REG_ERR] & 0x10)) {
+		signal(SIGSEGV, SIG_DFL);
 		return;
 	}
 	fault((a - u.app) / U_PAGE, !!(uc->uc_mcontext.gregs[REG_ERR] & 2));
+	errno = saved;
 }
 
 void udsm_barrier(void)
@@ -793,14 +806,12 @@ void udsm_stats(struct dsm_stats_user *st)
 	pthread_mutex_unlock(&u.lock);
 }
 
-void udsm_exit(void)
+/* Until every message we sent has been acknowledged by its peer. */
+static void wait_sends_done(void)
 {
-	struct timespec until;
+	struct timespec until = deadline();
 	unsigned p;
 
-	udsm_barrier();
-	/* Node 1's last BAR_GO must reach every peer before our QPs go with the process. */
-	until = deadline();
 	pthread_mutex_lock(&u.lock);
 	for (p = 1; p <= u.nodes; p++) {
 		u.send_waiters++;
@@ -809,6 +820,19 @@ void udsm_exit(void)
 		u.send_waiters--;
 	}
 	pthread_mutex_unlock(&u.lock);
+}
+
+void udsm_exit(void)
+{
+	/*
+	 * Before the exit barrier too: a last CONFIRM or INV_ACK travels on
+	 * another QP than node 1's BAR_GO, and a peer that passed the barrier
+	 * may be gone before it lands.
+	 */
+	wait_sends_done();
+	udsm_barrier();
+	/* Node 1's last BAR_GO must reach every peer before our QPs go with the process. */
+	wait_sends_done();
 }
 
 /* ---- set-up ---- */
@@ -1058,6 +1082,10 @@ static void rendezvous(void)
 	if (found != u.nodes)
 		dsm_die("%s/peers has %u address lines, want %u", dir, found, u.nodes);
 	free(peers);
+	/* Two lines for ourselves would leave a peer with none. */
+	for (n = 1; n <= u.nodes; n++)
+		if (n != u.self && !u.peer[n].qpn)
+			dsm_die("%s/peers has no address line for node %u", dir, n);
 	for (n = 1; n <= u.nodes; n++)
 		if (n != u.self)
 			connect_qp(n);
