@@ -55,12 +55,21 @@ fn wait_for(file: &str) -> String {
 
 /// Node `node` of `nodes`: a fresh [`DIR`], the application (`cmd`, from
 /// [`crate::dsm::app_command`]) started in the background, and its address line once written.
-pub fn start_command(cmd: &str, node: usize, nodes: usize, dev: &str, service: Service) -> String {
+/// `run` bounds each of the process's own waits: a barrier lasts the slowest node's whole
+/// phase, and the exit barrier node 1's sequential run and check.
+pub fn start_command(
+    cmd: &str,
+    node: usize,
+    nodes: usize,
+    dev: &str,
+    service: Service,
+    run: Duration,
+) -> String {
     let env = format!(
         "DSM_MODE={} DSM_NODE={node} DSM_NODES={nodes} DSM_DEV={dev} DSM_DIR={DIR} \
          DSM_TIMEOUT={}",
         service.dsm_mode(),
-        STEP.as_secs()
+        run.as_secs().max(STEP.as_secs())
     );
     format!(
         "rm -rf {DIR}; mkdir -p {DIR}; ({env} {cmd} </dev/null >{DIR}/out 2>&1 & \
@@ -90,9 +99,17 @@ pub fn peers_command(lines: &[String]) -> String {
     )
 }
 
-/// Waits for the process's exit; prints its output and exits with its status.
-fn finish_command() -> String {
-    format!("while [ ! -e {DIR}/rc ]; do sleep 0.05; done; cat {DIR}/out; (exit $(cat {DIR}/rc))")
+/// Waits (at most `run`) for the process's exit; prints its output and exits with its
+/// status, or kills it when it has not exited by then, so the agent's shell is free again.
+fn finish_command(run: Duration) -> String {
+    let tries = run.as_millis() / 50;
+    format!(
+        "i=0; while [ ! -e {DIR}/rc ] && [ $i -lt {tries} ]; do sleep 0.05; i=$((i+1)); done; \
+         [ -e {DIR}/rc ] || {{ kill $(cat {DIR}/pid) 2>/dev/null; cat {DIR}/out; \
+         echo 'the user-level DSM did not finish in {}s: killed'; false; }} && \
+         cat {DIR}/out && (exit $(cat {DIR}/rc))",
+        run.as_secs()
+    )
 }
 
 /// Runs one command per agent at once (`cmds[i]` on agent `i`).
@@ -228,14 +245,16 @@ fn rendezvous_and_run(
     let n = agents.len();
     let slack = STEP + Duration::from_secs(30);
     let starts: Vec<String> = (1..=n)
-        .map(|i| start_command(cmd, i, n, dev, service))
+        .map(|i| start_command(cmd, i, n, dev, service, timeout))
         .collect();
     let outs = step(agents, &starts, slack, &format!("{cmd} (its address)"))?;
     let mut lines = Vec::new();
-    for (a, out) in agents.iter().zip(&outs) {
+    for (i, (a, out)) in agents.iter().zip(&outs).enumerate() {
+        // Each node's own line, so that no node's peers file names one node twice.
+        let own = format!("node={} ", i + 1);
         let line = out
             .lines()
-            .find(|l| address_ok(l))
+            .find(|l| address_ok(l) && l.starts_with(&own))
             .ok_or_else(|| AnswerError::NoLine {
                 node: a.name.clone(),
                 what: format!("the user-level DSM's address ({DIR}/addr)"),
@@ -261,7 +280,9 @@ fn rendezvous_and_run(
     )?;
     step(agents, &vec![format!("echo go >{DIR}/go"); n], slack, "go")?;
     let mut ends = Vec::new();
-    for r in run_each(agents, &vec![finish_command(); n], timeout) {
+    // The agents wait a little longer than the guests' own bound, which kills the process.
+    let finish = finish_command(timeout);
+    for r in run_each(agents, &vec![finish; n], timeout + Duration::from_secs(15)) {
         ends.push(r?);
     }
     Ok(ends)
@@ -273,8 +294,11 @@ mod tests {
 
     #[test]
     fn test_start_command_sets_the_node_and_mode_and_waits_for_the_address() {
-        let c = start_command("DSM_THREADS=2 sor 34", 3, 4, "hcab0", Service::Poll);
+        let run = Duration::from_secs(600);
+        let c = start_command("DSM_THREADS=2 sor 34", 3, 4, "hcab0", Service::Poll, run);
         assert!(c.contains("DSM_MODE=user-poll DSM_NODE=3 DSM_NODES=4 DSM_DEV=hcab0"));
+        // The process's waits are bounded by the run's time, not by one rendezvous step.
+        assert!(c.contains("DSM_TIMEOUT=600"));
         assert!(c.contains("DSM_THREADS=2 sor 34 </dev/null"));
         assert!(c.contains(&format!("[ ! -e {DIR}/addr ]")));
         // The agent's shell must not wait for the background process's output.
@@ -304,8 +328,11 @@ mod tests {
 
     #[test]
     fn test_finish_command_exits_with_the_process_status_without_leaving_the_shell() {
-        let c = finish_command();
+        let c = finish_command(Duration::from_secs(2));
         assert!(c.ends_with(&format!("(exit $(cat {DIR}/rc))")));
         assert!(!c.contains("; exit"));
+        // Bounded: 2 s in 50 ms steps, then the process is killed and the step fails.
+        assert!(c.contains("[ $i -lt 40 ]"));
+        assert!(c.contains(&format!("kill $(cat {DIR}/pid)")));
     }
 }
