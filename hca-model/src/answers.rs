@@ -137,7 +137,7 @@ impl HcaState {
     /// One of our answers reached no requester QP (`why`): the QP that sent it owes its
     /// requester nothing more (it is gone, or another QP's peer now).
     pub(crate) fn answer_bounced(&mut self, pkt: &Packet, why: DropReason) {
-        if why == DropReason::Hook {
+        if matches!(why, DropReason::Hook | DropReason::Unrouted) {
             return; // lost on a link: the requester asks again
         }
         let Some(e) = self.engine(pkt.src_qpn) else {

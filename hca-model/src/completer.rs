@@ -48,7 +48,7 @@ impl HcaState {
         if !pkt.is_request() {
             return self.answer_bounced(&pkt, why);
         }
-        if why == DropReason::Hook {
+        if matches!(why, DropReason::Hook | DropReason::Unrouted) {
             return;
         }
         let Some(mut e) = self.engine(pkt.src_qpn) else {

@@ -50,6 +50,7 @@
 //! - [`fabric`]: the switch: ports, queues, the pump, the cut-through, the clock.
 //! - [`partition`]: P_Key tables and who may talk to whom.
 //! - [`sa`]: the subnet administrator, the SM and the switch's PMA, answering MADs.
+//! - [`subnet`]: the switches, their links and the forwarding tables the SM programs.
 //! - [`faults`]: seeded fault plans for links, nodes and adapters.
 //! - [`adapter_hook`]: the hook an HCA consults at its own decision points.
 //! - [`capture`]: every packet written to a pcap file.
@@ -90,6 +91,7 @@ mod snapshot;
 mod sq_ring;
 mod srq;
 mod status;
+pub mod subnet;
 pub mod sync;
 mod turn;
 pub mod uapi;

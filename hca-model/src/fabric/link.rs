@@ -166,8 +166,9 @@ impl Fabric {
     }
 
     /// No hook or tap is attached: nothing sees packets between the queue and their port.
+    /// (A multi-switch subnet's route check is on that way too: see `routing.rs`.)
     pub(super) fn unwatched(&self) -> bool {
-        !self.inner.hook.is_set() && !self.inner.tap.is_set()
+        !self.inner.hook.is_set() && !self.inner.tap.is_set() && !self.routed()
     }
 
     pub(super) fn forward_one(
@@ -238,9 +239,11 @@ impl Fabric {
                         .map(|g| g.members.keys().copied().collect::<Vec<u64>>())
                         .unwrap_or_default()
                 });
+                let subnet = self.routed().then(|| self.subnet());
                 let lids: Vec<Lid> = members
                     .into_iter()
                     .filter_map(|guid| crate::sa::Ports::lid_of(self, guid))
+                    .filter(|&l| subnet.as_ref().is_none_or(|s| s.reaches(pkt.slid, l)))
                     .collect();
                 if lids.is_empty() {
                     return self.bounce(pkt, DropReason::NoRoute);
@@ -248,6 +251,9 @@ impl Fabric {
                 for lid in lids {
                     self.down_and_deliver(pkt.clone(), lid, hook, false);
                 }
+            }
+            Stage::Routed if self.routed() && !self.route_open(pkt.slid, pkt.dlid) => {
+                self.bounce(pkt, DropReason::Unrouted)
             }
             Stage::Routed => {
                 let lid = pkt.dlid;

@@ -1,5 +1,7 @@
 //! The fabric: an in-process switch keyed by LID, acting as subnet manager (it hands out the
-//! LIDs), with one link per port and a hook on every link.
+//! LIDs), with one link per port and a hook on every link. It may be cabled as a subnet of
+//! several switches (`routing.rs`), whose forwarding tables then decide where a packet
+//! gets.
 //!
 //! Delivery: packets are queued per (destination, source) port in the order their senders
 //! produced them (a sender enqueues while holding its own lock) and served round-robin, so a
@@ -33,13 +35,15 @@
 //! detached, [`PacketSink`], delivery outcomes); `link.rs` the links and what watches them
 //! ([`LinkHook`], [`PacketTap`]); `lanes.rs` the queue, its lanes and backlog bounds;
 //! `pump.rs` the thread-local pump; `cut.rs` the cut-through; `clock.rs` the clock and its
-//! tick; `sa_port.rs` the subnet administrator's port and the partitions.
+//! tick; `sa_port.rs` the subnet administrator's port and the partitions; `routing.rs` the
+//! switches and their routes.
 
 mod clock;
 mod cut;
 mod lanes;
 mod link;
 mod pump;
+mod routing;
 mod sa_port;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -71,6 +75,10 @@ pub enum DropReason {
     NoRoute,
     /// A link hook dropped it.
     Hook,
+    /// Lost between switches: its route crossed a cut inter-switch link, or a switch's
+    /// table had no port for it (a subnet of several switches, `routing.rs`). As on a
+    /// lossy link, the sender is not told; its transport timer resends.
+    Unrouted,
     /// The receiving HCA had no QP for it, or the QP could not take it.
     Rejected,
 }
@@ -208,6 +216,8 @@ pub struct FabricStats {
     pub no_route: u64,
     /// Packets a link hook dropped.
     pub hook_dropped: u64,
+    /// Packets lost between switches (see [`DropReason::Unrouted`]).
+    pub unrouted: u64,
     /// Packets the receiving port refused (no QP, wrong state, not from its peer).
     pub rejected: u64,
 }
@@ -236,6 +246,14 @@ struct Inner {
     port_epoch: AtomicU64,
     /// The clock's reading at the last tick.
     last_tick: AtomicU64,
+    /// The switches and their routes, as the SM's last sweep left them (`routing.rs`).
+    subnet: RwLock<Arc<crate::subnet::Subnet>>,
+    /// The subnet has several switches: packets follow their tables.
+    routed: AtomicBool,
+    /// An inter-switch link changed: the SM sweeps at the next tick.
+    sweep_due: AtomicBool,
+    /// HCA ports the last sweep found cut off from the SM.
+    cut_off: Mutex<Vec<Lid>>,
 }
 
 #[derive(Default)]
@@ -243,6 +261,7 @@ struct Counters {
     delivered: AtomicU64,
     no_route: AtomicU64,
     hook_dropped: AtomicU64,
+    unrouted: AtomicU64,
     rejected: AtomicU64,
 }
 
@@ -305,6 +324,13 @@ impl Fabric {
                 reports_waiting: AtomicBool::new(false),
                 port_epoch: AtomicU64::new(0),
                 last_tick: AtomicU64::new(0),
+                subnet: RwLock::new(Arc::new(crate::subnet::Subnet::new(
+                    crate::subnet::Topology::single(),
+                    &[],
+                ))),
+                routed: AtomicBool::new(false),
+                sweep_due: AtomicBool::new(false),
+                cut_off: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -321,6 +347,7 @@ impl Fabric {
         };
         // Told outside the port table's lock: the port takes its device's lock to hear it.
         self.tell_pkeys(lid, &sink);
+        self.sweep();
         self.report_port(lid, true);
         lid
     }
@@ -353,6 +380,7 @@ impl Fabric {
             .links_down
             .lock_unpoisoned()
             .retain(|&l| l != lid);
+        self.sweep();
         self.report_port(lid, true);
         Ok(())
     }
@@ -361,11 +389,14 @@ impl Fabric {
     /// reports its GID out of service to subscribers.
     pub fn detach(&self, lid: Lid) {
         self.report_port(lid, false);
-        let mut ports = self.inner.ports.write_unpoisoned();
-        if let Some(p) = ports.get_mut(lid as usize) {
-            *p = None;
-            self.set_port(lid, None);
+        {
+            let mut ports = self.inner.ports.write_unpoisoned();
+            if let Some(p) = ports.get_mut(lid as usize) {
+                *p = None;
+                self.set_port(lid, None);
+            }
         }
+        self.sweep();
     }
 
     /// Faults for the HCAs on this fabric (see adapter_hook.rs).
@@ -413,6 +444,7 @@ impl Fabric {
                     .sum::<u64>(),
             no_route: c.no_route.load(Relaxed),
             hook_dropped: c.hook_dropped.load(Relaxed),
+            unrouted: c.unrouted.load(Relaxed),
             rejected: c.rejected.load(Relaxed),
         }
     }
@@ -441,8 +473,14 @@ impl Fabric {
 
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
         // The SA and SM's port; a directed-route SMP's first hop is the switch it runs on.
-        if lid == SM_LID || lid == crate::sa::sm::PERMISSIVE_LID {
-            return Some(self.inner.sa.clone());
+        // Every switch's management port is the SM's to answer (`sa::sm`).
+        if lid >= crate::subnet::MAX_HCA_LID {
+            let switch = lid == crate::sa::sm::PERMISSIVE_LID
+                || lid == SM_LID
+                || (self.routed() && self.subnet().switch_at(lid).is_some());
+            if switch {
+                return Some(self.inner.sa.clone());
+            }
         }
         let ports = self.inner.ports.read_unpoisoned();
         ports.get(lid as usize)?.as_ref()?.upgrade()
@@ -471,6 +509,7 @@ impl Fabric {
         match why {
             DropReason::NoRoute => c.no_route.fetch_add(1, Relaxed),
             DropReason::Hook => c.hook_dropped.fetch_add(1, Relaxed),
+            DropReason::Unrouted => c.unrouted.fetch_add(1, Relaxed),
             DropReason::Rejected => c.rejected.fetch_add(1, Relaxed),
         };
         let mut pkt = pkt;

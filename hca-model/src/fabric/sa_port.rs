@@ -101,6 +101,10 @@ impl crate::sa::Ports for Fabric {
     fn counters(&self, lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         Fabric::counters(self, lid)
     }
+
+    fn subnet(&self) -> std::sync::Arc<crate::subnet::Subnet> {
+        Fabric::subnet(self)
+    }
 }
 
 impl Fabric {

@@ -151,6 +151,12 @@ pub trait Ports {
     fn counters(&self, _lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         None
     }
+    /// The switches and their routes as the SM's last sweep left them (by default the one
+    /// switch whose port n links LID n).
+    fn subnet(&self) -> std::sync::Arc<crate::subnet::Subnet> {
+        let single = crate::subnet::Topology::single();
+        std::sync::Arc::new(crate::subnet::Subnet::new(single, &self.lids()))
+    }
 }
 
 /// A port and QP that MADs come from and go to.
@@ -444,7 +450,7 @@ impl SubnetAdmin {
             (SET, attr::INFORM_INFO) => self.informs.set(req, ports),
             (GET | GET_TABLE, attr::sa::INFORM_INFO_RECORD) => self.informs.records(req, ports),
             (GET | GET_TABLE, attr::sa::SM_INFO_RECORD) => topology::sm_infos(req, self.activity),
-            (GET | GET_TABLE, attr::sa::SWITCH_INFO_RECORD) => topology::switch_infos(req),
+            (GET | GET_TABLE, attr::sa::SWITCH_INFO_RECORD) => topology::switch_infos(req, ports),
             (GET | GET_TABLE, attr::sa::LINK_RECORD) => topology::links(req, ports),
             (GET | GET_TABLE, attr::sa::LFT_RECORD) => topology::lfts(req, ports),
             (GET | GET_TABLE, attr::sa::MFT_RECORD) => {

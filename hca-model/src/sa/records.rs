@@ -126,6 +126,7 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
         return Ok(none);
     };
     let mut rows = Vec::new();
+    let subnet = ports.subnet();
     for &src in &srcs {
         let Some(sguid) = ports.guid_of(src) else {
             continue;
@@ -139,6 +140,10 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
             };
             let reaches =
                 member_entry(&ports.pkeys(dst), want).is_some_and(|k| pkeys_match(pkey, k));
+            // The switches' tables must lead there and back.
+            let (Some(hops), true) = (subnet.hops(src, dst), subnet.reaches(dst, src)) else {
+                continue;
+            };
             if !reaches {
                 continue;
             }
@@ -153,6 +158,11 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
             out[50..52].copy_from_slice(&pkey.to_be_bytes());
             out[54] = 2 << 6 | mtu;
             out[55] = 2 << 6 | rate;
+            let life = if req.has(pr::LIFE_SELECTOR | pr::LIFE) {
+                life
+            } else {
+                path_life(life, hops)
+            };
             out[56] = 2 << 6 | life;
             rows.push(out.to_vec());
             if rows.len() > super::MAX_TABLE_RECORDS {
@@ -170,25 +180,30 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
     })
 }
 
+/// A path's PacketLifeTime across `hops` switches: the subnet's (one switch's) doubled for
+/// each doubling of the switches a packet waits in, so that an ACK timeout derived from it
+/// (ib_cm's) covers the longer path; never past [`super::MAX_PACKET_LIFE`]. (A query
+/// that selects a lifetime gets what it selected.)
+fn path_life(life: u8, hops: usize) -> u8 {
+    let extra = usize::BITS - hops.saturating_sub(1).leading_zeros();
+    life.saturating_add(extra as u8)
+        .min(super::MAX_PACKET_LIFE)
+        .max(life)
+}
+
 /// The nodes a NodeRecord or PortInfoRecord query names by LID, or all of them (the
-/// switch last), with their GUIDs.
+/// switches last, the SM's first), with their GUIDs.
 fn ports_named(req: &Request, lid_bit: u64, ports: &dyn Ports) -> Vec<(Lid, u64)> {
-    let mut lids = ports.lids();
-    lids.push(SM_LID);
+    let subnet = ports.subnet();
+    let mut all: Vec<(Lid, u64)> = (ports.lids().into_iter())
+        .filter_map(|l| Some((l, ports.guid_of(l)?)))
+        .collect();
+    all.extend(subnet.switches().iter().map(|s| (s.lid, s.guid)));
     if req.has(lid_bit) {
         let want = be16(req.data(), 0);
-        lids.retain(|&l| l == want);
+        all.retain(|&(l, _)| l == want);
     }
-    lids.into_iter()
-        .filter_map(|l| {
-            let guid = if l == SM_LID {
-                super::sm::SM_GUID
-            } else {
-                ports.guid_of(l)?
-            };
-            Some((l, guid))
-        })
-        .collect()
+    all
 }
 
 /// NodeRecord Get/GetTable, by LID, node GUID or port GUID: the node's NodeInfo (one port,
@@ -214,10 +229,10 @@ fn node_record(lid: Lid, guid: u64, ports: &dyn Ports) -> Vec<u8> {
     out[0..2].copy_from_slice(&lid.to_be_bytes());
     // NodeInfo at 4: a channel adapter of one port, seen from that port; the switch, as
     // its management port sees it.
-    let (info, desc) = if lid == SM_LID {
-        let n = super::sm::num_ports(ports);
-        let info = node_info(NODE_SWITCH, n, guid, 16, 0);
-        (info, super::sm::NODE_DESC.to_string())
+    let subnet = ports.subnet();
+    let (info, desc) = if let Some(sw) = subnet.switch_at(lid).and_then(|i| subnet.switch(i)) {
+        let info = node_info(NODE_SWITCH, sw.num_ports, guid, 16, 0);
+        (info, super::sm::node_desc(sw))
     } else {
         (
             node_info(NODE_CA, 1, guid, 1, 1),
@@ -243,13 +258,15 @@ pub(super) fn port_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16>
         0
     };
     let mut rows = Vec::new();
+    let subnet = ports.subnet();
     for (lid, _) in ports_named(req, pir::LID, ports) {
-        if lid == SM_LID {
-            for port in 0..=super::sm::num_ports(ports) {
+        if let Some(sw) = subnet.switch_at(lid) {
+            let n = subnet.switch(sw).map_or(0, |s| s.num_ports);
+            for port in 0..=n {
                 if req.has(pir::PORT_NUM) && d[2] != port {
                     continue;
                 }
-                let info = super::sm::switch_port_info(ports, port, port);
+                let info = super::sm::switch_port_info(&subnet, ports, sw, port, port);
                 if be32(&info, 20) & want_caps == want_caps {
                     let mut r = [0u8; 68];
                     r[0..2].copy_from_slice(&lid.to_be_bytes());

@@ -1,18 +1,23 @@
-//! The fabric's own node, as subnet management sees it: one switch that links every port
-//! (its port n to the port at LID n), with the subnet manager behind its management port 0
-//! at [`SM_LID`], as a managed switch runs an SM. It answers SMPs as that switch's Subnet
-//! Management Agent and SM would, so that infiniband-diags finds the subnet:
-//! - LID-routed to [`SM_LID`] (`smpquery nodeinfo 49151`, `sminfo`);
-//! - directed-route from a port (`smpquery -D`, `ibnetdiscover`): a route that ends at the
-//!   switch is answered here; one that goes on leaves by the switch port its path names, to
-//!   that port's QP0 (whose guest's SMA answers), and the answer comes back the same way.
-//!   Hop pointers and return paths follow IBA 14.2.2 (C14-9, C14-13), as a switch's do.
+//! The fabric's switches, as subnet management sees them (`crate::subnet`): by default one
+//! switch that links every port (its port n to the port at LID n); on a subnet of several,
+//! each with the HCA ports and inter-switch links its topology gives it. The subnet
+//! manager sits behind the first switch's management port 0 at [`SM_LID`], as a managed
+//! switch runs an SM. Each switch answers SMPs as its Subnet Management Agent would (and
+//! the first as the SM too), so that infiniband-diags finds the subnet:
+//! - LID-routed to a switch's LID (`smpquery nodeinfo 49151`, `sminfo`, `ibroute`): carried
+//!   there and back by the switches' forwarding tables, and answered from the port it came
+//!   in by;
+//! - directed-route from a port (`smpquery -D`, `ibnetdiscover`): a route that ends at a
+//!   switch is answered there; one that goes on leaves by the port its path names, into
+//!   the next switch or to an HCA port's QP0 (whose guest's SMA answers), and the answer
+//!   comes back the same way. Hop pointers and return paths follow IBA 14.2.2 (C14-9,
+//!   C14-13) at every switch, and a port whose link is down ends the route.
 //!
 //! Gets of NodeInfo, NodeDescription, SwitchInfo, PortInfo, LinearForwardingTable and
-//! SMInfo are answered; a Set
-//! or any other attribute gets "method/attribute not supported": the fabric configures the
-//! ports itself, and no SMP changes anything. Only pure directed routes (both DR LIDs
-//! permissive) are forwarded; a port above 254 is not on the switch.
+//! (the SM's switch) SMInfo are answered; a Set or any other attribute gets
+//! "method/attribute not supported": the fabric's SM configures the ports itself, and no
+//! SMP changes anything. Only pure directed routes (both DR LIDs permissive) are
+//! forwarded.
 
 use super::mad::method::{GET, GET_RESP, SET};
 use super::mad::{at, attr, class};
@@ -20,6 +25,7 @@ use super::{be16, records, status, topology, Ports, MAD_SIZE, SM_LID};
 use crate::abi::Lid;
 use crate::abi::SMI_QPN;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
+use crate::subnet::{self, Peer, Subnet};
 
 /// The switch's GUID (node, system and port 0): as the nodes' (`abi::node_guid`), for the
 /// SM's LID.
@@ -46,10 +52,10 @@ const CAP_IS_SM: u32 = 1 << 1;
 
 type Mad = [u8; MAD_SIZE];
 
-/// The answer to `pkt`, an SMP to the SM's LID or to the permissive LID from a port's
-/// QP0: the packet that goes on (an answer, or a directed-route SMP on its way), or None
-/// for what is not the switch's (a response or trap LID-routed to it, a broken route).
-/// `activity` is SMInfo's ActCount: what the SM has done so far.
+/// The answer to `pkt`, an SMP to a switch's LID or to the permissive LID from a port's
+/// QP0: the packet that goes on (an answer, or a directed-route SMP on its way to an HCA),
+/// or None for what is not the switches' (a response or trap LID-routed to one, a broken
+/// route). `activity` is SMInfo's ActCount: what the SM has done so far.
 pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> {
     let Payload::Bytes(b) = &pkt.payload else {
         return None;
@@ -58,21 +64,25 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
         return None;
     }
     let mut mad: Mad = b.get(..MAD_SIZE)?.try_into().ok()?;
-    let switch = Switch {
-        ports,
-        num_ports: num_ports(ports),
-        ingress: pkt.slid,
-        activity,
-    };
+    let subnet = ports.subnet();
     // On a directed route's hops both LIDs are permissive (so the next port answers
     // the way the SMP came, whatever its LRH said).
     let (from, to) = match mad[1] {
-        class::SUBN_LID_ROUTED if pkt.dlid == SM_LID => {
-            switch.agent(&mut mad)?;
-            (SM_LID, pkt.slid)
+        class::SUBN_LID_ROUTED => {
+            let sw = subnet.switch_at(pkt.dlid)?;
+            // Answered from the port it came in by, back the way the tables send it.
+            let ingress = subnet.route(pkt.slid, pkt.dlid)?.last()?.port_in;
+            subnet.route(pkt.dlid, pkt.slid)?;
+            let at = Switch::new(&subnet, ports, sw, ingress, activity)?;
+            at.agent(&mut mad)?;
+            (pkt.dlid, pkt.slid)
         }
         class::SUBN_DIRECTED_ROUTE if pkt.dlid == PERMISSIVE_LID => {
-            (PERMISSIVE_LID, switch.directed(&mut mad)?)
+            let (sw, ingress) = subnet.attachment(pkt.slid)?;
+            (
+                PERMISSIVE_LID,
+                directed(&subnet, ports, sw, ingress, activity, &mut mad)?,
+            )
         }
         _ => return None,
     };
@@ -88,36 +98,83 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
     })
 }
 
-/// The switch's ports are 1..=n: up to the highest LID on the fabric (254 at most, as a
-/// switch has).
-pub(super) fn num_ports(ports: &dyn Ports) -> u8 {
-    ports.lids().last().copied().unwrap_or(1).clamp(1, 254) as u8
+/// A directed-route SMP arriving at switch `sw` by port `ingress`, taken on from switch
+/// to switch (each moving its hop pointer and return path as IBA's C14-9 and C14-13 say,
+/// and the one its route ends at answering it) until it leaves for an HCA's port: that
+/// port's LID. None where it goes nowhere (a port with no link up, a broken route).
+fn directed(
+    subnet: &Subnet,
+    ports: &dyn Ports,
+    mut sw: usize,
+    mut ingress: u8,
+    activity: u32,
+    mad: &mut Mad,
+) -> Option<Lid> {
+    let pure = be16(mad, DR_SLID) == PERMISSIVE_LID && be16(mad, DR_DLID) == PERMISSIVE_LID;
+    if !pure {
+        return None;
+    }
+    // Each switch is one hop: no route crosses more than a route has.
+    for _ in 0..=MAX_HOPS {
+        let here = Switch::new(subnet, ports, sw, ingress, activity)?;
+        let out = here.directed(mad)?;
+        if !here.port_linked(out) {
+            return None;
+        }
+        match subnet.peer(sw, out) {
+            Peer::Hca(lid) => return Some(lid),
+            Peer::Switch { sw: next, port, .. } => (sw, ingress) = (next, port),
+            Peer::None => return None,
+        }
+    }
+    None
 }
 
+/// The switches' ports are 1..=n; the SM's switch's n.
+pub(super) fn num_ports(ports: &dyn Ports) -> u8 {
+    ports.subnet().switch(0).map_or(1, |s| s.num_ports)
+}
+
+/// One switch's agent, answering an SMP that came in by its port `ingress`.
 struct Switch<'a> {
+    subnet: &'a Subnet,
     ports: &'a dyn Ports,
-    num_ports: u8,
-    /// The switch port the SMP came in on: the sender's LID.
-    ingress: Lid,
+    sw: usize,
+    node: &'a subnet::Switch,
+    ingress: u8,
     activity: u32,
 }
 
-impl Switch<'_> {
-    /// The switch port `self.ingress` arrives on, if it is one.
-    fn ingress_port(&self) -> Option<u8> {
-        u8::try_from(self.ingress)
-            .ok()
-            .filter(|&p| p >= 1 && p <= self.num_ports)
+impl<'a> Switch<'a> {
+    fn new(
+        subnet: &'a Subnet,
+        ports: &'a dyn Ports,
+        sw: usize,
+        ingress: u8,
+        activity: u32,
+    ) -> Option<Self> {
+        Some(Self {
+            subnet,
+            ports,
+            sw,
+            node: subnet.switch(sw)?,
+            ingress,
+            activity,
+        })
     }
 
-    /// A directed-route SMP arriving at the switch: moves its hop pointer and return path
-    /// as IBA's C14-9 and C14-13 say, answers it if its route ends here, and returns the
-    /// LID of the port it leaves for (its next hop, or back towards its sender).
-    fn directed(&self, mad: &mut Mad) -> Option<Lid> {
-        let p = self.ingress_port()?;
-        let pure = be16(mad, DR_SLID) == PERMISSIVE_LID && be16(mad, DR_DLID) == PERMISSIVE_LID;
+    /// Whether port `p` links a port whose link is up.
+    fn port_linked(&self, p: u8) -> bool {
+        p >= 1 && p <= self.node.num_ports && port_up(self.subnet, self.ports, self.sw, p)
+    }
+
+    /// A directed-route SMP at this switch: moves its hop pointer and return path as
+    /// IBA's C14-9 and C14-13 say, answers it if its route ends here, and returns the
+    /// port it leaves by (its next hop, or back towards its sender).
+    fn directed(&self, mad: &mut Mad) -> Option<u8> {
+        let p = Some(self.ingress).filter(|&p| p >= 1)?;
         let (hop_ptr, hop_cnt) = (usize::from(mad[HOP_PTR]), usize::from(mad[HOP_CNT]));
-        if !pure || hop_cnt >= MAX_HOPS {
+        if hop_cnt >= MAX_HOPS {
             return None;
         }
         let returning = be16(mad, at::STATUS) & DIRECTION != 0;
@@ -147,7 +204,7 @@ impl Switch<'_> {
             mad[HOP_PTR] -= 1;
             *mad.get(RETURN_PATH + hop_ptr - 1)?
         };
-        port_linked(self.ports, out).then_some(Lid::from(out))
+        Some(out)
     }
 
     /// Answers a Get or Set in place (None for what is neither: responses, traps).
@@ -181,53 +238,75 @@ impl Switch<'_> {
     /// Fills `data` with attribute `attr`; the MAD status.
     fn get(&self, attr: u16, attr_mod: u32, data: &mut [u8]) -> u16 {
         let mut w = Writer(data);
-        let local_port = self.ingress_port().unwrap_or(0);
+        let node = self.node;
         match attr {
             attr::smp::NODE_INFO => w.put(
                 0,
                 &records::node_info(
                     records::NODE_SWITCH,
-                    self.num_ports,
-                    SM_GUID,
+                    node.num_ports,
+                    node.guid,
                     16,
-                    local_port,
+                    self.ingress,
                 ),
             ),
-            attr::smp::NODE_DESC => w.put(0, NODE_DESC.as_bytes()),
+            attr::smp::NODE_DESC => w.put(0, node_desc(node).as_bytes()),
             attr::smp::SWITCH_INFO => w.put(0, &topology::switch_info()),
             attr::smp::LINEAR_FORWARDING_TABLE => {
-                let Some(block) = topology::lft_block(self.ports, attr_mod) else {
+                let Some(block) = self.subnet.lft_block(self.sw, attr_mod) else {
                     return status::INVALID_FIELD;
                 };
                 w.put(0, &block);
             }
             attr::smp::PORT_INFO => {
-                let Some(port) = u8::try_from(attr_mod).ok().filter(|&p| p <= self.num_ports)
+                let Some(port) = u8::try_from(attr_mod).ok().filter(|&p| p <= node.num_ports)
                 else {
                     return status::INVALID_FIELD;
                 };
-                w.put(0, &switch_port_info(self.ports, port, local_port));
+                let info = switch_port_info(self.subnet, self.ports, self.sw, port, self.ingress);
+                w.put(0, &info);
             }
-            attr::smp::SM_INFO => w.put(0, &topology::sm_info(self.activity)),
+            // Only the SM's switch runs an SM.
+            attr::smp::SM_INFO if self.sw == 0 => w.put(0, &topology::sm_info(self.activity)),
             _ => return status::METHOD_ATTR_UNSUPPORTED,
         }
         0
     }
 }
 
-/// Whether switch port `p` links a port whose link is up.
-fn port_linked(ports: &dyn Ports, p: u8) -> bool {
-    let lid = Lid::from(p);
-    p >= 1 && p <= num_ports(ports) && ports.guid_of(lid).is_some() && ports.link_up(lid)
+/// What `smpquery nodedesc` shows for a switch.
+pub(super) fn node_desc(node: &subnet::Switch) -> String {
+    if node.lid == SM_LID {
+        NODE_DESC.to_string()
+    } else {
+        format!("hcabench switch {}", node.name)
+    }
 }
 
-/// PortInfo of switch port `port`, asked from port `local_port` (0: the management port,
-/// which has the switch's LID and the SM).
-pub(super) fn switch_port_info(ports: &dyn Ports, port: u8, local_port: u8) -> [u8; 64] {
-    if port == 0 {
-        return records::port_info(SM_LID, SM_LID, CAP_IS_SM, local_port, records::LINK_UP);
+/// Whether port `p` of switch `sw` links a port whose link is up.
+pub(super) fn port_up(subnet: &Subnet, ports: &dyn Ports, sw: usize, p: u8) -> bool {
+    match subnet.peer(sw, p) {
+        Peer::Hca(lid) => ports.guid_of(lid).is_some() && ports.link_up(lid),
+        Peer::Switch { link, .. } => subnet.link_up(link) == Some(true),
+        Peer::None => false,
     }
-    let link = if port_linked(ports, port) {
+}
+
+/// PortInfo of port `port` of switch `sw`, asked from its port `local_port` (0: the
+/// management port, which has the switch's LID; the SM's switch's has the SM).
+pub(super) fn switch_port_info(
+    subnet: &Subnet,
+    ports: &dyn Ports,
+    sw: usize,
+    port: u8,
+    local_port: u8,
+) -> [u8; 64] {
+    if port == 0 {
+        let lid = subnet.switch(sw).map_or(SM_LID, |s| s.lid);
+        let caps = if sw == 0 { CAP_IS_SM } else { 0 };
+        return records::port_info(lid, SM_LID, caps, local_port, records::LINK_UP);
+    }
+    let link = if port_up(subnet, ports, sw, port) {
         records::LINK_UP
     } else {
         (records::PORT_DOWN, records::PHYS_POLLING)

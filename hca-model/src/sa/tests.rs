@@ -12,6 +12,8 @@ struct Nodes {
     n: Lid,
     down: Cell<Option<Lid>>,
     now: Cell<u64>,
+    /// Switches of their own (None: the default single switch).
+    subnet: Option<std::sync::Arc<crate::subnet::Subnet>>,
 }
 
 impl Nodes {
@@ -20,6 +22,7 @@ impl Nodes {
             n,
             down: Cell::new(None),
             now: Cell::new(0),
+            subnet: None,
         }
     }
 }
@@ -45,6 +48,15 @@ impl Ports for Nodes {
     }
     fn now_ns(&self) -> u64 {
         self.now.get()
+    }
+    fn subnet(&self) -> std::sync::Arc<crate::subnet::Subnet> {
+        match &self.subnet {
+            Some(s) => s.clone(),
+            None => std::sync::Arc::new(crate::subnet::Subnet::new(
+                crate::subnet::Topology::single(),
+                &self.lids(),
+            )),
+        }
     }
 }
 
@@ -729,10 +741,7 @@ fn test_the_subnets_structure_records_agree_with_the_switch() {
     let last = rows.last().unwrap();
     assert_eq!((be16(last, 2), last[8 + 63]), (SM_LID / 64, 0));
     for (b, r) in rows.iter().enumerate() {
-        assert_eq!(
-            r[8..72],
-            super::topology::lft_block(&ports, b as u32).unwrap()
-        );
+        assert_eq!(r[8..72], ports.subnet().lft_block(0, b as u32).unwrap());
     }
     // GUIDInfoRecord: each port's GUID first in its block 0.
     let (_, rows) = get_table(&mut sa, attr::sa::GUID_INFO_RECORD, 0, &[]);
@@ -1205,4 +1214,195 @@ fn test_directed_routes_through_the_switch_follow_their_paths_both_ways() {
     };
     m[32..34].copy_from_slice(&2u16.to_be_bytes());
     assert!(sa.answer(&mixed, &nodes).is_none());
+}
+
+/// Five nodes on three switches in a ring: s0 has LIDs 1 and 2 (ports 1, 2), the link to
+/// s1 (port 3) and to s2 (port 4); s1 has LIDs 3 and 4, s0 on port 3 and s2 on port 4;
+/// s2 has LID 5, s1 on port 2 and s0 on port 3. `cut`: link s0-s1 down, tables as swept
+/// with it up (`swept`: or swept again since).
+fn ring(cut: bool, swept: bool) -> Nodes {
+    use crate::subnet::{Subnet, SwitchSpec, Topology};
+    let sw = |name: &str, hcas: &[Lid]| SwitchSpec {
+        name: name.into(),
+        hcas: hcas.to_vec(),
+    };
+    let t = Topology::new(
+        vec![sw("s0", &[1, 2]), sw("s1", &[3, 4]), sw("s2", &[5])],
+        vec![(0, 1), (1, 2), (2, 0)],
+    )
+    .unwrap();
+    let lids = [1, 2, 3, 4, 5];
+    let mut s = Subnet::new(t, &lids);
+    if cut {
+        s = s.with_link(0, false).unwrap();
+    }
+    if swept {
+        s.sweep(&lids);
+    }
+    let mut n = Nodes::new(5);
+    n.subnet = Some(std::sync::Arc::new(s));
+    n
+}
+
+/// ibnetdiscover's walk across switches: a directed route crosses as many switches as its
+/// path names, each moving the hop pointer and keeping its ingress port in the return
+/// path; the switch it ends at answers as itself; the answer comes back through them all;
+/// a route over a cut link goes nowhere.
+#[test]
+fn test_directed_routes_cross_several_switches_both_ways() {
+    let mut sa = SubnetAdmin::new();
+    let nodes = ring(false, false);
+    let from_1 = |path: &[u8]| {
+        let mut p = dr_smp(0x0011, path);
+        p.slid = 1;
+        p
+    };
+    // "0,1,4" from LID 1: s0, then out of its port 4 to s2, which answers; back to LID 1.
+    let r = sa.answer(&from_1(&[0, 1, 4]), &nodes).unwrap().remove(0);
+    let b = bytes(&r);
+    assert_eq!((r.dlid, r.slid), (1, sm::PERMISSIVE_LID));
+    assert_eq!((b[3], be16(b, 4), b[6], b[7]), (0x81, 0x8000, 1, 2));
+    assert_eq!((b[192 + 1], b[192 + 2]), (1, 3), "the ports it came in by");
+    assert_eq!(be64(b, 64 + 12), crate::abi::node_guid(SM_LID - 2));
+    assert_eq!(
+        (b[64 + 2], b[64 + 3], b[64 + 36]),
+        (2, 3, 3),
+        "s2, 3 ports, from 3"
+    );
+    // NodeDescription names it.
+    let mut nd = from_1(&[0, 1, 4]);
+    let Payload::Bytes(m) = &mut nd.payload else {
+        unreachable!()
+    };
+    m[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
+    let r = sa.answer(&nd, &nodes).unwrap().remove(0);
+    assert!(bytes(&r)[64..].starts_with(b"hcabench switch s2"));
+    // "0,1,3,1": s0, s1, and on to LID 3's QP0, three hops out.
+    let r = sa.answer(&from_1(&[0, 1, 3, 1]), &nodes).unwrap().remove(0);
+    let b = bytes(&r);
+    assert_eq!(
+        (r.dlid, b[6], b[7], b[192 + 1], b[192 + 2]),
+        (3, 3, 3, 1, 3)
+    );
+    // Its answer from LID 3, back through s1 and s0 to LID 1.
+    let mut back = r.clone();
+    (back.slid, back.dlid) = (3, sm::PERMISSIVE_LID);
+    let Payload::Bytes(m) = &mut back.payload else {
+        unreachable!()
+    };
+    (m[3], m[4], m[6]) = (0x81, 0x80, 3);
+    m[192 + 3] = 1;
+    let r = sa.answer(&back, &nodes).unwrap().remove(0);
+    assert_eq!((r.dlid, bytes(&r)[6]), (1, 1), "back at LID 1, hop 1");
+    // Over the cut link: nowhere. Round the other way: there.
+    let cut = ring(true, false);
+    assert!(sa.answer(&from_1(&[0, 1, 3]), &cut).is_none());
+    let r = sa.answer(&from_1(&[0, 1, 4, 2]), &cut).unwrap().remove(0);
+    assert_eq!(be64(bytes(&r), 64 + 12), crate::abi::node_guid(SM_LID - 1));
+}
+
+/// `smpquery -L` and `ibroute` ask a switch by its LID: the tables carry the SMP there and
+/// the answer back; the switch's forwarding table is the SM's min-hop routing.
+#[test]
+fn test_a_switch_answers_lid_routed_smps_with_its_own_table() {
+    let mut sa = SubnetAdmin::new();
+    let nodes = ring(false, false);
+    let to_s1 = |attr: u16, attr_mod: u32| {
+        let mut p = get_smp(attr, attr_mod);
+        (p.slid, p.dlid) = (1, SM_LID - 1);
+        p
+    };
+    let r = sa.answer(&to_s1(0x0011, 0), &nodes).unwrap().remove(0);
+    assert_eq!((r.slid, r.dlid), (SM_LID - 1, 1));
+    let b = bytes(&r);
+    assert_eq!(
+        (be16(b, 4), b[64 + 2], b[64 + 36]),
+        (0, 2, 3),
+        "from its port 3"
+    );
+    let r = sa.answer(&to_s1(0x0019, 0), &nodes).unwrap().remove(0);
+    let lft = &bytes(&r)[64..70];
+    assert_eq!(
+        lft,
+        &[0xff, 3, 3, 1, 2, 4],
+        "LIDs 1, 2 to s0; 3, 4 its own; 5 to s2"
+    );
+    let r = sa.answer(&to_s1(0x0015, 0), &nodes).unwrap().remove(0);
+    let pi = &bytes(&r)[64..];
+    assert_eq!(
+        (be16(pi, 16), be16(pi, 18), be32(pi, 20)),
+        (SM_LID - 1, SM_LID, 0)
+    );
+    // Only the SM's switch runs an SM.
+    let r = sa.answer(&to_s1(0x0020, 0), &nodes).unwrap().remove(0);
+    assert_eq!(be16(bytes(&r), 4), status::METHOD_ATTR_UNSUPPORTED);
+    // A switch the tables no longer reach does not answer.
+    assert!(sa.answer(&to_s1(0x0011, 0), &ring(true, false)).is_none());
+    assert!(sa.answer(&to_s1(0x0011, 0), &ring(true, true)).is_some());
+}
+
+/// saquery on a subnet of switches: every switch, every link (inter-switch ones from both
+/// ends), every switch's table; paths only where the tables lead, their lifetime growing
+/// with the switches they cross.
+#[test]
+fn test_the_sa_describes_every_switch_and_link_and_paths_follow_the_tables() {
+    use super::topology::cm;
+    let mut sa = SubnetAdmin::new();
+    let ports = ring(false, false);
+    let get_table = |sa: &mut SubnetAdmin, ports: &Nodes, attr: u16, mask: u64, d: &[u8]| {
+        table(sa, &mad(method::GET_TABLE, attr, mask, d), ports)
+    };
+    let (_, rows) = get_table(&mut sa, &ports, attr::sa::SWITCH_INFO_RECORD, 0, &[]);
+    let lids: Vec<Lid> = rows.iter().map(|r| be16(r, 0)).collect();
+    assert_eq!(lids, [SM_LID, SM_LID - 1, SM_LID - 2]);
+    let (_, rows) = get_table(&mut sa, &ports, attr::sa::LINK_RECORD, 0, &[]);
+    let links: Vec<(Lid, u8, u8, Lid)> = rows
+        .iter()
+        .map(|r| (be16(r, 0), r[2], r[3], be16(r, 4)))
+        .collect();
+    assert_eq!(links.len(), 5 * 2 + 3 * 2);
+    assert!(links.contains(&(SM_LID, 3, 3, SM_LID - 1)));
+    assert!(links.contains(&(SM_LID - 1, 3, 3, SM_LID)));
+    assert!(links.contains(&(5, 1, 1, SM_LID - 2)));
+    let (_, rows) = get_table(&mut sa, &ports, attr::sa::NODE_RECORD, 0, &[]);
+    assert_eq!(rows.len(), 5 + 3);
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&(SM_LID - 2).to_be_bytes());
+    let (_, rows) = get_table(
+        &mut sa,
+        &ports,
+        attr::sa::LFT_RECORD,
+        cm::LID | cm::BLOCK_1,
+        &d,
+    );
+    assert_eq!(rows[0][8..14], [0xff, 3, 3, 2, 2, 1]);
+    let (_, rows) = get_table(&mut sa, &ports, attr::sa::PORT_INFO_RECORD, 0, &[]);
+    assert_eq!(
+        rows.len(),
+        5 + (5 + 5 + 4),
+        "five CAs, each switch's ports 0..=n"
+    );
+    // Paths: one switch keeps the subnet's lifetime, two add one step.
+    let path = |sa: &mut SubnetAdmin, ports: &Nodes, from: Lid, to: Lid| {
+        let mut d = [0u8; 64];
+        d[40..42].copy_from_slice(&to.to_be_bytes());
+        d[42..44].copy_from_slice(&from.to_be_bytes());
+        let q = mad(method::GET, attr::sa::PATH_RECORD, pr::DLID | pr::SLID, &d);
+        let r = sa.answer(&q, ports).unwrap().remove(0);
+        let b = bytes(&r).to_vec();
+        (be16(&b, 4), b[at::SA_DATA + 56] & 0x3f)
+    };
+    assert_eq!(path(&mut sa, &ports, 1, 2), (0, DEFAULT_PACKET_LIFE));
+    assert_eq!(path(&mut sa, &ports, 1, 5), (0, DEFAULT_PACKET_LIFE + 1));
+    let cut = ring(true, false);
+    assert_eq!(path(&mut sa, &cut, 1, 3).0, status::NO_RECORDS);
+    let swept = ring(true, true);
+    assert_eq!(
+        path(&mut sa, &swept, 1, 3),
+        (0, DEFAULT_PACKET_LIFE + 2),
+        "three switches"
+    );
+    // The cut link is gone from the links.
+    let (_, rows) = get_table(&mut sa, &swept, attr::sa::LINK_RECORD, 0, &[]);
+    assert_eq!(rows.len(), 5 * 2 + 2 * 2);
 }

@@ -4,16 +4,18 @@
 //! MulticastForwardingTableRecord, GUIDInfoRecord, P_KeyTableRecord, SL2VLTableRecord and
 //! VLArbitrationTableRecord. (InformInfoRecord is `inform.rs`'s.)
 //!
-//! The subnet: one switch at [`SM_LID`] whose port n links the port at LID n (port 1 of a
-//! one-port channel adapter); its management port 0 has the switch's LID and the SM. Every
+//! The subnet: its switches as the SM's last sweep left them (`crate::subnet`; by default
+//! one at [`SM_LID`] whose port n links the port at LID n); each switch's management port
+//! 0 has its LID, the first's the SM. Every
 //! port has one data VL (VLCap VL0), so every SL maps to VL0 and no port has VL arbitration
 //! tables (PortInfo's VLArbitrationHighCap and LowCap are 0): a VLArbitrationTableRecord
 //! query finds none, as OpenSM's finds none on such ports.
 
 use super::groups::{Group, MLID_COUNT};
-use super::sm::{num_ports, SM_GUID};
+use super::sm::SM_GUID;
 use super::{be16, be64, status, Found, Ports, Request, MLID_BASE, SM_LID};
 use crate::abi::Lid;
+use crate::subnet::Peer;
 
 /// Component mask bits of the records below (IBA 15.2.5; infiniband-diags' names).
 pub(super) mod cm {
@@ -101,28 +103,6 @@ pub(super) fn switch_info() -> [u8; 20] {
     s
 }
 
-/// Block `block` of the switch's linear forwarding table: LID n leaves by port n, the
-/// switch's own LID by port 0, a LID with no port behind it by none (0xff). None past the
-/// table's top.
-pub(super) fn lft_block(ports: &dyn Ports, block: u32) -> Option<[u8; 64]> {
-    let first = block
-        .checked_mul(LFT_BLOCK)
-        .filter(|&f| f <= u32::from(SM_LID))?;
-    let n = num_ports(ports);
-    let mut out = [0xffu8; 64];
-    for (o, lid) in out.iter_mut().zip(first..) {
-        *o = match Lid::try_from(lid) {
-            Ok(SM_LID) => 0,
-            Ok(lid) => u8::try_from(lid)
-                .ok()
-                .filter(|&p| p >= 1 && p <= n && ports.guid_of(lid).is_some())
-                .unwrap_or(0xff),
-            Err(_) => 0xff,
-        };
-    }
-    Some(out)
-}
-
 /// SMInfoRecord: the one SM, at the switch's LID.
 pub(super) fn sm_infos(req: &Request, activity: u32) -> Result<Found, u16> {
     let t = Template(req);
@@ -136,70 +116,92 @@ pub(super) fn sm_infos(req: &Request, activity: u32) -> Result<Found, u16> {
     records(SM_INFO_SIZE, rows)
 }
 
-/// SwitchInfoRecord: the one switch.
-pub(super) fn switch_infos(req: &Request) -> Result<Found, u16> {
-    let mut rows = Vec::new();
-    if Template(req).u16_at(cm::LID, 0, SM_LID) {
-        let mut r = [0u8; SWITCH_INFO_SIZE];
-        r[0..2].copy_from_slice(&SM_LID.to_be_bytes());
-        r[4..24].copy_from_slice(&switch_info());
-        rows.push(r.to_vec());
-    }
+/// SwitchInfoRecord: every switch.
+pub(super) fn switch_infos(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
+    let t = Template(req);
+    let rows = (ports.subnet().switches().iter())
+        .filter(|sw| t.u16_at(cm::LID, 0, sw.lid))
+        .map(|sw| {
+            let mut r = [0u8; SWITCH_INFO_SIZE];
+            r[0..2].copy_from_slice(&sw.lid.to_be_bytes());
+            r[4..24].copy_from_slice(&switch_info());
+            r.to_vec()
+        })
+        .collect();
     records(SWITCH_INFO_SIZE, rows)
 }
 
-/// The ports whose links are up, by LID (each port 1 of its node, on switch port LID).
-fn linked(ports: &dyn Ports) -> Vec<Lid> {
-    let n = Lid::from(num_ports(ports));
-    ports
-        .lids()
-        .into_iter()
-        .filter(|&l| l <= n && ports.link_up(l))
-        .collect()
+/// Every link whose state is up, from each end: (from LID, from port, to port, to LID),
+/// a switch's ports by their switch's LID and an HCA's port 1 by its own.
+fn linked(ports: &dyn Ports) -> Vec<(Lid, u8, u8, Lid)> {
+    let subnet = ports.subnet();
+    let mut out = Vec::new();
+    for (i, sw) in subnet.switches().iter().enumerate() {
+        for p in 1..=sw.num_ports {
+            if !super::sm::port_up(&subnet, ports, i, p) {
+                continue;
+            }
+            match sw.peer(p) {
+                Peer::Hca(lid) => {
+                    out.push((lid, 1, p, sw.lid));
+                    out.push((sw.lid, p, 1, lid));
+                }
+                Peer::Switch {
+                    sw: other, port, ..
+                } => {
+                    if let Some(o) = subnet.switch(other) {
+                        out.push((sw.lid, p, port, o.lid));
+                    }
+                }
+                Peer::None => {}
+            }
+        }
+    }
+    out
 }
 
-/// LinkRecord: each link whose state is up, from each end (a node's port 1 to the
-/// switch's port LID, and back).
+/// LinkRecord: each link whose state is up, from each end.
 pub(super) fn links(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     let t = Template(req);
     let mut rows = Vec::new();
-    for lid in linked(ports) {
-        let port = lid as u8;
-        for (from, from_port, to_port, to) in [(lid, 1, port, SM_LID), (SM_LID, port, 1, lid)] {
-            let wanted = t.u16_at(cm::FROM_LID, 0, from)
-                && t.u8_at(cm::FROM_PORT, 2, from_port)
-                && t.u8_at(cm::TO_PORT, 3, to_port)
-                && t.u16_at(cm::TO_LID, 4, to);
-            if wanted {
-                let mut r = [0u8; LINK_SIZE];
-                r[0..2].copy_from_slice(&from.to_be_bytes());
-                r[2] = from_port;
-                r[3] = to_port;
-                r[4..6].copy_from_slice(&to.to_be_bytes());
-                rows.push(r.to_vec());
-            }
+    for (from, from_port, to_port, to) in linked(ports) {
+        let wanted = t.u16_at(cm::FROM_LID, 0, from)
+            && t.u8_at(cm::FROM_PORT, 2, from_port)
+            && t.u8_at(cm::TO_PORT, 3, to_port)
+            && t.u16_at(cm::TO_LID, 4, to);
+        if wanted {
+            let mut r = [0u8; LINK_SIZE];
+            r[0..2].copy_from_slice(&from.to_be_bytes());
+            r[2] = from_port;
+            r[3] = to_port;
+            r[4..6].copy_from_slice(&to.to_be_bytes());
+            rows.push(r.to_vec());
         }
     }
     records(LINK_SIZE, rows)
 }
 
-/// LinearForwardingTableRecord: the switch's table, a block of 64 LIDs each, up to its top
-/// (the switch's own LID).
+/// LinearForwardingTableRecord: each switch's table, a block of 64 LIDs each, up to its
+/// top (the SM's switch's LID).
 pub(super) fn lfts(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     let t = Template(req);
+    let subnet = ports.subnet();
     let mut rows = Vec::new();
-    if t.u16_at(cm::LID, 0, SM_LID) {
+    for (i, sw) in subnet.switches().iter().enumerate() {
+        if !t.u16_at(cm::LID, 0, sw.lid) {
+            continue;
+        }
         let blocks: Vec<u32> = if req.has(cm::BLOCK_1) {
             vec![u32::from(be16(req.data(), 2))]
         } else {
             (0..=u32::from(SM_LID) / LFT_BLOCK).collect()
         };
         for block in blocks {
-            let Some(table) = lft_block(ports, block) else {
+            let Some(table) = subnet.lft_block(i, block) else {
                 continue;
             };
             let mut r = [0u8; BLOCK_RECORD_SIZE];
-            r[0..2].copy_from_slice(&SM_LID.to_be_bytes());
+            r[0..2].copy_from_slice(&sw.lid.to_be_bytes());
             r[2..4].copy_from_slice(&(block as u16).to_be_bytes());
             r[8..72].copy_from_slice(&table);
             rows.push(r.to_vec());
@@ -208,66 +210,65 @@ pub(super) fn lfts(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
     records(BLOCK_RECORD_SIZE, rows)
 }
 
-/// Whether the port at `lid` is where group `g`'s packets go: a full or non-member (a
-/// send-only member only sends to it).
-fn receives(g: &Group, lid: Lid, ports: &dyn Ports) -> bool {
-    g.members
-        .iter()
-        .any(|(&guid, &join)| join & 0x3 != 0 && ports.lid_of(guid) == Some(lid))
+/// The LIDs of group `g`'s members that receive its packets (full and non-members; a
+/// send-only member only sends).
+fn receivers(g: &Group, ports: &dyn Ports) -> Vec<Lid> {
+    (g.members.iter())
+        .filter(|(_, &join)| join & 0x3 != 0)
+        .filter_map(|(&guid, _)| ports.lid_of(guid))
+        .collect()
 }
 
-/// MulticastForwardingTableRecord: the switch's table for the blocks of 32 MLIDs that hold
-/// a group, each position (16 ports) of it: the ports of the group's members that receive.
+/// MulticastForwardingTableRecord: each switch's table for the blocks of 32 MLIDs that
+/// hold a group, each position (16 ports) of it: the ports toward the group's members
+/// that receive.
 pub(super) fn mfts<'a>(
     req: &Request,
     groups: impl Iterator<Item = &'a Group>,
     ports: &dyn Ports,
 ) -> Result<Found, u16> {
     let t = Template(req);
-    if !t.u16_at(cm::LID, 0, SM_LID) {
-        return records(BLOCK_RECORD_SIZE, Vec::new());
-    }
+    let subnet = ports.subnet();
     let d = req.data();
     let (want_block, want_pos) = (be16(d, 2) & 0x1ff, (be16(d, 2) >> 12) as u8);
-    let groups: Vec<&Group> = groups.collect();
+    let groups: Vec<(&Group, Vec<Lid>)> = groups.map(|g| (g, receivers(g, ports))).collect();
     let mut blocks: Vec<u16> = groups
         .iter()
-        .map(|g| (g.mlid - MLID_BASE) / MFT_BLOCK)
+        .map(|(g, _)| (g.mlid - MLID_BASE) / MFT_BLOCK)
         .collect();
     blocks.sort_unstable();
     blocks.dedup();
-    let n = num_ports(ports);
     let mut rows = Vec::new();
-    for block in blocks {
-        if req.has(cm::MFT_BLOCK) && block != want_block {
+    for (i, sw) in subnet.switches().iter().enumerate() {
+        if !t.u16_at(cm::LID, 0, sw.lid) {
             continue;
         }
-        for pos in 0..=n / MFT_PORTS {
-            if req.has(cm::MFT_POSITION) && pos != want_pos {
+        let masks: Vec<(u16, Vec<u8>)> = (groups.iter())
+            .map(|(g, lids)| (g.mlid - MLID_BASE, subnet.mft_ports(i, lids)))
+            .collect();
+        for &block in &blocks {
+            if req.has(cm::MFT_BLOCK) && block != want_block {
                 continue;
             }
-            let mut r = [0u8; BLOCK_RECORD_SIZE];
-            r[0..2].copy_from_slice(&SM_LID.to_be_bytes());
-            r[2..4].copy_from_slice(&(u16::from(pos) << 12 | block).to_be_bytes());
-            for g in &groups {
-                let at = g.mlid - MLID_BASE;
-                if at / MFT_BLOCK != block {
+            for pos in 0..=sw.num_ports / MFT_PORTS {
+                if req.has(cm::MFT_POSITION) && pos != want_pos {
                     continue;
                 }
-                let mut mask = 0u16;
-                for bit in 0..MFT_PORTS {
-                    let port = pos * MFT_PORTS + bit;
-                    if port >= 1 && port <= n && receives(g, Lid::from(port), ports) {
-                        mask |= 1 << bit;
-                    }
+                let mut r = [0u8; BLOCK_RECORD_SIZE];
+                r[0..2].copy_from_slice(&sw.lid.to_be_bytes());
+                r[2..4].copy_from_slice(&(u16::from(pos) << 12 | block).to_be_bytes());
+                for (at, out) in masks.iter().filter(|(at, _)| at / MFT_BLOCK == block) {
+                    let mask = (out.iter())
+                        .filter(|&&p| p / MFT_PORTS == pos)
+                        .fold(0u16, |m, &p| m | 1 << (p % MFT_PORTS));
+                    put(
+                        &mut r,
+                        8 + usize::from(at % MFT_BLOCK) * 2,
+                        &mask.to_be_bytes(),
+                    );
                 }
-                put(
-                    &mut r,
-                    8 + usize::from(at % MFT_BLOCK) * 2,
-                    &mask.to_be_bytes(),
-                );
+                rows.push(r.to_vec());
             }
-            rows.push(r.to_vec());
         }
     }
     records(BLOCK_RECORD_SIZE, rows)
@@ -280,7 +281,7 @@ fn every_port(ports: &dyn Ports) -> Vec<(Lid, u64)> {
         .into_iter()
         .filter_map(|l| Some((l, ports.guid_of(l)?)))
         .collect();
-    all.push((SM_LID, SM_GUID));
+    all.extend(ports.subnet().switches().iter().map(|s| (s.lid, s.guid)));
     all
 }
 
@@ -308,7 +309,7 @@ pub(super) fn pkey_tables(req: &Request, ports: &dyn Ports) -> Result<Found, u16
     let t = Template(req);
     let mut rows = Vec::new();
     for (lid, _) in every_port(ports) {
-        let (port, table) = if lid == SM_LID {
+        let (port, table) = if lid > crate::subnet::MAX_HCA_LID {
             (0, crate::partition::default_table())
         } else {
             (1, ports.pkeys(lid))
@@ -340,11 +341,14 @@ pub(super) fn sl2vl_tables(req: &Request, ports: &dyn Ports) -> Result<Found, u1
         .filter(|&l| ports.guid_of(l).is_some())
         .map(|l| (l, 0, 0))
         .collect();
-    let switch_ports: Vec<u8> = std::iter::once(0)
-        .chain(linked(ports).into_iter().map(|l| l as u8))
-        .collect();
-    for &i in &switch_ports {
-        keys.extend(switch_ports.iter().map(|&o| (SM_LID, i, o)));
+    let subnet = ports.subnet();
+    for (i, sw) in subnet.switches().iter().enumerate() {
+        let used: Vec<u8> = std::iter::once(0)
+            .chain((1..=sw.num_ports).filter(|&p| super::sm::port_up(&subnet, ports, i, p)))
+            .collect();
+        for &p in &used {
+            keys.extend(used.iter().map(|&o| (sw.lid, p, o)));
+        }
     }
     let rows = keys
         .into_iter()
