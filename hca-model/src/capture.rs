@@ -185,7 +185,7 @@ const CRC16_IB: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::Algorithm {
 
 /// The invariant CRC: CRC-32 over the frame with the fields a switch or router may change
 /// (LRH VL; GRH traffic class, flow label and hop limit; BTH resv8a) read as all ones.
-fn icrc(frame: &[u8], grh: bool) -> u32 {
+pub(crate) fn icrc(frame: &[u8], grh: bool) -> u32 {
     let bth = LRH_BYTES + if grh { GRH_BYTES } else { 0 };
     let (Some(fixed), Some(rest)) = (frame.get(..bth + 12), frame.get(bth + 12..)) else {
         return 0; // not a frame `encode` made
@@ -210,7 +210,7 @@ fn icrc(frame: &[u8], grh: bool) -> u32 {
 }
 
 /// The variant CRC: CRC-16 over the frame through its ICRC.
-fn vcrc(frame: &[u8]) -> u16 {
+pub(crate) fn vcrc(frame: &[u8]) -> u16 {
     CRC16_IB.checksum(frame)
 }
 

@@ -54,6 +54,7 @@
 //! - [`faults`]: seeded fault plans for links, nodes and adapters.
 //! - [`adapter_hook`]: the hook an HCA consults at its own decision points.
 //! - [`capture`]: every packet written to a pcap file.
+//! - [`wire`]: the frames inter-host links carry: IB packets in UDP datagrams.
 //!
 //! Support: [`sync`], locks that outlive a panic.
 
@@ -96,6 +97,7 @@ pub mod sync;
 mod turn;
 pub mod uapi;
 mod uar;
+pub mod wire;
 
 pub use abi::Lid;
 pub use adapter_hook::{AdapterHook, IrqFate};
