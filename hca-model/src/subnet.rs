@@ -47,38 +47,43 @@ pub struct Topology {
     switches: Vec<SwitchSpec>,
     /// Inter-switch links, as pairs of indices into `switches`.
     links: Vec<(usize, usize)>,
+    /// The host each switch is on (empty: all on one).
+    hosts: Vec<u16>,
 }
 
 /// Why a topology cannot be cabled.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TopologyError {
-    #[error("a topology needs at least one switch")]
     /// No switch named.
+    #[error("a topology needs at least one switch")]
     NoSwitch,
-    #[error("{0} switches: at most {MAX_SWITCHES}")]
     /// More than [`MAX_SWITCHES`].
+    #[error("{0} switches: at most {MAX_SWITCHES}")]
     TooManySwitches(usize),
-    #[error("two switches are named {0:?}")]
     /// Two switches share a name.
+    #[error("two switches are named {0:?}")]
     NameTwice(String),
-    #[error("LID {0} is on more than one switch port")]
     /// One LID on two switch ports.
+    #[error("LID {0} is on more than one switch port")]
     LidTwice(Lid),
-    #[error("LID {0} cannot be an HCA port's (1 to {MAX_HCA_LID})")]
     /// A LID no HCA port can have.
+    #[error("LID {0} cannot be an HCA port's (1 to {MAX_HCA_LID})")]
     BadLid(Lid),
-    #[error("link {0} names a switch that does not exist")]
     /// A link to a switch not named.
+    #[error("link {0} names a switch that does not exist")]
     BadLink(usize),
-    #[error("link {0} joins a switch to itself")]
     /// A link from a switch to itself.
+    #[error("link {0} joins a switch to itself")]
     SelfLink(usize),
-    #[error("switch {0:?} needs {1} ports: at most {MAX_SWITCH_PORTS}")]
     /// More ports than a switch has.
+    #[error("switch {0:?} needs {1} ports: at most {MAX_SWITCH_PORTS}")]
     TooManyPorts(String, usize),
-    #[error("switch {0:?} is not linked to the SM's switch (the first)")]
     /// A switch the SM cannot reach.
+    #[error("switch {0:?} is not linked to the SM's switch (the first)")]
     Disconnected(String),
+    /// Hosts not given one per switch.
+    #[error("{0} hosts named for {1} switches")]
+    Hosts(usize, usize),
 }
 
 impl Topology {
@@ -133,13 +138,38 @@ impl Topology {
                 return Err(TopologyError::TooManyPorts(s.name.clone(), need));
             }
         }
-        let t = Self { switches, links };
+        let t = Self {
+            switches,
+            links,
+            hosts: Vec::new(),
+        };
         let dist = t.distances(&vec![true; t.links.len()]);
         let from_sm = dist.first().cloned().unwrap_or_default();
         if let Some((s, _)) = (t.switches.iter().zip(&from_sm)).find(|(_, d)| d.is_none()) {
             return Err(TopologyError::Disconnected(s.name.clone()));
         }
         Ok(t)
+    }
+
+    /// The topology with its switches on hosts: `hosts[i]` is switch i's (hcabench
+    /// processes joined by inter-host links; the links between switches of different
+    /// hosts cross the network, see [`crate::wire`]). The first switch's host runs the SM.
+    pub fn on_hosts(mut self, hosts: Vec<u16>) -> Result<Self, TopologyError> {
+        if hosts.len() != self.switches.len() {
+            return Err(TopologyError::Hosts(hosts.len(), self.switches.len()));
+        }
+        self.hosts = hosts;
+        Ok(self)
+    }
+
+    /// The host switch `sw` is on.
+    pub fn host_of(&self, sw: usize) -> u16 {
+        self.hosts.get(sw).copied().unwrap_or(0)
+    }
+
+    /// Whether some switches are on another host than others.
+    pub fn spans_hosts(&self) -> bool {
+        self.hosts.windows(2).any(|w| w.first() != w.get(1))
     }
 
     /// The one switch of old: port n links LID n.
@@ -250,6 +280,22 @@ impl Switch {
     }
 }
 
+/// Where a packet's way through this host's switches ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// At the HCA port at this LID, on this host.
+    Hca(Lid),
+    /// At this switch's management port (its LID), on this host.
+    Switch(usize),
+    /// It leaves this host over inter-host link `link`.
+    Remote {
+        /// The link's index.
+        link: usize,
+    },
+    /// Nowhere: no table leads on, a link is down, or it loops.
+    Lost,
+}
+
 /// One switch a route crosses: where the packet comes in and leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hop {
@@ -276,6 +322,8 @@ pub struct Subnet {
     to_switch: Vec<Vec<u8>>,
     /// How many sweeps made this.
     sweeps: u64,
+    /// The host this subnet is seen from (see [`Topology::on_hosts`]).
+    here: u16,
 }
 
 impl Subnet {
@@ -291,9 +339,75 @@ impl Subnet {
             lft: Vec::new(),
             to_switch: Vec::new(),
             sweeps: 0,
+            here: 0,
         };
         s.sweep(lids);
         s
+    }
+
+    /// Like [`Subnet::new`], seen from host `here`: its switches are local, the others
+    /// across inter-host links.
+    pub fn new_on(topology: Topology, here: u16, lids: &[Lid]) -> Self {
+        let mut s = Self::new(topology, lids);
+        s.here = here;
+        s
+    }
+
+    /// The host this subnet is seen from.
+    pub fn here(&self) -> u16 {
+        self.here
+    }
+
+    /// Whether switch `sw` is on this host.
+    pub fn is_local(&self, sw: usize) -> bool {
+        sw < self.switches.len() && self.topology.host_of(sw) == self.here
+    }
+
+    /// The host the port at `lid` (an HCA's or a switch's) is on.
+    pub fn host_of_lid(&self, lid: Lid) -> Option<u16> {
+        let sw = self
+            .switch_at(lid)
+            .or_else(|| Some(self.attachment(lid)?.0))?;
+        Some(self.topology.host_of(sw))
+    }
+
+    /// Link `link`'s two ends, (switch, port) each, the first as the topology names it.
+    pub fn link_ends(&self, link: usize) -> Option<((usize, u8), (usize, u8))> {
+        let &(a, b) = self.topology.links.get(link)?;
+        let pa = self.topology.link_port(a, link)?;
+        let pb = self.topology.link_port(b, link)?;
+        Some(((a, pa), (b, pb)))
+    }
+
+    /// Where a packet from `slid` to unicast `dlid` stops on this host (see [`Stop`]).
+    pub fn next_stop(&self, slid: Lid, dlid: Lid) -> Stop {
+        match self.entry(slid) {
+            Some((sw, port)) if self.is_local(sw) => self.next_stop_from(sw, port, dlid),
+            _ => Stop::Lost,
+        }
+    }
+
+    /// Where a packet for `dlid` that came into local switch `sw` stops on this host.
+    pub fn next_stop_from(&self, mut sw: usize, _port_in: u8, dlid: Lid) -> Stop {
+        for _ in 0..=self.switches.len() {
+            let out = self.out_port(sw, dlid);
+            match (out, self.peer(sw, out)) {
+                (0, _) if self.switch_at(dlid) == Some(sw) => return Stop::Switch(sw),
+                (0, _) => return Stop::Lost,
+                (_, Peer::Hca(l)) if l == dlid => return Stop::Hca(l),
+                (_, Peer::Switch { sw: next, link, .. }) => {
+                    if self.links_up.get(link) != Some(&true) {
+                        return Stop::Lost;
+                    }
+                    if !self.is_local(next) {
+                        return Stop::Remote { link };
+                    }
+                    sw = next;
+                }
+                _ => return Stop::Lost,
+            }
+        }
+        Stop::Lost
     }
 
     /// The cabling.
@@ -508,7 +622,7 @@ impl Subnet {
 
     /// The switch a packet from `slid` enters first, and the port it enters by (0: the
     /// switch's own LID).
-    fn entry(&self, slid: Lid) -> Option<(usize, u8)> {
+    pub fn entry(&self, slid: Lid) -> Option<(usize, u8)> {
         match self.switch_at(slid) {
             Some(sw) => Some((sw, 0)),
             None => self.attachment(slid),

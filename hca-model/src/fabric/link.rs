@@ -232,6 +232,7 @@ impl Fabric {
                 Some(dst) => self.deliver(&dst, pkt, false),
                 None => self.bounce(pkt, DropReason::NoRoute),
             },
+            Stage::Routed if self.routed() => self.route(pkt, hook, more),
             Stage::Routed if pkt.is_multicast() => {
                 // To every member port the SA lists, the sender's own included.
                 let members = self.with_sa(|sa| {
@@ -239,11 +240,9 @@ impl Fabric {
                         .map(|g| g.members.keys().copied().collect::<Vec<u64>>())
                         .unwrap_or_default()
                 });
-                let subnet = self.routed().then(|| self.subnet());
                 let lids: Vec<Lid> = members
                     .into_iter()
                     .filter_map(|guid| crate::sa::Ports::lid_of(self, guid))
-                    .filter(|&l| subnet.as_ref().is_none_or(|s| s.reaches(pkt.slid, l)))
                     .collect();
                 if lids.is_empty() {
                     return self.bounce(pkt, DropReason::NoRoute);
@@ -251,9 +250,6 @@ impl Fabric {
                 for lid in lids {
                     self.down_and_deliver(pkt.clone(), lid, hook, false);
                 }
-            }
-            Stage::Routed if self.routed() && !self.route_open(pkt.slid, pkt.dlid) => {
-                self.bounce(pkt, DropReason::Unrouted)
             }
             Stage::Routed => {
                 let lid = pkt.dlid;
@@ -263,7 +259,7 @@ impl Fabric {
     }
 
     /// The downlink of the port at `lid`, then delivery there.
-    fn down_and_deliver(
+    pub(super) fn down_and_deliver(
         &self,
         mut pkt: Packet,
         lid: Lid,

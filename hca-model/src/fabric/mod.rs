@@ -43,6 +43,7 @@ mod cut;
 mod lanes;
 mod link;
 mod pump;
+mod remote;
 mod routing;
 mod sa_port;
 
@@ -67,6 +68,7 @@ pub(crate) use cut::PortNote;
 pub use cut::Run;
 pub use lanes::{BACKLOG_UNIT, MAX_BACKLOG, MAX_TOTAL_BACKLOG};
 pub use link::{LinkDir, LinkHook, LinkId, PacketTap, Verdict};
+pub use remote::{RemoteError, RemoteHosts, RemoteStats};
 
 /// Why a packet did not reach a receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +256,13 @@ struct Inner {
     sweep_due: AtomicBool,
     /// HCA ports the last sweep found cut off from the SM.
     cut_off: Mutex<Vec<Lid>>,
+    /// Where datagrams for other hosts go, on a subnet that spans hosts (`remote.rs`).
+    remote: Attachment<dyn RemoteHosts>,
+    /// What this host knows of the others.
+    hosts: Mutex<remote::Hosts>,
+    /// The HCA ports other hosts announced, by LID: (host, port).
+    remote_ports: RwLock<std::collections::BTreeMap<Lid, (u16, crate::wire::PortAd)>>,
+    remote_counters: remote::Counters,
 }
 
 #[derive(Default)]
@@ -331,6 +340,10 @@ impl Fabric {
                 routed: AtomicBool::new(false),
                 sweep_due: AtomicBool::new(false),
                 cut_off: Mutex::new(Vec::new()),
+                remote: Attachment::default(),
+                hosts: Mutex::default(),
+                remote_ports: RwLock::default(),
+                remote_counters: remote::Counters::default(),
             }),
         }
     }
@@ -474,10 +487,13 @@ impl Fabric {
     fn port(&self, lid: Lid) -> Option<Arc<dyn PacketSink>> {
         // The SA and SM's port; a directed-route SMP's first hop is the switch it runs on.
         // Every switch's management port is the SM's to answer (`sa::sm`).
-        if lid >= crate::subnet::MAX_HCA_LID {
+        if lid > crate::subnet::MAX_HCA_LID {
             let switch = lid == crate::sa::sm::PERMISSIVE_LID
-                || lid == SM_LID
-                || (self.routed() && self.subnet().switch_at(lid).is_some());
+                || (!self.routed() && lid == SM_LID)
+                || (self.routed() && {
+                    let s = self.subnet();
+                    s.switch_at(lid).is_some_and(|sw| s.is_local(sw))
+                });
             if switch {
                 return Some(self.inner.sa.clone());
             }

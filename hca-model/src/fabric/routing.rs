@@ -13,10 +13,11 @@
 //! cut off from the SM, or back, reports its GID out of or into service (traps 65 and
 //! 64) to the SA's subscribers.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 
-use super::{Fabric, Lid};
+use super::{DropReason, Fabric, Lid, LinkHook};
+use crate::packet::Packet;
 use crate::sa::sm::PERMISSIVE_LID;
 use crate::sa::{Ports, SM_LID};
 use crate::subnet::{Subnet, Topology};
@@ -26,11 +27,7 @@ impl Fabric {
     /// Cables the subnet as `topology` (the default: one switch). Set it before guests
     /// attach; the SM sweeps it at once.
     pub fn set_topology(&self, topology: Topology) {
-        let routed = !topology.is_single();
-        let subnet = Subnet::new(topology, &self.lids());
-        *self.inner.subnet.write_unpoisoned() = Arc::new(subnet);
-        self.inner.routed.store(routed, Release);
-        self.sweep();
+        self.set_topology_on(topology, 0);
     }
 
     /// The subnet as the SM's last sweep left it, with its links as they are now.
@@ -47,21 +44,32 @@ impl Fabric {
     /// Takes inter-switch link `link` down (a cut cable) or brings it back up: packets
     /// routed over it are lost from now, and the SM sweeps at the next tick. None if the
     /// subnet has no such link.
+    /// On a subnet that spans hosts, this host's side of the link (see `remote.rs`).
     pub fn set_switch_link(&self, link: usize, up: bool) -> Option<()> {
-        {
-            let mut s = self.inner.subnet.write_unpoisoned();
-            let changed = s.with_link(link, up)?;
-            *s = Arc::new(changed);
-        }
-        self.inner.sweep_due.store(true, Release);
-        Some(())
+        self.set_admin_link(link, up)
     }
 
-    /// Whether a unicast packet from `slid` to `dlid` gets there through the switches now.
-    /// Directed-route SMPs (a permissive LID) find their way hop by hop in the SM's
-    /// switches (`sa::sm`), which check each link they cross.
-    pub(super) fn route_open(&self, slid: Lid, dlid: Lid) -> bool {
-        slid == PERMISSIVE_LID || dlid == PERMISSIVE_LID || self.subnet().reaches(slid, dlid)
+    /// Takes a packet that passed its uplink on through the switches (a routed fabric's):
+    /// to its port on this host, to another host, or lost. Directed-route SMPs (a
+    /// permissive LID) find their way hop by hop in the switches' agents (`sa::sm`), which
+    /// check each link they cross.
+    pub(super) fn route(&self, pkt: Packet, hook: Option<&Arc<dyn LinkHook>>, more: bool) {
+        if pkt.slid == PERMISSIVE_LID || pkt.dlid == PERMISSIVE_LID {
+            let lid = pkt.dlid;
+            return self.down_and_deliver(pkt, lid, hook, more);
+        }
+        let subnet = self.subnet();
+        let Some(at) = subnet
+            .entry(pkt.slid)
+            .filter(|&(sw, _)| subnet.is_local(sw))
+        else {
+            return self.bounce(pkt, DropReason::Unrouted);
+        };
+        if pkt.is_multicast() {
+            self.multicast(&subnet, pkt, at, hook);
+        } else {
+            self.walk_on(&subnet, pkt, at, hook, more);
+        }
     }
 
     /// Runs a sweep the last tick left due (a link changed).

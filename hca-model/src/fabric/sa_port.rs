@@ -29,6 +29,24 @@ impl PacketSink for SaPort {
             return Err(Rejected::of(pkt));
         };
         let fabric = Fabric { inner };
+        if pkt.dest_qpn == crate::abi::SMI_QPN {
+            // To the switches' agents, which may send it on to another host.
+            let out = {
+                let mut sa = self.sa.lock_unpoisoned();
+                sa.answer_smp(&pkt, None, &fabric)
+            };
+            return match out {
+                Some(out) => {
+                    fabric.smp_out(Some(out));
+                    Ok(())
+                }
+                None => Err(Rejected::of(pkt)),
+            };
+        }
+        // The SA and the PMA are the SM's switch's (another switch's LID has neither).
+        if pkt.dlid != crate::sa::SM_LID {
+            return Err(Rejected::of(pkt));
+        }
         let counters = (self.pma.lock_unpoisoned()).answer(&pkt, &fabric);
         let answer = match counters {
             Some(a) => Some(vec![a]),
@@ -56,38 +74,54 @@ impl PacketSink for SaPort {
     }
 }
 
+/// The SA's view: this host's ports, and on a subnet that spans hosts the ports the others
+/// announced (`remote.rs`).
 impl crate::sa::Ports for Fabric {
     fn lid_of(&self, guid: u64) -> Option<Lid> {
         let ports = self.inner.ports.read_unpoisoned();
-        ports.iter().enumerate().find_map(|(lid, p)| {
+        let local = ports.iter().enumerate().find_map(|(lid, p)| {
             let sink = p.as_ref()?.upgrade()?;
             (sink.port_guid() == Some(guid)).then_some(lid as Lid)
+        });
+        drop(ports);
+        local.or_else(|| {
+            (self.inner.remote_ports.read_unpoisoned().values())
+                .find(|(_, p)| p.guid == guid)
+                .map(|(_, p)| p.lid)
         })
     }
 
     fn guid_of(&self, lid: Lid) -> Option<u64> {
-        self.port(lid)?.port_guid()
+        match self.port(lid) {
+            Some(p) => p.port_guid(),
+            None => self.remote_port(lid).map(|p| p.guid),
+        }
     }
 
     fn lids(&self) -> Vec<Lid> {
-        let ports = self.inner.ports.read_unpoisoned();
-        ports
-            .iter()
-            .enumerate()
-            .filter_map(|(lid, p)| {
-                let sink = p.as_ref()?.upgrade()?;
-                sink.port_guid().map(|_| lid as Lid)
-            })
-            .collect()
+        let mut lids = self.local_lids();
+        let remote = self.inner.remote_ports.read_unpoisoned();
+        if !remote.is_empty() {
+            lids.extend(remote.keys().copied());
+            lids.sort_unstable();
+            lids.dedup();
+        }
+        lids
     }
 
     fn link_up(&self, lid: Lid) -> bool {
+        if let Some(p) = self.remote_port(lid) {
+            return p.up;
+        }
         let down = self.inner.links_down.lock_unpoisoned();
         !down.contains(&lid)
     }
 
     fn capability_mask(&self, lid: Lid) -> u32 {
-        self.port(lid).map_or(0, |p| p.capability_mask())
+        match self.port(lid) {
+            Some(p) => p.capability_mask(),
+            None => self.remote_port(lid).map_or(0, |p| p.caps),
+        }
     }
 
     fn pkeys(&self, lid: Lid) -> PKeyTable {

@@ -294,10 +294,30 @@ impl SubnetAdmin {
     /// response to the SA's Report). None for what is not the SA's or SM's (not an SA MAD
     /// for QP1, or a response the SA did not ask for).
     pub fn answer(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Vec<Packet>> {
-        let out = if pkt.dest_qpn == SMI_QPN {
-            sm::answer(pkt, self.activity, ports).map(|a| vec![a])
-        } else {
-            self.answer_gsi(pkt, ports)
+        if pkt.dest_qpn == SMI_QPN {
+            return match self.answer_smp(pkt, None, ports)? {
+                sm::Out::To(p) => Some(vec![p]),
+                sm::Out::Across { .. } => None,
+            };
+        }
+        let out = self.answer_gsi(pkt, ports);
+        if out.is_some() {
+            self.activity = self.activity.wrapping_add(1);
+        }
+        out
+    }
+
+    /// Answers an SMP to the switches ([`sm`]): from a port of this host, or (`at`: the
+    /// local switch and port it came into) over an inter-host link.
+    pub fn answer_smp(
+        &mut self,
+        pkt: &Packet,
+        at: Option<(usize, u8)>,
+        ports: &dyn Ports,
+    ) -> Option<sm::Out> {
+        let out = match at {
+            None => sm::answer(pkt, self.activity, ports),
+            Some(at) => sm::answer_arrived(pkt, at, self.activity, ports),
         };
         if out.is_some() {
             self.activity = self.activity.wrapping_add(1);

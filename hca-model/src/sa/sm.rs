@@ -52,11 +52,55 @@ const CAP_IS_SM: u32 = 1 << 1;
 
 type Mad = [u8; MAD_SIZE];
 
+/// Where an SMP goes from the switches.
+#[derive(Debug)]
+pub enum Out {
+    /// Onto the fabric: an answer, or a directed-route SMP on its way to an HCA's QP0.
+    To(Packet),
+    /// A directed-route SMP (or its answer) leaving this host over inter-host link `link`,
+    /// for the switch at its far end to take on.
+    Across {
+        /// The link's index.
+        link: usize,
+        /// The SMP as it leaves.
+        pkt: Packet,
+    },
+}
+
+/// Where a directed route leaves this host's switches.
+enum Leave {
+    Hca(Lid),
+    Across(usize),
+}
+
 /// The answer to `pkt`, an SMP to a switch's LID or to the permissive LID from a port's
-/// QP0: the packet that goes on (an answer, or a directed-route SMP on its way to an HCA),
-/// or None for what is not the switches' (a response or trap LID-routed to one, a broken
-/// route). `activity` is SMInfo's ActCount: what the SM has done so far.
-pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> {
+/// QP0: the packet that goes on (an answer, or a directed-route SMP on its way), or None
+/// for what is not the switches' (a response or trap LID-routed to one, a broken route).
+/// `activity` is SMInfo's ActCount: what the SM has done so far.
+pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Out> {
+    answer_at(pkt, None, activity, ports)
+}
+
+/// The answer to `pkt`, a directed-route SMP that came in over an inter-host link into
+/// local switch `at.0` by its port `at.1` (see [`answer`]).
+pub fn answer_arrived(
+    pkt: &Packet,
+    at: (usize, u8),
+    activity: u32,
+    ports: &dyn Ports,
+) -> Option<Out> {
+    if pkt.dlid != PERMISSIVE_LID {
+        return None;
+    }
+    answer_at(pkt, Some(at), activity, ports)
+}
+
+fn answer_at(
+    pkt: &Packet,
+    arrived: Option<(usize, u8)>,
+    activity: u32,
+    ports: &dyn Ports,
+) -> Option<Out> {
     let Payload::Bytes(b) = &pkt.payload else {
         return None;
     };
@@ -78,30 +122,45 @@ pub fn answer(pkt: &Packet, activity: u32, ports: &dyn Ports) -> Option<Packet> 
             (pkt.dlid, pkt.slid)
         }
         class::SUBN_DIRECTED_ROUTE if pkt.dlid == PERMISSIVE_LID => {
-            let (sw, ingress) = subnet.attachment(pkt.slid)?;
-            (
-                PERMISSIVE_LID,
-                directed(&subnet, ports, sw, ingress, activity, &mut mad)?,
-            )
+            let (sw, ingress) = match arrived {
+                Some(at) => at,
+                None => subnet.attachment(pkt.slid)?,
+            };
+            if !subnet.is_local(sw) {
+                return None;
+            }
+            match directed(&subnet, ports, sw, ingress, activity, &mut mad)? {
+                Leave::Hca(lid) => (PERMISSIVE_LID, lid),
+                Leave::Across(link) => {
+                    let pkt = smp(pkt.pkey, PERMISSIVE_LID, PERMISSIVE_LID, mad);
+                    return Some(Out::Across { link, pkt });
+                }
+            }
         }
         _ => return None,
     };
-    Some(Packet {
-        slid: from,
-        dlid: to,
+    Some(Out::To(smp(pkt.pkey, from, to, mad)))
+}
+
+/// An SMP from QP0 to QP0.
+fn smp(pkey: u16, slid: Lid, dlid: Lid, mad: Mad) -> Packet {
+    Packet {
+        slid,
+        dlid,
         opcode: UD_SEND_ONLY,
         dest_qpn: SMI_QPN,
         src_qpn: SMI_QPN,
-        pkey: pkt.pkey,
+        pkey,
         payload: Payload::Bytes(mad.to_vec()),
         ..Default::default()
-    })
+    }
 }
 
 /// A directed-route SMP arriving at switch `sw` by port `ingress`, taken on from switch
 /// to switch (each moving its hop pointer and return path as IBA's C14-9 and C14-13 say,
-/// and the one its route ends at answering it) until it leaves for an HCA's port: that
-/// port's LID. None where it goes nowhere (a port with no link up, a broken route).
+/// and the one its route ends at answering it) until it leaves for an HCA's port, or
+/// over an inter-host link. None where it goes nowhere (a port with no link up, a broken
+/// route).
 fn directed(
     subnet: &Subnet,
     ports: &dyn Ports,
@@ -109,7 +168,7 @@ fn directed(
     mut ingress: u8,
     activity: u32,
     mad: &mut Mad,
-) -> Option<Lid> {
+) -> Option<Leave> {
     let pure = be16(mad, DR_SLID) == PERMISSIVE_LID && be16(mad, DR_DLID) == PERMISSIVE_LID;
     if !pure {
         return None;
@@ -122,7 +181,10 @@ fn directed(
             return None;
         }
         match subnet.peer(sw, out) {
-            Peer::Hca(lid) => return Some(lid),
+            Peer::Hca(lid) => return Some(Leave::Hca(lid)),
+            Peer::Switch { link, sw: next, .. } if !subnet.is_local(next) => {
+                return Some(Leave::Across(link))
+            }
             Peer::Switch { sw: next, port, .. } => (sw, ingress) = (next, port),
             Peer::None => return None,
         }

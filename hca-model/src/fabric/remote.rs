@@ -1,0 +1,523 @@
+//! A subnet that spans hosts: several hcabench processes, each with some of the subnet's
+//! switches (see [`Topology::on_hosts`]), joined by inter-switch links that cross the
+//! network as datagrams ([`crate::wire`]). The host with the first switch runs the SM and
+//! the SA.
+//!
+//! Every host keeps the whole topology and computes the same min-hop tables (the sweep is
+//! deterministic), from the same view of the links: each host announces, several times a
+//! second, its side of the links at its switches and the HCA ports it has (what an SM's
+//! sweep would learn from their SMAs), and a link is up where both its ends' hosts have
+//! it up and are heard from. A packet walks this host's switches; where its way leaves
+//! over an inter-host link it goes to the host at the far end, which walks it on from the
+//! switch and port the link reaches there. Multicast goes to the SM's host, which holds
+//! the groups, and comes back as one copy per member beyond it (a frame's egress LID).
+//!
+//! What a peer host sends is checked: a packet may come only over a link that host ends,
+//! an announcement may name only ports and links at that host's switches; anything else
+//! is refused and counted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::{DropReason, Fabric, Lid, LinkHook};
+use crate::packet::Packet;
+use crate::sa::sm::{Out, PERMISSIVE_LID};
+use crate::sa::{Ports, SM_LID};
+use crate::subnet::{Stop, Subnet, Topology};
+use crate::sync::{Unpoisoned, UnpoisonedRw};
+use crate::wire::{self, Frame, PortAd, WireError};
+
+/// Where a host's datagrams go: the network between hcabench hosts.
+pub trait RemoteHosts: Send + Sync {
+    /// Sends datagram `frame` to host `host`. Best effort, as UDP: a datagram lost is a
+    /// packet a lossy link lost.
+    fn send(&self, host: u16, frame: Vec<u8>);
+}
+
+/// Why a datagram from a peer host was refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RemoteError {
+    /// Not a frame.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A packet over a link that does not join the sender's switch to this host's.
+    #[error("host {host} sent a packet over link {link}, which does not join it to this host")]
+    NotItsLink {
+        /// The sender.
+        host: u16,
+        /// The link it named.
+        link: u16,
+    },
+    /// An announcement from a host for another, or of a port or link not at its switches.
+    #[error("host {host} announced {what}, which is not its own")]
+    NotItsOwn {
+        /// The sender.
+        host: u16,
+        /// What it announced.
+        what: String,
+    },
+}
+
+/// What this host knows of the others.
+#[derive(Default)]
+pub(super) struct Hosts {
+    /// By host index: heard from lately (this host counts as alive).
+    alive: BTreeMap<u16, bool>,
+    /// This host's side of each link (by index): up unless cut here.
+    admin_up: Vec<bool>,
+    /// (link, host): that host's side of a link at its switches, as it last announced.
+    reported: BTreeMap<(u16, u16), bool>,
+    /// Announcements sent.
+    seq: u32,
+}
+
+/// Inter-host traffic counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Packet frames sent and received.
+    pub frames_out: u64,
+    /// See `frames_out`.
+    pub frames_in: u64,
+    /// Their bytes.
+    pub bytes_out: u64,
+    /// See `bytes_out`.
+    pub bytes_in: u64,
+    /// Datagrams refused (malformed, or not the sender's to send).
+    pub refused: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    frames_out: std::sync::atomic::AtomicU64,
+    frames_in: std::sync::atomic::AtomicU64,
+    bytes_out: std::sync::atomic::AtomicU64,
+    bytes_in: std::sync::atomic::AtomicU64,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl Fabric {
+    /// Cables the subnet as `topology`, seen from host `here` (its switches are this
+    /// fabric's; see the module's words). Set it before guests attach.
+    pub fn set_topology_on(&self, topology: Topology, here: u16) {
+        let links = topology.links().len();
+        let routed = !topology.is_single();
+        let subnet = Subnet::new_on(topology, here, &self.lids());
+        *self.inner.subnet.write_unpoisoned() = Arc::new(subnet);
+        {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            *h = Hosts {
+                admin_up: vec![true; links],
+                ..Hosts::default()
+            };
+            h.alive.insert(here, true);
+        }
+        self.inner.routed.store(routed, Relaxed);
+        self.settle_links();
+        self.sweep();
+    }
+
+    /// Sets (or, with None, removes) where datagrams for other hosts go.
+    pub fn set_remote(&self, remote: Option<Arc<dyn RemoteHosts>>) {
+        self.inner.remote.set(remote);
+    }
+
+    /// The inter-host counters so far.
+    pub fn remote_stats(&self) -> RemoteStats {
+        let c = &self.inner.remote_counters;
+        RemoteStats {
+            frames_out: c.frames_out.load(Relaxed),
+            frames_in: c.frames_in.load(Relaxed),
+            bytes_out: c.bytes_out.load(Relaxed),
+            bytes_in: c.bytes_in.load(Relaxed),
+            refused: c.refused.load(Relaxed),
+        }
+    }
+
+    /// This host's side of inter-switch link `link`: cut here, or restored. None if the
+    /// subnet has no such link.
+    pub(super) fn set_admin_link(&self, link: usize, up: bool) -> Option<()> {
+        {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            *h.admin_up.get_mut(link)? = up;
+        }
+        self.settle_links();
+        Some(())
+    }
+
+    /// Whether host `host` is heard from (the caller times the announcements out): a host
+    /// gone takes its ports and the links to it down.
+    pub fn set_host_alive(&self, host: u16, alive: bool) {
+        let here = self.subnet().here();
+        if host == here {
+            return;
+        }
+        let changed = {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            h.alive.insert(host, alive) != Some(alive)
+        };
+        if !changed {
+            return;
+        }
+        log::info!(
+            "subnet: host {host} {}",
+            if alive { "joined" } else { "is gone" }
+        );
+        if !alive {
+            // Reported while the SA still knows their GIDs, then forgotten.
+            let gone: Vec<Lid> = (self.inner.remote_ports.read_unpoisoned().iter())
+                .filter(|(_, (h, _))| *h == host)
+                .map(|(&l, _)| l)
+                .collect();
+            for &l in &gone {
+                self.report_port(l, false);
+            }
+            let mut ports = self.inner.remote_ports.write_unpoisoned();
+            for l in &gone {
+                ports.remove(l);
+            }
+        }
+        self.settle_links();
+        self.inner.sweep_due.store(true, Relaxed);
+    }
+
+    /// The announcement this host sends the others (see the module's words).
+    pub fn announcement(&self) -> Vec<u8> {
+        let subnet = self.subnet();
+        let here = subnet.here();
+        let links: Vec<(u16, bool)> = {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            h.seq = h.seq.wrapping_add(1);
+            (0..subnet.topology().links().len())
+                .filter(|&k| ends_on(&subnet, k, here))
+                .map(|k| (k as u16, h.admin_up.get(k) == Some(&true)))
+                .collect()
+        };
+        let seq = self.inner.hosts.lock_unpoisoned().seq;
+        let ports: Vec<PortAd> = (self.local_lids().into_iter())
+            .filter_map(|lid| {
+                let p = self.port(lid)?;
+                Some(PortAd {
+                    lid,
+                    guid: p.port_guid()?,
+                    caps: p.capability_mask(),
+                    up: Ports::link_up(self, lid),
+                })
+            })
+            .collect();
+        let frame = Frame::Announce {
+            host: here,
+            seq,
+            links,
+            ports,
+        };
+        wire::encode(&frame).unwrap_or_default()
+    }
+
+    /// Takes datagram `d` from host `from` (the caller knows the sender by its address):
+    /// a packet walks on from where its link reaches this host; an announcement updates
+    /// what this host knows of the sender.
+    pub fn receive(&self, from: u16, d: &[u8]) -> Result<(), RemoteError> {
+        let result = match wire::decode(d) {
+            Ok(Frame::Packet { link, egress, pkt }) => {
+                self.arrive(from, link, egress, pkt, d.len())
+            }
+            Ok(Frame::Announce {
+                host, links, ports, ..
+            }) => self.heard(from, host, &links, &ports),
+            Err(e) => Err(e.into()),
+        };
+        if result.is_err() {
+            self.inner.remote_counters.refused.fetch_add(1, Relaxed);
+        }
+        self.pump();
+        result
+    }
+
+    fn arrive(
+        &self,
+        from: u16,
+        link: u16,
+        egress: Lid,
+        pkt: Packet,
+        bytes: usize,
+    ) -> Result<(), RemoteError> {
+        let subnet = self.subnet();
+        let refuse = RemoteError::NotItsLink { host: from, link };
+        let ((a, pa), (b, pb)) = subnet.link_ends(usize::from(link)).ok_or(refuse.clone())?;
+        let host = |sw| subnet.topology().host_of(sw);
+        let at = if subnet.is_local(a) && host(b) == from && from != subnet.here() {
+            (a, pa)
+        } else if subnet.is_local(b) && host(a) == from && from != subnet.here() {
+            (b, pb)
+        } else {
+            return Err(refuse);
+        };
+        let c = &self.inner.remote_counters;
+        c.frames_in.fetch_add(1, Relaxed);
+        c.bytes_in.fetch_add(bytes as u64, Relaxed);
+        if subnet.link_up(usize::from(link)) != Some(true) {
+            self.lose(pkt);
+            return Ok(());
+        }
+        let hook = self.hook();
+        let hook = hook.as_ref();
+        if pkt.dlid == PERMISSIVE_LID {
+            // A directed route going on through this host's switches.
+            let out = {
+                let mut sa = self.inner.sa.sa.lock_unpoisoned();
+                sa.answer_smp(&pkt, Some(at), self)
+            };
+            self.smp_out(out);
+        } else if egress != 0 {
+            match subnet.next_stop_from(at.0, at.1, egress) {
+                Stop::Hca(l) if l == egress => self.down_and_deliver(pkt, l, hook, false),
+                Stop::Remote { link } => self.send_remote(&subnet, link, egress, pkt),
+                _ => self.lose(pkt),
+            }
+        } else if pkt.is_multicast() {
+            self.multicast(&subnet, pkt, at, hook);
+        } else {
+            self.walk_on(&subnet, pkt, at, hook, false);
+        }
+        Ok(())
+    }
+
+    /// A unicast packet that came into local switch `at.0` by `at.1`, on its way.
+    pub(super) fn walk_on(
+        &self,
+        subnet: &Subnet,
+        pkt: Packet,
+        at: (usize, u8),
+        hook: Option<&Arc<dyn LinkHook>>,
+        more: bool,
+    ) {
+        match subnet.next_stop_from(at.0, at.1, pkt.dlid) {
+            Stop::Hca(l) => self.down_and_deliver(pkt, l, hook, more),
+            Stop::Switch(_) => {
+                let lid = pkt.dlid;
+                self.down_and_deliver(pkt, lid, hook, more)
+            }
+            Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt),
+            Stop::Lost => self.bounce(pkt, DropReason::Unrouted),
+        }
+    }
+
+    /// A multicast packet that entered local switch `at.0` by `at.1`: on the SM's host, a
+    /// copy to every member port the SA lists (this host's delivered, the others' sent
+    /// toward them, each for its member); elsewhere, on toward the SM's switch.
+    pub(super) fn multicast(
+        &self,
+        subnet: &Subnet,
+        pkt: Packet,
+        at: (usize, u8),
+        hook: Option<&Arc<dyn LinkHook>>,
+    ) {
+        if !subnet.is_local(0) {
+            return match subnet.next_stop_from(at.0, at.1, SM_LID) {
+                Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt),
+                _ => self.lose(pkt),
+            };
+        }
+        let members = self.with_sa(|sa| {
+            sa.group_by_mlid(pkt.dlid)
+                .map(|g| g.members.keys().copied().collect::<Vec<u64>>())
+                .unwrap_or_default()
+        });
+        let lids: Vec<Lid> = (members.into_iter())
+            .filter_map(|guid| Ports::lid_of(self, guid))
+            .collect();
+        if lids.is_empty() {
+            return self.bounce(pkt, DropReason::NoRoute);
+        }
+        for lid in lids {
+            match subnet.next_stop_from(at.0, at.1, lid) {
+                Stop::Hca(l) => self.down_and_deliver(pkt.clone(), l, hook, false),
+                Stop::Remote { link } => self.send_remote(subnet, link, lid, pkt.clone()),
+                _ => {}
+            }
+        }
+    }
+
+    /// Where an SMP answer from the switches goes.
+    pub(super) fn smp_out(&self, out: Option<Out>) {
+        match out {
+            Some(Out::To(p)) => self.enqueue(p),
+            Some(Out::Across { link, pkt }) => {
+                let subnet = self.subnet();
+                self.send_remote(&subnet, link, 0, pkt);
+            }
+            None => {}
+        }
+    }
+
+    /// Sends `pkt` over inter-host link `link`, a frame per MTU packet; `egress`: the one
+    /// port it is for (a multicast copy), or 0.
+    pub(super) fn send_remote(&self, subnet: &Subnet, link: usize, egress: Lid, pkt: Packet) {
+        let Some(remote) = self.inner.remote.get() else {
+            return self.lose(pkt);
+        };
+        let Some(((a, _), (b, _))) = subnet.link_ends(link) else {
+            return self.lose(pkt);
+        };
+        let host = |sw| subnet.topology().host_of(sw);
+        let far = if subnet.is_local(a) { host(b) } else { host(a) };
+        let c = &self.inner.remote_counters;
+        for p in pkt.packets() {
+            let frame = Frame::Packet {
+                link: link as u16,
+                egress,
+                pkt: p,
+            };
+            match wire::encode(&frame) {
+                Ok(d) => {
+                    c.frames_out.fetch_add(1, Relaxed);
+                    c.bytes_out.fetch_add(d.len() as u64, Relaxed);
+                    remote.send(far, d);
+                }
+                Err(e) => log::debug!("subnet: a packet for link {link} not sent: {e}"),
+            }
+        }
+    }
+
+    /// A packet lost between switches, its sender not told (as a lossy link's).
+    fn lose(&self, _pkt: Packet) {
+        self.inner.stats.unrouted.fetch_add(1, Relaxed);
+    }
+
+    /// Host `from`'s announcement: its ports and its side of its links.
+    fn heard(
+        &self,
+        from: u16,
+        host: u16,
+        links: &[(u16, bool)],
+        ports: &[PortAd],
+    ) -> Result<(), RemoteError> {
+        let subnet = self.subnet();
+        let not_own = |what: String| RemoteError::NotItsOwn { host: from, what };
+        if host != from || from == subnet.here() {
+            return Err(not_own(format!("host {host}")));
+        }
+        for &(k, _) in links {
+            if !ends_on(&subnet, usize::from(k), from) {
+                return Err(not_own(format!("link {k}")));
+            }
+        }
+        for p in ports {
+            if subnet.host_of_lid(p.lid) != Some(from) || subnet.switch_at(p.lid).is_some() {
+                return Err(not_own(format!("the port at LID {}", p.lid)));
+            }
+        }
+        {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            for &(k, up) in links {
+                h.reported.insert((k, from), up);
+            }
+        }
+        self.set_host_alive(from, true);
+        // Its ports: those gone or down are reported out of service (while the SA still
+        // knows their GIDs), new ones and ones back up into it.
+        let old: Vec<(Lid, PortAd)> = (self.inner.remote_ports.read_unpoisoned().iter())
+            .filter(|(_, (h, _))| *h == from)
+            .map(|(&l, &(_, p))| (l, p))
+            .collect();
+        let up_before = |lid: Lid| old.iter().any(|(l, o)| *l == lid && o.up);
+        let went: Vec<Lid> = (old.iter())
+            .filter(|(l, o)| o.up && !ports.iter().any(|p| p.lid == *l && p.up))
+            .map(|&(l, _)| l)
+            .collect();
+        let came: Vec<Lid> = (ports.iter())
+            .filter(|p| p.up && !up_before(p.lid))
+            .map(|p| p.lid)
+            .collect();
+        let changed = !came.is_empty()
+            || old.len() != ports.len()
+            || !ports.iter().all(|p| old.iter().any(|(_, o)| o == p));
+        for &l in &went {
+            self.report_port(l, false);
+        }
+        if changed {
+            let mut have = self.inner.remote_ports.write_unpoisoned();
+            for (l, _) in &old {
+                have.remove(l);
+            }
+            for p in ports {
+                have.insert(p.lid, (from, *p));
+            }
+        }
+        for &l in &came {
+            self.report_port(l, true);
+        }
+        if self.settle_links() || changed {
+            self.inner.sweep_due.store(true, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Works out which links are up from every host's side and whether the hosts are
+    /// heard from, and takes the subnet's links there: whether any changed (the SM then
+    /// sweeps at the next tick).
+    pub(super) fn settle_links(&self) -> bool {
+        let subnet = self.subnet();
+        let here = subnet.here();
+        let wanted: Vec<bool> = {
+            let h = self.inner.hosts.lock_unpoisoned();
+            (0..subnet.topology().links().len())
+                .map(|k| {
+                    let Some(((a, _), (b, _))) = subnet.link_ends(k) else {
+                        return false;
+                    };
+                    [a, b].into_iter().all(|sw| {
+                        let host = subnet.topology().host_of(sw);
+                        if host == here {
+                            h.admin_up.get(k) != Some(&false)
+                        } else {
+                            h.alive.get(&host) == Some(&true)
+                                && h.reported.get(&(k as u16, host)) != Some(&false)
+                        }
+                    })
+                })
+                .collect()
+        };
+        let mut changed = false;
+        let mut s = self.inner.subnet.write_unpoisoned();
+        for (k, up) in wanted.into_iter().enumerate() {
+            if s.link_up(k) != Some(up) {
+                if let Some(next) = s.with_link(k, up) {
+                    *s = Arc::new(next);
+                    changed = true;
+                }
+            }
+        }
+        drop(s);
+        if changed {
+            self.inner.sweep_due.store(true, Relaxed);
+        }
+        changed
+    }
+
+    /// The LIDs of this host's attached ports.
+    pub(super) fn local_lids(&self) -> Vec<Lid> {
+        let ports = self.inner.ports.read_unpoisoned();
+        (ports.iter().enumerate())
+            .filter_map(|(lid, p)| {
+                let sink = p.as_ref()?.upgrade()?;
+                sink.port_guid().map(|_| lid as Lid)
+            })
+            .collect()
+    }
+
+    /// A port another host announced, as it did.
+    pub(super) fn remote_port(&self, lid: Lid) -> Option<PortAd> {
+        (self.inner.remote_ports.read_unpoisoned())
+            .get(&lid)
+            .map(|&(_, p)| p)
+    }
+}
+
+/// Whether link `k` has an end at a switch of host `host`.
+fn ends_on(subnet: &Subnet, k: usize, host: u16) -> bool {
+    subnet.link_ends(k).is_some_and(|((a, _), (b, _))| {
+        subnet.topology().host_of(a) == host || subnet.topology().host_of(b) == host
+    })
+}

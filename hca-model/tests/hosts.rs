@@ -1,0 +1,446 @@
+//! One subnet across two hosts: two fabrics, each with its own switch and guests, joined by
+//! an inter-switch link whose frames (`hca_model::wire`) go through a test network that
+//! can lose them. RC, the SA, multicast and directed-route SMPs cross it; a host not heard
+//! from takes the link and its ports down; what a peer sends is checked.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hca_model::abi::*;
+use hca_model::fabric::{RemoteError, RemoteHosts};
+use hca_model::sa::{port_gid, IPOIB_BROADCAST_MGID, SM_LID};
+use hca_model::subnet::{SwitchSpec, Topology};
+use hca_model::wire::{self, Frame, PortAd};
+use hca_model::Fabric;
+use hca_test_driver::*;
+
+const MS: Duration = Duration::from_millis(1);
+const MTU_1024: u8 = 3;
+
+/// Datagrams between hosts: (to, from, bytes), moved by [`Net::settle`].
+type Queue = Arc<Mutex<VecDeque<(u16, u16, Vec<u8>)>>>;
+
+struct Sender {
+    from: u16,
+    queue: Queue,
+    /// The network between the hosts is cut: datagrams are lost.
+    cut: Arc<AtomicBool>,
+}
+
+impl RemoteHosts for Sender {
+    fn send(&self, host: u16, frame: Vec<u8>) {
+        if !self.cut.load(Relaxed) {
+            self.queue
+                .lock()
+                .unwrap()
+                .push_back((host, self.from, frame));
+        }
+    }
+}
+
+struct Net {
+    hosts: Vec<Fabric>,
+    queue: Queue,
+    cut: Arc<AtomicBool>,
+}
+
+impl Net {
+    /// Host 0 has switch s0 with LIDs 1 and 2 and the SM; host 1 has s1 with LIDs 3 and 4.
+    fn two_hosts() -> Net {
+        let sw = |name: &str, hcas: &[u16]| SwitchSpec {
+            name: name.into(),
+            hcas: hcas.to_vec(),
+        };
+        let t = Topology::new(vec![sw("s0", &[1, 2]), sw("s1", &[3, 4])], vec![(0, 1)])
+            .unwrap()
+            .on_hosts(vec![0, 1])
+            .unwrap();
+        let queue = Queue::default();
+        let cut = Arc::new(AtomicBool::new(false));
+        let hosts: Vec<Fabric> = (0..2u16)
+            .map(|h| {
+                let f = Fabric::with_manual_clock();
+                f.set_topology_on(t.clone(), h);
+                f.set_remote(Some(Arc::new(Sender {
+                    from: h,
+                    queue: queue.clone(),
+                    cut: cut.clone(),
+                })));
+                f
+            })
+            .collect();
+        Net { hosts, queue, cut }
+    }
+
+    /// Moves datagrams until none is left.
+    fn settle(&self) {
+        loop {
+            let next = self.queue.lock().unwrap().pop_front();
+            let Some((to, from, d)) = next else {
+                return;
+            };
+            self.hosts[usize::from(to)].receive(from, &d).unwrap();
+        }
+    }
+
+    /// Every host announces itself to the others.
+    fn announce(&self) {
+        for (h, f) in self.hosts.iter().enumerate() {
+            let a = f.announcement();
+            for other in 0..self.hosts.len() {
+                if other != h && !self.cut.load(Relaxed) {
+                    self.queue
+                        .lock()
+                        .unwrap()
+                        .push_back((other as u16, h as u16, a.clone()));
+                }
+            }
+        }
+        self.settle();
+    }
+
+    /// A millisecond of virtual time on every host.
+    fn tick(&self) {
+        for f in &self.hosts {
+            f.advance(MS);
+            self.settle();
+        }
+    }
+}
+
+/// A guest on `fabric` at `lid`.
+fn guest(fabric: &Fabric, lid: u16) -> Driver {
+    let d = Driver::new(None, 8);
+    d.hca.attach_at(fabric, lid).unwrap();
+    d
+}
+
+fn port_guid(d: &mut Driver) -> u64 {
+    let port: HcaPortAttr = decode(&d.cmd_raw(CMD_QUERY_PORT, &[], 0).1);
+    port.port_guid
+}
+
+/// Polls `cq` while time passes on every host, until it gave `n` CQEs or `limit` passed.
+fn collect(net: &Net, d: &mut Driver, cq: &mut CqH, n: usize, limit: Duration) -> Vec<HcaCqe> {
+    let mut got = d.drain_cq(cq);
+    let mut waited = Duration::ZERO;
+    while got.len() < n && waited < limit {
+        net.tick();
+        waited += MS;
+        got.extend(d.drain_cq(cq));
+    }
+    got
+}
+
+/// A GSI QP on `d`, with a CQ and receives for `n` MADs at `rbuf`.
+struct Gsi {
+    cq: CqH,
+    qp: QpH,
+    rbuf: u64,
+}
+
+fn gsi(d: &mut Driver, n: u64) -> Gsi {
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(6);
+    let mut qp = d.create_qp(QPT_GSI, pd, cq.cqn, cq.cqn);
+    d.bring_up_ud(qp.qpn, GSI_QKEY, true);
+    let rbuf = d.alloc(n * 296, 64);
+    for i in 0..n {
+        d.post_recv(
+            &mut qp,
+            100 + i,
+            &[sge(rbuf + i * 296, 296, LOCAL_DMA_LKEY)],
+        );
+    }
+    Gsi { cq, qp, rbuf }
+}
+
+/// Sends `mad` from `g` to the SA and returns the answer's MAD.
+fn ask_sa(net: &Net, d: &mut Driver, g: &mut Gsi, mad: &[u8; 256]) -> Vec<u8> {
+    let sbuf = d.alloc(256, 64);
+    d.write(sbuf, mad);
+    let mut wr = send_wr(1, WR_SEND, WQE_SIGNALED);
+    (wr.ud_dlid, wr.ud_remote_qpn, wr.ud_qkey) = (SM_LID, GSI_QPN, GSI_QKEY);
+    d.post_send(&mut g.qp, wr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let got = collect(net, d, &mut g.cq, 2, 50 * MS);
+    let answer = got.iter().find(|c| u32::from(c.opcode) == CQE_OP_RECV);
+    let answer = answer.expect("the SA answered across the link");
+    assert_eq!(answer.slid, SM_LID);
+    d.read(g.rbuf + (answer.wr_id - 100) * 296 + 40, 256)
+}
+
+fn sa_mad(method: u8, attr: u16, comp_mask: u64) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x03, 2, method]);
+    m[8..16].copy_from_slice(&7u64.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    m[48..56].copy_from_slice(&comp_mask.to_be_bytes());
+    m
+}
+
+fn status(m: &[u8]) -> u16 {
+    u16::from_be_bytes([m[4], m[5]])
+}
+
+#[test]
+fn test_two_hosts_are_one_subnet_for_rc_the_sa_multicast_and_smps() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let mut g1 = guest(a, 1);
+    let mut g3 = guest(b, 3);
+    // Before they hear of each other the far LIDs are not routed.
+    assert!(!a.subnet().reaches(1, 3));
+    net.announce();
+    net.tick();
+    assert_eq!(
+        a.subnet().hops(1, 3),
+        Some(2),
+        "s0, then s1 on the other host"
+    );
+    assert_eq!(b.subnet().hops(3, 1), Some(2));
+    // RC: an RDMA WRITE and a READ across hosts.
+    let (pd1, pd3) = (g1.alloc_pd(), g3.alloc_pd());
+    let (mut cq1, cq3) = (g1.create_cq(8), g3.create_cq(8));
+    let mut q1 = g1.create_qp(QPT_RC, pd1, cq1.cqn, cq1.cqn);
+    let q3 = g3.create_qp(QPT_RC, pd3, cq3.cqn, cq3.cqn);
+    g1.bring_up_rc_tuned(q1.qpn, 3, q3.qpn, ALL_ACCESS, MTU_1024, (12, 7, 7));
+    g3.bring_up_rc_tuned(q3.qpn, 1, q1.qpn, ALL_ACCESS, MTU_1024, (12, 7, 7));
+    let (k1, k3) = (
+        g1.reg_dma_mr(pd1, ALL_ACCESS),
+        g3.reg_dma_mr(pd3, ALL_ACCESS),
+    );
+    let (src, dst) = (g1.alloc(8192, 64), g3.alloc(8192, 64));
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+    g1.write(src, &data);
+    let mut w = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, k3);
+    g1.post_send(&mut q1, w, &[sge(src, 8192, k1)]);
+    let c = collect(&net, &mut g1, &mut cq1, 1, 20 * MS);
+    assert_eq!((c.len(), c[0].status), (1, 0), "{c:?}");
+    assert_eq!(g3.read(dst, 8192), data);
+    let back = g1.alloc(8192, 64);
+    let mut r = send_wr(2, WR_RDMA_READ, WQE_SIGNALED);
+    (r.remote_addr, r.rkey) = (dst, k3);
+    g1.post_send(&mut q1, r, &[sge(back, 8192, k1)]);
+    let c = collect(&net, &mut g1, &mut cq1, 1, 20 * MS);
+    assert_eq!((c.len(), c[0].status), (1, 0), "{c:?}");
+    assert_eq!(g1.read(back, 8192), data);
+    let stats = a.remote_stats();
+    assert!(stats.frames_out >= 8 && stats.frames_in >= 8, "{stats:?}");
+    // The SA, on host 0, answers host 1's guest: a path to LID 1 by its GID.
+    let guid1 = port_guid(&mut g1);
+    let mut gs3 = gsi(&mut g3, 8);
+    let mut q = sa_mad(0x01, 0x0035, 1 << 2);
+    q[56 + 8..56 + 24].copy_from_slice(&port_gid(guid1));
+    let p = ask_sa(&net, &mut g3, &mut gs3, &q);
+    assert_eq!(status(&p), 0);
+    assert_eq!(u16::from_be_bytes([p[56 + 40], p[56 + 41]]), 1, "DLID");
+    assert_eq!(u16::from_be_bytes([p[56 + 42], p[56 + 43]]), 3, "SLID");
+    // Both join the IPoIB broadcast group; a datagram from host 1 reaches both members.
+    let mut gs1 = gsi(&mut g1, 8);
+    let join = |guid: u64| {
+        let mut q = sa_mad(0x02, 0x0038, 1 | 2 | 1 << 7 | 1 << 16);
+        q[56..72].copy_from_slice(&IPOIB_BROADCAST_MGID);
+        q[72..88].copy_from_slice(&port_gid(guid));
+        q[56 + 40..56 + 42].copy_from_slice(&0xffffu16.to_be_bytes());
+        q[56 + 48] = 1;
+        q
+    };
+    let guid3 = port_guid(&mut g3);
+    let j1 = ask_sa(&net, &mut g1, &mut gs1, &join(guid1));
+    let j3 = ask_sa(&net, &mut g3, &mut gs3, &join(guid3));
+    assert_eq!((status(&j1), status(&j3)), (0, 0));
+    let mlid = u16::from_be_bytes([j3[56 + 36], j3[56 + 37]]);
+    let mut members = Vec::new();
+    for (g, d) in [(&mut g1, 0), (&mut g3, 1)] {
+        let pd = g.alloc_pd();
+        let cq = g.create_cq(6);
+        let mut qp = g.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+        g.bring_up_ud(qp.qpn, 0xb, false);
+        let mut m = HcaCmdMcast::default();
+        (m.qpn, m.mgid, m.mlid) = (qp.qpn, IPOIB_BROADCAST_MGID, mlid);
+        assert_eq!(g.cmd(CMD_ATTACH_MCAST, &m).0, 0);
+        let rbuf = g.alloc(40 + 64, 64);
+        g.post_recv(&mut qp, 50 + d, &[sge(rbuf, 40 + 64, LOCAL_DMA_LKEY)]);
+        members.push((cq, qp, rbuf));
+    }
+    let sbuf = g3.alloc(64, 64);
+    g3.write(sbuf, b"to every member, on either host");
+    let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+    wr.wr_id = 60;
+    let (_, qp3, _) = &mut members[1];
+    g3.post_send(qp3, wr, &[sge(sbuf, 31, LOCAL_DMA_LKEY)]);
+    for (i, g) in [&mut g1, &mut g3].into_iter().enumerate() {
+        let (cq, _, rbuf) = &mut members[i];
+        let got = collect(&net, g, cq, 2, 20 * MS);
+        let recv = got.iter().find(|c| u32::from(c.opcode) == CQE_OP_RECV);
+        assert!(recv.is_some(), "member {i} got the datagram: {got:?}");
+        assert_eq!(g.read(*rbuf + 40, 31), b"to every member, on either host");
+    }
+    // A directed route from host 1's guest to the SM's switch on host 0: s1 (port 1 in),
+    // out of its port 3 over the link, answered by s0, back the same way.
+    let pd = g3.alloc_pd();
+    let mut cq0 = g3.create_cq(6);
+    let mut qp0 = g3.create_qp(QPT_SMI, pd, cq0.cqn, cq0.cqn);
+    g3.bring_up_ud(qp0.qpn, 0, true);
+    let rbuf = g3.alloc(296, 64);
+    g3.post_recv(&mut qp0, 70, &[sge(rbuf, 296, LOCAL_DMA_LKEY)]);
+    let mut smp = [0u8; 256];
+    (smp[0], smp[1], smp[2], smp[3], smp[6], smp[7]) = (1, 0x81, 1, 0x01, 1, 2);
+    smp[16..18].copy_from_slice(&0x0011u16.to_be_bytes()); // NodeInfo
+    smp[32..36].copy_from_slice(&[0xff; 4]);
+    (smp[128], smp[129], smp[130]) = (0, 1, 3);
+    let sbuf = g3.alloc(256, 64);
+    g3.write(sbuf, &smp);
+    let mut dr = send_wr(71, WR_SEND, WQE_SIGNALED);
+    (dr.ud_dlid, dr.ud_remote_qpn, dr.ud_qkey) = (0xffff, SMI_QPN, 0);
+    g3.post_send(&mut qp0, dr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let got = collect(&net, &mut g3, &mut cq0, 2, 20 * MS);
+    assert!(
+        got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV),
+        "{got:?}"
+    );
+    let ans = g3.read(rbuf + 40, 256);
+    assert_eq!((ans[3], ans[6]), (0x81, 1), "GetResp, back at hop 1");
+    assert_eq!(
+        ans[192 + 1..192 + 3],
+        [1, 3],
+        "in by s1's port 1, then s0's port 3"
+    );
+    let guid = u64::from_be_bytes(ans[64 + 12..64 + 20].try_into().unwrap());
+    assert_eq!(guid, node_guid(SM_LID), "the SM's switch");
+}
+
+#[test]
+fn test_a_host_not_heard_from_takes_its_link_and_ports_down_until_it_is_back() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let mut g1 = guest(a, 1);
+    let _g3 = guest(b, 3);
+    net.announce();
+    net.tick();
+    let mut gs1 = gsi(&mut g1, 16);
+    // A trap 65 subscription at LID 1, as ib_sa makes one.
+    let mut sub = sa_mad(0x02, 0x0003, 0);
+    let d = &mut sub[56..];
+    d[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+    (d[22], d[23]) = (1, 1);
+    d[26..28].copy_from_slice(&65u16.to_be_bytes());
+    d[28..32].copy_from_slice(&(GSI_QPN << 8).to_be_bytes());
+    assert_eq!(status(&ask_sa(&net, &mut g1, &mut gs1, &sub)), 0);
+    let path_to_3 = || {
+        let mut q = sa_mad(0x01, 0x0035, 1 << 4 | 1 << 5);
+        q[56 + 40..56 + 42].copy_from_slice(&3u16.to_be_bytes());
+        q[56 + 42..56 + 44].copy_from_slice(&1u16.to_be_bytes());
+        q
+    };
+    assert_eq!(status(&ask_sa(&net, &mut g1, &mut gs1, &path_to_3())), 0);
+    // Host 1 falls silent (its caller's timer says so): the link goes, its port is out
+    // of service, and no path leads there.
+    net.cut.store(true, Relaxed);
+    a.set_host_alive(1, false);
+    net.tick();
+    assert_eq!(a.subnet().link_up(0), Some(false));
+    assert!(!a.subnet().reaches(1, 3));
+    let got = g1.drain_cq(&mut gs1.cq);
+    let reports: Vec<Vec<u8>> = (got.iter())
+        .filter(|c| u32::from(c.opcode) == CQE_OP_RECV)
+        .map(|c| g1.read(gs1.rbuf + (c.wr_id - 100) * 296 + 40, 256))
+        .filter(|m| m[3] == 0x06)
+        .collect();
+    assert_eq!(reports.len(), 1, "one trap 65");
+    assert_eq!(
+        u16::from_be_bytes([reports[0][56 + 4], reports[0][56 + 5]]),
+        65
+    );
+    assert_eq!(
+        status(&ask_sa(&net, &mut g1, &mut gs1, &path_to_3())),
+        3 << 8,
+        "no records"
+    );
+    // Back: heard from again, the link and the path return.
+    net.cut.store(false, Relaxed);
+    net.announce();
+    net.tick();
+    assert_eq!(a.subnet().link_up(0), Some(true));
+    assert_eq!(status(&ask_sa(&net, &mut g1, &mut gs1, &path_to_3())), 0);
+}
+
+#[test]
+fn test_what_a_peer_host_sends_is_checked() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let _g1 = guest(a, 1);
+    let _g3 = guest(b, 3);
+    // Junk, and a frame of another version.
+    assert!(matches!(
+        a.receive(1, &[1, 2, 3]),
+        Err(RemoteError::Wire(_))
+    ));
+    assert!(matches!(
+        a.receive(1, &[9, 1, 0, 0]),
+        Err(RemoteError::Wire(_))
+    ));
+    // A packet from a host that does not end the link it names (host 0 is this one).
+    let pkt = hca_model::packet::Packet {
+        slid: 3,
+        dlid: 1,
+        opcode: hca_model::packet::RC_SEND_ONLY,
+        count: 1,
+        ..Default::default()
+    };
+    let frame = |link| Frame::Packet {
+        link,
+        egress: 0,
+        pkt: pkt.clone(),
+    };
+    let d = wire::encode(&frame(0)).unwrap();
+    assert_eq!(
+        a.receive(0, &d),
+        Err(RemoteError::NotItsLink { host: 0, link: 0 })
+    );
+    assert_eq!(
+        a.receive(2, &d),
+        Err(RemoteError::NotItsLink { host: 2, link: 0 })
+    );
+    let d = wire::encode(&frame(9)).unwrap();
+    assert_eq!(
+        a.receive(1, &d),
+        Err(RemoteError::NotItsLink { host: 1, link: 9 })
+    );
+    // Announcements: for another host, of a port on host 0's switch, of a switch's LID.
+    let ad = |host, lid| {
+        wire::encode(&Frame::Announce {
+            host,
+            seq: 1,
+            links: vec![],
+            ports: vec![PortAd {
+                lid,
+                guid: 5,
+                caps: 0,
+                up: true,
+            }],
+        })
+        .unwrap()
+    };
+    assert!(matches!(
+        a.receive(1, &ad(0, 3)),
+        Err(RemoteError::NotItsOwn { .. })
+    ));
+    assert!(matches!(
+        a.receive(1, &ad(1, 2)),
+        Err(RemoteError::NotItsOwn { .. })
+    ));
+    assert!(matches!(
+        a.receive(1, &ad(1, SM_LID - 1)),
+        Err(RemoteError::NotItsOwn { .. })
+    ));
+    assert_eq!(a.remote_stats().refused, 8);
+    // Nothing of it took: LID 3 is unknown, the link up, host 1's own announcement fine.
+    assert!(!a.subnet().reaches(1, 3));
+    assert_eq!(a.receive(1, &b.announcement()), Ok(()));
+    net.tick();
+    assert!(a.subnet().reaches(1, 3));
+}
