@@ -6,7 +6,8 @@
 //! - [`Backend::Kvm`]: a VM per guest in hcabench's own VMM ([`kvm`]), HCA and all in this
 //!   process.
 //!
-//! Either way node `k` (from 0) is `node{k+1}` at LID `k + 1` on one [`Fabric`], its serial
+//! Either way node `k` (from 0) is `node{k+1}` at LID `k + 1` on one [`Fabric`] (one switch,
+//! or the several [`switches`] the spec cables), its serial
 //! console is logged to `dir/node{k+1}.console` (and served on `dir/node{k+1}.serial` when
 //! asked, with its second serial port, the shell job's command channel, on
 //! `dir/node{k+1}.agent`), and a [`Cluster`] kills, watches and tears down its nodes the
@@ -24,6 +25,7 @@
 //! - [`node`]: the `Node` trait every guest answers to (console, `wait_line`, kill, its HCA).
 //! - [`qemu`]: QEMU guests wired to the device server; [`kvm`]: VMs in hcabench's VMM.
 //! - [`hotplug`]: a QEMU guest's HCA hot-unplugged and plugged again through its monitor.
+//! - [`interhost`]: the UDP network between hcabench hosts that share one subnet.
 //! - [`console_protocol`]: the `HCABENCH-` lines `images/init.sh` prints (a test holds the
 //!   two together, and init.sh's PCI IDs to `hca_model::abi`'s).
 //! - [`agent`]: a command channel into a guest's shell over a serial port.
@@ -31,6 +33,7 @@
 //! - [`dsm`]: the DSM's mesh, applications on every guest at once.
 //! - [`udsm`]: the user-level DSM's runs (libdsm over libibverbs), their rendezvous.
 //! - [`mpi`]: MPICH and Open MPI jobs across the guests, launched through their shells.
+//! - [`switches`]: a subnet of several switches by name, cabled as the model's topology.
 //! - `private_dir`: run directories only their owner may enter.
 
 pub mod agent;
@@ -40,11 +43,13 @@ pub mod dsm;
 pub mod ethernet;
 pub mod hotplug;
 mod image;
+pub mod interhost;
 pub mod kvm;
 pub mod mpi;
 pub mod node;
 mod private_dir;
 pub mod qemu;
+pub mod switches;
 pub mod udsm;
 pub mod verbs;
 
@@ -60,6 +65,7 @@ pub use backend::{Backend, BackendError};
 pub use image::{is_kernel_path, BuildError, Image, ImageError, USERLAND_SERIAL};
 pub use node::Node;
 pub use private_dir::{create_private_dir, peer_cred};
+pub use switches::{SwitchSpec, TopologySpec, TopologySpecError};
 
 use kvm::{KvmNode, KvmNodeSpec};
 use qemu::{GuestSpec, NetSpec, QemuNode};
@@ -109,6 +115,9 @@ pub struct ClusterSpec {
     /// Partitions beside the default one every node is a full member of (see
     /// `hca_model::partition`).
     pub partitions: Vec<PartitionSpec>,
+    /// The subnet's switches and the links between them (default: one switch every node
+    /// is on), cabled before any guest runs.
+    pub topology: TopologySpec,
 }
 
 /// One partition of a cluster: its P_Key (the membership bit is each node's own) and its
@@ -166,6 +175,7 @@ impl ClusterSpec {
             packet_life: hca_model::sa::DEFAULT_PACKET_LIFE,
             device_memory_mib: (hca_model::abi::MAX_IN_FLIGHT_BYTES >> 20) as u64,
             partitions: Vec::new(),
+            topology: TopologySpec::default(),
         }
     }
 
@@ -220,6 +230,9 @@ impl ClusterSpec {
 
     /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
     fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), SpecError> {
+        if !self.topology.is_single() {
+            fabric.set_topology(self.topology.topology(self.nodes)?);
+        }
         fabric
             .set_packet_life(self.packet_life)
             .ok_or(SpecError::PacketLife(self.packet_life))?;
@@ -253,6 +266,7 @@ impl ClusterSpec {
         if self.qemu_accel == QemuAccel::Kvm && self.backend != Backend::Qemu {
             return Err(SpecError::AccelKvm);
         }
+        self.topology.topology(self.nodes)?;
         Ok(())
     }
 }
@@ -308,6 +322,8 @@ pub enum SpecError {
     PacketLife(u8),
     #[error(transparent)]
     Partitions(hca_model::partition::PartitionError),
+    #[error(transparent)]
+    Topology(#[from] TopologySpecError),
 }
 
 /// Why a node's QEMU or VM would not start.
@@ -649,6 +665,30 @@ mod tests {
             Cluster::boot(&s, &mut |_| {}),
             Err(BootError::Spec(_))
         ));
+    }
+
+    #[test]
+    fn test_the_fabric_is_cabled_as_the_spec_says_before_any_guest_runs() {
+        let mut s = spec(Backend::Qemu);
+        s.topology = TopologySpec {
+            switches: (1..=3)
+                .map(|n| SwitchSpec {
+                    name: format!("s{}", n - 1),
+                    nodes: vec![format!("node{n}")],
+                })
+                .collect(),
+            links: vec![["s0".into(), "s1".into()], ["s1".into(), "s2".into()]],
+        };
+        let fabric = Fabric::with_manual_clock();
+        s.set_up_subnet(&fabric).unwrap();
+        let subnet = fabric.subnet();
+        let names: Vec<&str> = subnet.switches().iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["s0", "s1", "s2"]);
+        assert_eq!(subnet.attachment(3), Some((2, 1)), "node3 on s2's port 1");
+        // A cabling the model refuses stops the boot before anything starts.
+        s.topology.links.pop();
+        let e = Cluster::boot(&s, &mut |_| {}).err().unwrap().to_string();
+        assert!(e.contains("switch \"s2\" is not linked to \"s0\""), "{e}");
     }
 
     #[test]
