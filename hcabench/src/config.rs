@@ -52,6 +52,17 @@
 //! members = ["node1", "node2"]   # bit; full members, and limited ones (which talk to
 //! limited = ["node3"]            # full members only). In a guest:
 //!                    # `ip link add link ib0 name ib0.8001 type ipoib pkey 0x8001`
+//!
+//! [[switch]]         # a subnet of several switches (default: one switch every node is
+//! name = "leaf1"     # on). The first runs the SM; a switch's nodes take its ports 1, 2,
+//! nodes = ["node1", "node2"]     # ... in order, its links the ports after those. Once
+//! [[switch]]         # one is named, every node must be on exactly one. A name is 1 to
+//! name = "leaf2"     # 48 letters, digits, '-', '_' or '.': ibnetdiscover shows it, and
+//! nodes = ["node3"]  # `hcabench link down leaf1 leaf2` takes it
+//!
+//! [[link]]           # an inter-switch link (two switches may have several); every switch
+//! switches = ["leaf1", "leaf2"]  # must be linked to the first, directly or not. The SM
+//!                    # programs min-hop forwarding tables over the links that are up
 //! ```
 
 use std::collections::BTreeMap;
@@ -135,6 +146,10 @@ pub struct ClusterConfig {
     pub vfio: BTreeMap<String, PathBuf>,
     /// Partitions beside the default (`[[partition]]`).
     pub partition: Vec<PartitionConfig>,
+    /// The subnet's switches (`[[switch]]`); none: one switch every node is on.
+    pub switch: Vec<SwitchConfig>,
+    /// Inter-switch links (`[[link]]`).
+    pub link: Vec<LinkConfig>,
     /// A NIC in every guest, on one Ethernet segment (see the module docs).
     pub ethernet: bool,
     /// Debian packages for the guests' shared userland disk (see the module docs).
@@ -165,6 +180,34 @@ impl PartitionConfig {
     }
 }
 
+/// One `[[switch]]`: its name and its nodes, on its ports 1, 2, ... in order.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SwitchConfig {
+    pub name: String,
+    pub nodes: Vec<String>,
+}
+
+/// One `[[link]]`: the names of the two switches it joins.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    #[serde(deserialize_with = "two_switches")]
+    pub switches: [String; 2],
+}
+
+/// `switches = [A, B]`, two names exactly (serde's own arrays take the first two of
+/// more, and say nothing).
+fn two_switches<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[String; 2], D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    <[String; 2]>::try_from(names).map_err(|names| {
+        serde::de::Error::custom(format!(
+            "a link joins two switches, not {}: {names:?}",
+            names.len()
+        ))
+    })
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
@@ -183,6 +226,8 @@ impl Default for ClusterConfig {
             node_memory_mib: BTreeMap::new(),
             vfio: BTreeMap::new(),
             partition: Vec::new(),
+            switch: Vec::new(),
+            link: Vec::new(),
             ethernet: false,
             packages: Vec::new(),
             userland: None,
@@ -330,7 +375,21 @@ impl ClusterConfig {
             .map(|p| p.spec().with_lids(self.nodes))
             .collect::<Result<Vec<_>, _>>()?;
         hca_model::partition::tables(&parts)?;
+        (self.topology().topology(self.nodes)).map_err(cluster::SpecError::from)?;
         Ok(())
+    }
+
+    /// The `[[switch]]` and `[[link]]` tables as the launcher takes them.
+    fn topology(&self) -> cluster::TopologySpec {
+        cluster::TopologySpec {
+            switches: (self.switch.iter())
+                .map(|s| cluster::SwitchSpec {
+                    name: s.name.clone(),
+                    nodes: s.nodes.clone(),
+                })
+                .collect(),
+            links: self.link.iter().map(|l| l.switches.clone()).collect(),
+        }
     }
 
     /// The guest image this file boots (`kernel` under `image_dir`) if it is built: a
@@ -431,6 +490,8 @@ impl ClusterConfig {
                     }
                 })
                 .collect(),
+            // (A bench's nodes past its count are left out, as their RAM is.)
+            topology: self.topology().within(nodes),
             ..ClusterSpec::new(backend, image, dir, nodes)
         }
     }
@@ -569,6 +630,97 @@ mod tests {
         let twice = "[[partition]]\npkey = 3\n[[partition]]\npkey = 0x8003\n";
         let e = ClusterConfig::parse(twice, "c").unwrap_err();
         assert!(e.to_string().contains("given twice"), "{e}");
+    }
+
+    /// The module docs' example: node1 and node2 on leaf1, node3 on leaf2, one link.
+    const TWO_LEAVES: &str = "nodes = 3\n\
+        [[switch]]\nname = \"leaf1\"\nnodes = [\"node1\", \"node2\"]\n\
+        [[switch]]\nname = \"leaf2\"\nnodes = [\"node3\"]\n\
+        [[link]]\nswitches = [\"leaf1\", \"leaf2\"]\n";
+
+    #[test]
+    fn test_switches_and_links_cable_the_subnet_the_launcher_boots() {
+        let c = ClusterConfig::parse(TWO_LEAVES, "x").unwrap();
+        let back = ClusterConfig::parse(&toml::to_string(&c).unwrap(), "written").unwrap();
+        assert_eq!(back, c, "it writes and reads back unchanged");
+        let spec = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 3);
+        let leaf = |name: &str, nodes: &[&str]| cluster::SwitchSpec {
+            name: name.into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
+        assert_eq!(
+            spec.topology,
+            cluster::TopologySpec {
+                switches: vec![
+                    leaf("leaf1", &["node1", "node2"]),
+                    leaf("leaf2", &["node3"])
+                ],
+                links: vec![["leaf1".into(), "leaf2".into()]],
+            }
+        );
+        // A bench on fewer nodes leaves the others off their switches.
+        let two = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 2);
+        assert_eq!(two.topology.switches[1], leaf("leaf2", &[]));
+        assert!(ClusterConfig::default()
+            .spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 2)
+            .topology
+            .is_single());
+    }
+
+    #[test]
+    fn test_a_cabling_that_cannot_be_is_refused_in_the_files_names() {
+        let bad = [
+            (
+                TWO_LEAVES.replace("\"node3\"]", "\"node3\", \"node4\"]"),
+                "switch \"leaf2\": node4 is not a node (the nodes are node1 to node3)",
+            ),
+            (
+                TWO_LEAVES.replace("[\"node3\"]", "[\"node3\", \"node1\"]"),
+                "node1 is on two switches, \"leaf1\" and \"leaf2\"",
+            ),
+            (
+                TWO_LEAVES.replace("[\"node3\"]", "[]"),
+                "node3 is on no switch",
+            ),
+            (
+                TWO_LEAVES.replace("[\"leaf1\", \"leaf2\"]", "[\"leaf1\", \"spine\"]"),
+                "[[link]] 1: no switch \"spine\" (the switches are leaf1, leaf2)",
+            ),
+            (
+                TWO_LEAVES.replace("[\"leaf1\", \"leaf2\"]", "[\"leaf2\", \"leaf2\"]"),
+                "[[link]] 1 joins switch \"leaf2\" to itself",
+            ),
+            (
+                TWO_LEAVES.replace("[[link]]\nswitches = [\"leaf1\", \"leaf2\"]\n", ""),
+                "switch \"leaf2\" is not linked to \"leaf1\", the first switch",
+            ),
+            (
+                TWO_LEAVES.replace("leaf2\"\nnodes", "leaf 2\"\nnodes"),
+                "switch name \"leaf 2\": want 1 to 48 letters",
+            ),
+            (
+                "[[link]]\nswitches = [\"a\", \"b\"]\n".to_string(),
+                "[[link]] 1: no switch \"a\" (the switches are none",
+            ),
+        ];
+        for (text, says) in bad {
+            let e = ClusterConfig::parse(&text, "c.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("c.toml: ") && e.contains(says), "{says}: {e}");
+        }
+        // A link joins two switches, no more and no fewer.
+        let three = TWO_LEAVES.replace("\"leaf2\"]", "\"leaf2\", \"leaf1\"]");
+        let e = ClusterConfig::parse(&three, "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a link joins two switches, not 3"), "{e}");
+        let e = ClusterConfig::parse(&format!("{TWO_LEAVES}[[link]]\n"), "c").unwrap_err();
+        assert!(e.to_string().contains("missing field `switches`"), "{e}");
+        let e = ClusterConfig::parse(&format!("{TWO_LEAVES}[[link]]\nswitch = []\n"), "c")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `switch`"), "{e}");
     }
 
     #[test]
