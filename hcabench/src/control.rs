@@ -1,6 +1,7 @@
-//! Live fault injection into a running cluster (`hcabench fault node2 link-down`): the
-//! daemon listens on `control.sock` in the run directory; a client writes one request line
-//! and reads one reply line ("ok ..." or "error ...").
+//! Live fault injection into a running cluster (`hcabench fault node2 link-down`,
+//! `hcabench link down leaf1 leaf2`) and what `hcabench fabric` shows of it: the daemon
+//! listens on `control.sock` in the run directory; a client writes one request line and
+//! reads one reply line ("ok ..." or "error ...").
 //!
 //! A request changes the cluster's fault plan while it runs (a cluster started without
 //! `--faults` gets an empty plan, seed 0, at the first request), and every change is logged
@@ -18,6 +19,8 @@ use std::time::Duration;
 use cluster::hotplug::{self, HotplugError, Monitor};
 use hca_model::abi::NUM_VECTORS;
 use hca_model::faults::{AdapterEvent, FaultHook, FaultPlan, LinkFaults, LiveFault};
+use hca_model::sa::SM_LID;
+use hca_model::subnet::{Peer, Subnet};
 use hca_model::sync::Unpoisoned;
 use hca_model::{AdapterFault, Fabric};
 
@@ -64,9 +67,28 @@ pub enum ControlError {
 pub enum RequestError {
     #[error(
         "cannot parse `{0}` (want: fault NODE ACTION [ARGS], groups, partitions, partition \
-         PKEY FULL LIMITED|remove, counters or registrations)"
+         PKEY FULL LIMITED|remove, counters, registrations, switches or link up|down \
+         SWITCH SWITCH [N])"
     )]
     Unparsed(String),
+    #[error(
+        "the subnet is one switch, with no links between switches to cut ([[switch]] and \
+         [[link]] in the cluster file cable several)"
+    )]
+    OneSwitch,
+    #[error("no switch `{name}`; the switches are {known}")]
+    NoSwitch { name: String, known: String },
+    #[error("no link joins {a} and {b} (`hcabench fabric` lists the links)")]
+    NotJoined { a: String, b: String },
+    #[error("{count} links join {a} and {b}: say which, 1 to {count} in the cluster file's order")]
+    WhichLink { a: String, b: String, count: usize },
+    #[error("`{n}` is not one of the links joining {a} and {b} (1 to {count})")]
+    LinkNumber {
+        n: String,
+        a: String,
+        b: String,
+        count: usize,
+    },
     #[error("no node `{node}`; the cluster has node1 to node{nodes}")]
     NoNode { node: String, nodes: usize },
     #[error("P_Key `{0}` is not a hex number")]
@@ -225,6 +247,14 @@ impl Control {
         if words == ["counters"] {
             return Ok(self.counters());
         }
+        if words == ["switches"] {
+            return Ok(self.switches());
+        }
+        if let ["link", state @ ("up" | "down"), a, b, which @ ..] = words.as_slice() {
+            if which.len() <= 1 {
+                return self.set_switch_link(*state == "up", a, b, which.first().copied());
+            }
+        }
         if words == ["registrations"] {
             let ((services, informs), life) = self
                 .fabric
@@ -382,6 +412,121 @@ impl Control {
         })
     }
 
+    /// The subnet on one line, `;` between entries: `switch NAME LID SM NODES` per switch
+    /// (the default one's NAME is `-`; SM is `reached` or `cut-off`: whether the SM's
+    /// packets get to it now; NODES `node1:1,node2:2`, each with its port, or `-`), then
+    /// `link N A:PORT B:PORT up|down` per inter-switch link, numbered from 1.
+    fn switches(&self) -> String {
+        let subnet = self.fabric.subnet();
+        let mut out: Vec<String> = (subnet.switches().iter())
+            .map(|sw| {
+                let nodes: Vec<String> = (1..=sw.num_ports)
+                    .filter_map(|p| match sw.peer(p) {
+                        Peer::Hca(l) if usize::from(l) <= self.nodes => {
+                            Some(format!("node{l}:{p}"))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let reached = subnet.reaches(SM_LID, sw.lid) && subnet.reaches(sw.lid, SM_LID);
+                format!(
+                    "switch {} {} {} {}",
+                    if sw.name.is_empty() { "-" } else { &sw.name },
+                    sw.lid,
+                    if reached { "reached" } else { "cut-off" },
+                    if nodes.is_empty() {
+                        "-".to_string()
+                    } else {
+                        nodes.join(",")
+                    }
+                )
+            })
+            .collect();
+        for (k, &(a, b)) in subnet.topology().links().iter().enumerate() {
+            let end = |sw: usize| {
+                let name = subnet.switch(sw).map_or("?", |s| s.name.as_str());
+                format!("{name}:{}", link_port(&subnet, sw, k).unwrap_or(0))
+            };
+            let up = subnet.link_up(k) == Some(true);
+            out.push(format!(
+                "link {} {} {} {}",
+                k + 1,
+                end(a),
+                end(b),
+                if up { "up" } else { "down" }
+            ));
+        }
+        out.join(";")
+    }
+
+    /// `link up|down A B [N]`: the inter-switch link joining switches A and B (the Nth of
+    /// those that do, in the cluster file's order, where several do) cut or restored. The
+    /// cut takes effect at once; the SM routes around it at the fabric's next tick.
+    fn set_switch_link(
+        &self,
+        up: bool,
+        a: &str,
+        b: &str,
+        which: Option<&str>,
+    ) -> Result<String, RequestError> {
+        let subnet = self.fabric.subnet();
+        let topology = subnet.topology();
+        if topology.is_single() {
+            return Err(RequestError::OneSwitch);
+        }
+        let switches = topology.switches();
+        let index = |name: &str| {
+            (switches.iter().position(|s| s.name == name)).ok_or_else(|| {
+                let known: Vec<&str> = switches.iter().map(|s| s.name.as_str()).collect();
+                RequestError::NoSwitch {
+                    name: name.to_string(),
+                    known: known.join(", "),
+                }
+            })
+        };
+        let (ia, ib) = (index(a)?, index(b)?);
+        let joining: Vec<usize> = (topology.links().iter().enumerate())
+            .filter(|(_, &(x, y))| (x, y) == (ia, ib) || (x, y) == (ib, ia))
+            .map(|(k, _)| k)
+            .collect();
+        let (a, b) = (a.to_string(), b.to_string());
+        let count = joining.len();
+        let k = match (which, joining.as_slice()) {
+            (_, []) => return Err(RequestError::NotJoined { a, b }),
+            (None, [k]) => *k,
+            (None, _) => return Err(RequestError::WhichLink { a, b, count }),
+            (Some(n), _) => {
+                let at = n.parse::<usize>().ok().and_then(|n| n.checked_sub(1));
+                *at.and_then(|i| joining.get(i))
+                    .ok_or_else(|| RequestError::LinkNumber {
+                        n: n.to_string(),
+                        a: a.clone(),
+                        b: b.clone(),
+                        count,
+                    })?
+            }
+        };
+        let was = subnet.link_up(k) == Some(up);
+        // (The topology and its links never change under a running cluster.)
+        if self.fabric.set_switch_link(k, up).is_none() {
+            return Err(RequestError::NotJoined { a, b });
+        }
+        let ports = |sw| link_port(&subnet, sw, k).unwrap_or(0);
+        Ok(format!(
+            "link {} ({a} port {} - {b} port {}) {}{}: at the fabric's next tick the SM {}",
+            k + 1,
+            ports(ia),
+            ports(ib),
+            if up { "up" } else { "down" },
+            if was { " (it was already)" } else { "" },
+            if up {
+                "routes over it again"
+            } else {
+                "routes around it where the subnet allows"
+            }
+        ))
+    }
+
     /// Hot-unplugs node's HCA, or plugs a new one into its slot, through its QEMU monitor.
     fn hotplug_now(&self, node: &str, unplug: bool) -> Result<(), HotplugError> {
         let Some(dir) = &self.hotplug_dir else {
@@ -443,6 +588,12 @@ impl Control {
         *slot = Some(h.clone());
         Ok(h)
     }
+}
+
+/// The port of switch `sw` that inter-switch link `link` takes.
+fn link_port(subnet: &Subnet, sw: usize, link: usize) -> Option<u8> {
+    let s = subnet.switch(sw)?;
+    (1..=s.num_ports).find(|&p| matches!(s.peer(p), Peer::Switch { link: l, .. } if l == link))
 }
 
 /// The link's live rule `r` with the rates and the delay that `acts` set (`drop P`,
@@ -527,6 +678,63 @@ fn parse_reply(reply: &str) -> Result<String, ControlError> {
         "error" => Err(ControlError::Refused(rest.to_string())),
         _ => Err(ControlError::Garbled(line.to_string())),
     }
+}
+
+/// The reply to `switches` as `hcabench fabric` shows it: a table of the switches, then
+/// one of the links between them.
+pub fn switches_text(reply: &str) -> String {
+    let mut switches = String::new();
+    let mut links = String::new();
+    for entry in reply.split(';') {
+        match entry.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["switch", name, lid, sm, nodes] => {
+                let lid_hex = lid
+                    .parse::<u16>()
+                    .map_or(String::new(), |l| format!("{l:#06x}"));
+                let sm = if *sm == "reached" {
+                    "reaches"
+                } else {
+                    "cut off"
+                };
+                let nodes = if *nodes == "-" {
+                    "none".to_string()
+                } else {
+                    let on: Vec<String> = (nodes.split(','))
+                        .map(|n| match n.split_once(':') {
+                            Some((node, port)) => format!("{node} ({port})"),
+                            None => n.to_string(),
+                        })
+                        .collect();
+                    on.join(", ")
+                };
+                switches += &format!("  {name:<16} {lid:>5} {lid_hex:<6}  {sm:<8}  {nodes}\n");
+            }
+            ["link", n, a, b, state] => {
+                let end = |e: &str| match e.split_once(':') {
+                    Some((sw, port)) => format!("{sw} port {port}"),
+                    None => e.to_string(),
+                };
+                let ends = format!("{} - {}", end(a), end(b));
+                links += &format!("  {n:>3}  {ends:<40} {state}\n");
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::from(
+        "switches (the first runs the SM, which programs min-hop forwarding tables):\n",
+    );
+    out += &format!(
+        "  {:<16} {:>5} {:<6}  {:<8}  nodes (port)\n",
+        "switch", "LID", "", "the SM"
+    );
+    out += &switches;
+    if links.is_empty() {
+        out += "links between switches: none ([[switch]] and [[link]] in the cluster file)\n";
+    } else {
+        out += "links between switches (`hcabench link down|up SWITCH SWITCH [N]`):\n";
+        out += &links;
+    }
+    out
 }
 
 /// A GID as IPv6 text, in full groups (ff12:401b:ffff:0000:...).
@@ -717,6 +925,125 @@ mod tests {
         assert_eq!(log.lines().count(), 5, "{log}");
         assert!(log.contains("\"live\":\"link-down\"") && log.contains("\"live\":\"kill\""));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A control on a ring of three switches, node n alone on switch s(n-1), with a
+    /// second link between s0 and s1 (link 4).
+    fn ring_control(tag: &str) -> (Arc<Control>, PathBuf) {
+        use hca_model::subnet::{SwitchSpec, Topology};
+        let (c, dir) = control(tag);
+        let sw = |i: u16| SwitchSpec {
+            name: format!("s{i}"),
+            hcas: vec![i + 1],
+        };
+        let t = Topology::new(
+            vec![sw(0), sw(1), sw(2)],
+            vec![(0, 1), (1, 2), (2, 0), (0, 1)],
+        )
+        .unwrap();
+        c.fabric.set_topology(t);
+        (c, dir)
+    }
+
+    #[test]
+    fn test_switches_list_every_switch_and_link_as_the_sm_sees_them() {
+        let (c, dir) = ring_control("switches");
+        let reply = c.handle("switches").unwrap();
+        let entries: Vec<&str> = reply.split(';').collect();
+        assert_eq!(
+            entries,
+            [
+                "switch s0 49151 reached node1:1",
+                "switch s1 49150 reached node2:1",
+                "switch s2 49149 reached node3:1",
+                "link 1 s0:2 s1:2 up",
+                "link 2 s1:3 s2:2 up",
+                "link 3 s2:3 s0:3 up",
+                "link 4 s0:4 s1:4 up",
+            ]
+        );
+        let text = switches_text(&reply);
+        for want in [
+            "  s1               49150 0xbffe  reaches   node2 (1)\n",
+            "    4  s0 port 4 - s1 port 4",
+        ] {
+            assert!(text.contains(want), "{want:?}:\n{text}");
+        }
+        // The default: one switch, node n on port n, no links.
+        let (one, one_dir) = control("one-switch");
+        let reply = one.handle("switches").unwrap();
+        assert_eq!(
+            reply, "switch - 49151 reached node1:1",
+            "a port at least, for LID 1"
+        );
+        assert!(switches_text(&reply).contains("links between switches: none"));
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(one_dir);
+    }
+
+    #[test]
+    fn test_a_switch_link_is_cut_and_restored_by_the_names_of_its_switches() {
+        let (c, dir) = ring_control("link");
+        let fabric = c.fabric.clone();
+        let reply = c.handle("link down s1 s2").unwrap();
+        assert!(
+            reply.starts_with(
+                "link 2 (s1 port 3 - s2 port 2) down: at the fabric's next tick the SM routes \
+                 around it where the subnet allows"
+            ),
+            "{reply}"
+        );
+        assert_eq!(fabric.subnet().link_up(1), Some(false), "at once");
+        let again = c.handle("link down s2 s1").unwrap();
+        assert!(again.contains("down (it was already)"), "{again}");
+        // s1 has two links to s0: which one must be said.
+        let e = c.handle("link down s0 s1").unwrap_err().to_string();
+        assert!(e.contains("2 links join s0 and s1: say which"), "{e}");
+        let sweeps = fabric.subnet().sweeps();
+        assert!(c
+            .handle("link down s1 s0 2")
+            .unwrap()
+            .starts_with("link 4 "));
+        assert!(c
+            .handle("link down s0 s1 1")
+            .unwrap()
+            .starts_with("link 1 "));
+        // The SM's sweep at the next tick finds s1 cut off; its reply says so.
+        fabric.advance(Duration::from_millis(1));
+        assert!(fabric.subnet().sweeps() > sweeps, "the tick swept");
+        let reply = c.handle("switches").unwrap();
+        assert!(reply.contains("switch s1 49150 cut-off node2:1"), "{reply}");
+        assert!(reply.contains("link 4 s0:4 s1:4 down"), "{reply}");
+        assert_eq!(
+            c.handle("link up s0 s1 2").unwrap(),
+            "link 4 (s0 port 4 - s1 port 4) up: at the fabric's next tick the SM routes over \
+             it again"
+        );
+        fabric.advance(Duration::from_millis(1));
+        let reply = c.handle("switches").unwrap();
+        assert!(reply.contains("switch s1 49150 reached"), "{reply}");
+        for (request, says) in [
+            (
+                "link down s0 s9",
+                "no switch `s9`; the switches are s0, s1, s2",
+            ),
+            ("link down s0 s0", "no link joins s0 and s0"),
+            (
+                "link down s0 s1 3",
+                "`3` is not one of the links joining s0 and s1 (1 to 2)",
+            ),
+            ("link down s0 s1 0", "`0` is not one of the links"),
+            ("link sideways s0 s1", "cannot parse"),
+            ("link down s0 s1 1 2", "cannot parse"),
+        ] {
+            let e = c.handle(request).unwrap_err().to_string();
+            assert!(e.contains(says), "{request}: {e}");
+        }
+        let (one, one_dir) = control("link-one-switch");
+        let e = one.handle("link down a b").unwrap_err().to_string();
+        assert!(e.contains("the subnet is one switch"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(one_dir);
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //!   notes stopped guests); `rundir`: where a running cluster's files are.
 //! - `session`: `run` and `bench` (the cluster file on the launcher, capture, fault plan,
 //!   node kills); `faultrun`: the plan and capture on the fabric, the log, the report.
-//! - `control`: control.sock, for `fault`, `partition`, `fabric` and `counters` into the
-//!   daemon; `console`: `hcabench console`.
+//! - `control`: control.sock, for `fault`, `partition`, `link`, `fabric` and `counters`
+//!   into the daemon; `console`: `hcabench console`.
 //! - `exec` and `copy`: `exec` and `cp` over each guest's ttyS1 (`tar`, `sha256` and
 //!   `base64` for the copies).
 //! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`,
@@ -81,10 +81,11 @@ enum Cmd {
     Down,
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
-    /// Show the fabric's subnet administration: its multicast groups (MGID, MLID, Q_Key)
-    /// and which nodes joined them (IPoIB joins its broadcast group on every node), the
-    /// partitions and their members, and how many service records and trap subscriptions
-    /// it holds
+    /// Show the fabric's subnet: its switches (name, LID, the nodes on their ports, whether
+    /// the SM reaches each now) and the links between them, up or down; the subnet
+    /// administrator's multicast groups (MGID, MLID, Q_Key) and which nodes joined them
+    /// (IPoIB joins its broadcast group on every node), the partitions and their members,
+    /// and how many service records and trap subscriptions it holds
     Fabric,
     /// Show the nodes' port counters, as the device counts them: packets and octets each
     /// way, resends, NAKs, drops, discards, P_Key violations
@@ -151,6 +152,30 @@ enum Cmd {
         #[arg(long, conflicts_with_all = ["members", "limited"])]
         remove: bool,
     },
+    /// Cut a link between two switches of the running cluster, or restore it
+    ///
+    /// For a subnet of several switches ([[switch]] and [[link]] in the cluster file).
+    /// `down` cuts the link as a pulled cable would: packets whose route crosses it are
+    /// lost from then on. At the fabric's next tick (a millisecond) the SM sweeps: it
+    /// programs min-hop forwarding tables over the links still up, so traffic goes round
+    /// the cut where another path exists, and the ports it can no longer reach are
+    /// reported out of service (trap 65) to the SA's subscribers; `up` restores the link,
+    /// the SM sweeps again and reports them back in service (trap 64). The guests' own
+    /// tools show it: ibnetdiscover, ibroute, ibtracert, iblinkinfo. `hcabench fabric`
+    /// lists the switches and links. Example: `hcabench link down leaf1 leaf2`.
+    Link {
+        /// down (cut it) or up (restore it)
+        #[arg(value_enum)]
+        state: LinkState,
+        /// One switch the link joins, by its name in the cluster file
+        switch: String,
+        /// The other switch it joins
+        other: String,
+        /// Which of the links joining the two, 1, 2, ... in the cluster file's order:
+        /// needed only when several join them
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        n: Option<u32>,
+    },
     /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
     /// on a fresh cluster of its own
     ///
@@ -208,6 +233,15 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+}
+
+/// What `hcabench link` makes of an inter-switch link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LinkState {
+    /// Cut the link
+    Down,
+    /// Restore it
+    Up,
 }
 
 /// The cluster file and what overrides it, for every command that boots guests.
@@ -511,6 +545,12 @@ fn main() -> ExitCode {
             limited,
             remove,
         } => partition_cmd(&run, &pkey, &members, &limited, remove),
+        Cmd::Link {
+            state,
+            switch,
+            other,
+            n,
+        } => link_cmd(&run, state, &switch, &other, n),
         Cmd::Run {
             app,
             up: a,
@@ -858,6 +898,31 @@ fn partition_cmd(
     Ok(())
 }
 
+fn link_cmd(
+    run: &RunDir,
+    state: LinkState,
+    switch: &str,
+    other: &str,
+    n: Option<u32>,
+) -> Result<(), Error> {
+    exec::live_cluster(run)?;
+    println!(
+        "{}",
+        control::request(run.dir(), &link_request(state, switch, other, n))?
+    );
+    Ok(())
+}
+
+/// The control request of `hcabench link STATE SWITCH OTHER [N]`.
+fn link_request(state: LinkState, switch: &str, other: &str, n: Option<u32>) -> String {
+    let state = match state {
+        LinkState::Down => "down",
+        LinkState::Up => "up",
+    };
+    let n = n.map_or(String::new(), |n| format!(" {n}"));
+    format!("link {state} {switch} {other}{n}")
+}
+
 /// The counters `hcabench counters` shows in its table, with their column headings.
 const COUNTER_COLUMNS: [(u32, &str); 11] = [
     (hca_model::abi::CTR_TX_PACKETS, "tx pkts"),
@@ -933,6 +998,10 @@ fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), Error> {
 
 fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
     exec::live_cluster(run)?;
+    print!(
+        "{}",
+        control::switches_text(&control::request(run.dir(), "switches")?)
+    );
     let reply = control::request(run.dir(), "groups")?;
     println!(
         "multicast groups (the fabric's subnet administrator, SM LID {:#x}):",
@@ -1207,4 +1276,55 @@ fn bench_cmd(what: BenchCmd) -> Result<(), Error> {
         _ => ipoib_bench::run(&b, backend),
     }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// The control request `hcabench ARGS` makes of a `link` command line.
+    fn link(args: &[&str]) -> Result<String, clap::Error> {
+        let cli = Cli::try_parse_from(["hcabench", "link"].iter().chain(args))?;
+        match cli.cmd {
+            Cmd::Link {
+                state,
+                switch,
+                other,
+                n,
+            } => Ok(link_request(state, &switch, &other, n)),
+            _ => unreachable!("`link` parses as Cmd::Link"),
+        }
+    }
+
+    #[test]
+    fn test_link_takes_a_state_two_switches_and_which_of_several_links() {
+        Cli::command().debug_assert();
+        assert_eq!(
+            link(&["down", "leaf1", "leaf2"]).unwrap(),
+            "link down leaf1 leaf2"
+        );
+        assert_eq!(
+            link(&["up", "leaf2", "leaf1", "2"]).unwrap(),
+            "link up leaf2 leaf1 2"
+        );
+        for bad in [
+            &["down", "leaf1"][..],
+            &["sideways", "leaf1", "leaf2"],
+            &["down", "leaf1", "leaf2", "0"],
+            &["down", "leaf1", "leaf2", "two"],
+            &["down", "leaf1", "leaf2", "1", "2"],
+        ] {
+            assert!(link(bad).is_err(), "{bad:?}");
+        }
+        let help = Cli::command()
+            .find_subcommand_mut("link")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("min-hop") && help.contains("trap 65"),
+            "{help}"
+        );
+    }
 }

@@ -392,6 +392,87 @@ fn test_up_status_run_down_on_a_two_node_cluster() {
     );
 }
 
+/// A cluster file of two switches joined by two links: `hcabench fabric` lists them, and
+/// `hcabench link` cuts and restores each by its switches' names while node1 pings node2
+/// over IPoIB, round the first cut and not once both are.
+#[test]
+fn test_link_cuts_and_restores_the_links_between_a_running_clusters_switches() {
+    let Some(_image) = image_or_skip("cli: link") else {
+        return;
+    };
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-link-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cfg = dir.0.join("cluster.in.toml");
+    let images = repo_root().join("target/images");
+    std::fs::write(
+        &cfg,
+        format!(
+            "nodes = 2\nimage_dir = {images:?}\n\
+             [[switch]]\nname = \"leaf1\"\nnodes = [\"node1\"]\n\
+             [[switch]]\nname = \"leaf2\"\nnodes = [\"node2\"]\n\
+             [[link]]\nswitches = [\"leaf1\", \"leaf2\"]\n\
+             [[link]]\nswitches = [\"leaf2\", \"leaf1\"]\n"
+        ),
+    )
+    .unwrap();
+    let up = hcabench(&dir.0, &["up", "--config", cfg.to_str().unwrap()]);
+    assert!(up.status.success(), "{}", text(&up));
+    let ok = |args: &[&str]| {
+        let o = hcabench(&dir.0, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        text(&o)
+    };
+    let ping = |count: &str| {
+        let cmd = format!("ping -c {count} -W 1 10.78.0.2");
+        hcabench(&dir.0, &["exec", "node1", "--", &cmd])
+            .status
+            .success()
+    };
+    let fabric = ok(&["fabric"]);
+    for want in [
+        "  leaf1            49151 0xbfff  reaches   node1 (1)\n",
+        "  leaf2            49150 0xbffe  reaches   node2 (1)\n",
+        "    1  leaf1 port 2 - leaf2 port 2",
+        "    2  leaf2 port 3 - leaf1 port 3",
+    ] {
+        assert!(fabric.contains(want), "{want:?}: {fabric}");
+    }
+    assert!(ping("1"), "node1 -> node2 across the switches");
+    let which = hcabench(&dir.0, &["link", "down", "leaf1", "leaf2"]);
+    assert!(
+        !which.status.success() && text(&which).contains("2 links join leaf1 and leaf2"),
+        "{}",
+        text(&which)
+    );
+    let out = ok(&["link", "down", "leaf1", "leaf2", "1"]);
+    assert!(
+        out.contains("link 1 (leaf1 port 2 - leaf2 port 2) down"),
+        "{out}"
+    );
+    assert!(ping("2"), "over the second link");
+    ok(&["link", "down", "leaf2", "leaf1", "2"]);
+    let fabric = ok(&["fabric"]);
+    assert!(
+        fabric.contains("0xbffe  cut off   node2 (1)") && fabric.matches(" down\n").count() == 2,
+        "{fabric}"
+    );
+    assert!(!ping("2"), "node2 is cut off");
+    ok(&["link", "up", "leaf1", "leaf2", "1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ping("1") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node2 does not answer with link 1 up again"
+        );
+    }
+    let bad = hcabench(&dir.0, &["link", "down", "leaf1", "spine"]);
+    assert!(
+        text(&bad).contains("no switch `spine`; the switches are leaf1, leaf2"),
+        "{}",
+        text(&bad)
+    );
+}
+
 #[test]
 fn test_commands_without_a_cluster_say_so() {
     let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-none-{}", std::process::id())));
