@@ -490,10 +490,7 @@ mod tests {
             ..base(RC_ACK)
         });
         let mut cas = Packet {
-            reth: Some(Reth {
-                len: 8,
-                ..r
-            }),
+            reth: Some(Reth { len: 8, ..r }),
             ..base(RC_CMP_SWAP)
         };
         cas.rare_mut().atomic = Some((5, 6));
