@@ -140,10 +140,13 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
             };
             let reaches =
                 member_entry(&ports.pkeys(dst), want).is_some_and(|k| pkeys_match(pkey, k));
-            // The switches' tables must lead there and back.
+            // The switches' tables must lead there and back, from ports the SM reaches.
             let (Some(hops), true) = (subnet.hops(src, dst), subnet.reaches(dst, src)) else {
                 continue;
             };
+            if !(sm_reaches(&subnet, src) && sm_reaches(&subnet, dst)) {
+                continue;
+            }
             if !reaches {
                 continue;
             }
@@ -191,6 +194,12 @@ fn path_life(life: u8, hops: usize) -> u8 {
         .max(life)
 }
 
+/// Whether the SM reaches the port at `lid` and hears back from it (on a subnet of several
+/// switches a cut may part some from it).
+fn sm_reaches(subnet: &crate::subnet::Subnet, lid: Lid) -> bool {
+    subnet.reaches(SM_LID, lid) && subnet.reaches(lid, SM_LID)
+}
+
 /// The nodes a NodeRecord or PortInfoRecord query names by LID, or all of them (the
 /// switches last, the SM's first), with their GUIDs.
 fn ports_named(req: &Request, lid_bit: u64, ports: &dyn Ports) -> Vec<(Lid, u64)> {
@@ -199,6 +208,8 @@ fn ports_named(req: &Request, lid_bit: u64, ports: &dyn Ports) -> Vec<(Lid, u64)
         .filter_map(|l| Some((l, ports.guid_of(l)?)))
         .collect();
     all.extend(subnet.switches().iter().map(|s| (s.lid, s.guid)));
+    // What the SM's last sweep could not reach is not in its tables.
+    all.retain(|&(l, _)| sm_reaches(&subnet, l));
     if req.has(lid_bit) {
         let want = be16(req.data(), 0);
         all.retain(|&(l, _)| l == want);

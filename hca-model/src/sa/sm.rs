@@ -338,10 +338,11 @@ impl<'a> Switch<'a> {
 
 /// What `smpquery nodedesc` shows for a switch.
 pub(super) fn node_desc(node: &subnet::Switch) -> String {
-    if node.lid == SM_LID {
-        NODE_DESC.to_string()
-    } else {
-        format!("hcabench switch {}", node.name)
+    match (node.name.as_str(), node.lid == SM_LID) {
+        // The default single switch has no name.
+        ("", _) => NODE_DESC.to_string(),
+        (name, true) => format!("hcabench switch {name} (subnet manager)"),
+        (name, false) => format!("hcabench switch {name}"),
     }
 }
 

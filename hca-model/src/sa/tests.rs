@@ -1405,4 +1405,38 @@ fn test_the_sa_describes_every_switch_and_link_and_paths_follow_the_tables() {
     // The cut link is gone from the links.
     let (_, rows) = get_table(&mut sa, &swept, attr::sa::LINK_RECORD, 0, &[]);
     assert_eq!(rows.len(), 5 * 2 + 2 * 2);
+    // s1 cut off (s1-s2 down too): it and LIDs 3 and 4 are gone from the SA's records,
+    // and from paths, its own among them.
+    let mut off = (*swept.subnet.clone().unwrap())
+        .clone()
+        .with_link(1, false)
+        .unwrap();
+    off.sweep(&[1, 2, 3, 4, 5]);
+    let mut isolated = Nodes::new(5);
+    isolated.subnet = Some(std::sync::Arc::new(off));
+    let (_, rows) = get_table(&mut sa, &isolated, attr::sa::NODE_RECORD, 0, &[]);
+    let lids: Vec<Lid> = rows.iter().map(|r| be16(r, 0)).collect();
+    assert_eq!(lids, [1, 2, 5, SM_LID, SM_LID - 2]);
+    let (_, rows) = get_table(&mut sa, &isolated, attr::sa::PORT_INFO_RECORD, 0, &[]);
+    assert_eq!(rows.len(), 3 + (5 + 4));
+    assert_eq!(path(&mut sa, &isolated, 3, 3).0, status::NO_RECORDS);
+    assert_eq!(path(&mut sa, &isolated, 1, 5).0, 0);
+}
+
+/// The switches' names are what ibnetdiscover shows: the SM's switch says so too.
+#[test]
+fn test_named_switches_describe_themselves() {
+    let nodes = ring(false, false);
+    let s = nodes.subnet();
+    let desc: Vec<String> = s.switches().iter().map(sm::node_desc).collect();
+    assert_eq!(
+        desc,
+        [
+            "hcabench switch s0 (subnet manager)",
+            "hcabench switch s1",
+            "hcabench switch s2"
+        ]
+    );
+    let single = three().subnet();
+    assert_eq!(sm::node_desc(&single.switches()[0]), sm::NODE_DESC);
 }
