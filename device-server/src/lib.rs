@@ -103,7 +103,7 @@ impl DeviceServer {
             nodes: Vec::new(),
             _trimmer: trim::Trimmer::start().map_err(ServerError::Thread)?,
         };
-        for (i, cfg) in configs.into_iter().enumerate() {
+        for cfg in configs {
             let listener =
                 UnixListener::bind(&cfg.socket).map_err(|source| ServerError::Listen {
                     socket: cfg.socket.clone(),
@@ -113,7 +113,7 @@ impl DeviceServer {
             let current = Arc::new(Mutex::new(None));
             let worker = node::NodeThread {
                 cfg: cfg.clone(),
-                lid: (i + 1) as u16,
+                lid: cfg.lid,
                 fabric: fabric.clone(),
                 listener,
                 stop: stop.try_clone().map_err(ServerError::Eventfd)?,

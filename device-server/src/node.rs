@@ -34,6 +34,8 @@ pub const GUEST_PEER: u16 = 1;
 pub struct NodeConfig {
     /// A name for logs ("node1").
     pub name: String,
+    /// The LID its HCA's port takes on the fabric.
+    pub lid: u16,
     /// The unix socket QEMU's `-chardev socket,path=` connects to.
     pub socket: PathBuf,
     /// What backs the guest's RAM.
@@ -67,11 +69,22 @@ impl NodeConfig {
     /// socket (nodeK.sock) in `dir` and its RAM a sealed memfd: the layout every cluster
     /// uses.
     pub fn cluster(dir: &std::path::Path, ram_sizes: &[u64]) -> io::Result<Vec<Self>> {
-        (1..)
+        Self::cluster_from(dir, 1, ram_sizes)
+    }
+
+    /// Like [`NodeConfig::cluster`], the first node being node`first` at LID `first`
+    /// (this host's nodes of a cluster that spans hosts).
+    pub fn cluster_from(
+        dir: &std::path::Path,
+        first: u16,
+        ram_sizes: &[u64],
+    ) -> io::Result<Vec<Self>> {
+        (first..)
             .zip(ram_sizes)
             .map(|(i, &ram_size)| {
                 let name = format!("node{i}");
                 Ok(NodeConfig {
+                    lid: i,
                     socket: Self::cluster_socket(dir, &name),
                     ram: RamBacking::Memfd(Arc::new(memfd::guest_ram(&name, ram_size)?)),
                     name,
