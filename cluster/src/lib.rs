@@ -25,6 +25,7 @@
 //! - [`node`]: the `Node` trait every guest answers to (console, `wait_line`, kill, its HCA).
 //! - [`qemu`]: QEMU guests wired to the device server; [`kvm`]: VMs in hcabench's VMM.
 //! - [`hotplug`]: a QEMU guest's HCA hot-unplugged and plugged again through its monitor.
+//! - [`hosts`]: a cluster that spans hosts: which runs which nodes, its switches on them.
 //! - [`interhost`]: the UDP network between hcabench hosts that share one subnet.
 //! - [`console_protocol`]: the `HCABENCH-` lines `images/init.sh` prints (a test holds the
 //!   two together, and init.sh's PCI IDs to `hca_model::abi`'s).
@@ -41,6 +42,7 @@ pub mod backend;
 pub mod console_protocol;
 pub mod dsm;
 pub mod ethernet;
+pub mod hosts;
 pub mod hotplug;
 mod image;
 pub mod interhost;
@@ -62,6 +64,7 @@ use device_server::{DeviceServer, NodeConfig, ServerError};
 use hca_model::{Fabric, Hca};
 
 pub use backend::{Backend, BackendError};
+pub use hosts::{HostSpec, HostsError, HostsSpec};
 pub use image::{is_kernel_path, BuildError, Image, ImageError, USERLAND_SERIAL};
 pub use node::Node;
 pub use private_dir::{create_private_dir, peer_cred};
@@ -118,6 +121,9 @@ pub struct ClusterSpec {
     /// The subnet's switches and the links between them (default: one switch every node
     /// is on), cabled before any guest runs.
     pub topology: TopologySpec,
+    /// The hosts the cluster spans, and which this is (default: this one alone). Only
+    /// this host's nodes boot here; `nodes` counts every host's.
+    pub hosts: HostsSpec,
 }
 
 /// One partition of a cluster: its P_Key (the membership bit is each node's own) and its
@@ -176,7 +182,13 @@ impl ClusterSpec {
             device_memory_mib: (hca_model::abi::MAX_IN_FLIGHT_BYTES >> 20) as u64,
             partitions: Vec::new(),
             topology: TopologySpec::default(),
+            hosts: HostsSpec::default(),
         }
+    }
+
+    /// The nodes that boot on this host (all of them, unless the cluster spans hosts).
+    pub fn local_nodes(&self) -> std::ops::Range<usize> {
+        self.hosts.local_nodes(self.nodes)
     }
 
     /// Node `i`'s name.
@@ -230,8 +242,9 @@ impl ClusterSpec {
 
     /// Gives the fabric's subnet manager this cluster's settings, before any guest runs.
     fn set_up_subnet(&self, fabric: &Fabric) -> Result<(), SpecError> {
-        if !self.topology.is_single() {
-            fabric.set_topology(self.topology.topology(self.nodes)?);
+        if !self.topology.is_single() || self.hosts.spans() {
+            let t = self.hosts.topology(&self.topology, self.nodes)?;
+            fabric.set_topology_on(t, self.hosts.here as u16);
         }
         fabric
             .set_packet_life(self.packet_life)
@@ -266,8 +279,23 @@ impl ClusterSpec {
         if self.qemu_accel == QemuAccel::Kvm && self.backend != Backend::Qemu {
             return Err(SpecError::AccelKvm);
         }
-        self.topology.topology(self.nodes)?;
+        self.hosts.topology(&self.topology, self.nodes)?;
         Ok(())
+    }
+
+    /// Joins the other hosts, when the cluster spans hosts.
+    fn join_hosts(&self, fabric: &Fabric) -> Result<Option<interhost::Interhost>, BootError> {
+        if !self.hosts.spans() {
+            return Ok(None);
+        }
+        let addrs = self.hosts.addresses();
+        let here = self.hosts.here as u16;
+        interhost::Interhost::join(fabric, here, &addrs)
+            .map(Some)
+            .map_err(|source| BootError::Interhost {
+                address: addrs.get(self.hosts.here).copied(),
+                source,
+            })
     }
 }
 
@@ -292,6 +320,12 @@ pub enum BootError {
     /// A node's QEMU or VM would not start.
     #[error("{node}: cannot start its guest: {source}")]
     Start { node: String, source: StartError },
+    /// This host's address for the others would not bind.
+    #[error("cannot listen for the other hosts at {}: {source}", .address.map_or("(no address)".to_string(), |a| a.to_string()))]
+    Interhost {
+        address: Option<std::net::SocketAddr>,
+        source: io::Error,
+    },
     /// No two free UDP ports on 127.0.0.1 for the virtio-net link.
     #[error("no UDP ports on 127.0.0.1 for the guests' Ethernet segment: {0}")]
     Link(#[source] io::Error),
@@ -324,6 +358,15 @@ pub enum SpecError {
     Partitions(hca_model::partition::PartitionError),
     #[error(transparent)]
     Topology(#[from] TopologySpecError),
+    /// (Boxed: it names several things, and specs' errors are returned by value.)
+    #[error(transparent)]
+    Hosts(Box<HostsError>),
+}
+
+impl From<HostsError> for SpecError {
+    fn from(e: HostsError) -> Self {
+        SpecError::Hosts(Box::new(e))
+    }
 }
 
 /// Why a node's QEMU or VM would not start.
@@ -351,6 +394,8 @@ pub struct Cluster {
     files: Vec<PathBuf>,
     /// The guests' Ethernet segment, when they have NICs.
     hub: Option<ethernet::EthernetHub>,
+    /// The network to the other hosts, when the cluster spans hosts.
+    interhost: Option<interhost::Interhost>,
 }
 
 impl Cluster {
@@ -362,17 +407,20 @@ impl Cluster {
             dir: spec.dir.clone(),
             source,
         })?;
-        let mut files: Vec<PathBuf> = (0..spec.nodes)
+        let local = spec.local_nodes();
+        let mut files: Vec<PathBuf> = (local.clone())
             .flat_map(|i| [spec.console_socket(i), spec.agent_socket(i)])
             .flatten()
             .collect();
         let mut cluster = match spec.backend {
             Backend::Qemu => {
                 qemu::qemu_available()?;
-                let ram: Vec<u64> = (0..spec.nodes)
+                let ram: Vec<u64> = (local.clone())
                     .map(|i| spec.node_ram_mib(i) << 20)
                     .collect();
-                let mut configs = NodeConfig::cluster(&spec.dir, &ram).map_err(BootError::Ram)?;
+                let first = (local.start + 1) as u16;
+                let mut configs =
+                    NodeConfig::cluster_from(&spec.dir, first, &ram).map_err(BootError::Ram)?;
                 for c in &mut configs {
                     c.in_flight_budget = spec.in_flight_budget();
                 }
@@ -385,6 +433,7 @@ impl Cluster {
                     backend: spec.backend,
                     nodes: Vec::new(),
                     fabric: server.fabric().clone(),
+                    interhost: spec.join_hosts(server.fabric())?,
                     server: Some(server),
                     gone: Vec::new(),
                     files,
@@ -404,13 +453,15 @@ impl Cluster {
                     gone: Vec::new(),
                     files,
                     hub: None,
+                    interhost: None,
                 };
                 spec.set_up_subnet(&c.fabric)?;
+                c.interhost = spec.join_hosts(&c.fabric)?;
                 if spec.link {
                     let hub = ethernet::EthernetHub::start(spec.nodes).map_err(BootError::Link)?;
                     c.hub = Some(hub);
                 }
-                for i in 0..spec.nodes {
+                for i in local {
                     let name = ClusterSpec::node_name(i);
                     progress(&format!("starting {name} (hcabench's VMM)"));
                     let node = KvmNodeSpec {
@@ -454,7 +505,8 @@ impl Cluster {
             let hub = ethernet::EthernetHub::start(spec.nodes).map_err(BootError::Link)?;
             self.hub = Some(hub);
         }
-        for (i, node) in configs.into_iter().enumerate() {
+        let local = spec.local_nodes();
+        for (i, node) in local.zip(configs) {
             let name = node.name.clone();
             let g = GuestSpec {
                 console_log: spec.console_log(i),
@@ -675,6 +727,7 @@ mod tests {
                 .map(|n| SwitchSpec {
                     name: format!("s{}", n - 1),
                     nodes: vec![format!("node{n}")],
+                    ..SwitchSpec::default()
                 })
                 .collect(),
             links: vec![["s0".into(), "s1".into()], ["s1".into(), "s2".into()]],

@@ -16,6 +16,8 @@ pub const MAX_SWITCH_NAME: usize = 48;
 pub struct SwitchSpec {
     pub name: String,
     pub nodes: Vec<String>,
+    /// The host it is on, in a cluster that spans hosts (see [`crate::hosts`]).
+    pub host: String,
 }
 
 /// The subnet's cabling by name. No switches: the default, one switch with node `n` on
@@ -190,6 +192,7 @@ impl TopologySpec {
                         .filter(|n| ClusterSpec::node_index(n, nodes).is_some())
                         .cloned()
                         .collect(),
+                    host: s.host.clone(),
                 })
                 .collect(),
             links: self.links.clone(),
@@ -211,6 +214,7 @@ mod tests {
         SwitchSpec {
             name: name.into(),
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            host: String::new(),
         }
     }
 

@@ -45,6 +45,7 @@ fn test_a_ring_of_switches_routes_around_cut_links_as_the_guests_tools_show() {
                 .map(|i| SwitchSpec {
                     name: format!("s{i}"),
                     nodes: vec![ClusterSpec::node_name(i)],
+                    ..SwitchSpec::default()
                 })
                 .collect(),
             links: vec![link("s0", "s1"), link("s1", "s2"), link("s2", "s0")],
