@@ -63,6 +63,15 @@
 //! [[link]]           # an inter-switch link (two switches may have several); every switch
 //! switches = ["leaf1", "leaf2"]  # must be linked to the first, directly or not. The SM
 //!                    # programs min-hop forwarding tables over the links that are up
+//!
+//! [[host]]           # a cluster that spans hcabench hosts, one subnet across them
+//! name = "a"         # (docs/guides/hosts.md): each host runs its `nodes` (numbered across
+//! address = "10.0.0.1:7700"  # the hosts in order: a's node1..node4, b's node5..), listens
+//! nodes = 4          # for the others at `address` (UDP), and is started with
+//! [[host]]           # `hcabench up --config FILE --host NAME`. The first runs the SM. With
+//! name = "b"         # no [[switch]], each host has a switch of its own named after it,
+//! address = "10.0.0.2:7700"  # linked to the first's; with [[switch]] tables, each says
+//! nodes = 4          # `host = "a"`. `nodes` above must be the hosts' sum
 //! ```
 
 use std::collections::BTreeMap;
@@ -150,6 +159,11 @@ pub struct ClusterConfig {
     pub switch: Vec<SwitchConfig>,
     /// Inter-switch links (`[[link]]`).
     pub link: Vec<LinkConfig>,
+    /// The hosts the cluster spans (`[[host]]`); none: this host alone.
+    pub host: Vec<HostConfig>,
+    /// Which of the hosts this is: set by `hcabench up --host NAME`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub this_host: Option<String>,
     /// A NIC in every guest, on one Ethernet segment (see the module docs).
     pub ethernet: bool,
     /// Debian packages for the guests' shared userland disk (see the module docs).
@@ -186,6 +200,17 @@ impl PartitionConfig {
 pub struct SwitchConfig {
     pub name: String,
     pub nodes: Vec<String>,
+    /// The host it is on, in a cluster that spans hosts (`[[host]]`).
+    pub host: String,
+}
+
+/// One `[[host]]`: its name, its address for the other hosts, how many nodes it runs.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub name: String,
+    pub address: std::net::SocketAddr,
+    pub nodes: usize,
 }
 
 /// One `[[link]]`: the names of the two switches it joins.
@@ -228,6 +253,8 @@ impl Default for ClusterConfig {
             partition: Vec::new(),
             switch: Vec::new(),
             link: Vec::new(),
+            host: Vec::new(),
+            this_host: None,
             ethernet: false,
             packages: Vec::new(),
             userland: None,
@@ -289,8 +316,18 @@ pub enum Invalid {
     PacketLife(u8),
     #[error(transparent)]
     Spec(#[from] cluster::SpecError),
+    /// (Boxed: the hosts' errors name several things, and a config error is returned by
+    /// value everywhere.)
+    #[error(transparent)]
+    Hosts(Box<cluster::HostsError>),
     #[error("partition: {0}")]
     Partition(#[from] hca_model::partition::PartitionError),
+}
+
+impl From<cluster::HostsError> for Invalid {
+    fn from(e: cluster::HostsError) -> Self {
+        Invalid::Hosts(Box::new(e))
+    }
 }
 
 impl ClusterConfig {
@@ -375,8 +412,27 @@ impl ClusterConfig {
             .map(|p| p.spec().with_lids(self.nodes))
             .collect::<Result<Vec<_>, _>>()?;
         hca_model::partition::tables(&parts)?;
-        (self.topology().topology(self.nodes)).map_err(cluster::SpecError::from)?;
+        self.hosts()?.topology(&self.topology(), self.nodes)?;
         Ok(())
+    }
+
+    /// The `[[host]]` tables as the launcher takes them, with this host's index (the
+    /// first when `this_host` is not said).
+    pub fn hosts(&self) -> Result<cluster::HostsSpec, cluster::HostsError> {
+        let mut h = cluster::HostsSpec {
+            hosts: (self.host.iter())
+                .map(|h| cluster::HostSpec {
+                    name: h.name.clone(),
+                    address: h.address,
+                    nodes: h.nodes,
+                })
+                .collect(),
+            here: 0,
+        };
+        if let Some(name) = &self.this_host {
+            h.here = h.index_of(name)?;
+        }
+        Ok(h)
     }
 
     /// The `[[switch]]` and `[[link]]` tables as the launcher takes them.
@@ -386,6 +442,7 @@ impl ClusterConfig {
                 .map(|s| cluster::SwitchSpec {
                     name: s.name.clone(),
                     nodes: s.nodes.clone(),
+                    host: s.host.clone(),
                 })
                 .collect(),
             links: self.link.iter().map(|l| l.switches.clone()).collect(),
@@ -492,6 +549,7 @@ impl ClusterConfig {
                 .collect(),
             // (A bench's nodes past its count are left out, as their RAM is.)
             topology: self.topology().within(nodes),
+            hosts: self.hosts().unwrap_or_default(),
             ..ClusterSpec::new(backend, image, dir, nodes)
         }
     }
@@ -647,6 +705,7 @@ mod tests {
         let leaf = |name: &str, nodes: &[&str]| cluster::SwitchSpec {
             name: name.into(),
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            host: String::new(),
         };
         assert_eq!(
             spec.topology,
@@ -665,6 +724,36 @@ mod tests {
             .spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 2)
             .topology
             .is_single());
+    }
+
+    const TWO_HOSTS: &str = "nodes = 3\n\
+        [[host]]\nname = \"a\"\naddress = \"10.0.0.1:7700\"\nnodes = 2\n\
+        [[host]]\nname = \"b\"\naddress = \"10.0.0.2:7700\"\nnodes = 1\n";
+
+    #[test]
+    fn test_hosts_split_the_nodes_and_each_boots_its_own() {
+        let mut c = ClusterConfig::parse(TWO_HOSTS, "x").unwrap();
+        let back = ClusterConfig::parse(&toml::to_string(&c).unwrap(), "written").unwrap();
+        assert_eq!(back, c, "it writes and reads back unchanged");
+        c.this_host = Some("b".into());
+        let spec = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 3);
+        assert_eq!((spec.hosts.here, spec.local_nodes()), (1, 2..3));
+        assert_eq!(spec.hosts.addresses()[1], "10.0.0.2:7700".parse().unwrap());
+        // Written for the daemon, it says which host it is.
+        let back = ClusterConfig::parse(&toml::to_string(&c).unwrap(), "written").unwrap();
+        assert_eq!(back.this_host.as_deref(), Some("b"));
+        c.this_host = Some("c".into());
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("no host \"c\""));
+        // The nodes must add up; an address is not a word.
+        let bad = TWO_HOSTS.replace("nodes = 3", "nodes = 4");
+        let e = ClusterConfig::parse(&bad, "x").unwrap_err().to_string();
+        assert!(e.contains("add up to 3, the cluster has 4"), "{e}");
+        let bad = TWO_HOSTS.replace("10.0.0.2:7700", "b.example");
+        assert!(ClusterConfig::parse(&bad, "x").is_err());
     }
 
     #[test]

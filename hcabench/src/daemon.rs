@@ -135,12 +135,14 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
         backend: backend.to_string(),
         kernel: image.kernel_version.clone(),
         config: cfg.clone(),
-        nodes: (0..cluster.len())
-            .map(|i| NodeState {
+        // This host's nodes (all of them, unless the cluster spans hosts): node i at LID
+        // i + 1, the j-th the cluster booted.
+        nodes: (spec.local_nodes().enumerate())
+            .map(|(j, i)| NodeState {
                 name: ClusterSpec::node_name(i),
                 lid: (i + 1) as u16,
                 // A QEMU guest is its own process; the VMM's guests live in this one.
-                pid: cluster.node(i).pid().unwrap_or(daemon_pid),
+                pid: cluster.node(j).pid().unwrap_or(daemon_pid),
                 console_log: spec.console_log(i),
                 console_socket: spec.console_socket(i).unwrap_or_default(),
                 agent_socket: spec.agent_socket(i).unwrap_or_default(),
@@ -160,9 +162,14 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
             break sig;
         }
         // A killed guest's HCA leaves the fabric, so peers' packets to it go nowhere.
+        let first = spec.local_nodes().start;
         for i in control.due_kills() {
-            if cluster.kill(i) {
-                note_killed(&state.nodes[i]);
+            // (A node another host runs is that host's to kill.)
+            let Some(j) = i.checked_sub(first).filter(|&j| j < cluster.len()) else {
+                continue;
+            };
+            if cluster.kill(j) {
+                note_killed(&state.nodes[j]);
             }
         }
         for (i, why) in cluster.newly_stopped() {

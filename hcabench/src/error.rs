@@ -114,6 +114,15 @@ pub enum BootWait {
 /// A request a command refuses before it starts: what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
+    /// A cluster file with `[[host]]` tables, started without saying which host this is.
+    #[error(
+        "this cluster spans hosts ({0}): start it on each with `hcabench up --config FILE \
+         --host NAME`"
+    )]
+    WhichHost(String),
+    /// `--host` on a cluster file with no `[[host]]` tables.
+    #[error("--host {0}: the cluster file names no hosts (add [[host]] tables)")]
+    NoHosts(String),
     /// `what` (a flag, or what it sets) is `value`, outside `range`.
     #[error("{what} {value} is outside {range}")]
     OutOfRange {

@@ -513,6 +513,11 @@ struct UpArgs {
     /// under /usr at boot. Repeatable; adds to the file's `packages`
     #[arg(long = "package", value_name = "NAME")]
     packages: Vec<String>,
+    /// Which of the cluster file's [[host]] tables this is, for a cluster that spans
+    /// hosts: this host boots that host's nodes, listens for the others at its address,
+    /// and joins their subnet (run `hcabench up --host NAME` on each; the first runs the SM)
+    #[arg(long, value_name = "NAME")]
+    host: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -633,6 +638,16 @@ fn load_config(a: &UpArgs) -> Result<ClusterConfig, Error> {
     let mut c = resolve(&a.cluster, a.nodes, None)?;
     c.vfio.extend(a.vfio.iter().cloned());
     c.packages.extend(a.packages.iter().cloned());
+    if let Some(h) = &a.host {
+        if c.host.is_empty() {
+            return Err(UsageError::NoHosts(h.clone()).into());
+        }
+        c.this_host = Some(h.clone());
+    }
+    if !c.host.is_empty() && c.this_host.is_none() {
+        let names: Vec<&str> = c.host.iter().map(|h| h.name.as_str()).collect();
+        return Err(UsageError::WhichHost(names.join(", ")).into());
+    }
     c.validate()?;
     let (backend, why) = daemon::choose_backend(&c)?;
     if backend == Backend::Qemu {
@@ -691,10 +706,22 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
         source,
     })?;
     let kernel = cfg.image()?.kernel_version;
-    println!(
-        "booting {} nodes, kernel {kernel} ({backend}: {why})",
-        cfg.nodes
-    );
+    match &cfg.this_host {
+        Some(host) => {
+            let local = cfg.hosts().unwrap_or_default().local_nodes(cfg.nodes);
+            println!(
+                "host {host}: booting node{}..node{} of the cluster's {} nodes, kernel \
+                 {kernel} ({backend}: {why})",
+                local.start + 1,
+                local.end,
+                cfg.nodes
+            );
+        }
+        None => println!(
+            "booting {} nodes, kernel {kernel} ({backend}: {why})",
+            cfg.nodes
+        ),
+    }
     let started = Instant::now();
     let pid = daemon::spawn(run, &cfg_file).map_err(Error::Spawn)?;
     let deadline = started + Duration::from_secs(a.cluster.timeout);
@@ -736,13 +763,27 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
             }
         }
     }
+    let (first, last) = match (state.nodes.first(), state.nodes.last()) {
+        (Some(f), Some(l)) => (f.clone(), l.clone()),
+        _ => return Err(Error::NotStarted("the daemon started no node".into())),
+    };
     println!(
-        "cluster up: {} nodes, LIDs 1..={}; consoles logged in {}",
+        "cluster up: {} nodes, LIDs {}..={}; consoles logged in {}",
         state.nodes.len(),
-        state.nodes.len(),
+        first.lid,
+        last.lid,
         run.dir().display()
     );
-    println!("attach: hcabench console node1    stop: hcabench down");
+    if cfg.this_host.is_some() {
+        println!(
+            "the other hosts join with `hcabench up --host NAME`; `hcabench fabric` shows the \
+             links to them"
+        );
+    }
+    println!(
+        "attach: hcabench console {}    stop: hcabench down",
+        first.name
+    );
     Ok(state)
 }
 
