@@ -291,7 +291,7 @@ fn main() {
         println!(
             "Targets (one core) at {} ports on {} switches, medians: an SM sweep under 1 s: {} \
              (Subnet::sweep {} ms, the fabric's re-sweep after a cut {} ms; bringing the \
-             fabric up, a full sweep at each attach, {} ms); {} joins answered under 1 s: {} \
+             fabric up, each attach routing its own LID, {} ms); {} joins answered under 1 s: {} \
              ({} ms).",
             sh.ports(),
             sh.switches(),

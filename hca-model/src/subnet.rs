@@ -320,6 +320,12 @@ pub struct Subnet {
     lft: Vec<Vec<u8>>,
     /// [switch][switch]: the port toward another switch's LID (0: itself).
     to_switch: Vec<Vec<u8>>,
+    /// [switch][switch]: the ports one hop nearer to the other switch, over the links up
+    /// at the last sweep.
+    near: Vec<Vec<Vec<u8>>>,
+    /// [switch][port]: how many HCA LIDs the switch's table sends out of the port (the
+    /// spread over equal ports counts them).
+    load: Vec<Vec<u32>>,
     /// How many sweeps made this.
     sweeps: u64,
     /// The host this subnet is seen from (see [`Topology::on_hosts`]).
@@ -338,6 +344,8 @@ impl Subnet {
             links_up,
             lft: Vec::new(),
             to_switch: Vec::new(),
+            near: Vec::new(),
+            load: Vec::new(),
             sweeps: 0,
             here: 0,
         };
@@ -516,6 +524,8 @@ impl Subnet {
         }
         let mut to_switch = vec![vec![NO_PORT; n]; n];
         let mut lft = vec![vec![NO_PORT; usize::from(top) + 1]; n];
+        let mut near_all = Vec::with_capacity(n);
+        let mut load_all = Vec::with_capacity(n);
         for a in 0..n {
             let near: Vec<Vec<u8>> = (0..n).map(|b| nearer(a, b)).collect();
             let nearer = |b: usize| near.get(b).map(Vec::as_slice).unwrap_or_default();
@@ -548,11 +558,54 @@ impl Subnet {
                     best.unwrap_or(NO_PORT)
                 };
             }
+            near_all.push(near);
+            load_all.push(load);
         }
         self.switches = switches;
         self.attached = attached;
         self.lft = lft;
         self.to_switch = to_switch;
+        self.near = near_all;
+        self.load = load_all;
+    }
+
+    /// The SM found the HCA port at `lid` on the fabric (`here`) or gone: its entry in
+    /// every switch's table made as a full sweep would (min-hop over the links up at the
+    /// last sweep, spread over equal ports), the rest left as they are. What a port coming
+    /// or going costs: a full sweep's work over one LID. (Not for the default single
+    /// switch, whose port count follows the LIDs: sweep that.)
+    pub fn sweep_lid(&mut self, lid: Lid, here: bool) {
+        let Some((b, port)) = self.attachment(lid) else {
+            return;
+        };
+        for a in 0..self.switches.len() {
+            let (Some(table), Some(load)) = (self.lft.get_mut(a), self.load.get_mut(a)) else {
+                continue;
+            };
+            let Some(out) = table.get_mut(usize::from(lid)) else {
+                continue;
+            };
+            if a != b && *out != NO_PORT {
+                if let Some(l) = load.get_mut(usize::from(*out)) {
+                    *l = l.saturating_sub(1);
+                }
+            }
+            *out = match (here, a == b) {
+                (false, _) => NO_PORT,
+                (true, true) => port,
+                (true, false) => {
+                    let near = (self.near.get(a).and_then(|n| n.get(b)))
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    let best = (near.iter().copied())
+                        .min_by_key(|&p| (load.get(usize::from(p)).copied(), p));
+                    if let Some(l) = best.and_then(|p| load.get_mut(usize::from(p))) {
+                        *l += 1;
+                    }
+                    best.unwrap_or(NO_PORT)
+                }
+            };
+        }
     }
 
     /// The subnet with inter-switch link `link` up or down from now, its tables unchanged

@@ -372,7 +372,7 @@ fn test_a_host_not_heard_from_takes_its_link_and_ports_down_until_it_is_back() {
 fn test_what_a_peer_host_sends_is_checked() {
     let net = Net::two_hosts();
     let (a, b) = (&net.hosts[0], &net.hosts[1]);
-    let _g1 = guest(a, 1);
+    let mut g1 = guest(a, 1);
     let _g3 = guest(b, 3);
     // Junk, and a frame of another version.
     assert!(matches!(
@@ -437,7 +437,25 @@ fn test_what_a_peer_host_sends_is_checked() {
         a.receive(1, &ad(1, SM_LID - 1)),
         Err(RemoteError::NotItsOwn { .. })
     ));
-    assert_eq!(a.remote_stats().refused, 8);
+    // A port on host 1 with host 0's node's GUID: the SA would give its GID away.
+    let guid1 = port_guid(&mut g1);
+    let hijack = wire::encode(&Frame::Announce {
+        host: 1,
+        seq: 2,
+        links: vec![],
+        ports: vec![PortAd {
+            lid: 3,
+            guid: guid1,
+            caps: 0,
+            up: true,
+        }],
+    })
+    .unwrap();
+    assert!(matches!(
+        a.receive(1, &hijack),
+        Err(RemoteError::NotItsOwn { .. })
+    ));
+    assert_eq!(a.remote_stats().refused, 9);
     // Nothing of it took: LID 3 is unknown, the link up, host 1's own announcement fine.
     assert!(!a.subnet().reaches(1, 3));
     assert_eq!(a.receive(1, &b.announcement()), Ok(()));

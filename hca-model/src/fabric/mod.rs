@@ -263,6 +263,10 @@ struct Inner {
     /// The HCA ports other hosts announced, by LID: (host, port).
     remote_ports: RwLock<std::collections::BTreeMap<Lid, (u16, crate::wire::PortAd)>>,
     remote_counters: remote::Counters,
+    /// Port GUID to LID, of the ports here and the ports other hosts announced: the SA
+    /// looks a GID up on every join, path query and multicast delivery, which on a subnet
+    /// of thousands of ports must not be a walk through all of them.
+    guids: RwLock<std::collections::HashMap<u64, Lid>>,
 }
 
 #[derive(Default)]
@@ -344,6 +348,7 @@ impl Fabric {
                 hosts: Mutex::default(),
                 remote_ports: RwLock::default(),
                 remote_counters: remote::Counters::default(),
+                guids: RwLock::default(),
             }),
         }
     }
@@ -360,7 +365,8 @@ impl Fabric {
         };
         // Told outside the port table's lock: the port takes its device's lock to hear it.
         self.tell_pkeys(lid, &sink);
-        self.sweep();
+        self.index_guid(lid, &sink);
+        self.sweep_lid(lid, true);
         self.report_port(lid, true);
         lid
     }
@@ -393,7 +399,8 @@ impl Fabric {
             .links_down
             .lock_unpoisoned()
             .retain(|&l| l != lid);
-        self.sweep();
+        self.index_guid(lid, &sink);
+        self.sweep_lid(lid, true);
         self.report_port(lid, true);
         Ok(())
     }
@@ -409,7 +416,22 @@ impl Fabric {
                 self.set_port(lid, None);
             }
         }
-        self.sweep();
+        self.inner.guids.write_unpoisoned().retain(|_, l| *l != lid);
+        self.sweep_lid(lid, false);
+    }
+
+    /// Keeps the GUID of the port just attached at `lid` in the index.
+    fn index_guid(&self, lid: Lid, sink: &Weak<dyn PacketSink>) {
+        if let Some(guid) = sink.upgrade().and_then(|s| s.port_guid()) {
+            let mut g = self.inner.guids.write_unpoisoned();
+            g.retain(|_, l| *l != lid);
+            g.insert(guid, lid);
+        }
+    }
+
+    /// The LID the index has for port GUID `guid`.
+    pub(super) fn indexed_lid(&self, guid: u64) -> Option<Lid> {
+        self.inner.guids.read_unpoisoned().get(&guid).copied()
     }
 
     /// Faults for the HCAs on this fabric (see adapter_hook.rs).

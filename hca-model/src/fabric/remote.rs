@@ -173,8 +173,11 @@ impl Fabric {
                 self.report_port(l, false);
             }
             let mut ports = self.inner.remote_ports.write_unpoisoned();
+            let mut guids = self.inner.guids.write_unpoisoned();
             for l in &gone {
-                ports.remove(l);
+                if let Some((_, p)) = ports.remove(l) {
+                    guids.remove(&p.guid);
+                }
             }
         }
         self.settle_links();
@@ -407,6 +410,12 @@ impl Fabric {
             if subnet.host_of_lid(p.lid) != Some(from) || subnet.switch_at(p.lid).is_some() {
                 return Err(not_own(format!("the port at LID {}", p.lid)));
             }
+            // A GUID another port has (here, or on a third host) is not the sender's to
+            // claim: the SA would take that port's GID for the sender's.
+            let claimed = self.indexed_lid(p.guid).filter(|&l| l != p.lid);
+            if claimed.is_some_and(|l| subnet.host_of_lid(l) != Some(from)) {
+                return Err(not_own(format!("port GUID {:#x}", p.guid)));
+            }
         }
         {
             let mut h = self.inner.hosts.lock_unpoisoned();
@@ -438,11 +447,14 @@ impl Fabric {
         }
         if changed {
             let mut have = self.inner.remote_ports.write_unpoisoned();
-            for (l, _) in &old {
+            let mut guids = self.inner.guids.write_unpoisoned();
+            for (l, o) in &old {
                 have.remove(l);
+                guids.remove(&o.guid);
             }
             for p in ports {
                 have.insert(p.lid, (from, *p));
+                guids.insert(p.guid, p.lid);
             }
         }
         for &l in &came {

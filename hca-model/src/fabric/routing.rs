@@ -72,6 +72,18 @@ impl Fabric {
         }
     }
 
+    /// The SM saw the port at `lid` come (`here`) or go: the switches' tables follow for
+    /// that LID alone (see [`Subnet::sweep_lid`]).
+    pub(super) fn sweep_lid(&self, lid: Lid, here: bool) {
+        if !self.routed() {
+            // The single switch's ports follow the LIDs: a sweep of a few ports.
+            self.sweep();
+            return;
+        }
+        let mut s = self.inner.subnet.write_unpoisoned();
+        Arc::make_mut(&mut s).sweep_lid(lid, here);
+    }
+
     /// Runs a sweep the last tick left due (a link changed).
     pub(super) fn sweep_if_due(&self) -> bool {
         self.inner.sweep_due.swap(false, Acquire) && self.sweep()

@@ -78,6 +78,13 @@ impl PacketSink for SaPort {
 /// announced (`remote.rs`).
 impl crate::sa::Ports for Fabric {
     fn lid_of(&self, guid: u64) -> Option<Lid> {
+        // The index, where it still holds (else the walk below: a port gone, or one
+        // whose GUID changed since it attached).
+        if let Some(lid) = self.indexed_lid(guid) {
+            if self.guid_of(lid) == Some(guid) {
+                return Some(lid);
+            }
+        }
         let ports = self.inner.ports.read_unpoisoned();
         let local = ports.iter().enumerate().find_map(|(lid, p)| {
             let sink = p.as_ref()?.upgrade()?;
