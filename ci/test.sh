@@ -58,6 +58,10 @@ read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 }
 step "model benchmark (quick run; figures for reading, not asserted)"
 cargo bench -p hca-model --bench throughput -- --quick
 
+step "subnet at scale, and the latency between hosts (quick runs; figures for reading; every answer checked)"
+cargo bench -p hca-model --bench subnet -- --quick
+cargo bench -p cluster --bench interhost -- --rounds 2000
+
 step "verbs benchmark, hcab0 vs SoftRoCE (quick run; figures for reading, not asserted)"
 cargo run --release -q -p hcabench -- bench verbs --iters 50 --sizes 64,4096 \
 	--bw-sizes 65536 --bw-bytes 4194304
