@@ -13,7 +13,7 @@
 //! | 2..4 | a packet: the inter-switch link it crossed (its index in the cluster's topology); an announcement: the sending host's index |
 //! | packet: 4..6 | egress LID: 0 routes by the DLID; else the port at this LID only (a multicast copy for one member) |
 //! | 6 | flags: bit 0, the packet was corrupted on a link before this one |
-//! | 7 | 0 |
+//! | 7 | inter-host links crossed before this one (a host drops a packet that has crossed as many as the subnet has switches: tables that disagree for a moment cannot loop it) |
 //! | 8..12 | source QPN (the model's check that an RC packet comes from its QP's peer; IB leaves it to the QP's context) |
 //! | 12..16 | the path MTU the packet's message was cut at |
 //! | 16..20, 20..24 | the packet's index in its message, and the message's packet count |
@@ -52,6 +52,8 @@ pub enum Frame {
     Packet {
         /// The link's index in the topology.
         link: u16,
+        /// Inter-host links it crossed before this one.
+        hops: u8,
         /// 0: the DLID decides; else the port at this LID gets it (a multicast copy).
         egress: Lid,
         /// The packet (one MTU packet, never a train).
@@ -109,7 +111,12 @@ pub enum WireError {
 /// The datagram for `frame`. A packet's payload is read out of its sender's memory.
 pub fn encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
     match frame {
-        Frame::Packet { link, egress, pkt } => {
+        Frame::Packet {
+            link,
+            hops,
+            egress,
+            pkt,
+        } => {
             let mut owned = pkt.clone();
             let payload = owned.payload.make_owned().map_err(|_| WireError::Payload)?;
             let ib = crate::capture::encode(pkt, payload);
@@ -117,7 +124,7 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
             out.extend_from_slice(&[VERSION, KIND_PACKET]);
             out.extend_from_slice(&link.to_be_bytes());
             out.extend_from_slice(&egress.to_be_bytes());
-            out.extend_from_slice(&[if pkt.corrupt { FLAG_CORRUPT } else { 0 }, 0]);
+            out.extend_from_slice(&[if pkt.corrupt { FLAG_CORRUPT } else { 0 }, *hops]);
             for v in [pkt.src_qpn, pkt.mtu, pkt.first, pkt.of] {
                 out.extend_from_slice(&v.to_be_bytes());
             }
@@ -175,6 +182,7 @@ pub fn decode(d: &[u8]) -> Result<Frame, WireError> {
             (pkt.mtu, pkt.first, pkt.of) = (r.u32(12)?, r.u32(16)?, r.u32(20)?);
             Ok(Frame::Packet {
                 link,
+                hops: r.u8(7)?,
                 egress: r.u16(4)?,
                 pkt,
             })
@@ -364,19 +372,21 @@ mod tests {
     fn roundtrip(pkt: Packet) {
         let frame = Frame::Packet {
             link: 7,
+            hops: 3,
             egress: 0,
             pkt: pkt.clone(),
         };
         let d = encode(&frame).unwrap();
         let Frame::Packet {
             link,
+            hops,
             egress,
             pkt: back,
         } = decode(&d).unwrap()
         else {
             panic!("not a packet");
         };
-        assert_eq!((link, egress), (7, 0));
+        assert_eq!((link, hops, egress), (7, 3, 0));
         let what = format!("{pkt:?}");
         assert_eq!(
             (
@@ -534,6 +544,7 @@ mod tests {
         };
         let mut d = encode(&Frame::Packet {
             link: 0,
+            hops: 0,
             egress: 0,
             pkt,
         })

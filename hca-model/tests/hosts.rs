@@ -393,6 +393,7 @@ fn test_what_a_peer_host_sends_is_checked() {
     };
     let frame = |link| Frame::Packet {
         link,
+        hops: 0,
         egress: 0,
         pkt: pkt.clone(),
     };
@@ -455,10 +456,61 @@ fn test_what_a_peer_host_sends_is_checked() {
         a.receive(1, &hijack),
         Err(RemoteError::NotItsOwn { .. })
     ));
-    assert_eq!(a.remote_stats().refused, 9);
+    // Packets that cannot have come from host 1: from a port or the SM of host 0, or a
+    // unicast packet named for another port.
+    let forged = |slid, dlid, egress| {
+        let pkt = hca_model::packet::Packet {
+            slid,
+            dlid,
+            ..pkt.clone()
+        };
+        wire::encode(&Frame::Packet {
+            link: 0,
+            hops: 0,
+            egress,
+            pkt,
+        })
+        .unwrap()
+    };
+    for (slid, dlid, egress) in [(1, 2, 0), (SM_LID, 1, 0), (3, 1, 2)] {
+        assert!(
+            matches!(
+                a.receive(1, &forged(slid, dlid, egress)),
+                Err(RemoteError::Spoofed { .. })
+            ),
+            "from {slid} to {dlid}, egress {egress}"
+        );
+    }
+    // One LID twice in an announcement.
+    let twice = wire::encode(&Frame::Announce {
+        host: 1,
+        seq: 3,
+        links: vec![],
+        ports: vec![
+            PortAd {
+                lid: 3,
+                guid: 7,
+                caps: 0,
+                up: true,
+            };
+            2
+        ],
+    })
+    .unwrap();
+    assert!(matches!(
+        a.receive(1, &twice),
+        Err(RemoteError::NotItsOwn { .. })
+    ));
+    assert_eq!(a.remote_stats().refused, 13);
     // Nothing of it took: LID 3 is unknown, the link up, host 1's own announcement fine.
     assert!(!a.subnet().reaches(1, 3));
     assert_eq!(a.receive(1, &b.announcement()), Ok(()));
     net.tick();
     assert!(a.subnet().reaches(1, 3));
+    // A packet whose way leads back over the link it came by (tables that disagree for a
+    // moment) is lost here, not sent back.
+    let (out, lost) = (a.remote_stats().frames_out, a.stats().unrouted);
+    a.receive(1, &forged(4, 3, 0)).unwrap();
+    assert_eq!(a.remote_stats().frames_out, out, "not sent back");
+    assert_eq!(a.stats().unrouted, lost + 1);
 }

@@ -49,6 +49,19 @@ pub enum RemoteError {
         /// The link it named.
         link: u16,
     },
+    /// A packet whose source, or whose one-member egress, cannot have come from the
+    /// sender: a port or switch of this host, or a unicast packet named for another port.
+    #[error("host {host} sent a packet from LID {slid} (to {dlid}, egress {egress}), which it cannot have")]
+    Spoofed {
+        /// The sender.
+        host: u16,
+        /// What the packet said.
+        slid: Lid,
+        /// See `slid`.
+        dlid: Lid,
+        /// See `slid`.
+        egress: Lid,
+    },
     /// An announcement from a host for another, or of a port or link not at its switches.
     #[error("host {host} announced {what}, which is not its own")]
     NotItsOwn {
@@ -70,6 +83,24 @@ pub(super) struct Hosts {
     reported: BTreeMap<(u16, u16), bool>,
     /// Announcements sent.
     seq: u32,
+    /// By host: the sequence number of its last announcement taken.
+    heard_seq: BTreeMap<u16, u32>,
+}
+
+/// Where a packet on its way through this host came from: another host (the link it
+/// arrived by, and the inter-host links it had crossed), or this host's own port.
+#[derive(Clone, Copy)]
+pub(super) struct Via {
+    hops: u8,
+    link: Option<usize>,
+}
+
+impl Via {
+    /// Sent from a port or switch of this host.
+    pub(super) const HERE: Via = Via {
+        hops: 0,
+        link: None,
+    };
 }
 
 /// Inter-host traffic counters.
@@ -154,6 +185,10 @@ impl Fabric {
         }
         let changed = {
             let mut h = self.inner.hosts.lock_unpoisoned();
+            if !alive {
+                // Whatever it says next starts afresh (it may have started again).
+                h.heard_seq.remove(&host);
+            }
             h.alive.insert(host, alive) != Some(alive)
         };
         if !changed {
@@ -197,6 +232,14 @@ impl Fabric {
                 .collect()
         };
         let seq = self.inner.hosts.lock_unpoisoned().seq;
+        let n_ports = self.local_lids().len();
+        if n_ports > wire::MAX_ANNOUNCED {
+            log::error!(
+                "subnet: this host has {n_ports} ports, an announcement carries {}: the \
+                 others will not hear of them",
+                wire::MAX_ANNOUNCED
+            );
+        }
         let ports: Vec<PortAd> = (self.local_lids().into_iter())
             .filter_map(|lid| {
                 let p = self.port(lid)?;
@@ -222,18 +265,26 @@ impl Fabric {
     /// what this host knows of the sender.
     pub fn receive(&self, from: u16, d: &[u8]) -> Result<(), RemoteError> {
         let result = match wire::decode(d) {
-            Ok(Frame::Packet { link, egress, pkt }) => {
-                self.arrive(from, link, egress, pkt, d.len())
-            }
+            Ok(Frame::Packet {
+                link,
+                hops,
+                egress,
+                pkt,
+            }) => self.arrive(from, link, hops, egress, pkt, d.len()),
             Ok(Frame::Announce {
-                host, links, ports, ..
-            }) => self.heard(from, host, &links, &ports),
+                host,
+                seq,
+                links,
+                ports,
+            }) => self.heard(from, host, seq, &links, &ports),
             Err(e) => Err(e.into()),
         };
         if result.is_err() {
             self.inner.remote_counters.refused.fetch_add(1, Relaxed);
         }
-        self.pump();
+        // What the deliveries made here queued (ACKs, the SA's answers): the receiving
+        // thread moves its own, not every lane's.
+        self.pump_own();
         result
     }
 
@@ -241,6 +292,7 @@ impl Fabric {
         &self,
         from: u16,
         link: u16,
+        hops: u8,
         egress: Lid,
         pkt: Packet,
         bytes: usize,
@@ -256,6 +308,23 @@ impl Fabric {
         } else {
             return Err(refuse);
         };
+        // A packet from one of this host's ports or switches never comes from outside,
+        // and a one-member copy is multicast's alone.
+        let here_lid = subnet.host_of_lid(pkt.slid) == Some(subnet.here())
+            || subnet
+                .switch_at(pkt.slid)
+                .is_some_and(|sw| subnet.is_local(sw));
+        // (But a group's packet from a port here comes back from the SM's host, a copy
+        // for each member here.)
+        let sm_copy = pkt.is_multicast() && from == subnet.topology().host_of(0);
+        if (here_lid && !sm_copy) || (egress != 0 && !pkt.is_multicast()) {
+            return Err(RemoteError::Spoofed {
+                host: from,
+                slid: pkt.slid,
+                dlid: pkt.dlid,
+                egress,
+            });
+        }
         let c = &self.inner.remote_counters;
         c.frames_in.fetch_add(1, Relaxed);
         c.bytes_in.fetch_add(bytes as u64, Relaxed);
@@ -263,6 +332,10 @@ impl Fabric {
             self.lose(pkt);
             return Ok(());
         }
+        let via = Via {
+            hops,
+            link: Some(usize::from(link)),
+        };
         let hook = self.hook();
         let hook = hook.as_ref();
         if pkt.dlid == PERMISSIVE_LID {
@@ -275,13 +348,13 @@ impl Fabric {
         } else if egress != 0 {
             match subnet.next_stop_from(at.0, at.1, egress) {
                 Stop::Hca(l) if l == egress => self.down_and_deliver(pkt, l, hook, false),
-                Stop::Remote { link } => self.send_remote(&subnet, link, egress, pkt),
+                Stop::Remote { link } => self.send_remote(&subnet, link, egress, pkt, via),
                 _ => self.lose(pkt),
             }
         } else if pkt.is_multicast() {
-            self.multicast(&subnet, pkt, at, hook);
+            self.multicast(&subnet, pkt, at, hook, via);
         } else {
-            self.walk_on(&subnet, pkt, at, hook, false);
+            self.walk_on(&subnet, pkt, at, hook, false, via);
         }
         Ok(())
     }
@@ -294,6 +367,7 @@ impl Fabric {
         at: (usize, u8),
         hook: Option<&Arc<dyn LinkHook>>,
         more: bool,
+        via: Via,
     ) {
         match subnet.next_stop_from(at.0, at.1, pkt.dlid) {
             Stop::Hca(l) => self.down_and_deliver(pkt, l, hook, more),
@@ -301,7 +375,8 @@ impl Fabric {
                 let lid = pkt.dlid;
                 self.down_and_deliver(pkt, lid, hook, more)
             }
-            Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt),
+            Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt, via),
+            Stop::Lost if via.link.is_some() => self.lose(pkt),
             Stop::Lost => self.bounce(pkt, DropReason::Unrouted),
         }
     }
@@ -315,10 +390,11 @@ impl Fabric {
         pkt: Packet,
         at: (usize, u8),
         hook: Option<&Arc<dyn LinkHook>>,
+        via: Via,
     ) {
         if !subnet.is_local(0) {
             return match subnet.next_stop_from(at.0, at.1, SM_LID) {
-                Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt),
+                Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt, via),
                 _ => self.lose(pkt),
             };
         }
@@ -336,7 +412,7 @@ impl Fabric {
         for lid in lids {
             match subnet.next_stop_from(at.0, at.1, lid) {
                 Stop::Hca(l) => self.down_and_deliver(pkt.clone(), l, hook, false),
-                Stop::Remote { link } => self.send_remote(subnet, link, lid, pkt.clone()),
+                Stop::Remote { link } => self.send_remote(subnet, link, lid, pkt.clone(), via),
                 _ => {}
             }
         }
@@ -348,15 +424,32 @@ impl Fabric {
             Some(Out::To(p)) => self.enqueue(p),
             Some(Out::Across { link, pkt }) => {
                 let subnet = self.subnet();
-                self.send_remote(&subnet, link, 0, pkt);
+                self.send_remote(&subnet, link, 0, pkt, Via::HERE);
             }
             None => {}
         }
     }
 
     /// Sends `pkt` over inter-host link `link`, a frame per MTU packet; `egress`: the one
-    /// port it is for (a multicast copy), or 0.
-    pub(super) fn send_remote(&self, subnet: &Subnet, link: usize, egress: Lid, pkt: Packet) {
+    /// port it is for (a multicast copy), or 0. Not back over the link it came by (but a
+    /// multicast copy), and not
+    /// past as many inter-host links as the subnet has switches: hosts' tables disagree
+    /// for a moment after a link changes (each sweeps on its own tick), and a packet must
+    /// not go round between them meanwhile.
+    pub(super) fn send_remote(
+        &self,
+        subnet: &Subnet,
+        link: usize,
+        egress: Lid,
+        pkt: Packet,
+        via: Via,
+    ) {
+        let most = subnet.switches().len().min(usize::from(u8::MAX));
+        // (A multicast copy may go back the way the group's packet came: a member beyond.)
+        let back = via.link == Some(link) && !pkt.is_multicast();
+        if back || usize::from(via.hops) >= most {
+            return self.lose(pkt);
+        }
         let Some(remote) = self.inner.remote.get() else {
             return self.lose(pkt);
         };
@@ -369,6 +462,7 @@ impl Fabric {
         for p in pkt.packets() {
             let frame = Frame::Packet {
                 link: link as u16,
+                hops: via.hops.saturating_add(1),
                 egress,
                 pkt: p,
             };
@@ -393,6 +487,7 @@ impl Fabric {
         &self,
         from: u16,
         host: u16,
+        seq: u32,
         links: &[(u16, bool)],
         ports: &[PortAd],
     ) -> Result<(), RemoteError> {
@@ -400,6 +495,13 @@ impl Fabric {
         let not_own = |what: String| RemoteError::NotItsOwn { host: from, what };
         if host != from || from == subnet.here() {
             return Err(not_own(format!("host {host}")));
+        }
+        // Each LID and GUID once.
+        for (i, p) in ports.iter().enumerate() {
+            let before = ports.get(..i).unwrap_or_default();
+            if before.iter().any(|q| q.lid == p.lid || q.guid == p.guid) {
+                return Err(not_own(format!("the port at LID {} twice", p.lid)));
+            }
         }
         for &(k, _) in links {
             if !ends_on(&subnet, usize::from(k), from) {
@@ -419,6 +521,15 @@ impl Fabric {
         }
         {
             let mut h = self.inner.hosts.lock_unpoisoned();
+            // An announcement older than one taken is stale (datagrams may be reordered);
+            // one far older is a host that started again.
+            if let Some(&last) = h.heard_seq.get(&from) {
+                let newer = seq.wrapping_sub(last);
+                if newer == 0 || newer > u32::MAX / 2 && last.wrapping_sub(seq) < 1 << 16 {
+                    return Ok(());
+                }
+            }
+            h.heard_seq.insert(from, seq);
             for &(k, up) in links {
                 h.reported.insert((k, from), up);
             }
@@ -448,10 +559,11 @@ impl Fabric {
         if changed {
             let mut have = self.inner.remote_ports.write_unpoisoned();
             let mut guids = self.inner.guids.write_unpoisoned();
-            for (l, o) in &old {
+            for (l, _) in &old {
                 have.remove(l);
-                guids.remove(&o.guid);
             }
+            // Every GUID the sender's ports had goes, whatever it said before.
+            guids.retain(|_, l| subnet.host_of_lid(*l) != Some(from));
             for p in ports {
                 have.insert(p.lid, (from, *p));
                 guids.insert(p.guid, p.lid);

@@ -16,6 +16,7 @@
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 
+use super::remote::Via;
 use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::packet::Packet;
 use crate::sa::sm::PERMISSIVE_LID;
@@ -66,9 +67,9 @@ impl Fabric {
             return self.bounce(pkt, DropReason::Unrouted);
         };
         if pkt.is_multicast() {
-            self.multicast(&subnet, pkt, at, hook);
+            self.multicast(&subnet, pkt, at, hook, Via::HERE);
         } else {
-            self.walk_on(&subnet, pkt, at, hook, more);
+            self.walk_on(&subnet, pkt, at, hook, more, Via::HERE);
         }
     }
 
@@ -93,14 +94,16 @@ impl Fabric {
     /// HCA ports it lost or found again to the SA's subscribers. Returns whether it queued
     /// Reports.
     pub(super) fn sweep(&self) -> bool {
-        let lids = self.lids();
-        let subnet = {
+        let (lids, subnet) = {
+            // The ports read under the subnet's lock: a port that attaches meanwhile routes
+            // its LID after this sweep, not before it (where the sweep would undo it).
             let mut s = self.inner.subnet.write_unpoisoned();
+            let lids = self.lids();
             let mut swept = Subnet::clone(&s);
             swept.sweep(&lids);
             let swept = Arc::new(swept);
             *s = swept.clone();
-            swept
+            (lids, swept)
         };
         if !self.routed() {
             return false;
