@@ -173,8 +173,8 @@ fn directed(
     if !pure {
         return None;
     }
-    // Each switch is one hop: no route crosses more than a route has.
-    for _ in 0..=MAX_HOPS {
+    // Each switch is one hop: no route crosses more than a route has, out and back.
+    for _ in 0..=2 * MAX_HOPS + 1 {
         let here = Switch::new(subnet, ports, sw, ingress, activity)?;
         let out = here.directed(mad)?;
         if !here.port_linked(out) {

@@ -205,6 +205,11 @@ pub(super) fn lfts(req: &Request, ports: &dyn Ports) -> Result<Found, u16> {
             r[2..4].copy_from_slice(&(block as u16).to_be_bytes());
             r[8..72].copy_from_slice(&table);
             rows.push(r.to_vec());
+            // Past the most a table carries the SA refuses it: no need to make the rest
+            // (256 switches' tables are 196,000 blocks).
+            if rows.len() > super::MAX_TABLE_RECORDS {
+                return records(BLOCK_RECORD_SIZE, rows);
+            }
         }
     }
     records(BLOCK_RECORD_SIZE, rows)
@@ -348,6 +353,9 @@ pub(super) fn sl2vl_tables(req: &Request, ports: &dyn Ports) -> Result<Found, u1
             .collect();
         for &p in &used {
             keys.extend(used.iter().map(|&o| (sw.lid, p, o)));
+        }
+        if keys.len() > super::MAX_TABLE_RECORDS && !req.has(cm::LID) {
+            break;
         }
     }
     let rows = keys
