@@ -27,6 +27,7 @@ const MAX_DATAGRAM: usize = 65_536;
 /// This host on the network between hosts; dropping it leaves the network (the others
 /// then find it gone).
 pub struct Interhost {
+    fabric: Fabric,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     counts: Arc<Counts>,
@@ -119,6 +120,7 @@ impl Interhost {
                 .spawn(move || announce(&fabric, &sender, here, &stop, &heard))?
         };
         Ok(Interhost {
+            fabric: fabric.clone(),
             stop,
             threads: vec![receiver, announcer],
             counts,
@@ -142,6 +144,8 @@ impl Interhost {
 
 impl Drop for Interhost {
     fn drop(&mut self) {
+        // Nothing more goes out: a host that left sends nothing the others take for life.
+        self.fabric.set_remote(None);
         self.stop.store(true, Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -184,16 +188,18 @@ fn receive(
             counts.strangers.fetch_add(1, Relaxed);
             continue;
         };
-        if let Some(t) = heard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(host)
-        {
-            *t = Some(Instant::now());
-        }
-        if let Err(e) = fabric.receive(host as u16, buf.get(..n).unwrap_or_default()) {
-            if counts.refused.fetch_add(1, Relaxed) == 0 {
-                log::warn!("interhost: from host {host} ({from}): {e}");
+        match fabric.receive(host as u16, buf.get(..n).unwrap_or_default()) {
+            // Only what the fabric took says the host is alive.
+            Ok(()) => {
+                let mut heard = heard.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(t) = heard.get_mut(host) {
+                    *t = Some(Instant::now());
+                }
+            }
+            Err(e) => {
+                if counts.refused.fetch_add(1, Relaxed) == 0 {
+                    log::warn!("interhost: from host {host} ({from}): {e}");
+                }
             }
         }
     }
