@@ -80,6 +80,11 @@ pub enum RequestError {
     NoSwitch { name: String, known: String },
     #[error("no link joins {a} and {b} (`hcabench fabric` lists the links)")]
     NotJoined { a: String, b: String },
+    #[error(
+        "neither {a} nor {b} is on this host: cut the link on host {hosts} (`hcabench link` \
+         there)"
+    )]
+    NotHere { a: String, b: String, hosts: String },
     #[error("{count} links join {a} and {b}: say which, 1 to {count} in the cluster file's order")]
     WhichLink { a: String, b: String, count: usize },
     #[error("`{n}` is not one of the links joining {a} and {b} (1 to {count})")]
@@ -506,6 +511,17 @@ impl Control {
                     })?
             }
         };
+        // On a subnet that spans hosts, a host cuts only the links at its own switches.
+        if !(subnet.is_local(ia) || subnet.is_local(ib)) {
+            let mut hosts = vec![topology.host_of(ia), topology.host_of(ib)];
+            hosts.dedup();
+            let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+            return Err(RequestError::NotHere {
+                a,
+                b,
+                hosts: hosts.join(" or "),
+            });
+        }
         let was = subnet.link_up(k) == Some(up);
         // (The topology and its links never change under a running cluster.)
         if self.fabric.set_switch_link(k, up).is_none() {

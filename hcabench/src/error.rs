@@ -120,6 +120,13 @@ pub enum UsageError {
          --host NAME`"
     )]
     WhichHost(String),
+    /// A run or a bench on a cluster file that spans hosts.
+    #[error(
+        "{0} boots its guests on this host alone, and this cluster file spans hosts ([[host]]): \
+         start it with `hcabench up --host NAME` on each and run work through the guests \
+         (hcabench exec), or drop the [[host]] tables"
+    )]
+    HostsNotHere(String),
     /// `--host` on a cluster file with no `[[host]]` tables.
     #[error("--host {0}: the cluster file names no hosts (add [[host]] tables)")]
     NoHosts(String),

@@ -153,6 +153,10 @@ impl Session {
         keep: bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Session, BenchError> {
+        if !cfg.host.is_empty() {
+            // A run or a bench boots its guests on this host alone.
+            return Err(UsageError::HostsNotHere(shape.what.to_string()).into());
+        }
         let image = cfg.image()?;
         let dir: PathBuf =
             std::env::temp_dir().join(format!("hcabench-{}-{}", shape.what, std::process::id()));
