@@ -25,6 +25,7 @@ const T: Duration = Duration::from_secs(120);
 /// A network namespace pair joined by a veth, removed when dropped.
 struct Netns {
     names: [String; 2],
+    veth: String,
 }
 
 impl Netns {
@@ -32,10 +33,11 @@ impl Netns {
     /// namespaces is its own network, so the addresses never meet another test's).
     fn pair(tag: &str) -> Result<Netns, String> {
         let names = [format!("{tag}a"), format!("{tag}b")];
+        let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
         let ns = Netns {
             names: names.clone(),
+            veth: va.clone(),
         };
-        let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
         let steps: Vec<Vec<&str>> = vec![
             vec!["netns", "add", &names[0]],
             vec!["netns", "add", &names[1]],
@@ -69,8 +71,22 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         for n in &self.names {
+            // Whatever still runs in it (a daemon that never wrote its state, its QEMU).
+            if let Ok(o) = Command::new("ip").args(["netns", "pids", n]).output() {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        // SAFETY: kill has no memory preconditions; the process is one this
+                        // test's namespace holds.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
             let _ = Command::new("ip").args(["netns", "del", n]).output();
         }
+        // The veth goes with its namespaces, unless it never reached them.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
     }
 }
 
@@ -143,7 +159,11 @@ fn test_one_subnet_spans_two_hosts_in_their_own_network_namespaces() {
     let Some(_image) = image_or_skip("a subnet across two hosts") else {
         return;
     };
-    let tag = format!("hcb{}", std::process::id() % 100_000);
+    // (Unique to this run: a namespace a crashed run left is not reused.)
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tag = format!("hcb{:x}", (std::process::id() ^ nanos) % 0xf_ffff);
     let net = match Netns::pair(&tag) {
         Ok(n) => n,
         Err(why) if std::env::var_os("HCABENCH_E2E_REQUIRED").is_some() => {
