@@ -816,56 +816,63 @@ fn test_user_verbs_rdma_core_tools_on_hcab0_and_softroce() {
         hca_model::AdapterFault::Reset,
     ] {
         checks.run(
-        &mut tb,
-        &format!("hcab0: a process across node2's adapter's {}", fault.name()),
-        |tb| {
-            tb.agents[1].run(
-                "dmesg -c > /dev/null; rm -f /tmp/aw.log; (ibv_asyncwatch -d hcab0 > /tmp/aw.log 2>&1; \
+            &mut tb,
+            &format!("hcab0: a process across node2's adapter's {}", fault.name()),
+            |tb| {
+                // ib0 down first: this check is about a user process. With ib0 up across the
+                // adapter's fatal, Debian 6.12's IPoIB once in a while warns in its own
+                // teardown (WARN_ON at ipoib_main.c:2030, in ipoib_ndo_uninit, called from
+                // ipoib_remove_one as hca_ib unregisters the device: CI at stops 58 and 60;
+                // which of IPoIB's flags it finds set is not traced yet). IPoIB across a
+                // fatal is faults.rs's to exercise.
+                tb.agents[1].run(
+                    "ip link set ib0 down; dmesg -c > /dev/null; rm -f /tmp/aw.log; \
+                 (ibv_asyncwatch -d hcab0 > /tmp/aw.log 2>&1; \
              echo exit=$? >> /tmp/aw.log) & \
              for i in $(seq 50); do grep -q 'async event FD' /tmp/aw.log && break; \
              sleep 0.1; done",
-                T,
-            )?;
-            ensure!(
-                tb.fabric().adapter_fault(2, fault) == Some(true),
-                "node2's adapter was not on the fabric"
-            );
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            // node2's whole kernel log since the fault, so that a warning shows its own line
-            // and frames (once in CI a trace came during the teardown, its cause unseen).
-            let log = loop {
-                let log = tb.agents[1].run(
-                    "cat /tmp/aw.log; dmesg | tail -150",
                     T,
                 )?;
-                if log.contains("recovered from a catastrophic error")
-                    && log.contains("IBV_EVENT_DEVICE_FATAL")
-                    || std::time::Instant::now() > deadline
-                {
-                    break log;
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            };
-            ensure!(
-                log.contains("event_type IBV_EVENT_DEVICE_FATAL (8)")
-                    && log.contains("recovered from a catastrophic error")
-                    && !log.contains("exit=0")
-                    && !log.contains("Oops")
-                    && !log.contains("Call Trace"),
-                "the process did not hear the error, or the device did not recover:\n{log}{}",
-                why(tb)
-            );
-            // (ibv_asyncwatch's next read would fail: its device is gone. It waits for one.)
-            tb.agents[1].run("killall -q ibv_asyncwatch; true", T)?;
-            // IPoIB's ib0 came back down and empty: up again, and node1 forgets the old QPN.
-            tb.agents[1].run("ipoib-up 10.78.0.2/24", T)?;
-            tb.agents[0].run("ip neigh flush dev ib0", T)?;
-            let cmd = "ibv_rc_pingpong -d hcab0 -c -n 100";
-            let p = pair(tb, cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
-            pingpong_ok(&p, 100, Some(4096), [1, 2], None).map_err(|e| e.diagnosed(why(tb)))?;
-            Ok("IBV_EVENT_DEVICE_FATAL heard, hcab0 back, 100 verified round trips after".into())
-        },
-    );
+                ensure!(
+                    tb.fabric().adapter_fault(2, fault) == Some(true),
+                    "node2's adapter was not on the fabric"
+                );
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                // node2's whole kernel log since the fault, so that a warning shows its own line
+                // and frames (once in CI a trace came during the teardown, its cause unseen).
+                let log = loop {
+                    let log = tb.agents[1].run("cat /tmp/aw.log; dmesg | tail -150", T)?;
+                    if log.contains("recovered from a catastrophic error")
+                        && log.contains("IBV_EVENT_DEVICE_FATAL")
+                        || std::time::Instant::now() > deadline
+                    {
+                        break log;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                };
+                ensure!(
+                    log.contains("event_type IBV_EVENT_DEVICE_FATAL (8)")
+                        && log.contains("recovered from a catastrophic error")
+                        && !log.contains("exit=0")
+                        && !log.contains("Oops")
+                        && !log.contains("Call Trace"),
+                    "the process did not hear the error, or the device did not recover:\n{log}{}",
+                    why(tb)
+                );
+                // (ibv_asyncwatch's next read would fail: its device is gone. It waits for one.)
+                tb.agents[1].run("killall -q ibv_asyncwatch; true", T)?;
+                // IPoIB's ib0 came back down and empty: up again, and node1 forgets the old QPN.
+                tb.agents[1].run("ipoib-up 10.78.0.2/24", T)?;
+                tb.agents[0].run("ip neigh flush dev ib0", T)?;
+                let cmd = "ibv_rc_pingpong -d hcab0 -c -n 100";
+                let p = pair(tb, cmd, &format!("{cmd} {SERVER_IB0}"), Listen::Tcp)?;
+                pingpong_ok(&p, 100, Some(4096), [1, 2], None).map_err(|e| e.diagnosed(why(tb)))?;
+                Ok(
+                    "IBV_EVENT_DEVICE_FATAL heard, hcab0 back, 100 verified round trips after"
+                        .into(),
+                )
+            },
+        );
     }
 
     // The kernel loads a module it asks for through /sbin/modprobe: `rdma link add ...
