@@ -3,8 +3,10 @@
 //! network as datagrams ([`crate::wire`]). The host with the first switch runs the SM and
 //! the SA.
 //!
-//! Every host keeps the whole topology and computes the same min-hop tables (the sweep is
-//! deterministic), from the same view of the links: each host announces, several times a
+//! Every host keeps the whole topology and computes min-hop tables itself from the same
+//! view of the links (where several ports lead equally near, hosts may pick differently:
+//! every pick is one hop nearer, so no way loops once the views agree; a hop count in
+//! each frame bounds the moments they do not). Each host announces, several times a
 //! second, its side of the links at its switches and the HCA ports it has (what an SM's
 //! sweep would learn from their SMAs), and a link is up where both its ends' hosts have
 //! it up and are heard from. A packet walks this host's switches; where its way leaves
