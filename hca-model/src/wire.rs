@@ -12,7 +12,7 @@
 //! | 1 | kind: 1 a packet, 2 an announcement |
 //! | 2..4 | a packet: the inter-switch link it crossed (its index in the cluster's topology); an announcement: the sending host's index |
 //! | packet: 4..6 | egress LID: 0 routes by the DLID; else the port at this LID only (a multicast copy for one member) |
-//! | 6 | flags: bit 0, the packet was corrupted on a link before this one |
+//! | 6 | flags: bit 0, the packet was corrupted on a link before this one; bit 1, it comes back to its sender, refused by its receiver (no such QP, ...), headers only |
 //! | 7 | inter-host links crossed before this one (a host drops a packet that has crossed as many as the subnet has switches: tables that disagree for a moment cannot loop it) |
 //! | 8..12 | source QPN (the model's check that an RC packet comes from its QP's peer; IB leaves it to the QP's context) |
 //! | 12..16 | the path MTU the packet's message was cut at |
@@ -38,6 +38,7 @@ pub const PACKET_HEADER: usize = 24;
 /// The most link states, and the most ports, one announcement carries.
 pub const MAX_ANNOUNCED: usize = 2048;
 const FLAG_CORRUPT: u8 = 1;
+const FLAG_BOUNCE: u8 = 2;
 const QPN_MASK: u32 = 0x00ff_ffff;
 
 const LRH: usize = 8;
@@ -56,6 +57,8 @@ pub enum Frame {
         hops: u8,
         /// 0: the DLID decides; else the port at this LID gets it (a multicast copy).
         egress: Lid,
+        /// It goes back to its sender (its SLID), refused by its receiver.
+        bounce: bool,
         /// The packet (one MTU packet, never a train).
         pkt: Packet,
     },
@@ -115,6 +118,7 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
             link,
             hops,
             egress,
+            bounce,
             pkt,
         } => {
             let mut owned = pkt.clone();
@@ -124,7 +128,9 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
             out.extend_from_slice(&[VERSION, KIND_PACKET]);
             out.extend_from_slice(&link.to_be_bytes());
             out.extend_from_slice(&egress.to_be_bytes());
-            out.extend_from_slice(&[if pkt.corrupt { FLAG_CORRUPT } else { 0 }, *hops]);
+            let flags =
+                if pkt.corrupt { FLAG_CORRUPT } else { 0 } | if *bounce { FLAG_BOUNCE } else { 0 };
+            out.extend_from_slice(&[flags, *hops]);
             for v in [pkt.src_qpn, pkt.mtu, pkt.first, pkt.of] {
                 out.extend_from_slice(&v.to_be_bytes());
             }
@@ -184,6 +190,7 @@ pub fn decode(d: &[u8]) -> Result<Frame, WireError> {
                 link,
                 hops: r.u8(7)?,
                 egress: r.u16(4)?,
+                bounce: r.u8(6)? & FLAG_BOUNCE != 0,
                 pkt,
             })
         }
@@ -374,6 +381,7 @@ mod tests {
             link: 7,
             hops: 3,
             egress: 0,
+            bounce: true,
             pkt: pkt.clone(),
         };
         let d = encode(&frame).unwrap();
@@ -381,12 +389,13 @@ mod tests {
             link,
             hops,
             egress,
+            bounce,
             pkt: back,
         } = decode(&d).unwrap()
         else {
             panic!("not a packet");
         };
-        assert_eq!((link, hops, egress), (7, 3, 0));
+        assert_eq!((link, hops, egress, bounce), (7, 3, 0, true));
         let what = format!("{pkt:?}");
         assert_eq!(
             (
@@ -546,6 +555,7 @@ mod tests {
             link: 0,
             hops: 0,
             egress: 0,
+            bounce: false,
             pkt,
         })
         .unwrap();

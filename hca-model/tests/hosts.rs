@@ -395,6 +395,7 @@ fn test_what_a_peer_host_sends_is_checked() {
         link,
         hops: 0,
         egress: 0,
+        bounce: false,
         pkt: pkt.clone(),
     };
     let d = wire::encode(&frame(0)).unwrap();
@@ -468,6 +469,7 @@ fn test_what_a_peer_host_sends_is_checked() {
             link: 0,
             hops: 0,
             egress,
+            bounce: false,
             pkt,
         })
         .unwrap()
@@ -513,4 +515,59 @@ fn test_what_a_peer_host_sends_is_checked() {
     a.receive(1, &forged(4, 3, 0)).unwrap();
     assert_eq!(a.remote_stats().frames_out, out, "not sent back");
     assert_eq!(a.stats().unrouted, lost + 1);
+}
+
+/// A receiver on another host that refuses a packet (no such QP) tells its sender, as one
+/// on the same host does: the RC WR fails at once, not after its retries.
+#[test]
+fn test_a_refusal_on_another_host_reaches_the_sender() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let mut g1 = guest(a, 1);
+    let _g3 = guest(b, 3);
+    net.announce();
+    net.tick();
+    let pd = g1.alloc_pd();
+    let mut cq = g1.create_cq(8);
+    let mut qp = g1.create_qp(QPT_RC, pd, cq.cqn, cq.cqn);
+    // timeout 14 (67 ms) x 8 tries: half a second of retries were it lost.
+    g1.bring_up_rc_tuned(qp.qpn, 3, 0x00ab_cdef, ALL_ACCESS, MTU_1024, (14, 7, 7));
+    let key = g1.reg_dma_mr(pd, ALL_ACCESS);
+    let buf = g1.alloc(64, 64);
+    g1.post_send(
+        &mut qp,
+        send_wr(5, WR_SEND, WQE_SIGNALED),
+        &[sge(buf, 64, key)],
+    );
+    let c = collect(&net, &mut g1, &mut cq, 1, 10 * MS);
+    assert_eq!(
+        (c.len(), c[0].wr_id, u32::from(c[0].status)),
+        (1, 5, WC_RETRY_EXC_ERR),
+        "{c:?}"
+    );
+    assert_eq!(
+        g1.hca.stats().retransmits,
+        0,
+        "heard at once, not timed out"
+    );
+    // A refusal must name a refusing port on the sender's side: one "from" this host's
+    // own port is forged.
+    let forged = wire::encode(&Frame::Packet {
+        link: 0,
+        hops: 0,
+        egress: 0,
+        bounce: true,
+        pkt: hca_model::packet::Packet {
+            slid: 1,
+            dlid: 2,
+            opcode: hca_model::packet::RC_SEND_ONLY,
+            count: 1,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    assert!(matches!(
+        a.receive(1, &forged),
+        Err(RemoteError::Spoofed { .. })
+    ));
 }

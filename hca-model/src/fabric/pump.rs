@@ -361,8 +361,13 @@ impl Fabric {
                     drop(d);
                     lanes.count_out(src, weight(&notice.0));
                     let (pkt, why) = *notice;
-                    if let Some(src) = self.port(pkt.slid) {
-                        src.undeliverable(pkt, why);
+                    match self.port(pkt.slid) {
+                        Some(src) => src.undeliverable(pkt, why),
+                        // A sender on another host hears of its receiver's refusal there.
+                        None if self.routed() && why == DropReason::Rejected => {
+                            self.bounce_across(pkt)
+                        }
+                        None => {}
                     }
                 }
             }

@@ -271,8 +271,9 @@ impl Fabric {
                 link,
                 hops,
                 egress,
+                bounce,
                 pkt,
-            }) => self.arrive(from, link, hops, egress, pkt, d.len()),
+            }) => self.arrive(from, (link, hops, egress, bounce), pkt, d.len()),
             Ok(Frame::Announce {
                 host,
                 seq,
@@ -290,12 +291,11 @@ impl Fabric {
         result
     }
 
+    /// A packet frame from host `from`: (its link, hops, egress, bounce).
     fn arrive(
         &self,
         from: u16,
-        link: u16,
-        hops: u8,
-        egress: Lid,
+        (link, hops, egress, bounce): (u16, u8, Lid, bool),
         pkt: Packet,
         bytes: usize,
     ) -> Result<(), RemoteError> {
@@ -310,6 +310,9 @@ impl Fabric {
         } else {
             return Err(refuse);
         };
+        if bounce {
+            return self.bounced_back(&subnet, from, at, (link, hops), pkt, bytes);
+        }
         // A packet from one of this host's ports or switches never comes from outside,
         // and a one-member copy is multicast's alone.
         let here_lid = subnet.host_of_lid(pkt.slid) == Some(subnet.here())
@@ -446,6 +449,18 @@ impl Fabric {
         pkt: Packet,
         via: Via,
     ) {
+        self.send_across(subnet, link, (egress, false), pkt, via);
+    }
+
+    /// [`Fabric::send_remote`], `bounce` saying the packet goes back to its sender.
+    fn send_across(
+        &self,
+        subnet: &Subnet,
+        link: usize,
+        (egress, bounce): (Lid, bool),
+        pkt: Packet,
+        via: Via,
+    ) {
         let most = subnet.switches().len().min(usize::from(u8::MAX));
         // (A multicast copy may go back the way the group's packet came: a member beyond.)
         let back = via.link == Some(link) && !pkt.is_multicast();
@@ -466,6 +481,7 @@ impl Fabric {
                 link: link as u16,
                 hops: via.hops.saturating_add(1),
                 egress,
+                bounce,
                 pkt: p,
             };
             match wire::encode(&frame) {
@@ -477,6 +493,56 @@ impl Fabric {
                 Err(e) => log::debug!("subnet: a packet for link {link} not sent: {e}"),
             }
         }
+    }
+
+    /// A packet from a port on another host that a port here refused (no such QP, ...):
+    /// back to its sender's host, headers only, as a refusal on one host goes back to its
+    /// sender (whose RC QP then fails at once, not after its retries).
+    pub(super) fn bounce_across(&self, pkt: Packet) {
+        let subnet = self.subnet();
+        if let Stop::Remote { link } = subnet.next_stop(pkt.dlid, pkt.slid) {
+            self.send_across(&subnet, link, (0, true), pkt, Via::HERE);
+        }
+    }
+
+    /// A refusal coming back over `link` to a port here, or through this host to one
+    /// beyond: the refusing port is not this host's.
+    fn bounced_back(
+        &self,
+        subnet: &Subnet,
+        from: u16,
+        at: (usize, u8),
+        (link, hops): (u16, u8),
+        pkt: Packet,
+        bytes: usize,
+    ) -> Result<(), RemoteError> {
+        if subnet
+            .host_of_lid(pkt.dlid)
+            .is_none_or(|h| h == subnet.here())
+        {
+            return Err(RemoteError::Spoofed {
+                host: from,
+                slid: pkt.slid,
+                dlid: pkt.dlid,
+                egress: 0,
+            });
+        }
+        let c = &self.inner.remote_counters;
+        c.frames_in.fetch_add(1, Relaxed);
+        c.bytes_in.fetch_add(bytes as u64, Relaxed);
+        if subnet.host_of_lid(pkt.slid) == Some(subnet.here()) {
+            self.bounce(pkt, DropReason::Rejected);
+            return Ok(());
+        }
+        let via = Via {
+            hops,
+            link: Some(usize::from(link)),
+        };
+        match subnet.next_stop_from(at.0, at.1, pkt.slid) {
+            Stop::Remote { link } => self.send_across(subnet, link, (0, true), pkt, via),
+            _ => self.lose(pkt),
+        }
+        Ok(())
     }
 
     /// A packet lost between switches, its sender not told (as a lossy link's).
