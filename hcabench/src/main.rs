@@ -1038,11 +1038,24 @@ fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), Error> {
 }
 
 fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
-    exec::live_cluster(run)?;
+    let state = exec::live_cluster(run)?;
     print!(
         "{}",
         control::switches_text(&control::request(run.dir(), "switches")?)
     );
+    // On a cluster that spans hosts, the SA (groups, service records, subscriptions) is the
+    // first host's, the SM's.
+    let cfg = &state.config;
+    if let (Some(here), Some(sm)) = (&cfg.this_host, cfg.host.first()) {
+        if *here != sm.name {
+            println!(
+                "the SM and the SA run on host {} (`hcabench fabric` there lists the multicast \
+                 groups, service records and subscriptions)",
+                sm.name
+            );
+            return Ok(());
+        }
+    }
     let reply = control::request(run.dir(), "groups")?;
     println!(
         "multicast groups (the fabric's subnet administrator, SM LID {:#x}):",
