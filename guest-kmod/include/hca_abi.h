@@ -135,6 +135,11 @@
 
 /* Port (ib_port_state, ib_mtu numbering) */
 #define HCA_PORT_DOWN			1
+/* link up, waiting for a subnet manager: only SMPs pass */
+#define HCA_PORT_INIT			2
+#define HCA_PORT_ARMED			3
+/* hca_port_attr.flags: an SM in a guest manages the port (it takes SMP_SET) */
+#define HCA_PORT_FLAG_GUEST_SM		(1 << 0)
 #define HCA_PORT_ACTIVE			4
 #define HCA_MTU_256			1
 #define HCA_MTU_4096			5
@@ -162,6 +167,8 @@
 #define HCA_CMD_ATTACH_MCAST		0x44
 #define HCA_CMD_DETACH_MCAST		0x45
 #define HCA_CMD_SET_PORT_CAP		0x46
+/* an SM's Set of PortInfo or P_KeyTable, as the SMA took it from QP0 */
+#define HCA_CMD_SMP_SET			0x47
 #define HCA_CMD_CREATE_SRQ		0x50
 /* arms (limit > 0) or disarms (0) an SRQ's limit event */
 #define HCA_CMD_MODIFY_SRQ		0x51
@@ -180,6 +187,8 @@
 #define HCA_CMD_BAD_ADDRESS		7
 /* In a catastrophic error: only queries, teardown and RESET run. */
 #define HCA_CMD_FATAL			8
+/* the SMP's M_Key does not match the port's, which protects it */
+#define HCA_CMD_BAD_KEY			9
 
 #define HCA_MR_FLAG_PHYS		(1 << 0)
 #define HCA_MR_FLAG_FAST_REG		(1 << 1)
@@ -314,6 +323,11 @@
 #define HCA_EV_PKEY_CHANGE		11
 /* param = syndrome: port down, QPs flushed, teardown only until RESET */
 #define HCA_EV_CATAS			12
+/* data = HCA_PORT_CHANGE_* bits: an SM changed the port; query it again */
+#define HCA_EV_PORT_CHANGE		13
+#define HCA_PORT_CHANGE_LID		(1 << 0)
+#define HCA_PORT_CHANGE_SM		(1 << 1)
+#define HCA_PORT_CHANGE_REREG		(1 << 2)
 #define HCA_CATAS_INJECTED		1
 /* Reset underneath the driver: nothing it made survives, EQs included */
 #define HCA_CATAS_RESET			2
@@ -389,8 +403,24 @@ struct hca_port_attr {
 	__u8 state;
 	__u8 max_mtu;
 	__u8 active_mtu;
-	__u8 rsvd0;
-	__u64 rsvd1;
+	__u8 lmc;
+	__u64 mkey;
+	__u16 mkey_lease;
+	__u8 sm_sl;
+	__u8 mkey_prot;
+	__u8 subnet_timeout;
+	__u8 flags;
+	__u16 rsvd1;
+	__u64 rsvd2[3];
+};
+
+/* SMP_SET: an SMP Set of PortInfo or P_KeyTable, data big-endian as on the wire */
+struct hca_cmd_smp_set {
+	__u16 attr_id;
+	__u16 rsvd;
+	__u32 attr_mod;
+	__u64 mkey;
+	__u8 data[64];
 };
 
 /*
@@ -717,7 +747,8 @@ struct hca_eqe {
 _Static_assert(sizeof(struct hca_dev_info) == 80, "hca_dev_info");
 _Static_assert(sizeof(struct hca_cmd_mailbox) == 256, "hca_cmd_mailbox");
 _Static_assert(sizeof(struct hca_device_attr) == 64, "hca_device_attr");
-_Static_assert(sizeof(struct hca_port_attr) == 32, "hca_port_attr");
+_Static_assert(sizeof(struct hca_port_attr) == 64, "hca_port_attr");
+_Static_assert(sizeof(struct hca_cmd_smp_set) == 80, "hca_cmd_smp_set");
 _Static_assert(sizeof(struct hca_pkey_table) == 32, "hca_pkey_table");
 _Static_assert(sizeof(struct hca_cmd_counters) == 8, "hca_cmd_counters");
 _Static_assert(sizeof(struct hca_counters) == 64, "hca_counters");

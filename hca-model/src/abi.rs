@@ -217,8 +217,18 @@ pub const CAP_RESET: u32 = 1 << 10;
 // ---- Port (ib_port_state numbering) -------------------------------------------------------
 /// The port has no link (no fabric, or the fabric has its link down).
 pub const PORT_DOWN: u32 = 1;
+/// The link is up and waits for a subnet manager (a user's SM, `CMD_SMP_SET`): only
+/// SMPs pass.
+pub const PORT_INIT: u32 = 2;
+/// The subnet manager armed the port: the next step is ACTIVE.
+pub const PORT_ARMED: u32 = 3;
 /// The port's link is up and it has a LID: it sends and receives.
 pub const PORT_ACTIVE: u32 = 4;
+/// `HcaPortAttr::flags`: a subnet manager in a guest manages the port, which takes its
+/// Sets (`CMD_SMP_SET`); without it the fabric's own SM does, and the port takes none.
+pub const PORT_FLAG_GUEST_SM: u8 = 1 << 0;
+/// The largest M_KeyProtectBits (PortInfo): 2 and 3 hide the M_Key from every Get.
+pub const MKEY_PROT_MAX: u8 = 3;
 /// ib_mtu numbering: 1 = 256 bytes ... 5 = 4096 bytes.
 pub const MTU_256: u32 = 1;
 /// 4096-byte MTU, the only one the port offers.
@@ -272,6 +282,10 @@ pub const CMD_ATTACH_MCAST: u32 = 0x44;
 pub const CMD_DETACH_MCAST: u32 = 0x45;
 /// Sets the port's capability mask ([`HcaCmdPortCap`]).
 pub const CMD_SET_PORT_CAP: u32 = 0x46;
+/// A subnet manager's Set of the port's PortInfo or P_KeyTable, as its SMA took it from
+/// QP0 ([`HcaCmdSmpSet`]); the port changes only if the SMP's M_Key passes (else
+/// [`CMD_BAD_KEY`]) and every field is one it can take (else `CMD_BAD_PARAM`).
+pub const CMD_SMP_SET: u32 = 0x47;
 /// Creates an SRQ ([`HcaCmdCreateSrq`] in, its SRQN out).
 pub const CMD_CREATE_SRQ: u32 = 0x50;
 /// Arms (limit > 0) or disarms (0) an SRQ's limit event.
@@ -303,6 +317,8 @@ pub const CMD_BAD_ADDRESS: u32 = 7;
 /// The device is in a catastrophic error: only queries, teardown (destroy, dealloc,
 /// deregister, detach, MODIFY_QP to RESET or ERR) and RESET run.
 pub const CMD_FATAL: u32 = 8;
+/// An SMP's M_Key does not match the port's, which protects it (IBA 14.2.4).
+pub const CMD_BAD_KEY: u32 = 9;
 
 // REG_MR flags.
 /// Physical (DMA) MR: iova is the guest-physical address, no page list.
@@ -545,6 +561,15 @@ pub const EV_PKEY_CHANGE: u32 = 11;
 /// A catastrophic error (`param` = syndrome, a `CATAS_*`): the port is down, every QP is in
 /// ERR with its work flushed, and only teardown commands and RESET run until a RESET.
 pub const EV_CATAS: u32 = 12;
+/// A subnet manager changed the port (`CMD_SMP_SET`): `data` = `PORT_CHANGE_*` bits; read
+/// it again with QUERY_PORT.
+pub const EV_PORT_CHANGE: u32 = 13;
+/// EV_PORT_CHANGE: the port's LID or LMC changed.
+pub const PORT_CHANGE_LID: u32 = 1 << 0;
+/// EV_PORT_CHANGE: the SM's LID or SL changed.
+pub const PORT_CHANGE_SM: u32 = 1 << 1;
+/// EV_PORT_CHANGE: the SM asks its clients to register again (ClientReregister).
+pub const PORT_CHANGE_REREG: u32 = 1 << 2;
 
 // Syndromes of EV_CATAS and HcaDevInfo::catas_syndrome.
 /// Injected from the host (`hcabench fault NODE fatal`).
@@ -709,18 +734,62 @@ pub struct HcaPortAttr {
     pub lid: u16,
     /// The subnet manager's LID.
     pub sm_lid: u16,
-    /// `PORT_ACTIVE` or `PORT_DOWN`.
+    /// A `PORT_*` state.
     pub state: u8,
     /// The largest MTU the port supports (`MTU_*`).
     pub max_mtu: u8,
     /// The MTU in use (`MTU_*`).
     pub active_mtu: u8,
+    /// The LID mask control (always 0: one LID a port).
+    pub lmc: u8,
+    /// The port's M_Key (0: none).
+    pub mkey: u64,
+    /// M_KeyLeasePeriod, in seconds (0: forever).
+    pub mkey_lease: u16,
+    /// The SL of the subnet manager's paths (MasterSMSL).
+    pub sm_sl: u8,
+    /// M_KeyProtectBits (0..=[`MKEY_PROT_MAX`]).
+    pub mkey_prot: u8,
+    /// SubnetTimeOut (4.096 us * 2^n).
+    pub subnet_timeout: u8,
+    /// `PORT_FLAG_*` bits.
+    pub flags: u8,
     /// Reserved; zero.
-    pub rsvd0: u8,
+    pub rsvd1: u16,
     /// Reserved; zero.
-    pub rsvd1: u64,
+    pub rsvd2: [u64; 3],
 }
-abi_struct!(HcaPortAttr, 32);
+abi_struct!(HcaPortAttr, 64);
+
+/// SMP_SET input: an SMP Set of the port's PortInfo or P_KeyTable, as it came (attribute
+/// data big-endian, as on the wire, IBA 14.2.5).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HcaCmdSmpSet {
+    /// The attribute: PortInfo (0x0015) or P_KeyTable (0x0016).
+    pub attr_id: u16,
+    /// Reserved; zero.
+    pub rsvd: u16,
+    /// The SMP's AttributeModifier.
+    pub attr_mod: u32,
+    /// The SMP's M_Key.
+    pub mkey: u64,
+    /// The attribute's 64 bytes.
+    pub data: [u8; 64],
+}
+abi_struct!(HcaCmdSmpSet, 80);
+
+impl Default for HcaCmdSmpSet {
+    fn default() -> Self {
+        Self {
+            attr_id: 0,
+            rsvd: 0,
+            attr_mod: 0,
+            mkey: 0,
+            data: [0; 64],
+        }
+    }
+}
 
 /// QUERY_PKEYS output: the port's P_Key table; entry 0 is the default partition's 0xffff,
 /// an entry of 0 is empty. A QP's `pkey_index` names a non-empty entry.
@@ -1474,6 +1543,9 @@ pub fn layout() -> Vec<(String, u64)> {
         CAP_RESET,
         CAP_LOCAL_DMA_LKEY,
         PORT_DOWN,
+        PORT_INIT,
+        PORT_ARMED,
+        PORT_FLAG_GUEST_SM,
         PORT_ACTIVE,
         MTU_256,
         MTU_4096,
@@ -1521,6 +1593,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_ATTACH_MCAST,
         CMD_DETACH_MCAST,
         CMD_SET_PORT_CAP,
+        CMD_SMP_SET,
         CMD_CREATE_SRQ,
         CMD_MODIFY_SRQ,
         CMD_QUERY_SRQ,
@@ -1535,6 +1608,7 @@ pub fn layout() -> Vec<(String, u64)> {
         CMD_NO_RESOURCES,
         CMD_BAD_ADDRESS,
         CMD_FATAL,
+        CMD_BAD_KEY,
         MR_FLAG_PHYS,
         MR_FLAG_FAST_REG,
         PD_FLAG_USER,
@@ -1637,6 +1711,10 @@ pub fn layout() -> Vec<(String, u64)> {
         EV_SRQ_ERR,
         EV_PKEY_CHANGE,
         EV_CATAS,
+        EV_PORT_CHANGE,
+        PORT_CHANGE_LID,
+        PORT_CHANGE_SM,
+        PORT_CHANGE_REREG,
         CATAS_INJECTED,
         CATAS_RESET,
         ERR_CQ_OVERFLOW,
@@ -1654,7 +1732,9 @@ pub fn layout() -> Vec<(String, u64)> {
         page_size_cap, max_qp, max_qp_wr, max_cq, max_cqe, max_mr, max_pd, max_sge,
         max_inline, local_dma_lkey });
     layout_of!(HcaPortAttr => "hca_port_attr" { gid_prefix, port_guid, lid, sm_lid, state,
-        max_mtu, active_mtu, rsvd0, rsvd1 });
+        max_mtu, active_mtu, lmc, mkey, mkey_lease, sm_sl, mkey_prot, subnet_timeout, flags,
+        rsvd1, rsvd2 });
+    layout_of!(HcaCmdSmpSet => "hca_cmd_smp_set" { attr_id, rsvd, attr_mod, mkey, data });
     layout_of!(HcaCmdHandle => "hca_cmd_handle" { handle, rsvd });
     layout_of!(HcaCmdMcast => "hca_cmd_mcast" { mgid, qpn, mlid, rsvd });
     layout_of!(HcaPKeyTable => "hca_pkey_table" { pkeys });

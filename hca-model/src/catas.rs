@@ -101,6 +101,7 @@ impl HcaState {
         new.link_down = old.link_down;
         new.in_flight_budget = old.in_flight_budget;
         new.pkeys = old.pkeys;
+        new.mgmt = old.mgmt;
         new.mr_tags = std::mem::take(&mut old.mr_tags);
         // Shared with the port's sink: the same objects, their values as at power-on.
         new.port_caps = old.port_caps.clone();

@@ -111,6 +111,7 @@ impl HcaState {
             CMD_MODIFY_SRQ => self.dev.cmd_modify_srq(&input(mb))?,
             CMD_QUERY_SRQ => output(out, &self.dev.cmd_query_srq(h)?),
             CMD_DESTROY_SRQ => self.dev.cmd_destroy_srq(h)?,
+            CMD_SMP_SET => self.dev.cmd_smp_set(&input(mb))?,
             CMD_SET_PORT_CAP => {
                 let c: HcaCmdPortCap = input(mb);
                 self.dev
@@ -185,22 +186,74 @@ impl Device {
         }
     }
 
+    /// Whether a subnet manager in a guest manages the port.
+    fn guest_sm(&self) -> bool {
+        self.fabric.as_ref().is_some_and(|f| f.guest_sm())
+    }
+
     fn port_attr(&self) -> HcaPortAttr {
         HcaPortAttr {
             gid_prefix: 0xfe80_0000_0000_0000,
             port_guid: self.node_guid,
             lid: self.lid,
-            // The fabric is the subnet manager; its SA answers at SM_LID.
             sm_lid: if self.fabric.is_some() {
-                crate::sa::SM_LID
+                self.mgmt.sm_lid
             } else {
                 0
             },
             state: self.port_state() as u8,
             max_mtu: MTU_4096 as u8,
             active_mtu: MTU_4096 as u8,
-            rsvd0: 0,
+            lmc: 0,
+            mkey: self.mgmt.mkey,
+            mkey_lease: self.mgmt.mkey_lease,
+            sm_sl: self.mgmt.sm_sl,
+            mkey_prot: self.mgmt.mkey_prot,
+            subnet_timeout: self.mgmt.subnet_timeout,
+            flags: if self.guest_sm() {
+                PORT_FLAG_GUEST_SM
+            } else {
+                0
+            },
             rsvd1: 0,
+            rsvd2: [0; 3],
         }
+    }
+
+    /// SMP_SET: a subnet manager's Set, as the port's SMA took it (see sma.rs); the
+    /// driver hears what changed as events.
+    fn cmd_smp_set(&mut self, smp: &HcaCmdSmpSet) -> Result<(), CmdError> {
+        use crate::sma;
+        // The fabric's own SM manages the port: no SMP changes it.
+        if !self.guest_sm() {
+            return Err(CmdError::BadState);
+        }
+        let was_down = self.port_state() == PORT_DOWN;
+        let changed = match smp.attr_id {
+            sma::ATTR_PORT_INFO => sma::set_port_info(&mut self.mgmt, self.lid, smp)?,
+            sma::ATTR_PKEY_TABLE => sma::set_pkey_table(&self.mgmt, &mut self.pkeys, smp)?,
+            _ => return Err(CmdError::BadParam),
+        };
+        self.publish_info();
+        if changed.pkeys {
+            self.post_event(VEC_ASYNC, EV_PKEY_CHANGE, 1, 0);
+        }
+        let bits = (u32::from(changed.sm) * PORT_CHANGE_SM)
+            | (u32::from(changed.rereg) * PORT_CHANGE_REREG);
+        if bits != 0 {
+            self.post_event(VEC_ASYNC, EV_PORT_CHANGE, 1, bits);
+        }
+        // A port with no link hears of its state when the link comes back.
+        match changed.active {
+            _ if was_down => {}
+            Some(true) => {
+                self.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
+            }
+            Some(false) => {
+                self.post_event(VEC_ASYNC, EV_PORT_DOWN, 1, 0);
+            }
+            None => {}
+        }
+        Ok(())
     }
 }

@@ -303,8 +303,11 @@ pub(crate) struct Device {
     /// QPs that owe a READ's response still to be made, each once, served in turn by the
     /// device's further turns (see answers.rs).
     pub answering: std::collections::VecDeque<u32>,
-    /// The port's P_Keys, as the fabric's subnet manager set them.
+    /// The port's P_Keys, as the subnet manager set them.
     pub pkeys: crate::partition::PKeyTable,
+    /// The port's state past INIT, its SM and M_Key, as the subnet manager set them
+    /// (see sma.rs).
+    pub mgmt: crate::sma::PortMgmt,
     /// The scratch state of the turn under way (see turn.rs).
     pub turn: Turn,
     /// A catastrophic error's syndrome (`CATAS_*`; 0: none): see catas.rs.
@@ -389,6 +392,7 @@ impl Device {
             gathers: Default::default(),
             answering: Default::default(),
             pkeys: crate::partition::default_table(),
+            mgmt: crate::sma::PortMgmt::default(),
             turn: Turn::default(),
             catas: 0,
         };
@@ -434,7 +438,7 @@ impl Device {
 
     pub fn port_state(&self) -> u32 {
         if self.fabric.is_some() && !self.link_down && self.catas == 0 {
-            PORT_ACTIVE
+            self.mgmt.state
         } else {
             PORT_DOWN
         }
@@ -912,9 +916,16 @@ impl PacketSink for Shared {
             }
             st.dev.link_down = !up;
             st.dev.stats.link_downs += u64::from(!up);
+            // Under a user's SM a link that comes back waits in INIT for it.
+            let guest_sm = st.dev.fabric.as_ref().is_some_and(|f| f.guest_sm());
+            if up && guest_sm {
+                st.dev.mgmt.state = PORT_INIT;
+            }
             st.dev.publish_info();
-            let ev = if up { EV_PORT_ACTIVE } else { EV_PORT_DOWN };
-            st.dev.post_event(VEC_ASYNC, ev, 1, 0);
+            if !up || st.dev.mgmt.state == PORT_ACTIVE {
+                let ev = if up { EV_PORT_ACTIVE } else { EV_PORT_DOWN };
+                st.dev.post_event(VEC_ASYNC, ev, 1, 0);
+            }
         })
     }
 }
@@ -988,8 +999,17 @@ impl Hca {
         self.shared.with_state(|st| {
             st.dev.fabric = Some(fabric.clone());
             st.dev.lid = lid;
+            // A user's SM in a guest brings the port up from INIT; the fabric's own has it
+            // ACTIVE at once.
+            st.dev.mgmt = if fabric.guest_sm() {
+                crate::sma::PortMgmt::waiting()
+            } else {
+                crate::sma::PortMgmt::by_fabric(crate::sa::SM_LID)
+            };
             st.dev.publish_info();
-            st.dev.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
+            if st.dev.mgmt.state == PORT_ACTIVE {
+                st.dev.post_event(VEC_ASYNC, EV_PORT_ACTIVE, 1, 0);
+            }
         });
     }
 

@@ -88,6 +88,7 @@ pub mod reliability;
 mod requester;
 mod responder;
 pub mod sa;
+pub mod sma;
 mod snapshot;
 mod sq_ring;
 mod srq;

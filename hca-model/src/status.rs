@@ -25,6 +25,8 @@ pub enum CmdError {
     BadAddress = CMD_BAD_ADDRESS,
     /// The device is in a catastrophic error and runs only teardown (`CMD_FATAL`).
     Fatal = CMD_FATAL,
+    /// An SMP's M_Key does not match the port's (`CMD_BAD_KEY`).
+    BadKey = CMD_BAD_KEY,
 }
 
 impl CmdError {

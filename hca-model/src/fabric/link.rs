@@ -136,6 +136,7 @@ impl Fabric {
         }
         let mut reports = Vec::new();
         for (lid, p, up) in changed {
+            self.user_sm_link_changed(lid);
             p.link_changed(up);
             let mut sa = self.inner.sa.sa.lock_unpoisoned();
             reports.extend(sa.port_changed(lid, up, self));
@@ -168,7 +169,7 @@ impl Fabric {
     /// No hook or tap is attached: nothing sees packets between the queue and their port.
     /// (A multi-switch subnet's route check is on that way too: see `routing.rs`.)
     pub(super) fn unwatched(&self) -> bool {
-        !self.inner.hook.is_set() && !self.inner.tap.is_set() && !self.routed()
+        !self.inner.hook.is_set() && !self.inner.tap.is_set() && !self.routed() && !self.guest_sm()
     }
 
     pub(super) fn forward_one(
@@ -233,6 +234,7 @@ impl Fabric {
                 None => self.bounce(pkt, DropReason::NoRoute),
             },
             Stage::Routed if self.routed() => self.route(pkt, hook, more),
+            Stage::Routed if self.guest_sm() => self.switch_by_tables(pkt, hook, more),
             Stage::Routed if pkt.is_multicast() => {
                 // To every member port the SA lists, the sender's own included.
                 let members = self.with_sa(|sa| {

@@ -46,6 +46,7 @@ mod pump;
 mod remote;
 mod routing;
 mod sa_port;
+mod user_sm;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -69,6 +70,7 @@ pub use cut::Run;
 pub use lanes::{BACKLOG_UNIT, MAX_BACKLOG, MAX_TOTAL_BACKLOG};
 pub use link::{LinkDir, LinkHook, LinkId, PacketTap, Verdict};
 pub use remote::{RemoteError, RemoteHosts, RemoteStats};
+pub use user_sm::UserSmError;
 
 /// Why a packet did not reach a receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,6 +269,10 @@ struct Inner {
     /// looks a GID up on every join, path query and multicast delivery, which on a subnet
     /// of thousands of ports must not be a walk through all of them.
     guids: RwLock<std::collections::HashMap<u64, Lid>>,
+    /// A user's SM manages the subnet (`user_sm.rs`).
+    guest_sm: AtomicBool,
+    /// What the user's SM set in the switch.
+    switch_tables: RwLock<crate::sa::switch_tables::SwitchTables>,
 }
 
 #[derive(Default)]
@@ -349,6 +355,8 @@ impl Fabric {
                 remote_ports: RwLock::default(),
                 remote_counters: remote::Counters::default(),
                 guids: RwLock::default(),
+                guest_sm: AtomicBool::new(false),
+                switch_tables: RwLock::default(),
             }),
         }
     }
@@ -367,6 +375,7 @@ impl Fabric {
         self.tell_pkeys(lid, &sink);
         self.index_guid(lid, &sink);
         self.sweep_lid(lid, true);
+        self.user_sm_link_changed(lid);
         self.report_port(lid, true);
         lid
     }
@@ -401,6 +410,7 @@ impl Fabric {
             .retain(|&l| l != lid);
         self.index_guid(lid, &sink);
         self.sweep_lid(lid, true);
+        self.user_sm_link_changed(lid);
         self.report_port(lid, true);
         Ok(())
     }
@@ -418,6 +428,7 @@ impl Fabric {
         }
         self.inner.guids.write_unpoisoned().retain(|_, l| *l != lid);
         self.sweep_lid(lid, false);
+        self.user_sm_link_changed(lid);
     }
 
     /// Keeps the GUID of the port just attached at `lid` in the index.

@@ -50,6 +50,8 @@ impl PacketSink for SaPort {
         let counters = (self.pma.lock_unpoisoned()).answer(&pkt, &fabric);
         let answer = match counters {
             Some(a) => Some(vec![a]),
+            // Under a user's SM the SA is that SM's, not the switch's.
+            None if fabric.guest_sm() => None,
             None => {
                 let mut sa = self.sa.lock_unpoisoned();
                 sa.answer(&pkt, &fabric)
@@ -143,6 +145,10 @@ impl crate::sa::Ports for Fabric {
         Fabric::counters(self, lid)
     }
 
+    fn switch_tables(&self) -> Option<&std::sync::RwLock<crate::sa::switch_tables::SwitchTables>> {
+        self.user_tables()
+    }
+
     fn subnet(&self) -> std::sync::Arc<crate::subnet::Subnet> {
         Fabric::subnet(self)
     }
@@ -165,6 +171,9 @@ impl Fabric {
     /// Queues the SA's trap Reports for a port coming into service or going out of it
     /// (trap 64 or 65); the next tick moves them.
     pub(super) fn report_port(&self, lid: Lid, up: bool) {
+        if self.guest_sm() {
+            return;
+        }
         let reports = {
             let mut sa = self.inner.sa.sa.lock_unpoisoned();
             sa.port_changed(lid, up, self)

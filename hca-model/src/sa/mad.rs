@@ -36,6 +36,8 @@ pub mod at {
     pub const ATTR_ID: usize = 16;
     /// AttributeModifier (4 bytes).
     pub const ATTR_MOD: usize = 20;
+    /// An SMP's M_Key (8 bytes).
+    pub const SMP_MKEY: usize = 24;
     /// Where an SMP's and a PMA MAD's attribute data starts.
     pub const DATA: usize = 64;
     /// The SA header's AttributeOffset (2 bytes): a record's size in 8-byte words.
@@ -101,8 +103,12 @@ pub mod attr {
         pub const SWITCH_INFO: u16 = 0x0012;
         /// PortInfo.
         pub const PORT_INFO: u16 = 0x0015;
+        /// P_KeyTable.
+        pub const PKEY_TABLE: u16 = 0x0016;
         /// LinearForwardingTable.
         pub const LINEAR_FORWARDING_TABLE: u16 = 0x0019;
+        /// MulticastForwardingTable.
+        pub const MULTICAST_FORWARDING_TABLE: u16 = 0x001b;
         /// SMInfo.
         pub const SM_INFO: u16 = 0x0020;
     }

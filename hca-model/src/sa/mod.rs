@@ -43,6 +43,7 @@ mod records;
 mod rmpp;
 mod services;
 pub mod sm;
+pub mod switch_tables;
 #[cfg(test)]
 mod tests;
 mod topology;
@@ -149,6 +150,11 @@ pub trait Ports {
     /// The counters of the port at `lid` (`CTR_*` order), for the switch's PMA ([`pma`]).
     /// Reading them takes the port's device lock.
     fn counters(&self, _lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
+        None
+    }
+    /// The switch's tables as a user's SM set them, while one manages the subnet
+    /// (`switch_tables.rs`); None while the fabric is the SM.
+    fn switch_tables(&self) -> Option<&std::sync::RwLock<switch_tables::SwitchTables>> {
         None
     }
     /// The switches and their routes as the SM's last sweep left them (by default the one

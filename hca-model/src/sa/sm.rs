@@ -14,14 +14,17 @@
 //!   C14-13) at every switch, and a port whose link is down ends the route.
 //!
 //! Gets of NodeInfo, NodeDescription, SwitchInfo, PortInfo, LinearForwardingTable and
-//! (the SM's switch) SMInfo are answered; a Set or any other attribute gets
-//! "method/attribute not supported": the fabric's SM configures the ports itself, and no
-//! SMP changes anything. Only pure directed routes (both DR LIDs permissive) are
-//! forwarded.
+//! (the SM's switch) SMInfo are answered. While the fabric is its own SM, a Set or any
+//! other attribute gets "method/attribute not supported": the fabric's SM configures the
+//! ports itself, and no SMP changes anything. Under a user's SM (`Fabric::set_guest_sm`)
+//! the switch runs no SM (no IsSM, no SMInfo) and takes that SM's Sets of SwitchInfo,
+//! PortInfo and the forwarding tables (`switch_tables.rs`), and Gets show what it set.
+//! Only pure directed routes (both DR LIDs permissive) are forwarded.
 
 use super::mad::method::{GET, GET_RESP, SET};
 use super::mad::{at, attr, class};
-use super::{be16, records, status, topology, Ports, MAD_SIZE, SM_LID};
+use super::switch_tables::SwitchTables;
+use super::{be16, be64, records, status, topology, Ports, MAD_SIZE, SM_LID};
 use crate::abi::Lid;
 use crate::abi::SMI_QPN;
 use crate::packet::{Packet, Payload, UD_SEND_ONLY};
@@ -49,6 +52,10 @@ const MAX_HOPS: usize = 64;
 
 /// PortInfo:CapabilityMask's IsSM.
 const CAP_IS_SM: u32 = 1 << 1;
+/// The default partition's P_Key, full member.
+const DEFAULT_PKEY: u16 = 0xffff;
+/// A Set's outcome that gets no answer at all (a wrong M_Key).
+const SILENT: u16 = 0xffff;
 
 type Mad = [u8; MAD_SIZE];
 
@@ -205,6 +212,8 @@ struct Switch<'a> {
     node: &'a subnet::Switch,
     ingress: u8,
     activity: u32,
+    /// What a user's SM set, under one (None: the fabric is the SM).
+    tables: Option<&'a std::sync::RwLock<SwitchTables>>,
 }
 
 impl<'a> Switch<'a> {
@@ -222,6 +231,7 @@ impl<'a> Switch<'a> {
             node: subnet.switch(sw)?,
             ingress,
             activity,
+            tables: ports.switch_tables(),
         })
     }
 
@@ -280,12 +290,19 @@ impl<'a> Switch<'a> {
         let attr_mod =
             u32::from_be_bytes(mad.get(at::ATTR_MOD..at::ATTR_MOD + 4)?.try_into().ok()?);
         let versions_ok = mad[0] == 1 && mad[2] == 1;
+        let mkey = be64(mad, at::SMP_MKEY);
         let data = mad.get_mut(at::DATA..INITIAL_PATH)?;
+        let sent: [u8; 64] = data.try_into().ok()?;
         data.fill(0);
         let mut st = if !versions_ok {
             status::BAD_VERSION
         } else if set {
-            status::METHOD_ATTR_UNSUPPORTED
+            match self.set(attr, attr_mod, &sent, mkey) {
+                // A wrong M_Key gets no answer (IBA 14.2.4.1).
+                Err(SILENT) => return None,
+                Err(st) => st,
+                Ok(()) => self.get(attr, attr_mod, data),
+            }
         } else {
             self.get(attr, attr_mod, data)
         };
@@ -297,10 +314,60 @@ impl<'a> Switch<'a> {
         Some(())
     }
 
+    /// Takes a user's SM's Set (see `switch_tables.rs`): Err with the MAD status (or
+    /// [`SILENT`]) if the switch cannot.
+    fn set(&self, attr: u16, attr_mod: u32, data: &[u8; 64], mkey: u64) -> Result<(), u16> {
+        let Some(tables) = self.tables.filter(|_| self.sw == 0) else {
+            return Err(status::METHOD_ATTR_UNSUPPORTED);
+        };
+        let mut t = tables.write().unwrap_or_else(|e| e.into_inner());
+        let n = self.node.num_ports;
+        match attr {
+            attr::smp::SWITCH_INFO => t.set_switch_info(data),
+            attr::smp::LINEAR_FORWARDING_TABLE => t.set_lft_block(attr_mod, data, n),
+            attr::smp::MULTICAST_FORWARDING_TABLE => t.set_mft_block(attr_mod, data, n),
+            attr::smp::PORT_INFO => {
+                let p = u8::try_from(attr_mod).map_err(|_| status::INVALID_FIELD)?;
+                match t.set_port_info(p, data, self.node.lid, mkey, n) {
+                    Err(st) if st == super::switch_tables::BAD_MKEY => Err(SILENT),
+                    r => r,
+                }
+            }
+            _ => Err(status::METHOD_ATTR_UNSUPPORTED),
+        }
+    }
+
     /// Fills `data` with attribute `attr`; the MAD status.
     fn get(&self, attr: u16, attr_mod: u32, data: &mut [u8]) -> u16 {
         let mut w = Writer(data);
         let node = self.node;
+        let tables = self.tables.filter(|_| self.sw == 0);
+        if let Some(t) = tables {
+            let t = t.read().unwrap_or_else(|e| e.into_inner());
+            match attr {
+                attr::smp::SWITCH_INFO => {
+                    w.put(0, &t.switch_info(topology::switch_info()));
+                    return 0;
+                }
+                attr::smp::LINEAR_FORWARDING_TABLE => {
+                    let Some(block) = t.lft_block(attr_mod) else {
+                        return status::INVALID_FIELD;
+                    };
+                    w.put(0, &block);
+                    return 0;
+                }
+                attr::smp::MULTICAST_FORWARDING_TABLE => {
+                    let Some(block) = t.mft_block(attr_mod) else {
+                        return status::INVALID_FIELD;
+                    };
+                    w.put(0, &block);
+                    return 0;
+                }
+                // No SM runs here.
+                attr::smp::SM_INFO => return status::METHOD_ATTR_UNSUPPORTED,
+                _ => {}
+            }
+        }
         match attr {
             attr::smp::NODE_INFO => w.put(
                 0,
@@ -313,6 +380,14 @@ impl<'a> Switch<'a> {
                 ),
             ),
             attr::smp::NODE_DESC => w.put(0, node_desc(node).as_bytes()),
+            // The management port's table, block 0 (PartitionCap 16): the default
+            // partition. External ports enforce no partitions (PartitionEnforcementCap 0).
+            attr::smp::PKEY_TABLE => {
+                if attr_mod != 0 {
+                    return status::INVALID_FIELD;
+                }
+                w.put(0, &DEFAULT_PKEY.to_be_bytes());
+            }
             attr::smp::SWITCH_INFO => w.put(0, &topology::switch_info()),
             attr::smp::LINEAR_FORWARDING_TABLE => {
                 let Some(block) = self.subnet.lft_block(self.sw, attr_mod) else {
@@ -364,13 +439,23 @@ pub(super) fn switch_port_info(
     port: u8,
     local_port: u8,
 ) -> [u8; 64] {
+    let user_sm = ports.switch_tables();
+    let tables = user_sm.map(|t| t.read().unwrap_or_else(|e| e.into_inner()));
     if port == 0 {
         let lid = subnet.switch(sw).map_or(SM_LID, |s| s.lid);
-        let caps = if sw == 0 { CAP_IS_SM } else { 0 };
-        return records::port_info(lid, SM_LID, caps, local_port, records::LINK_UP);
+        return match &tables {
+            Some(t) => records::port_info(lid, t.sm_lid(), 0, local_port, records::LINK_UP),
+            None => {
+                let caps = if sw == 0 { CAP_IS_SM } else { 0 };
+                records::port_info(lid, SM_LID, caps, local_port, records::LINK_UP)
+            }
+        };
     }
     let link = if port_up(subnet, ports, sw, port) {
-        records::LINK_UP
+        match &tables {
+            Some(t) => (t.port_state(port), records::LINK_UP.1),
+            None => records::LINK_UP,
+        }
     } else {
         (records::PORT_DOWN, records::PHYS_POLLING)
     };
