@@ -26,6 +26,8 @@ static int hca_status_errno(u32 status)
 		return -EFAULT;
 	case HCA_CMD_FATAL:
 		return -EIO;
+	case HCA_CMD_BAD_KEY:
+		return -EACCES;
 	default:
 		return -EINVAL;
 	}

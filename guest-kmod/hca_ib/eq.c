@@ -147,6 +147,15 @@ static void hca_handle_eqe(struct hca_dev *dev, const struct hca_eqe *e)
 	case HCA_EV_CATAS:
 		hca_catastrophic(dev, e->param);
 		break;
+	case HCA_EV_PORT_CHANGE:
+		/* ib_core, ib_sa and IPoIB read the port again for each. */
+		if (e->data & HCA_PORT_CHANGE_LID)
+			hca_port_event(dev, IB_EVENT_LID_CHANGE);
+		if (e->data & HCA_PORT_CHANGE_SM)
+			hca_port_event(dev, IB_EVENT_SM_CHANGE);
+		if (e->data & HCA_PORT_CHANGE_REREG)
+			hca_port_event(dev, IB_EVENT_CLIENT_REREGISTER);
+		break;
 	case HCA_EV_PKEY_CHANGE:
 		/* ib_core reads the table again; IPoIB's children follow it. */
 		hca_port_event(dev, IB_EVENT_PKEY_CHANGE);

@@ -75,15 +75,42 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 			  struct ib_port_attr *a)
 {
 	struct hca_dev *dev = to_hdev(ibdev);
-	u8 state = ioread8(dev->bar2 + INFO(port_state));
+	struct hca_port_attr now;
 	unsigned long flags;
+	u8 state;
 
+	/*
+	 * What a subnet manager in a guest sets (its LID, SL, timeout) changes
+	 * under us: read it again (a dead device keeps what it had).
+	 */
+	if (!hca_cmd(dev, HCA_CMD_QUERY_PORT, NULL, 0, &now, sizeof(now))) {
+		spin_lock_irqsave(&dev->port_lock, flags);
+		dev->port = now;
+		spin_unlock_irqrestore(&dev->port_lock, flags);
+	}
 	/* ib_core zeroed *a. State and LID are live in BAR2. */
-	a->state = state == HCA_PORT_ACTIVE ? IB_PORT_ACTIVE : IB_PORT_DOWN;
-	a->phys_state = state == HCA_PORT_ACTIVE ? IB_PORT_PHYS_STATE_LINK_UP :
-						   IB_PORT_PHYS_STATE_DISABLED;
+	state = ioread8(dev->bar2 + INFO(port_state));
+	switch (state) {
+	case HCA_PORT_INIT:
+		a->state = IB_PORT_INIT;
+		break;
+	case HCA_PORT_ARMED:
+		a->state = IB_PORT_ARMED;
+		break;
+	case HCA_PORT_ACTIVE:
+		a->state = IB_PORT_ACTIVE;
+		break;
+	default:
+		a->state = IB_PORT_DOWN;
+	}
+	a->phys_state = a->state == IB_PORT_DOWN ?
+			IB_PORT_PHYS_STATE_DISABLED : IB_PORT_PHYS_STATE_LINK_UP;
 	a->lid = ioread16(dev->bar2 + INFO(lid));
+	spin_lock_irqsave(&dev->port_lock, flags);
 	a->sm_lid = dev->port.sm_lid;
+	a->sm_sl = dev->port.sm_sl;
+	a->subnet_timeout = dev->port.subnet_timeout;
+	spin_unlock_irqrestore(&dev->port_lock, flags);
 	a->max_mtu = dev->port.max_mtu;
 	a->active_mtu = dev->port.active_mtu;
 	a->gid_tbl_len = HCA_IB_GID_TABLE_LEN;
@@ -95,7 +122,6 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	a->max_vl_num = 1;
 	a->active_width = IB_WIDTH_4X;
 	a->active_speed = IB_SPEED_QDR;	/* 4x QDR, 40 Gb/s, as the SA says */
-	a->subnet_timeout = 18;
 	return 0;
 }
 
