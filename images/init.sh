@@ -3,6 +3,9 @@
 # (hcabench.node=NAME hcabench.cmd=CMD); every line meant for the harness starts with
 # "HCABENCH-" on the serial console.
 /bin/busybox mkdir -p /proc /sys /dev /tmp
+# Where daemons from the userland's packages keep state and logs (opensm's
+# /var/cache/opensm, ...): the package's postinst, which would make them, never runs here.
+/bin/busybox mkdir -p /var/cache /var/lib /var/log /var/tmp /var/run /run
 /bin/busybox --install -s /bin
 # /usr/bin and /usr/lib: the shared userland disk's (userland-up), where there is one.
 export PATH=/bin:/usr/bin:/usr/sbin
