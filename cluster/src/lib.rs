@@ -124,6 +124,9 @@ pub struct ClusterSpec {
     /// The hosts the cluster spans, and which this is (default: this one alone). Only
     /// this host's nodes boot here; `nodes` counts every host's.
     pub hosts: HostsSpec,
+    /// A user's subnet manager in a guest (OpenSM) manages the subnet, not the fabric's
+    /// own: the ports wait in INIT for it (`hca_model::fabric::Fabric::set_guest_sm`).
+    pub guest_sm: bool,
 }
 
 /// One partition of a cluster: its P_Key (the membership bit is each node's own) and its
@@ -179,6 +182,7 @@ impl ClusterSpec {
             qemu_accel: QemuAccel::Tcg,
             vfio: BTreeMap::new(),
             packet_life: hca_model::sa::DEFAULT_PACKET_LIFE,
+            guest_sm: false,
             device_memory_mib: (hca_model::abi::MAX_IN_FLIGHT_BYTES >> 20) as u64,
             partitions: Vec::new(),
             topology: TopologySpec::default(),
@@ -249,6 +253,13 @@ impl ClusterSpec {
         fabric
             .set_packet_life(self.packet_life)
             .ok_or(SpecError::PacketLife(self.packet_life))?;
+        if self.guest_sm {
+            // The user's SM sets the partitions, and nothing else is the fabric's to set.
+            if !self.partitions.is_empty() {
+                return Err(SpecError::GuestSmPartitions);
+            }
+            return fabric.set_guest_sm().map_err(SpecError::GuestSm);
+        }
         fabric
             .set_partitions(&self.partitions()?)
             .map_err(SpecError::Partitions)?;
@@ -356,6 +367,10 @@ pub enum SpecError {
     PacketLife(u8),
     #[error(transparent)]
     Partitions(hca_model::partition::PartitionError),
+    #[error(transparent)]
+    GuestSm(hca_model::fabric::UserSmError),
+    #[error("partitions are the guest SM's to set (its partitions.conf), not the cluster file's")]
+    GuestSmPartitions,
     #[error(transparent)]
     Topology(#[from] TopologySpecError),
     /// (Boxed: it names several things, and specs' errors are returned by value.)

@@ -32,6 +32,13 @@
 //!                    # in a guest) and TCP over Ethernet beside IPoIB; either backend
 //!                    # (default false)
 //!
+//! sm = "fabric"     # who manages the subnet: "fabric" (its own SM and SA, default) or
+//!                    # "guest": a subnet manager a user runs in a guest (Debian's
+//!                    # opensm: packages = ["opensm"], then `opensm -B` in a node); the
+//!                    # ports wait in INIT until it brings them up, its SA answers, and
+//!                    # the switch forwards by the tables it sets. One switch only; no
+//!                    # [[partition]] (the SM's partitions.conf sets them)
+//!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
 //!                    # (images/build.py --package), laid under /usr at boot (a read-only
@@ -103,6 +110,17 @@ impl Backend {
     }
 }
 
+/// Who manages the subnet (`sm = ...`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SubnetManager {
+    /// The fabric's own SM and SA.
+    #[default]
+    Fabric,
+    /// A subnet manager a user runs in a guest (OpenSM).
+    Guest,
+}
+
 /// How a capture frames its IB packets (see hca_model::capture).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -166,6 +184,8 @@ pub struct ClusterConfig {
     pub this_host: Option<String>,
     /// A NIC in every guest, on one Ethernet segment (see the module docs).
     pub ethernet: bool,
+    /// Who manages the subnet (see the module docs).
+    pub sm: SubnetManager,
     /// Debian packages for the guests' shared userland disk (see the module docs).
     pub packages: Vec<String>,
     /// The userland disk the guests attach instead of the image's: set by `hcabench up`
@@ -256,6 +276,7 @@ impl Default for ClusterConfig {
             host: Vec::new(),
             this_host: None,
             ethernet: false,
+            sm: SubnetManager::Fabric,
             packages: Vec::new(),
             userland: None,
         }
@@ -322,6 +343,8 @@ pub enum Invalid {
     Hosts(Box<cluster::HostsError>),
     #[error("partition: {0}")]
     Partition(#[from] hca_model::partition::PartitionError),
+    #[error("sm = \"guest\": {0}")]
+    GuestSm(&'static str),
 }
 
 impl From<cluster::HostsError> for Invalid {
@@ -413,6 +436,20 @@ impl ClusterConfig {
             .collect::<Result<Vec<_>, _>>()?;
         hca_model::partition::tables(&parts)?;
         self.hosts()?.topology(&self.topology(), self.nodes)?;
+        if self.sm == SubnetManager::Guest {
+            if !self.switch.is_empty() || !self.host.is_empty() {
+                return Err(Invalid::GuestSm(
+                    "a subnet manager in a guest manages only the default single switch \
+                     on one host (no [[switch]] or [[host]])",
+                ));
+            }
+            if !self.partition.is_empty() {
+                return Err(Invalid::GuestSm(
+                    "with sm = \"guest\" the partitions are the SM's to set (OpenSM's \
+                     partitions.conf), not [[partition]]'s",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -529,6 +566,7 @@ impl ClusterConfig {
             vcpus: self.vcpus,
             kernel_args: self.kernel_args.clone(),
             packet_life: self.packet_life_time,
+            guest_sm: self.sm == SubnetManager::Guest,
             device_memory_mib: self.device_memory_mib,
             link: self.ethernet,
             // (Members past a bench's `nodes` are left out, as their RAM is.)
@@ -645,6 +683,31 @@ mod tests {
         let spec = c.spec(cluster::Backend::Qemu, image, "/tmp/x".into(), 2);
         assert_eq!(spec.in_flight_budget(), 16 << 20);
         assert!(!spec.link, "no NICs unless asked for");
+    }
+
+    #[test]
+    fn test_a_guest_sm_takes_one_switch_and_sets_the_partitions_itself() {
+        let c = ClusterConfig::parse("nodes = 3\nsm = \"guest\"", "c.toml").unwrap();
+        let spec = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 3);
+        assert!(spec.guest_sm);
+        let back = toml::to_string(&c).unwrap();
+        assert_eq!(ClusterConfig::parse(&back, "again").unwrap(), c);
+        let dflt = ClusterConfig::parse("nodes = 3", "c.toml").unwrap();
+        assert_eq!(dflt.sm, SubnetManager::Fabric);
+        let e = ClusterConfig::parse("sm = \"opensm\"", "c.toml").unwrap_err();
+        assert!(e.to_string().contains("opensm"), "{e}");
+        let e = ClusterConfig::parse(
+            "nodes = 2\nsm = \"guest\"\n[[partition]]\npkey = 0x8001\nmembers = [\"node1\"]",
+            "c.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("partitions.conf"), "{e}");
+        let e = ClusterConfig::parse(
+            "nodes = 2\nsm = \"guest\"\n[[switch]]\nname = \"a\"\nnodes = [\"node1\", \"node2\"]",
+            "c.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("single switch"), "{e}");
     }
 
     #[test]

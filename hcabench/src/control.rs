@@ -102,6 +102,11 @@ pub enum RequestError {
     NoPartition(u16),
     #[error("want: partition PKEY FULL LIMITED, or partition PKEY remove")]
     PartitionUsage,
+    #[error(
+        "a subnet manager in a guest manages this subnet (sm = \"guest\"): its partitions are \
+         that SM's to set (OpenSM's partitions.conf)"
+    )]
+    GuestSm,
     #[error(transparent)]
     Partitions(#[from] hca_model::partition::PartitionError),
     #[error(transparent)]
@@ -247,7 +252,13 @@ impl Control {
             return Ok(self.partitions());
         }
         if let ["partition", pkey, rest @ ..] = words.as_slice() {
+            if self.fabric.guest_sm() {
+                return Err(RequestError::GuestSm);
+            }
             return self.set_partition(pkey, rest);
+        }
+        if words == ["user-sm"] {
+            return Ok(self.user_sm());
         }
         if words == ["counters"] {
             return Ok(self.counters());
@@ -421,6 +432,40 @@ impl Control {
     /// (the default one's NAME is `-`; SM is `reached` or `cut-off`: whether the SM's
     /// packets get to it now; NODES `node1:1,node2:2`, each with its port, or `-`), then
     /// `link N A:PORT B:PORT up|down` per inter-switch link, numbered from 1.
+    /// Under a user's SM (`sm = "guest"`), what it set in the switch: `SM_LID TOP MLIDS
+    /// node1:1:STATE,...` (STATE a PortState number); empty under the fabric's own.
+    fn user_sm(&self) -> String {
+        let Some(t) = self.fabric.user_sm_tables() else {
+            return String::new();
+        };
+        let subnet = self.fabric.subnet();
+        let ports: Vec<String> = (subnet.switches().first().into_iter())
+            .flat_map(|sw| (1..=sw.num_ports).map(move |p| (p, sw.peer(p))))
+            .filter_map(|(p, peer)| match peer {
+                Peer::Hca(l) if usize::from(l) <= self.nodes => {
+                    let f: &dyn hca_model::sa::Ports = &self.fabric;
+                    let up = f.guid_of(l).is_some() && f.link_up(l);
+                    Some(format!(
+                        "node{l}:{p}:{}",
+                        if up { t.port_state(p) } else { 1 }
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        format!(
+            "{} {} {} {}",
+            t.sm_lid(),
+            t.top(),
+            t.mlids(),
+            if ports.is_empty() {
+                "-".to_string()
+            } else {
+                ports.join(",")
+            }
+        )
+    }
+
     fn switches(&self) -> String {
         let subnet = self.fabric.subnet();
         let mut out: Vec<String> = (subnet.switches().iter())
@@ -959,6 +1004,23 @@ mod tests {
         .unwrap();
         c.fabric.set_topology(t);
         (c, dir)
+    }
+
+    #[test]
+    fn test_under_a_guest_sm_the_switch_shows_its_ports_and_partitions_are_refused() {
+        use hca_test_driver::Driver;
+        let (c, dir) = control("user-sm");
+        assert_eq!(c.handle("user-sm").unwrap(), "", "the fabric's own SM");
+        c.fabric.set_guest_sm().unwrap();
+        let _nodes: Vec<Driver> = (0..2).map(|_| Driver::new(Some(&c.fabric), 4)).collect();
+        assert_eq!(
+            c.handle("user-sm").unwrap(),
+            "0 0 0 node1:1:2,node2:2:2",
+            "no SM yet: every port INIT"
+        );
+        let e = c.handle("partition 0x8001 node1 -").unwrap_err();
+        assert!(e.to_string().contains("partitions.conf"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

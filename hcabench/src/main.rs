@@ -1039,6 +1039,9 @@ fn counters_cmd(run: &RunDir, node: Option<&str>) -> Result<(), Error> {
 
 fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
     let state = exec::live_cluster(run)?;
+    if state.config.sm == config::SubnetManager::Guest {
+        return user_sm_text(&control::request(run.dir(), "user-sm")?);
+    }
     print!(
         "{}",
         control::switches_text(&control::request(run.dir(), "switches")?)
@@ -1089,6 +1092,43 @@ fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
             .map_or(0.0, |l| 4.096e-6 * f64::from(l).exp2());
         println!("packet lifetime: {life} (4.096 us x 2^{life}, {secs:.3} s; packet_life_time in the cluster file)");
     }
+    Ok(())
+}
+
+/// `hcabench fabric` under a user's SM: what it set in the switch, port by port.
+fn user_sm_text(reply: &str) -> Result<(), Error> {
+    let f: Vec<&str> = reply.split_whitespace().collect();
+    let [sm_lid, top, mlids, ports] = f.as_slice() else {
+        return Ok(());
+    };
+    match *sm_lid {
+        "0" => println!(
+            "subnet manager: a guest's (sm = \"guest\"), none yet: the ports wait in INIT \
+             (start it in a node: `opensm -B`)"
+        ),
+        lid => println!("subnet manager: a guest's (sm = \"guest\"), at LID {lid}"),
+    }
+    println!(
+        "switch LID {0:#x} ({0}): forwards as the SM set it: unicast LIDs up to {top}, \
+         {mlids} multicast LIDs",
+        hca_model::sa::SM_LID
+    );
+    let state = |s: &str| match s {
+        "1" => "DOWN",
+        "2" => "INIT",
+        "3" => "ARMED",
+        "4" => "ACTIVE",
+        _ => "?",
+    };
+    for p in ports.split(',').filter(|p| *p != "-") {
+        if let [node, port, s] = p.split(':').collect::<Vec<_>>().as_slice() {
+            println!("  {node:<8} port {port:>3}  {}", state(s));
+        }
+    }
+    println!(
+        "its SA holds the subnet's groups and records: `saquery` in a guest lists them \
+         (`saquery -g` the multicast groups)"
+    );
     Ok(())
 }
 
