@@ -35,9 +35,9 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
 kernel2=$HCABENCH_SECOND_KERNEL
-step "the second kernel, Debian's $kernel2: boot, verbs, IPoIB and the storage protocols, the DSM, user-level verbs, the pyverbs suite and adapter faults (docs/kernels.md)"
+step "the second kernel, Debian's $kernel2: boot, verbs, IPoIB and the storage protocols, the DSM, user-level verbs, the pyverbs suite, adapter faults and OpenSM in a guest (docs/kernels.md)"
 HCABENCH_KERNEL=$kernel2 cargo test -p e2e --test qemu_cluster --test verbs --test ulps \
-	--test dsm --test user_verbs --test pyverbs --test faults 2>&1 | tee -a "$log"
+	--test dsm --test user_verbs --test pyverbs --test faults --test user_sm 2>&1 | tee -a "$log"
 
 step "the VMM built with VFIO passthrough (built and refused here: no IOMMU, no /dev/vfio)"
 cargo test -p vmm --features vfio --lib --test kvm 2>&1 | tee -a "$log"

@@ -172,7 +172,8 @@ fn debians_saquery_reads_the_sa_tables(tb: &mut Testbed) {
 /// it by directed routes, `ibroute` its forwarding table and `ibtracert` a path through it.
 /// `perfquery` reads the local and a remote PMA, and the switch's, whose port n counts its
 /// link to LID n from the other end; `ibqueryerrors` asks them all and finds no errors.
-/// `ibping` reaches another node's `ibping -S` through a vendor class on QP1.
+/// `ibping` reaches another node's `ibping -S` through a vendor class on QP1. A node cannot
+/// change another's port (`ibportstate ... disable` is refused).
 fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let ask = |tb: &mut Testbed, i: usize, q: &str| {
         tb.agents[i]
@@ -218,6 +219,14 @@ fn debians_smpquery_and_perfquery_ask_the_ports_agents(tb: &mut Testbed) {
     let pkey = sysfs(tb, 0, "ports/1/pkeys/1");
     let out = ask(tb, 0, "smpquery -D pkeys 0");
     assert!(out.contains(&pkey) && pkey != "0x0000", "{pkey}: {out}");
+    // The fabric is the SM: another node's Set (ibportstate disables a port by a PortInfo
+    // Set) is refused by the port's agent and changes nothing.
+    let out = ask(tb, 0, "ibportstate 3 1 disable 2>&1; echo status=$?");
+    assert!(
+        !out.contains("status=0"),
+        "node1 disabled node3's port: {out}"
+    );
+    assert_eq!(sysfs(tb, 2, "ports/1/state"), "4: ACTIVE", "{out}");
     // The master SM that PortInfo names answers its SMInfo over QP0.
     let out = ask(tb, 1, "sminfo");
     assert!(
