@@ -75,6 +75,9 @@ pub mod method {
     pub const REPORT: u8 = 0x06;
     /// Get every record that matches (SA).
     pub const GET_TABLE: u8 = 0x12;
+    /// Get the records a request of several parts matches (SA: MultiPathRecord), sent
+    /// and answered as RMPP transfers.
+    pub const GET_MULTI: u8 = 0x14;
     /// Delete a record (SA).
     pub const DELETE: u8 = 0x15;
     /// The response bit.
@@ -143,6 +146,8 @@ pub mod attr {
         pub const INFORM_INFO_RECORD: u16 = 0x00f3;
         /// PathRecord.
         pub const PATH_RECORD: u16 = 0x0035;
+        /// MultiPathRecord (GetMulti).
+        pub const MULTIPATH_RECORD: u16 = 0x003a;
         /// MCMemberRecord.
         pub const MCMEMBER_RECORD: u16 = 0x0038;
     }

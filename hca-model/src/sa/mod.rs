@@ -6,7 +6,9 @@
 //! What it answers, each with the status a real SA gives when it cannot:
 //! - ClassPortInfo Get;
 //! - PathRecord Get and GetTable (by DGID or DLID, from SGID or SLID or, for a Get, the
-//!   asker; P_Key, and the MTU, rate and packet-lifetime selectors honoured);
+//!   asker; P_Key, and the MTU, rate and packet-lifetime selectors honoured), and
+//!   MultiPathRecord GetMulti (the paths between several SGIDs and DGIDs at once, sent
+//!   as a one-segment RMPP request and answered as a transfer);
 //! - MCMemberRecord Set (join), Delete (leave), Get and GetTable (`groups.rs`);
 //! - NodeRecord and PortInfoRecord Get and GetTable (`records.rs`);
 //! - ServiceRecord Set, Get, GetTable and Delete (`services.rs`);
@@ -190,8 +192,10 @@ impl Request<'_> {
     fn has(&self, bits: u64) -> bool {
         self.comp_mask & bits == bits
     }
+    /// Whether the answer is every record that matches, as an RMPP transfer (GetTable,
+    /// GetMulti).
     fn is_table(&self) -> bool {
-        self.method == method::GET_TABLE
+        self.method == method::GET_TABLE || self.method == method::GET_MULTI
     }
 }
 
@@ -380,7 +384,10 @@ impl SubnetAdmin {
         let mut resp: [u8; MAD_SIZE] = *mad;
         // The answer is never an RMPP segment unless `rmpp` makes it one.
         resp[24..36].fill(0);
-        let reply = if req.method == method::DELETE || req.method == method::GET_TABLE {
+        let reply = if matches!(
+            req.method,
+            method::DELETE | method::GET_TABLE | method::GET_MULTI
+        ) {
             req.method | method::RESP
         } else {
             method::GET | method::RESP
@@ -461,6 +468,9 @@ impl SubnetAdmin {
             (GET | GET_TABLE, attr::sa::PATH_RECORD) => {
                 records::paths(req, ports, self.packet_life)
             }
+            (GET_MULTI, attr::sa::MULTIPATH_RECORD) => {
+                records::multipaths(req, ports, self.packet_life)
+            }
             (GET | GET_TABLE, attr::sa::NODE_RECORD) => records::nodes(req, ports),
             (GET | GET_TABLE, attr::sa::PORT_INFO_RECORD) => records::port_infos(req, ports),
             (SET, attr::sa::MCMEMBER_RECORD) => self.groups.join(req, ports, self.packet_life),
@@ -486,7 +496,7 @@ impl SubnetAdmin {
             (GET | GET_TABLE, attr::sa::PKEY_TABLE_RECORD) => topology::pkey_tables(req, ports),
             (GET | GET_TABLE, attr::sa::SL2VL_TABLE_RECORD) => topology::sl2vl_tables(req, ports),
             (GET | GET_TABLE, attr::sa::VLARB_TABLE_RECORD) => topology::vlarb_tables(req),
-            (GET | SET | GET_TABLE | DELETE, _) => Err(status::METHOD_ATTR_UNSUPPORTED),
+            (GET | SET | GET_TABLE | GET_MULTI | DELETE, _) => Err(status::METHOD_ATTR_UNSUPPORTED),
             _ => Err(status::METHOD_UNSUPPORTED),
         }
     }

@@ -50,9 +50,10 @@ pub(super) fn class_port_info() -> Vec<u8> {
     let mut out = [0u8; 72];
     out[0] = 1; // BaseVersion
     out[1] = SA_CLASS_VERSION;
-    // CapabilityMask: IsTrapSupported (bit 0; InformInfo subscriptions are served), none
-    // of the optional records.
-    out[2..4].copy_from_slice(&1u16.to_be_bytes());
+    // CapabilityMask: IsTrapSupported (bit 0; InformInfo subscriptions are served) and
+    // IsMultiPathSupported (bit 10: MultiPathRecord GetMulti; TraceRecord, which the bit
+    // names too, is not served, as OpenSM serves none and sets it).
+    out[2..4].copy_from_slice(&(1u16 | 1 << 10).to_be_bytes());
     // CapabilityMask2 (27 bits) | RespTimeValue (5 bits).
     out[4..8].copy_from_slice(&u32::from(RESP_TIME).to_be_bytes());
     out.to_vec()
@@ -101,83 +102,146 @@ pub(super) fn paths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result
         None if req.is_table() => ports.lids(),
         None => vec![req.from.lid],
     };
-    let none = Found::Records {
-        size: PATH_SIZE,
-        rows: Vec::new(),
-    };
-    // A path lies in one partition: the P_Key asked for (the default's when none is), of
-    // which both ends must be members, one of them full (see `crate::partition`).
-    let want = if req.has(pr::PKEY) {
-        be16(d, 50)
-    } else {
-        DEFAULT_PKEY
-    };
-    let pick = |sel_bit: u64, val_bit: u64, byte: u8, have: u8| {
-        if req.has(sel_bit | val_bit) {
-            select(byte >> 6, byte & 0x3f, have)
-        } else {
-            Some(have)
-        }
-    };
-    let (Some(mtu), Some(rate), Some(life)) = (
-        pick(pr::MTU_SELECTOR, pr::MTU, d[54], MTU_4096),
-        pick(pr::RATE_SELECTOR, pr::RATE, d[55], RATE_40G),
-        pick(pr::LIFE_SELECTOR, pr::LIFE, d[56], packet_life),
-    ) else {
-        return Ok(none);
+    let q = PathQuery {
+        subnet: ports.subnet(),
+        service_id: d
+            .get(0..8)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or_default(),
+        pkey: req.has(pr::PKEY).then(|| be16(d, 50)),
+        mtu: req.has(pr::MTU_SELECTOR | pr::MTU).then_some(d[54]),
+        rate: req.has(pr::RATE_SELECTOR | pr::RATE).then_some(d[55]),
+        life: req.has(pr::LIFE_SELECTOR | pr::LIFE).then_some(d[56]),
     };
     let mut rows = Vec::new();
-    let subnet = ports.subnet();
-    for &src in &srcs {
-        let Some(sguid) = ports.guid_of(src) else {
-            continue;
-        };
-        let Some(pkey) = member_entry(&ports.pkeys(src), want) else {
-            continue;
-        };
+    'all: for &src in &srcs {
         for &dst in &dsts {
-            let Some(dguid) = ports.guid_of(dst) else {
-                continue;
-            };
-            let reaches =
-                member_entry(&ports.pkeys(dst), want).is_some_and(|k| pkeys_match(pkey, k));
-            // The switches' tables must lead there and back, from ports the SM reaches.
-            let (Some(hops), true) = (subnet.hops(src, dst), subnet.reaches(dst, src)) else {
-                continue;
-            };
-            if !(sm_reaches(&subnet, src) && sm_reaches(&subnet, dst)) {
-                continue;
-            }
-            if !reaches {
-                continue;
-            }
-            let mut out = [0u8; PATH_SIZE];
-            out[0..8].copy_from_slice(&d[0..8]); // ServiceID, as asked
-            out[8..24].copy_from_slice(&port_gid(dguid));
-            out[24..40].copy_from_slice(&port_gid(sguid));
-            out[40..42].copy_from_slice(&dst.to_be_bytes());
-            out[42..44].copy_from_slice(&src.to_be_bytes());
-            // RawTraffic 0, FlowLabel 0, HopLimit 0: one subnet, no GRH needed.
-            out[49] = 0x80 | 1; // reversible, one path
-            out[50..52].copy_from_slice(&pkey.to_be_bytes());
-            out[54] = 2 << 6 | mtu;
-            out[55] = 2 << 6 | rate;
-            let life = if req.has(pr::LIFE_SELECTOR | pr::LIFE) {
-                life
-            } else {
-                path_life(life, hops)
-            };
-            out[56] = 2 << 6 | life;
-            rows.push(out.to_vec());
+            rows.extend(q.path(src, dst, ports, packet_life));
             if rows.len() > super::MAX_TABLE_RECORDS {
                 // Enough to refuse; the SA answers "no resources".
-                return Ok(Found::Records {
-                    size: PATH_SIZE,
-                    rows,
-                });
+                break 'all;
             }
         }
     }
+    Ok(Found::Records {
+        size: PATH_SIZE,
+        rows,
+    })
+}
+
+/// What a PathRecord or MultiPathRecord query asks of its paths: a partition (the
+/// default's if None) and selector bytes (selector in the top two bits) for the MTU, rate
+/// and PacketLifeTime.
+struct PathQuery {
+    /// The switches and routes, as the SM's last sweep left them.
+    subnet: std::sync::Arc<crate::subnet::Subnet>,
+    service_id: [u8; 8],
+    pkey: Option<u16>,
+    mtu: Option<u8>,
+    rate: Option<u8>,
+    life: Option<u8>,
+}
+
+impl PathQuery {
+    /// The PathRecord from the port at `src` to the one at `dst`, if there is a path that
+    /// meets the query: both ends on the fabric, the switches' tables leading there and
+    /// back from ports the SM reaches, both in the partition (one a full member), and
+    /// what the selectors ask available. Every path has PacketLifeTime `packet_life` (its
+    /// selector may ask for less).
+    fn path(&self, src: Lid, dst: Lid, ports: &dyn Ports, packet_life: u8) -> Option<Vec<u8>> {
+        let pick = |sel: Option<u8>, have: u8| match sel {
+            Some(byte) => select(byte >> 6, byte & 0x3f, have),
+            None => Some(have),
+        };
+        let mtu = pick(self.mtu, MTU_4096)?;
+        let rate = pick(self.rate, RATE_40G)?;
+        let life = pick(self.life, packet_life)?;
+        let sguid = ports.guid_of(src)?;
+        let dguid = ports.guid_of(dst)?;
+        // A path lies in one partition: the P_Key asked for (the default's when none is),
+        // of which both ends must be members, one of them full (see `crate::partition`).
+        let want = self.pkey.unwrap_or(DEFAULT_PKEY);
+        let pkey = member_entry(&ports.pkeys(src), want)?;
+        let theirs = member_entry(&ports.pkeys(dst), want)?;
+        if !pkeys_match(pkey, theirs) {
+            return None;
+        }
+        let subnet = &self.subnet;
+        let hops = subnet.hops(src, dst)?;
+        if !(subnet.reaches(dst, src) && sm_reaches(subnet, src) && sm_reaches(subnet, dst)) {
+            return None;
+        }
+        let mut out = [0u8; PATH_SIZE];
+        out[0..8].copy_from_slice(&self.service_id); // ServiceID, as asked
+        out[8..24].copy_from_slice(&port_gid(dguid));
+        out[24..40].copy_from_slice(&port_gid(sguid));
+        out[40..42].copy_from_slice(&dst.to_be_bytes());
+        out[42..44].copy_from_slice(&src.to_be_bytes());
+        // RawTraffic 0, FlowLabel 0, HopLimit 0: one subnet, no GRH needed.
+        out[49] = 0x80 | 1; // reversible, one path
+        out[50..52].copy_from_slice(&pkey.to_be_bytes());
+        out[54] = 2 << 6 | mtu;
+        out[55] = 2 << 6 | rate;
+        let life = if self.life.is_some() {
+            life
+        } else {
+            path_life(life, hops)
+        };
+        out[56] = 2 << 6 | life;
+        Some(out.to_vec())
+    }
+}
+
+/// MultiPathRecord component mask bits (IBA 15.2.5.20).
+mod mpr {
+    pub const PKEY: u64 = 1 << 7;
+    pub const MTU_SELECTOR: u64 = 1 << 10;
+    pub const MTU: u64 = 1 << 11;
+    pub const RATE_SELECTOR: u64 = 1 << 12;
+    pub const RATE: u64 = 1 << 13;
+    pub const LIFE_SELECTOR: u64 = 1 << 14;
+    pub const LIFE: u64 = 1 << 15;
+    pub const SGID_COUNT: u64 = 1 << 19;
+    pub const DGID_COUNT: u64 = 1 << 20;
+}
+
+/// The most GIDs a MultiPathRecord carries in one MAD (after its 24-byte head).
+pub(super) const MULTIPATH_MAX_GIDS: usize = 11;
+
+/// MultiPathRecord GetMulti: the paths from each of its SGIDs to each of its DGIDs (one a
+/// pair: every port has one LID), as PathRecords, with the partition and the MTU, rate and
+/// lifetime selectors of a PathRecord query. It must count both kinds of GID (at most
+/// [`MULTIPATH_MAX_GIDS`] in all); a GID of no port on the subnet is "invalid GID".
+pub(super) fn multipaths(req: &Request, ports: &dyn Ports, packet_life: u8) -> Result<Found, u16> {
+    let d = req.data();
+    if !req.has(mpr::SGID_COUNT | mpr::DGID_COUNT) {
+        return Err(status::INSUFFICIENT_COMPONENTS);
+    }
+    let (ns, nd) = (usize::from(d[15]), usize::from(d[16]));
+    if ns == 0 || nd == 0 || ns + nd > MULTIPATH_MAX_GIDS {
+        return Err(status::REQ_INVALID);
+    }
+    let lids = (0..ns + nd)
+        .map(|i| {
+            let gid = gid_at(d, 24 + 16 * i);
+            gid_guid(&gid)
+                .and_then(|g| ports.lid_of(g))
+                .ok_or(status::INVALID_GID)
+        })
+        .collect::<Result<Vec<Lid>, u16>>()?;
+    let (srcs, dsts) = lids.split_at(ns);
+    let q = PathQuery {
+        subnet: ports.subnet(),
+        service_id: [0; 8],
+        pkey: req.has(mpr::PKEY).then(|| be16(d, 6)),
+        mtu: req.has(mpr::MTU_SELECTOR | mpr::MTU).then_some(d[10]),
+        rate: req.has(mpr::RATE_SELECTOR | mpr::RATE).then_some(d[11]),
+        life: req.has(mpr::LIFE_SELECTOR | mpr::LIFE).then_some(d[12]),
+    };
+    let rows = (srcs.iter())
+        .flat_map(|&s| dsts.iter().map(move |&t| (s, t)))
+        .filter_map(|(s, t)| q.path(s, t, ports, packet_life))
+        .collect();
     Ok(Found::Records {
         size: PATH_SIZE,
         rows,

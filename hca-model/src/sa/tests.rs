@@ -363,6 +363,108 @@ fn test_many_members_join_and_leave_many_groups() {
     assert_eq!(mlids.len(), sa.groups().count(), "every group its own MLID");
 }
 
+/// A MultiPathRecord GetMulti for `sgids` to `dgids`, sent as ib_mad sends a one-segment
+/// RMPP request.
+fn multipath(sgids: &[Lid], dgids: &[Lid], comp_mask: u64, extra: &[(usize, u8)]) -> Packet {
+    let mut d = vec![0u8; 24 + 16 * (sgids.len() + dgids.len())];
+    (d[15], d[16]) = (sgids.len() as u8, dgids.len() as u8);
+    for (i, &lid) in sgids.iter().chain(dgids).enumerate() {
+        d[24 + 16 * i..40 + 16 * i].copy_from_slice(&gid(lid));
+    }
+    for &(at, v) in extra {
+        d[at] = v;
+    }
+    let counts = 1 << 19 | 1 << 20;
+    let mut p = mad(
+        method::GET_MULTI,
+        attr::sa::MULTIPATH_RECORD,
+        counts | comp_mask,
+        &d,
+    );
+    if let Payload::Bytes(m) = &mut p.payload {
+        (m[24], m[25]) = (1, rmpp::DATA);
+        m[26] = rmpp::wire::ACTIVE | rmpp::wire::FIRST | rmpp::wire::LAST;
+        m[28..32].copy_from_slice(&1u32.to_be_bytes());
+        m[32..36].copy_from_slice(&(20 + d.len() as u32).to_be_bytes());
+    }
+    p
+}
+
+/// The SA's answer to a GetMulti: its status and the PathRecords it carries.
+fn multipath_answer(sa: &mut SubnetAdmin, q: &Packet) -> (u16, Vec<Vec<u8>>) {
+    let a = answers(sa, q, &three());
+    assert_eq!(
+        (a[0].0, a[0].2[25]),
+        (method::GET_MULTI | method::RESP, rmpp::wire::ACK),
+        "the request's one segment acknowledged first"
+    );
+    let (m, st, seg) = &a[1];
+    assert_eq!(*m, method::GET_MULTI | method::RESP);
+    if *st != 0 {
+        return (*st, Vec::new());
+    }
+    assert_eq!(be16(seg, at::SA_ATTR_OFFSET), 8, "PathRecords, 64 bytes");
+    let (n, flags, total) = segment(seg);
+    assert_eq!((n, flags & rmpp::wire::FIRST), (1, rmpp::wire::FIRST));
+    let mut segs = vec![seg.clone()];
+    if flags & rmpp::wire::LAST == 0 {
+        segs.extend(answers(sa, &ack(1, 64), &three()).into_iter().map(|a| a.2));
+    }
+    let last = segment(segs.last().unwrap());
+    assert_ne!(
+        last.1 & rmpp::wire::LAST,
+        0,
+        "the whole answer in the window"
+    );
+    let len = total as usize - 20 * segs.len();
+    let data: Vec<u8> = segs
+        .iter()
+        .flat_map(|s| s[at::SA_DATA..].to_vec())
+        .collect();
+    let rows = data[..len].chunks(64).map(<[u8]>::to_vec).collect();
+    (0, rows)
+}
+
+#[test]
+fn test_a_multipath_record_gives_the_path_between_each_source_and_destination() {
+    let mut sa = SubnetAdmin::new();
+    let (st, rows) = multipath_answer(&mut sa, &multipath(&[1, 2], &[3, 1], 0, &[]));
+    assert_eq!(st, 0);
+    let pairs: Vec<(Lid, Lid)> = rows.iter().map(|r| (be16(r, 42), be16(r, 40))).collect();
+    assert_eq!(pairs, [(1, 3), (1, 1), (2, 3), (2, 1)]);
+    for r in &rows {
+        assert_eq!(r[8..24], gid(be16(r, 40)), "DGID");
+        assert_eq!(r[24..40], gid(be16(r, 42)), "SGID");
+        assert_eq!((be16(r, 50), r[54] & 0x3f), (0xffff, MTU_4096));
+    }
+    // The selectors of a PathRecord query: MTU exactly 2048 (bits 10, 11).
+    let mtu = (10, 2 << 6 | MTU_2048);
+    let (_, rows) = multipath_answer(&mut sa, &multipath(&[1], &[2], 3 << 10, &[mtu]));
+    assert_eq!((rows.len(), rows[0][54] & 0x3f), (1, MTU_2048));
+    let (_, rows) = multipath_answer(&mut sa, &multipath(&[1], &[2], 3 << 10, &[(10, MTU_4096)]));
+    assert!(rows.is_empty(), "nothing greater than 4096");
+    // A GID of no port; no destinations; more GIDs than a MAD holds.
+    let unknown = multipath(&[1], &[9], 0, &[]);
+    assert_eq!(multipath_answer(&mut sa, &unknown).0, status::INVALID_GID);
+    assert_eq!(
+        multipath_answer(&mut sa, &multipath(&[1, 2], &[], 0, &[])).0,
+        status::REQ_INVALID
+    );
+    let many = multipath(&[1; 6], &[2; 5], 0, &[(16, 6)]);
+    assert_eq!(multipath_answer(&mut sa, &many).0, status::REQ_INVALID);
+    let mut no_counts = multipath(&[1], &[2], 0, &[]);
+    if let Payload::Bytes(m) = &mut no_counts.payload {
+        m[at::SA_COMP_MASK..at::SA_DATA].fill(0);
+    }
+    assert_eq!(
+        multipath_answer(&mut sa, &no_counts).0,
+        status::INSUFFICIENT_COMPONENTS
+    );
+    // The SA says it serves them.
+    let (_, _, cpi) = ask(&mut sa, &mad(method::GET, attr::CLASS_PORT_INFO, 0, &[]));
+    assert_ne!(be16(&cpi, 2) & 1 << 10, 0, "IsMultiPathSupported");
+}
+
 #[test]
 fn test_bad_and_unsupported_queries_get_a_status_never_silence() {
     let mut sa = SubnetAdmin::new();
