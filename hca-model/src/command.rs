@@ -235,6 +235,11 @@ impl Device {
             _ => return Err(CmdError::BadParam),
         };
         self.publish_info();
+        if changed.retrained {
+            if let Some(f) = &self.fabric {
+                f.user_sm_link_changed(self.lid);
+            }
+        }
         if changed.pkeys {
             self.post_event(VEC_ASYNC, EV_PKEY_CHANGE, 1, 0);
         }

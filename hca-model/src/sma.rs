@@ -102,6 +102,8 @@ pub struct Changed {
     pub active: Option<bool>,
     /// The P_Key table.
     pub pkeys: bool,
+    /// PortState Down: the link retrained (its switch port starts from INIT too).
+    pub retrained: bool,
 }
 
 fn be16(d: &[u8; 64], at: usize) -> u16 {
@@ -150,6 +152,11 @@ pub fn set_port_info(
     if d[MTU_SMSL] >> 4 > MAX_MTU || d[OP_VLS] >> 4 > 1 {
         return Err(CmdError::BadParam);
     }
+    // The port's GIDs are link-local: the SM may confirm the prefix, not change it.
+    let prefix = be64(d, GID_PREFIX);
+    if prefix != 0 && prefix != crate::sa::SUBNET_PREFIX {
+        return Err(CmdError::BadParam);
+    }
     let state = match u32::from(d[PORT_STATE] & 0xf) {
         0 => port.state,
         // Down: the link retrains, and the port starts again from INIT.
@@ -162,6 +169,7 @@ pub fn set_port_info(
     let mut changed = Changed {
         sm: sm_lid != port.sm_lid || sm_sl != port.sm_sl,
         rereg: d[REREG_TIMEOUT] & 0x80 != 0,
+        retrained: u32::from(d[PORT_STATE] & 0xf) == PORT_DOWN,
         ..Changed::default()
     };
     if (state == PORT_ACTIVE) != (port.state == PORT_ACTIVE) {
@@ -175,7 +183,7 @@ pub fn set_port_info(
         mkey_prot: d[PROT_LMC] >> 6,
         mkey_lease: be16(d, MKEY_LEASE),
         subnet_timeout: d[REREG_TIMEOUT] & 0x1f,
-        gid_prefix: be64(d, GID_PREFIX),
+        gid_prefix: crate::sa::SUBNET_PREFIX,
     };
     Ok(changed)
 }
@@ -255,6 +263,7 @@ mod tests {
             smp(|d| d[MASTER_SM_LID..MASTER_SM_LID + 2].copy_from_slice(&0xc000u16.to_be_bytes())),
             smp(|d| d[PORT_STATE] = PORT_INIT as u8),
             smp(|d| d[OP_VLS] = 2 << 4),
+            smp(|d| d[GID_PREFIX] = 0xfe),
         ] {
             assert_eq!(set_port_info(&mut p, 7, &bad), Err(CmdError::BadParam));
             assert_eq!(p, before);

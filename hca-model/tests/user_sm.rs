@@ -312,6 +312,57 @@ fn test_ports_pass_data_only_once_the_user_sm_activates_them_and_by_its_tables()
     let done = collect(&f, &mut p.a, &mut p.cq_a, 1, 200 * MS);
     assert_eq!(done.iter().map(|c| c.status).collect::<Vec<_>>(), [0]);
     assert_eq!(p.b.read(dst, 8192), p.a.read(src, 8192));
+    // An entry of 0 (the switch itself) for an HCA's LID delivers nothing there.
+    let send = |p: &mut Pair, id: u64| {
+        let mut w = send_wr(id, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst, p.key_b);
+        p.a.post_send(&mut p.qa, w, &[sge(src, 64, p.key_a)]);
+    };
+    block[2] = 0;
+    assert_eq!(sm.set(&f, &mut p.a, LFT, 0, &block).0, 0);
+    let lost = f.stats().unrouted;
+    send(&mut p, 2);
+    f.advance(MS);
+    assert!(
+        f.stats().unrouted > lost,
+        "not to LID 2 by the switch's port 0"
+    );
+    block[2] = 2;
+    assert_eq!(sm.set(&f, &mut p.a, LFT, 0, &block).0, 0);
+    let done = collect(&f, &mut p.a, &mut p.cq_a, 1, 200 * MS);
+    assert_eq!((done.len(), done[0].status), (1, 0));
+    // The SM sets switch port 2 Down: the link retrains, node 2's port is INIT again (its
+    // driver hears PORT_DOWN) and nothing passes until the SM activates both ends.
+    p.b.drain_eq(0);
+    assert_eq!(sm.set(&f, &mut p.a, PORT_INFO, 2, &port_info(1, 0)).0, 0);
+    assert_eq!(port_attr(&mut p.b).state, PORT_INIT as u8);
+    assert!(p
+        .b
+        .drain_eq(0)
+        .iter()
+        .any(|e| e.event_type == EV_PORT_DOWN as u8));
+    let lost = f.stats().unrouted;
+    send(&mut p, 3);
+    f.advance(MS);
+    assert!(f.stats().unrouted > lost, "no data through a port set Down");
+    for state in [PORT_ARMED, PORT_ACTIVE] {
+        assert_eq!(
+            sm.set(&f, &mut p.a, PORT_INFO, 2, &port_info(state as u8, 0))
+                .0,
+            0
+        );
+        assert_eq!(hca_set(&mut p.b, port_info(state as u8, 2), 0), CMD_OK);
+    }
+    let done = collect(&f, &mut p.a, &mut p.cq_a, 1, 200 * MS);
+    assert_eq!(
+        (done.len(), done[0].status),
+        (1, 0),
+        "once both ends are ACTIVE"
+    );
+    // Node 2's agent takes a Down: its switch port goes back to INIT too.
+    assert_eq!(hca_set(&mut p.b, port_info(1, 2), 0), CMD_OK);
+    let pi = sm.ask(&f, &mut p.a, (GET, PORT_INFO, 2), &[], 0).unwrap();
+    assert_eq!(pi[64 + 32] & 0xf, PORT_INIT as u8, "switch port 2");
 
     // Multicast by the MFT: MLID 0xc001 to ports 1 and 3, not 2 (whose QP is attached).
     let mut members: Vec<(CqH, QpH, u64)> = [&mut p.a, &mut p.b, &mut c]
@@ -350,6 +401,22 @@ fn test_m_keys_keep_out_an_sm_without_them() {
     assert_eq!(sm.set(&f, &mut a, PORT_INFO, 0, &p0).0, 0);
     let armed = port_info(PORT_ARMED as u8, 0);
     assert!(sm.ask(&f, &mut a, (SET, PORT_INFO, 1), &armed, 0).is_none());
+    // Every attribute: the tables stay as they were.
+    let mut si = [0u8; 20];
+    si[6..8].copy_from_slice(&100u16.to_be_bytes());
+    for (attr, data) in [
+        (SWITCH_INFO, &si[..]),
+        (LFT, &[1u8; 64][..]),
+        (MFT, &[0xffu8; 64][..]),
+    ] {
+        assert!(
+            sm.ask(&f, &mut a, (SET, attr, 0), data, 0).is_none(),
+            "{attr:#x}"
+        );
+    }
+    let lft = sm.ask(&f, &mut a, (GET, LFT, 0), &[], 0).unwrap();
+    assert_eq!(lft[64..128], [0xff; 64], "no LID forwarded");
+    assert_eq!(f.user_sm_tables().unwrap().top(), 0);
     let ok = sm
         .ask(&f, &mut a, (SET, PORT_INFO, 1), &armed, key)
         .unwrap();

@@ -35,6 +35,7 @@ impl PacketSink for SaPort {
                 let mut sa = self.sa.lock_unpoisoned();
                 sa.answer_smp(&pkt, None, &fabric)
             };
+            fabric.retrain_set_down();
             return match out {
                 Some(out) => {
                     fabric.smp_out(Some(out));

@@ -60,10 +60,29 @@ impl Fabric {
 
     /// The link of the HCA port at `lid` went down or came back: its switch port starts
     /// again from INIT, as a real one does, until the SM finds it.
-    pub(super) fn user_sm_link_changed(&self, lid: Lid) {
+    pub(crate) fn user_sm_link_changed(&self, lid: Lid) {
         if let Some(t) = self.user_tables() {
             if let Some((_, p)) = self.subnet().attachment(lid) {
                 t.write_unpoisoned().port_reset(p);
+            }
+        }
+    }
+
+    /// The HCA ports at the switch ports the user's SM set Down: their links retrain, and
+    /// each starts again from INIT, as its switch port did. Called with no lock held (the
+    /// ports take their devices' locks).
+    pub(super) fn retrain_set_down(&self) {
+        let Some(t) = self.user_tables() else {
+            return;
+        };
+        let ports = t.write_unpoisoned().take_retrained();
+        let subnet = self.subnet();
+        for p in ports {
+            if let Peer::Hca(lid) = subnet.peer(0, p) {
+                if let Some(sink) = self.port(lid) {
+                    sink.link_changed(false);
+                    sink.link_changed(true);
+                }
             }
         }
     }
@@ -104,7 +123,8 @@ impl Fabric {
                     .collect()
             } else {
                 match t.out_port(pkt.dlid) {
-                    Some(0) => vec![pkt.dlid],
+                    // The switch's own LID: its management port (the PMA).
+                    Some(0) if subnet.switch_at(pkt.dlid) == Some(0) => vec![pkt.dlid],
                     Some(p) => hca(p).filter(|&l| l == pkt.dlid).into_iter().collect(),
                     None => Vec::new(),
                 }

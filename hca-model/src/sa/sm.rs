@@ -54,8 +54,6 @@ const MAX_HOPS: usize = 64;
 const CAP_IS_SM: u32 = 1 << 1;
 /// The default partition's P_Key, full member.
 const DEFAULT_PKEY: u16 = 0xffff;
-/// A Set's outcome that gets no answer at all (a wrong M_Key).
-const SILENT: u16 = 0xffff;
 
 type Mad = [u8; MAD_SIZE];
 
@@ -235,6 +233,11 @@ impl<'a> Switch<'a> {
         })
     }
 
+    /// What a user's SM set in this switch, under one (only the first switch takes one).
+    fn user_tables(&self) -> Option<&'a std::sync::RwLock<SwitchTables>> {
+        self.tables.filter(|_| self.sw == 0)
+    }
+
     /// Whether port `p` links a port whose link is up.
     fn port_linked(&self, p: u8) -> bool {
         p >= 1 && p <= self.node.num_ports && port_up(self.subnet, self.ports, self.sw, p)
@@ -291,15 +294,24 @@ impl<'a> Switch<'a> {
             u32::from_be_bytes(mad.get(at::ATTR_MOD..at::ATTR_MOD + 4)?.try_into().ok()?);
         let versions_ok = mad[0] == 1 && mad[2] == 1;
         let mkey = be64(mad, at::SMP_MKEY);
+        // A user's SM's M_Key keeps out every SMP without it (a Get too, when protected):
+        // no answer at all (IBA 14.2.4.1).
+        if let Some(t) = self.user_tables() {
+            if !t
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .admits(mkey, set)
+            {
+                return None;
+            }
+        }
         let data = mad.get_mut(at::DATA..INITIAL_PATH)?;
         let sent: [u8; 64] = data.try_into().ok()?;
         data.fill(0);
         let mut st = if !versions_ok {
             status::BAD_VERSION
         } else if set {
-            match self.set(attr, attr_mod, &sent, mkey) {
-                // A wrong M_Key gets no answer (IBA 14.2.4.1).
-                Err(SILENT) => return None,
+            match self.set(attr, attr_mod, &sent) {
                 Err(st) => st,
                 Ok(()) => self.get(attr, attr_mod, data),
             }
@@ -316,8 +328,8 @@ impl<'a> Switch<'a> {
 
     /// Takes a user's SM's Set (see `switch_tables.rs`): Err with the MAD status (or
     /// [`SILENT`]) if the switch cannot.
-    fn set(&self, attr: u16, attr_mod: u32, data: &[u8; 64], mkey: u64) -> Result<(), u16> {
-        let Some(tables) = self.tables.filter(|_| self.sw == 0) else {
+    fn set(&self, attr: u16, attr_mod: u32, data: &[u8; 64]) -> Result<(), u16> {
+        let Some(tables) = self.user_tables() else {
             return Err(status::METHOD_ATTR_UNSUPPORTED);
         };
         let mut t = tables.write().unwrap_or_else(|e| e.into_inner());
@@ -328,10 +340,7 @@ impl<'a> Switch<'a> {
             attr::smp::MULTICAST_FORWARDING_TABLE => t.set_mft_block(attr_mod, data, n),
             attr::smp::PORT_INFO => {
                 let p = u8::try_from(attr_mod).map_err(|_| status::INVALID_FIELD)?;
-                match t.set_port_info(p, data, self.node.lid, mkey, n) {
-                    Err(st) if st == super::switch_tables::BAD_MKEY => Err(SILENT),
-                    r => r,
-                }
+                t.set_port_info(p, data, self.node.lid, n)
             }
             _ => Err(status::METHOD_ATTR_UNSUPPORTED),
         }
@@ -341,8 +350,7 @@ impl<'a> Switch<'a> {
     fn get(&self, attr: u16, attr_mod: u32, data: &mut [u8]) -> u16 {
         let mut w = Writer(data);
         let node = self.node;
-        let tables = self.tables.filter(|_| self.sw == 0);
-        if let Some(t) = tables {
+        if let Some(t) = self.user_tables() {
             let t = t.read().unwrap_or_else(|e| e.into_inner());
             match attr {
                 attr::smp::SWITCH_INFO => {
@@ -365,6 +373,14 @@ impl<'a> Switch<'a> {
                 }
                 // No SM runs here.
                 attr::smp::SM_INFO => return status::METHOD_ATTR_UNSUPPORTED,
+                // The management port's table, block 0 (PartitionCap 16): the default
+                // partition, as OpenSM reads it. External ports enforce no partitions
+                // (PartitionEnforcementCap 0).
+                attr::smp::PKEY_TABLE if attr_mod == 0 => {
+                    w.put(0, &DEFAULT_PKEY.to_be_bytes());
+                    return 0;
+                }
+                attr::smp::PKEY_TABLE => return status::INVALID_FIELD,
                 _ => {}
             }
         }
@@ -380,14 +396,6 @@ impl<'a> Switch<'a> {
                 ),
             ),
             attr::smp::NODE_DESC => w.put(0, node_desc(node).as_bytes()),
-            // The management port's table, block 0 (PartitionCap 16): the default
-            // partition. External ports enforce no partitions (PartitionEnforcementCap 0).
-            attr::smp::PKEY_TABLE => {
-                if attr_mod != 0 {
-                    return status::INVALID_FIELD;
-                }
-                w.put(0, &DEFAULT_PKEY.to_be_bytes());
-            }
             attr::smp::SWITCH_INFO => w.put(0, &topology::switch_info()),
             attr::smp::LINEAR_FORWARDING_TABLE => {
                 let Some(block) = self.subnet.lft_block(self.sw, attr_mod) else {
@@ -439,25 +447,26 @@ pub(super) fn switch_port_info(
     port: u8,
     local_port: u8,
 ) -> [u8; 64] {
-    let user_sm = ports.switch_tables();
-    let tables = user_sm.map(|t| t.read().unwrap_or_else(|e| e.into_inner()));
+    // (The ports' links first, then what the user's SM set: no lock is held across.)
+    let up = port != 0 && port_up(subnet, ports, sw, port);
+    let user_sm = (ports.switch_tables()).map(|t| {
+        let t = t.read().unwrap_or_else(|e| e.into_inner());
+        (t.sm_lid(), t.port_state(port))
+    });
     if port == 0 {
         let lid = subnet.switch(sw).map_or(SM_LID, |s| s.lid);
-        return match &tables {
-            Some(t) => records::port_info(lid, t.sm_lid(), 0, local_port, records::LINK_UP),
+        return match user_sm {
+            Some((sm_lid, _)) => records::port_info(lid, sm_lid, 0, local_port, records::LINK_UP),
             None => {
                 let caps = if sw == 0 { CAP_IS_SM } else { 0 };
                 records::port_info(lid, SM_LID, caps, local_port, records::LINK_UP)
             }
         };
     }
-    let link = if port_up(subnet, ports, sw, port) {
-        match &tables {
-            Some(t) => (t.port_state(port), records::LINK_UP.1),
-            None => records::LINK_UP,
-        }
-    } else {
-        (records::PORT_DOWN, records::PHYS_POLLING)
+    let link = match (up, user_sm) {
+        (true, Some((_, state))) => (state, records::LINK_UP.1),
+        (true, None) => records::LINK_UP,
+        (false, _) => (records::PORT_DOWN, records::PHYS_POLLING),
     };
     records::port_info(0, 0, 0, local_port, link)
 }

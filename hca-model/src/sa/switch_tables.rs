@@ -16,9 +16,6 @@ use std::collections::BTreeMap;
 use super::{be16, status, MLID_BASE, SM_LID};
 use crate::abi::Lid;
 
-/// What `set_port_info` says of an SMP whose M_Key does not match the switch's: no
-/// answer goes back (IBA 14.2.4.1).
-pub const BAD_MKEY: u16 = 0xffff;
 /// An LFT entry or MFT port that names no port.
 pub const NO_PORT: u8 = 0xff;
 /// LIDs a linear forwarding table block holds.
@@ -35,6 +32,8 @@ const PI_MKEY: usize = 0;
 const PI_LID: usize = 16;
 const PI_SM_LID: usize = 18;
 const PI_STATE: usize = 32;
+/// M_KeyProtectBits (top two bits).
+const PI_PROT: usize = 34;
 /// SwitchInfo offsets (IBA 14.2.5.4).
 const SI_LFT_TOP: usize = 6;
 const SI_LIFE: usize = 11;
@@ -61,15 +60,34 @@ pub struct SwitchTables {
     /// SwitchInfo's PortStateChange: a port's link went down or came back since the SM
     /// last cleared it (OpenSM's light sweep reads it and sweeps again).
     state_change: bool,
-    /// The management port's MasterSMLID and M_Key.
+    /// The management port's MasterSMLID, M_Key and M_KeyProtectBits.
     sm_lid: Lid,
     mkey: u64,
+    mkey_prot: u8,
+    /// External ports the SM set Down since the fabric last looked: their links retrain,
+    /// and the HCA at the other end starts from INIT too.
+    retrained: Vec<u8>,
 }
 
 impl SwitchTables {
     /// The port the switch forwards unicast `dlid` to (0: its own management port).
     pub fn out_port(&self, dlid: Lid) -> Option<u8> {
+        if dlid > self.top {
+            return None;
+        }
         (self.lft.get(usize::from(dlid)).copied()).filter(|&p| p != NO_PORT)
+    }
+
+    /// Whether an SMP with M_Key `smp_mkey` reaches the switch's agent (IBA 14.2.4.1):
+    /// every SMP while the switch has no M_Key; then a Set only with it, and a Get without
+    /// it only while the protection is below 2. One that does not gets no answer.
+    pub fn admits(&self, smp_mkey: u64, set: bool) -> bool {
+        self.mkey == 0 || smp_mkey == self.mkey || (!set && self.mkey_prot < 2)
+    }
+
+    /// The external ports the SM set Down since the last call.
+    pub fn take_retrained(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.retrained)
     }
 
     /// The ports the switch forwards multicast `mlid` to.
@@ -232,19 +250,16 @@ impl SwitchTables {
     }
 
     /// A Set of port `p`'s PortInfo (`own_lid`: the switch's LID, which port 0 keeps):
-    /// the management port takes the SM's LID and an M_Key, an external port a new state
-    /// (ARMED from INIT, ACTIVE from ARMED, DOWN back to INIT). `smp_mkey` is the SMP's.
+    /// the management port takes the SM's LID and an M_Key with its protection, an
+    /// external port a new state (ARMED from INIT, ACTIVE from ARMED, DOWN back to INIT,
+    /// retraining its link). The caller checked the M_Key ([`SwitchTables::admits`]).
     pub fn set_port_info(
         &mut self,
         p: u8,
         data: &[u8],
         own_lid: Lid,
-        smp_mkey: u64,
         num_ports: u8,
     ) -> Result<(), u16> {
-        if self.mkey != 0 && smp_mkey != self.mkey {
-            return Err(BAD_MKEY);
-        }
         if p > num_ports {
             return Err(status::INVALID_FIELD);
         }
@@ -262,12 +277,19 @@ impl SwitchTables {
                 | u64::from(be16(data, PI_MKEY + 2)) << 32
                 | u64::from(be16(data, PI_MKEY + 4)) << 16
                 | u64::from(be16(data, PI_MKEY + 6));
+            self.mkey_prot = data.get(PI_PROT).copied().unwrap_or(0) >> 6;
             return Ok(());
         }
         let now = self.state(p);
         let next = match data.get(PI_STATE).copied().unwrap_or(0) & 0xf {
             0 => now,
-            1 => INIT,
+            1 => {
+                if !self.retrained.contains(&p) {
+                    self.retrained.push(p);
+                }
+                self.state_change = true;
+                INIT
+            }
             ARMED if matches!(now, INIT | ARMED) => ARMED,
             ACTIVE if matches!(now, ARMED | ACTIVE) => ACTIVE,
             _ => return Err(status::INVALID_FIELD),
@@ -308,6 +330,12 @@ mod tests {
             (t.out_port(1), t.out_port(2), t.out_port(3)),
             (Some(1), Some(2), None)
         );
+        // Past LinearFDBTop (70) nothing is forwarded, whatever a block set.
+        let mut far = [NO_PORT; 64];
+        far[6] = 1;
+        far[10] = 1;
+        t.set_lft_block(1, &far, 3).unwrap();
+        assert_eq!((t.out_port(64 + 6), t.out_port(64 + 10)), (Some(1), None));
         block[5] = 4;
         assert_eq!(t.set_lft_block(0, &block, 3), Err(status::INVALID_FIELD));
         assert_eq!(t.out_port(5), None);
@@ -355,26 +383,34 @@ mod tests {
             d
         };
         assert_eq!(
-            t.set_port_info(1, &pi(ACTIVE), SM_LID, 0, 2),
+            t.set_port_info(1, &pi(ACTIVE), SM_LID, 2),
             Err(status::INVALID_FIELD)
         );
-        t.set_port_info(1, &pi(ARMED), SM_LID, 0, 2).unwrap();
+        t.set_port_info(1, &pi(ARMED), SM_LID, 2).unwrap();
         assert!(!t.active(1));
-        t.set_port_info(1, &pi(ACTIVE), SM_LID, 0, 2).unwrap();
+        t.set_port_info(1, &pi(ACTIVE), SM_LID, 2).unwrap();
         assert!(t.active(1) && !t.active(2));
         let mut p0 = [0u8; 64];
         p0[PI_LID..PI_LID + 2].copy_from_slice(&5u16.to_be_bytes());
         assert_eq!(
-            t.set_port_info(0, &p0, SM_LID, 0, 2),
+            t.set_port_info(0, &p0, SM_LID, 2),
             Err(status::INVALID_FIELD)
         );
         p0[PI_LID..PI_LID + 2].copy_from_slice(&SM_LID.to_be_bytes());
         p0[PI_SM_LID..PI_SM_LID + 2].copy_from_slice(&1u16.to_be_bytes());
-        p0[7] = 9; // M_Key 9
-        t.set_port_info(0, &p0, SM_LID, 0, 2).unwrap();
+        p0[7] = 9; // M_Key 9, protection 1: Gets without it pass, Sets do not
+        p0[PI_PROT] = 1 << 6;
+        assert!(t.admits(0, true));
+        t.set_port_info(0, &p0, SM_LID, 2).unwrap();
         assert_eq!(t.sm_lid(), 1);
-        assert_eq!(t.set_port_info(1, &pi(1), SM_LID, 0, 2), Err(BAD_MKEY));
-        t.set_port_info(1, &pi(1), SM_LID, 9, 2).unwrap();
+        assert!(!t.admits(0, true) && t.admits(0, false) && t.admits(9, true));
+        p0[PI_PROT] = 2 << 6;
+        t.set_port_info(0, &p0, SM_LID, 2).unwrap();
+        assert!(!t.admits(0, false) && t.admits(9, false));
+        // Down retrains the link: INIT, and the HCA at its end is told.
+        t.set_port_info(1, &pi(1), SM_LID, 2).unwrap();
         assert!(!t.active(1));
+        assert_eq!(t.take_retrained(), [1]);
+        assert!(t.take_retrained().is_empty());
     }
 }
