@@ -190,11 +190,15 @@ int hca_sma_process(struct hca_dev *dev, u32 port, const struct ib_mad *in,
 
 	if (smp->method != IB_MGMT_METHOD_GET && !set)
 		return IB_MAD_RESULT_SUCCESS;
-	/* SMInfo is the subnet manager's (OpenSM's agent on this port), if any. */
-	if (smp->attr_id == IB_SMP_ATTR_SM_INFO)
+	/*
+	 * Under a guest's SM, SMInfo is that SM's (OpenSM's agent on this
+	 * port), if any; ib_mad answers "unsupported" where none listens.
+	 */
+	if (smp->attr_id == IB_SMP_ATTR_SM_INFO && sma_takes_sets(dev))
 		return IB_MAD_RESULT_SUCCESS;
+	/* Refused by the M_Key: dropped here, seen by no agent. */
 	if (sma_mkey_refused(dev, smp->mkey))
-		return IB_MAD_RESULT_SUCCESS;
+		return IB_MAD_RESULT_SUCCESS | IB_MAD_RESULT_CONSUMED;
 	memcpy(out, in, sizeof(*out));
 	resp->method = IB_MGMT_METHOD_GET_RESP;
 	memset(resp->data, 0, sizeof(resp->data));
@@ -205,7 +209,7 @@ int hca_sma_process(struct hca_dev *dev, u32 port, const struct ib_mad *in,
 		    smp->attr_id == IB_SMP_ATTR_PKEY_TABLE)) {
 		err = sma_set(dev, smp);
 		if (err == -EACCES)
-			return IB_MAD_RESULT_SUCCESS;
+			return IB_MAD_RESULT_SUCCESS | IB_MAD_RESULT_CONSUMED;
 		if (err)
 			status = IB_MGMT_MAD_STATUS_INVALID_ATTRIB_VALUE;
 	} else if (set) {

@@ -80,12 +80,19 @@ static int hca_query_port(struct ib_device *ibdev, u32 port,
 	u8 state;
 
 	/*
-	 * What a subnet manager in a guest sets (its LID, SL, timeout) changes
-	 * under us: read it again (a dead device keeps what it had).
+	 * What a subnet manager in a guest sets (its LID and SL, the timeout,
+	 * the M_Key) changes under us: read it again (a dead device keeps what
+	 * it had). Under the fabric's own SM none of it changes.
 	 */
-	if (!hca_cmd(dev, HCA_CMD_QUERY_PORT, NULL, 0, &now, sizeof(now))) {
+	if (READ_ONCE(dev->port.flags) & HCA_PORT_FLAG_GUEST_SM &&
+	    !hca_cmd(dev, HCA_CMD_QUERY_PORT, NULL, 0, &now, sizeof(now))) {
 		spin_lock_irqsave(&dev->port_lock, flags);
-		dev->port = now;
+		dev->port.sm_lid = now.sm_lid;
+		dev->port.sm_sl = now.sm_sl;
+		dev->port.subnet_timeout = now.subnet_timeout;
+		dev->port.mkey = now.mkey;
+		dev->port.mkey_prot = now.mkey_prot;
+		dev->port.mkey_lease = now.mkey_lease;
 		spin_unlock_irqrestore(&dev->port_lock, flags);
 	}
 	/* ib_core zeroed *a. State and LID are live in BAR2. */
