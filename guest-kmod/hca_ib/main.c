@@ -92,6 +92,21 @@ static int hca_register(struct hca_dev *dev)
 	return ib_register_device(ibdev, "hcab%d", &dev->pdev->dev);
 }
 
+/* INIT and ARMED: the port waits for a subnet manager in a guest. */
+static const char *hca_port_state_name(u8 state)
+{
+	switch (state) {
+	case HCA_PORT_INIT:
+		return "INIT";
+	case HCA_PORT_ARMED:
+		return "ARMED";
+	case HCA_PORT_ACTIVE:
+		return "ACTIVE";
+	default:
+		return "DOWN";
+	}
+}
+
 static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct hca_dev *dev;
@@ -138,8 +153,8 @@ static int hca_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	hca_health_start(dev);
 	dev_info(&pdev->dev, "%s: lid %u, port %s, user verbs %s\n",
 		 dev_name(&dev->ibdev.dev), ioread16(dev->bar2 + INFO(lid)),
-		 ioread8(dev->bar2 + INFO(port_state)) == HCA_PORT_ACTIVE ?
-		 "ACTIVE" : "DOWN", dev->user_verbs ? "on" : "off");
+		 hca_port_state_name(ioread8(dev->bar2 + INFO(port_state))),
+		 dev->user_verbs ? "on" : "off");
 	return 0;
 
 err_eq:

@@ -252,11 +252,12 @@ static int hca_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 static int hca_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 			 struct ib_udata *udata)
 {
-	u16 dlid = rdma_ah_get_dlid(init->ah_attr);
-
-	if (dlid == 0)
-		return -EINVAL;
-	to_hah(ibah)->dlid = dlid;
+	/*
+	 * LID 0 is taken, as hardware takes it: ib_sa makes its SM AH from the
+	 * port's SM LID, which is 0 until a subnet manager in a guest sets it;
+	 * what is sent there reaches no port.
+	 */
+	to_hah(ibah)->dlid = rdma_ah_get_dlid(init->ah_attr);
 	return 0;
 }
 
