@@ -780,6 +780,13 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
              links to them"
         );
     }
+    if cfg.sm == config::SubnetManager::Guest {
+        println!(
+            "sm = \"guest\": the ports wait in INIT for a subnet manager; start one in a node \
+             (`hcabench exec {} -- 'userland-up && opensm -B'`, with opensm in `packages`)",
+            first.name
+        );
+    }
     println!(
         "attach: hcabench console {}    stop: hcabench down",
         first.name
