@@ -11,6 +11,7 @@
 use crate::abi::{
     HcaCmdSmpSet, Lid, PKEY_TABLE_LEN, PORT_ACTIVE, PORT_ARMED, PORT_DOWN, PORT_INIT,
 };
+use crate::sa::{be16, be64};
 use crate::status::CmdError;
 
 /// The SMP attributes a Set may name (IBA 14.2.5).
@@ -104,14 +105,6 @@ pub struct Changed {
     pub pkeys: bool,
     /// PortState Down: the link retrained (its switch port starts from INIT too).
     pub retrained: bool,
-}
-
-fn be16(d: &[u8; 64], at: usize) -> u16 {
-    (d.get(at..at + 2).and_then(|b| b.try_into().ok())).map_or(0, u16::from_be_bytes)
-}
-
-fn be64(d: &[u8; 64], at: usize) -> u64 {
-    (d.get(at..at + 8).and_then(|b| b.try_into().ok())).map_or(0, u64::from_be_bytes)
 }
 
 /// Checks the SMP's M_Key against the port's (IBA 14.2.4.1: a port with a non-zero M_Key

@@ -109,7 +109,7 @@ fn gid_guid(gid: &[u8; 16]) -> Option<u64> {
 
 // Readers of fixed offsets inside a MAD, which is always MAD_SIZE bytes by the time any
 // handler sees it (`answer` takes it as an array); past the end they read zeros.
-fn be16(b: &[u8], at: usize) -> u16 {
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     b.get(at..at + 2)
         .and_then(|s| s.try_into().ok())
         .map_or(0, u16::from_be_bytes)
@@ -121,7 +121,7 @@ fn be32(b: &[u8], at: usize) -> u32 {
         .map_or(0, u32::from_be_bytes)
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
     u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
 }
 
