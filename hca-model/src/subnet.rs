@@ -296,6 +296,32 @@ pub enum Stop {
     Lost,
 }
 
+/// An inter-switch link crossed one way: `forward` is from the first switch its
+/// `[[link]]` names to the second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SwitchLink {
+    /// The link's index in the topology (the cluster file's `[[link]]` order, from 0).
+    pub link: usize,
+    /// From its first switch to its second.
+    pub forward: bool,
+}
+
+/// One switch's part of a packet's way (see [`Subnet::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The way ends here, or leaves this host.
+    Stop(Stop),
+    /// Into `link`, which is down: lost there.
+    Down(SwitchLink),
+    /// Over `link` to another switch of this host, at (switch, port).
+    Cross {
+        /// The link and the way across it.
+        link: SwitchLink,
+        /// Where it arrives.
+        to: (usize, u8),
+    },
+}
+
 /// One switch a route crosses: where the packet comes in and leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hop {
@@ -398,24 +424,60 @@ impl Subnet {
     /// Where a packet for `dlid` that came into local switch `sw` stops on this host.
     pub fn next_stop_from(&self, mut sw: usize, _port_in: u8, dlid: Lid) -> Stop {
         for _ in 0..=self.switches.len() {
-            let out = self.out_port(sw, dlid);
-            match (out, self.peer(sw, out)) {
-                (0, _) if self.switch_at(dlid) == Some(sw) => return Stop::Switch(sw),
-                (0, _) => return Stop::Lost,
-                (_, Peer::Hca(l)) if l == dlid => return Stop::Hca(l),
-                (_, Peer::Switch { sw: next, link, .. }) => {
-                    if self.links_up.get(link) != Some(&true) {
-                        return Stop::Lost;
-                    }
-                    if !self.is_local(next) {
-                        return Stop::Remote { link };
-                    }
-                    sw = next;
-                }
-                _ => return Stop::Lost,
+            match self.step(sw, dlid) {
+                Step::Stop(stop) => return stop,
+                Step::Down(_) => return Stop::Lost,
+                Step::Cross { to, .. } => sw = to.0,
             }
         }
         Stop::Lost
+    }
+
+    /// One switch's part of a packet's way: where local switch `sw` sends a packet for
+    /// `dlid`, a stop or a link up to another switch of this host (the fabric walks the
+    /// links one by one, for their counters and faults).
+    pub fn step(&self, sw: usize, dlid: Lid) -> Step {
+        let out = self.out_port(sw, dlid);
+        let stop = match (out, self.peer(sw, out)) {
+            (0, _) if self.switch_at(dlid) == Some(sw) => Stop::Switch(sw),
+            (_, Peer::Hca(l)) if out != 0 && l == dlid => Stop::Hca(l),
+            (0, _) => Stop::Lost,
+            (
+                _,
+                Peer::Switch {
+                    sw: next,
+                    port,
+                    link,
+                },
+            ) => {
+                let way = SwitchLink {
+                    link,
+                    forward: self.topology.links.get(link).is_some_and(|l| l.0 == sw),
+                };
+                if self.links_up.get(link) != Some(&true) {
+                    return Step::Down(way);
+                } else if !self.is_local(next) {
+                    Stop::Remote { link }
+                } else {
+                    return Step::Cross {
+                        link: way,
+                        to: (next, port),
+                    };
+                }
+            }
+            _ => Stop::Lost,
+        };
+        Step::Stop(stop)
+    }
+
+    /// Which way a packet from local switch `sw` crosses link `link` (None: `sw` is not
+    /// one of its ends).
+    pub fn leaving(&self, sw: usize, link: usize) -> Option<SwitchLink> {
+        let &(a, b) = self.topology.links.get(link)?;
+        (sw == a || sw == b).then_some(SwitchLink {
+            link,
+            forward: sw == a,
+        })
     }
 
     /// The cabling.

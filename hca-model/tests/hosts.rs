@@ -171,6 +171,26 @@ fn ask_sa(net: &Net, d: &mut Driver, g: &mut Gsi, mad: &[u8; 256]) -> Vec<u8> {
     d.read(g.rbuf + (answer.wr_id - 100) * 296 + 40, 256)
 }
 
+/// PortCounters of `port` of the switch at `lid`, asked from `g` (as perfquery asks): the
+/// answer's MAD, which must come from that switch.
+fn perf_query(net: &Net, d: &mut Driver, g: &mut Gsi, lid: u16, port: u8) -> Vec<u8> {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x04, 1, 0x01]); // PerfMgmt Get
+    m[8..16].copy_from_slice(&9u64.to_be_bytes());
+    m[16..18].copy_from_slice(&0x0012u16.to_be_bytes()); // PortCounters
+    m[64 + 1] = port;
+    let sbuf = d.alloc(256, 64);
+    d.write(sbuf, &m);
+    let mut wr = send_wr(2, WR_SEND, WQE_SIGNALED);
+    (wr.ud_dlid, wr.ud_remote_qpn, wr.ud_qkey) = (lid, GSI_QPN, GSI_QKEY);
+    d.post_send(&mut g.qp, wr, &[sge(sbuf, 256, LOCAL_DMA_LKEY)]);
+    let got = collect(net, d, &mut g.cq, 2, 50 * MS);
+    let answer = got.iter().find(|c| u32::from(c.opcode) == CQE_OP_RECV);
+    let answer = answer.unwrap_or_else(|| panic!("the PMA at LID {lid} answered: {got:?}"));
+    assert_eq!(answer.slid, lid, "from the switch asked");
+    d.read(g.rbuf + (answer.wr_id - 100) * 296 + 40, 256)
+}
+
 fn sa_mad(method: u8, attr: u16, comp_mask: u64) -> [u8; 256] {
     let mut m = [0u8; 256];
     m[..4].copy_from_slice(&[1, 0x03, 2, method]);
@@ -188,6 +208,14 @@ fn status(m: &[u8]) -> u16 {
 fn test_two_hosts_are_one_subnet_for_rc_the_sa_multicast_and_smps() {
     let net = Net::two_hosts();
     let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    // Host 0 holds what comes into it over the link for 100 us: held packets, a group's
+    // included, go on when due.
+    let plan = "[[link]]\nswitch_link = 1\ndelay_us = 100\n";
+    let delay = Arc::new(hca_model::faults::FaultHook::new(
+        hca_model::faults::FaultPlan::parse(plan).unwrap(),
+        None,
+    ));
+    a.set_hook(Some(delay.clone()));
     let mut g1 = guest(a, 1);
     let mut g3 = guest(b, 3);
     // Before they hear of each other the far LIDs are not routed.
@@ -311,6 +339,7 @@ fn test_two_hosts_are_one_subnet_for_rc_the_sa_multicast_and_smps() {
     );
     let guid = u64::from_be_bytes(ans[64 + 12..64 + 20].try_into().unwrap());
     assert_eq!(guid, node_guid(SM_LID), "the SM's switch");
+    assert!(delay.counts().delayed > 0, "{:?}", delay.counts());
 }
 
 #[test]
@@ -457,8 +486,9 @@ fn test_what_a_peer_host_sends_is_checked() {
         a.receive(1, &hijack),
         Err(RemoteError::NotItsOwn { .. })
     ));
-    // Packets that cannot have come from host 1: from a port or the SM of host 0, or a
-    // unicast packet named for another port.
+    // Packets that cannot have come from host 1: from a port or the SM of host 0, a
+    // unicast packet named for another port, or a group's copy named for a switch (which
+    // would reach the SA's port, or go round as a fresh group packet).
     let forged = |slid, dlid, egress| {
         let pkt = hca_model::packet::Packet {
             slid,
@@ -474,7 +504,7 @@ fn test_what_a_peer_host_sends_is_checked() {
         })
         .unwrap()
     };
-    for (slid, dlid, egress) in [(1, 2, 0), (SM_LID, 1, 0), (3, 1, 2)] {
+    for (slid, dlid, egress) in [(1, 2, 0), (SM_LID, 1, 0), (3, 1, 2), (3, 0xc000, SM_LID)] {
         assert!(
             matches!(
                 a.receive(1, &forged(slid, dlid, egress)),
@@ -503,7 +533,7 @@ fn test_what_a_peer_host_sends_is_checked() {
         a.receive(1, &twice),
         Err(RemoteError::NotItsOwn { .. })
     ));
-    assert_eq!(a.remote_stats().refused, 13);
+    assert_eq!(a.remote_stats().refused, 14);
     // Nothing of it took: LID 3 is unknown, the link up, host 1's own announcement fine.
     assert!(!a.subnet().reaches(1, 3));
     assert_eq!(a.receive(1, &b.announcement()), Ok(()));
@@ -570,4 +600,103 @@ fn test_a_refusal_on_another_host_reaches_the_sender() {
         a.receive(1, &forged),
         Err(RemoteError::Spoofed { .. })
     ));
+}
+
+#[test]
+fn test_an_inter_host_link_counts_on_both_hosts_and_one_plan_judges_each_packet_once() {
+    use hca_model::faults::{FaultHook, FaultPlan};
+    use hca_model::subnet::SwitchLink;
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    // The same plan on both hosts, as one cluster file gives it: a loss on the link,
+    // both ways.
+    let plan = "seed = 3\n[[link]]\nswitch_link = 1\ndrop = 0.2\n";
+    let hooks: Vec<Arc<FaultHook>> = (net.hosts.iter())
+        .map(|f| {
+            let h = Arc::new(FaultHook::new(FaultPlan::parse(plan).unwrap(), None));
+            f.set_hook(Some(h.clone()));
+            h
+        })
+        .collect();
+    // Host b's capture: what its node sends, and what comes from host a.
+    let seen = Arc::new(Seen::default());
+    b.set_tap(Some(seen.clone()));
+    let mut g1 = guest(a, 1);
+    let mut g3 = guest(b, 3);
+    net.announce();
+    net.tick();
+    let (pd1, pd3) = (g1.alloc_pd(), g3.alloc_pd());
+    let (mut cq1, cq3) = (g1.create_cq(16), g3.create_cq(8));
+    let mut q1 = g1.create_qp(QPT_RC, pd1, cq1.cqn, cq1.cqn);
+    let q3 = g3.create_qp(QPT_RC, pd3, cq3.cqn, cq3.cqn);
+    g1.bring_up_rc_tuned(q1.qpn, 3, q3.qpn, ALL_ACCESS, MTU_1024, (10, 7, 7));
+    g3.bring_up_rc_tuned(q3.qpn, 1, q1.qpn, ALL_ACCESS, MTU_1024, (10, 7, 7));
+    let (k1, k3) = (
+        g1.reg_dma_mr(pd1, ALL_ACCESS),
+        g3.reg_dma_mr(pd3, ALL_ACCESS),
+    );
+    let (src, dst) = (g1.alloc(65536, 64), g3.alloc(65536, 64));
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 11) as u8).collect();
+    g1.write(src, &data);
+    for i in 0..8u64 {
+        let mut w = send_wr(i, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst + i * 8192, k3);
+        g1.post_send(&mut q1, w, &[sge(src + i * 8192, 8192, k1)]);
+    }
+    let c = collect(&net, &mut g1, &mut cq1, 8, Duration::from_secs(5));
+    assert_eq!(c.len(), 8);
+    assert!(c.iter().all(|c| c.status == 0), "{c:?}");
+    assert_eq!(g3.read(dst, 65536), data);
+    let way = |f: &Fabric, forward| {
+        f.switch_link_stats(SwitchLink { link: 0, forward })
+            .unwrap()
+    };
+    // s0 (host 0) to s1 (host 1): host 0 counted what it sent, host 1 what arrived and
+    // what its plan dropped; every packet sent is one or the other.
+    let (sent, came) = (way(a, true), way(b, true));
+    assert!(sent.xmit_pkts >= 64, "{sent:?}");
+    assert_eq!(came.rcv_pkts + came.discards, sent.xmit_pkts, "{came:?}");
+    assert_eq!(sent.discards, 0, "judged where it arrives, not twice");
+    let (acks_sent, acks_came) = (way(b, false), way(a, false));
+    assert_eq!(acks_came.rcv_pkts + acks_came.discards, acks_sent.xmit_pkts);
+    let (da, db) = (hooks[0].counts().dropped, hooks[1].counts().dropped);
+    assert_eq!((da, db), (acks_came.discards, came.discards));
+    assert!(
+        db > 0,
+        "host 1's plan dropped some of what came over the link"
+    );
+    assert!(g1.hca.stats().retransmits > 0);
+    // Host b's capture has node 1's writes once each as host a sent them (before the
+    // plan, as a capture sees a local packet before the hook), and node 3's ACKs.
+    let seen = seen.0.lock().unwrap();
+    let from = |lid: u16| seen.iter().filter(|&&(s, _)| s == lid).count() as u64;
+    assert_eq!(from(1), came.rcv_pkts + came.discards);
+    assert_eq!(from(3), acks_sent.xmit_pkts);
+    drop(seen);
+    // Host 1's switch's PMA, asked from host 0 with the plan off: its port 3 (the link)
+    // received what came, the query too, and counts what host 1 dropped as errors; no
+    // down since boot.
+    for f in &net.hosts {
+        f.set_hook(None);
+    }
+    let mut gs1 = gsi(&mut g1, 4);
+    let pc = perf_query(&net, &mut g1, &mut gs1, SM_LID - 1, 3);
+    let be = |off: usize, n: usize| {
+        (pc[64 + off..64 + off + n].iter()).fold(0u64, |v, &x| v << 8 | u64::from(x))
+    };
+    assert_eq!(status(&pc), 0);
+    assert_eq!(be(36, 4), came.rcv_pkts + 1, "PortRcvPkts");
+    assert_eq!(be(8, 2), came.discards, "PortRcvErrors");
+    assert_eq!(be(32, 4), acks_sent.xmit_pkts, "PortXmitPkts");
+    assert_eq!(be(7, 1), 0, "LinkDownedCounter");
+}
+
+/// A capture that notes (SLID, DLID) of every packet it sees.
+#[derive(Default)]
+struct Seen(Mutex<Vec<(u16, u16)>>);
+
+impl hca_model::PacketTap for Seen {
+    fn on_wire(&self, _now_ns: u64, pkt: &hca_model::packet::Packet) {
+        self.0.lock().unwrap().push((pkt.slid, pkt.dlid));
+    }
 }

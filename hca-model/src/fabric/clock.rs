@@ -107,6 +107,7 @@ impl Fabric {
                 .collect()
         };
         released |= self.follow_links(&ports, hook.as_ref(), now);
+        self.follow_switch_links(hook.as_ref(), now);
         released |= self.sweep_if_due();
         released |= self.inner.reports_waiting.swap(false, Relaxed);
         for (lid, p) in ports {

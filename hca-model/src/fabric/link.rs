@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 
 use super::{DropReason, Fabric, Lid, PacketSink};
 use crate::packet::Packet;
+use crate::subnet::SwitchLink;
 use crate::sync::{Unpoisoned, UnpoisonedRw};
 
 /// Which way a packet crosses a port's link.
@@ -52,6 +53,13 @@ pub(super) enum Stage {
     /// It passed the downlink of the port at this LID: deliver it there (a multicast
     /// packet's copies each go to their own port).
     Arrived(Lid),
+    /// It crossed an inter-switch link into this host's switch `sw`: walk it on toward
+    /// the port at `target` (its DLID, or the member a multicast copy is for).
+    Entered {
+        sw: usize,
+        target: Lid,
+        via: super::remote::Via,
+    },
 }
 
 /// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
@@ -61,6 +69,17 @@ pub trait LinkHook: Send + Sync {
     fn on_packet(&self, link: LinkId, now_ns: u64, pkt: &mut Packet) -> Verdict;
     /// Whether the link of the port at `lid` is up (its port is ACTIVE) at `now_ns`.
     fn link_up(&self, _lid: Lid, _now_ns: u64) -> bool {
+        true
+    }
+    /// Decides what happens to `pkt` (routed by LID) crossing inter-switch link `link`
+    /// that way at `now_ns`, as [`LinkHook::on_packet`] for a node's link. On a subnet
+    /// that spans hosts, the host the packet crosses into decides.
+    fn on_switch_link(&self, _link: SwitchLink, _now_ns: u64, _pkt: &mut Packet) -> Verdict {
+        Verdict::Pass
+    }
+    /// Whether inter-switch link `link` (its index) is up at `now_ns`: down, it is cut as
+    /// `hcabench link down` cuts it (the SM routes round it at its next sweep).
+    fn switch_link_up(&self, _link: usize, _now_ns: u64) -> bool {
         true
     }
 }
@@ -233,6 +252,10 @@ impl Fabric {
                 Some(dst) => self.deliver(&dst, pkt, false),
                 None => self.bounce(pkt, DropReason::NoRoute),
             },
+            Stage::Entered { sw, target, via } => {
+                let subnet = self.subnet();
+                self.walk_from(&subnet, pkt, (sw, target), hook, via);
+            }
             Stage::Routed if self.routed() => self.route(pkt, hook, more),
             Stage::Routed if self.guest_sm() => self.switch_by_tables(pkt, hook, more),
             Stage::Routed if pkt.is_multicast() => {

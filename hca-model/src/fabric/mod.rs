@@ -36,7 +36,8 @@
 //! ([`LinkHook`], [`PacketTap`]); `lanes.rs` the queue, its lanes and backlog bounds;
 //! `pump.rs` the thread-local pump; `cut.rs` the cut-through; `clock.rs` the clock and its
 //! tick; `sa_port.rs` the subnet administrator's port and the partitions; `routing.rs` the
-//! switches and their routes.
+//! switches and their routes; `switch_links.rs` the inter-switch links' counters and
+//! faults; `remote.rs` the links to other hosts; `user_sm.rs` a user's own SM.
 
 mod clock;
 mod cut;
@@ -46,6 +47,7 @@ mod pump;
 mod remote;
 mod routing;
 mod sa_port;
+mod switch_links;
 mod user_sm;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -70,6 +72,7 @@ pub use cut::Run;
 pub use lanes::{BACKLOG_UNIT, MAX_BACKLOG, MAX_TOTAL_BACKLOG};
 pub use link::{LinkDir, LinkHook, LinkId, PacketTap, Verdict};
 pub use remote::{RemoteError, RemoteHosts, RemoteStats};
+pub use switch_links::SwitchLinkStats;
 pub use user_sm::UserSmError;
 
 /// Why a packet did not reach a receiver.
@@ -256,6 +259,8 @@ struct Inner {
     routed: AtomicBool,
     /// An inter-switch link changed: the SM sweeps at the next tick.
     sweep_due: AtomicBool,
+    /// Each inter-switch link's counters (`switch_links.rs`).
+    trunks: RwLock<Vec<switch_links::Trunk>>,
     /// HCA ports the last sweep found cut off from the SM.
     cut_off: Mutex<Vec<Lid>>,
     /// Where datagrams for other hosts go, on a subnet that spans hosts (`remote.rs`).
@@ -349,6 +354,7 @@ impl Fabric {
                 ))),
                 routed: AtomicBool::new(false),
                 sweep_due: AtomicBool::new(false),
+                trunks: RwLock::default(),
                 cut_off: Mutex::new(Vec::new()),
                 remote: Attachment::default(),
                 hosts: Mutex::default(),

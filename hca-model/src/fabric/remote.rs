@@ -26,7 +26,7 @@ use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::packet::Packet;
 use crate::sa::sm::{Out, PERMISSIVE_LID};
 use crate::sa::{Ports, SM_LID};
-use crate::subnet::{Stop, Subnet, Topology};
+use crate::subnet::{Stop, Subnet, SwitchLink, Topology};
 use crate::sync::{Unpoisoned, UnpoisonedRw};
 use crate::wire::{self, Frame, PortAd, WireError};
 
@@ -81,6 +81,8 @@ pub(super) struct Hosts {
     alive: BTreeMap<u16, bool>,
     /// This host's side of each link (by index): up unless cut here.
     admin_up: Vec<bool>,
+    /// Links at this host's switches that the fault hook has down (`switch_links.rs`).
+    pub(super) fault_down: Vec<bool>,
     /// (link, host): that host's side of a link at its switches, as it last announced.
     reported: BTreeMap<(u16, u16), bool>,
     /// Announcements sent.
@@ -91,13 +93,25 @@ pub(super) struct Hosts {
 
 /// Where a packet on its way through this host came from: another host (the link it
 /// arrived by, and the inter-host links it had crossed), or this host's own port.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct Via {
     hops: u8,
     link: Option<usize>,
 }
 
+impl Hosts {
+    /// Whether this host has its side of link `k` up: not cut, not down by the hook.
+    fn side_up(&self, k: usize) -> bool {
+        self.admin_up.get(k) == Some(&true) && self.fault_down.get(k) != Some(&true)
+    }
+}
+
 impl Via {
+    /// Whether it came from another host.
+    pub(super) fn is_remote(&self) -> bool {
+        self.link.is_some()
+    }
+
     /// Sent from a port or switch of this host.
     pub(super) const HERE: Via = Via {
         hops: 0,
@@ -141,12 +155,15 @@ impl Fabric {
             let mut h = self.inner.hosts.lock_unpoisoned();
             *h = Hosts {
                 admin_up: vec![true; links],
+                fault_down: vec![false; links],
                 ..Hosts::default()
             };
             h.alive.insert(here, true);
         }
         self.inner.routed.store(routed, Relaxed);
         self.settle_links();
+        // (Links to hosts not heard from yet start down: no down to count.)
+        *self.inner.trunks.write_unpoisoned() = super::switch_links::trunks(links);
         self.sweep();
     }
 
@@ -230,7 +247,7 @@ impl Fabric {
             h.seq = h.seq.wrapping_add(1);
             (0..subnet.topology().links().len())
                 .filter(|&k| ends_on(&subnet, k, here))
-                .map(|k| (k as u16, h.admin_up.get(k) == Some(&true)))
+                .map(|k| (k as u16, h.side_up(k)))
                 .collect()
         };
         let seq = self.inner.hosts.lock_unpoisoned().seq;
@@ -322,7 +339,9 @@ impl Fabric {
         // (But a group's packet from a port here comes back from the SM's host, a copy
         // for each member here.)
         let sm_copy = pkt.is_multicast() && from == subnet.topology().host_of(0);
-        if (here_lid && !sm_copy) || (egress != 0 && !pkt.is_multicast()) {
+        let bad_egress =
+            egress != 0 && (!pkt.is_multicast() || egress > crate::subnet::MAX_HCA_LID);
+        if (here_lid && !sm_copy) || bad_egress {
             return Err(RemoteError::Spoofed {
                 host: from,
                 slid: pkt.slid,
@@ -333,7 +352,9 @@ impl Fabric {
         let c = &self.inner.remote_counters;
         c.frames_in.fetch_add(1, Relaxed);
         c.bytes_in.fetch_add(bytes as u64, Relaxed);
+        let way = Self::way_in(&subnet, usize::from(link), at.0);
         if subnet.link_up(usize::from(link)) != Some(true) {
+            self.count_discarded(way, &pkt);
             self.lose(pkt);
             return Ok(());
         }
@@ -343,6 +364,26 @@ impl Fabric {
         };
         let hook = self.hook();
         let hook = hook.as_ref();
+        let mut pkt = pkt;
+        // This host's capture sees what came from the others too, once each, before the
+        // hook (as it sees its own ports' packets); a group's packet once per member here
+        // that it came for (but one its own port sent, which it saw leave).
+        if let Some(t) = self.tap().filter(|_| !(here_lid && sm_copy)) {
+            t.on_wire(self.now_ns(), &pkt);
+        }
+        // Where it goes on from: a group member's copy toward it, a group's packet on to
+        // the SM's host or its members, anything else toward its DLID.
+        let target = if egress != 0 { egress } else { pkt.dlid };
+        let resume = super::link::Stage::Entered {
+            sw: at.0,
+            target,
+            via,
+        };
+        match self.cross(way, &mut pkt, hook, resume) {
+            None => return Ok(()),
+            Some(true) => self.walk_from(&subnet, pkt.clone(), (at.0, target), hook, via),
+            Some(false) => {}
+        }
         if pkt.dlid == PERMISSIVE_LID {
             // A directed route going on through this host's switches.
             let out = {
@@ -350,39 +391,32 @@ impl Fabric {
                 sa.answer_smp(&pkt, Some(at), self)
             };
             self.smp_out(out);
-        } else if egress != 0 {
-            match subnet.next_stop_from(at.0, at.1, egress) {
-                Stop::Hca(l) if l == egress => self.down_and_deliver(pkt, l, hook, false),
-                Stop::Remote { link } => self.send_remote(&subnet, link, egress, pkt, via),
-                _ => self.lose(pkt),
-            }
-        } else if pkt.is_multicast() {
-            self.multicast(&subnet, pkt, at, hook, via);
         } else {
-            self.walk_on(&subnet, pkt, at, hook, false, via);
+            self.walk_from(&subnet, pkt, (at.0, target), hook, via);
         }
         Ok(())
     }
 
-    /// A unicast packet that came into local switch `at.0` by `at.1`, on its way.
-    pub(super) fn walk_on(
+    /// Which way a packet that came over `link` into local switch `sw` crossed it.
+    fn way_in(subnet: &Subnet, link: usize, sw: usize) -> SwitchLink {
+        let forward = (subnet.topology().links().get(link)).is_some_and(|&(a, _)| a != sw);
+        SwitchLink { link, forward }
+    }
+
+    /// Walks a packet that entered local switch `sw` on toward `target` (see
+    /// [`Fabric::walk`]); a group's packet (`target` its MLID) goes to [`Fabric::multicast`].
+    pub(super) fn walk_from(
         &self,
         subnet: &Subnet,
         pkt: Packet,
-        at: (usize, u8),
+        (sw, target): (usize, Lid),
         hook: Option<&Arc<dyn LinkHook>>,
-        more: bool,
         via: Via,
     ) {
-        match subnet.next_stop_from(at.0, at.1, pkt.dlid) {
-            Stop::Hca(l) => self.down_and_deliver(pkt, l, hook, more),
-            Stop::Switch(_) => {
-                let lid = pkt.dlid;
-                self.down_and_deliver(pkt, lid, hook, more)
-            }
-            Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt, via),
-            Stop::Lost if via.link.is_some() => self.lose(pkt),
-            Stop::Lost => self.bounce(pkt, DropReason::Unrouted),
+        if pkt.is_multicast() && target == pkt.dlid {
+            self.multicast(subnet, pkt, (sw, 0), hook, via);
+        } else {
+            self.walk(subnet, pkt, (sw, target), hook, false, via);
         }
     }
 
@@ -398,10 +432,7 @@ impl Fabric {
         via: Via,
     ) {
         if !subnet.is_local(0) {
-            return match subnet.next_stop_from(at.0, at.1, SM_LID) {
-                Stop::Remote { link } => self.send_remote(subnet, link, 0, pkt, via),
-                _ => self.lose(pkt),
-            };
+            return self.walk(subnet, pkt, (at.0, SM_LID), hook, false, via);
         }
         let members = self.with_sa(|sa| {
             sa.group_by_mlid(pkt.dlid)
@@ -415,11 +446,7 @@ impl Fabric {
             return self.bounce(pkt, DropReason::NoRoute);
         }
         for lid in lids {
-            match subnet.next_stop_from(at.0, at.1, lid) {
-                Stop::Hca(l) => self.down_and_deliver(pkt.clone(), l, hook, false),
-                Stop::Remote { link } => self.send_remote(subnet, link, lid, pkt.clone(), via),
-                _ => {}
-            }
+            self.walk(subnet, pkt.clone(), (at.0, lid), hook, false, via);
         }
     }
 
@@ -474,7 +501,14 @@ impl Fabric {
             return self.lose(pkt);
         };
         let host = |sw| subnet.topology().host_of(sw);
-        let far = if subnet.is_local(a) { host(b) } else { host(a) };
+        let (near, far) = if subnet.is_local(a) {
+            (a, host(b))
+        } else {
+            (b, host(a))
+        };
+        if let Some(way) = subnet.leaving(near, link) {
+            self.count_sent(way, &pkt);
+        }
         let c = &self.inner.remote_counters;
         for p in pkt.packets() {
             let frame = Frame::Packet {
@@ -530,6 +564,7 @@ impl Fabric {
         let c = &self.inner.remote_counters;
         c.frames_in.fetch_add(1, Relaxed);
         c.bytes_in.fetch_add(bytes as u64, Relaxed);
+        self.count_received(Self::way_in(subnet, usize::from(link), at.0), &pkt);
         if subnet.host_of_lid(pkt.slid) == Some(subnet.here()) {
             self.bounce(pkt, DropReason::Rejected);
             return Ok(());
@@ -546,7 +581,7 @@ impl Fabric {
     }
 
     /// A packet lost between switches, its sender not told (as a lossy link's).
-    fn lose(&self, _pkt: Packet) {
+    pub(super) fn lose(&self, _pkt: Packet) {
         self.inner.stats.unrouted.fetch_add(1, Relaxed);
     }
 
@@ -662,7 +697,7 @@ impl Fabric {
                     [a, b].into_iter().all(|sw| {
                         let host = subnet.topology().host_of(sw);
                         if host == here {
-                            h.admin_up.get(k) != Some(&false)
+                            h.side_up(k)
                         } else {
                             h.alive.get(&host) == Some(&true)
                                 && h.reported.get(&(k as u16, host)) != Some(&false)
@@ -672,16 +707,23 @@ impl Fabric {
                 .collect()
         };
         let mut changed = false;
+        let mut downed = Vec::new();
         let mut s = self.inner.subnet.write_unpoisoned();
         for (k, up) in wanted.into_iter().enumerate() {
             if s.link_up(k) != Some(up) {
                 if let Some(next) = s.with_link(k, up) {
                     *s = Arc::new(next);
                     changed = true;
+                    if !up {
+                        downed.push(k);
+                    }
                 }
             }
         }
         drop(s);
+        for k in downed {
+            self.count_downed(k);
+        }
         if changed {
             self.inner.sweep_due.store(true, Relaxed);
         }

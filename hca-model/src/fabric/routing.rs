@@ -69,7 +69,8 @@ impl Fabric {
         if pkt.is_multicast() {
             self.multicast(&subnet, pkt, at, hook, Via::HERE);
         } else {
-            self.walk_on(&subnet, pkt, at, hook, more, Via::HERE);
+            let dlid = pkt.dlid;
+            self.walk(&subnet, pkt, (at.0, dlid), hook, more, Via::HERE);
         }
     }
 

@@ -44,13 +44,11 @@ impl PacketSink for SaPort {
                 None => Err(Rejected::of(pkt)),
             };
         }
-        // The SA and the PMA are the SM's switch's (another switch's LID has neither).
-        if pkt.dlid != crate::sa::SM_LID {
-            return Err(Rejected::of(pkt));
-        }
+        // Every switch here has a PMA; the SA is the SM's switch's.
         let counters = (self.pma.lock_unpoisoned()).answer(&pkt, &fabric);
         let answer = match counters {
             Some(a) => Some(vec![a]),
+            None if pkt.dlid != crate::sa::SM_LID => None,
             // Under a user's SM the SA is that SM's, not the switch's.
             None if fabric.guest_sm() => None,
             None => {
@@ -144,6 +142,10 @@ impl crate::sa::Ports for Fabric {
 
     fn counters(&self, lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         Fabric::counters(self, lid)
+    }
+
+    fn switch_link_stats(&self, link: crate::subnet::SwitchLink) -> Option<super::SwitchLinkStats> {
+        Fabric::switch_link_stats(self, link)
     }
 
     fn switch_tables(&self) -> Option<&std::sync::RwLock<crate::sa::switch_tables::SwitchTables>> {

@@ -2,11 +2,13 @@
 //! it that does not depend on how traffic interleaves.
 
 use crate::fabric::{LinkDir, LinkId};
+use crate::subnet::SwitchLink;
 
 /// Which counter an event advances (its index is the "k-th" a decision depends on).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Stream {
     Link(LinkId),
+    SwitchLink(SwitchLink),
     Doorbell(u16),
     Interrupt(u16),
     Wqe(u16, u32),
@@ -22,6 +24,8 @@ impl Stream {
             Stream::Interrupt(lid) => (3, lid, 0),
             Stream::Wqe(lid, qpn) => (4, lid, qpn),
             Stream::Cqe(lid, cqn) => (5, lid, cqn),
+            // (A topology has far fewer than 2^16 links.)
+            Stream::SwitchLink(l) => (6 + u64::from(l.forward), l.link as u16, 0),
         };
         kind << 56 | u64::from(lid) << 40 | u64::from(id)
     }

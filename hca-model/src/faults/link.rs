@@ -3,9 +3,11 @@
 
 use super::draw::{uniform, Draw, Stream};
 use super::log::LogLine;
+use super::LinkFaults;
 use super::{FaultHook, State};
 use crate::fabric::{LinkDir, LinkHook, LinkId, Verdict};
 use crate::packet::Packet;
+use crate::subnet::SwitchLink;
 
 /// A fault the plan injects into one packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -75,9 +77,13 @@ impl FaultHook {
             Some(r) => r,
             None => self.plan.links.iter().find(|l| l.applies(link))?,
         };
+        self.by_rule(f, Stream::Link(link), n, t)
+    }
+
+    /// The fault rule `f` gives event `n` of `stream` at plan time `t`.
+    fn by_rule(&self, f: &LinkFaults, stream: Stream, n: u64, t: u64) -> Option<Fault> {
         let ms = t as f64 / 1e6;
         let seed = self.plan.seed;
-        let stream = Stream::Link(link);
         let hit = |p: f64, d: Draw| p > 0.0 && uniform(seed, stream, n, d) < p;
         if f.down.iter().any(|w| (w[0]..w[1]).contains(&ms)) {
             return Some(Fault::LinkDown);
@@ -130,6 +136,58 @@ impl LinkHook for FaultHook {
         let Some(fault) = self.decide(&st, link, pkt, n, t) else {
             return Verdict::Pass;
         };
+        let name = format!("lid{}-{}", link.lid, dir_name(link.dir));
+        Self::inject(&mut st, fault, name, (n, t), pkt)
+    }
+
+    /// Down while one of the plan's down windows for it (either way) covers plan time.
+    fn switch_link_up(&self, link: usize, now_ns: u64) -> bool {
+        let ms = self.plan_ns(now_ns) as f64 / 1e6;
+        let ways = [true, false].map(|forward| SwitchLink { link, forward });
+        !self.plan.links.iter().any(|l| {
+            ways.iter().any(|&w| l.applies_switch(w))
+                && l.down.iter().any(|w| (w[0]..w[1]).contains(&ms))
+        })
+    }
+
+    fn on_switch_link(&self, link: SwitchLink, now_ns: u64, pkt: &mut Packet) -> Verdict {
+        if !self.switch_rules.load(std::sync::atomic::Ordering::Acquire) {
+            return Verdict::Pass;
+        }
+        let t = self.plan_ns(now_ns);
+        let mut st = self.lock();
+        let live = st.live_switch_rules.contains_key(&link.link);
+        if !live && !self.plan.links.iter().any(|l| l.applies_switch(link)) {
+            return Verdict::Pass;
+        }
+        let stream = Stream::SwitchLink(link);
+        let n = st.next(stream);
+        let rule = match st.live_switch_rules.get(&link.link) {
+            Some(r) => r,
+            None => match self.plan.links.iter().find(|l| l.applies_switch(link)) {
+                Some(r) => r,
+                None => return Verdict::Pass,
+            },
+        };
+        let Some(fault) = self.by_rule(rule, stream, n, t) else {
+            return Verdict::Pass;
+        };
+        let way = if link.forward { "up" } else { "down" };
+        let name = format!("switch-link{}-{way}", link.link + 1);
+        Self::inject(&mut st, fault, name, (n, t), pkt)
+    }
+}
+
+impl FaultHook {
+    /// Counts and logs `fault` on packet `n` of link `name` at plan time `t`, marks a
+    /// corrupt packet, and says what the fabric does with it.
+    fn inject(
+        st: &mut State,
+        fault: Fault,
+        name: String,
+        (n, t): (u64, u64),
+        pkt: &mut Packet,
+    ) -> Verdict {
         let c = &mut st.counts;
         match fault {
             Fault::NodeDead => c.node_dead += 1,
@@ -145,7 +203,7 @@ impl LinkHook for FaultHook {
         }
         st.log(&LogLine {
             t_ns: t,
-            link: Some(format!("lid{}-{}", link.lid, dir_name(link.dir))),
+            link: Some(name),
             n: Some(n),
             slid: Some(pkt.slid),
             dlid: Some(pkt.dlid),

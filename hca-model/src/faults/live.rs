@@ -98,6 +98,39 @@ impl FaultHook {
         });
     }
 
+    /// Inter-switch link `link` (its index) follows `rule` both ways from now, instead of
+    /// the plan's rules; None: back to the plan. Logged.
+    pub fn live_switch_link(&self, link: usize, rule: Option<LinkFaults>, now_ns: u64) {
+        let t = self.plan_ns(now_ns);
+        let mut st = self.lock();
+        let what = match rule {
+            Some(r) => {
+                let what = format!(
+                    "rule drop={} duplicate={} reorder={} corrupt={} delay_us={} jitter_us={}",
+                    r.drop, r.duplicate, r.reorder, r.corrupt, r.delay_us, r.jitter_us
+                );
+                st.live_switch_rules.insert(link, r);
+                (self.switch_rules).store(true, std::sync::atomic::Ordering::Release);
+                what
+            }
+            None => {
+                st.live_switch_rules.remove(&link);
+                "clear".to_string()
+            }
+        };
+        st.log(&LogLine {
+            t_ns: t,
+            link: Some(format!("switch-link{}", link + 1)),
+            live: Some(what),
+            ..Default::default()
+        });
+    }
+
+    /// The live rule of inter-switch link `link`, if a live change set one.
+    pub fn live_switch_rule(&self, link: usize) -> Option<LinkFaults> {
+        self.lock().live_switch_rules.get(&link).cloned()
+    }
+
     /// The live rule for node `lid`'s link, if a live change set one.
     pub fn live_rule(&self, lid: u16) -> Option<LinkFaults> {
         self.lock().live_rules.get(&lid).cloned()

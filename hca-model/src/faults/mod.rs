@@ -26,6 +26,11 @@
 //! jitter_us = 100
 //! down = [[1000, 1500]] # link down from 1000 ms to 1500 ms after the plan starts
 //!
+//! [[link]]
+//! switch_link = 1       # instead of lid: the cluster file's first inter-switch [[link]]
+//! dir = "up"            # from the first switch it names to the second
+//! delay_us = 50         # the same faults; down windows cut it (the SM routes round)
+//!
 //! [[node]]
 //! lid = 3
 //! kill_ms = 5000        # node3 dies: its links go dead, its guest is stopped
@@ -153,6 +158,8 @@ struct State {
     log: Option<Box<dyn Write + Send>>,
     live_down: HashSet<u16>,
     live_rules: HashMap<u16, LinkFaults>,
+    /// Inter-switch links' live rules, by link index (`hcabench link faults`).
+    live_switch_rules: HashMap<usize, LinkFaults>,
     /// Dead nodes and since when (ns after the origin).
     dead: HashMap<u16, u64>,
     /// Kills already handed to whoever stops the guests.
@@ -186,12 +193,18 @@ pub struct FaultHook {
     /// Fabric time at which the plan starts; plan and log times count from here.
     origin_ns: AtomicU64,
     state: Mutex<State>,
+    /// Some rule is for an inter-switch link (the plan's, or a live one): until then a
+    /// packet crossing one passes without the state's lock.
+    switch_rules: std::sync::atomic::AtomicBool,
 }
 
 impl FaultHook {
     /// `log`: where the decisions go, one JSON object a line (None: counted only).
     pub fn new(plan: FaultPlan, log: Option<Box<dyn Write + Send>>) -> Self {
         Self {
+            switch_rules: std::sync::atomic::AtomicBool::new(
+                plan.links.iter().any(|l| l.switch_link.is_some()),
+            ),
             plan,
             origin_ns: AtomicU64::new(0),
             state: Mutex::new(State {

@@ -3,6 +3,7 @@
 use serde::Deserialize;
 
 use crate::fabric::{LinkDir, LinkId};
+use crate::subnet::SwitchLink;
 
 /// A fault plan, as its TOML file gives it: a seed, and rules for links, nodes and adapters.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -84,8 +85,13 @@ pub enum Dirs {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LinkFaults {
-    /// The LID of the port whose link it is; None: every link.
+    /// The LID of the port whose link it is; None (and no `switch_link`): every node's
+    /// link.
     pub lid: Option<u16>,
+    /// Instead of a node's link: the inter-switch link, 1 for the cluster file's first
+    /// `[[link]]`. Its `dir` "up" is from the first switch the `[[link]]` names to the
+    /// second, "down" back.
+    pub switch_link: Option<u16>,
     /// The directions it applies to.
     pub dir: Dirs,
     /// Probability that a packet is dropped.
@@ -111,7 +117,19 @@ impl LinkFaults {
             Dirs::Up => link.dir == LinkDir::Up,
             Dirs::Down => link.dir == LinkDir::Down,
         };
-        dir && self.lid.is_none_or(|l| l == link.lid)
+        dir && self.switch_link.is_none() && self.lid.is_none_or(|l| l == link.lid)
+    }
+
+    /// Whether the rule is for inter-switch link `link`, that way.
+    pub(super) fn applies_switch(&self, link: SwitchLink) -> bool {
+        let dir = match self.dir {
+            Dirs::Both => true,
+            Dirs::Up => link.forward,
+            Dirs::Down => !link.forward,
+        };
+        dir && self
+            .switch_link
+            .is_some_and(|k| usize::from(k) == link.link + 1)
     }
 }
 
@@ -140,6 +158,14 @@ pub enum PlanError {
         link: usize,
         /// The window given.
         window: [f64; 2],
+    },
+    /// A link rule naming both a node's link and an inter-switch link, or link 0.
+    #[error("link {link}: {why}")]
+    SwitchLink {
+        /// The link rule, from 1.
+        link: usize,
+        /// What is wrong.
+        why: &'static str,
     },
     /// A node rule without a LID or a time to kill it.
     #[error("node {node}: lid = {lid}, kill_ms = {kill_ms} (want a LID from 1 and a time >= 0)")]
@@ -203,6 +229,14 @@ impl FaultPlan {
                         value: p,
                     });
                 }
+            }
+            let why = match (l.lid, l.switch_link) {
+                (Some(_), Some(_)) => Some("lid and switch_link name two links (give one)"),
+                (_, Some(0)) => Some("switch_link counts from 1 (the first [[link]])"),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Err(PlanError::SwitchLink { link: i + 1, why });
             }
             if let Some(w) = l.down.iter().find(|w| !(w[0] >= 0.0 && w[0] < w[1])) {
                 return Err(PlanError::DownWindow {

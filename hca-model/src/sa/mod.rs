@@ -154,6 +154,13 @@ pub trait Ports {
     fn counters(&self, _lid: Lid) -> Option<[u64; crate::abi::COUNTERS_LEN as usize]> {
         None
     }
+    /// What crossed inter-switch link `link` that way, for the switches' PMAs.
+    fn switch_link_stats(
+        &self,
+        _link: crate::subnet::SwitchLink,
+    ) -> Option<crate::fabric::SwitchLinkStats> {
+        None
+    }
     /// The switch's tables as a user's SM set them, while one manages the subnet
     /// (`switch_tables.rs`); None while the fabric is the SM.
     fn switch_tables(&self) -> Option<&std::sync::RwLock<switch_tables::SwitchTables>> {

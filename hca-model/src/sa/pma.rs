@@ -1,13 +1,18 @@
-//! The fabric switch's Performance Management Agent (IBA 16.1): Performance Management MADs
-//! sent to [`SM_LID`](super::SM_LID)'s QP1 get the switch ports' counters, as a managed switch's PMA gives
-//! them, so that `perfquery 49151 N` and `ibqueryerrors` read the switch too.
+//! The switches' Performance Management Agent (IBA 16.1): Performance Management MADs sent
+//! to a switch's LID on QP1 ([`SM_LID`](super::SM_LID) for the first, or only, switch) get
+//! that switch's ports' counters, as a managed switch's PMA gives them, so that `perfquery
+//! 49151 N` and `ibqueryerrors` read the switches too.
 //!
-//! Switch port n links the node port at LID n ([`super::sm`]), so its counters are that
-//! link's, seen from the switch's end: what the node's port sent, the switch port received,
-//! and the other way round. The node's port keeps them (its `CTR_*` counters, which its own
-//! PMA shows too); packets the switch could not route (no port has their LID) are the switch
-//! port's PortRcvSwitchRelayErrors. Port 0 (the switch's management port) and ports no node
-//! has count nothing.
+//! A port that links a node's port counts that link, seen from the switch's end: what the
+//! node's port sent, the switch port received, and the other way round. The node's port
+//! keeps them (its `CTR_*` counters, which its own PMA shows too); packets the switch could
+//! not route (no port has their LID) are the switch port's PortRcvSwitchRelayErrors. A
+//! port that links another switch counts what the fabric counted on that inter-switch link
+//! each way (`fabric/switch_links.rs`): packets lost on it are PortXmitDiscards at the end
+//! that sent them and PortRcvErrors at the end they were going to, each as far as this
+//! host counted them (on a link between hosts, the host a packet goes into judges it and
+//! counts its loss; the host it leaves counts what went into the link while down). Port 0
+//! (the switch's management port) and ports linking nothing count nothing.
 //!
 //! Answered: ClassPortInfo Get; PortCounters and PortCountersExtended Get and Set (a Set
 //! resets the counters its CounterSelect names); PortSelect 0xff (AllPortSelect, which
@@ -23,9 +28,11 @@
 use super::mad::method::{GET, GET_RESP, RESP, SET};
 use super::mad::{at, attr, class, PERF_CLASS_VERSION};
 use super::{be16, status, to, Peer, Ports, MAD_SIZE};
-use crate::abi::Lid;
 use crate::abi::{self, COUNTERS_LEN, GSI_QKEY, GSI_QPN};
+use crate::fabric::SwitchLinkStats;
 use crate::packet::{Packet, Payload};
+use crate::subnet::{self, Subnet, SwitchLink};
+use std::collections::hash_map::{Entry, HashMap};
 
 /// PortSelect, in PortCounters and PortCountersExtended.
 const PORT_SELECT: usize = at::DATA + 1;
@@ -52,15 +59,19 @@ mod field {
     pub const MC_RCV_PKTS: usize = 7;
     pub const LINK_DOWNED: usize = 8;
     pub const RELAY_ERRORS: usize = 9;
-    pub const COUNT: usize = 10;
+    pub const XMIT_DISCARDS: usize = 10;
+    pub const RCV_ERRORS: usize = 11;
+    pub const COUNT: usize = 12;
 }
 
 type Fields = [u64; field::COUNT];
 
 /// PortCounters' CounterSelect bits (IBA 16.1.3.5) for the fields it carries that count.
-const SELECT: [(u16, usize); 6] = [
+const SELECT: [(u16, usize); 8] = [
     (1 << 2, field::LINK_DOWNED),
+    (1 << 3, field::RCV_ERRORS),
     (1 << 5, field::RELAY_ERRORS),
+    (1 << 6, field::XMIT_DISCARDS),
     (1 << 12, field::XMIT_DATA),
     (1 << 13, field::RCV_DATA),
     (1 << 14, field::XMIT_PKTS),
@@ -85,22 +96,51 @@ fn from_node(c: &[u64; COUNTERS_LEN as usize]) -> Fields {
     f
 }
 
-/// The switch PMA's state: the bases that resets left, per switch port.
+/// The switch port's view of an inter-switch link: `out` the way it sends into, `into`
+/// the way it receives from.
+fn from_link(out: &SwitchLinkStats, into: &SwitchLinkStats) -> Fields {
+    let mut f = [0; field::COUNT];
+    f[field::XMIT_DATA] = out.xmit_bytes / 4;
+    f[field::RCV_DATA] = into.rcv_bytes / 4;
+    f[field::XMIT_PKTS] = out.xmit_pkts;
+    f[field::RCV_PKTS] = into.rcv_pkts;
+    f[field::MC_XMIT_PKTS] = out.mcast_xmit_pkts;
+    f[field::MC_RCV_PKTS] = into.mcast_rcv_pkts;
+    f[field::UNI_XMIT_PKTS] = out.xmit_pkts.saturating_sub(out.mcast_xmit_pkts);
+    f[field::UNI_RCV_PKTS] = into.rcv_pkts.saturating_sub(into.mcast_rcv_pkts);
+    f[field::LINK_DOWNED] = out.downed;
+    f[field::XMIT_DISCARDS] = out.discards;
+    f[field::RCV_ERRORS] = into.discards;
+    f
+}
+
+/// The PMAs' state: the bases that resets left, per switch port.
 #[derive(Debug, Default)]
 pub struct Agent {
-    /// Per port (index = port number, 255 at most): the GUID of the node port it linked
-    /// when reset, and the bases. A base from another node (one that left, and another took
-    /// its LID) no longer applies.
-    bases: Vec<Option<(u64, Fields)>>,
+    /// By (switch, port): what the port linked when reset (a node port's GUID, or an
+    /// inter-switch link), and the bases. A base from another node (one that left, and
+    /// another took its LID) no longer applies.
+    bases: HashMap<(usize, u8), (Linked, Fields)>,
+}
+
+/// What a switch port linked when its counters were reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Linked {
+    Node(u64),
+    Switch(usize),
 }
 
 impl Agent {
-    /// The answer to `pkt`, if it is a Performance Management MAD for the switch (on QP1, to
-    /// [`super::SM_LID`]); None for anything else, and for a response.
+    /// The answer to `pkt`, if it is a Performance Management MAD for a switch of this
+    /// host (on QP1, to its LID); None for anything else, and for a response.
     pub fn answer(&mut self, pkt: &Packet, ports: &dyn Ports) -> Option<Packet> {
         let Payload::Bytes(b) = &pkt.payload else {
             return None;
         };
+        let subnet = ports.subnet();
+        let sw = subnet
+            .switch_at(pkt.dlid)
+            .filter(|&sw| subnet.is_local(sw))?;
         let mad: &[u8; MAD_SIZE] = b.get(..MAD_SIZE)?.try_into().ok()?;
         if pkt.dest_qpn != GSI_QPN || pkt.qkey != GSI_QKEY || mad[1] != class::PERF_MGMT {
             return None;
@@ -116,18 +156,27 @@ impl Agent {
         } else if !(get || set) {
             status::METHOD_UNSUPPORTED
         } else {
-            self.attribute(&mut resp, set, ports)
+            self.attribute(&mut resp, set, (&subnet, sw), ports)
         };
         resp[4..6].copy_from_slice(&st.to_be_bytes());
         let from = Peer {
             lid: pkt.slid,
             qpn: pkt.src_qpn,
         };
-        Some(to(from, resp.to_vec()))
+        // From the switch asked, so that its tables route the answer back.
+        let mut answer = to(from, resp.to_vec());
+        answer.slid = pkt.dlid;
+        Some(answer)
     }
 
     /// Fills in the attribute's data; the MAD status.
-    fn attribute(&mut self, mad: &mut [u8; MAD_SIZE], set: bool, ports: &dyn Ports) -> u16 {
+    fn attribute(
+        &mut self,
+        mad: &mut [u8; MAD_SIZE],
+        set: bool,
+        at: (&Subnet, usize),
+        ports: &dyn Ports,
+    ) -> u16 {
         match (be16(mad, 16), set) {
             (attr::CLASS_PORT_INFO, false) => {
                 mad[at::DATA..].fill(0);
@@ -138,8 +187,8 @@ impl Agent {
                 put(mad, at::DATA + 4, &RESP_TIME.to_be_bytes());
                 0
             }
-            (attr::pma::PORT_COUNTERS, _) => self.counters(mad, false, set, ports),
-            (attr::pma::PORT_COUNTERS_EXT, _) => self.counters(mad, true, set, ports),
+            (attr::pma::PORT_COUNTERS, _) => self.counters(mad, (false, set), at, ports),
+            (attr::pma::PORT_COUNTERS_EXT, _) => self.counters(mad, (true, set), at, ports),
             _ => status::METHOD_ATTR_UNSUPPORTED,
         }
     }
@@ -149,11 +198,11 @@ impl Agent {
     fn counters(
         &mut self,
         mad: &mut [u8; MAD_SIZE],
-        ext: bool,
-        set: bool,
+        (ext, set): (bool, bool),
+        (subnet, sw): (&Subnet, usize),
         ports: &dyn Ports,
     ) -> u16 {
-        let num_ports = super::sm::num_ports(ports);
+        let num_ports = subnet.switch(sw).map_or(0, |s| s.num_ports);
         let port = mad[PORT_SELECT];
         let select = be16(mad, COUNTER_SELECT);
         let chosen: Vec<u8> = match port {
@@ -173,7 +222,7 @@ impl Agent {
         };
         let mut sum = [0u64; field::COUNT];
         for p in chosen {
-            let f = self.read(p, &reset, ports);
+            let f = self.read((subnet, sw, p), &reset, ports);
             for (s, v) in sum.iter_mut().zip(f) {
                 *s = s.saturating_add(v);
             }
@@ -189,6 +238,10 @@ impl Agent {
             mad[at::DATA + 7] = sat(sum[field::LINK_DOWNED], 0xff) as u8;
             let relay = sat(sum[field::RELAY_ERRORS], 0xffff) as u16;
             put(mad, at::DATA + 12, &relay.to_be_bytes());
+            let discards = sat(sum[field::XMIT_DISCARDS], 0xffff) as u16;
+            put(mad, at::DATA + 14, &discards.to_be_bytes());
+            let rcv_errors = sat(sum[field::RCV_ERRORS], 0xffff) as u16;
+            put(mad, at::DATA + 8, &rcv_errors.to_be_bytes());
             for (off, f) in [
                 (24, sum[field::XMIT_DATA]),
                 (28, sum[field::RCV_DATA]),
@@ -202,26 +255,45 @@ impl Agent {
         0
     }
 
-    /// Switch port `p`'s fields less their bases; the fields in `reset` start again from 0.
-    fn read(&mut self, p: u8, reset: &[usize], ports: &dyn Ports) -> Fields {
-        let lid = Lid::from(p);
-        let node = (p != 0).then(|| ports.guid_of(lid)).flatten();
-        let Some(guid) = node else {
-            return [0; field::COUNT];
+    /// Port `p` of switch `sw`: its fields less their bases; the fields in `reset` start
+    /// again from 0.
+    fn read(
+        &mut self,
+        (subnet, sw, p): (&Subnet, usize, u8),
+        reset: &[usize],
+        ports: &dyn Ports,
+    ) -> Fields {
+        let (linked, raw) = match subnet.peer(sw, p) {
+            subnet::Peer::Hca(lid) if p != 0 => {
+                let Some(guid) = ports.guid_of(lid) else {
+                    return [0; field::COUNT];
+                };
+                let raw = ports
+                    .counters(lid)
+                    .map_or([0; field::COUNT], |c| from_node(&c));
+                (Linked::Node(guid), raw)
+            }
+            subnet::Peer::Switch { link, .. } => {
+                let Some(out) = subnet.leaving(sw, link) else {
+                    return [0; field::COUNT];
+                };
+                let into = SwitchLink {
+                    link,
+                    forward: !out.forward,
+                };
+                let stats = |l| ports.switch_link_stats(l).unwrap_or_default();
+                (Linked::Switch(link), from_link(&stats(out), &stats(into)))
+            }
+            _ => return [0; field::COUNT],
         };
-        let raw = ports
-            .counters(lid)
-            .map_or([0; field::COUNT], |c| from_node(&c));
-        let i = usize::from(p);
-        if self.bases.len() <= i {
-            self.bases.resize(i + 1, None);
-        }
-        let Some(slot) = self.bases.get_mut(i) else {
-            return raw;
-        };
-        let base = match slot {
-            Some((g, b)) if *g == guid => b,
-            slot => &mut slot.insert((guid, [0; field::COUNT])).1,
+        let base = match self.bases.entry((sw, p)) {
+            Entry::Occupied(e) if e.get().0 == linked => &mut e.into_mut().1,
+            Entry::Occupied(e) => {
+                let slot = e.into_mut();
+                *slot = (linked, [0; field::COUNT]);
+                &mut slot.1
+            }
+            Entry::Vacant(e) => &mut e.insert((linked, [0; field::COUNT])).1,
         };
         for (f, (b, r)) in base.iter_mut().zip(raw).enumerate() {
             if reset.contains(&f) {

@@ -197,11 +197,6 @@ fn directed(
     None
 }
 
-/// The switches' ports are 1..=n; the SM's switch's n.
-pub(super) fn num_ports(ports: &dyn Ports) -> u8 {
-    ports.subnet().switch(0).map_or(1, |s| s.num_ports)
-}
-
 /// One switch's agent, answering an SMP that came in by its port `ingress`.
 struct Switch<'a> {
     subnet: &'a Subnet,

@@ -1,0 +1,276 @@
+//! Inter-switch links, watched as a node's link is: counters each way (each switch's PMA
+//! shows them at the link's port), the link hook's decisions on every packet routed by
+//! LID across one (dropped, duplicated, corrupted, delayed), and the hook's down windows,
+//! which cut the link as `hcabench link down` does.
+//!
+//! A packet's way through this host's switches is walked one switch at a time
+//! ([`Subnet::step`]), so that each link it crosses counts it and may keep it. A link to
+//! another host is counted on each side: sent by the host it leaves, received (and judged
+//! by the hook) by the host it enters, so one fault plan loaded on every host judges each
+//! packet once. Directed-route SMPs find their way in the switches' agents and are counted
+//! only where they cross hosts; the hook leaves them alone (the SM's sweep is not a test
+//! subject here).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use super::link::Stage;
+use super::remote::Via;
+use super::{DropReason, Fabric, Lid, LinkHook, Verdict};
+use crate::packet::Packet;
+use crate::subnet::{Step, Stop, Subnet, SwitchLink, MAX_HCA_LID};
+use crate::sync::{Unpoisoned, UnpoisonedRw};
+
+/// One way of an inter-switch link, as this host saw it: packets (and their octets) the
+/// switch at its start sent in, those the switch at its end took, and those lost between.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchLinkStats {
+    /// Packets sent into the link (MTU packets: a train counts each).
+    pub xmit_pkts: u64,
+    /// Their octets, headers included (as PortXmitData counts them, times 4).
+    pub xmit_bytes: u64,
+    /// Of `xmit_pkts`, those for a multicast group.
+    pub mcast_xmit_pkts: u64,
+    /// Packets that came out at the far end.
+    pub rcv_pkts: u64,
+    /// Their octets.
+    pub rcv_bytes: u64,
+    /// Of `rcv_pkts`, those for a multicast group.
+    pub mcast_rcv_pkts: u64,
+    /// Packets lost on the way: dropped by the hook, or sent into it while it was down.
+    /// On a link between hosts, the host the way leads into counts what its hook
+    /// dropped, and the host it leaves what went into it while down.
+    pub discards: u64,
+    /// How many times the link went down (both ways count each).
+    pub downed: u64,
+}
+
+#[derive(Default)]
+struct Way {
+    xmit_pkts: AtomicU64,
+    xmit_bytes: AtomicU64,
+    mcast_xmit_pkts: AtomicU64,
+    rcv_pkts: AtomicU64,
+    rcv_bytes: AtomicU64,
+    mcast_rcv_pkts: AtomicU64,
+    discards: AtomicU64,
+}
+
+/// The counters of one link: [back, forward], and its downs.
+#[derive(Default)]
+pub(super) struct Trunk {
+    ways: [Way; 2],
+    downed: AtomicU64,
+}
+
+/// Fresh counters for `links` links.
+pub(super) fn trunks(links: usize) -> Vec<Trunk> {
+    (0..links).map(|_| Trunk::default()).collect()
+}
+
+impl Fabric {
+    /// What crossed inter-switch link `link` that way, as this host counted it (see the
+    /// module's words); None if the subnet has no such link.
+    pub fn switch_link_stats(&self, link: SwitchLink) -> Option<SwitchLinkStats> {
+        let trunks = self.inner.trunks.read_unpoisoned();
+        let t = trunks.get(link.link)?;
+        let w = t.ways.get(usize::from(link.forward))?;
+        Some(SwitchLinkStats {
+            xmit_pkts: w.xmit_pkts.load(Relaxed),
+            xmit_bytes: w.xmit_bytes.load(Relaxed),
+            mcast_xmit_pkts: w.mcast_xmit_pkts.load(Relaxed),
+            rcv_pkts: w.rcv_pkts.load(Relaxed),
+            rcv_bytes: w.rcv_bytes.load(Relaxed),
+            mcast_rcv_pkts: w.mcast_rcv_pkts.load(Relaxed),
+            discards: w.discards.load(Relaxed),
+            downed: t.downed.load(Relaxed),
+        })
+    }
+
+    fn with_way(&self, link: SwitchLink, f: impl FnOnce(&Way)) {
+        let trunks = self.inner.trunks.read_unpoisoned();
+        if let Some(w) = trunks
+            .get(link.link)
+            .and_then(|t| t.ways.get(usize::from(link.forward)))
+        {
+            f(w);
+        }
+    }
+
+    /// `pkt` goes into `link` that way.
+    pub(super) fn count_sent(&self, link: SwitchLink, pkt: &Packet) {
+        let (n, bytes, mc) = (u64::from(pkt.span()), pkt.wire_bytes(), pkt.is_multicast());
+        self.with_way(link, |w| {
+            w.xmit_pkts.fetch_add(n, Relaxed);
+            w.xmit_bytes.fetch_add(bytes, Relaxed);
+            if mc {
+                w.mcast_xmit_pkts.fetch_add(n, Relaxed);
+            }
+        });
+    }
+
+    /// `pkt` came out of `link` at its far end.
+    pub(super) fn count_received(&self, link: SwitchLink, pkt: &Packet) {
+        let (n, bytes, mc) = (u64::from(pkt.span()), pkt.wire_bytes(), pkt.is_multicast());
+        self.with_way(link, |w| {
+            w.rcv_pkts.fetch_add(n, Relaxed);
+            w.rcv_bytes.fetch_add(bytes, Relaxed);
+            if mc {
+                w.mcast_rcv_pkts.fetch_add(n, Relaxed);
+            }
+        });
+    }
+
+    /// `pkt` was lost in `link`.
+    pub(super) fn count_discarded(&self, link: SwitchLink, pkt: &Packet) {
+        let n = u64::from(pkt.span());
+        self.with_way(link, |w| {
+            w.discards.fetch_add(n, Relaxed);
+        });
+    }
+
+    /// Link `link` went down.
+    pub(super) fn count_downed(&self, link: usize) {
+        if let Some(t) = self.inner.trunks.read_unpoisoned().get(link) {
+            t.downed.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `pkt` comes out of `link` (sent in, and counted so, by whoever sent it): the hook
+    /// decides, and the counters follow. None if it stops here (lost, or held to resume
+    /// at `resume`), else whether a duplicate follows it.
+    pub(super) fn cross(
+        &self,
+        link: SwitchLink,
+        pkt: &mut Packet,
+        hook: Option<&Arc<dyn LinkHook>>,
+        resume: Stage,
+    ) -> Option<bool> {
+        let verdict = match hook {
+            Some(h) if pkt.dlid != crate::sa::sm::PERMISSIVE_LID => {
+                h.on_switch_link(link, self.now_ns(), pkt)
+            }
+            _ => Verdict::Pass,
+        };
+        match verdict {
+            Verdict::Pass => {
+                self.count_received(link, pkt);
+                Some(false)
+            }
+            Verdict::Duplicate => {
+                self.count_received(link, pkt);
+                self.count_received(link, pkt);
+                Some(true)
+            }
+            Verdict::Drop => {
+                self.count_discarded(link, pkt);
+                // As on a node's link, the sender's transport finds out by its timer.
+                self.inner.stats.hook_dropped.fetch_add(1, Relaxed);
+                None
+            }
+            Verdict::Delay(ns) => {
+                self.count_received(link, pkt);
+                let due = self.now_ns().saturating_add(ns);
+                let mut held = self.inner.held.lock_unpoisoned();
+                held.push((due, resume, std::mem::take(pkt)));
+                None
+            }
+        }
+    }
+
+    /// Walks a packet on from local switch `sw` toward the port at `target`: its DLID, a
+    /// group member (a multicast copy), or the SM's switch (a group's packet on its way
+    /// to the SM's host), link by link (see the module's words).
+    pub(super) fn walk(
+        &self,
+        subnet: &Subnet,
+        mut pkt: Packet,
+        (mut sw, target): (usize, Lid),
+        hook: Option<&Arc<dyn LinkHook>>,
+        more: bool,
+        via: Via,
+    ) {
+        // A copy for one member names it to the hosts it crosses.
+        let egress = if pkt.is_multicast() && target <= MAX_HCA_LID {
+            target
+        } else {
+            0
+        };
+        for _ in 0..=subnet.switches().len() {
+            match subnet.step(sw, target) {
+                Step::Stop(Stop::Hca(l)) => return self.down_and_deliver(pkt, l, hook, more),
+                Step::Stop(Stop::Switch(_)) => {
+                    return self.down_and_deliver(pkt, target, hook, more)
+                }
+                Step::Stop(Stop::Remote { link }) => {
+                    return self.send_remote(subnet, link, egress, pkt, via)
+                }
+                Step::Stop(Stop::Lost) if via.is_remote() || pkt.is_multicast() => {
+                    return self.lose(pkt)
+                }
+                Step::Stop(Stop::Lost) => return self.bounce(pkt, DropReason::Unrouted),
+                Step::Down(link) => {
+                    // Sent into a link that is down (cut, or its far host gone): lost
+                    // there, as on the way lost where no table leads on.
+                    self.count_sent(link, &pkt);
+                    self.count_discarded(link, &pkt);
+                    return if via.is_remote() || pkt.is_multicast() {
+                        self.lose(pkt)
+                    } else {
+                        self.bounce(pkt, DropReason::Unrouted)
+                    };
+                }
+                Step::Cross { link, to } => {
+                    self.count_sent(link, &pkt);
+                    let resume = Stage::Entered {
+                        sw: to.0,
+                        target,
+                        via,
+                    };
+                    match self.cross(link, &mut pkt, hook, resume) {
+                        None => return,
+                        Some(true) => {
+                            self.walk(subnet, pkt.clone(), (to.0, target), hook, false, via)
+                        }
+                        Some(false) => {}
+                    }
+                    sw = to.0;
+                }
+            }
+        }
+        self.lose(pkt)
+    }
+
+    /// Follows the hook's down windows on the links at this host's switches: a link the
+    /// hook has down is cut (and restored) as `hcabench link` does. Whether any changed.
+    pub(super) fn follow_switch_links(&self, hook: Option<&Arc<dyn LinkHook>>, now: u64) -> bool {
+        if !self.routed() {
+            return false;
+        }
+        let subnet = self.subnet();
+        let changed = {
+            let mut h = self.inner.hosts.lock_unpoisoned();
+            if hook.is_none() && !h.fault_down.iter().any(|&d| d) {
+                return false;
+            }
+            let mut changed = false;
+            for (k, down) in h.fault_down.iter_mut().enumerate() {
+                let here = subnet
+                    .link_ends(k)
+                    .is_some_and(|((a, _), (b, _))| subnet.is_local(a) || subnet.is_local(b));
+                let want = here && hook.is_some_and(|h| !h.switch_link_up(k, now));
+                if *down != want {
+                    log::info!(
+                        "subnet: the fault plan takes link {} {}",
+                        k + 1,
+                        if want { "down" } else { "back up" }
+                    );
+                    *down = want;
+                    changed = true;
+                }
+            }
+            changed
+        };
+        changed && self.settle_links()
+    }
+}
