@@ -20,6 +20,7 @@ use cluster::hotplug::{self, HotplugError, Monitor};
 use hca_model::abi::NUM_VECTORS;
 use hca_model::faults::{AdapterEvent, FaultHook, FaultPlan, LinkFaults, LiveFault};
 use hca_model::sa::SM_LID;
+use hca_model::subnet::SwitchLink;
 use hca_model::subnet::{Peer, Subnet};
 use hca_model::sync::Unpoisoned;
 use hca_model::{AdapterFault, Fabric};
@@ -271,6 +272,15 @@ impl Control {
                 return self.set_switch_link(*state == "up", a, b, which.first().copied());
             }
         }
+        if let ["link", "clear", a, b, which @ ..] = words.as_slice() {
+            if which.len() <= 1 {
+                return self.switch_link_faults(a, b, which.first().copied(), None);
+            }
+        }
+        if let ["link", "faults", a, b, which, acts @ ..] = words.as_slice() {
+            let which = (*which != "-").then_some(*which);
+            return self.switch_link_faults(a, b, which, Some(acts));
+        }
         if words == ["registrations"] {
             let ((services, informs), life) = self
                 .fabric
@@ -431,7 +441,10 @@ impl Control {
     /// The subnet on one line, `;` between entries: `switch NAME LID SM NODES` per switch
     /// (the default one's NAME is `-`; SM is `reached` or `cut-off`: whether the SM's
     /// packets get to it now; NODES `node1:1,node2:2`, each with its port, or `-`), then
-    /// `link N A:PORT B:PORT up|down` per inter-switch link, numbered from 1.
+    /// `link N A:PORT B:PORT up|down AB BA` per inter-switch link, numbered from 1, where
+    /// AB is `PACKETS/LOST` from A to B as this host counted them (sent, where A is
+    /// here; else arrived; LOST `-` where B is on another host, which counts them), and
+    /// BA the other way.
     /// Under a user's SM (`sm = "guest"`), what it set in the switch: `SM_LID TOP MLIDS
     /// node1:1:STATE,...` (STATE a PortState number); empty under the fabric's own.
     fn user_sm(&self) -> String {
@@ -498,28 +511,48 @@ impl Control {
                 format!("{name}:{}", link_port(&subnet, sw, k).unwrap_or(0))
             };
             let up = subnet.link_up(k) == Some(true);
+            // Each way as this host saw it: sent from a switch here, or received at one.
+            let way = |forward: bool| {
+                let st = self
+                    .fabric
+                    .switch_link_stats(SwitchLink { link: k, forward })
+                    .unwrap_or_default();
+                let (from, to) = if forward { (a, b) } else { (b, a) };
+                let pkts = if subnet.is_local(from) {
+                    st.xmit_pkts
+                } else {
+                    st.rcv_pkts
+                };
+                // What the hook lost, the host the way goes into counted.
+                if subnet.is_local(to) {
+                    format!("{pkts}/{}", st.discards)
+                } else {
+                    format!("{pkts}/-")
+                }
+            };
             out.push(format!(
-                "link {} {} {} {}",
+                "link {} {} {} {} {} {}",
                 k + 1,
                 end(a),
                 end(b),
-                if up { "up" } else { "down" }
+                if up { "up" } else { "down" },
+                way(true),
+                way(false)
             ));
         }
         out.join(";")
     }
 
-    /// `link up|down A B [N]`: the inter-switch link joining switches A and B (the Nth of
-    /// those that do, in the cluster file's order, where several do) cut or restored. The
-    /// cut takes effect at once; the SM routes around it at the fabric's next tick.
-    fn set_switch_link(
+    /// The inter-switch link joining switches A and B (the Nth of those that do, in the
+    /// cluster file's order, where several do), at a switch of this host: (its index, A's
+    /// index, B's).
+    fn switch_link(
         &self,
-        up: bool,
+        subnet: &hca_model::subnet::Subnet,
         a: &str,
         b: &str,
         which: Option<&str>,
-    ) -> Result<String, RequestError> {
-        let subnet = self.fabric.subnet();
+    ) -> Result<(usize, usize, usize), RequestError> {
         let topology = subnet.topology();
         if topology.is_single() {
             return Err(RequestError::OneSwitch);
@@ -567,6 +600,22 @@ impl Control {
                 hosts: hosts.join(" or "),
             });
         }
+        Ok((k, ia, ib))
+    }
+
+    /// `link up|down A B [N]`: the inter-switch link joining switches A and B (the Nth of
+    /// those that do, in the cluster file's order, where several do) cut or restored. The
+    /// cut takes effect at once; the SM routes around it at the fabric's next tick.
+    fn set_switch_link(
+        &self,
+        up: bool,
+        a: &str,
+        b: &str,
+        which: Option<&str>,
+    ) -> Result<String, RequestError> {
+        let subnet = self.fabric.subnet();
+        let (k, ia, ib) = self.switch_link(&subnet, a, b, which)?;
+        let (a, b) = (a.to_string(), b.to_string());
         let was = subnet.link_up(k) == Some(up);
         // (The topology and its links never change under a running cluster.)
         if self.fabric.set_switch_link(k, up).is_none() {
@@ -586,6 +635,52 @@ impl Control {
                 "routes around it where the subnet allows"
             }
         ))
+    }
+
+    /// `link faults A B N|- RULE...`: the link follows RULE (`hcabench fault`'s words)
+    /// both ways from now, on top of the last rule set; `link clear A B [N]` (`acts` None):
+    /// back to the plan's rules.
+    fn switch_link_faults(
+        &self,
+        a: &str,
+        b: &str,
+        which: Option<&str>,
+        acts: Option<&[&str]>,
+    ) -> Result<String, RequestError> {
+        let subnet = self.fabric.subnet();
+        let (k, ..) = self.switch_link(&subnet, a, b, which)?;
+        let hook = self.hook_or_start()?;
+        let now = self.fabric.now_ns();
+        let Some(acts) = acts else {
+            hook.live_switch_link(k, None, now);
+            return Ok(format!(
+                "link {} ({a} - {b}): the fault plan's rules",
+                k + 1
+            ));
+        };
+        let r = rule(hook.live_switch_rule(k).unwrap_or_default(), acts)?;
+        let what = format!(
+            "link {} ({a} - {b}): drop {} duplicate {} reorder {} corrupt {} delay {} us \
+             jitter {} us, both ways{}",
+            k + 1,
+            r.drop,
+            r.duplicate,
+            r.reorder,
+            r.corrupt,
+            r.delay_us,
+            r.jitter_us,
+            if subnet.topology().spans_hosts()
+                && subnet
+                    .link_ends(k)
+                    .is_some_and(|((x, _), (y, _))| { !(subnet.is_local(x) && subnet.is_local(y)) })
+            {
+                " (into this host's switch: the other host judges what comes into its own)"
+            } else {
+                ""
+            }
+        );
+        hook.live_switch_link(k, Some(r), now);
+        Ok(what)
     }
 
     /// Hot-unplugs node's HCA, or plugs a new one into its slot, through its QEMU monitor.
@@ -770,13 +865,21 @@ pub fn switches_text(reply: &str) -> String {
                 };
                 switches += &format!("  {name:<16} {lid:>5} {lid_hex:<6}  {sm:<8}  {nodes}\n");
             }
-            ["link", n, a, b, state] => {
+            ["link", n, a, b, state, ways @ ..] => {
                 let end = |e: &str| match e.split_once(':') {
                     Some((sw, port)) => format!("{sw} port {port}"),
                     None => e.to_string(),
                 };
                 let ends = format!("{} - {}", end(a), end(b));
-                links += &format!("  {n:>3}  {ends:<40} {state}\n");
+                let way = |w: Option<&&str>| {
+                    let (pkts, lost) = w.and_then(|w| w.split_once('/')).unwrap_or(("-", "-"));
+                    format!("{pkts:>10} {lost:>7}")
+                };
+                links += &format!(
+                    "  {n:>3}  {ends:<40} {state:<5} {} {}\n",
+                    way(ways.first()),
+                    way(ways.get(1))
+                );
             }
             _ => {}
         }
@@ -792,7 +895,13 @@ pub fn switches_text(reply: &str) -> String {
     if links.is_empty() {
         out += "links between switches: none ([[switch]] and [[link]] in the cluster file)\n";
     } else {
-        out += "links between switches (`hcabench link down|up SWITCH SWITCH [N]`):\n";
+        out += "links between switches (`hcabench link down|up SWITCH SWITCH [N]`); packets \
+                since boot, there (first switch to second) and back, as this host counted \
+                them, and how many each way lost:\n";
+        out += &format!(
+            "  {:>3}  {:<40} {:<5} {:>10} {:>7} {:>10} {:>7}\n",
+            "", "", "state", "there", "lost", "back", "lost"
+        );
         out += &links;
     }
     out
@@ -1034,10 +1143,10 @@ mod tests {
                 "switch s0 49151 reached node1:1",
                 "switch s1 49150 reached node2:1",
                 "switch s2 49149 reached node3:1",
-                "link 1 s0:2 s1:2 up",
-                "link 2 s1:3 s2:2 up",
-                "link 3 s2:3 s0:3 up",
-                "link 4 s0:4 s1:4 up",
+                "link 1 s0:2 s1:2 up 0/0 0/0",
+                "link 2 s1:3 s2:2 up 0/0 0/0",
+                "link 3 s2:3 s0:3 up 0/0 0/0",
+                "link 4 s0:4 s1:4 up 0/0 0/0",
             ]
         );
         let text = switches_text(&reply);
@@ -1057,6 +1166,63 @@ mod tests {
         assert!(switches_text(&reply).contains("links between switches: none"));
         let _ = std::fs::remove_dir_all(dir);
         let _ = std::fs::remove_dir_all(one_dir);
+    }
+
+    #[test]
+    fn test_a_live_rule_on_a_switch_link_loses_what_crosses_it_until_cleared() {
+        use hca_model::abi::*;
+        use hca_test_driver::*;
+        let (c, dir) = ring_control("link-faults");
+        let fabric = c.fabric.clone();
+        // Node 1 on s0, node 2 on s1: two links join s0 and s1, both lose everything.
+        let mut p = Pair::build(fabric.clone(), MTU_4096 as u8, ALL_ACCESS, (12, 7, 7));
+        for n in ["1", "2"] {
+            let reply = c.handle(&format!("link faults s0 s1 {n} drop 1")).unwrap();
+            assert!(reply.contains("drop 1 duplicate 0"), "{reply}");
+        }
+        let e = c.handle("link faults s0 s1 - drop 1").unwrap_err();
+        assert!(e.to_string().contains("say which"), "{e}");
+        let e = c.handle("link faults s1 s2 - drop 2").unwrap_err();
+        assert!(e.to_string().contains("probability"), "{e}");
+        let (src, dst) = (p.a.alloc(4096, 64), p.b.alloc(4096, 64));
+        let mut w = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
+        (w.remote_addr, w.rkey) = (dst, p.key_b);
+        p.a.post_send(&mut p.qa, w, &[sge(src, 4096, p.key_a)]);
+        for _ in 0..5 {
+            fabric.advance(Duration::from_millis(1));
+        }
+        assert!(p.a.drain_cq(&mut p.cq_a).is_empty(), "lost on the link");
+        let lost: u64 = [0, 3]
+            .into_iter()
+            .map(|link| {
+                let way = hca_model::subnet::SwitchLink {
+                    link,
+                    forward: true,
+                };
+                fabric.switch_link_stats(way).unwrap().discards
+            })
+            .sum();
+        assert!(lost >= 1, "counted where it was lost");
+        for n in ["1", "2"] {
+            let reply = c.handle(&format!("link clear s1 s0 {n}")).unwrap();
+            assert!(reply.ends_with("the fault plan's rules"), "{reply}");
+        }
+        // The sender's retransmission gets through now.
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            fabric.advance(Duration::from_millis(1));
+            got.extend(p.a.drain_cq(&mut p.cq_a));
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!((got.len(), got.first().map(|c| c.status)), (1, Some(0)));
+        let log = std::fs::read_to_string(dir.join("faults.jsonl")).unwrap_or_default();
+        assert!(
+            log.contains("switch-link1") && log.contains("\"clear\""),
+            "{log}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

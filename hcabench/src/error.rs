@@ -139,6 +139,16 @@ pub enum UsageError {
     },
     #[error("{0} needs at least one value")]
     Empty(&'static str),
+    #[error(
+        "`hcabench link faults` wants a rule: --drop, --duplicate, --reorder, --corrupt or \
+         --delay (see `hcabench link --help`)"
+    )]
+    LinkRule,
+    #[error(
+        "--drop, --duplicate, --reorder, --corrupt, --delay and --jitter go with `hcabench \
+         link faults`, not `link {0}`"
+    )]
+    LinkRuleWith(&'static str),
     #[error("expected NODE=SYSFS_PATH, e.g. node1=/sys/bus/pci/devices/0000:03:00.0")]
     Vfio,
     #[error("P_Key `{0}`: want a number to 0xffff, e.g. 0x8001")]

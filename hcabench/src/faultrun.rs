@@ -29,6 +29,18 @@ pub enum FaultRunError {
         /// Boxed: a TOML error is large, and this one is rare.
         source: Box<hca_model::faults::PlanError>,
     },
+    /// A `[[link]]` rule's `switch_link` past the cluster's `[[link]]` tables.
+    #[error(
+        "fault plan {}: [[link]] {rule} names switch_link = {n}, but the cluster has {have} \
+         inter-switch link(s) ([[link]] in the cluster file, counted from 1)",
+        .path.display()
+    )]
+    NoSuchSwitchLink {
+        path: PathBuf,
+        rule: usize,
+        n: u16,
+        have: usize,
+    },
     #[error("cannot open {}: {source}", .path.display())]
     OpenLog { path: PathBuf, source: io::Error },
     #[error("cannot create capture {}: {source}", .path.display())]
@@ -47,13 +59,34 @@ pub fn load_plan(path: &Path) -> Result<FaultPlan, FaultRunError> {
     })
 }
 
+/// Checks that every inter-switch link `plan` (read from `path`) names is one of the
+/// cluster's `have`.
+pub fn check_switch_links(plan: &FaultPlan, have: usize, path: &Path) -> Result<(), FaultRunError> {
+    let past = (plan.links.iter().enumerate()).find_map(|(i, l)| {
+        l.switch_link
+            .filter(|&n| usize::from(n) > have)
+            .map(|n| (i, n))
+    });
+    match past {
+        Some((i, n)) => Err(FaultRunError::NoSuchSwitchLink {
+            path: path.to_path_buf(),
+            rule: i + 1,
+            n,
+            have,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Puts the plan at `path` on `fabric`, logging its decisions to `log_path`.
 pub fn attach(
     log_path: &Path,
     path: &Path,
     fabric: &Fabric,
 ) -> Result<Arc<FaultHook>, FaultRunError> {
-    let hook = start(log_path, load_plan(path)?, fabric)?;
+    let plan = load_plan(path)?;
+    check_switch_links(&plan, fabric.subnet().topology().links().len(), path)?;
+    let hook = start(log_path, plan, fabric)?;
     eprintln!(
         "fault plan {} (seed {}), decisions in {}",
         path.display(),
@@ -176,5 +209,25 @@ pub fn finish(run: &RunDir, hook: &FaultHook, hcas: &[Hca]) {
     eprint!("{r}");
     if let Err(e) = std::fs::write(run.path(REPORT), &r) {
         eprintln!("daemon: cannot write {}: {e}", run.path(REPORT).display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_plan_naming_an_inter_switch_link_the_cluster_lacks_is_refused_by_number() {
+        let plan = FaultPlan::parse(
+            "[[link]]\nlid = 1\ndrop = 0.1\n[[link]]\nswitch_link = 3\ndrop = 0.1\n",
+        )
+        .unwrap();
+        let path = Path::new("plan.toml");
+        assert!(check_switch_links(&plan, 3, path).is_ok());
+        let e = check_switch_links(&plan, 2, path).unwrap_err().to_string();
+        assert!(
+            e.contains("[[link]] 2 names switch_link = 3, but the cluster has 2"),
+            "{e}"
+        );
     }
 }

@@ -162,9 +162,21 @@ enum Cmd {
     /// reported out of service (trap 65) to the SA's subscribers; `up` restores the link,
     /// the SM sweeps again and reports them back in service (trap 64). The guests' own
     /// tools show it: ibnetdiscover, ibroute, ibtracert, iblinkinfo. `hcabench fabric`
-    /// lists the switches and links. Example: `hcabench link down leaf1 leaf2`.
+    /// lists the switches and links, with the packets each carried and lost.
+    ///
+    /// `faults` puts a rule on the link, both ways, as `hcabench fault NODE` does on a
+    /// node's link: --drop, --duplicate, --reorder, --corrupt (probabilities per packet, 0
+    /// clears), --delay with an optional --jitter (microseconds; --delay alone sets the
+    /// jitter to 0); the rates not given keep what the last `faults` set. It takes the
+    /// place of the fault plan's per-packet rules for that link until `clear` (the plan's
+    /// down windows still cut it). The decisions are logged in faults.jsonl as
+    /// `switch-link1-up` (from the first switch the `[[link]]` names to the second) or
+    /// `-down`. On a link between hosts, each host judges what comes into its own switch:
+    /// give it on both hosts for both ways.
+    /// Examples: `hcabench link down leaf1 leaf2`, `hcabench link faults leaf1 leaf2 --drop
+    /// 0.01 --delay 200`.
     Link {
-        /// down (cut it) or up (restore it)
+        /// down (cut it), up (restore it), faults (a rule on it), clear (back to the plan)
         #[arg(value_enum)]
         state: LinkState,
         /// One switch the link joins, by its name in the cluster file
@@ -175,6 +187,8 @@ enum Cmd {
         /// needed only when several join them
         #[arg(value_parser = clap::value_parser!(u32).range(1..))]
         n: Option<u32>,
+        #[command(flatten)]
+        faults: LinkFaultArgs,
     },
     /// Run a job: `probe` on the cluster (booting one if none is up), or a DSM application
     /// on a fresh cluster of its own
@@ -242,6 +256,57 @@ enum LinkState {
     Down,
     /// Restore it
     Up,
+    /// Put a fault rule on it (the options)
+    Faults,
+    /// Take the rule `faults` put on it off (back to the fault plan)
+    Clear,
+}
+
+/// `hcabench link faults`' rule.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
+struct LinkFaultArgs {
+    /// Probability that a packet is dropped
+    #[arg(long, value_name = "P")]
+    drop: Option<f64>,
+    /// Probability that a packet is sent twice
+    #[arg(long, value_name = "P")]
+    duplicate: Option<f64>,
+    /// Probability that a packet is held for later ones to overtake
+    #[arg(long, value_name = "P")]
+    reorder: Option<f64>,
+    /// Probability that a packet's bits are flipped (its receiver drops it)
+    #[arg(long, value_name = "P")]
+    corrupt: Option<f64>,
+    /// Delay added to every packet, in microseconds
+    #[arg(long, value_name = "US")]
+    delay: Option<u64>,
+    /// Random extra delay up to this, in microseconds (with --delay)
+    #[arg(long, value_name = "US", requires = "delay")]
+    jitter: Option<u64>,
+}
+
+impl LinkFaultArgs {
+    /// The rule as `hcabench fault`'s words (`drop 0.01 delay 200 50`).
+    fn words(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        for (name, p) in [
+            ("drop", self.drop),
+            ("duplicate", self.duplicate),
+            ("reorder", self.reorder),
+            ("corrupt", self.corrupt),
+        ] {
+            if let Some(p) = p {
+                w.extend([name.to_string(), p.to_string()]);
+            }
+        }
+        if let Some(d) = self.delay {
+            w.extend(["delay".to_string(), d.to_string()]);
+            if let Some(j) = self.jitter {
+                w.push(j.to_string());
+            }
+        }
+        w
+    }
 }
 
 /// The cluster file and what overrides it, for every command that boots guests.
@@ -555,7 +620,8 @@ fn main() -> ExitCode {
             switch,
             other,
             n,
-        } => link_cmd(&run, state, &switch, &other, n),
+            faults,
+        } => link_cmd(&run, state, &switch, &other, n, &faults),
         Cmd::Run {
             app,
             up: a,
@@ -620,7 +686,12 @@ fn resolve(
         c.faults = Some(f.clone());
     }
     if let Some(f) = &c.faults {
-        faultrun::load_plan(f)?;
+        let plan = faultrun::load_plan(f)?;
+        // (Across hosts the links are implicit where no [[link]] names them: the daemon
+        // checks against the subnet it cables.)
+        if c.host.is_empty() {
+            faultrun::check_switch_links(&plan, c.link.len(), f)?;
+        }
         c.faults = Some(std::fs::canonicalize(f).unwrap_or(f.clone()));
     }
     if let Some(p) = &a.capture {
@@ -952,23 +1023,42 @@ fn link_cmd(
     switch: &str,
     other: &str,
     n: Option<u32>,
+    faults: &LinkFaultArgs,
 ) -> Result<(), Error> {
+    let request = link_request(state, switch, other, n, faults)?;
     exec::live_cluster(run)?;
-    println!(
-        "{}",
-        control::request(run.dir(), &link_request(state, switch, other, n))?
-    );
+    println!("{}", control::request(run.dir(), &request)?);
     Ok(())
 }
 
-/// The control request of `hcabench link STATE SWITCH OTHER [N]`.
-fn link_request(state: LinkState, switch: &str, other: &str, n: Option<u32>) -> String {
-    let state = match state {
+/// The control request of `hcabench link STATE SWITCH OTHER [N] [OPTIONS]`: `link STATE A
+/// B [N]`, or `link faults A B N|- RULE...`.
+fn link_request(
+    state: LinkState,
+    switch: &str,
+    other: &str,
+    n: Option<u32>,
+    faults: &LinkFaultArgs,
+) -> Result<String, UsageError> {
+    let rule = faults.words();
+    let name = match state {
         LinkState::Down => "down",
         LinkState::Up => "up",
+        LinkState::Clear => "clear",
+        LinkState::Faults if rule.is_empty() => return Err(UsageError::LinkRule),
+        LinkState::Faults => {
+            let n = n.map_or("-".to_string(), |n| n.to_string());
+            return Ok(format!(
+                "link faults {switch} {other} {n} {}",
+                rule.join(" ")
+            ));
+        }
     };
+    if !rule.is_empty() {
+        return Err(UsageError::LinkRuleWith(name));
+    }
     let n = n.map_or(String::new(), |n| format!(" {n}"));
-    format!("link {state} {switch} {other}{n}")
+    Ok(format!("link {name} {switch} {other}{n}"))
 }
 
 /// The counters `hcabench counters` shows in its table, with their column headings.
@@ -1385,15 +1475,17 @@ mod tests {
     use clap::CommandFactory;
 
     /// The control request `hcabench ARGS` makes of a `link` command line.
-    fn link(args: &[&str]) -> Result<String, clap::Error> {
-        let cli = Cli::try_parse_from(["hcabench", "link"].iter().chain(args))?;
+    fn link(args: &[&str]) -> Result<String, String> {
+        let cli = Cli::try_parse_from(["hcabench", "link"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
         match cli.cmd {
             Cmd::Link {
                 state,
                 switch,
                 other,
                 n,
-            } => Ok(link_request(state, &switch, &other, n)),
+                faults,
+            } => link_request(state, &switch, &other, n, &faults).map_err(|e| e.to_string()),
             _ => unreachable!("`link` parses as Cmd::Link"),
         }
     }
@@ -1409,8 +1501,35 @@ mod tests {
             link(&["up", "leaf2", "leaf1", "2"]).unwrap(),
             "link up leaf2 leaf1 2"
         );
+        // A rule on the link, both ways; which of several links; back to the plan.
+        assert_eq!(
+            link(&["faults", "leaf1", "leaf2", "--drop", "0.01", "--delay", "200"]).unwrap(),
+            "link faults leaf1 leaf2 - drop 0.01 delay 200"
+        );
+        assert_eq!(
+            link(&[
+                "faults",
+                "a",
+                "b",
+                "2",
+                "--corrupt",
+                "0",
+                "--delay",
+                "5",
+                "--jitter",
+                "3"
+            ])
+            .unwrap(),
+            "link faults a b 2 corrupt 0 delay 5 3"
+        );
+        assert_eq!(link(&["clear", "a", "b"]).unwrap(), "link clear a b");
+        let e = link(&["faults", "a", "b"]).unwrap_err();
+        assert!(e.contains("wants a rule"), "{e}");
+        let e = link(&["down", "a", "b", "--drop", "0.5"]).unwrap_err();
+        assert!(e.contains("not `link down`"), "{e}");
         for bad in [
             &["down", "leaf1"][..],
+            &["faults", "a", "b", "--jitter", "3"],
             &["sideways", "leaf1", "leaf2"],
             &["down", "leaf1", "leaf2", "0"],
             &["down", "leaf1", "leaf2", "two"],

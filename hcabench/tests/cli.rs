@@ -452,10 +452,24 @@ fn test_link_cuts_and_restores_the_links_between_a_running_clusters_switches() {
     assert!(ping("2"), "over the second link");
     ok(&["link", "down", "leaf2", "leaf1", "2"]);
     let fabric = ok(&["fabric"]);
+    // A link's row: N, its ends, state, then packets and losses there and back.
+    let links: Vec<Vec<&str>> = (fabric.lines())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 13 && w[2] == "port")
+        .collect();
     assert!(
-        fabric.contains("0xbffe  cut off   node2 (1)") && fabric.matches(" down\n").count() == 2,
+        fabric.contains("0xbffe  cut off   node2 (1)")
+            && links.iter().filter(|w| w[8] == "down").count() == 2,
         "{fabric}"
     );
+    // Both links carried the pings both ways, and lost none.
+    for w in &links {
+        let n = |i: usize| w[i].parse::<u64>().unwrap();
+        assert!(
+            n(9) > 0 && n(11) > 0 && n(10) == 0 && n(12) == 0,
+            "{w:?}: {fabric}"
+        );
+    }
     assert!(!ping("2"), "node2 is cut off");
     ok(&["link", "up", "leaf1", "leaf2", "1"]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
