@@ -260,6 +260,44 @@ fn test_one_subnet_spans_two_hosts_in_their_own_network_namespaces() {
         "16 MiB over TCP, intact"
     );
     n2.run("pkill httpd; rm -f /tmp/blob; true", T).unwrap();
+    // The link counted it on both hosts: a's switch sent it to b, b's received it.
+    let way = |host: &Host, col: usize| -> u64 {
+        let fabric = host.ok(&["fabric"]);
+        let row = (fabric.lines())
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() == 13 && w[..3] == ["1", "a", "port"]);
+        let row = row.unwrap_or_else(|| panic!("no link 1 in {fabric}"));
+        row[col].parse().unwrap()
+    };
+    // (Columns: 9 packets there, a to b; 11 back. In MTU packets: at least 4096.)
+    assert!(way(&a, 9) > 0, "host a sent to b (TCP's ACKs)");
+    assert!(
+        way(&b, 11) >= 4096 && way(&a, 11) >= 4096,
+        "16 MiB went from b to a: host b counted {} sent, host a {} received",
+        way(&b, 11),
+        way(&a, 11)
+    );
+    // perfquery from node2 asks host a's switch, across the hosts: its port 2 (the link)
+    // sent and received at least what host a had counted just before, and lost nothing.
+    let (sent, received) = (way(&a, 9), way(&a, 11));
+    let pq = n2.run("perfquery 49151 2", T).unwrap();
+    let field = |name: &str| -> u64 {
+        (pq.lines())
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .trim_start_matches(['.', ':'])
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in {pq}"))
+    };
+    assert!(
+        field("PortXmitPkts:") >= sent
+            && field("PortRcvPkts:") >= received
+            && field("PortXmitDiscards:") == 0
+            && field("PortRcvErrors:") == 0,
+        "host a counted {sent} sent, {received} received: {pq}"
+    );
 
     // NVMe-oF: node2 exports a RAM disk, node1 writes 16 MiB through it and reads it back.
     let target = n2.run("nvmeof target 32 srq", T).unwrap();

@@ -8,7 +8,8 @@
 //! cuts them: IPoIB traffic from node1 to node2 goes round the ring through s2 once the SM
 //! has swept, the tools show the longer path and the cut link down at both ends; with s1
 //! cut off altogether node2 is unreachable (and the SA has no path to it) while node3 is
-//! not; restored, node2 answers again.
+//! not; restored, node2 answers again. perfquery reads each switch's end of a link: what
+//! crossed it each way, and that it went down.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use cluster::verbs::Testbed;
 use cluster::{ClusterSpec, SwitchSpec, TopologySpec};
 use e2e::{image_or_skip, BOOT_TIMEOUT};
+use hca_model::subnet::SwitchLink;
 
 const T: Duration = Duration::from_secs(120);
 const NODES: usize = 3;
@@ -63,6 +65,26 @@ fn test_a_ring_of_switches_routes_around_cut_links_as_the_guests_tools_show() {
         pings_within(&mut tb, 0, 1, Duration::from_secs(20)),
         "node1 -> node2 over s0-s1"
     );
+    // perfquery (from node3) reads s1's end of s0-s1 (its port 2): the pings crossed it
+    // both ways, no more than the fabric counted, none lost.
+    let c = perfquery(&mut tb, 2, switch_lid(1), 2);
+    let s0_s1 = |forward| {
+        (tb.fabric())
+            .switch_link_stats(SwitchLink {
+                link: S0_S1,
+                forward,
+            })
+            .unwrap()
+    };
+    let (into_s1, from_s1) = (s0_s1(true), s0_s1(false));
+    assert!(
+        (1..=into_s1.rcv_pkts).contains(&c["PortRcvPkts"])
+            && (1..=from_s1.xmit_pkts).contains(&c["PortXmitPkts"])
+            && c["PortRcvData"] > 0
+            && c["PortXmitDiscards"] == 0
+            && c["LinkDownedCounter"] == 0,
+        "s1 port 2: {c:?}, the fabric: {into_s1:?} {from_s1:?}"
+    );
 
     // s0-s1 cut: the SM's sweep at the next tick sends node1's traffic round through s2.
     set_link(&tb, S0_S1, false);
@@ -85,6 +107,8 @@ fn test_a_ring_of_switches_routes_around_cut_links_as_the_guests_tools_show() {
         BTreeSet::from([(switch_lid(0), 2), (switch_lid(1), 2)]),
         "the cut link is down at both of its ends"
     );
+    let c = perfquery(&mut tb, 2, switch_lid(0), 2);
+    assert_eq!(c["LinkDownedCounter"], 1, "s0 port 2: {c:?}");
 
     // s1-s2 cut as well: s1, and node2 behind it, are cut off.
     set_link(&tb, S1_S2, false);
@@ -189,6 +213,29 @@ fn run(tb: &mut Testbed, i: usize, cmd: &str) -> String {
     tb.agents[i]
         .run(cmd, T)
         .unwrap_or_else(|e| panic!("node{}: {e}", i + 1))
+}
+
+/// perfquery's PortCounters of port `port` of the switch at `lid`, asked from node `i`:
+/// each field by its name.
+fn perfquery(
+    tb: &mut Testbed,
+    i: usize,
+    lid: u16,
+    port: u8,
+) -> std::collections::BTreeMap<String, u64> {
+    let out = run(tb, i, &format!("perfquery {lid} {port}"));
+    // `PortRcvPkts:.....................42`
+    let fields: std::collections::BTreeMap<String, u64> = (out.lines())
+        .filter_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            Some((
+                name.into(),
+                value.trim_start_matches('.').trim().parse().ok()?,
+            ))
+        })
+        .collect();
+    assert!(fields.contains_key("PortRcvPkts"), "{out}");
+    fields
 }
 
 /// Takes inter-switch link `link` down or up, as `hcabench link` does.
