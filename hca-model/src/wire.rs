@@ -11,13 +11,14 @@
 //! | 0 | version ([`VERSION`]); a frame of another version is refused |
 //! | 1 | kind: 1 a packet, 2 an announcement |
 //! | 2..4 | a packet: the inter-switch link it crossed (its index in the cluster's topology); an announcement: the sending host's index |
-//! | packet: 4..6 | egress LID: 0 routes by the DLID; else the port at this LID only (a multicast copy for one member) |
+//! | packet: 4..6 | n, members: 0 routes by the DLID; else the frame is a group's packet for the n member ports listed after the header, all beyond this link |
 //! | 6 | flags: bit 0, the packet was corrupted on a link before this one; bit 1, it comes back to its sender, refused by its receiver (no such QP, ...), headers only |
-//! | 7 | inter-host links crossed before this one (a host drops a packet that has crossed as many as the subnet has switches: tables that disagree for a moment cannot loop it) |
+//! | 7 | inter-host links crossed before this one (a host drops a packet that has crossed as many as the subnet has switches: tables that disagree for a moment cannot loop it; a group's copies count afresh from the SM's host) |
 //! | 8..12 | source QPN (the model's check that an RC packet comes from its QP's peer; IB leaves it to the QP's context) |
 //! | 12..16 | the path MTU the packet's message was cut at |
 //! | 16..20, 20..24 | the packet's index in its message, and the message's packet count |
-//! | 24.. | the IB frame: LRH, GRH if any, BTH, extension headers, payload, pad, ICRC, VCRC |
+//! | 24..24+2n | the members' LIDs (n of them) |
+//! | 24+2n.. | the IB frame: LRH, GRH if any, BTH, extension headers, payload, pad, ICRC, VCRC |
 //! | announcement: 4..8 | sequence number |
 //! | 8..10 | n, then n times: a link's index (2 bytes) and whether the sender has it up (1 byte): the links at the sender's switches |
 //! | then 2 | m, then m times: an HCA port on the sender: LID (2), port GUID (8), CapabilityMask (4), link up (1) |
@@ -29,8 +30,12 @@
 use crate::abi::Lid;
 use crate::packet::*;
 
-/// The encapsulation's version.
-pub const VERSION: u8 = 1;
+/// The encapsulation's version (2: a group's packet carries its members beyond the link,
+/// one frame for all of them).
+pub const VERSION: u8 = 2;
+/// The most members one frame names (its datagram stays under 64 KiB with an MTU of 4096);
+/// a sender with more beyond one link sends several frames.
+pub const MAX_MEMBERS: usize = 16384;
 const KIND_PACKET: u8 = 1;
 const KIND_ANNOUNCE: u8 = 2;
 /// Bytes before a packet's IB frame.
@@ -55,8 +60,9 @@ pub enum Frame {
         link: u16,
         /// Inter-host links it crossed before this one.
         hops: u8,
-        /// 0: the DLID decides; else the port at this LID gets it (a multicast copy).
-        egress: Lid,
+        /// Empty: the DLID decides; else a group's packet for these member ports beyond
+        /// the link, a copy for each (distinct HCA LIDs, at most [`MAX_MEMBERS`]).
+        members: Vec<Lid>,
         /// It goes back to its sender (its SLID), refused by its receiver.
         bounce: bool,
         /// The packet (one MTU packet, never a train).
@@ -103,8 +109,9 @@ pub enum WireError {
     /// The IB frame's VCRC or lengths are wrong: not a packet.
     #[error("malformed IB frame: {0}")]
     Malformed(&'static str),
-    /// An announcement naming more links or ports than any subnet has.
-    #[error("announcement of {0} links or ports")]
+    /// An announcement naming more links or ports than any subnet has, or a group's
+    /// packet more members than a frame carries.
+    #[error("a frame naming {0} links, ports or members")]
     TooMany(usize),
     /// The packet's payload is no longer readable (its sender's memory changed hands).
     #[error("the packet's payload could not be read")]
@@ -117,22 +124,28 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
         Frame::Packet {
             link,
             hops,
-            egress,
+            members,
             bounce,
             pkt,
         } => {
+            if members.len() > MAX_MEMBERS {
+                return Err(WireError::TooMany(members.len()));
+            }
             let mut owned = pkt.clone();
             let payload = owned.payload.make_owned().map_err(|_| WireError::Payload)?;
             let ib = crate::capture::encode(pkt, payload);
-            let mut out = Vec::with_capacity(PACKET_HEADER + ib.len());
+            let mut out = Vec::with_capacity(PACKET_HEADER + 2 * members.len() + ib.len());
             out.extend_from_slice(&[VERSION, KIND_PACKET]);
             out.extend_from_slice(&link.to_be_bytes());
-            out.extend_from_slice(&egress.to_be_bytes());
+            out.extend_from_slice(&(members.len() as u16).to_be_bytes());
             let flags =
                 if pkt.corrupt { FLAG_CORRUPT } else { 0 } | if *bounce { FLAG_BOUNCE } else { 0 };
             out.extend_from_slice(&[flags, *hops]);
             for v in [pkt.src_qpn, pkt.mtu, pkt.first, pkt.of] {
                 out.extend_from_slice(&v.to_be_bytes());
+            }
+            for m in members {
+                out.extend_from_slice(&m.to_be_bytes());
             }
             out.extend_from_slice(&ib);
             Ok(out)
@@ -178,7 +191,18 @@ pub fn decode(d: &[u8]) -> Result<Frame, WireError> {
     let link = r.u16(2)?;
     match r.u8(1)? {
         KIND_PACKET => {
-            let mut pkt = decode_ib(d.get(PACKET_HEADER..).ok_or(WireError::Truncated)?)?;
+            let n = usize::from(r.u16(4)?);
+            if n > MAX_MEMBERS {
+                return Err(WireError::TooMany(n));
+            }
+            let mut members = (0..n)
+                .map(|i| r.u16(PACKET_HEADER + 2 * i))
+                .collect::<Result<Vec<Lid>, _>>()?;
+            // Each member once: a copy per port, whatever the sender listed.
+            members.sort_unstable();
+            members.dedup();
+            let at = PACKET_HEADER + 2 * n;
+            let mut pkt = decode_ib(d.get(at..).ok_or(WireError::Truncated)?)?;
             pkt.corrupt |= r.u8(6)? & FLAG_CORRUPT != 0;
             pkt.src_qpn = if pkt.is_ud() {
                 pkt.src_qpn
@@ -189,7 +213,7 @@ pub fn decode(d: &[u8]) -> Result<Frame, WireError> {
             Ok(Frame::Packet {
                 link,
                 hops: r.u8(7)?,
-                egress: r.u16(4)?,
+                members,
                 bounce: r.u8(6)? & FLAG_BOUNCE != 0,
                 pkt,
             })
@@ -380,7 +404,7 @@ mod tests {
         let frame = Frame::Packet {
             link: 7,
             hops: 3,
-            egress: 0,
+            members: vec![],
             bounce: true,
             pkt: pkt.clone(),
         };
@@ -388,14 +412,14 @@ mod tests {
         let Frame::Packet {
             link,
             hops,
-            egress,
+            members,
             bounce,
             pkt: back,
         } = decode(&d).unwrap()
         else {
             panic!("not a packet");
         };
-        assert_eq!((link, hops, egress, bounce), (7, 3, 0, true));
+        assert_eq!((link, hops, members.len(), bounce), (7, 3, 0, true));
         let what = format!("{pkt:?}");
         assert_eq!(
             (
@@ -546,6 +570,45 @@ mod tests {
     }
 
     #[test]
+    fn test_a_groups_frame_names_its_members_each_once_and_no_more_than_fit() {
+        let pkt = Packet {
+            dlid: 0xc001,
+            payload: Payload::Bytes(vec![5; 32]),
+            ..base(UD_SEND_ONLY)
+        };
+        let frame = |members: Vec<Lid>| Frame::Packet {
+            link: 1,
+            hops: 0,
+            members,
+            bounce: false,
+            pkt: pkt.clone(),
+        };
+        let d = encode(&frame(vec![9, 3, 9, 4])).unwrap();
+        let Frame::Packet {
+            members, pkt: back, ..
+        } = decode(&d).unwrap()
+        else {
+            panic!("not a packet");
+        };
+        assert_eq!(members, [3, 4, 9], "each once");
+        assert_eq!(bytes(&back.payload), vec![5; 32]);
+        assert_eq!(
+            encode(&frame(vec![1; MAX_MEMBERS + 1])).unwrap_err(),
+            WireError::TooMany(MAX_MEMBERS + 1)
+        );
+        // A count past the limit, or past the datagram, is refused.
+        let mut big = d.clone();
+        big[4..6].copy_from_slice(&(MAX_MEMBERS as u16 + 1).to_be_bytes());
+        assert_eq!(
+            decode(&big).unwrap_err(),
+            WireError::TooMany(MAX_MEMBERS + 1)
+        );
+        let mut short = d.clone();
+        short[4..6].copy_from_slice(&2000u16.to_be_bytes());
+        assert!(decode(&short).is_err());
+    }
+
+    #[test]
     fn test_a_flipped_bit_arrives_corrupt_and_junk_is_refused() {
         let pkt = Packet {
             payload: Payload::Bytes(vec![1; 64]),
@@ -554,7 +617,7 @@ mod tests {
         let mut d = encode(&Frame::Packet {
             link: 0,
             hops: 0,
-            egress: 0,
+            members: vec![],
             bounce: false,
             pkt,
         })
@@ -576,7 +639,7 @@ mod tests {
             decode(&d[..30]).unwrap_err(),
             WireError::Malformed("length")
         );
-        assert_eq!(decode(&[2, 1, 0, 0]).unwrap_err(), WireError::Version(2));
+        assert_eq!(decode(&[1, 1, 0, 0]).unwrap_err(), WireError::Version(1));
         assert_eq!(decode(&[VERSION, 9, 0, 0]).unwrap_err(), WireError::Kind(9));
         assert_eq!(decode(&[VERSION]).unwrap_err(), WireError::Truncated);
         for len in 0..PACKET_HEADER + 30 {

@@ -57,9 +57,14 @@ impl Net {
             .unwrap()
             .on_hosts(vec![0, 1])
             .unwrap();
+        Net::on(t, 2)
+    }
+
+    /// `hosts` hosts cabled as `t` (its switches on them as `Topology::on_hosts` put them).
+    fn on(t: Topology, hosts: u16) -> Net {
         let queue = Queue::default();
         let cut = Arc::new(AtomicBool::new(false));
-        let hosts: Vec<Fabric> = (0..2u16)
+        let hosts: Vec<Fabric> = (0..hosts)
             .map(|h| {
                 let f = Fabric::with_manual_clock();
                 f.set_topology_on(t.clone(), h);
@@ -423,7 +428,7 @@ fn test_what_a_peer_host_sends_is_checked() {
     let frame = |link| Frame::Packet {
         link,
         hops: 0,
-        egress: 0,
+        members: vec![],
         bounce: false,
         pkt: pkt.clone(),
     };
@@ -498,7 +503,7 @@ fn test_what_a_peer_host_sends_is_checked() {
         wire::encode(&Frame::Packet {
             link: 0,
             hops: 0,
-            egress,
+            members: if egress == 0 { vec![] } else { vec![egress] },
             bounce: false,
             pkt,
         })
@@ -510,7 +515,7 @@ fn test_what_a_peer_host_sends_is_checked() {
                 a.receive(1, &forged(slid, dlid, egress)),
                 Err(RemoteError::Spoofed { .. })
             ),
-            "from {slid} to {dlid}, egress {egress}"
+            "from {slid} to {dlid}, for member {egress}"
         );
     }
     // One LID twice in an announcement.
@@ -585,7 +590,7 @@ fn test_a_refusal_on_another_host_reaches_the_sender() {
     let forged = wire::encode(&Frame::Packet {
         link: 0,
         hops: 0,
-        egress: 0,
+        members: vec![],
         bounce: true,
         pkt: hca_model::packet::Packet {
             slid: 1,
@@ -699,4 +704,150 @@ impl hca_model::PacketTap for Seen {
     fn on_wire(&self, _now_ns: u64, pkt: &hca_model::packet::Packet) {
         self.0.lock().unwrap().push((pkt.slid, pkt.dlid));
     }
+}
+
+/// Joins `g` (its GSI `gs`, its port GUID `guid`) to the IPoIB broadcast group through the
+/// SA across the hosts, and attaches a UD QP with a receive for one datagram (wr_id
+/// `wr_id`): its CQ, QP and receive buffer, and the group's MLID.
+fn broadcast_member(net: &Net, g: &mut Driver, gs: &mut Gsi, wr_id: u64) -> ((CqH, QpH, u64), u16) {
+    let guid = port_guid(g);
+    let mut q = sa_mad(0x02, 0x0038, 1 | 2 | 1 << 7 | 1 << 16);
+    q[56..72].copy_from_slice(&IPOIB_BROADCAST_MGID);
+    q[72..88].copy_from_slice(&port_gid(guid));
+    q[56 + 40..56 + 42].copy_from_slice(&0xffffu16.to_be_bytes());
+    q[56 + 48] = 1;
+    let j = ask_sa(net, g, gs, &q);
+    assert_eq!(status(&j), 0, "joined");
+    let mlid = u16::from_be_bytes([j[56 + 36], j[56 + 37]]);
+    let pd = g.alloc_pd();
+    let cq = g.create_cq(6);
+    let mut qp = g.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+    g.bring_up_ud(qp.qpn, 0xb, false);
+    let mut m = HcaCmdMcast::default();
+    (m.qpn, m.mgid, m.mlid) = (qp.qpn, IPOIB_BROADCAST_MGID, mlid);
+    assert_eq!(g.cmd(CMD_ATTACH_MCAST, &m).0, 0);
+    let rbuf = g.alloc(40 + 64, 64);
+    g.post_recv(&mut qp, wr_id, &[sge(rbuf, 40 + 64, LOCAL_DMA_LKEY)]);
+    ((cq, qp, rbuf), mlid)
+}
+
+#[test]
+fn test_a_groups_packet_crosses_to_another_host_once_for_all_its_members_there() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let mut g1 = guest(a, 1);
+    let mut g3 = guest(b, 3);
+    let mut g4 = guest(b, 4);
+    net.announce();
+    net.tick();
+    let mut gs: Vec<Gsi> = [&mut g1, &mut g3, &mut g4]
+        .into_iter()
+        .map(|g| gsi(g, 4))
+        .collect();
+    let (m1, mlid) = broadcast_member(&net, &mut g1, &mut gs[0], 51);
+    let (m3, _) = broadcast_member(&net, &mut g3, &mut gs[1], 53);
+    let (mut m4, _) = broadcast_member(&net, &mut g4, &mut gs[2], 54);
+    let mut members = [m1, m3];
+    // Node 1 (host 0, the SM's) sends to the group: host 1 gets one frame for its two
+    // members, and each of them its copy.
+    let frames = b.remote_stats().frames_in;
+    let sbuf = g1.alloc(64, 64);
+    g1.write(sbuf, b"one frame, two members");
+    let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+    wr.wr_id = 60;
+    g1.post_send(&mut members[0].1, wr, &[sge(sbuf, 22, LOCAL_DMA_LKEY)]);
+    for (g, (cq, _, rbuf)) in [(&mut g3, &mut members[1]), (&mut g4, &mut m4)] {
+        let got = collect(&net, g, cq, 1, 20 * MS);
+        assert!(
+            got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV),
+            "{got:?}"
+        );
+        assert_eq!(g.read(*rbuf + 40, 22), b"one frame, two members");
+    }
+    assert_eq!(b.remote_stats().frames_in - frames, 1, "one frame for both");
+    // Node 3 (host 1) sends: to the SM's host once, and back once for host 1's two
+    // members (the sender's own port among them).
+    let [m1, m3] = &mut members;
+    for (g, (_, qp, rbuf), id) in [(&mut g1, m1, 51), (&mut g3, m3, 53), (&mut g4, &mut m4, 54)] {
+        g.post_recv(qp, id, &[sge(*rbuf, 40 + 64, LOCAL_DMA_LKEY)]);
+    }
+    let (a_in, b_in) = (a.remote_stats().frames_in, b.remote_stats().frames_in);
+    let sbuf = g3.alloc(64, 64);
+    g3.write(sbuf, b"from host 1 and back");
+    let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+    wr.wr_id = 61;
+    g3.post_send(&mut members[1].1, wr, &[sge(sbuf, 20, LOCAL_DMA_LKEY)]);
+    let got = collect(&net, &mut g4, &mut m4.0, 1, 20 * MS);
+    assert!(got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV));
+    assert_eq!(g4.read(m4.2 + 40, 20), b"from host 1 and back");
+    let (cq1, _, rbuf1) = &mut members[0];
+    let got = collect(&net, &mut g1, cq1, 1, 20 * MS);
+    assert!(got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV));
+    assert_eq!(g1.read(*rbuf1 + 40, 20), b"from host 1 and back");
+    assert_eq!(
+        (
+            a.remote_stats().frames_in - a_in,
+            b.remote_stats().frames_in - b_in
+        ),
+        (1, 1),
+        "to the SM's host once, back once"
+    );
+}
+
+#[test]
+fn test_a_groups_packet_reaches_the_members_beside_its_sender_through_a_host_between() {
+    // A chain: host 0 (the SM's, node 1) - host 1 (node 2) - host 2 (nodes 3 and 4).
+    let sw = |name: &str, hcas: &[u16]| SwitchSpec {
+        name: name.into(),
+        hcas: hcas.to_vec(),
+    };
+    let t = Topology::new(
+        vec![sw("s0", &[1]), sw("s1", &[2]), sw("s2", &[3, 4])],
+        vec![(0, 1), (1, 2)],
+    )
+    .unwrap()
+    .on_hosts(vec![0, 1, 2])
+    .unwrap();
+    let net = Net::on(t, 3);
+    let mut g1 = guest(&net.hosts[0], 1);
+    let mut g3 = guest(&net.hosts[2], 3);
+    let mut g4 = guest(&net.hosts[2], 4);
+    net.announce();
+    net.tick();
+    net.tick();
+    assert_eq!(net.hosts[2].subnet().hops(3, 1), Some(3), "s2, s1, s0");
+    let mut gs: Vec<Gsi> = [&mut g1, &mut g3, &mut g4]
+        .into_iter()
+        .map(|g| gsi(g, 4))
+        .collect();
+    let (mut m1, mlid) = broadcast_member(&net, &mut g1, &mut gs[0], 51);
+    let (mut m3, _) = broadcast_member(&net, &mut g3, &mut gs[1], 53);
+    let (mut m4, _) = broadcast_member(&net, &mut g4, &mut gs[2], 54);
+    // Node 3's broadcast goes to the SM's host and comes back through host 1 for nodes
+    // 3 and 4, in one frame over each link.
+    let (via_in, far_in) = (
+        net.hosts[1].remote_stats().frames_in,
+        net.hosts[2].remote_stats().frames_in,
+    );
+    let sbuf = g3.alloc(64, 64);
+    g3.write(sbuf, b"ARP, who has");
+    let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+    wr.wr_id = 60;
+    g3.post_send(&mut m3.1, wr, &[sge(sbuf, 12, LOCAL_DMA_LKEY)]);
+    for (g, (cq, _, rbuf)) in [(&mut g4, &mut m4), (&mut g1, &mut m1), (&mut g3, &mut m3)] {
+        let got = collect(&net, g, cq, 1, 20 * MS);
+        assert!(
+            got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV),
+            "{got:?}"
+        );
+        assert_eq!(g.read(*rbuf + 40, 12), b"ARP, who has");
+    }
+    assert_eq!(
+        (
+            net.hosts[1].remote_stats().frames_in - via_in,
+            net.hosts[2].remote_stats().frames_in - far_in,
+        ),
+        (2, 1),
+        "host 1: on its way to host 0 and back; host 2: one frame for nodes 3 and 4"
+    );
 }

@@ -46,18 +46,17 @@ pub enum Verdict {
 }
 
 /// Where a held packet resumes.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(super) enum Stage {
     /// It passed its uplink: route it, then the downlink.
     Routed,
     /// It passed the downlink of the port at this LID: deliver it there (a multicast
     /// packet's copies each go to their own port).
     Arrived(Lid),
-    /// It crossed an inter-switch link into this host's switch `sw`: walk it on toward
-    /// the port at `target` (its DLID, or the member a multicast copy is for).
+    /// It crossed an inter-switch link into this host's switch `sw`: walk it on.
     Entered {
         sw: usize,
-        target: Lid,
+        toward: super::switch_links::Toward,
         via: super::remote::Via,
     },
 }
@@ -252,9 +251,9 @@ impl Fabric {
                 Some(dst) => self.deliver(&dst, pkt, false),
                 None => self.bounce(pkt, DropReason::NoRoute),
             },
-            Stage::Entered { sw, target, via } => {
+            Stage::Entered { sw, toward, via } => {
                 let subnet = self.subnet();
-                self.walk_from(&subnet, pkt, (sw, target), hook, via);
+                self.walk_from(&subnet, pkt, (sw, toward), hook, via);
             }
             Stage::Routed if self.routed() => self.route(pkt, hook, more),
             Stage::Routed if self.guest_sm() => self.switch_by_tables(pkt, hook, more),

@@ -12,7 +12,9 @@
 //! it up and are heard from. A packet walks this host's switches; where its way leaves
 //! over an inter-host link it goes to the host at the far end, which walks it on from the
 //! switch and port the link reaches there. Multicast goes to the SM's host, which holds
-//! the groups, and comes back as one copy per member beyond it (a frame's egress LID).
+//! the groups, and comes back as one frame over each link toward members beyond it, naming
+//! them (each host on the way delivers to its own members and sends one frame on per link,
+//! as switches' multicast tables send one copy out of each port).
 //!
 //! What a peer host sends is checked: a packet may come only over a link that host ends,
 //! an announcement may name only ports and links at that host's switches; anything else
@@ -22,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use super::switch_links::Toward;
 use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::packet::Packet;
 use crate::sa::sm::{Out, PERMISSIVE_LID};
@@ -51,9 +54,13 @@ pub enum RemoteError {
         /// The link it named.
         link: u16,
     },
-    /// A packet whose source, or whose one-member egress, cannot have come from the
-    /// sender: a port or switch of this host, or a unicast packet named for another port.
-    #[error("host {host} sent a packet from LID {slid} (to {dlid}, egress {egress}), which it cannot have")]
+    /// A packet whose source, or whose members, cannot have come from the sender: a
+    /// port or switch of this host, or members named for a unicast packet or that are no
+    /// HCA ports.
+    #[error(
+        "host {host} sent a packet from LID {slid} (to {dlid}, {members} members named), \
+         which it cannot have"
+    )]
     Spoofed {
         /// The sender.
         host: u16,
@@ -61,8 +68,8 @@ pub enum RemoteError {
         slid: Lid,
         /// See `slid`.
         dlid: Lid,
-        /// See `slid`.
-        egress: Lid,
+        /// How many members the frame named.
+        members: usize,
     },
     /// An announcement from a host for another, or of a port or link not at its switches.
     #[error("host {host} announced {what}, which is not its own")]
@@ -287,10 +294,10 @@ impl Fabric {
             Ok(Frame::Packet {
                 link,
                 hops,
-                egress,
+                members,
                 bounce,
                 pkt,
-            }) => self.arrive(from, (link, hops, egress, bounce), pkt, d.len()),
+            }) => self.arrive(from, (link, hops, members, bounce), pkt, d.len()),
             Ok(Frame::Announce {
                 host,
                 seq,
@@ -308,11 +315,11 @@ impl Fabric {
         result
     }
 
-    /// A packet frame from host `from`: (its link, hops, egress, bounce).
+    /// A packet frame from host `from`: (its link, hops, members, bounce).
     fn arrive(
         &self,
         from: u16,
-        (link, hops, egress, bounce): (u16, u8, Lid, bool),
+        (link, hops, members, bounce): (u16, u8, Vec<Lid>, bool),
         pkt: Packet,
         bytes: usize,
     ) -> Result<(), RemoteError> {
@@ -331,22 +338,24 @@ impl Fabric {
             return self.bounced_back(&subnet, from, at, (link, hops), pkt, bytes);
         }
         // A packet from one of this host's ports or switches never comes from outside,
-        // and a one-member copy is multicast's alone.
+        // and only a group's packet names members (HCA ports).
         let here_lid = subnet.host_of_lid(pkt.slid) == Some(subnet.here())
             || subnet
                 .switch_at(pkt.slid)
                 .is_some_and(|sw| subnet.is_local(sw));
-        // (But a group's packet from a port here comes back from the SM's host, a copy
-        // for each member here.)
-        let sm_copy = pkt.is_multicast() && from == subnet.topology().host_of(0);
-        let bad_egress =
-            egress != 0 && (!pkt.is_multicast() || egress > crate::subnet::MAX_HCA_LID);
-        if (here_lid && !sm_copy) || bad_egress {
+        // (But a group's packet from a port here comes back from the SM's host, or
+        // through the hosts between, as copies for the members here.)
+        let sm_copy =
+            pkt.is_multicast() && (from == subnet.topology().host_of(0) || !members.is_empty());
+        let bad_members = !members.is_empty()
+            && (!pkt.is_multicast()
+                || (members.iter()).any(|&m| m == 0 || m > crate::subnet::MAX_HCA_LID));
+        if (here_lid && !sm_copy) || bad_members {
             return Err(RemoteError::Spoofed {
                 host: from,
                 slid: pkt.slid,
                 dlid: pkt.dlid,
-                egress,
+                members: members.len(),
             });
         }
         let c = &self.inner.remote_counters;
@@ -371,17 +380,21 @@ impl Fabric {
         if let Some(t) = self.tap().filter(|_| !(here_lid && sm_copy)) {
             t.on_wire(self.now_ns(), &pkt);
         }
-        // Where it goes on from: a group member's copy toward it, a group's packet on to
-        // the SM's host or its members, anything else toward its DLID.
-        let target = if egress != 0 { egress } else { pkt.dlid };
+        // Where it goes on from: a group's copies to the members named, a group's packet
+        // on to the SM's host or its members, anything else toward its DLID.
+        let toward = if members.is_empty() {
+            Toward::Lid(pkt.dlid)
+        } else {
+            Toward::Members(members.into())
+        };
         let resume = super::link::Stage::Entered {
             sw: at.0,
-            target,
+            toward: toward.clone(),
             via,
         };
         match self.cross(way, &mut pkt, hook, resume) {
             None => return Ok(()),
-            Some(true) => self.walk_from(&subnet, pkt.clone(), (at.0, target), hook, via),
+            Some(true) => self.walk_from(&subnet, pkt.clone(), (at.0, toward.clone()), hook, via),
             Some(false) => {}
         }
         if pkt.dlid == PERMISSIVE_LID {
@@ -392,7 +405,7 @@ impl Fabric {
             };
             self.smp_out(out);
         } else {
-            self.walk_from(&subnet, pkt, (at.0, target), hook, via);
+            self.walk_from(&subnet, pkt, (at.0, toward), hook, via);
         }
         Ok(())
     }
@@ -403,20 +416,23 @@ impl Fabric {
         SwitchLink { link, forward }
     }
 
-    /// Walks a packet that entered local switch `sw` on toward `target` (see
-    /// [`Fabric::walk`]); a group's packet (`target` its MLID) goes to [`Fabric::multicast`].
+    /// Walks a packet that entered local switch `sw` on (see [`Fabric::walk`]): a
+    /// group's packet (toward its MLID) goes to [`Fabric::multicast`], a group's copies
+    /// for several members part at `sw` ([`Fabric::fan_out`]).
     pub(super) fn walk_from(
         &self,
         subnet: &Subnet,
         pkt: Packet,
-        (sw, target): (usize, Lid),
+        (sw, toward): (usize, Toward),
         hook: Option<&Arc<dyn LinkHook>>,
         via: Via,
     ) {
-        if pkt.is_multicast() && target == pkt.dlid {
-            self.multicast(subnet, pkt, (sw, 0), hook, via);
-        } else {
-            self.walk(subnet, pkt, (sw, target), hook, false, via);
+        match toward {
+            Toward::Lid(l) if pkt.is_multicast() && l == pkt.dlid => {
+                self.multicast(subnet, pkt, (sw, 0), hook, via)
+            }
+            Toward::Members(m) if m.len() > 1 => self.fan_out(subnet, pkt, sw, &m, hook, via),
+            toward => self.walk(subnet, pkt, (sw, toward), hook, false, via),
         }
     }
 
@@ -432,7 +448,7 @@ impl Fabric {
         via: Via,
     ) {
         if !subnet.is_local(0) {
-            return self.walk(subnet, pkt, (at.0, SM_LID), hook, false, via);
+            return self.walk(subnet, pkt, (at.0, Toward::Lid(SM_LID)), hook, false, via);
         }
         let members = self.with_sa(|sa| {
             sa.group_by_mlid(pkt.dlid)
@@ -445,9 +461,10 @@ impl Fabric {
         if lids.is_empty() {
             return self.bounce(pkt, DropReason::NoRoute);
         }
-        for lid in lids {
-            self.walk(subnet, pkt.clone(), (at.0, lid), hook, false, via);
-        }
+        // The copies start afresh from here: the way to the SM's host and the way back
+        // are each bounded by the hop limit, not both together.
+        let via = Via { hops: 0, ..via };
+        self.fan_out(subnet, pkt, at.0, &lids, hook, via);
     }
 
     /// Where an SMP answer from the switches goes.
@@ -456,15 +473,15 @@ impl Fabric {
             Some(Out::To(p)) => self.enqueue(p),
             Some(Out::Across { link, pkt }) => {
                 let subnet = self.subnet();
-                self.send_remote(&subnet, link, 0, pkt, Via::HERE);
+                self.send_remote(&subnet, link, &[], pkt, Via::HERE);
             }
             None => {}
         }
     }
 
-    /// Sends `pkt` over inter-host link `link`, a frame per MTU packet; `egress`: the one
-    /// port it is for (a multicast copy), or 0. Not back over the link it came by (but a
-    /// multicast copy), and not
+    /// Sends `pkt` over inter-host link `link`, a frame per MTU packet; `members`: the
+    /// group members beyond the link it is for (a group's copies), or none. Not back over
+    /// the link it came by (but a group's copies), and not
     /// past as many inter-host links as the subnet has switches: hosts' tables disagree
     /// for a moment after a link changes (each sweeps on its own tick), and a packet must
     /// not go round between them meanwhile.
@@ -472,11 +489,11 @@ impl Fabric {
         &self,
         subnet: &Subnet,
         link: usize,
-        egress: Lid,
+        members: &[Lid],
         pkt: Packet,
         via: Via,
     ) {
-        self.send_across(subnet, link, (egress, false), pkt, via);
+        self.send_across(subnet, link, (members, false), pkt, via);
     }
 
     /// [`Fabric::send_remote`], `bounce` saying the packet goes back to its sender.
@@ -484,7 +501,7 @@ impl Fabric {
         &self,
         subnet: &Subnet,
         link: usize,
-        (egress, bounce): (Lid, bool),
+        (members, bounce): (&[Lid], bool),
         pkt: Packet,
         via: Via,
     ) {
@@ -514,7 +531,7 @@ impl Fabric {
             let frame = Frame::Packet {
                 link: link as u16,
                 hops: via.hops.saturating_add(1),
-                egress,
+                members: members.to_vec(),
                 bounce,
                 pkt: p,
             };
@@ -535,7 +552,7 @@ impl Fabric {
     pub(super) fn bounce_across(&self, pkt: Packet) {
         let subnet = self.subnet();
         if let Stop::Remote { link } = subnet.next_stop(pkt.dlid, pkt.slid) {
-            self.send_across(&subnet, link, (0, true), pkt, Via::HERE);
+            self.send_across(&subnet, link, (&[], true), pkt, Via::HERE);
         }
     }
 
@@ -558,7 +575,7 @@ impl Fabric {
                 host: from,
                 slid: pkt.slid,
                 dlid: pkt.dlid,
-                egress: 0,
+                members: 0,
             });
         }
         let c = &self.inner.remote_counters;
@@ -574,7 +591,7 @@ impl Fabric {
             link: Some(usize::from(link)),
         };
         match subnet.next_stop_from(at.0, at.1, pkt.slid) {
-            Stop::Remote { link } => self.send_across(subnet, link, (0, true), pkt, via),
+            Stop::Remote { link } => self.send_across(subnet, link, (&[], true), pkt, via),
             _ => self.lose(pkt),
         }
         Ok(())

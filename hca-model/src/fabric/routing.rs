@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 
 use super::remote::Via;
+use super::switch_links::Toward;
 use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::packet::Packet;
 use crate::sa::sm::PERMISSIVE_LID;
@@ -69,8 +70,8 @@ impl Fabric {
         if pkt.is_multicast() {
             self.multicast(&subnet, pkt, at, hook, Via::HERE);
         } else {
-            let dlid = pkt.dlid;
-            self.walk(&subnet, pkt, (at.0, dlid), hook, more, Via::HERE);
+            let toward = Toward::Lid(pkt.dlid);
+            self.walk(&subnet, pkt, (at.0, toward), hook, more, Via::HERE);
         }
     }
 

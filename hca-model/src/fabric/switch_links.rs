@@ -11,6 +11,7 @@
 //! only where they cross hosts; the hook leaves them alone (the SM's sweep is not a test
 //! subject here).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -18,8 +19,37 @@ use super::link::Stage;
 use super::remote::Via;
 use super::{DropReason, Fabric, Lid, LinkHook, Verdict};
 use crate::packet::Packet;
-use crate::subnet::{Step, Stop, Subnet, SwitchLink, MAX_HCA_LID};
+use crate::subnet::{Step, Stop, Subnet, SwitchLink};
 use crate::sync::{Unpoisoned, UnpoisonedRw};
+
+/// Where a packet's walk through this host's switches heads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Toward {
+    /// The port or switch at this LID: a unicast packet's DLID, or the SM's switch for a
+    /// group's packet on its way to the SM's host (which holds the groups).
+    Lid(Lid),
+    /// A group's copies for these members (one member: a copy for its port; several:
+    /// all beyond one link to another host).
+    Members(Arc<[Lid]>),
+}
+
+impl Toward {
+    /// The LID the walk follows the tables to.
+    fn lid(&self) -> Lid {
+        match self {
+            Toward::Lid(l) => *l,
+            Toward::Members(m) => m.first().copied().unwrap_or(0),
+        }
+    }
+
+    /// The members a frame to another host names (none: it routes by its DLID there).
+    fn members(&self) -> &[Lid] {
+        match self {
+            Toward::Lid(_) => &[],
+            Toward::Members(m) => m,
+        }
+    }
+}
 
 /// One way of an inter-switch link, as this host saw it: packets (and their octets) the
 /// switch at its start sent in, those the switch at its end took, and those lost between.
@@ -178,32 +208,35 @@ impl Fabric {
         }
     }
 
-    /// Walks a packet on from local switch `sw` toward the port at `target`: its DLID, a
-    /// group member (a multicast copy), or the SM's switch (a group's packet on its way
-    /// to the SM's host), link by link (see the module's words).
+    /// Walks a packet on from local switch `sw` toward `toward`, link by link (see the
+    /// module's words). A group's copies for several members (all leaving this host by
+    /// one link) go toward the first, and leave as one frame naming them all.
     pub(super) fn walk(
         &self,
         subnet: &Subnet,
         mut pkt: Packet,
-        (mut sw, target): (usize, Lid),
+        (mut sw, toward): (usize, Toward),
         hook: Option<&Arc<dyn LinkHook>>,
         more: bool,
         via: Via,
     ) {
-        // A copy for one member names it to the hosts it crosses.
-        let egress = if pkt.is_multicast() && target <= MAX_HCA_LID {
-            target
-        } else {
-            0
-        };
+        let target = toward.lid();
         for _ in 0..=subnet.switches().len() {
             match subnet.step(sw, target) {
-                Step::Stop(Stop::Hca(l)) => return self.down_and_deliver(pkt, l, hook, more),
+                Step::Stop(Stop::Hca(l)) => {
+                    if let Toward::Members(m) = &toward {
+                        if m.len() > 1 {
+                            // (Tables changed while it was held: the copies part here.)
+                            return self.fan_out(subnet, pkt, sw, m, hook, via);
+                        }
+                    }
+                    return self.down_and_deliver(pkt, l, hook, more);
+                }
                 Step::Stop(Stop::Switch(_)) => {
                     return self.down_and_deliver(pkt, target, hook, more)
                 }
                 Step::Stop(Stop::Remote { link }) => {
-                    return self.send_remote(subnet, link, egress, pkt, via)
+                    return self.send_remote(subnet, link, toward.members(), pkt, via)
                 }
                 Step::Stop(Stop::Lost) if via.is_remote() || pkt.is_multicast() => {
                     return self.lose(pkt)
@@ -224,13 +257,14 @@ impl Fabric {
                     self.count_sent(link, &pkt);
                     let resume = Stage::Entered {
                         sw: to.0,
-                        target,
+                        toward: toward.clone(),
                         via,
                     };
                     match self.cross(link, &mut pkt, hook, resume) {
                         None => return,
                         Some(true) => {
-                            self.walk(subnet, pkt.clone(), (to.0, target), hook, false, via)
+                            let dup = (to.0, toward.clone());
+                            self.walk(subnet, pkt.clone(), dup, hook, false, via)
                         }
                         Some(false) => {}
                     }
@@ -239,6 +273,39 @@ impl Fabric {
             }
         }
         self.lose(pkt)
+    }
+
+    /// A group's packet at local switch `sw`, for `members`: a copy walks to each member
+    /// on this host, and one frame goes over each link to another host for the members
+    /// beyond it (as a switch's multicast table sends one copy out of each port).
+    pub(super) fn fan_out(
+        &self,
+        subnet: &Subnet,
+        pkt: Packet,
+        sw: usize,
+        members: &[Lid],
+        hook: Option<&Arc<dyn LinkHook>>,
+        via: Via,
+    ) {
+        let mut beyond: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
+        for &lid in members {
+            match subnet.next_stop_from(sw, 0, lid) {
+                Stop::Hca(_) => {
+                    let one = (sw, Toward::Members(Arc::from([lid])));
+                    self.walk(subnet, pkt.clone(), one, hook, false, via);
+                }
+                Stop::Remote { link } => beyond.entry(link).or_default().push(lid),
+                _ => {
+                    self.inner.stats.unrouted.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        for lids in beyond.values() {
+            for some in lids.chunks(crate::wire::MAX_MEMBERS) {
+                let toward = (sw, Toward::Members(Arc::from(some)));
+                self.walk(subnet, pkt.clone(), toward, hook, false, via);
+            }
+        }
     }
 
     /// Follows the hook's down windows on the links at this host's switches: a link the
