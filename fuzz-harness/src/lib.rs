@@ -10,6 +10,7 @@ pub mod common;
 pub mod device;
 pub mod fault_plan;
 pub mod pci;
+pub mod remote;
 pub mod responder;
 pub mod sa;
 

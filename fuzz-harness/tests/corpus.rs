@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use hcabench_fuzz_harness::common::FULL_CHECK;
-use hcabench_fuzz_harness::{cluster_config, device, fault_plan, pci, replay, responder, sa};
+use hcabench_fuzz_harness::{
+    cluster_config, device, fault_plan, pci, remote, replay, responder, sa,
+};
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -44,6 +46,11 @@ fn replay_all(target: &str, run: impl Fn(&[u8]) -> bool) {
         "{target}: only {ran} of {} decode",
         inputs.len()
     );
+}
+
+#[test]
+fn test_remote_corpus() {
+    replay_all("remote", |b| replay::<remote::Input>(b, remote::run));
 }
 
 #[test]
