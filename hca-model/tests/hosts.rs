@@ -851,3 +851,60 @@ fn test_a_groups_packet_reaches_the_members_beside_its_sender_through_a_host_bet
         "host 1: on its way to host 0 and back; host 2: one frame for nodes 3 and 4"
     );
 }
+
+#[test]
+fn test_a_sender_hears_at_once_that_a_port_on_another_host_is_gone() {
+    let net = Net::two_hosts();
+    let (a, b) = (&net.hosts[0], &net.hosts[1]);
+    let mut g1 = guest(a, 1);
+    let mut g3 = guest(b, 3);
+    net.announce();
+    net.tick();
+    let (pd1, pd3) = (g1.alloc_pd(), g3.alloc_pd());
+    let (mut cq1, cq3) = (g1.create_cq(8), g3.create_cq(8));
+    let mut q1 = g1.create_qp(QPT_RC, pd1, cq1.cqn, cq1.cqn);
+    let q3 = g3.create_qp(QPT_RC, pd3, cq3.cqn, cq3.cqn);
+    // timeout 14 (67 ms) x 7 retries: half a second were the loss only timed out.
+    g1.bring_up_rc_tuned(q1.qpn, 3, q3.qpn, ALL_ACCESS, MTU_1024, (14, 7, 7));
+    g3.bring_up_rc_tuned(q3.qpn, 1, q1.qpn, ALL_ACCESS, MTU_1024, (14, 7, 7));
+    let (k1, k3) = (
+        g1.reg_dma_mr(pd1, ALL_ACCESS),
+        g3.reg_dma_mr(pd3, ALL_ACCESS),
+    );
+    let (src, dst) = (g1.alloc(4096, 64), g3.alloc(4096, 64));
+    // Node 3's HCA leaves the fabric (its node killed), before host 0 hears of it.
+    g3.hca.detach();
+    let mut w = send_wr(9, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, k3);
+    g1.post_send(&mut q1, w, &[sge(src, 4096, k1)]);
+    let c = collect(&net, &mut g1, &mut cq1, 1, 10 * MS);
+    assert_eq!(
+        (c.len(), c.first().map(|c| u32::from(c.status))),
+        (1, Some(WC_RETRY_EXC_ERR)),
+        "{c:?}"
+    );
+    assert_eq!(
+        g1.hca.stats().retransmits,
+        0,
+        "heard at once, not timed out"
+    );
+    // Once host 1 has said so, host 0's own tables leave LID 3 out: a new connection's
+    // first WRITE is refused at host 0 itself, as on one switch.
+    net.announce();
+    net.tick();
+    assert!(!a.subnet().reaches(1, 3));
+    let mut q = g1.create_qp(QPT_RC, pd1, cq1.cqn, cq1.cqn);
+    g1.bring_up_rc_tuned(q.qpn, 3, q3.qpn, ALL_ACCESS, MTU_1024, (14, 7, 7));
+    let mut w = send_wr(10, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, k3);
+    let frames = a.remote_stats().frames_out;
+    g1.post_send(&mut q, w, &[sge(src, 4096, k1)]);
+    let c = collect(&net, &mut g1, &mut cq1, 1, 10 * MS);
+    assert_eq!(
+        (c.len(), c.first().map(|c| (c.wr_id, u32::from(c.status)))),
+        (1, Some((10, WC_RETRY_EXC_ERR))),
+        "{c:?}"
+    );
+    assert_eq!(a.remote_stats().frames_out, frames, "nothing sent across");
+    assert_eq!(g1.hca.stats().retransmits, 0);
+}

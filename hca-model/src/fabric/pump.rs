@@ -363,8 +363,13 @@ impl Fabric {
                     let (pkt, why) = *notice;
                     match self.port(pkt.slid) {
                         Some(src) => src.undeliverable(pkt, why),
-                        // A sender on another host hears of its receiver's refusal there.
-                        None if self.routed() && why == DropReason::Rejected => {
+                        // A sender on another host hears of its receiver's refusal there, or
+                        // that no port has the LID there any more (a node killed), as a
+                        // sender here does.
+                        None if self.routed()
+                            && (why == DropReason::Rejected
+                                || why == DropReason::NoRoute && !pkt.is_multicast()) =>
+                        {
                             self.bounce_across(pkt)
                         }
                         None => {}

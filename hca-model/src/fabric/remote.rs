@@ -747,6 +747,11 @@ impl Fabric {
         changed
     }
 
+    /// Whether host `host` is heard from now.
+    pub(super) fn host_heard(&self, host: u16) -> bool {
+        self.inner.hosts.lock_unpoisoned().alive.get(&host) == Some(&true)
+    }
+
     /// The LIDs of this host's attached ports.
     pub(super) fn local_lids(&self) -> Vec<Lid> {
         let ports = self.inner.ports.read_unpoisoned();

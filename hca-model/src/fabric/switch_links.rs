@@ -238,6 +238,9 @@ impl Fabric {
                 Step::Stop(Stop::Remote { link }) => {
                     return self.send_remote(subnet, link, toward.members(), pkt, via)
                 }
+                Step::Stop(Stop::Lost) if !pkt.is_multicast() && self.port_gone(subnet, target) => {
+                    return self.bounce(pkt, DropReason::NoRoute)
+                }
                 Step::Stop(Stop::Lost) if via.is_remote() || pkt.is_multicast() => {
                     return self.lose(pkt)
                 }
@@ -273,6 +276,20 @@ impl Fabric {
             }
         }
         self.lose(pkt)
+    }
+
+    /// Whether no port has `lid` any more though the cabling puts one there (its node
+    /// killed, its HCA unplugged): the SM's sweep took it out of the tables, and a packet
+    /// for it is refused at once (NoRoute: its sender's RC fails without waiting out its
+    /// retries, here or on another host), as on one switch. A port on a host not heard
+    /// from is not gone but cut off, as behind a cut link: the host may be back within
+    /// its peers' retries.
+    fn port_gone(&self, subnet: &Subnet, lid: Lid) -> bool {
+        match subnet.host_of_lid(lid) {
+            Some(h) if h == subnet.here() => self.port(lid).is_none(),
+            Some(h) => self.host_heard(h) && self.remote_port(lid).is_none(),
+            None => false,
+        }
     }
 
     /// A group's packet at local switch `sw`, for `members`: a copy walks to each member
