@@ -79,6 +79,9 @@
 //! name = "b"         # no [[switch]], each host has a switch of its own named after it,
 //! address = "10.0.0.2:7700"  # linked to the first's; with [[switch]] tables, each says
 //! nodes = 4          # `host = "a"`. `nodes` above must be the hosts' sum
+//! ssh = "me@machine-b"  # optional: `hcabench up --host a --start-others` starts b over
+//!                    # ssh (`hcabench up --config FILE --host b` there, FILE at the same
+//!                    # path), and `hcabench down --others` stops it
 //! ```
 
 use std::collections::BTreeMap;
@@ -224,13 +227,16 @@ pub struct SwitchConfig {
     pub host: String,
 }
 
-/// One `[[host]]`: its name, its address for the other hosts, how many nodes it runs.
+/// One `[[host]]`: its name, its address for the other hosts, how many nodes it runs,
+/// and where ssh reaches it (for `hcabench up --start-others` on another host).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
     pub name: String,
     pub address: std::net::SocketAddr,
     pub nodes: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<String>,
 }
 
 /// One `[[link]]`: the names of the two switches it joins.
@@ -327,6 +333,11 @@ pub enum Invalid {
     VfioOnQemu,
     #[error("packages: {0:?} is not a Debian package name")]
     Package(String),
+    #[error(
+        "[[host]] {host}: ssh = {dest:?} (one ssh destination, e.g. \"me@machine\", no \
+         spaces: the command it runs is $HCABENCH_SSH)"
+    )]
+    Ssh { host: String, dest: String },
     #[error("device_memory_mib = {mib} (must be {least} to 4096)")]
     DeviceMemory { mib: u64, least: u64 },
     #[error(
@@ -413,6 +424,16 @@ impl ClusterConfig {
         }
         if let Some(bad) = (self.packages.iter()).find(|p| !is_debian_package_name(p)) {
             return Err(Invalid::Package(bad.clone()));
+        }
+        for h in &self.host {
+            if let Some(dest) = (h.ssh.as_ref())
+                .filter(|d| d.is_empty() || d.starts_with('-') || d.contains(char::is_whitespace))
+            {
+                return Err(Invalid::Ssh {
+                    host: h.name.clone(),
+                    dest: dest.clone(),
+                });
+            }
         }
         let least = (hca_model::abi::MIN_IN_FLIGHT_BYTES >> 20) as u64;
         if !(least..=4096).contains(&self.device_memory_mib) {
@@ -817,6 +838,17 @@ mod tests {
         assert!(e.contains("add up to 3, the cluster has 4"), "{e}");
         let bad = TWO_HOSTS.replace("10.0.0.2:7700", "b.example");
         assert!(ClusterConfig::parse(&bad, "x").is_err());
+        // Where ssh reaches a host: kept, and one destination (not an option, no spaces).
+        let ssh = format!("{TWO_HOSTS}ssh = \"me@b\"\n");
+        let c = ClusterConfig::parse(&ssh, "x").unwrap();
+        assert_eq!(c.host[1].ssh.as_deref(), Some("me@b"));
+        let back = ClusterConfig::parse(&toml::to_string(&c).unwrap(), "written").unwrap();
+        assert_eq!(back, c);
+        for dest in ["", "-oProxyCommand=x", "me@b rm"] {
+            let bad = format!("{TWO_HOSTS}ssh = {dest:?}\n");
+            let e = ClusterConfig::parse(&bad, "x").unwrap_err().to_string();
+            assert!(e.contains("[[host]] b: ssh ="), "{dest:?}: {e}");
+        }
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub enum Error {
     #[error(transparent)]
     Usage(#[from] UsageError),
     #[error(transparent)]
+    Launch(#[from] crate::launch::LaunchError),
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Invalid(#[from] Invalid),

@@ -14,6 +14,7 @@
 //!   into the daemon; `console`: `hcabench console`.
 //! - `exec` and `copy`: `exec` and `cp` over each guest's ttyS1 (`tar`, `sha256` and
 //!   `base64` for the copies).
+//! - `launch`: the other hosts of a cluster that spans hosts, started and stopped over ssh.
 //! - `bench`, `dsmrun`, `apps_bench`, `ipoib_bench`, `nfs_bench`, `perftest_bench`,
 //!   `stack_bench`: the benchmarks and the DSM's runs; `mpirun`: an MPI job across the guests.
 //!
@@ -32,6 +33,7 @@ mod error;
 mod exec;
 mod faultrun;
 mod ipoib_bench;
+mod launch;
 mod mpirun;
 mod nfs_bench;
 mod perftest_bench;
@@ -78,7 +80,12 @@ enum Cmd {
     /// Boot a cluster in the background and wait until every guest is ready
     Up(UpArgs),
     /// Stop the cluster: guests, device server, run files
-    Down,
+    Down {
+        /// On a cluster that spans hosts, stop the other hosts' too, over ssh (`hcabench
+        /// down` on each [[host]] with an `ssh` destination)
+        #[arg(long)]
+        others: bool,
+    },
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
     /// Show the fabric's subnet: its switches (name, LID, the nodes on their ports, whether
@@ -583,6 +590,13 @@ struct UpArgs {
     /// and joins their subnet (run `hcabench up --host NAME` on each; the first runs the SM)
     #[arg(long, value_name = "NAME")]
     host: Option<String>,
+    /// With --host: start the other hosts too, over ssh, while this one boots: `hcabench up
+    /// --config FILE --host NAME` on each (its `ssh = "user@machine"` in the cluster file;
+    /// FILE at the same path there, hcabench in the PATH ssh gives, or $HCABENCH_REMOTE;
+    /// the ssh command is $HCABENCH_SSH, default `ssh -o BatchMode=yes -o ConnectTimeout=10`). Their output is
+    /// shown marked with each host's name
+    #[arg(long, requires = "host", requires = "config")]
+    start_others: bool,
 }
 
 fn main() -> ExitCode {
@@ -599,8 +613,8 @@ fn main() -> ExitCode {
     }
     let run = RunDir::resolve(cli.run_dir);
     let result = match cli.cmd {
-        Cmd::Up(a) => up(&run, &a).map(|_| ()),
-        Cmd::Down => down(&run),
+        Cmd::Up(a) => up_all(&run, &a),
+        Cmd::Down { others } => down_all(&run, others),
         Cmd::Status => status(&run),
         Cmd::Fabric => fabric_cmd(&run),
         Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
@@ -757,6 +771,59 @@ fn parse_vfio(s: &str) -> Result<(String, PathBuf), UsageError> {
     }
 }
 
+/// `up`, and with `--start-others` every other host's `up` over ssh at the same time
+/// (`launch`): each host boots its own nodes, and the hosts join as they come.
+fn up_all(run: &RunDir, a: &UpArgs) -> Result<(), Error> {
+    let (true, Some(path), Some(here)) = (a.start_others, &a.cluster.config, &a.host) else {
+        return up(run, a).map(|_| ());
+    };
+    // The file and every other host's ssh checked before anything starts.
+    let mut file = ClusterConfig::load(path)?;
+    file.this_host = Some(here.clone());
+    file.validate()?;
+    let path = std::fs::canonicalize(path).map_err(|source| Error::Path {
+        path: path.clone(),
+        source,
+    })?;
+    let others = launch::others(&file.host, here)?;
+    if let Some(s) = run.live_state() {
+        return Err(Error::AlreadyUp {
+            nodes: s.nodes.len(),
+            dir: run.dir().to_path_buf(),
+        });
+    }
+    let remotes = launch::start_others(&file.host, here, &path)?;
+    let local = up(run, a);
+    let results: Vec<(String, Result<(), launch::LaunchError>)> = (remotes.into_iter())
+        .map(|r| (r.host().to_string(), r.wait()))
+        .collect();
+    if let Err(e) = local {
+        // Nothing half up: the hosts that started go down again.
+        for (host, _) in results.iter().filter(|(_, r)| r.is_ok()) {
+            if let Some((_, dest)) = others.iter().find(|(h, _)| &h.name == host) {
+                println!("host {host}: stopping it again over ssh ({dest})");
+                let _ = launch::start(host, dest, &["down"]).and_then(launch::Remote::wait);
+            }
+        }
+        return Err(e);
+    }
+    let failed: Vec<launch::LaunchError> =
+        (results.into_iter()).filter_map(|(_, r)| r.err()).collect();
+    match failed.into_iter().next() {
+        Some(e) => {
+            println!(
+                "host {here} is up; `hcabench down --others` stops it and the hosts that \
+                 started"
+            );
+            Err(e.into())
+        }
+        None => {
+            println!("all {} hosts up", file.host.len());
+            Ok(())
+        }
+    }
+}
+
 fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
     if let Some(s) = run.live_state() {
         return Err(Error::AlreadyUp {
@@ -889,6 +956,34 @@ fn wait_console(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `down`, and with `others` the other hosts' `down` over ssh first (while this host's
+/// state still names them).
+fn down_all(run: &RunDir, others: bool) -> Result<(), Error> {
+    if others {
+        let Some(s) = run.live_state() else {
+            println!("no cluster is up in {}", run.dir().display());
+            return Ok(());
+        };
+        let here = s.config.this_host.clone().unwrap_or_default();
+        let remotes: Vec<launch::Remote> = launch::others(&s.config.host, &here)?
+            .into_iter()
+            .map(|(h, dest)| {
+                println!("host {}: stopping it over ssh ({dest})", h.name);
+                launch::start(&h.name, dest, &["down"])
+            })
+            .collect::<Result<_, _>>()?;
+        let failed: Vec<launch::LaunchError> = (remotes.into_iter())
+            .filter_map(|r| r.wait().err())
+            .collect();
+        down(run)?;
+        if let Some(e) = failed.into_iter().next() {
+            return Err(e.into());
+        }
+        return Ok(());
+    }
+    down(run)
 }
 
 fn down(run: &RunDir) -> Result<(), Error> {
@@ -1488,6 +1583,21 @@ mod tests {
             } => link_request(state, &switch, &other, n, &faults).map_err(|e| e.to_string()),
             _ => unreachable!("`link` parses as Cmd::Link"),
         }
+    }
+
+    #[test]
+    fn test_start_others_needs_this_hosts_name_and_the_cluster_file() {
+        let parse = |args: &[&str]| Cli::try_parse_from(["hcabench", "up"].iter().chain(args));
+        assert!(parse(&["--config", "c.toml", "--host", "a", "--start-others"]).is_ok());
+        for bad in [
+            &["--start-others"][..],
+            &["--config", "c.toml", "--start-others"],
+            &["--host", "a", "--start-others"],
+        ] {
+            let e = parse(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("required"), "{bad:?}: {e}");
+        }
+        assert!(Cli::try_parse_from(["hcabench", "down", "--others"]).is_ok());
     }
 
     #[test]

@@ -176,34 +176,58 @@ fn test_one_subnet_spans_two_hosts_in_their_own_network_namespaces() {
     std::fs::create_dir_all(&scratch).unwrap();
     let cfg = scratch.join("cluster.toml");
     let images = repo_root().join("target/images");
+    // Host b is reached "over ssh" as its namespace: a stand-in for ssh that runs the
+    // command there, with a run directory of b's own.
+    let ssh = scratch.join("ssh-to-netns");
+    std::fs::write(
+        &ssh,
+        format!(
+            "#!/bin/sh\n# ssh DEST COMMAND, DEST a network namespace\ndest=$1\nshift\n\
+             export HCABENCH_RUN_DIR={}/$dest\nexec ip netns exec \"$dest\" sh -c \"$*\"\n",
+            scratch.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&ssh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::write(
         &cfg,
         format!(
             "nodes = 2\nimage_dir = {images:?}\n\
              node_memory_mib = {{ node2 = 512 }}\n\
              [[host]]\nname = \"a\"\naddress = \"10.99.0.1:7700\"\nnodes = 1\n\
-             [[host]]\nname = \"b\"\naddress = \"10.99.0.2:7700\"\nnodes = 1\n"
+             [[host]]\nname = \"b\"\naddress = \"10.99.0.2:7700\"\nnodes = 1\n\
+             ssh = {:?}\n",
+            net.names[1]
         ),
     )
     .unwrap();
-    let host = |i: usize, name: &str| Host {
-        ns: net.names[i].clone(),
-        dir: scratch.join(name),
+    let a = Host {
+        ns: net.names[0].clone(),
+        dir: scratch.join("a"),
     };
-    let (a, b) = (host(0, "a"), host(1, "b"));
-    // Both hosts start at once, as a user starts them on two machines.
+    let b = Host {
+        ns: net.names[1].clone(),
+        dir: scratch.join(&net.names[1]),
+    };
+    // One command on host a starts b too (`--start-others`), as a user starts a cluster
+    // of several machines from one.
     let cfg = cfg.to_str().unwrap().to_string();
-    let (up_a, up_b) = std::thread::scope(|s| {
-        let ua = s.spawn(|| a.hcabench(&["up", "--config", &cfg, "--host", "a"]));
-        let ub = s.spawn(|| b.hcabench(&["up", "--config", &cfg, "--host", "b"]));
-        (ua.join().unwrap(), ub.join().unwrap())
-    });
-    assert!(up_a.status.success(), "host a: {}", common::text(&up_a));
-    assert!(up_b.status.success(), "host b: {}", common::text(&up_b));
+    let up = Command::new("ip")
+        .args(["netns", "exec", &a.ns, env!("CARGO_BIN_EXE_hcabench")])
+        .env("RUST_LOG", "warn")
+        .env("HCABENCH_SSH", &ssh)
+        .env("HCABENCH_REMOTE", env!("CARGO_BIN_EXE_hcabench"))
+        .arg("--run-dir")
+        .arg(&a.dir)
+        .args(["up", "--config", &cfg, "--host", "a", "--start-others"])
+        .output()
+        .expect("run hcabench");
+    let ok = up.status.success();
+    let up = common::text(&up);
+    assert!(ok && up.contains("all 2 hosts up"), "{up}");
     assert!(
-        common::text(&up_b).contains("LIDs 2..=2"),
-        "{}",
-        common::text(&up_b)
+        up.contains("[host b] cluster up: 1 nodes, LIDs 2..=2"),
+        "{up}"
     );
 
     let (mut n1, mut n2) = (a.agent("node1"), b.agent("node2"));
