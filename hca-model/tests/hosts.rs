@@ -509,7 +509,15 @@ fn test_what_a_peer_host_sends_is_checked() {
         })
         .unwrap()
     };
-    for (slid, dlid, egress) in [(1, 2, 0), (SM_LID, 1, 0), (3, 1, 2), (3, 0xc000, SM_LID)] {
+    // A group's copies for a port here "from" a port here, to the SM's host (which
+    // sends them, never takes them) are forged too.
+    for (slid, dlid, egress) in [
+        (1, 2, 0),
+        (SM_LID, 1, 0),
+        (3, 1, 2),
+        (3, 0xc000, SM_LID),
+        (1, 0xc000, 2),
+    ] {
         assert!(
             matches!(
                 a.receive(1, &forged(slid, dlid, egress)),
@@ -538,7 +546,7 @@ fn test_what_a_peer_host_sends_is_checked() {
         a.receive(1, &twice),
         Err(RemoteError::NotItsOwn { .. })
     ));
-    assert_eq!(a.remote_stats().refused, 14);
+    assert_eq!(a.remote_stats().refused, 15);
     // Nothing of it took: LID 3 is unknown, the link up, host 1's own announcement fine.
     assert!(!a.subnet().reaches(1, 3));
     assert_eq!(a.receive(1, &b.announcement()), Ok(()));
@@ -784,6 +792,14 @@ fn test_a_groups_packet_crosses_to_another_host_once_for_all_its_members_there()
     let got = collect(&net, &mut g1, cq1, 1, 20 * MS);
     assert!(got.iter().any(|c| u32::from(c.opcode) == CQE_OP_RECV));
     assert_eq!(g1.read(*rbuf1 + 40, 20), b"from host 1 and back");
+    let (cq3, _, rbuf3) = &mut members[1];
+    let got = collect(&net, &mut g3, cq3, 2, 20 * MS);
+    let recvs = got
+        .iter()
+        .filter(|c| u32::from(c.opcode) == CQE_OP_RECV)
+        .count();
+    assert_eq!(recvs, 1, "the sender's own copy, once: {got:?}");
+    assert_eq!(g3.read(*rbuf3 + 40, 20), b"from host 1 and back");
     assert_eq!(
         (
             a.remote_stats().frames_in - a_in,
@@ -907,4 +923,53 @@ fn test_a_sender_hears_at_once_that_a_port_on_another_host_is_gone() {
     );
     assert_eq!(a.remote_stats().frames_out, frames, "nothing sent across");
     assert_eq!(g1.hca.stats().retransmits, 0);
+}
+
+#[test]
+fn test_a_host_between_refuses_for_a_port_gone_beyond_it() {
+    // A chain: host 0 (node 1) - host 1 (node 2) - host 2 (node 3).
+    let sw = |name: &str, hcas: &[u16]| SwitchSpec {
+        name: name.into(),
+        hcas: hcas.to_vec(),
+    };
+    let t = Topology::new(
+        vec![sw("s0", &[1]), sw("s1", &[2]), sw("s2", &[3])],
+        vec![(0, 1), (1, 2)],
+    )
+    .unwrap()
+    .on_hosts(vec![0, 1, 2])
+    .unwrap();
+    let net = Net::on(t, 3);
+    let mut g1 = guest(&net.hosts[0], 1);
+    let mut g3 = guest(&net.hosts[2], 3);
+    net.announce();
+    net.tick();
+    net.tick();
+    let (pd1, pd3) = (g1.alloc_pd(), g3.alloc_pd());
+    let (mut cq1, cq3) = (g1.create_cq(8), g3.create_cq(8));
+    let mut q1 = g1.create_qp(QPT_RC, pd1, cq1.cqn, cq1.cqn);
+    let q3 = g3.create_qp(QPT_RC, pd3, cq3.cqn, cq3.cqn);
+    g1.bring_up_rc_tuned(q1.qpn, 3, q3.qpn, ALL_ACCESS, MTU_1024, (14, 7, 7));
+    let (k1, k3) = (
+        g1.reg_dma_mr(pd1, ALL_ACCESS),
+        g3.reg_dma_mr(pd3, ALL_ACCESS),
+    );
+    let (src, dst) = (g1.alloc(4096, 64), g3.alloc(64, 64));
+    // Node 3 leaves; only host 1 has heard (and swept), host 0 still routes LID 3.
+    g3.hca.detach();
+    let said = net.hosts[2].announcement();
+    net.hosts[1].receive(2, &said).unwrap();
+    net.hosts[1].advance(MS);
+    assert!(!net.hosts[1].subnet().reaches(2, 3));
+    assert!(net.hosts[0].subnet().reaches(1, 3));
+    let mut w = send_wr(9, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, k3);
+    g1.post_send(&mut q1, w, &[sge(src, 64, k1)]);
+    let c = collect(&net, &mut g1, &mut cq1, 1, 10 * MS);
+    assert_eq!(
+        (c.len(), c.first().map(|c| u32::from(c.status))),
+        (1, Some(WC_RETRY_EXC_ERR)),
+        "{c:?}"
+    );
+    assert_eq!(g1.hca.stats().retransmits, 0, "refused by host 1 at once");
 }

@@ -344,12 +344,27 @@ impl Fabric {
                 .switch_at(pkt.slid)
                 .is_some_and(|sw| subnet.is_local(sw));
         // (But a group's packet from a port here comes back from the SM's host, or
-        // through the hosts between, as copies for the members here.)
-        let sm_copy =
-            pkt.is_multicast() && (from == subnet.topology().host_of(0) || !members.is_empty());
+        // through the hosts between, as copies for the members here: over the link
+        // toward the SM's switch, never to the SM's host itself.)
+        let toward_sm = matches!(
+            subnet.next_stop_from(at.0, at.1, SM_LID),
+            Stop::Remote { link: l } if l == usize::from(link)
+        );
+        let sm_copy = pkt.is_multicast()
+            && !subnet.is_local(0)
+            && (from == subnet.topology().host_of(0) || (!members.is_empty() && toward_sm));
+        // Members are HCA ports of the subnet beyond this link, not back over it.
         let bad_members = !members.is_empty()
             && (!pkt.is_multicast()
-                || (members.iter()).any(|&m| m == 0 || m > crate::subnet::MAX_HCA_LID));
+                || (members.iter()).any(|&m| {
+                    m == 0
+                        || m > crate::subnet::MAX_HCA_LID
+                        || subnet.attachment(m).is_none()
+                        || subnet.next_stop_from(at.0, at.1, m)
+                            == (Stop::Remote {
+                                link: usize::from(link),
+                            })
+                }));
         if (here_lid && !sm_copy) || bad_members {
             return Err(RemoteError::Spoofed {
                 host: from,
@@ -375,8 +390,8 @@ impl Fabric {
         let hook = hook.as_ref();
         let mut pkt = pkt;
         // This host's capture sees what came from the others too, once each, before the
-        // hook (as it sees its own ports' packets); a group's packet once per member here
-        // that it came for (but one its own port sent, which it saw leave).
+        // hook (as it sees its own ports' packets); a group's packet once per frame that
+        // brings it (but one its own port sent, which it saw leave).
         if let Some(t) = self.tap().filter(|_| !(here_lid && sm_copy)) {
             t.on_wire(self.now_ns(), &pkt);
         }
@@ -556,6 +571,23 @@ impl Fabric {
         }
     }
 
+    /// A packet from another host for a port gone beyond this one (a host between, whose
+    /// tables no longer lead to it): back toward its sender from local switch `sw`, as the
+    /// port's own host would send it.
+    pub(super) fn refuse_from(&self, subnet: &Subnet, sw: usize, pkt: Packet, via: Via) {
+        match subnet.next_stop_from(sw, 0, pkt.slid) {
+            // (Back over the link it came by: a refusal may.)
+            Stop::Remote { link } => {
+                let via = Via {
+                    hops: via.hops,
+                    link: None,
+                };
+                self.send_across(subnet, link, (&[], true), pkt, via)
+            }
+            _ => self.lose(pkt),
+        }
+    }
+
     /// A refusal coming back over `link` to a port here, or through this host to one
     /// beyond: the refusing port is not this host's.
     fn bounced_back(
@@ -654,9 +686,9 @@ impl Fabric {
                 h.reported.insert((k, from), up);
             }
         }
-        self.set_host_alive(from, true);
         // Its ports: those gone or down are reported out of service (while the SA still
-        // knows their GIDs), new ones and ones back up into it.
+        // knows their GIDs), new ones and ones back up into it. (Taken before the host
+        // counts as heard: a port of a host heard from but not announced is gone.)
         let old: Vec<(Lid, PortAd)> = (self.inner.remote_ports.read_unpoisoned().iter())
             .filter(|(_, (h, _))| *h == from)
             .map(|(&l, &(_, p))| (l, p))
@@ -689,6 +721,7 @@ impl Fabric {
                 guids.insert(p.guid, p.lid);
             }
         }
+        self.set_host_alive(from, true);
         for &l in &came {
             self.report_port(l, true);
         }

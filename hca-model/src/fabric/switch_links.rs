@@ -226,7 +226,8 @@ impl Fabric {
                 Step::Stop(Stop::Hca(l)) => {
                     if let Toward::Members(m) = &toward {
                         if m.len() > 1 {
-                            // (Tables changed while it was held: the copies part here.)
+                            // (Only were the tables to lead several members' copies to
+                            // one port: they part here.)
                             return self.fan_out(subnet, pkt, sw, m, hook, via);
                         }
                     }
@@ -239,7 +240,12 @@ impl Fabric {
                     return self.send_remote(subnet, link, toward.members(), pkt, via)
                 }
                 Step::Stop(Stop::Lost) if !pkt.is_multicast() && self.port_gone(subnet, target) => {
-                    return self.bounce(pkt, DropReason::NoRoute)
+                    return if via.is_remote() {
+                        // Back toward its sender from here, over the link it came by.
+                        self.refuse_from(subnet, sw, pkt, via)
+                    } else {
+                        self.bounce(pkt, DropReason::NoRoute)
+                    };
                 }
                 Step::Stop(Stop::Lost) if via.is_remote() || pkt.is_multicast() => {
                     return self.lose(pkt)
@@ -285,6 +291,9 @@ impl Fabric {
     /// from is not gone but cut off, as behind a cut link: the host may be back within
     /// its peers' retries.
     fn port_gone(&self, subnet: &Subnet, lid: Lid) -> bool {
+        if lid > crate::subnet::MAX_HCA_LID {
+            return false; // A switch is cut off, never gone.
+        }
         match subnet.host_of_lid(lid) {
             Some(h) if h == subnet.here() => self.port(lid).is_none(),
             Some(h) => self.host_heard(h) && self.remote_port(lid).is_none(),
@@ -307,13 +316,11 @@ impl Fabric {
         let mut beyond: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
         for &lid in members {
             match subnet.next_stop_from(sw, 0, lid) {
-                Stop::Hca(_) => {
+                Stop::Remote { link } => beyond.entry(link).or_default().push(lid),
+                // Here, or lost on the way (a link down counts it): a copy of its own.
+                _ => {
                     let one = (sw, Toward::Members(Arc::from([lid])));
                     self.walk(subnet, pkt.clone(), one, hook, false, via);
-                }
-                Stop::Remote { link } => beyond.entry(link).or_default().push(lid),
-                _ => {
-                    self.inner.stats.unrouted.fetch_add(1, Relaxed);
                 }
             }
         }
