@@ -4,12 +4,13 @@
 //! down`) there, the cluster file at the same path, while this host boots its own nodes.
 //! Their output comes back line by line, each line marked with its host.
 //!
-//! The command that reaches a host is `$HCABENCH_SSH DEST COMMAND` (default: `ssh -o
-//! BatchMode=yes -o ConnectTimeout=10`, so that a host that wants a password, or does not
-//! answer, fails within seconds rather than waiting for what never comes); COMMAND runs `$HCABENCH_REMOTE` there (default: `hcabench`, as
+//! The command that reaches a host is `$HCABENCH_SSH DEST COMMAND` (default: ssh with
+//! `BatchMode`, `ConnectTimeout=10` and `ServerAlive*` options, so that a host that wants a
+//! password, does not answer or goes silent fails within a minute rather than waiting for
+//! what never comes; split on white space, so no quoted words); COMMAND runs `$HCABENCH_REMOTE` there (default: `hcabench`, as
 //! the PATH of ssh's shell finds it).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
@@ -17,7 +18,8 @@ use std::thread::JoinHandle;
 use hcabench::config::HostConfig;
 
 /// The command `DEST COMMAND` is appended to.
-const DEFAULT_SSH: &str = "ssh -o BatchMode=yes -o ConnectTimeout=10";
+const DEFAULT_SSH: &str =
+    "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=3";
 
 /// Why another host could not be started or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -109,10 +111,15 @@ pub fn start(host: &str, dest: &str, args: &[&str]) -> Result<Remote, LaunchErro
     for stream in [out, err].into_iter().flatten() {
         let host = host.to_string();
         relays.push(std::thread::spawn(move || {
-            // Every line is shown as it comes; the last few are kept for an error.
+            // Every line is shown as it comes (read to the end whatever it holds, so that
+            // the far side never blocks on a full pipe); the last few are kept for an error.
             let mut tail = Vec::new();
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                println!("  [host {host}] {line}");
+            let mut r = BufReader::new(stream);
+            let mut buf = Vec::new();
+            while matches!(r.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
+                let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+                buf.clear();
+                let _ = writeln!(std::io::stdout(), "  [host {host}] {line}");
                 tail.push(line);
                 if tail.len() > 20 {
                     tail.remove(0);
@@ -158,24 +165,32 @@ impl Remote {
     }
 }
 
-/// `hcabench up --config CONFIG --host NAME` on every other host, started at once.
+/// `hcabench up --config CONFIG --host NAME OPTIONS` on every other host, started at
+/// once (OPTIONS: this host's `up` options that are the whole cluster's).
 pub fn start_others(
     hosts: &[HostConfig],
     here: &str,
     config: &Path,
+    options: &[String],
 ) -> Result<Vec<Remote>, LaunchError> {
     let config = config.to_string_lossy();
-    others(hosts, here)?
-        .into_iter()
-        .map(|(h, dest)| {
-            println!("host {}: starting it over ssh ({dest})", h.name);
-            start(
-                &h.name,
-                dest,
-                &["up", "--config", &config, "--host", &h.name],
-            )
-        })
-        .collect()
+    let mut started = Vec::new();
+    for (h, dest) in others(hosts, here)? {
+        println!("host {}: starting it over ssh ({dest})", h.name);
+        let mut args = vec!["up", "--config", &config, "--host", &h.name];
+        args.extend(options.iter().map(String::as_str));
+        match start(&h.name, dest, &args) {
+            Ok(r) => started.push(r),
+            Err(e) => {
+                // Those already on their way finish (their hosts then stay up), reported.
+                for r in started {
+                    let _ = r.wait();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(started)
 }
 
 #[cfg(test)]

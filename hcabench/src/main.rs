@@ -771,6 +771,45 @@ fn parse_vfio(s: &str) -> Result<(String, PathBuf), UsageError> {
     }
 }
 
+/// `up`'s options that are the whole cluster's, as the other hosts' `up` takes them
+/// (paths made absolute: they must name the same files there).
+fn cluster_options(a: &UpArgs) -> Result<Vec<String>, Error> {
+    use clap::ValueEnum;
+    let c = &a.cluster;
+    let mut o = vec!["--timeout".to_string(), c.timeout.to_string()];
+    let name = |v: Option<clap::builder::PossibleValue>| v.map(|v| v.get_name().to_string());
+    if let Some(b) = c.backend.and_then(|b| name(b.to_possible_value())) {
+        o.extend(["--backend".to_string(), b]);
+    }
+    if let Some(l) = c.packet_life_time {
+        o.extend(["--packet-life-time".to_string(), l.to_string()]);
+    }
+    if let Some(k) = &c.kernel {
+        // A kernel tree by its path, or a Debian version by its name.
+        let k = match std::path::Path::new(k).exists() {
+            true => absolute(std::path::Path::new(k))?.display().to_string(),
+            false => k.clone(),
+        };
+        o.extend(["--kernel".to_string(), k]);
+    }
+    if let Some(f) = &c.faults {
+        o.extend(["--faults".to_string(), absolute(f)?.display().to_string()]);
+    }
+    if let Some(p) = &c.capture {
+        o.extend(["--capture".to_string(), absolute(p)?.display().to_string()]);
+        if let Some(f) = name(c.capture_format.to_possible_value()) {
+            o.extend(["--capture-format".to_string(), f]);
+        }
+    }
+    if let Some(n) = a.nodes {
+        o.extend(["--nodes".to_string(), n.to_string()]);
+    }
+    for p in &a.packages {
+        o.extend(["--package".to_string(), p.clone()]);
+    }
+    Ok(o)
+}
+
 /// `up`, and with `--start-others` every other host's `up` over ssh at the same time
 /// (`launch`): each host boots its own nodes, and the hosts join as they come.
 fn up_all(run: &RunDir, a: &UpArgs) -> Result<(), Error> {
@@ -792,7 +831,7 @@ fn up_all(run: &RunDir, a: &UpArgs) -> Result<(), Error> {
             dir: run.dir().to_path_buf(),
         });
     }
-    let remotes = launch::start_others(&file.host, here, &path)?;
+    let remotes = launch::start_others(&file.host, here, &path, &cluster_options(a)?)?;
     let local = up(run, a);
     let results: Vec<(String, Result<(), launch::LaunchError>)> = (remotes.into_iter())
         .map(|r| (r.host().to_string(), r.wait()))
@@ -967,16 +1006,23 @@ fn down_all(run: &RunDir, others: bool) -> Result<(), Error> {
             return Ok(());
         };
         let here = s.config.this_host.clone().unwrap_or_default();
-        let remotes: Vec<launch::Remote> = launch::others(&s.config.host, &here)?
-            .into_iter()
-            .map(|(h, dest)| {
-                println!("host {}: stopping it over ssh ({dest})", h.name);
-                launch::start(&h.name, dest, &["down"])
-            })
-            .collect::<Result<_, _>>()?;
-        let failed: Vec<launch::LaunchError> = (remotes.into_iter())
-            .filter_map(|r| r.wait().err())
-            .collect();
+        let mut remotes = Vec::new();
+        let mut failed = Vec::new();
+        for h in s.config.host.iter().filter(|h| h.name != here) {
+            let Some(dest) = &h.ssh else {
+                println!(
+                    "host {}: no `ssh` in the cluster file; stop it there with `hcabench down`",
+                    h.name
+                );
+                continue;
+            };
+            println!("host {}: stopping it over ssh ({dest})", h.name);
+            match launch::start(&h.name, dest, &["down"]) {
+                Ok(r) => remotes.push(r),
+                Err(e) => failed.push(e),
+            }
+        }
+        failed.extend(remotes.into_iter().filter_map(|r| r.wait().err()));
         down(run)?;
         if let Some(e) = failed.into_iter().next() {
             return Err(e.into());
@@ -1598,6 +1644,49 @@ mod tests {
             assert!(e.contains("required"), "{bad:?}: {e}");
         }
         assert!(Cli::try_parse_from(["hcabench", "down", "--others"]).is_ok());
+        // The other hosts get this host's cluster-wide options, which their `up` takes.
+        let cli = parse(&[
+            "--config",
+            "c.toml",
+            "--host",
+            "a",
+            "--start-others",
+            "--backend",
+            "qemu",
+            "--timeout",
+            "90",
+            "--package",
+            "fio",
+            "--packet-life-time",
+            "13",
+            "--kernel",
+            "6.12",
+            "--capture",
+            "/tmp/x.pcap",
+            "--capture-format",
+            "infiniband",
+        ])
+        .unwrap();
+        let Cmd::Up(a) = cli.cmd else { panic!() };
+        let options = cluster_options(&a).unwrap();
+        let joined = options.join(" ");
+        for want in [
+            "--timeout 90",
+            "--backend qemu",
+            "--package fio",
+            "--packet-life-time 13",
+            "--kernel 6.12",
+            "--capture /tmp/x.pcap --capture-format infiniband",
+        ] {
+            assert!(joined.contains(want), "{want}: {joined}");
+        }
+        let there = ["--config", "c.toml", "--host", "b"];
+        let args: Vec<&str> = there
+            .iter()
+            .copied()
+            .chain(options.iter().map(String::as_str))
+            .collect();
+        assert!(parse(&args).is_ok(), "{args:?}");
     }
 
     #[test]
