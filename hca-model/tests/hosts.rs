@@ -49,15 +49,24 @@ struct Net {
 impl Net {
     /// Host 0 has switch s0 with LIDs 1 and 2 and the SM; host 1 has s1 with LIDs 3 and 4.
     fn two_hosts() -> Net {
-        let sw = |name: &str, hcas: &[u16]| SwitchSpec {
-            name: name.into(),
-            hcas: hcas.to_vec(),
-        };
         let t = Topology::new(vec![sw("s0", &[1, 2]), sw("s1", &[3, 4])], vec![(0, 1)])
             .unwrap()
             .on_hosts(vec![0, 1])
             .unwrap();
         Net::on(t, 2)
+    }
+
+    /// A chain of three hosts, a switch each: s0 (host 0, the SM's, node 1) - s1 (host 1,
+    /// node 2) - s2 (host 2, the nodes at `far`).
+    fn chain(far: &[u16]) -> Net {
+        let t = Topology::new(
+            vec![sw("s0", &[1]), sw("s1", &[2]), sw("s2", far)],
+            vec![(0, 1), (1, 2)],
+        )
+        .unwrap()
+        .on_hosts(vec![0, 1, 2])
+        .unwrap();
+        Net::on(t, 3)
     }
 
     /// `hosts` hosts cabled as `t` (its switches on them as `Topology::on_hosts` put them).
@@ -112,6 +121,14 @@ impl Net {
             f.advance(MS);
             self.settle();
         }
+    }
+}
+
+/// Switch `name` with the HCA ports at `hcas` on its ports 1, 2, ...
+fn sw(name: &str, hcas: &[u16]) -> SwitchSpec {
+    SwitchSpec {
+        name: name.into(),
+        hcas: hcas.to_vec(),
     }
 }
 
@@ -813,18 +830,7 @@ fn test_a_groups_packet_crosses_to_another_host_once_for_all_its_members_there()
 #[test]
 fn test_a_groups_packet_reaches_the_members_beside_its_sender_through_a_host_between() {
     // A chain: host 0 (the SM's, node 1) - host 1 (node 2) - host 2 (nodes 3 and 4).
-    let sw = |name: &str, hcas: &[u16]| SwitchSpec {
-        name: name.into(),
-        hcas: hcas.to_vec(),
-    };
-    let t = Topology::new(
-        vec![sw("s0", &[1]), sw("s1", &[2]), sw("s2", &[3, 4])],
-        vec![(0, 1), (1, 2)],
-    )
-    .unwrap()
-    .on_hosts(vec![0, 1, 2])
-    .unwrap();
-    let net = Net::on(t, 3);
+    let net = Net::chain(&[3, 4]);
     let mut g1 = guest(&net.hosts[0], 1);
     let mut g3 = guest(&net.hosts[2], 3);
     let mut g4 = guest(&net.hosts[2], 4);
@@ -928,18 +934,7 @@ fn test_a_sender_hears_at_once_that_a_port_on_another_host_is_gone() {
 #[test]
 fn test_a_host_between_refuses_for_a_port_gone_beyond_it() {
     // A chain: host 0 (node 1) - host 1 (node 2) - host 2 (node 3).
-    let sw = |name: &str, hcas: &[u16]| SwitchSpec {
-        name: name.into(),
-        hcas: hcas.to_vec(),
-    };
-    let t = Topology::new(
-        vec![sw("s0", &[1]), sw("s1", &[2]), sw("s2", &[3])],
-        vec![(0, 1), (1, 2)],
-    )
-    .unwrap()
-    .on_hosts(vec![0, 1, 2])
-    .unwrap();
-    let net = Net::on(t, 3);
+    let net = Net::chain(&[3]);
     let mut g1 = guest(&net.hosts[0], 1);
     let mut g3 = guest(&net.hosts[2], 3);
     net.announce();
