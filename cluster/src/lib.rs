@@ -395,6 +395,10 @@ pub enum StartError {
     Machine(#[from] vmm::machine::MachineError),
 }
 
+/// How many times a guest whose kernel crashed before init is booted again
+/// ([`Cluster::wait_booted`]).
+pub const BOOT_RETRIES: u32 = 2;
+
 /// A booted cluster. Dropping it stops every guest and removes its sockets (guest RAM goes
 /// with the last process holding it);
 /// the console logs stay.
@@ -615,11 +619,65 @@ impl Cluster {
         timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), node::WaitError> {
-        for n in &mut self.nodes {
-            let (_, took) = n.wait_line(prefix, timeout)?;
-            progress(&format!("{} booted ({took:.1?})", n.name()));
+        for i in 0..self.nodes.len() {
+            let took = self.wait_booted(i, prefix, timeout)?;
+            progress(&format!("{} booted ({took:.1?})", self.nodes[i].name()));
         }
         Ok(())
+    }
+
+    /// Waits for node `i`'s console line starting with `prefix` as [`Node::wait_line`]
+    /// does, booting the guest again (up to [`BOOT_RETRIES`] times, each said on stderr)
+    /// when its kernel crashes before init ([`node::crash_before_init`]); when the line
+    /// came, counted from the last boot.
+    pub fn wait_booted(
+        &mut self,
+        i: usize,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Duration, node::WaitError> {
+        let mut attempt = 0;
+        loop {
+            match self.nodes[i].wait_line(prefix, timeout) {
+                Ok((_, took)) => return Ok(took),
+                Err(e @ node::WaitError::Stopped { .. }) if attempt < BOOT_RETRIES => {
+                    attempt += 1;
+                    if !self.boot_again_if_crashed(i, attempt) {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Boots node `i`'s stopped guest again, as its `attempt`-th boot after a crash, when
+    /// its kernel crashed before init ([`node::crash_before_init`]), saying so on stderr;
+    /// false when it did not (the guest stays stopped).
+    pub fn boot_again_if_crashed(&mut self, i: usize, attempt: u32) -> bool {
+        let n = &mut self.nodes[i];
+        if n.is_running() {
+            return false;
+        }
+        let Some(crash) = node::crash_before_init(&n.console()) else {
+            return false;
+        };
+        match n.boot_again(attempt) {
+            Ok(Some(kept)) => eprintln!(
+                "{}: the guest's kernel crashed before init ({}); booting it again ({attempt} \
+                 of {BOOT_RETRIES}), the crashed console kept in {}",
+                n.name(),
+                crash.trim(),
+                kept.display()
+            ),
+            Ok(None) => return false,
+            Err(err) => {
+                eprintln!("{}: cannot boot the guest again: {err}", n.name());
+                return false;
+            }
+        }
+        self.gone[i] = false;
+        true
     }
 
     /// Stops node `i`'s guest at once, as a crash would: its HCA leaves the fabric and its

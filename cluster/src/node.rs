@@ -1,10 +1,12 @@
 //! What the launcher needs of one booted guest, whatever hosts it: a QEMU process
 //! ([`crate::qemu::QemuNode`]) or a VM in hcabench's own VMM ([`crate::kvm::KvmNode`]).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hca_model::Hca;
 
+use crate::console_protocol::INIT;
 use crate::hotplug::HotplugError;
 
 /// A booted guest: node `k` (from 0) of a cluster is named `node{k+1}` and has LID `k + 1`.
@@ -51,6 +53,37 @@ pub trait Node: Send {
             node: self.name().to_string(),
         })
     }
+    /// Boots the stopped guest again from power-on, with a fresh HCA on its port, for a
+    /// guest whose kernel crashed on its way up ([`crash_before_init`]); returns where the
+    /// old console log is kept (its name, then `.crash{attempt}`). None where the backend
+    /// cannot (the guest stays stopped).
+    fn boot_again(&mut self, _attempt: u32) -> std::io::Result<Option<PathBuf>> {
+        Ok(None)
+    }
+}
+
+/// Console lines that mean the guest's kernel crashed.
+const CRASH_MARKERS: [&str; 5] = [
+    "Kernel panic",
+    "Oops:",
+    "BUG: ",
+    "general protection fault",
+    "invalid opcode",
+];
+
+/// The first crash line on `console` when the guest's kernel crashed before its init printed
+/// [`INIT`], its first line from user space. Nothing of hcabench's runs in the guest by then
+/// (the HCA's driver is a module init loads), so such a crash is the kernel's own or the
+/// emulator's: Debian 6.12 under TCG now and then takes an `int3` Oops while patching its
+/// text at boot. None when init had started, or no crash shows.
+pub fn crash_before_init(console: &str) -> Option<String> {
+    let lines = complete_lines(console);
+    if lines.iter().any(|l| l.contains(INIT)) {
+        return None;
+    }
+    lines
+        .into_iter()
+        .find(|l| CRASH_MARKERS.iter().any(|m| l.contains(m)))
 }
 
 /// Why an awaited console line never came; the console so far goes with it.
@@ -142,6 +175,22 @@ mod tests {
         );
         assert_eq!(complete_lines("a\r\nb\n"), vec!["a", "b"]);
         assert!(complete_lines("no newline").is_empty());
+    }
+
+    #[test]
+    fn test_a_kernel_crash_counts_only_before_init() {
+        let oops = "[    0.000000] Linux version 6.12.48\n\
+                    [    0.912000] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n\
+                    [    0.913000] RIP: 0010:sched_clock_cpu+0x9/0x1c0\n\
+                    [    0.920000] Kernel panic - not syncing: Fatal exception\n";
+        assert_eq!(
+            crash_before_init(oops).as_deref(),
+            Some("[    0.912000] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI")
+        );
+        // Once init ran, a crash may be hcabench's (its driver), so it is not boot luck.
+        let later = format!("HCABENCH-INIT node=node1 kernel=6.12 uptime=1.2\n{oops}");
+        assert_eq!(crash_before_init(&later), None);
+        assert_eq!(crash_before_init("[    0.1] booting\n"), None);
     }
 
     #[test]

@@ -216,6 +216,8 @@ impl GuestSpec {
 /// A running QEMU guest.
 pub struct QemuNode {
     pub name: String,
+    /// How it was started, to start it again ([`Node::boot_again`]).
+    spec: GuestSpec,
     child: Child,
     console: PathBuf,
     started: Instant,
@@ -234,6 +236,7 @@ impl QemuNode {
             .spawn()?;
         Ok(QemuNode {
             name: spec.node.name.clone(),
+            spec: spec.clone(),
             child,
             console: spec.console_log.clone(),
             started: Instant::now(),
@@ -336,6 +339,16 @@ impl Node for QemuNode {
 
     fn kill(&mut self) {
         QemuNode::kill(self)
+    }
+
+    fn boot_again(&mut self, attempt: u32) -> io::Result<Option<PathBuf>> {
+        self.kill();
+        let mut kept = self.console.clone().into_os_string();
+        kept.push(format!(".crash{attempt}"));
+        let kept = PathBuf::from(kept);
+        fs::rename(&self.console, &kept)?;
+        *self = QemuNode::spawn(&self.spec)?;
+        Ok(Some(kept))
     }
 }
 

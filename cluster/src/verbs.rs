@@ -198,8 +198,9 @@ impl Testbed {
         boot_timeout: Duration,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), VerbsError> {
-        for (i, g) in self.cluster.nodes_mut().enumerate() {
-            let (_, took) = g.wait_line(console_protocol::AGENT, boot_timeout)?;
+        for i in 0..self.cluster.len() {
+            let took = (self.cluster).wait_booted(i, console_protocol::AGENT, boot_timeout)?;
+            let g = self.cluster.node(i);
             progress(&format!("{} booted ({took:.1?})", g.name()));
             let sock = spec
                 .console_socket(i)

@@ -183,6 +183,13 @@ impl NodeThread {
                 return;
             }
         };
+        // A guest that was stopped and started again (a reboot after a crash) may connect
+        // before this loop heard the old one hang up.
+        if self.guest_gone(session) {
+            if let Some(s) = session.take() {
+                self.end(epoll, s);
+            }
+        }
         if session.is_some() {
             log::warn!(
                 "{}: a second guest connected to {}; one guest per node, refused",

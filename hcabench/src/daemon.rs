@@ -130,7 +130,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
     let control = attach_fabric_tools(run, cfg, backend, cluster.fabric())?;
     // SAFETY: getpid has no preconditions.
     let daemon_pid = unsafe { libc::getpid() } as u32;
-    let state = ClusterState {
+    let mut state = ClusterState {
         daemon_pid,
         backend: backend.to_string(),
         kernel: image.kernel_version.clone(),
@@ -157,6 +157,7 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
     eprintln!("daemon: {} guests started", cluster.len());
 
     let adapter_events = AdapterEvents::start(&control);
+    let mut crash_boots = vec![0; cluster.len()];
     let sig = loop {
         if let Some(sig) = wait_for_stop_timeout(&signals, POLL) {
             break sig;
@@ -173,6 +174,17 @@ pub fn run(run: &RunDir, cfg: &ClusterConfig) -> Result<(), DaemonError> {
             }
         }
         for (i, why) in cluster.newly_stopped() {
+            // A kernel that crashed on its way up (boot luck under TCG) gets another boot.
+            if crash_boots[i] < cluster::BOOT_RETRIES {
+                crash_boots[i] += 1;
+                if cluster.boot_again_if_crashed(i, crash_boots[i]) {
+                    state.nodes[i].pid = cluster.node(i).pid().unwrap_or(daemon_pid);
+                    if let Err(e) = run.write_state(&state) {
+                        eprintln!("daemon: cannot update {}: {e}", run.state_file().display());
+                    }
+                    continue;
+                }
+            }
             let n = &state.nodes[i];
             eprintln!("daemon: {}: guest stopped: {why}", n.name);
             append(&n.console_log, &format!("\n{GUEST_STOPPED} {why}\n"));

@@ -918,7 +918,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
         if backend == Backend::Kvm {
             // The first userspace line comes seconds after the kernel starts under KVM: a
             // guest that has not printed it by the deadline is stuck in the kernel.
-            if let Err(e) = wait_console(&n.console_log, INIT, deadline, n.pid) {
+            if let Err(e) = wait_console(run, n, INIT, deadline, pid) {
                 println!(" failed");
                 let _ = down(run);
                 return Err(Error::KvmBoot {
@@ -928,7 +928,7 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
                 });
             }
         }
-        match wait_console(&n.console_log, READY, deadline, n.pid) {
+        match wait_console(run, n, READY, deadline, pid) {
             Ok(()) => println!(" ready ({:.1?})", started.elapsed()),
             Err(e) => {
                 println!(" failed");
@@ -971,24 +971,37 @@ fn up(run: &RunDir, a: &UpArgs) -> Result<ClusterState, Error> {
     Ok(state)
 }
 
-/// Waits for a console line starting with `prefix`.
+/// Waits for a console line starting with `prefix` on node `n`'s console. A guest whose
+/// process ended is over only once the daemon says so on its console ([`daemon::GUEST_STOPPED`])
+/// or is gone itself: the daemon boots a guest whose kernel crashed on its way up again, under
+/// a new process it writes into the state.
 fn wait_console(
-    log: &std::path::Path,
+    run: &RunDir,
+    n: &rundir::NodeState,
     prefix: &str,
     deadline: Instant,
-    pid: u32,
+    daemon_pid: u32,
 ) -> Result<(), BootWait> {
+    let mut pid = n.pid;
     loop {
-        let text = std::fs::read(log).unwrap_or_default();
+        let text = std::fs::read(&n.console_log).unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
         if complete_lines(&text).iter().any(|l| l.starts_with(prefix)) {
             return Ok(());
         }
-        if !pid_alive(pid) {
-            return Err(BootWait::Exited(text.trim().to_string()));
-        }
         if text.contains(daemon::GUEST_STOPPED) {
             return Err(BootWait::Stopped(text.trim().to_string()));
+        }
+        if !pid_alive(pid) {
+            let now = (run.read_state().filter(|s| s.daemon_pid == daemon_pid))
+                .and_then(|s| s.nodes.into_iter().find(|m| m.name == n.name));
+            match now {
+                Some(m) if m.pid != pid => pid = m.pid,
+                _ if !pid_alive(daemon_pid) => {
+                    return Err(BootWait::Exited(text.trim().to_string()))
+                }
+                _ => {}
+            }
         }
         if Instant::now() > deadline {
             return Err(BootWait::Late(text.trim().to_string()));

@@ -312,3 +312,40 @@ fn test_exec_and_cp_drive_the_guests_of_a_running_cluster() {
     let down = hcabench(&run, &["down"]);
     assert!(down.status.success(), "{}", text(&down));
 }
+
+/// `hcabench up` on a guest whose kernel crashes before init: the daemon boots it again
+/// (`BOOT_RETRIES` times, said in daemon.log, each crashed console kept), and when it keeps
+/// crashing `up` fails naming the node and showing the panic, rather than hanging or
+/// calling the cluster up.
+#[test]
+fn test_up_boots_a_guest_crashed_before_init_again_then_reports_it() {
+    let Some(_image) = image_or_skip("exec_cp") else {
+        return;
+    };
+    let dir = TestDir(std::env::temp_dir().join(format!("hcab-crash-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let run = dir.run();
+    let cfg = dir.0.join("cluster.toml");
+    let images = repo_root().join("target/images");
+    std::fs::write(
+        &cfg,
+        format!(
+            "nodes = 1\nimage_dir = {images:?}\nbackend = \"qemu\"\n\
+             kernel_args = \"rdinit=/none init=/none\"\n"
+        ),
+    )
+    .unwrap();
+    let up = hcabench(&run, &["up", "--config", cfg.to_str().unwrap()]);
+    let said = text(&up);
+    assert!(!up.status.success(), "{said}");
+    assert!(
+        said.contains("node1") && said.contains("Kernel panic"),
+        "{said}"
+    );
+    let log = std::fs::read_to_string(run.join("daemon.log")).unwrap_or_default();
+    for k in 1..=cluster::BOOT_RETRIES {
+        let again = format!("booting it again ({k} of {})", cluster::BOOT_RETRIES);
+        assert!(log.contains(&again), "no `{again}` in daemon.log:\n{log}");
+        assert!(run.join(format!("node1.console.crash{k}")).exists());
+    }
+}

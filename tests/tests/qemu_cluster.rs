@@ -5,6 +5,8 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use cluster::console_protocol::{INIT, PCI, PROBE, READY};
+use cluster::node::WaitError;
+use cluster::ClusterSpec;
 use e2e::{image_or_skip, Cluster, BOOT_TIMEOUT};
 
 /// Parses `key=value` out of a console line.
@@ -70,6 +72,59 @@ fn test_two_node_cluster_boots_reaches_its_hcas_and_survives_a_dead_node() {
     assert!(c.hca(1).is_some(), "node2's HCA is still up");
     let lid2 = c.hca(1).unwrap().lid();
     assert_eq!(lid2, 2);
+
+    // node1 booted again (as after a crash on its way up) comes back whole: a new QEMU on
+    // the same RAM and socket, a fresh HCA at its LID, its crashed console kept aside.
+    let kept = c
+        .node_mut(0)
+        .boot_again(1)
+        .unwrap()
+        .expect("QEMU boots again");
+    assert!(kept.exists() && kept.to_string_lossy().ends_with(".console.crash1"));
+    let (found, _) = (c.node_mut(0))
+        .wait_line(&format!("{PROBE} HCA found"), BOOT_TIMEOUT)
+        .unwrap();
+    assert_eq!(
+        field(&found, "port_state"),
+        Some("4"),
+        "port ACTIVE: {found}"
+    );
+    c.node_mut(0).wait_line(READY, BOOT_TIMEOUT).unwrap();
+    assert_eq!(c.hca(0).map(|h| h.lid()), Some(1), "node1's HCA is back");
+}
+
+/// A guest whose kernel crashes before init (here: no init to run) is booted again up to
+/// `BOOT_RETRIES` times, each crashed console kept; then the wait fails with the crash on
+/// the console, rather than looping or passing.
+#[test]
+fn test_a_guest_crashing_before_init_is_booted_again_then_fails() {
+    let Some(image) = image_or_skip("qemu_cluster") else {
+        return;
+    };
+    let spec = ClusterSpec {
+        ram_mib: 256,
+        job: "shell".into(),
+        console_sockets: false,
+        kernel_args: "rdinit=/none init=/none".into(),
+        ..e2e::qemu_spec(&image, "crash", 1)
+    };
+    let mut c = cluster::Cluster::boot(&spec, &mut |_| {}).expect("boot");
+    let e = c.wait_booted(0, READY, BOOT_TIMEOUT).unwrap_err();
+    assert!(
+        matches!(&e, WaitError::Stopped { console, .. } if console.contains("Kernel panic")),
+        "{e}"
+    );
+    for k in 1..=cluster::BOOT_RETRIES {
+        let kept = spec.dir.join(format!("node1.console.crash{k}"));
+        let text = fs::read_to_string(&kept).unwrap_or_default();
+        assert!(text.contains("Kernel panic"), "{kept:?}: {text}");
+    }
+    let more = spec
+        .dir
+        .join(format!("node1.console.crash{}", cluster::BOOT_RETRIES + 1));
+    assert!(!more.exists(), "booted more than BOOT_RETRIES times again");
+    drop(c);
+    let _ = fs::remove_dir_all(&spec.dir);
 }
 
 /// Each guest's RAM is a memfd only its own QEMU (and the device server) holds, and nobody
