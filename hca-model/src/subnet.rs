@@ -437,7 +437,12 @@ impl Subnet {
     /// `dlid`, a stop or a link up to another switch of this host (the fabric walks the
     /// links one by one, for their counters and faults).
     pub fn step(&self, sw: usize, dlid: Lid) -> Step {
-        let out = self.out_port(sw, dlid);
+        self.step_out(sw, dlid, self.out_port(sw, dlid))
+    }
+
+    /// Like [`Subnet::step`], for a packet switch `sw` sends out of port `out` (as a
+    /// table other than the SM's says: a user's SM's).
+    pub fn step_out(&self, sw: usize, dlid: Lid, out: u8) -> Step {
         let stop = match (out, self.peer(sw, out)) {
             (0, _) if self.switch_at(dlid) == Some(sw) => Stop::Switch(sw),
             (_, Peer::Hca(l)) if out != 0 && l == dlid => Stop::Hca(l),

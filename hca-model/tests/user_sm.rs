@@ -70,21 +70,36 @@ impl Sm {
         &mut self,
         f: &Fabric,
         d: &mut Driver,
+        what: (u8, u16, u32),
+        data: &[u8],
+        mkey: u64,
+    ) -> Option<Vec<u8>> {
+        self.ask_by(f, d, &[1], what, data, mkey)
+    }
+
+    /// Like [`Sm::ask`], at the end of directed route `path` (the ports out of each hop,
+    /// the HCA's first).
+    fn ask_by(
+        &mut self,
+        f: &Fabric,
+        d: &mut Driver,
+        path: &[u8],
         (method, attr, attr_mod): (u8, u16, u32),
         data: &[u8],
         mkey: u64,
     ) -> Option<Vec<u8>> {
         self.tid += 1;
         let mut smp = [0u8; 256];
-        // Directed route, hop pointer 1 of 1 (the sender moved it), out of port 1.
-        (smp[0], smp[1], smp[2], smp[3], smp[6], smp[7]) = (1, 0x81, 1, method, 1, 1);
+        // Directed route, hop pointer 1 (the sender moved it) of the path's hops.
+        let hops = path.len() as u8;
+        (smp[0], smp[1], smp[2], smp[3], smp[6], smp[7]) = (1, 0x81, 1, method, 1, hops);
         smp[8..16].copy_from_slice(&self.tid.to_be_bytes());
         smp[16..18].copy_from_slice(&attr.to_be_bytes());
         smp[20..24].copy_from_slice(&attr_mod.to_be_bytes());
         smp[24..32].copy_from_slice(&mkey.to_be_bytes());
         smp[32..36].copy_from_slice(&[0xff; 4]);
         smp[64..64 + data.len()].copy_from_slice(data);
-        smp[129] = 1;
+        smp[129..129 + path.len()].copy_from_slice(path);
         d.write(self.sbuf, &smp);
         d.post_recv(
             &mut self.qp0,
@@ -118,7 +133,20 @@ impl Sm {
         m: u32,
         data: &[u8],
     ) -> (u16, Vec<u8>) {
-        let a = self.ask(f, d, (SET, attr, m), data, 0).expect("an answer");
+        self.set_by(f, d, &[1], attr, m, data)
+    }
+
+    /// A Set at the switch at the end of directed route `path`.
+    fn set_by(
+        &mut self,
+        f: &Fabric,
+        d: &mut Driver,
+        path: &[u8],
+        attr: u16,
+        m: u32,
+        data: &[u8],
+    ) -> (u16, Vec<u8>) {
+        let a = (self.ask_by(f, d, path, (SET, attr, m), data, 0)).expect("an answer");
         (
             u16::from_be_bytes([a[4], a[5]]) & 0x7fff,
             a[64..128].to_vec(),
@@ -153,6 +181,31 @@ fn port_attr(d: &mut Driver) -> HcaPortAttr {
     decode(&d.cmd_raw(CMD_QUERY_PORT, &[], 0).1)
 }
 
+/// Posts an 8 KiB RDMA Write (WR 1) from `p.a` to `p.b`; the source and target buffers.
+fn write_8k(p: &mut Pair) -> (u64, u64) {
+    let src = p.a.alloc(8192, 64);
+    let dst = p.b.alloc(8192, 64);
+    p.a.write(
+        src,
+        &(0..8192u32).map(|i| (i * 7) as u8).collect::<Vec<_>>(),
+    );
+    let mut w = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, p.key_b);
+    p.a.post_send(&mut p.qa, w, &[sge(src, 8192, p.key_a)]);
+    (src, dst)
+}
+
+/// How many receives each node's member QP completed.
+fn received(nodes: [&mut Driver; 3], members: &mut [(CqH, QpH, u64)]) -> Vec<usize> {
+    (nodes.into_iter().zip(members))
+        .map(|(d, (cq, _, _))| {
+            (d.drain_cq(cq).iter())
+                .filter(|e| u32::from(e.opcode) == CQE_OP_RECV)
+                .count()
+        })
+        .collect()
+}
+
 /// A UD QP attached to the test's group, with a receive posted.
 fn member(d: &mut Driver) -> (CqH, QpH, u64) {
     let pd = d.alloc_pd();
@@ -168,7 +221,7 @@ fn member(d: &mut Driver) -> (CqH, QpH, u64) {
 }
 
 #[test]
-fn test_a_user_sm_must_be_chosen_first_and_on_one_switch() {
+fn test_a_user_sm_must_be_chosen_first_and_on_one_host() {
     let f = Fabric::with_manual_clock();
     let mut d = Driver::new(Some(&f), 4);
     assert_eq!(f.set_guest_sm(), Err(UserSmError::PortsAttached));
@@ -188,9 +241,218 @@ fn test_a_user_sm_must_be_chosen_first_and_on_one_switch() {
             hcas: vec![2],
         },
     ];
-    f.set_topology(Topology::new(two, vec![(0, 1)]).unwrap());
-    assert_eq!(f.set_guest_sm(), Err(UserSmError::Switches));
+    let t = Topology::new(two, vec![(0, 1)]).unwrap();
+    f.set_topology_on(t.clone().on_hosts(vec![0, 1]).unwrap(), 0);
+    assert_eq!(f.set_guest_sm(), Err(UserSmError::Hosts));
     assert!(!f.guest_sm());
+    // Several switches of one host take it.
+    let f = Fabric::with_manual_clock();
+    f.set_topology(t);
+    assert_eq!(f.set_guest_sm(), Ok(()));
+}
+
+/// Switch a: node 1 on port 1, the link on port 2; switch b: nodes 2 and 3 on ports 1 and
+/// 2, the link on port 3.
+fn two_switches() -> Fabric {
+    let f = Fabric::with_manual_clock();
+    let sw = |name: &str, hcas: Vec<u16>| SwitchSpec {
+        name: name.into(),
+        hcas,
+    };
+    let t = Topology::new(vec![sw("a", vec![1]), sw("b", vec![2, 3])], vec![(0, 1)]).unwrap();
+    f.set_topology(t);
+    f.set_guest_sm().unwrap();
+    f
+}
+
+/// A user's SM manages two switches as OpenSM does: directed routes to the far switch,
+/// each switch's ports and LFT, the link's ports at both ends. Unicast then crosses the
+/// link by each switch's own table and counts on it; nothing crosses while the far end
+/// of the link is not ACTIVE, nor after the link is cut until the SM activates its ports
+/// again. Multicast goes by each switch's MFT, never back over the link it came by, and
+/// a loop an SM's MFTs make floods each switch once.
+#[test]
+fn test_a_user_sm_manages_several_switches_by_their_own_tables() {
+    let f = two_switches();
+    let mut p = Pair::build(f.clone(), MTU_1024, ALL_ACCESS, (10, 7, 7));
+    let mut c = Driver::new(Some(&f), 4);
+    assert_eq!((p.a.lid(), p.b.lid(), c.lid()), (1, 2, 3));
+    let mut sm = Sm::on(&mut p.a);
+    let (to_a, to_b): (&[u8], &[u8]) = (&[1], &[1, 2]);
+    // Each switch answers at its own end of the route.
+    for (path, lid) in [(to_a, SM_LID), (to_b, SM_LID - 1)] {
+        let pi0 = sm
+            .ask_by(&f, &mut p.a, path, (GET, PORT_INFO, 0), &[], 0)
+            .unwrap();
+        assert_eq!(u16::from_be_bytes([pi0[64 + 16], pi0[64 + 17]]), lid);
+    }
+    let mut si = [0u8; 20];
+    si[6..8].copy_from_slice(&3u16.to_be_bytes());
+    // LIDs 1..=3: a sends 1 to port 1 and the rest over the link (2); b sends 1 over the
+    // link (3), 2 and 3 to ports 1 and 2.
+    let (mut lft_a, mut lft_b) = ([0xffu8; 64], [0xffu8; 64]);
+    (lft_a[1], lft_a[2], lft_a[3]) = (1, 2, 2);
+    (lft_b[1], lft_b[2], lft_b[3]) = (3, 1, 2);
+    for (path, lft, ports) in [(to_a, lft_a, 1..=2u32), (to_b, lft_b, 1..=2)] {
+        assert_eq!(sm.set_by(&f, &mut p.a, path, SWITCH_INFO, 0, &si).0, 0);
+        assert_eq!(sm.set_by(&f, &mut p.a, path, LFT, 0, &lft).0, 0);
+        for port in ports {
+            for state in [PORT_ARMED, PORT_ACTIVE] {
+                let pi = port_info(state as u8, 0);
+                assert_eq!(sm.set_by(&f, &mut p.a, path, PORT_INFO, port, &pi).0, 0);
+            }
+        }
+    }
+    for (d, lid) in [(&mut p.a, 1u16), (&mut p.b, 2), (&mut c, 3)] {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            assert_eq!(hca_set(d, port_info(state as u8, lid), 0), CMD_OK);
+        }
+    }
+    let lft = sm
+        .ask_by(&f, &mut p.a, to_b, (GET, LFT, 0), &[], 0)
+        .unwrap();
+    assert_eq!(lft[64..68], [0xff, 3, 1, 2], "b's table as the SM set it");
+
+    // Switch a's end of the link is ACTIVE, b's still INIT: lost at the link.
+    let lost = f.stats().unrouted;
+    let (src, dst) = write_8k(&mut p);
+    f.advance(MS);
+    assert!(
+        f.stats().unrouted > lost,
+        "not into a link whose far port is INIT"
+    );
+    let ab = hca_model::subnet::SwitchLink {
+        link: 0,
+        forward: true,
+    };
+    let ba = hca_model::subnet::SwitchLink {
+        link: 0,
+        forward: false,
+    };
+    assert_eq!(f.switch_link_stats(ab).unwrap().xmit_pkts, 0);
+    for state in [PORT_ARMED, PORT_ACTIVE] {
+        let pi = port_info(state as u8, 0);
+        assert_eq!(sm.set_by(&f, &mut p.a, to_b, PORT_INFO, 3, &pi).0, 0);
+    }
+    let done = collect(&f, &mut p.a, &mut p.cq_a, 1, 200 * MS);
+    assert_eq!(done.iter().map(|c| c.status).collect::<Vec<_>>(), [0]);
+    assert_eq!(p.b.read(dst, 8192), p.a.read(src, 8192));
+    let there = f.switch_link_stats(ab).unwrap();
+    assert!(
+        there.xmit_pkts >= 8 && there.rcv_pkts == there.xmit_pkts,
+        "{there:?}"
+    );
+    assert!(
+        f.switch_link_stats(ba).unwrap().rcv_pkts >= 1,
+        "the ACKs came back"
+    );
+
+    // Multicast: a's MFT sends MLID 0xc001 over the link, b's to both its nodes and back
+    // into the link (which it must not take back).
+    let mut members: Vec<(CqH, QpH, u64)> = [&mut p.a, &mut p.b, &mut c]
+        .into_iter()
+        .map(member)
+        .collect();
+    let (mut mft_a, mut mft_b) = ([0u8; 64], [0u8; 64]);
+    mft_a[2..4].copy_from_slice(&0b100u16.to_be_bytes());
+    mft_b[2..4].copy_from_slice(&0b1110u16.to_be_bytes());
+    assert_eq!(sm.set_by(&f, &mut p.a, to_a, MFT, 0, &mft_a).0, 0);
+    assert_eq!(sm.set_by(&f, &mut p.a, to_b, MFT, 0, &mft_b).0, 0);
+    let back = f.switch_link_stats(ba).unwrap().mcast_xmit_pkts;
+    let sbuf = p.a.alloc(64, 64);
+    p.a.write(sbuf, b"by the switches' MFTs");
+    let mut wr = ud_send_wr(MLID, 0x00ff_ffff, 0xb);
+    wr.wr_id = 9;
+    p.a.post_send(&mut members[0].1, wr, &[sge(sbuf, 21, LOCAL_DMA_LKEY)]);
+    f.advance(5 * MS);
+    let got = received([&mut p.a, &mut p.b, &mut c], &mut members);
+    assert_eq!(
+        got,
+        [0, 1, 1],
+        "once to each port b's MFT names, none to a's own"
+    );
+    assert_eq!(c.read(members[2].2 + 40, 21), b"by the switches' MFTs");
+    assert_eq!(f.switch_link_stats(ab).unwrap().mcast_xmit_pkts, 1);
+    assert_eq!(
+        f.switch_link_stats(ba).unwrap().mcast_xmit_pkts,
+        back,
+        "not back over the link it came by"
+    );
+
+    // The link is cut and restored: both its ports start again from INIT, and unicast
+    // waits for the SM to activate them.
+    f.set_switch_link(0, false).unwrap();
+    f.advance(MS);
+    f.set_switch_link(0, true).unwrap();
+    f.advance(MS);
+    for path in [to_a, to_b] {
+        let port = if path.len() == 1 { 2 } else { 3 };
+        let pi = sm
+            .ask_by(&f, &mut p.a, path, (GET, PORT_INFO, port), &[], 0)
+            .unwrap();
+        assert_eq!(pi[64 + 32] & 0xf, PORT_INIT as u8, "{path:?} port {port}");
+    }
+    let lost = f.stats().unrouted;
+    let mut w = send_wr(2, WR_RDMA_WRITE, WQE_SIGNALED);
+    (w.remote_addr, w.rkey) = (dst, p.key_b);
+    p.a.post_send(&mut p.qa, w, &[sge(src, 64, p.key_a)]);
+    f.advance(MS);
+    assert!(
+        f.stats().unrouted > lost,
+        "nothing over a link not yet ACTIVE again"
+    );
+    for (path, port) in [(to_a, 2u32), (to_b, 3)] {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            let pi = port_info(state as u8, 0);
+            assert_eq!(sm.set_by(&f, &mut p.a, path, PORT_INFO, port, &pi).0, 0);
+        }
+    }
+    let done = collect(&f, &mut p.a, &mut p.cq_a, 1, 200 * MS);
+    assert_eq!(done.iter().map(|c| c.status).collect::<Vec<_>>(), [0]);
+}
+
+/// MFTs that loop (three switches in a ring, each sending the group out of every port):
+/// each switch floods a group's packet once, and each member gets one copy.
+#[test]
+fn test_a_multicast_loop_in_a_user_sms_tables_floods_each_switch_once() {
+    let f = Fabric::with_manual_clock();
+    let sw = |name: &str, lid: u16| SwitchSpec {
+        name: name.into(),
+        hcas: vec![lid],
+    };
+    let ring = vec![sw("a", 1), sw("b", 2), sw("c", 3)];
+    f.set_topology(Topology::new(ring, vec![(0, 1), (1, 2), (2, 0)]).unwrap());
+    f.set_guest_sm().unwrap();
+    let mut a = Driver::new(Some(&f), 4);
+    let mut b = Driver::new(Some(&f), 4);
+    let mut c = Driver::new(Some(&f), 4);
+    let mut sm = Sm::on(&mut a);
+    // Each switch: its node on port 1, its two links on ports 2 and 3.
+    let mut mft = [0u8; 64];
+    mft[2..4].copy_from_slice(&0b1110u16.to_be_bytes());
+    for path in [&[1u8][..], &[1, 2], &[1, 3]] {
+        assert_eq!(sm.set_by(&f, &mut a, path, MFT, 0, &mft).0, 0);
+        for port in 1..=3 {
+            for state in [PORT_ARMED, PORT_ACTIVE] {
+                let pi = port_info(state as u8, 0);
+                assert_eq!(sm.set_by(&f, &mut a, path, PORT_INFO, port, &pi).0, 0);
+            }
+        }
+    }
+    for (d, lid) in [(&mut a, 1u16), (&mut b, 2), (&mut c, 3)] {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            assert_eq!(hca_set(d, port_info(state as u8, lid), 0), CMD_OK);
+        }
+    }
+    let mut members: Vec<(CqH, QpH, u64)> =
+        [&mut a, &mut b, &mut c].into_iter().map(member).collect();
+    let sbuf = b.alloc(64, 64);
+    b.write(sbuf, b"once");
+    let wr = ud_send_wr(MLID, 0x00ff_ffff, 0xb);
+    b.post_send(&mut members[1].1, wr, &[sge(sbuf, 4, LOCAL_DMA_LKEY)]);
+    f.advance(5 * MS);
+    let got = received([&mut a, &mut b, &mut c], &mut members);
+    assert_eq!(got, [1, 1, 1], "one copy each, the sender's own included");
 }
 
 #[test]
@@ -213,16 +475,8 @@ fn test_ports_pass_data_only_once_the_user_sm_activates_them_and_by_its_tables()
             .all(|e| e.event_type != EV_PORT_ACTIVE as u8));
     }
     // Before the SM: an RC write is lost at the switch (its timer resends it).
-    let src = p.a.alloc(8192, 64);
-    let dst = p.b.alloc(8192, 64);
-    p.a.write(
-        src,
-        &(0..8192u32).map(|i| (i * 7) as u8).collect::<Vec<_>>(),
-    );
-    let mut w = send_wr(1, WR_RDMA_WRITE, WQE_SIGNALED);
-    (w.remote_addr, w.rkey) = (dst, p.key_b);
     let lost = f.stats().unrouted;
-    p.a.post_send(&mut p.qa, w, &[sge(src, 8192, p.key_a)]);
+    let (src, dst) = write_8k(&mut p);
     f.advance(MS);
     assert!(f.stats().unrouted > lost, "no data through an INIT port");
 
@@ -416,7 +670,7 @@ fn test_m_keys_keep_out_an_sm_without_them() {
     }
     let lft = sm.ask(&f, &mut a, (GET, LFT, 0), &[], 0).unwrap();
     assert_eq!(lft[64..128], [0xff; 64], "no LID forwarded");
-    assert_eq!(f.user_sm_tables().unwrap().top(), 0);
+    assert_eq!(f.user_sm_tables(0).unwrap().top(), 0);
     let ok = sm
         .ask(&f, &mut a, (SET, PORT_INFO, 1), &armed, key)
         .unwrap();

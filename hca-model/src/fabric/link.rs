@@ -59,6 +59,9 @@ pub(super) enum Stage {
         toward: super::switch_links::Toward,
         via: super::remote::Via,
     },
+    /// A multicast packet under a user's SM crossed an inter-switch link into switch
+    /// `at.0` by port `at.1`: flood it on by the MFTs, past the switches `seen`.
+    Flooded { at: (usize, u8), seen: Vec<bool> },
 }
 
 /// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
@@ -255,8 +258,12 @@ impl Fabric {
                 let subnet = self.subnet();
                 self.walk_from(&subnet, pkt, (sw, toward), hook, via);
             }
-            Stage::Routed if self.routed() => self.route(pkt, hook, more),
+            Stage::Flooded { at, seen } => {
+                let subnet = self.subnet();
+                self.flood_by_tables(&subnet, pkt, at, seen, hook);
+            }
             Stage::Routed if self.guest_sm() => self.switch_by_tables(pkt, hook, more),
+            Stage::Routed if self.routed() => self.route(pkt, hook, more),
             Stage::Routed if pkt.is_multicast() => {
                 // To every member port the SA lists, the sender's own included.
                 let members = self.with_sa(|sa| {

@@ -276,8 +276,8 @@ struct Inner {
     guids: RwLock<std::collections::HashMap<u64, Lid>>,
     /// A user's SM manages the subnet (`user_sm.rs`).
     guest_sm: AtomicBool,
-    /// What the user's SM set in the switch.
-    switch_tables: RwLock<crate::sa::switch_tables::SwitchTables>,
+    /// What the user's SM set in each switch.
+    switch_tables: user_sm::UserTables,
 }
 
 #[derive(Default)]

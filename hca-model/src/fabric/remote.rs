@@ -756,23 +756,23 @@ impl Fabric {
                 })
                 .collect()
         };
-        let mut changed = false;
-        let mut downed = Vec::new();
+        let mut flipped = Vec::new();
         let mut s = self.inner.subnet.write_unpoisoned();
         for (k, up) in wanted.into_iter().enumerate() {
             if s.link_up(k) != Some(up) {
                 if let Some(next) = s.with_link(k, up) {
                     *s = Arc::new(next);
-                    changed = true;
-                    if !up {
-                        downed.push(k);
-                    }
+                    flipped.push((k, up));
                 }
             }
         }
         drop(s);
-        for k in downed {
-            self.count_downed(k);
+        let changed = !flipped.is_empty();
+        for (k, up) in flipped {
+            if !up {
+                self.count_downed(k);
+            }
+            self.user_sm_switch_link_changed(k);
         }
         if changed {
             self.inner.sweep_due.store(true, Relaxed);

@@ -148,7 +148,9 @@ impl crate::sa::Ports for Fabric {
         Fabric::switch_link_stats(self, link)
     }
 
-    fn switch_tables(&self) -> Option<&std::sync::RwLock<crate::sa::switch_tables::SwitchTables>> {
+    fn switch_tables(
+        &self,
+    ) -> Option<&std::sync::RwLock<Vec<crate::sa::switch_tables::SwitchTables>>> {
         self.user_tables()
     }
 

@@ -221,8 +221,13 @@ impl Fabric {
         via: Via,
     ) {
         let target = toward.lid();
+        let tables = self.user_tables();
         for _ in 0..=subnet.switches().len() {
-            match subnet.step(sw, target) {
+            let step = match tables {
+                Some(t) => self.table_step(t, subnet, sw, target),
+                None => subnet.step(sw, target),
+            };
+            match step {
                 Step::Stop(Stop::Hca(l)) => {
                     if let Toward::Members(m) = &toward {
                         if m.len() > 1 {

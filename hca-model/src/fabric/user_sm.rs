@@ -1,43 +1,59 @@
 //! A subnet managed by a user's SM (OpenSM in a guest) instead of the fabric's own: the
 //! fabric then runs no SM and no SA (SA queries go to wherever the user's SM told the
-//! ports its SA is), the HCA ports come up in INIT and wait for that SM, and the switch
-//! forwards by the tables it set (`sa::switch_tables`): a data packet passes only ACTIVE
-//! ports, unicast by the LFT, multicast by the MFT. Subnet management packets (QP0) pass
-//! whatever the ports' states, as they must for an SM to bring them up.
+//! ports its SA is), the HCA ports come up in INIT and wait for that SM, and each switch
+//! forwards by the tables the SM set in it (`sa::switch_tables`): a data packet passes only
+//! ports the SM made ACTIVE, unicast switch by switch by each one's LFT (over the
+//! inter-switch links, counted and judged by the link hook as under the fabric's SM),
+//! multicast by each one's MFT, never back out of the port it came in by. Subnet
+//! management packets (QP0) pass whatever the ports' states, as they must for an SM to
+//! bring them up.
 //!
-//! Only the default single switch takes a user's SM (its port n links LID n).
+//! Any subnet of this host's switches takes a user's SM; not one that spans hosts (the
+//! other hosts' switches are theirs to program).
 
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::{Arc, RwLock};
 
+use super::link::Stage;
+use super::remote::Via;
+use super::switch_links::Toward;
 use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::abi::SMI_QPN;
 use crate::packet::Packet;
 use crate::sa::switch_tables::SwitchTables;
-use crate::subnet::Peer;
+use crate::subnet::{Peer, Step, Stop, Subnet};
 use crate::sync::UnpoisonedRw;
 
 /// A user's SM cannot manage this subnet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum UserSmError {
-    /// It has several switches (a user's SM manages only the default single switch).
-    #[error("a subnet manager in a guest manages only the default single switch (this subnet has several)")]
-    Switches,
+    /// It spans hosts (a user's SM manages the switches of one host).
+    #[error(
+        "a subnet manager in a guest manages the switches of one host (this subnet spans hosts)"
+    )]
+    Hosts,
     /// Ports are attached already: they came up under the fabric's own SM.
     #[error("the subnet manager must be chosen before any node attaches")]
     PortsAttached,
 }
 
+/// What the user's SM set in each switch, by switch index.
+pub(crate) type UserTables = RwLock<Vec<SwitchTables>>;
+
 impl Fabric {
-    /// Hands the subnet to a user's SM (`sm = "guest"`): set before any port attaches.
+    /// Hands the subnet to a user's SM (`sm = "guest"`): set before any port attaches, after
+    /// the topology.
     pub fn set_guest_sm(&self) -> Result<(), UserSmError> {
-        if self.routed() || self.subnet().switches().len() > 1 {
-            return Err(UserSmError::Switches);
+        let subnet = self.subnet();
+        if subnet.topology().spans_hosts() {
+            return Err(UserSmError::Hosts);
         }
         let attached = self.inner.ports.read_unpoisoned().iter().flatten().count();
         if attached > 0 {
             return Err(UserSmError::PortsAttached);
         }
+        let switches = subnet.switches().len().max(1);
+        *self.inner.switch_tables.write_unpoisoned() = vec![SwitchTables::default(); switches];
         self.inner.guest_sm.store(true, Release);
         Ok(())
     }
@@ -48,13 +64,15 @@ impl Fabric {
         self.inner.guest_sm.load(Acquire)
     }
 
-    /// What the user's SM set in the switch, under one (for `hcabench fabric`).
-    pub fn user_sm_tables(&self) -> Option<SwitchTables> {
-        self.user_tables().map(|t| t.read_unpoisoned().clone())
+    /// What the user's SM set in switch `sw` (0: the first), under one (for `hcabench
+    /// fabric`).
+    pub fn user_sm_tables(&self, sw: usize) -> Option<SwitchTables> {
+        let t = self.user_tables()?.read_unpoisoned();
+        t.get(sw).cloned()
     }
 
-    /// The switch's tables as the user's SM set them, under one.
-    pub(super) fn user_tables(&self) -> Option<&RwLock<SwitchTables>> {
+    /// The switches' tables as the user's SM set them, under one.
+    pub(super) fn user_tables(&self) -> Option<&UserTables> {
         self.guest_sm().then_some(&self.inner.switch_tables)
     }
 
@@ -62,27 +80,60 @@ impl Fabric {
     /// again from INIT, as a real one does, until the SM finds it.
     pub(crate) fn user_sm_link_changed(&self, lid: Lid) {
         if let Some(t) = self.user_tables() {
-            if let Some((_, p)) = self.subnet().attachment(lid) {
-                t.write_unpoisoned().port_reset(p);
+            if let Some((sw, p)) = self.subnet().attachment(lid) {
+                if let Some(t) = t.write_unpoisoned().get_mut(sw) {
+                    t.port_reset(p);
+                }
             }
         }
     }
 
-    /// The HCA ports at the switch ports the user's SM set Down: their links retrain, and
-    /// each starts again from INIT, as its switch port did. Called with no lock held (the
-    /// ports take their devices' locks).
+    /// Inter-switch link `link` went down or came back: the ports at both its ends start
+    /// again from INIT.
+    pub(super) fn user_sm_switch_link_changed(&self, link: usize) {
+        let Some(t) = self.user_tables() else {
+            return;
+        };
+        if let Some((a, b)) = self.subnet().link_ends(link) {
+            let mut t = t.write_unpoisoned();
+            for (sw, p) in [a, b] {
+                if let Some(t) = t.get_mut(sw) {
+                    t.port_reset(p);
+                }
+            }
+        }
+    }
+
+    /// The ports the user's SM set Down: their links retrain, and the port at the other
+    /// end starts again from INIT too (an HCA's, through its device; a switch's, in its
+    /// table). Called with no lock held (the ports take their devices' locks).
     pub(super) fn retrain_set_down(&self) {
         let Some(t) = self.user_tables() else {
             return;
         };
-        let ports = t.write_unpoisoned().take_retrained();
         let subnet = self.subnet();
-        for p in ports {
-            if let Peer::Hca(lid) = subnet.peer(0, p) {
-                if let Some(sink) = self.port(lid) {
-                    sink.link_changed(false);
-                    sink.link_changed(true);
+        let mut hcas = Vec::new();
+        {
+            let mut t = t.write_unpoisoned();
+            let downed: Vec<(usize, u8)> = (t.iter_mut().enumerate())
+                .flat_map(|(sw, s)| s.take_retrained().into_iter().map(move |p| (sw, p)))
+                .collect();
+            for (sw, p) in downed {
+                match subnet.peer(sw, p) {
+                    Peer::Hca(lid) => hcas.push(lid),
+                    Peer::Switch { sw: far, port, .. } => {
+                        if let Some(s) = t.get_mut(far) {
+                            s.port_reset(port);
+                        }
+                    }
+                    Peer::None => {}
                 }
+            }
+        }
+        for lid in hcas {
+            if let Some(sink) = self.port(lid) {
+                sink.link_changed(false);
+                sink.link_changed(true);
             }
         }
     }
@@ -94,48 +145,132 @@ impl Fabric {
         hook: Option<&Arc<dyn LinkHook>>,
         more: bool,
     ) {
-        let subnet = self.subnet();
-        let Some(t) = self.user_tables() else {
-            return;
-        };
         // Subnet management reaches every port (directed routes are the agents' to walk).
         if pkt.dest_qpn == SMI_QPN && !pkt.is_multicast() {
             let lid = pkt.dlid;
             return self.down_and_deliver(pkt, lid, hook, more);
         }
-        let ingress = subnet.attachment(pkt.slid).map(|(_, p)| p);
-        let outs: Vec<Lid> = {
-            let t = t.read_unpoisoned();
-            // A port the SM has not made ACTIVE passes no data (a switch's own LID, port 0,
-            // has no link of its own).
-            if ingress.is_some_and(|p| !t.active(p)) {
-                drop(t);
-                return self.bounce(pkt, DropReason::Unrouted);
+        let subnet = self.subnet();
+        let Some((sw, port)) = subnet
+            .entry(pkt.slid)
+            .filter(|&(sw, _)| subnet.is_local(sw))
+        else {
+            return self.bounce(pkt, DropReason::Unrouted);
+        };
+        // A port the SM has not made ACTIVE passes no data (a switch's own LID, port 0,
+        // has no link of its own).
+        if port != 0 && !self.table_port_active(sw, port) {
+            return self.bounce(pkt, DropReason::Unrouted);
+        }
+        if pkt.is_multicast() {
+            let seen = vec![false; subnet.switches().len()];
+            return self.flood_by_tables(&subnet, pkt, (sw, port), seen, hook);
+        }
+        let toward = Toward::Lid(pkt.dlid);
+        self.walk(&subnet, pkt, (sw, toward), hook, more, Via::HERE);
+    }
+
+    /// Whether the user's SM made port `p` of switch `sw` ACTIVE.
+    fn table_port_active(&self, sw: usize, p: u8) -> bool {
+        (self.user_tables())
+            .is_some_and(|t| t.read_unpoisoned().get(sw).is_some_and(|s| s.active(p)))
+    }
+
+    /// Where switch `sw` sends unicast `dlid` by the user's SM's LFT (see
+    /// [`Subnet::step`]): a port the SM made ACTIVE, into an HCA port or a link whose far
+    /// port it made ACTIVE too; anything else is lost.
+    pub(super) fn table_step(&self, t: &UserTables, subnet: &Subnet, sw: usize, dlid: Lid) -> Step {
+        let t = t.read_unpoisoned();
+        let Some(here) = t.get(sw) else {
+            return Step::Stop(Stop::Lost);
+        };
+        match here.out_port(dlid) {
+            Some(0) if subnet.switch_at(dlid) == Some(sw) => Step::Stop(Stop::Switch(sw)),
+            Some(p) if p != 0 && here.active(p) => match subnet.step_out(sw, dlid, p) {
+                Step::Cross { to, .. } if !t.get(to.0).is_some_and(|n| n.active(to.1)) => {
+                    Step::Stop(Stop::Lost)
+                }
+                step => step,
+            },
+            _ => Step::Stop(Stop::Lost),
+        }
+    }
+
+    /// A multicast packet at switch `at.0`, come in by port `at.1`: a copy out of every
+    /// ACTIVE port its MLID's MFT entry names, but back into the link it came by (a copy
+    /// for its own sender's port goes, as the fabric's SM sends it: the HCA takes its own
+    /// copy); each switch floods it once (`seen`), whatever loop an SM's tables make.
+    pub(super) fn flood_by_tables(
+        &self,
+        subnet: &Subnet,
+        pkt: Packet,
+        at: (usize, u8),
+        mut seen: Vec<bool>,
+        hook: Option<&Arc<dyn LinkHook>>,
+    ) {
+        let Some(t) = self.user_tables() else {
+            return;
+        };
+        let mut queue = std::collections::VecDeque::from([at]);
+        let mut hcas = Vec::new();
+        while let Some((sw, port_in)) = queue.pop_front() {
+            match seen.get_mut(sw) {
+                Some(s) if !*s => *s = true,
+                _ => continue,
             }
-            let hca = |p: u8| match subnet.peer(0, p) {
-                Peer::Hca(lid) if t.active(p) => Some(lid),
-                _ => None,
-            };
-            if pkt.is_multicast() {
-                t.mcast_ports(pkt.dlid)
-                    .into_iter()
-                    .filter_map(hca)
+            let outs: Vec<(u8, Peer, bool)> = {
+                let t = t.read_unpoisoned();
+                let Some(here) = t.get(sw) else {
+                    continue;
+                };
+                (here.mcast_ports(pkt.dlid).into_iter())
+                    .filter(|&p| p != 0 && here.active(p))
+                    .map(|p| {
+                        let peer = subnet.peer(sw, p);
+                        let far_active = match peer {
+                            Peer::Switch { sw: far, port, .. } => {
+                                t.get(far).is_some_and(|s| s.active(port))
+                            }
+                            _ => true,
+                        };
+                        (p, peer, far_active)
+                    })
                     .collect()
-            } else {
-                match t.out_port(pkt.dlid) {
-                    // The switch's own LID: its management port (the PMA).
-                    Some(0) if subnet.switch_at(pkt.dlid) == Some(0) => vec![pkt.dlid],
-                    Some(p) => hca(p).filter(|&l| l == pkt.dlid).into_iter().collect(),
-                    None => Vec::new(),
+            };
+            for (p, peer, far_active) in outs {
+                match peer {
+                    Peer::Hca(lid) => hcas.push(lid),
+                    Peer::Switch { sw: far, port, .. } if p != port_in && far_active => {
+                        let mut copy = pkt.clone();
+                        match subnet.step_out(sw, pkt.dlid, p) {
+                            Step::Cross { link, .. } => {
+                                self.count_sent(link, &copy);
+                                let resume = Stage::Flooded {
+                                    at: (far, port),
+                                    seen: seen.clone(),
+                                };
+                                // (A duplicate the hook makes floods once, as the first.)
+                                if self.cross(link, &mut copy, hook, resume).is_some() {
+                                    queue.push_back((far, port));
+                                }
+                            }
+                            Step::Down(link) => {
+                                self.count_sent(link, &copy);
+                                self.count_discarded(link, &copy);
+                            }
+                            _ => {}
+                        }
+                    }
+                    _ => {}
                 }
             }
-        };
-        let Some((&last, rest)) = outs.split_last() else {
-            return self.bounce(pkt, DropReason::Unrouted);
+        }
+        let Some((&last, rest)) = hcas.split_last() else {
+            return self.lose(pkt);
         };
         for &lid in rest {
             self.down_and_deliver(pkt.clone(), lid, hook, false);
         }
-        self.down_and_deliver(pkt, last, hook, more);
+        self.down_and_deliver(pkt, last, hook, false);
     }
 }

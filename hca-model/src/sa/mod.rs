@@ -161,9 +161,9 @@ pub trait Ports {
     ) -> Option<crate::fabric::SwitchLinkStats> {
         None
     }
-    /// The switch's tables as a user's SM set them, while one manages the subnet
-    /// (`switch_tables.rs`); None while the fabric is the SM.
-    fn switch_tables(&self) -> Option<&std::sync::RwLock<switch_tables::SwitchTables>> {
+    /// The switches' tables as a user's SM set them (by switch index), while one manages
+    /// the subnet (`switch_tables.rs`); None while the fabric is the SM.
+    fn switch_tables(&self) -> Option<&std::sync::RwLock<Vec<switch_tables::SwitchTables>>> {
         None
     }
     /// The switches and their routes as the SM's last sweep left them (by default the one

@@ -205,8 +205,8 @@ struct Switch<'a> {
     node: &'a subnet::Switch,
     ingress: u8,
     activity: u32,
-    /// What a user's SM set, under one (None: the fabric is the SM).
-    tables: Option<&'a std::sync::RwLock<SwitchTables>>,
+    /// What a user's SM set in the switches, under one (None: the fabric is the SM).
+    tables: Option<&'a std::sync::RwLock<Vec<SwitchTables>>>,
 }
 
 impl<'a> Switch<'a> {
@@ -228,9 +228,10 @@ impl<'a> Switch<'a> {
         })
     }
 
-    /// What a user's SM set in this switch, under one (only the first switch takes one).
-    fn user_tables(&self) -> Option<&'a std::sync::RwLock<SwitchTables>> {
-        self.tables.filter(|_| self.sw == 0)
+    /// Runs `f` on what a user's SM set in this switch, under one.
+    fn user_tables<T>(&self, f: impl FnOnce(&SwitchTables) -> T) -> Option<T> {
+        let t = self.tables?.read().unwrap_or_else(|e| e.into_inner());
+        t.get(self.sw).map(f)
     }
 
     /// Whether port `p` links a port whose link is up.
@@ -291,14 +292,8 @@ impl<'a> Switch<'a> {
         let mkey = be64(mad, at::SMP_MKEY);
         // A user's SM's M_Key keeps out every SMP without it (a Get too, when protected):
         // no answer at all (IBA 14.2.4.1).
-        if let Some(t) = self.user_tables() {
-            if !t
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .admits(mkey, set)
-            {
-                return None;
-            }
+        if self.user_tables(|t| t.admits(mkey, set)) == Some(false) {
+            return None;
         }
         let data = mad.get_mut(at::DATA..INITIAL_PATH)?;
         let sent: [u8; 64] = data.try_into().ok()?;
@@ -324,10 +319,13 @@ impl<'a> Switch<'a> {
     /// Takes a user's SM's Set (see `switch_tables.rs`): Err with the MAD status (or
     /// [`SILENT`]) if the switch cannot.
     fn set(&self, attr: u16, attr_mod: u32, data: &[u8; 64]) -> Result<(), u16> {
-        let Some(tables) = self.user_tables() else {
+        let Some(tables) = self.tables else {
             return Err(status::METHOD_ATTR_UNSUPPORTED);
         };
-        let mut t = tables.write().unwrap_or_else(|e| e.into_inner());
+        let mut all = tables.write().unwrap_or_else(|e| e.into_inner());
+        let t = all
+            .get_mut(self.sw)
+            .ok_or(status::METHOD_ATTR_UNSUPPORTED)?;
         let n = self.node.num_ports;
         match attr {
             attr::smp::SWITCH_INFO => t.set_switch_info(data),
@@ -344,41 +342,47 @@ impl<'a> Switch<'a> {
     /// Fills `data` with attribute `attr`; the MAD status.
     fn get(&self, attr: u16, attr_mod: u32, data: &mut [u8]) -> u16 {
         let mut w = Writer(data);
-        let node = self.node;
-        if let Some(t) = self.user_tables() {
-            let t = t.read().unwrap_or_else(|e| e.into_inner());
-            match attr {
-                attr::smp::SWITCH_INFO => {
-                    w.put(0, &t.switch_info(topology::switch_info()));
-                    return 0;
-                }
-                attr::smp::LINEAR_FORWARDING_TABLE => {
-                    let Some(block) = t.lft_block(attr_mod) else {
-                        return status::INVALID_FIELD;
-                    };
-                    w.put(0, &block);
-                    return 0;
-                }
-                attr::smp::MULTICAST_FORWARDING_TABLE => {
-                    let Some(block) = t.mft_block(attr_mod) else {
-                        return status::INVALID_FIELD;
-                    };
-                    w.put(0, &block);
-                    return 0;
-                }
-                // No SM runs here.
-                attr::smp::SM_INFO => return status::METHOD_ATTR_UNSUPPORTED,
-                // The management port's table, block 0 (PartitionCap 16): the default
-                // partition, as OpenSM reads it. External ports enforce no partitions
-                // (PartitionEnforcementCap 0).
-                attr::smp::PKEY_TABLE if attr_mod == 0 => {
-                    w.put(0, &DEFAULT_PKEY.to_be_bytes());
-                    return 0;
-                }
-                attr::smp::PKEY_TABLE => return status::INVALID_FIELD,
-                _ => {}
-            }
+        let under_user_sm = self.user_tables(|t| self.get_set(t, attr, attr_mod, &mut w));
+        if let Some(Some(st)) = under_user_sm {
+            return st;
         }
+        self.get_own(attr, attr_mod, &mut w)
+    }
+
+    /// What a Get shows of what a user's SM set in the switch, or None for what it shows
+    /// as under the fabric's SM.
+    fn get_set(&self, t: &SwitchTables, attr: u16, attr_mod: u32, w: &mut Writer) -> Option<u16> {
+        let block = |b: Option<[u8; 64]>, w: &mut Writer| match b {
+            Some(b) => {
+                w.put(0, &b);
+                0
+            }
+            None => status::INVALID_FIELD,
+        };
+        Some(match attr {
+            attr::smp::SWITCH_INFO => {
+                w.put(0, &t.switch_info(topology::switch_info()));
+                0
+            }
+            attr::smp::LINEAR_FORWARDING_TABLE => block(t.lft_block(attr_mod), w),
+            attr::smp::MULTICAST_FORWARDING_TABLE => block(t.mft_block(attr_mod), w),
+            // No SM runs here.
+            attr::smp::SM_INFO => status::METHOD_ATTR_UNSUPPORTED,
+            // The management port's table, block 0 (PartitionCap 16): the default
+            // partition, as OpenSM reads it. External ports enforce no partitions
+            // (PartitionEnforcementCap 0).
+            attr::smp::PKEY_TABLE if attr_mod == 0 => {
+                w.put(0, &DEFAULT_PKEY.to_be_bytes());
+                0
+            }
+            attr::smp::PKEY_TABLE => status::INVALID_FIELD,
+            _ => return None,
+        })
+    }
+
+    /// What a Get shows under the fabric's SM (and under a user's, of what it sets not).
+    fn get_own(&self, attr: u16, attr_mod: u32, w: &mut Writer) -> u16 {
+        let node = self.node;
         match attr {
             attr::smp::NODE_INFO => w.put(
                 0,
@@ -446,7 +450,8 @@ pub(super) fn switch_port_info(
     let up = port != 0 && port_up(subnet, ports, sw, port);
     let user_sm = (ports.switch_tables()).map(|t| {
         let t = t.read().unwrap_or_else(|e| e.into_inner());
-        (t.sm_lid(), t.port_state(port))
+        t.get(sw)
+            .map_or((0, 2), |t| (t.sm_lid(), t.port_state(port)))
     });
     if port == 0 {
         let lid = subnet.switch(sw).map_or(SM_LID, |s| s.lid);

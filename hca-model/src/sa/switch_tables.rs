@@ -1,5 +1,5 @@
-//! What a user's subnet manager (OpenSM in a guest: `Fabric::set_guest_sm`) sets in the
-//! fabric's switch through its SMA: the linear and multicast forwarding tables, SwitchInfo's
+//! What a user's subnet manager (OpenSM in a guest: `Fabric::set_guest_sm`) sets in a
+//! switch through its SMA: the linear and multicast forwarding tables, SwitchInfo's
 //! LinearFDBTop and LifeTimeValue, each external port's state (INIT, ARMED, ACTIVE), and
 //! the management port's SM LID and M_Key. The fabric then forwards by these tables as a
 //! switch does: nothing but subnet management passes a port the SM has not made ACTIVE,
@@ -9,7 +9,7 @@
 //! Every Set is checked whole before it changes anything; what the switch cannot hold
 //! (a LID past its table, a port it lacks) is refused with the SMP status a switch gives.
 //! The tables are bounded by the switch's capabilities (LinearFDBCap, MulticastFDBCap).
-//! Only the default single switch takes a user's SM.
+//! Each switch of a subnet has tables of its own.
 
 use std::collections::BTreeMap;
 
