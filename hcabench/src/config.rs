@@ -36,8 +36,8 @@
 //!                    # "guest": a subnet manager a user runs in a guest (Debian's
 //!                    # opensm: packages = ["opensm"], then `opensm -B` in a node); the
 //!                    # ports wait in INIT until it brings them up, its SA answers, and
-//!                    # the switch forwards by the tables it sets. One switch only; no
-//!                    # [[partition]] (the SM's partitions.conf sets them)
+//!                    # the switches forward by the tables it sets. One host only
+//!                    # (no [[host]]); no [[partition]] (the SM's partitions.conf sets them)
 //!
 //! packages = ["fio", "jq"]   # Debian packages (with their dependencies) for the guests,
 //!                    # beside python3, pyverbs and iproute2: on the shared userland disk
@@ -458,10 +458,10 @@ impl ClusterConfig {
         hca_model::partition::tables(&parts)?;
         self.hosts()?.topology(&self.topology(), self.nodes)?;
         if self.sm == SubnetManager::Guest {
-            if !self.switch.is_empty() || !self.host.is_empty() {
+            if !self.host.is_empty() {
                 return Err(Invalid::GuestSm(
-                    "a subnet manager in a guest manages only the default single switch \
-                     on one host (no [[switch]] or [[host]])",
+                    "a subnet manager in a guest manages the switches of one host (no \
+                     [[host]])",
                 ));
             }
             if !self.partition.is_empty() {
@@ -707,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn test_a_guest_sm_takes_one_switch_and_sets_the_partitions_itself() {
+    fn test_a_guest_sm_takes_one_hosts_switches_and_sets_the_partitions_itself() {
         let c = ClusterConfig::parse("nodes = 3\nsm = \"guest\"", "c.toml").unwrap();
         let spec = c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 3);
         assert!(spec.guest_sm);
@@ -723,12 +723,18 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("partitions.conf"), "{e}");
-        let e = ClusterConfig::parse(
-            "nodes = 2\nsm = \"guest\"\n[[switch]]\nname = \"a\"\nnodes = [\"node1\", \"node2\"]",
-            "c.toml",
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("single switch"), "{e}");
+        let two = "nodes = 2\nsm = \"guest\"\n[[switch]]\nname = \"a\"\nnodes = [\"node1\"]\n\
+                   [[switch]]\nname = \"b\"\nnodes = [\"node2\"]\n[[link]]\nswitches = [\"a\", \"b\"]\n";
+        let c = ClusterConfig::parse(two, "c.toml").unwrap();
+        assert!(
+            c.spec(cluster::Backend::Qemu, test_image(), "/tmp/x".into(), 2)
+                .guest_sm
+        );
+        let hosts = "nodes = 2\nsm = \"guest\"\n\
+                     [[host]]\nname = \"h\"\naddress = \"127.0.0.1:7700\"\nnodes = 1\n\
+                     [[host]]\nname = \"i\"\naddress = \"127.0.0.2:7700\"\nnodes = 1\n";
+        let e = ClusterConfig::parse(hosts, "c.toml").unwrap_err();
+        assert!(e.to_string().contains("switches of one host"), "{e}");
     }
 
     #[test]

@@ -445,38 +445,52 @@ impl Control {
     /// AB is `PACKETS/LOST` from A to B as this host counted them (sent, where A is
     /// here; else arrived; LOST `-` where B is on another host, which counts them), and
     /// BA the other way.
-    /// Under a user's SM (`sm = "guest"`), what it set in the switch: `SM_LID TOP MLIDS
-    /// node1:1:STATE,...` (STATE a PortState number); empty under the fabric's own.
+    /// Under a user's SM (`sm = "guest"`), what it set in each switch, `;` between
+    /// switches: `NAME LID SM_LID TOP MLIDS PORTS` (the default switch's NAME is `-`),
+    /// PORTS `node1:1:STATE,...` for HCA ports and `@NAME:PORT:STATE` for a link to switch
+    /// NAME (STATE a PortState number, 1 while the link is down), or `-`; empty under the
+    /// fabric's own SM.
     fn user_sm(&self) -> String {
-        let Some(t) = self.fabric.user_sm_tables() else {
-            return String::new();
-        };
         let subnet = self.fabric.subnet();
-        let ports: Vec<String> = (subnet.switches().first().into_iter())
-            .flat_map(|sw| (1..=sw.num_ports).map(move |p| (p, sw.peer(p))))
-            .filter_map(|(p, peer)| match peer {
-                Peer::Hca(l) if usize::from(l) <= self.nodes => {
-                    let f: &dyn hca_model::sa::Ports = &self.fabric;
-                    let up = f.guid_of(l).is_some() && f.link_up(l);
+        let f: &dyn hca_model::sa::Ports = &self.fabric;
+        let mut out = Vec::new();
+        for (i, sw) in subnet.switches().iter().enumerate() {
+            let Some(t) = self.fabric.user_sm_tables(i) else {
+                return String::new();
+            };
+            let ports: Vec<String> = (1..=sw.num_ports)
+                .filter_map(|p| {
+                    let (name, up) = match sw.peer(p) {
+                        Peer::Hca(l) if usize::from(l) <= self.nodes => {
+                            (format!("node{l}"), f.guid_of(l).is_some() && f.link_up(l))
+                        }
+                        Peer::Switch { sw: far, link, .. } => (
+                            format!("@{}", name_or_dash(&subnet.switches()[far].name)),
+                            subnet.link_up(link) == Some(true),
+                        ),
+                        _ => return None,
+                    };
                     Some(format!(
-                        "node{l}:{p}:{}",
+                        "{name}:{p}:{}",
                         if up { t.port_state(p) } else { 1 }
                     ))
+                })
+                .collect();
+            out.push(format!(
+                "{} {} {} {} {} {}",
+                name_or_dash(&sw.name),
+                sw.lid,
+                t.sm_lid(),
+                t.top(),
+                t.mlids(),
+                if ports.is_empty() {
+                    "-".to_string()
+                } else {
+                    ports.join(",")
                 }
-                _ => None,
-            })
-            .collect();
-        format!(
-            "{} {} {} {}",
-            t.sm_lid(),
-            t.top(),
-            t.mlids(),
-            if ports.is_empty() {
-                "-".to_string()
-            } else {
-                ports.join(",")
-            }
-        )
+            ));
+        }
+        out.join(";")
     }
 
     fn switches(&self) -> String {
@@ -915,6 +929,15 @@ pub fn gid_text(gid: &[u8; 16]) -> String {
         .join(":")
 }
 
+/// A switch's name as the replies give it: `-` for the default switch's empty one.
+fn name_or_dash(name: &str) -> &str {
+    if name.is_empty() {
+        "-"
+    } else {
+        name
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1124,11 +1147,26 @@ mod tests {
         let _nodes: Vec<Driver> = (0..2).map(|_| Driver::new(Some(&c.fabric), 4)).collect();
         assert_eq!(
             c.handle("user-sm").unwrap(),
-            "0 0 0 node1:1:2,node2:2:2",
+            "- 49151 0 0 0 node1:1:2,node2:2:2",
             "no SM yet: every port INIT"
         );
         let e = c.handle("partition 0x8001 node1 -").unwrap_err();
         assert!(e.to_string().contains("partitions.conf"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+        // Several switches: each with its nodes and its links' ports.
+        let (c, dir) = ring_control("user-sm");
+        c.fabric.set_guest_sm().unwrap();
+        let _nodes: Vec<Driver> = (0..3).map(|_| Driver::new(Some(&c.fabric), 4)).collect();
+        let reply = c.handle("user-sm").unwrap();
+        let entries: Vec<&str> = reply.split(';').collect();
+        assert_eq!(
+            entries,
+            [
+                "s0 49151 0 0 0 node1:1:2,@s1:2:2,@s2:3:2,@s1:4:2",
+                "s1 49150 0 0 0 node2:1:2,@s0:2:2,@s2:3:2,@s0:4:2",
+                "s2 49149 0 0 0 node3:1:2,@s1:2:2,@s0:3:2",
+            ]
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -1346,24 +1346,8 @@ fn fabric_cmd(run: &RunDir) -> Result<(), Error> {
     Ok(())
 }
 
-/// `hcabench fabric` under a user's SM: what it set in the switch, port by port.
+/// `hcabench fabric` under a user's SM: what it set in each switch, port by port.
 fn user_sm_text(reply: &str) -> Result<(), Error> {
-    let f: Vec<&str> = reply.split_whitespace().collect();
-    let [sm_lid, top, mlids, ports] = f.as_slice() else {
-        return Ok(());
-    };
-    match *sm_lid {
-        "0" => println!(
-            "subnet manager: a guest's (sm = \"guest\"), none yet: the ports wait in INIT \
-             (start it in a node: `opensm -B`)"
-        ),
-        lid => println!("subnet manager: a guest's (sm = \"guest\"), at LID {lid}"),
-    }
-    println!(
-        "switch LID {0:#x} ({0}): forwards as the SM set it: unicast LIDs up to {top}, \
-         {mlids} multicast LIDs",
-        hca_model::sa::SM_LID
-    );
     let state = |s: &str| match s {
         "1" => "DOWN",
         "2" => "INIT",
@@ -1371,9 +1355,38 @@ fn user_sm_text(reply: &str) -> Result<(), Error> {
         "4" => "ACTIVE",
         _ => "?",
     };
-    for p in ports.split(',').filter(|p| *p != "-") {
-        if let [node, port, s] = p.split(':').collect::<Vec<_>>().as_slice() {
-            println!("  {node:<8} port {port:>3}  {}", state(s));
+    for (k, entry) in reply.split(';').enumerate() {
+        let f: Vec<&str> = entry.split_whitespace().collect();
+        let [name, lid, sm_lid, top, mlids, ports] = f.as_slice() else {
+            continue;
+        };
+        if k == 0 {
+            match *sm_lid {
+                "0" => println!(
+                    "subnet manager: a guest's (sm = \"guest\"), none yet: the ports wait in \
+                     INIT (start it in a node: `opensm -B`)"
+                ),
+                lid => println!("subnet manager: a guest's (sm = \"guest\"), at LID {lid}"),
+            }
+        }
+        let lid: u16 = lid.parse().unwrap_or(0);
+        let name = if *name == "-" {
+            String::new()
+        } else {
+            format!("{name} ")
+        };
+        println!(
+            "switch {name}LID {lid:#x} ({lid}): forwards as the SM set it: unicast LIDs up \
+             to {top}, {mlids} multicast LIDs"
+        );
+        for p in ports.split(',').filter(|p| *p != "-") {
+            if let [to, port, s] = p.split(':').collect::<Vec<_>>().as_slice() {
+                let to = match to.strip_prefix('@') {
+                    Some(sw) => format!("switch {sw}"),
+                    None => to.to_string(),
+                };
+                println!("  {to:<10} port {port:>3}  {}", state(s));
+            }
         }
     }
     println!(
