@@ -683,6 +683,31 @@ impl Subnet {
         Some(s)
     }
 
+    /// Whether switches `a` and `b` are joined by links up now (whatever the tables say).
+    pub fn joined(&self, a: usize, b: usize) -> bool {
+        let n = self.switches.len();
+        let mut seen = vec![false; n];
+        let mut todo = vec![a];
+        while let Some(s) = todo.pop() {
+            match seen.get_mut(s) {
+                Some(x) if !*x => *x = true,
+                _ => continue,
+            }
+            if s == b {
+                return true;
+            }
+            let ends = (self.topology.links.iter()).zip(&self.links_up);
+            for (&(x, y), _) in ends.filter(|(_, &up)| up) {
+                if x == s {
+                    todo.push(y);
+                } else if y == s {
+                    todo.push(x);
+                }
+            }
+        }
+        false
+    }
+
     /// Whether inter-switch link `link` is up (None: no such link).
     pub fn link_up(&self, link: usize) -> Option<bool> {
         self.links_up.get(link).copied()

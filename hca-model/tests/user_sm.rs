@@ -26,6 +26,8 @@ const GET: u8 = 0x01;
 /// The SMP status of a field the switch cannot take.
 const INVALID_FIELD: u16 = 7 << 2;
 const MLID: u16 = 0xc001;
+/// The first WR ID of the receives the SM posts for traps.
+const UNASKED: u64 = 0x7000;
 const MGID: [u8; 16] = [0xff, 0x12, 0x40, 0x1b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
 /// Advances virtual time until `cq` gave `n` CQEs or `limit` passed.
@@ -46,6 +48,8 @@ struct Sm {
     rbuf: u64,
     sbuf: u64,
     tid: u64,
+    /// The buffers of the receives posted for traps, by WR ID from [`UNASKED`].
+    unasked: Vec<u64>,
 }
 
 impl Sm {
@@ -62,6 +66,7 @@ impl Sm {
             rbuf,
             sbuf,
             tid: 0,
+            unasked: Vec::new(),
         }
     }
 
@@ -122,6 +127,29 @@ impl Sm {
             "the answer keeps the TID"
         );
         Some(ans)
+    }
+
+    /// Posts `n` more receives for SMPs that come unasked (traps).
+    fn listen(&mut self, d: &mut Driver, n: usize) {
+        for _ in 0..n {
+            let buf = d.alloc(296, 64);
+            let wr_id = UNASKED + self.unasked.len() as u64;
+            d.post_recv(&mut self.qp0, wr_id, &[sge(buf, 296, LOCAL_DMA_LKEY)]);
+            self.unasked.push(buf);
+        }
+    }
+
+    /// The SMPs that came unasked into the receives [`Sm::listen`] posted, within 10 ms.
+    fn heard(&mut self, f: &Fabric, d: &mut Driver) -> Vec<Vec<u8>> {
+        let got = collect(f, d, &mut self.cq, usize::MAX, 10 * MS);
+        (got.iter())
+            .filter(|c| u32::from(c.opcode) == CQE_OP_RECV && c.status == 0)
+            .filter_map(|c| {
+                self.unasked
+                    .get(usize::try_from(c.wr_id.checked_sub(UNASKED)?).ok()?)
+            })
+            .map(|&b| d.read(b + 40, 256))
+            .collect()
     }
 
     /// A Set at the switch: the answer's status (without the D bit) and data.
@@ -380,11 +408,39 @@ fn test_a_user_sm_manages_several_switches_by_their_own_tables() {
     );
 
     // The link is cut and restored: both its ports start again from INIT, and unicast
-    // waits for the SM to activate them.
+    // waits for the SM to activate them. Each switch told of its SM (port 0's PortInfo)
+    // sends it trap 128 when a port's link changes, unless the cut keeps it from the SM.
+    for path in [to_a, to_b] {
+        let pi = port_info(0, 0);
+        assert_eq!(sm.set_by(&f, &mut p.a, path, PORT_INFO, 0, &pi).0, 0);
+    }
+    // (The receives go first: a UD packet that finds none is dropped.)
+    let traps_from = |smps: Vec<Vec<u8>>| {
+        let mut from: Vec<u16> = (smps.iter())
+            .map(|t| {
+                // A LID-routed Trap(Notice): generic, urgent, from a switch, number 128,
+                // its IssuerLID and LIDADDR the switch's.
+                assert_eq!((t[1], t[3], &t[16..18]), (0x01, 0x05, &[0u8, 2][..]));
+                assert_eq!(&t[64..70], &[0x81, 0, 0, 2, 0, 128]);
+                assert_eq!(t[70..72], t[74..76]);
+                u16::from_be_bytes([t[70], t[71]])
+            })
+            .collect();
+        from.sort();
+        from
+    };
+    // (As many as traps come: a receive left over would take an answer the SM waits for.)
+    sm.listen(&mut p.a, 3);
     f.set_switch_link(0, false).unwrap();
-    f.advance(MS);
+    let heard = sm.heard(&f, &mut p.a);
+    assert_eq!(
+        traps_from(heard),
+        [SM_LID],
+        "only a, which the cut leaves by the SM"
+    );
     f.set_switch_link(0, true).unwrap();
-    f.advance(MS);
+    let heard = sm.heard(&f, &mut p.a);
+    assert_eq!(traps_from(heard), [SM_LID - 1, SM_LID], "both");
     for path in [to_a, to_b] {
         let port = if path.len() == 1 { 2 } else { 3 };
         let pi = sm

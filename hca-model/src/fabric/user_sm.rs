@@ -4,14 +4,15 @@
 //! forwards by the tables the SM set in it (`sa::switch_tables`): a data packet passes only
 //! ports the SM made ACTIVE, unicast switch by switch by each one's LFT (over the
 //! inter-switch links, counted and judged by the link hook as under the fabric's SM),
-//! multicast by each one's MFT, never back out of the port it came in by. Subnet
-//! management packets (QP0) pass whatever the ports' states, as they must for an SM to
-//! bring them up.
+//! multicast by each one's MFT, never back out of the port it came in by. A port whose link
+//! goes down or comes back starts again from INIT, and its switch sends the SM trap 128.
+//! Subnet management packets (QP0) pass whatever the ports' states, as they must for an SM
+//! to bring them up.
 //!
 //! Any subnet of this host's switches takes a user's SM; not one that spans hosts (the
 //! other hosts' switches are theirs to program).
 
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, RwLock};
 
 use super::link::Stage;
@@ -79,28 +80,52 @@ impl Fabric {
     /// The link of the HCA port at `lid` went down or came back: its switch port starts
     /// again from INIT, as a real one does, until the SM finds it.
     pub(crate) fn user_sm_link_changed(&self, lid: Lid) {
-        if let Some(t) = self.user_tables() {
-            if let Some((sw, p)) = self.subnet().attachment(lid) {
-                if let Some(t) = t.write_unpoisoned().get_mut(sw) {
-                    t.port_reset(p);
-                }
-            }
+        if let Some((sw, p)) = self.subnet().attachment(lid) {
+            self.user_sm_ports_changed(&[(sw, p)]);
         }
     }
 
     /// Inter-switch link `link` went down or came back: the ports at both its ends start
     /// again from INIT.
     pub(super) fn user_sm_switch_link_changed(&self, link: usize) {
+        if let Some((a, b)) = self.subnet().link_ends(link) {
+            self.user_sm_ports_changed(&[a, b]);
+        }
+    }
+
+    /// The links at these (switch, port)s went down or came back: each port starts again
+    /// from INIT, and each switch whose SM the user's SM told it sends that SM trap 128,
+    /// so that it sweeps at once rather than at its next light sweep.
+    fn user_sm_ports_changed(&self, ports: &[(usize, u8)]) {
         let Some(t) = self.user_tables() else {
             return;
         };
-        if let Some((a, b)) = self.subnet().link_ends(link) {
+        let subnet = self.subnet();
+        let mut traps = Vec::new();
+        {
             let mut t = t.write_unpoisoned();
-            for (sw, p) in [a, b] {
-                if let Some(t) = t.get_mut(sw) {
-                    t.port_reset(p);
+            for &(sw, p) in ports {
+                if let Some(s) = t.get_mut(sw) {
+                    s.port_reset(p);
+                    // (Not into a cut: a switch the cut leaves apart from its SM tells it
+                    // nothing.)
+                    let sm_at = subnet.entry(s.sm_lid()).map(|(at, _)| at);
+                    let lid = subnet.switch(sw).map(|s| s.lid);
+                    let Some(lid) = lid.filter(|_| sm_at.is_some_and(|at| subnet.joined(sw, at)))
+                    else {
+                        continue;
+                    };
+                    if let Some((sm, mkey, tid)) = s.next_trap() {
+                        traps.push(crate::sa::sm::trap_128(lid, sm, mkey, tid));
+                    }
                 }
             }
+        }
+        if !traps.is_empty() {
+            for trap in traps {
+                self.enqueue(trap);
+            }
+            self.inner.reports_waiting.store(true, Relaxed);
         }
     }
 

@@ -71,6 +71,8 @@ pub mod method {
     pub const GET: u8 = 0x01;
     /// Set an attribute.
     pub const SET: u8 = 0x02;
+    /// A trap, from the port that noticed something to the SM (subnet management).
+    pub const TRAP: u8 = 0x05;
     /// A Report of a trap to a subscriber.
     pub const REPORT: u8 = 0x06;
     /// Get every record that matches (SA).

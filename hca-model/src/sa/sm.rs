@@ -147,6 +147,30 @@ fn answer_at(
     Some(Out::To(smp(pkt.pkey, from, to, mad)))
 }
 
+/// Trap 128 ("link state of at least one port of the switch changed"), LID-routed from the
+/// switch at `switch_lid` to the SM at `sm_lid` with the switch's `mkey` (IBA 14.2.5.1:
+/// a Notice, generic, urgent, from a switch; its DataDetails the switch's LID). OpenSM
+/// answers it with a TrapRepress and sweeps at once.
+pub(crate) fn trap_128(switch_lid: Lid, sm_lid: Lid, mkey: u64, tid: u64) -> Packet {
+    /// Notice type "urgent", producer "switch".
+    const URGENT: u32 = 1;
+    const PRODUCER_SWITCH: u32 = 2;
+    let mut m = super::mad::header(
+        class::SUBN_LID_ROUTED,
+        1,
+        super::mad::method::TRAP,
+        tid,
+        attr::NOTICE,
+    );
+    m[at::SMP_MKEY..at::SMP_MKEY + 8].copy_from_slice(&mkey.to_be_bytes());
+    const N: usize = at::DATA;
+    m[N..N + 4].copy_from_slice(&(0x8000_0000 | URGENT << 24 | PRODUCER_SWITCH).to_be_bytes());
+    m[N + 4..N + 6].copy_from_slice(&128u16.to_be_bytes());
+    m[N + 6..N + 8].copy_from_slice(&switch_lid.to_be_bytes()); // IssuerLID
+    m[N + 10..N + 12].copy_from_slice(&switch_lid.to_be_bytes()); // DataDetails: LIDADDR
+    smp(DEFAULT_PKEY, switch_lid, sm_lid, m)
+}
+
 /// An SMP from QP0 to QP0.
 fn smp(pkey: u16, slid: Lid, dlid: Lid, mad: Mad) -> Packet {
     Packet {

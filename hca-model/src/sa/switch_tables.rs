@@ -67,6 +67,8 @@ pub struct SwitchTables {
     /// External ports the SM set Down since the fabric last looked: their links retrain,
     /// and the HCA at the other end starts from INIT too.
     retrained: Vec<u8>,
+    /// Traps sent (their TIDs count them).
+    traps: u64,
 }
 
 impl SwitchTables {
@@ -121,6 +123,16 @@ impl SwitchTables {
             *s = INIT;
         }
         self.state_change = true;
+    }
+
+    /// Where a trap goes and what it carries, counted as sent: the SM's LID, the
+    /// switch's M_Key and the trap's TID. None before an SM set the SM LID.
+    pub fn next_trap(&mut self) -> Option<(Lid, u64, u64)> {
+        if self.sm_lid == 0 {
+            return None;
+        }
+        self.traps += 1;
+        Some((self.sm_lid, self.mkey, self.traps))
     }
 
     /// LinearFDBTop: the highest LID the SM gave the table.
