@@ -5,11 +5,16 @@
 //! LFT the SM set and multicast by its MFT, no further; the switch's and the ports' M_Keys
 //! keep out an SM without them.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hca_model::abi::*;
 use hca_model::fabric::UserSmError;
+use hca_model::fabric::{LinkDir, LinkHook, LinkId, Verdict};
+use hca_model::packet::Packet;
 use hca_model::sa::SM_LID;
+use hca_model::subnet::SwitchLink;
 use hca_model::subnet::{SwitchSpec, Topology};
 use hca_model::Fabric;
 use hca_test_driver::*;
@@ -755,4 +760,204 @@ fn test_m_keys_keep_out_an_sm_without_them() {
     );
     assert_eq!(port_attr(&mut a).state, PORT_INIT as u8);
     assert_eq!(hca_set(&mut a, port_info(PORT_ARMED as u8, 1), key), CMD_OK);
+}
+
+/// A link hook for the hostile-table tests: every packet crossing an inter-switch link is
+/// held 1 us (`delay`) or copied (the first `copies` crossings); crossings and multicast
+/// deliveries counted.
+#[derive(Default)]
+struct OnLinks {
+    delay: bool,
+    copies: u64,
+    crossings: AtomicU64,
+    mcast_down: AtomicU64,
+}
+
+impl LinkHook for OnLinks {
+    fn on_packet(&self, link: LinkId, _now: u64, pkt: &mut Packet) -> Verdict {
+        if link.dir == LinkDir::Down && pkt.dlid == MLID {
+            self.mcast_down.fetch_add(1, Relaxed);
+        }
+        Verdict::Pass
+    }
+
+    fn on_switch_link(&self, _link: SwitchLink, _now: u64, _pkt: &mut Packet) -> Verdict {
+        let n = self.crossings.fetch_add(1, Relaxed);
+        if self.delay {
+            Verdict::Delay(1_000)
+        } else if n < self.copies {
+            Verdict::Duplicate
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+/// Every port of the switch at the end of `path` (1..=`ports`) made ACTIVE.
+fn activate(sm: &mut Sm, f: &Fabric, d: &mut Driver, path: &[u8], ports: u32) {
+    for port in 1..=ports {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            let pi = port_info(state as u8, 0);
+            assert_eq!(sm.set_by(f, d, path, PORT_INFO, port, &pi).0, 0);
+        }
+    }
+}
+
+/// Two switches whose LFTs loop for LID 2 (a sends it over the link, b back), every port
+/// ACTIVE; node 1, a UD QP on it and a send buffer.
+fn looped() -> (Fabric, Driver, Driver, QpH, u64) {
+    let f = two_switches();
+    let mut a = Driver::new(Some(&f), 4);
+    let mut b = Driver::new(Some(&f), 4);
+    let mut sm = Sm::on(&mut a);
+    let mut si = [0u8; 20];
+    si[6..8].copy_from_slice(&3u16.to_be_bytes());
+    let (mut lft_a, mut lft_b) = ([0xffu8; 64], [0xffu8; 64]);
+    (lft_a[2], lft_b[2]) = (2, 3);
+    for (path, lft, ports) in [(&[1u8][..], lft_a, 2), (&[1, 2][..], lft_b, 3)] {
+        assert_eq!(sm.set_by(&f, &mut a, path, SWITCH_INFO, 0, &si).0, 0);
+        assert_eq!(sm.set_by(&f, &mut a, path, LFT, 0, &lft).0, 0);
+        activate(&mut sm, &f, &mut a, path, ports);
+    }
+    for (d, lid) in [(&mut a, 1u16), (&mut b, 2)] {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            assert_eq!(hca_set(d, port_info(state as u8, lid), 0), CMD_OK);
+        }
+    }
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(6);
+    let qp = a.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+    a.bring_up_ud(qp.qpn, 0xb, false);
+    let sbuf = a.alloc(64, 64);
+    (f, a, b, qp, sbuf)
+}
+
+/// An SM's LFTs that loop cost a bounded walk whatever the link hook does: a packet held
+/// on every crossing does not circulate for ever, and copies of copies do not multiply.
+#[test]
+fn test_a_loop_in_a_user_sms_lfts_is_walked_a_bounded_way_under_any_hook() {
+    for hook in [
+        OnLinks {
+            delay: true,
+            ..OnLinks::default()
+        },
+        OnLinks {
+            copies: 5000,
+            ..OnLinks::default()
+        },
+    ] {
+        let (f, mut a, _b, mut qp, sbuf) = looped();
+        let hook = Arc::new(hook);
+        f.set_hook(Some(hook.clone()));
+        let wr = ud_send_wr(2, 0x1234, 0xb);
+        a.post_send(&mut qp, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+        for _ in 0..300 {
+            f.advance(MS);
+        }
+        // Three crossings at most (as many as switches, and one), each copied at most once.
+        let x = hook.crossings.load(Relaxed);
+        assert!(
+            x <= 3 * 3,
+            "one packet crossed {x} times (delay: {})",
+            hook.delay
+        );
+    }
+}
+
+/// Seven switches, each linked to every other, each MFT naming every port, every
+/// crossing held by the hook: each switch floods the packet once (at most one crossing
+/// into each), and each node gets one copy.
+#[test]
+fn test_a_multicast_flood_reaches_each_switch_once_however_the_hook_holds_it() {
+    let n = 7usize;
+    let f = Fabric::with_manual_clock();
+    let sws: Vec<SwitchSpec> = (0..n)
+        .map(|i| SwitchSpec {
+            name: format!("s{i}"),
+            hcas: vec![i as u16 + 1],
+        })
+        .collect();
+    let links = (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .collect();
+    f.set_topology(Topology::new(sws, links).unwrap());
+    f.set_guest_sm().unwrap();
+    let mut ds: Vec<Driver> = (0..n).map(|_| Driver::new(Some(&f), 4)).collect();
+    let mut sm = Sm::on(&mut ds[0]);
+    let mut mft = [0u8; 64];
+    mft[2..4].copy_from_slice(&(((1u32 << (n + 1)) - 2) as u16).to_be_bytes());
+    for j in 0..n {
+        // Switch j: its node on port 1, the links after it; from s0, j's link is port j+1.
+        let path: Vec<u8> = if j == 0 {
+            vec![1]
+        } else {
+            vec![1, j as u8 + 1]
+        };
+        assert_eq!(sm.set_by(&f, &mut ds[0], &path, MFT, 0, &mft).0, 0);
+        activate(&mut sm, &f, &mut ds[0], &path, n as u32);
+    }
+    for (i, d) in ds.iter_mut().enumerate() {
+        for state in [PORT_ARMED, PORT_ACTIVE] {
+            assert_eq!(hca_set(d, port_info(state as u8, i as u16 + 1), 0), CMD_OK);
+        }
+    }
+    let hook = Arc::new(OnLinks {
+        delay: true,
+        ..OnLinks::default()
+    });
+    f.set_hook(Some(hook.clone()));
+    let d = &mut ds[0];
+    let pd = d.alloc_pd();
+    let cq = d.create_cq(6);
+    let mut qp = d.create_qp(QPT_UD, pd, cq.cqn, cq.cqn);
+    d.bring_up_ud(qp.qpn, 0xb, false);
+    let sbuf = d.alloc(64, 64);
+    let wr = ud_send_wr(MLID, 0x00ff_ffff, 0xb);
+    d.post_send(&mut qp, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+    for _ in 0..20 {
+        f.advance(MS);
+    }
+    let (x, down) = (hook.crossings.load(Relaxed), hook.mcast_down.load(Relaxed));
+    assert_eq!(
+        (x, down),
+        (n as u64 - 1, n as u64),
+        "crossings, copies to nodes"
+    );
+}
+
+/// A LID-routed SMP goes by the LFTs the SM set, through ports still INIT, but not across
+/// a cut link: node 1's to node 3 behind switch b arrives only while the link is up.
+#[test]
+fn test_a_lid_routed_smp_follows_the_lfts_and_not_a_cut_link() {
+    let f = two_switches();
+    let mut a = Driver::new(Some(&f), 4);
+    let _b = Driver::new(Some(&f), 4);
+    let mut c = Driver::new(Some(&f), 4);
+    let mut sm = Sm::on(&mut a);
+    let mut rx = Sm::on(&mut c);
+    let mut si = [0u8; 20];
+    si[6..8].copy_from_slice(&3u16.to_be_bytes());
+    let (mut lft_a, mut lft_b) = ([0xffu8; 64], [0xffu8; 64]);
+    (lft_a[3], lft_b[3]) = (2, 2);
+    for (path, lft) in [(&[1u8][..], lft_a), (&[1, 2][..], lft_b)] {
+        assert_eq!(sm.set_by(&f, &mut a, path, SWITCH_INFO, 0, &si).0, 0);
+        assert_eq!(sm.set_by(&f, &mut a, path, LFT, 0, &lft).0, 0);
+    }
+    let mut smp = [0u8; 256];
+    (smp[0], smp[1], smp[2], smp[3]) = (1, 0x01, 1, GET);
+    smp[16..18].copy_from_slice(&PORT_INFO.to_be_bytes());
+    a.write(sm.sbuf, &smp);
+    let mut arrives = |f: &Fabric, a: &mut Driver, id: u64| {
+        c.post_recv(&mut rx.qp0, id, &[sge(rx.rbuf, 296, LOCAL_DMA_LKEY)]);
+        let mut wr = send_wr(id, WR_SEND, WQE_SIGNALED);
+        (wr.ud_dlid, wr.ud_remote_qpn, wr.ud_qkey) = (3, SMI_QPN, 0);
+        a.post_send(&mut sm.qp0, wr, &[sge(sm.sbuf, 256, LOCAL_DMA_LKEY)]);
+        let got = collect(f, &mut c, &mut rx.cq, 1, 5 * MS);
+        got.iter().any(|e| u32::from(e.opcode) == CQE_OP_RECV)
+    };
+    assert!(arrives(&f, &mut a, 1), "by the LFTs, every port INIT");
+    f.set_switch_link(0, false).unwrap();
+    assert!(!arrives(&f, &mut a, 2), "not across the cut link");
+    f.set_switch_link(0, true).unwrap();
+    assert!(arrives(&f, &mut a, 3), "the link back");
 }

@@ -465,7 +465,7 @@ impl Control {
                             (format!("node{l}"), f.guid_of(l).is_some() && f.link_up(l))
                         }
                         Peer::Switch { sw: far, link, .. } => (
-                            format!("@{}", name_or_dash(&subnet.switches()[far].name)),
+                            format!("@{}", name_or_dash(&subnet.switch(far)?.name)),
                             subnet.link_up(link) == Some(true),
                         ),
                         _ => return None,

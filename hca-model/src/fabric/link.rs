@@ -60,8 +60,11 @@ pub(super) enum Stage {
         via: super::remote::Via,
     },
     /// A multicast packet under a user's SM crossed an inter-switch link into switch
-    /// `at.0` by port `at.1`: flood it on by the MFTs, past the switches `seen`.
-    Flooded { at: (usize, u8), seen: Vec<bool> },
+    /// `at.0` by port `at.1`: flood it on by the MFTs, as `flood` goes.
+    Flooded {
+        at: (usize, u8),
+        flood: super::user_sm::Flood,
+    },
 }
 
 /// Sees (and may change, drop, copy or hold) every packet on every link; `now_ns` is the
@@ -258,9 +261,9 @@ impl Fabric {
                 let subnet = self.subnet();
                 self.walk_from(&subnet, pkt, (sw, toward), hook, via);
             }
-            Stage::Flooded { at, seen } => {
+            Stage::Flooded { at, flood } => {
                 let subnet = self.subnet();
-                self.flood_by_tables(&subnet, pkt, at, seen, hook);
+                self.flood_by_tables(&subnet, pkt, at, flood, hook);
             }
             Stage::Routed if self.guest_sm() => self.switch_by_tables(pkt, hook, more),
             Stage::Routed if self.routed() => self.route(pkt, hook, more),

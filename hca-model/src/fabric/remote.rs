@@ -104,6 +104,11 @@ pub(super) struct Hosts {
 pub(super) struct Via {
     hops: u8,
     link: Option<usize>,
+    /// Inter-switch links crossed on this host so far: a walk ends past as many as the
+    /// subnet has switches, however often a hook held it (tables that loop, a user's SM's).
+    pub(super) steps: u32,
+    /// A copy the link hook made: its walk makes no copies of its own.
+    pub(super) copy: bool,
 }
 
 impl Hosts {
@@ -123,7 +128,23 @@ impl Via {
     pub(super) const HERE: Via = Via {
         hops: 0,
         link: None,
+        steps: 0,
+        copy: false,
     };
+
+    /// The same, for a copy the link hook made (see `copy`).
+    pub(super) fn copied(self) -> Via {
+        Via { copy: true, ..self }
+    }
+
+    /// Come in over inter-host link `link`, past `hops` of them.
+    fn across(link: usize, hops: u8) -> Via {
+        Via {
+            hops,
+            link: Some(link),
+            ..Via::HERE
+        }
+    }
 }
 
 /// Inter-host traffic counters.
@@ -157,6 +178,11 @@ impl Fabric {
         let links = topology.links().len();
         let routed = !topology.is_single();
         let subnet = Subnet::new_on(topology, here, &self.lids());
+        if self.guest_sm() {
+            // (Cabled again under a user's SM: its switches start with nothing set.)
+            let n = subnet.switches().len().max(1);
+            *self.inner.switch_tables.write_unpoisoned() = vec![Default::default(); n];
+        }
         *self.inner.subnet.write_unpoisoned() = Arc::new(subnet);
         {
             let mut h = self.inner.hosts.lock_unpoisoned();
@@ -382,10 +408,7 @@ impl Fabric {
             self.lose(pkt);
             return Ok(());
         }
-        let via = Via {
-            hops,
-            link: Some(usize::from(link)),
-        };
+        let via = Via::across(usize::from(link), hops);
         let hook = self.hook();
         let hook = hook.as_ref();
         let mut pkt = pkt;
@@ -580,7 +603,7 @@ impl Fabric {
             Stop::Remote { link } => {
                 let via = Via {
                     hops: via.hops,
-                    link: None,
+                    ..Via::HERE
                 };
                 self.send_across(subnet, link, (&[], true), pkt, via)
             }
@@ -618,10 +641,7 @@ impl Fabric {
             self.bounce(pkt, DropReason::Rejected);
             return Ok(());
         }
-        let via = Via {
-            hops,
-            link: Some(usize::from(link)),
-        };
+        let via = Via::across(usize::from(link), hops);
         match subnet.next_stop_from(at.0, at.1, pkt.slid) {
             Stop::Remote { link } => self.send_across(subnet, link, (&[], true), pkt, via),
             _ => self.lose(pkt),

@@ -218,13 +218,17 @@ impl Fabric {
         (mut sw, toward): (usize, Toward),
         hook: Option<&Arc<dyn LinkHook>>,
         more: bool,
-        via: Via,
+        mut via: Via,
     ) {
         let target = toward.lid();
         let tables = self.user_tables();
-        for _ in 0..=subnet.switches().len() {
+        let limit = u32::try_from(subnet.switches().len()).unwrap_or(u32::MAX);
+        while via.steps <= limit {
             let step = match tables {
-                Some(t) => self.table_step(t, subnet, sw, target),
+                Some(t) => {
+                    let vl15 = pkt.dest_qpn == crate::abi::SMI_QPN;
+                    self.table_step(t, subnet, (sw, target), vl15)
+                }
                 None => subnet.step(sw, target),
             };
             match step {
@@ -268,6 +272,7 @@ impl Fabric {
                     };
                 }
                 Step::Cross { link, to } => {
+                    via.steps += 1;
                     self.count_sent(link, &pkt);
                     let resume = Stage::Entered {
                         sw: to.0,
@@ -276,11 +281,13 @@ impl Fabric {
                     };
                     match self.cross(link, &mut pkt, hook, resume) {
                         None => return,
-                        Some(true) => {
+                        // (A copy's walk makes none: copies of copies, each crossing
+                        // perhaps copied again, would grow without bound.)
+                        Some(true) if !via.copy => {
                             let dup = (to.0, toward.clone());
-                            self.walk(subnet, pkt.clone(), dup, hook, false, via)
+                            self.walk(subnet, pkt.clone(), dup, hook, false, via.copied())
                         }
-                        Some(false) => {}
+                        Some(_) => {}
                     }
                     sw = to.0;
                 }

@@ -12,6 +12,7 @@
 //! Any subnet of this host's switches takes a user's SM; not one that spans hosts (the
 //! other hosts' switches are theirs to program).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, RwLock};
 
@@ -21,6 +22,7 @@ use super::switch_links::Toward;
 use super::{DropReason, Fabric, Lid, LinkHook};
 use crate::abi::SMI_QPN;
 use crate::packet::Packet;
+use crate::sa::sm::PERMISSIVE_LID;
 use crate::sa::switch_tables::SwitchTables;
 use crate::subnet::{Peer, Step, Stop, Subnet};
 use crate::sync::UnpoisonedRw;
@@ -170,8 +172,8 @@ impl Fabric {
         hook: Option<&Arc<dyn LinkHook>>,
         more: bool,
     ) {
-        // Subnet management reaches every port (directed routes are the agents' to walk).
-        if pkt.dest_qpn == SMI_QPN && !pkt.is_multicast() {
+        // Directed routes are the switches' agents' to walk, hop by hop.
+        if pkt.slid == PERMISSIVE_LID || pkt.dlid == PERMISSIVE_LID {
             let lid = pkt.dlid;
             return self.down_and_deliver(pkt, lid, hook, more);
         }
@@ -183,13 +185,13 @@ impl Fabric {
             return self.bounce(pkt, DropReason::Unrouted);
         };
         // A port the SM has not made ACTIVE passes no data (a switch's own LID, port 0,
-        // has no link of its own).
-        if port != 0 && !self.table_port_active(sw, port) {
+        // has no link of its own); subnet management passes it (see `table_step`).
+        if port != 0 && pkt.dest_qpn != SMI_QPN && !self.table_port_active(sw, port) {
             return self.bounce(pkt, DropReason::Unrouted);
         }
         if pkt.is_multicast() {
-            let seen = vec![false; subnet.switches().len()];
-            return self.flood_by_tables(&subnet, pkt, (sw, port), seen, hook);
+            let flood = Flood::new(subnet.switches().len(), sw);
+            return self.flood_by_tables(&subnet, pkt, (sw, port), flood, hook);
         }
         let toward = Toward::Lid(pkt.dlid);
         self.walk(&subnet, pkt, (sw, toward), hook, more, Via::HERE);
@@ -203,18 +205,25 @@ impl Fabric {
 
     /// Where switch `sw` sends unicast `dlid` by the user's SM's LFT (see
     /// [`Subnet::step`]): a port the SM made ACTIVE, into an HCA port or a link whose far
-    /// port it made ACTIVE too; anything else is lost.
-    pub(super) fn table_step(&self, t: &UserTables, subnet: &Subnet, sw: usize, dlid: Lid) -> Step {
+    /// port it made ACTIVE too; anything else is lost. Subnet management (`vl15`: a
+    /// LID-routed SMP) follows the LFT through ports in any state but a link down, as it
+    /// must for an SM to bring them up.
+    pub(super) fn table_step(
+        &self,
+        t: &UserTables,
+        subnet: &Subnet,
+        (sw, dlid): (usize, Lid),
+        vl15: bool,
+    ) -> Step {
         let t = t.read_unpoisoned();
         let Some(here) = t.get(sw) else {
             return Step::Stop(Stop::Lost);
         };
+        let passes = |s: Option<&SwitchTables>, p: u8| vl15 || s.is_some_and(|s| s.active(p));
         match here.out_port(dlid) {
             Some(0) if subnet.switch_at(dlid) == Some(sw) => Step::Stop(Stop::Switch(sw)),
-            Some(p) if p != 0 && here.active(p) => match subnet.step_out(sw, dlid, p) {
-                Step::Cross { to, .. } if !t.get(to.0).is_some_and(|n| n.active(to.1)) => {
-                    Step::Stop(Stop::Lost)
-                }
+            Some(p) if p != 0 && passes(Some(here), p) => match subnet.step_out(sw, dlid, p) {
+                Step::Cross { to, .. } if !passes(t.get(to.0), to.1) => Step::Stop(Stop::Lost),
                 step => step,
             },
             _ => Step::Stop(Stop::Lost),
@@ -224,13 +233,15 @@ impl Fabric {
     /// A multicast packet at switch `at.0`, come in by port `at.1`: a copy out of every
     /// ACTIVE port its MLID's MFT entry names, but back into the link it came by (a copy
     /// for its own sender's port goes, as the fabric's SM sends it: the HCA takes its own
-    /// copy); each switch floods it once (`seen`), whatever loop an SM's tables make.
+    /// copy). Each switch floods it once, whatever loops an SM's tables make and however a
+    /// hook holds or copies it on the links: a copy crosses into a switch only if it is
+    /// the first of the flood's to claim it.
     pub(super) fn flood_by_tables(
         &self,
         subnet: &Subnet,
         pkt: Packet,
         at: (usize, u8),
-        mut seen: Vec<bool>,
+        flood: Flood,
         hook: Option<&Arc<dyn LinkHook>>,
     ) {
         let Some(t) = self.user_tables() else {
@@ -239,10 +250,6 @@ impl Fabric {
         let mut queue = std::collections::VecDeque::from([at]);
         let mut hcas = Vec::new();
         while let Some((sw, port_in)) = queue.pop_front() {
-            match seen.get_mut(sw) {
-                Some(s) if !*s => *s = true,
-                _ => continue,
-            }
             let outs: Vec<(u8, Peer, bool)> = {
                 let t = t.read_unpoisoned();
                 let Some(here) = t.get(sw) else {
@@ -266,16 +273,25 @@ impl Fabric {
                 match peer {
                     Peer::Hca(lid) => hcas.push(lid),
                     Peer::Switch { sw: far, port, .. } if p != port_in && far_active => {
+                        if !flood.claim(far) {
+                            continue;
+                        }
                         let mut copy = pkt.clone();
                         match subnet.step_out(sw, pkt.dlid, p) {
                             Step::Cross { link, .. } => {
                                 self.count_sent(link, &copy);
                                 let resume = Stage::Flooded {
                                     at: (far, port),
-                                    seen: seen.clone(),
+                                    flood: flood.clone(),
                                 };
-                                // (A duplicate the hook makes floods once, as the first.)
-                                if self.cross(link, &mut copy, hook, resume).is_some() {
+                                let copies = match self.cross(link, &mut copy, hook, resume) {
+                                    None => 0,
+                                    Some(false) => 1,
+                                    // (The hook's copy floods the far switch's ports too;
+                                    // the switches beyond it are the first's.)
+                                    Some(true) => 2,
+                                };
+                                for _ in 0..copies {
                                     queue.push_back((far, port));
                                 }
                             }
@@ -299,3 +315,30 @@ impl Fabric {
         self.down_and_deliver(pkt, last, hook, false);
     }
 }
+
+/// The switches a group's packet flooding under a user's SM has reached, shared by all its
+/// copies (those a hook holds or copies on a link too).
+#[derive(Clone)]
+pub(super) struct Flood(Arc<[AtomicBool]>);
+
+impl Flood {
+    /// A flood over `switches` switches, from switch `from`.
+    fn new(switches: usize, from: usize) -> Flood {
+        let f = Flood((0..switches).map(|_| AtomicBool::new(false)).collect());
+        f.claim(from);
+        f
+    }
+
+    /// Whether switch `sw` is the flood's now, and was not before.
+    fn claim(&self, sw: usize) -> bool {
+        self.0.get(sw).is_some_and(|b| !b.swap(true, Relaxed))
+    }
+}
+
+impl PartialEq for Flood {
+    fn eq(&self, other: &Flood) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Flood {}
