@@ -11,7 +11,7 @@ use std::time::Duration;
 use hca_model::abi::*;
 use hca_model::fabric::{RemoteError, RemoteHosts};
 use hca_model::sa::{port_gid, IPOIB_BROADCAST_MGID, SM_LID};
-use hca_model::subnet::{SwitchSpec, Topology};
+use hca_model::subnet::{SwitchLink, SwitchSpec, Topology};
 use hca_model::wire::{self, Frame, PortAd};
 use hca_model::Fabric;
 use hca_test_driver::*;
@@ -967,4 +967,51 @@ fn test_a_host_between_refuses_for_a_port_gone_beyond_it() {
         "{c:?}"
     );
     assert_eq!(g1.hca.stats().retransmits, 0, "refused by host 1 at once");
+}
+
+/// Within one host too, a group's packet leaves each switch once by each port its members'
+/// ways take (as a switch's multicast table sends it), not once per member: three switches
+/// in a line, the sender on the first, members on the second (two) and the third.
+#[test]
+fn test_a_groups_packet_crosses_each_link_of_a_host_once_for_all_its_members() {
+    let t = Topology::new(
+        vec![sw("s0", &[1]), sw("s1", &[2, 3]), sw("s2", &[4])],
+        vec![(0, 1), (1, 2)],
+    )
+    .unwrap();
+    let net = Net::on(t, 1);
+    let f = &net.hosts[0];
+    let mut gs: Vec<Driver> = (1..=4).map(|lid| guest(f, lid)).collect();
+    net.tick();
+    let mut members = Vec::new();
+    let mut mlid = 0;
+    for (k, g) in gs.iter_mut().enumerate() {
+        let mut s = gsi(g, 4);
+        let (m, l) = broadcast_member(&net, g, &mut s, 50 + k as u64);
+        members.push(m);
+        mlid = l;
+    }
+    let way = |link: usize, forward: bool| {
+        let s = f.switch_link_stats(SwitchLink { link, forward }).unwrap();
+        s.mcast_xmit_pkts
+    };
+    let before = [way(0, true), way(1, true), way(0, false), way(1, false)];
+    let sbuf = gs[0].alloc(64, 64);
+    gs[0].write(sbuf, b"once a link");
+    let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+    wr.wr_id = 60;
+    gs[0].post_send(&mut members[0].1, wr, &[sge(sbuf, 11, LOCAL_DMA_LKEY)]);
+    for (g, (cq, _, rbuf)) in gs.iter_mut().zip(&mut members).skip(1) {
+        let got = collect(&net, g, cq, 1, 20 * MS);
+        let recvs = got.iter().filter(|c| u32::from(c.opcode) == CQE_OP_RECV);
+        assert_eq!(recvs.count(), 1, "{got:?}");
+        assert_eq!(g.read(*rbuf + 40, 11), b"once a link");
+    }
+    let after = [way(0, true), way(1, true), way(0, false), way(1, false)];
+    let crossed: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        crossed,
+        [1, 1, 0, 0],
+        "s0->s1, s1->s2 once each; nothing back"
+    );
 }

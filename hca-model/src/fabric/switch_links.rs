@@ -29,7 +29,8 @@ pub(super) enum Toward {
     /// group's packet on its way to the SM's host (which holds the groups).
     Lid(Lid),
     /// A group's copies for these members (one member: a copy for its port; several:
-    /// all beyond one link to another host).
+    /// all beyond one link, to another switch of this host or to another host, parted
+    /// again at the switch it reaches).
     Members(Arc<[Lid]>),
 }
 
@@ -223,7 +224,14 @@ impl Fabric {
         let target = toward.lid();
         let tables = self.user_tables();
         let limit = u32::try_from(subnet.switches().len()).unwrap_or(u32::MAX);
+        let start = via.steps;
         while via.steps <= limit {
+            // A group's copy for several members, one switch on: their ways may part here.
+            if let Toward::Members(m) = &toward {
+                if m.len() > 1 && via.steps > start {
+                    return self.fan_out(subnet, pkt, sw, m, hook, via);
+                }
+            }
             let step = match tables {
                 Some(t) => {
                     let vl15 = pkt.dest_qpn == crate::abi::SMI_QPN;
@@ -313,9 +321,11 @@ impl Fabric {
         }
     }
 
-    /// A group's packet at local switch `sw`, for `members`: a copy walks to each member
-    /// on this host, and one frame goes over each link to another host for the members
-    /// beyond it (as a switch's multicast table sends one copy out of each port).
+    /// A group's packet at local switch `sw`, for `members`: one copy out of each port
+    /// the members' ways leave by, as a switch's multicast table sends it: a copy to each
+    /// member's port here, one over each link to another switch of this host for the
+    /// members beyond it (which parts them again there), and one frame over each link to
+    /// another host for the members beyond that.
     pub(super) fn fan_out(
         &self,
         subnet: &Subnet,
@@ -326,15 +336,21 @@ impl Fabric {
         via: Via,
     ) {
         let mut beyond: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
+        let mut across: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
         for &lid in members {
-            match subnet.next_stop_from(sw, 0, lid) {
-                Stop::Remote { link } => beyond.entry(link).or_default().push(lid),
+            match subnet.step(sw, lid) {
+                Step::Stop(Stop::Remote { link }) => beyond.entry(link).or_default().push(lid),
+                Step::Cross { link, .. } => across.entry(link.link).or_default().push(lid),
                 // Here, or lost on the way (a link down counts it): a copy of its own.
                 _ => {
                     let one = (sw, Toward::Members(Arc::from([lid])));
                     self.walk(subnet, pkt.clone(), one, hook, false, via);
                 }
             }
+        }
+        for lids in across.values() {
+            let toward = (sw, Toward::Members(Arc::from(lids.as_slice())));
+            self.walk(subnet, pkt.clone(), toward, hook, false, via);
         }
         for lids in beyond.values() {
             for some in lids.chunks(crate::wire::MAX_MEMBERS) {
