@@ -122,6 +122,9 @@ pub enum UsageError {
          --host NAME`"
     )]
     WhichHost(String),
+    /// `--host NAME` names no `[[host]]` table of the cluster file.
+    #[error("the cluster file has no [[host]] named {name:?} (it has: {hosts})")]
+    NoSuchHost { name: String, hosts: String },
     /// A run or a bench on a cluster file that spans hosts.
     #[error(
         "{0} boots its guests on this host alone, and this cluster file spans hosts ([[host]]): \

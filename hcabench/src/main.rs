@@ -85,6 +85,13 @@ enum Cmd {
         /// down` on each [[host]] with an `ssh` destination)
         #[arg(long)]
         others: bool,
+        /// With --others where this host has no cluster up (it failed to start, or was
+        /// stopped already): the cluster file that names the other hosts
+        #[arg(long, requires = "others")]
+        config: Option<PathBuf>,
+        /// With --config: which of its [[host]] tables is this host (not stopped over ssh)
+        #[arg(long, requires = "config")]
+        host: Option<String>,
     },
     /// Show the cluster's nodes, their LIDs, QEMU processes and console logs
     Status,
@@ -614,7 +621,11 @@ fn main() -> ExitCode {
     let run = RunDir::resolve(cli.run_dir);
     let result = match cli.cmd {
         Cmd::Up(a) => up_all(&run, &a),
-        Cmd::Down { others } => down_all(&run, others),
+        Cmd::Down {
+            others,
+            config,
+            host,
+        } => down_all(&run, others, config.as_deref().zip(host.as_deref())),
         Cmd::Status => status(&run),
         Cmd::Fabric => fabric_cmd(&run),
         Cmd::Counters { node } => counters_cmd(&run, node.as_deref()),
@@ -1012,16 +1023,41 @@ fn wait_console(
 
 /// `down`, and with `others` the other hosts' `down` over ssh first (while this host's
 /// state still names them).
-fn down_all(run: &RunDir, others: bool) -> Result<(), Error> {
+fn down_all(
+    run: &RunDir,
+    others: bool,
+    file: Option<(&std::path::Path, &str)>,
+) -> Result<(), Error> {
     if others {
-        let Some(s) = run.live_state() else {
-            println!("no cluster is up in {}", run.dir().display());
-            return Ok(());
+        let live = run.live_state();
+        // This host's state names the others; without it, the cluster file does.
+        let (hosts, here) = match (&live, file) {
+            (Some(s), _) => (s.config.host.clone(), s.config.this_host.clone()),
+            (None, Some((path, host))) => {
+                let c = ClusterConfig::load(path)?;
+                if !c.host.iter().any(|h| h.name == host) {
+                    let names: Vec<&str> = c.host.iter().map(|h| h.name.as_str()).collect();
+                    return Err(UsageError::NoSuchHost {
+                        name: host.to_string(),
+                        hosts: names.join(", "),
+                    }
+                    .into());
+                }
+                (c.host, Some(host.to_string()))
+            }
+            (None, None) => {
+                println!(
+                    "no cluster is up in {}; to stop the other hosts from the cluster file: \
+                     hcabench down --others --config FILE --host NAME",
+                    run.dir().display()
+                );
+                return Ok(());
+            }
         };
-        let here = s.config.this_host.clone().unwrap_or_default();
+        let here = here.unwrap_or_default();
         let mut remotes = Vec::new();
         let mut failed = Vec::new();
-        for h in s.config.host.iter().filter(|h| h.name != here) {
+        for h in hosts.iter().filter(|h| h.name != here) {
             let Some(dest) = &h.ssh else {
                 println!(
                     "host {}: no `ssh` in the cluster file; stop it there with `hcabench down`",
@@ -1036,7 +1072,9 @@ fn down_all(run: &RunDir, others: bool) -> Result<(), Error> {
             }
         }
         failed.extend(remotes.into_iter().filter_map(|r| r.wait().err()));
-        down(run)?;
+        if live.is_some() {
+            down(run)?;
+        }
         if let Some(e) = failed.into_iter().next() {
             return Err(e.into());
         }

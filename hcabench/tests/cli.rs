@@ -852,3 +852,54 @@ fn test_a_planned_node_kill_ends_a_dsm_run_with_the_reason() {
         let _ = std::fs::remove_dir_all(std::path::Path::new(log).parent().unwrap());
     }
 }
+
+/// `down --others` where this host has no cluster up (it failed to start): with the
+/// cluster file and this host's name it still stops the others over ssh (here a stand-in
+/// for ssh that notes what it was asked to run), and says how when they are not given.
+#[test]
+fn test_down_others_without_a_cluster_here_stops_the_others_from_the_cluster_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = RunDir(std::env::temp_dir().join(format!("hcab-cli-downo-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let asked = dir.0.join("asked");
+    let ssh = dir.0.join("fake-ssh");
+    std::fs::write(
+        &ssh,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", asked.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "nodes = 3\n\
+         [[host]]\nname = \"a\"\naddress = \"127.0.0.1:7700\"\nnodes = 1\n\
+         [[host]]\nname = \"b\"\naddress = \"127.0.0.2:7700\"\nnodes = 1\nssh = \"me@b\"\n\
+         [[host]]\nname = \"c\"\naddress = \"127.0.0.3:7700\"\nnodes = 1\n",
+    )
+    .unwrap();
+    let run = dir.0.join("run");
+    let o = hcabench(&run, &["down", "--others"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("--config FILE --host NAME"),
+        "{}",
+        text(&o)
+    );
+    let c = cfg.to_str().unwrap();
+    let o = hcabench(&run, &["down", "--others", "--config", c, "--host", "x"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no [[host]] named \"x\""), "{}", text(&o));
+    let o = common::command(&run)
+        .env("HCABENCH_SSH", &ssh)
+        .args(["down", "--others", "--config", c, "--host", "a"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("host c: no `ssh`"), "{}", text(&o));
+    let asked = std::fs::read_to_string(&asked).unwrap_or_default();
+    assert_eq!(
+        asked, "me@b 'hcabench' 'down'\n",
+        "b only, and not this host"
+    );
+}
