@@ -969,6 +969,22 @@ fn test_a_host_between_refuses_for_a_port_gone_beyond_it() {
     assert_eq!(g1.hca.stats().retransmits, 0, "refused by host 1 at once");
 }
 
+/// Nodes 1..=`n` on host 0 of `net`, each a member of the IPoIB broadcast group with a
+/// receive posted (wr_id 50 + k for node k + 1): their drivers, member QPs and the MLID.
+fn broadcast_members(net: &Net, n: u16) -> (Vec<Driver>, Vec<(CqH, QpH, u64)>, u16) {
+    let mut gs: Vec<Driver> = (1..=n).map(|lid| guest(&net.hosts[0], lid)).collect();
+    net.tick();
+    let mut members = Vec::new();
+    let mut mlid = 0;
+    for (k, g) in gs.iter_mut().enumerate() {
+        let mut s = gsi(g, 4);
+        let (m, l) = broadcast_member(net, g, &mut s, 50 + k as u64);
+        members.push(m);
+        mlid = l;
+    }
+    (gs, members, mlid)
+}
+
 /// Within one host too, a group's packet leaves each switch once by each port its members'
 /// ways take (as a switch's multicast table sends it), not once per member: three switches
 /// in a line, the sender on the first, members on the second (two) and the third.
@@ -981,16 +997,7 @@ fn test_a_groups_packet_crosses_each_link_of_a_host_once_for_all_its_members() {
     .unwrap();
     let net = Net::on(t, 1);
     let f = &net.hosts[0];
-    let mut gs: Vec<Driver> = (1..=4).map(|lid| guest(f, lid)).collect();
-    net.tick();
-    let mut members = Vec::new();
-    let mut mlid = 0;
-    for (k, g) in gs.iter_mut().enumerate() {
-        let mut s = gsi(g, 4);
-        let (m, l) = broadcast_member(&net, g, &mut s, 50 + k as u64);
-        members.push(m);
-        mlid = l;
-    }
+    let (mut gs, mut members, mlid) = broadcast_members(&net, 4);
     let way = |link: usize, forward: bool| {
         let s = f.switch_link_stats(SwitchLink { link, forward }).unwrap();
         s.mcast_xmit_pkts
@@ -1013,5 +1020,109 @@ fn test_a_groups_packet_crosses_each_link_of_a_host_once_for_all_its_members() {
         crossed,
         [1, 1, 0, 0],
         "s0->s1, s1->s2 once each; nothing back"
+    );
+}
+
+/// Duplicates the first `dups` group packets crossing inter-switch link `link`.
+struct DupOn {
+    link: SwitchLink,
+    dups: std::sync::atomic::AtomicU64,
+}
+
+impl hca_model::fabric::LinkHook for DupOn {
+    fn on_packet(
+        &self,
+        _: hca_model::fabric::LinkId,
+        _: u64,
+        _: &mut hca_model::packet::Packet,
+    ) -> hca_model::fabric::Verdict {
+        hca_model::fabric::Verdict::Pass
+    }
+
+    fn on_switch_link(
+        &self,
+        l: SwitchLink,
+        _: u64,
+        p: &mut hca_model::packet::Packet,
+    ) -> hca_model::fabric::Verdict {
+        let dup = l == self.link && p.is_multicast();
+        if dup
+            && self
+                .dups
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return hca_model::fabric::Verdict::Duplicate;
+        }
+        hca_model::fabric::Verdict::Pass
+    }
+}
+
+/// A group's copy for several members that a link hook duplicates parts where it
+/// arrives, as the first does (no detour through one member's switch and back); and a
+/// link down toward several members loses one copy, not one a member.
+#[test]
+fn test_a_groups_copies_part_where_they_arrive_and_a_link_down_loses_one() {
+    // A star: s0 (node 1) - s1 - s2 (node 2) and s3 (node 3).
+    let t = Topology::new(
+        vec![
+            sw("s0", &[1]),
+            sw("s1", &[]),
+            sw("s2", &[2]),
+            sw("s3", &[3]),
+        ],
+        vec![(0, 1), (1, 2), (1, 3)],
+    )
+    .unwrap();
+    let net = Net::on(t, 1);
+    let f = &net.hosts[0];
+    let (mut gs, mut members, mlid) = broadcast_members(&net, 3);
+    for (g, (_, qp, rbuf)) in gs.iter_mut().zip(&mut members).skip(1) {
+        g.post_recv(qp, 70, &[sge(*rbuf, 40 + 64, LOCAL_DMA_LKEY)]);
+    }
+    let mcast = |link: usize, forward: bool| {
+        let s = f.switch_link_stats(SwitchLink { link, forward }).unwrap();
+        (s.mcast_xmit_pkts, s.discards)
+    };
+    let back = [mcast(1, false), mcast(2, false), mcast(0, false)];
+    let s0s1 = SwitchLink {
+        link: 0,
+        forward: true,
+    };
+    f.set_hook(Some(Arc::new(DupOn {
+        link: s0s1,
+        dups: 1.into(),
+    })));
+    let sbuf = gs[0].alloc(64, 64);
+    let send = |g: &mut Driver, qp: &mut QpH| {
+        let mut wr = ud_send_wr(mlid, 0x00ff_ffff, 0xb);
+        wr.wr_id = 60;
+        g.post_send(qp, wr, &[sge(sbuf, 8, LOCAL_DMA_LKEY)]);
+    };
+    send(&mut gs[0], &mut members[0].1);
+    for (g, (cq, _, _)) in gs.iter_mut().zip(&mut members).skip(1) {
+        let got = collect(&net, g, cq, 2, 20 * MS);
+        let recvs = got.iter().filter(|c| u32::from(c.opcode) == CQE_OP_RECV);
+        assert_eq!(recvs.count(), 2, "the copy and the hook's copy");
+    }
+    let now = [mcast(1, false), mcast(2, false), mcast(0, false)];
+    assert_eq!(now, back, "nothing back toward s1 or s0");
+    assert_eq!(
+        mcast(1, true).0,
+        2,
+        "s1 -> s2: the copy and the hook's copy"
+    );
+    // s0-s1 down (the SM finds no way round): one copy for nodes 2 and 3 lost there, not
+    // one a member.
+    f.set_hook(None);
+    let (sent, lost) = mcast(0, true);
+    f.set_switch_link(0, false).unwrap();
+    send(&mut gs[0], &mut members[0].1);
+    net.settle();
+    let (sent_now, lost_now) = mcast(0, true);
+    assert_eq!(
+        (sent_now - sent, lost_now - lost),
+        (1, 1),
+        "one copy for both, lost"
     );
 }

@@ -430,9 +430,12 @@ impl Fabric {
             toward: toward.clone(),
             via,
         };
-        match self.cross(way, &mut pkt, hook, resume) {
+        match self.cross(way, &mut pkt, hook, (resume, false)) {
             None => return Ok(()),
-            Some(true) => self.walk_from(&subnet, pkt.clone(), (at.0, toward.clone()), hook, via),
+            Some(true) => {
+                let dup = (at.0, toward.clone());
+                self.walk_from(&subnet, pkt.clone(), dup, hook, via.copied())
+            }
             Some(false) => {}
         }
         if pkt.dlid == PERMISSIVE_LID {

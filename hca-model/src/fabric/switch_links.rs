@@ -169,13 +169,15 @@ impl Fabric {
 
     /// `pkt` comes out of `link` (sent in, and counted so, by whoever sent it): the hook
     /// decides, and the counters follow. None if it stops here (lost, or held to resume
-    /// at `resume`), else whether a duplicate follows it.
+    /// at `resume`), else whether a duplicate follows it. A copy the hook made earlier
+    /// (`copy`) is not copied again: copies of copies on every crossing would grow
+    /// without bound (the plan's log counts that one duplicated all the same).
     pub(super) fn cross(
         &self,
         link: SwitchLink,
         pkt: &mut Packet,
         hook: Option<&Arc<dyn LinkHook>>,
-        resume: Stage,
+        (resume, copy): (Stage, bool),
     ) -> Option<bool> {
         let verdict = match hook {
             Some(h) if pkt.dlid != crate::sa::sm::PERMISSIVE_LID => {
@@ -185,6 +187,10 @@ impl Fabric {
         };
         match verdict {
             Verdict::Pass => {
+                self.count_received(link, pkt);
+                Some(false)
+            }
+            Verdict::Duplicate if copy => {
                 self.count_received(link, pkt);
                 Some(false)
             }
@@ -287,15 +293,15 @@ impl Fabric {
                         toward: toward.clone(),
                         via,
                     };
-                    match self.cross(link, &mut pkt, hook, resume) {
+                    match self.cross(link, &mut pkt, hook, (resume, via.copy)) {
                         None => return,
-                        // (A copy's walk makes none: copies of copies, each crossing
-                        // perhaps copied again, would grow without bound.)
-                        Some(true) if !via.copy => {
+                        Some(true) => {
+                            // (From where it entered: a copy for several members parts
+                            // there, as the first does below.)
                             let dup = (to.0, toward.clone());
-                            self.walk(subnet, pkt.clone(), dup, hook, false, via.copied())
+                            self.walk_from(subnet, pkt.clone(), dup, hook, via.copied())
                         }
-                        Some(_) => {}
+                        Some(false) => {}
                     }
                     sw = to.0;
                 }
@@ -337,10 +343,16 @@ impl Fabric {
     ) {
         let mut beyond: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
         let mut across: BTreeMap<usize, Vec<Lid>> = BTreeMap::new();
+        // (Only under the fabric's SM: its tables part the members.)
+        debug_assert!(self.user_tables().is_none());
         for &lid in members {
             match subnet.step(sw, lid) {
                 Step::Stop(Stop::Remote { link }) => beyond.entry(link).or_default().push(lid),
-                Step::Cross { link, .. } => across.entry(link.link).or_default().push(lid),
+                // Into a link up or down: one copy for all beyond it (a link down counts
+                // it lost once).
+                Step::Cross { link, .. } | Step::Down(link) => {
+                    across.entry(link.link).or_default().push(lid)
+                }
                 // Here, or lost on the way (a link down counts it): a copy of its own.
                 _ => {
                     let one = (sw, Toward::Members(Arc::from([lid])));

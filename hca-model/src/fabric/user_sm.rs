@@ -97,7 +97,10 @@ impl Fabric {
 
     /// The links at these (switch, port)s went down or came back: each port starts again
     /// from INIT, and each switch whose SM the user's SM told it sends that SM trap 128,
-    /// so that it sweeps at once rather than at its next light sweep.
+    /// so that it sweeps at once rather than at its next light sweep: one trap for each
+    /// change, whatever the SM did with the last (OpenSM may read a port, clear the
+    /// switch's PortStateChange later in the same sweep, and so miss a change between the
+    /// two that sent no trap of its own).
     fn user_sm_ports_changed(&self, ports: &[(usize, u8)]) {
         let Some(t) = self.user_tables() else {
             return;
@@ -284,7 +287,8 @@ impl Fabric {
                                     at: (far, port),
                                     flood: flood.clone(),
                                 };
-                                let copies = match self.cross(link, &mut copy, hook, resume) {
+                                let crossed = self.cross(link, &mut copy, hook, (resume, false));
+                                let copies = match crossed {
                                     None => 0,
                                     Some(false) => 1,
                                     // (The hook's copy floods the far switch's ports too;
